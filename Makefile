@@ -1,0 +1,37 @@
+# Adaptive DHiSparse reproduction harness. `make help` lists the targets.
+SHELL := /bin/bash
+PY    := .venv/bin/python
+STAMP := .venv/.installed
+# GPU machines already carry a CUDA torch: the venv sees it instead of installing a CPU build.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+DEFAULT_EXP := $(if $(HAS_GPU),default_h200,default_cpu)
+EXP ?=
+ARGS ?=
+
+.PHONY: help venv run test test-fast server figures clean
+
+help:  ## list targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@echo ">> creating .venv ($(if $(HAS_GPU),GPU: system torch,CPU torch 2.13.0))"
+	python3 -m venv $(if $(HAS_GPU),--system-site-packages) .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(HAS_GPU),,$(PY) -m pip install -q torch==2.13.0)
+	$(if $(HAS_GPU),,$(PY) -m pip install -q triton==3.6.0 "numpy<2.4")
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create the environment in .venv/ (idempotent)
+
+run: $(STAMP)  ## the embedded default benchmark (tiny model on CPU, H200 preset on a GPU)
+	$(PY) -m harness.run experiment=$(DEFAULT_EXP) $(ARGS)
+
+test: $(STAMP)  ## the CPU test suite (what CI runs)
+	$(PY) -m pytest tests $(ARGS)
+
+server: $(STAMP)  ## serve the bundled engine on 127.0.0.1:30000 (ARGS="system=... model=...")
+	$(PY) -m systems.engine.server --port 30000 $(ARGS)
+
+clean:  ## remove the environment and caches (keeps results/)
+	rm -rf .venv .pytest_cache .hypothesis outputs multirun

@@ -1,0 +1,927 @@
+"""Async load generator for the serving benchmarks.
+
+Speaks SGLang's native ``POST /generate`` streaming API and the OpenAI-style
+``POST /v1/completions`` streaming API (see ``docs/metrics.md``).
+
+Modes
+-----
+* closed loop (``concurrency=C``): exactly ``C`` requests in flight; a new one
+  starts as soon as one finishes.
+* schedule (``schedule="16:300,256:300,16:300"``): closed loop whose target
+  concurrency changes on time.  When the target rises, new requests start at
+  once; when it falls, in-flight requests finish and no new one starts until
+  in-flight < target.  The run ends when the schedule ends (in-flight
+  requests are drained).
+* open loop (``request_rate=R``): Poisson arrivals at ``R`` req/s
+  (``inf``: all at once), independent of completions.
+
+Python API::
+
+    from harness.loadgen import LoadConfig, run_load, run_load_sync
+    result = run_load_sync(LoadConfig(url="http://127.0.0.1:30000", concurrency=64,
+                                      num_requests=1000, input_len=1024, output_len=256))
+    result.summary["output_tok_s"]
+
+CLI: ``python -m harness.loadgen --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import aiohttp
+import numpy as np
+
+from harness.metrics import parse_prometheus, summarize
+from harness.records import JsonlWriter, RequestRecord, atomic_write_json
+
+__all__ = [
+    "LoadConfig",
+    "LoadResult",
+    "run_load",
+    "run_load_sync",
+    "parse_schedule",
+    "GenerateStreamParser",
+    "OpenAIStreamParser",
+    "build_arg_parser",
+    "config_from_args",
+    "main",
+]
+
+_perf = time.perf_counter
+
+# --------------------------------------------------------------------------
+# configuration
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class LoadConfig:
+    url: str = "http://127.0.0.1:30000"
+    api: str = "generate"  # "generate" | "openai"
+    concurrency: int | None = None  # closed loop
+    request_rate: float | None = None  # open loop (Poisson); inf = all at once
+    schedule: Any = None  # "C:s,C:s" string or [(C, s), ...]
+    num_requests: int | None = None
+    input_len: int = 1024
+    output_len: int = 128
+    prefixes: int | None = None  # N shared prompts; None = a fresh prompt per request
+    vocab_size: int = 1000
+    warmup: int = 0
+    out: str | None = None  # records JSONL
+    summary_out: str | None = None
+    metrics_out: str | None = None  # scraped /metrics JSONL
+    metrics_interval: float = 1.0  # seconds between /metrics scrapes; <= 0 disables
+    seed: int = 0
+    timeout: float = 3600.0  # per-request total timeout (s)
+    disable_progress: bool = False
+    num_gpus: int = 1
+    model: str = "default"  # OpenAI "model" field
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    active_metric: Any = ("dhs_num_running_reqs", "sglang:num_running_reqs")
+    host_metric: str = "dhs_selected_rows_from_host_total"
+    total_metric: str = "dhs_selected_rows_total"
+    read_bufsize: int = 10 * 1024 * 1024
+    quiet: bool = False  # do not print the summary table (CLI)
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> "LoadConfig":
+        """Build from a dict / OmegaConf mapping; ``-`` in keys is accepted as ``_``.
+        Unknown keys raise ``TypeError``."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {}
+        for k, v in dict(m).items():
+            k2 = str(k).replace("-", "_")
+            if k2 not in known:
+                raise TypeError(f"unknown LoadConfig key: {k!r}")
+            kw[k2] = v
+        return cls(**kw)
+
+    def mode(self) -> str:
+        if self.schedule:
+            return "schedule"
+        if self.concurrency is not None:
+            return "closed"
+        if self.request_rate is not None:
+            return "open"
+        raise ValueError("one of concurrency, request_rate or schedule is required")
+
+
+@dataclass
+class LoadResult:
+    records: list[RequestRecord]
+    summary: dict
+    samples: list[dict] = field(default_factory=list)  # scraped /metrics
+    phases: list[dict] = field(default_factory=list)
+    config: LoadConfig | None = None
+
+
+def parse_schedule(spec: Any) -> list[tuple[int, float]]:
+    """``"16:300,256:300"`` -> ``[(16, 300.0), (256, 300.0)]``; lists pass through."""
+    if spec is None or spec == "":
+        return []
+    if isinstance(spec, str):
+        phases = []
+        for part in spec.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            c, _, s = part.partition(":")
+            if not s:
+                raise ValueError(f"bad schedule phase {part!r}; expected CONCURRENCY:SECONDS")
+            phases.append((int(c), float(s)))
+    else:
+        phases = [(int(p[0]), float(p[1])) for p in spec]
+    for c, s in phases:
+        if c < 0 or s <= 0:
+            raise ValueError(f"bad schedule phase {c}:{s}")
+    if not phases:
+        raise ValueError("empty schedule")
+    return phases
+
+
+# --------------------------------------------------------------------------
+# SSE stream parsers
+# --------------------------------------------------------------------------
+
+_INT_RE = re.compile(rb"\s*(\d+)")
+_NULL_RE = re.compile(rb"\s*null")
+_K_CT = b'"completion_tokens":'
+_K_FR = b'"finish_reason":'
+_K_USAGE = b'"usage":'
+_K_NTOK = b'"num_tokens":'
+
+
+class _StreamParserBase:
+    """Incremental SSE parser.  ``feed(data, now)`` consumes raw body bytes and
+    appends ``[now, n_tokens]`` to ``chunks`` for every ``data:`` event.
+
+    Intermediate events are decoded with a byte-level fast path (``rfind`` of
+    the keys it needs; a JSON key with an unescaped closing quote cannot occur
+    inside a JSON string, so this never matches text content).  The first
+    event, any event with a non-null ``finish_reason``/``usage``, and anything
+    the fast path does not recognise go through ``json.loads``.
+    """
+
+    __slots__ = (
+        "buf",
+        "chunks",
+        "last_ct",
+        "prompt_tokens",
+        "completion_tokens",
+        "timing",
+        "finish_reason",
+        "error",
+        "done",
+        "n_events",
+    )
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.chunks: list = []
+        self.last_ct = 0
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.timing: dict | None = None
+        self.finish_reason: Any = None
+        self.error: str | None = None
+        self.done = False
+        self.n_events = 0
+
+    def feed(self, data: bytes, now: float) -> None:
+        buf = self.buf + data if self.buf else data
+        end = buf.rfind(b"\n")
+        if end < 0:
+            self.buf = buf
+            return
+        self.buf = buf[end + 1 :]
+        chunks = self.chunks
+        event = self._event
+        for line in buf[:end].split(b"\n"):
+            if line[:5] != b"data:":
+                continue  # blank separators, comments, "event:" lines
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            if not payload:
+                continue
+            n = event(payload)
+            if n is not None:
+                chunks.append([now, n])
+
+    def finish(self, now: float) -> None:
+        """Flush a trailing event without a final newline."""
+        if self.buf.strip():
+            self.feed(b"\n", now)
+
+    def _bad(self, payload: bytes) -> None:
+        self.error = f"unparsable SSE payload: {payload[:200]!r}"
+
+    def _event(self, p: bytes) -> int | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def complete(self) -> bool:
+        return self.done or self.finish_reason is not None
+
+
+def _error_message(err: Any) -> str:
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    return str(err)
+
+
+class GenerateStreamParser(_StreamParserBase):
+    """SGLang ``/generate`` stream: tokens per event = delta of cumulative
+    ``meta_info.completion_tokens`` (fallback: ``len(output_ids)``)."""
+
+    __slots__ = ()
+
+    def _event(self, p: bytes) -> int | None:
+        if self.prompt_tokens is not None:
+            i = p.rfind(_K_CT)
+            if i >= 0:
+                m = _INT_RE.match(p, i + 20)
+                j = p.rfind(_K_FR)
+                if m is not None and j >= 0 and _NULL_RE.match(p, j + 16) is not None:
+                    ct = int(m.group(1))
+                    n = ct - self.last_ct
+                    self.last_ct = ct
+                    self.completion_tokens = ct
+                    return n
+        return self._full(p)
+
+    def _full(self, p: bytes) -> int | None:
+        try:
+            obj = json.loads(p)
+        except ValueError:
+            self._bad(p)
+            return None
+        if not isinstance(obj, dict):
+            self._bad(p)
+            return None
+        if obj.get("error"):
+            self.error = _error_message(obj["error"])
+            return None
+        mi = obj.get("meta_info") or {}
+        pt = mi.get("prompt_tokens")
+        if pt is not None:
+            self.prompt_tokens = int(pt)
+        elif self.prompt_tokens is None:
+            self.prompt_tokens = -1  # unknown; enables the fast path anyway
+        ct = mi.get("completion_tokens")
+        if ct is not None:
+            ct = int(ct)
+            n = ct - self.last_ct
+            self.last_ct = ct
+            self.completion_tokens = ct
+        else:
+            n = len(obj.get("output_ids") or ())
+            self.last_ct += n
+        fr = mi.get("finish_reason")
+        if fr:
+            self.finish_reason = fr
+            ftype = fr.get("type") if isinstance(fr, dict) else fr
+            if ftype == "abort":
+                msg = fr.get("message") if isinstance(fr, dict) else None
+                self.error = f"aborted by server: {msg or fr}"
+        t = mi.get("timing")
+        if t:
+            self.timing = t
+        return n
+
+
+class OpenAIStreamParser(_StreamParserBase):
+    """OpenAI ``/v1/completions`` stream: tokens per event = ``num_tokens`` of
+    each choice when present, else 1 per choice with non-empty text."""
+
+    __slots__ = ()
+
+    def _event(self, p: bytes) -> int | None:
+        u = p.rfind(_K_USAGE)
+        if u >= 0 and _NULL_RE.match(p, u + 8) is not None:
+            j = p.rfind(_K_FR)
+            if j >= 0 and _NULL_RE.match(p, j + 16) is not None:
+                k = p.rfind(_K_NTOK)
+                if k >= 0:
+                    m = _INT_RE.match(p, k + 13)
+                    if m is not None:
+                        n = int(m.group(1))
+                        self.last_ct += n
+                        return n
+        return self._full(p)
+
+    def _full(self, p: bytes) -> int | None:
+        try:
+            obj = json.loads(p)
+        except ValueError:
+            self._bad(p)
+            return None
+        if not isinstance(obj, dict):
+            self._bad(p)
+            return None
+        if obj.get("error"):
+            self.error = _error_message(obj["error"])
+            return None
+        n = 0
+        for ch in obj.get("choices") or ():
+            nt = ch.get("num_tokens")
+            if nt is None:
+                nt = 1 if ch.get("text") else 0
+            n += int(nt)
+            fr = ch.get("finish_reason")
+            if fr:
+                self.finish_reason = fr
+                ftype = fr.get("type") if isinstance(fr, dict) else fr
+                if ftype == "abort":
+                    self.error = f"aborted by server: {fr}"
+        usage = obj.get("usage")
+        if usage:
+            if usage.get("prompt_tokens") is not None:
+                self.prompt_tokens = int(usage["prompt_tokens"])
+            if usage.get("completion_tokens") is not None:
+                self.completion_tokens = int(usage["completion_tokens"])
+        t = obj.get("timing") or (usage or {}).get("timing")
+        if t:
+            self.timing = t
+        self.last_ct += n
+        return n
+
+
+# --------------------------------------------------------------------------
+# prompts / request bodies
+# --------------------------------------------------------------------------
+
+
+class _Bodies:
+    """Builds request bodies as bytes; shared prefixes are serialised once."""
+
+    def __init__(self, cfg: LoadConfig):
+        self.cfg = cfg
+        self.api = cfg.api
+        if cfg.api not in ("generate", "openai"):
+            raise ValueError(f"api must be 'generate' or 'openai', got {cfg.api!r}")
+        self.path = "/generate" if cfg.api == "generate" else "/v1/completions"
+        self._cache: dict[int, bytes] = {}
+        if cfg.prefixes:
+            rng = np.random.default_rng(cfg.seed)
+            for k in range(int(cfg.prefixes)):
+                ids = rng.integers(0, cfg.vocab_size, size=cfg.input_len).tolist()
+                self._cache[k] = self._head(ids)
+
+    def _head(self, ids: list[int]) -> bytes:
+        cfg = self.cfg
+        ids_json = json.dumps(ids, separators=(",", ":"))
+        if self.api == "generate":
+            sp = json.dumps(
+                {
+                    "max_new_tokens": int(cfg.output_len),
+                    "temperature": float(cfg.temperature),
+                    "ignore_eos": bool(cfg.ignore_eos),
+                },
+                separators=(",", ":"),
+            )
+            return f'{{"input_ids":{ids_json},"sampling_params":{sp},"stream":true,"rid":"'.encode()
+        rest = json.dumps(
+            {
+                "max_tokens": int(cfg.output_len),
+                "temperature": float(cfg.temperature),
+                "stream": True,
+                "ignore_eos": bool(cfg.ignore_eos),
+                "stream_options": {"include_usage": True},
+            },
+            separators=(",", ":"),
+        )
+        return (
+            f'{{"model":{json.dumps(cfg.model)},"prompt":{ids_json},' + rest[1:-1] + "}"
+        ).encode()
+
+    def body(self, index: int, rid: str, warmup: bool = False) -> bytes:
+        cfg = self.cfg
+        if cfg.prefixes:
+            head = self._cache[index % int(cfg.prefixes)]
+        else:
+            rng = np.random.default_rng([cfg.seed, 1 if warmup else 0, index])
+            head = self._head(rng.integers(0, cfg.vocab_size, size=cfg.input_len).tolist())
+        if self.api == "generate":
+            return head + rid.encode() + b'"}'
+        return head
+
+
+# --------------------------------------------------------------------------
+# the runner
+# --------------------------------------------------------------------------
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def _parse_retry_after(v: str | None) -> float | None:
+    if not v:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+class _Runner:
+    def __init__(self, cfg: LoadConfig):
+        self.cfg = cfg
+        self.mode = cfg.mode()
+        self.phases_spec = parse_schedule(cfg.schedule) if self.mode == "schedule" else []
+        if self.mode == "closed" and int(cfg.concurrency) < 1:
+            raise ValueError("concurrency must be >= 1")
+        if self.mode == "open" and not (float(cfg.request_rate) > 0):
+            raise ValueError("request_rate must be > 0")
+        if self.mode in ("closed", "open") and not cfg.num_requests:
+            raise ValueError("num_requests is required without a schedule")
+        self.base = cfg.url.rstrip("/")
+        self.bodies = _Bodies(cfg)
+        self.url = self.base + self.bodies.path
+        self.parser_cls = GenerateStreamParser if cfg.api == "generate" else OpenAIStreamParser
+        self.run_id = uuid.uuid4().hex[:8]
+        self.records: list[RequestRecord] = []
+        self.samples: list[dict] = []
+        self.phase_info: list[dict] = []
+        self.writer: JsonlWriter | None = None
+        self.metrics_writer: JsonlWriter | None = None
+        self.inflight = 0
+        self.n_sent = 0
+        self.target = 0
+        self.cur_phase = 0
+        self.stop = False
+        self.wake: asyncio.Event | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.pbar = None
+        self.warmup_errors = 0
+        self.scrape_errors = 0
+        self.epoch_offset = 0.0
+        self.session: aiohttp.ClientSession | None = None
+
+    # ---- one request -------------------------------------------------
+
+    async def _request(self, rec: RequestRecord, body: bytes) -> None:
+        parser = self.parser_cls()
+        rec.send_epoch = time.time()
+        rec.send_mono = t_send = _perf()
+        try:
+            async with self.session.post(self.url, data=body, headers=_JSON_HEADERS) as resp:
+                rec.status = resp.status
+                if resp.status != 200:
+                    rec.retry_after = _parse_retry_after(resp.headers.get("Retry-After"))
+                    raw = await resp.read()
+                    msg = raw[:500].decode("utf-8", "replace")
+                    try:
+                        obj = json.loads(raw)
+                        if isinstance(obj, dict) and obj.get("error") is not None:
+                            msg = _error_message(obj["error"])
+                        elif isinstance(obj, dict) and obj.get("message"):
+                            msg = str(obj["message"])
+                    except ValueError:
+                        pass
+                    rec.error = f"HTTP {resp.status}: {msg}"
+                else:
+                    read = resp.content.readany
+                    feed = parser.feed
+                    while True:
+                        data = await read()
+                        if not data:
+                            break
+                        feed(data, _perf())
+                    parser.finish(_perf())
+                    if parser.error is None and not parser.complete:
+                        parser.error = "stream ended without [DONE] or finish_reason"
+                    rec.error = parser.error
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            rec.error = f"timeout after {_perf() - t_send:.1f}s"
+        except Exception as e:  # aiohttp.ClientError, OSError, ...
+            rec.error = f"{type(e).__name__}: {e}"
+        rec.done_mono = _perf()
+        rec.chunks = parser.chunks
+        rec.prompt_tokens = parser.prompt_tokens if parser.prompt_tokens != -1 else None
+        rec.completion_tokens = parser.completion_tokens
+        rec.timing = parser.timing
+        rec.finish_reason = parser.finish_reason
+        rec.success = rec.error is None
+
+    async def _measured(self, rec: RequestRecord, body: bytes) -> None:
+        try:
+            await self._request(rec, body)
+            self.records.append(rec)
+            if self.writer is not None:
+                self.writer.write(rec)
+            if self.pbar is not None:
+                self.pbar.update(1)
+        finally:
+            self.inflight -= 1
+            self.wake.set()
+
+    def _launch(self) -> None:
+        i = self.n_sent
+        self.n_sent += 1
+        rid = f"{self.run_id}-{i}"
+        rec = RequestRecord(
+            rid=rid,
+            index=i,
+            phase=self.cur_phase,
+            concurrency=self.target if self.mode != "open" else None,
+        )
+        body = self.bodies.body(i, rid)
+        self.inflight += 1
+        t = asyncio.create_task(self._measured(rec, body))
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+
+    # ---- warmup ------------------------------------------------------
+
+    async def _warmup(self) -> None:
+        n = int(self.cfg.warmup or 0)
+        if n <= 0:
+            return
+        if self.mode == "closed":
+            conc = int(self.cfg.concurrency)
+        elif self.mode == "schedule":
+            conc = max(c for c, _ in self.phases_spec)
+        else:
+            conc = n
+        conc = max(1, min(conc, n))
+        queue = list(range(n))
+        queue.reverse()
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                rid = f"{self.run_id}-warmup-{i}"
+                rec = RequestRecord(rid=rid, index=-1 - i)
+                await self._request(rec, self.bodies.body(i, rid, warmup=True))
+                if not rec.success:
+                    self.warmup_errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(conc)))
+
+    # ---- dispatchers -------------------------------------------------
+
+    async def _closed_loop(self, limit: float) -> None:
+        wake = self.wake
+        while not self.stop:
+            while self.inflight < self.target and self.n_sent < limit and not self.stop:
+                self._launch()
+            if self.n_sent >= limit and self.inflight == 0:
+                break
+            await wake.wait()
+            wake.clear()
+
+    def _start_phase(self, i: int) -> None:
+        c, d = self.phases_spec[i]
+        now = _perf()
+        if self.phase_info:
+            self.phase_info[-1]["end_mono"] = now
+        self.cur_phase = i
+        self.target = c
+        self.phase_info.append({"phase": i, "concurrency": c, "start_mono": now, "end_mono": None, "nominal_s": d})
+        self.wake.set()
+        self._scrape_soon()
+
+    async def _phase_timer(self, t0: float) -> None:
+        """Phase 0 is started by the caller; switch to phase i at t0 + sum(d[:i])."""
+        cum = self.phases_spec[0][1]
+        for i in range(1, len(self.phases_spec)):
+            await asyncio.sleep(max(0.0, t0 + cum - _perf()))
+            self._start_phase(i)
+            cum += self.phases_spec[i][1]
+        await asyncio.sleep(max(0.0, t0 + cum - _perf()))
+        self.phase_info[-1]["end_mono"] = _perf()
+        self.stop = True
+        self.wake.set()
+        self._scrape_soon()
+
+    async def _open_loop(self) -> None:
+        n = int(self.cfg.num_requests)
+        rate = float(self.cfg.request_rate)
+        rng = np.random.default_rng(self.cfg.seed + 7919)
+        t = _perf()
+        for _ in range(n):
+            if math.isfinite(rate):
+                t += float(rng.exponential(1.0 / rate))
+                delay = t - _perf()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            self._launch()
+            if not math.isfinite(rate) and self.n_sent % 256 == 0:
+                await asyncio.sleep(0)  # let early requests get going
+
+    # ---- /metrics scraping ------------------------------------------
+
+    def _scrape_soon(self) -> None:
+        ev = getattr(self, "_scrape_ev", None)
+        if ev is not None:
+            ev.set()
+
+    async def _scrape_once(self) -> None:
+        try:
+            async with self.session.get(
+                self.base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp:
+                if resp.status != 200:
+                    self.scrape_errors += 1
+                    await resp.read()
+                    return
+                text = await resp.text()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.scrape_errors += 1
+            return
+        sample = {"ts": time.time(), "values": parse_prometheus(text)}
+        self.samples.append(sample)
+        if self.metrics_writer is not None:
+            self.metrics_writer.write(sample)
+
+    async def _scrape_loop(self, interval: float) -> None:
+        ev = self._scrape_ev
+        while True:
+            await self._scrape_once()
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=interval)
+            except asyncio.TimeoutError:
+                pass
+            ev.clear()
+
+    # ---- main --------------------------------------------------------
+
+    def _summary(self, duration_hint: float | None, interrupted: bool) -> dict:
+        cfg = self.cfg
+        if self.mode == "closed":
+            pw = int(cfg.concurrency)
+        elif self.mode == "schedule":
+            pw = int(self.phases_spec[0][0])
+        else:
+            pw = None
+        phases = [
+            dict(p, end_mono=p["end_mono"] if p["end_mono"] is not None else _perf())
+            for p in self.phase_info
+        ]
+        s = summarize(
+            self.records,
+            num_gpus=int(cfg.num_gpus),
+            post_wave_exclude=pw,
+            samples=self.samples,
+            epoch_offset=self.epoch_offset,
+            phases=phases,
+            active_metric=cfg.active_metric,
+            host_metric=cfg.host_metric,
+            total_metric=cfg.total_metric,
+        )
+        meta = {
+            "mode": self.mode,
+            "api": cfg.api,
+            "url": cfg.url,
+            "run_id": self.run_id,
+            "sent": self.n_sent,
+            "warmup": int(cfg.warmup or 0),
+            "warmup_errors": self.warmup_errors,
+            "scrape_samples": len(self.samples),
+            "scrape_errors": self.scrape_errors,
+            "interrupted": interrupted,
+            "config": _jsonable(dataclasses.asdict(cfg)),
+        }
+        meta.update(s)
+        return meta
+
+    async def run(self) -> LoadResult:
+        cfg = self.cfg
+        _raise_nofile_limit()
+        self.wake = asyncio.Event()
+        self._scrape_ev = asyncio.Event()
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
+        timeout = aiohttp.ClientTimeout(total=cfg.timeout, connect=None, sock_read=None, sock_connect=None)
+        interrupted = False
+        scrape_task = None
+        timer_task = None
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            read_bufsize=int(cfg.read_bufsize),
+            auto_decompress=False,
+        ) as session:
+            self.session = session
+            await self._warmup()
+            if cfg.out:
+                self.writer = JsonlWriter(cfg.out)
+            if cfg.metrics_out:
+                self.metrics_writer = JsonlWriter(cfg.metrics_out)
+            try:
+                from tqdm.auto import tqdm
+
+                disable = bool(cfg.disable_progress) or not sys.stderr.isatty()
+                total = None if self.mode == "schedule" else int(cfg.num_requests)
+                self.pbar = tqdm(total=total, disable=disable, desc="requests", unit="req")
+            except Exception:  # pragma: no cover - tqdm missing
+                self.pbar = None
+            self.epoch_offset = time.time() - _perf()
+            try:
+                if cfg.metrics_interval and cfg.metrics_interval > 0:
+                    scrape_task = asyncio.create_task(self._scrape_loop(float(cfg.metrics_interval)))
+                if self.mode == "closed":
+                    self.target = int(cfg.concurrency)
+                    await self._closed_loop(int(cfg.num_requests))
+                elif self.mode == "schedule":
+                    self._start_phase(0)
+                    t0 = self.phase_info[0]["start_mono"]
+                    timer_task = asyncio.create_task(self._phase_timer(t0))
+                    await self._closed_loop(math.inf)
+                    await timer_task
+                else:
+                    await self._open_loop()
+                # drain whatever is still running (schedule end / open loop)
+                while self.tasks:
+                    await asyncio.gather(*list(self.tasks), return_exceptions=True)
+                if scrape_task is not None:
+                    scrape_task.cancel()
+                    await asyncio.gather(scrape_task, return_exceptions=True)
+                    scrape_task = None
+                    if cfg.metrics_interval and cfg.metrics_interval > 0:
+                        await self._scrape_once()  # final sample
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                interrupted = True
+                raise
+            finally:
+                for t in list(self.tasks):
+                    t.cancel()
+                if self.tasks:
+                    await asyncio.gather(*list(self.tasks), return_exceptions=True)
+                for t in (scrape_task, timer_task):
+                    if t is not None and not t.done():
+                        t.cancel()
+                        await asyncio.gather(t, return_exceptions=True)
+                if self.pbar is not None:
+                    self.pbar.close()
+                if self.writer is not None:
+                    self.writer.close()
+                if self.metrics_writer is not None:
+                    self.metrics_writer.close()
+                self.records.sort(key=lambda r: r.index)
+                summary = self._summary(None, interrupted)
+                if cfg.summary_out:
+                    atomic_write_json(cfg.summary_out, summary)
+        return LoadResult(
+            records=self.records,
+            summary=summary,
+            samples=self.samples,
+            phases=self.phase_info,
+            config=cfg,
+        )
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if isinstance(o, dict):
+        return {k: _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(v) for v in o]
+    return o
+
+
+def _raise_nofile_limit() -> None:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+    except Exception:
+        pass
+
+
+async def run_load(cfg: LoadConfig | Mapping[str, Any]) -> LoadResult:
+    """Run one load test; returns records, summary and scraped samples.
+
+    Writes ``cfg.out`` (records JSONL, one line per finished request, flushed
+    per line), ``cfg.metrics_out`` and ``cfg.summary_out`` (atomic) when set.
+    """
+    if not isinstance(cfg, LoadConfig):
+        cfg = LoadConfig.from_mapping(cfg)
+    return await _Runner(cfg).run()
+
+
+def run_load_sync(cfg: LoadConfig | Mapping[str, Any]) -> LoadResult:
+    """Blocking wrapper around :func:`run_load` (uses ``asyncio.run``)."""
+    return asyncio.run(run_load(cfg))
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.loadgen",
+        description="Closed/open-loop streaming load generator (SGLang /generate or OpenAI /v1/completions).",
+    )
+    p.add_argument("--url", default="http://127.0.0.1:30000", help="server base URL")
+    p.add_argument("--api", choices=["generate", "openai"], default="generate")
+    g = p.add_argument_group("load shape (pick one)")
+    g.add_argument("--concurrency", type=int, default=None, help="closed loop: exactly C requests in flight")
+    g.add_argument("--request-rate", type=float, default=None, help="open loop Poisson rate (req/s); inf = all at once")
+    g.add_argument("--schedule", default=None, help='phases "C:SECONDS,C:SECONDS,..." (closed loop, switches on time)')
+    p.add_argument("--num-requests", type=int, default=None, help="total measured requests (ignored with --schedule)")
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--prefixes", type=int, default=None, help="N shared random prompts; request i uses prompt i %% N")
+    p.add_argument("--vocab-size", type=int, default=1000)
+    p.add_argument("--warmup", type=int, default=0, help="requests sent and awaited before measuring (not recorded)")
+    p.add_argument("--out", default=None, help="per-request records JSONL")
+    p.add_argument("--summary-out", default=None, help="summary JSON (written atomically)")
+    p.add_argument("--metrics-out", default=None, help="scraped /metrics JSONL")
+    p.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes (0: off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="per-request timeout in seconds")
+    p.add_argument("--disable-progress", action="store_true")
+    p.add_argument("--num-gpus", type=int, default=1, help="decode GPUs, for per-GPU throughput")
+    p.add_argument("--model", default="default", help='"model" field for --api openai')
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--quiet", action="store_true", help="do not print the summary")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> LoadConfig:
+    d = vars(args).copy()
+    return LoadConfig.from_mapping(d)
+
+
+_PRINT_KEYS = (
+    "completed",
+    "errors",
+    "duration_s",
+    "output_tok_s",
+    "output_tok_s_per_gpu",
+    "request_throughput",
+    "ttft_ms_mean",
+    "ttft_ms_median",
+    "ttft_ms_p99",
+    "tpot_ms_mean",
+    "tpot_ms_median",
+    "tpot_ms_p99",
+    "itl_ms_mean",
+    "itl_per_token_ms_mean",
+    "e2e_ms_mean",
+    "post_wave_ttft_ms_mean",
+    "post_wave_tpot_ms_mean",
+    "alloc_wait_s_mean",
+    "handoff_s_mean",
+    "ttft_other_s_mean",
+    "active_mean",
+)
+
+
+def format_summary(s: Mapping[str, Any]) -> str:
+    lines = ["=" * 20 + " load summary " + "=" * 20]
+    for k in _PRINT_KEYS:
+        v = s.get(k)
+        lines.append(f"{k:<28}{v:.3f}" if isinstance(v, float) else f"{k:<28}{v}")
+    for ph in s.get("phases") or []:
+        lines.append(
+            "phase {phase} C={concurrency}: n={requests} tpot_ms={tpot_ms_mean} ttft_ms={ttft_ms_mean} "
+            "tok/s={output_tok_s} host_share={host_fetched_share}".format(**ph)
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    try:
+        cfg.mode()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        res = run_load_sync(cfg)
+    except KeyboardInterrupt:
+        print("interrupted; partial records/summary written", file=sys.stderr)
+        return 130
+    if not cfg.quiet:
+        print(format_summary(res.summary))
+    s = res.summary
+    return 1 if s["completed"] == 0 and s["errors"] > 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

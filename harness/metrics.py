@@ -1,0 +1,473 @@
+"""Pure metric functions over request records (SGLang ``bench_serving`` parity).
+
+All functions are side-effect free and take :class:`harness.records.RequestRecord`
+objects (or plain dicts with the same keys, as read back from a records JSONL
+file).  Times inside records are seconds; the summary reports latencies in
+milliseconds where the key ends in ``_ms`` and seconds where it ends in ``_s``.
+See ``docs/metrics.md`` for the definitions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from harness.records import RequestRecord
+
+__all__ = [
+    "as_record",
+    "token_chunks",
+    "ttft_s",
+    "e2e_s",
+    "end_mono",
+    "output_tokens",
+    "tpot_s",
+    "itl_s",
+    "itl_per_token_s",
+    "stats",
+    "parse_prometheus",
+    "metric_total",
+    "value_at",
+    "active_mean",
+    "phase_stats",
+    "summarize",
+]
+
+PERCENTILES = (("median", 50.0), ("p90", 90.0), ("p99", 99.0))
+
+
+# --------------------------------------------------------------------------
+# per-request quantities
+# --------------------------------------------------------------------------
+
+
+def as_record(r: RequestRecord | Mapping[str, Any]) -> RequestRecord:
+    return r if isinstance(r, RequestRecord) else RequestRecord.from_dict(dict(r))
+
+
+def token_chunks(rec: RequestRecord) -> list:
+    """The ``[arrival_mono, n]`` chunks that carry at least one token."""
+    return [c for c in rec.chunks if c[1] > 0]
+
+
+def ttft_s(rec: RequestRecord) -> float | None:
+    """Arrival of the first chunk with >= 1 token minus send time."""
+    for t, n in rec.chunks:
+        if n > 0:
+            return t - rec.send_mono
+    return None
+
+
+def end_mono(rec: RequestRecord) -> float | None:
+    """Arrival time of the last streamed chunk (any chunk, token-carrying or not)."""
+    if rec.chunks:
+        return rec.chunks[-1][0]
+    return None
+
+
+def e2e_s(rec: RequestRecord) -> float | None:
+    """Last chunk arrival minus send time."""
+    t = end_mono(rec)
+    return None if t is None else t - rec.send_mono
+
+
+def output_tokens(rec: RequestRecord) -> int:
+    """Output length: the server's ``completion_tokens`` when reported, else the
+    sum of streamed chunk token counts."""
+    if rec.completion_tokens is not None:
+        return int(rec.completion_tokens)
+    return int(sum(n for _, n in rec.chunks))
+
+
+def tpot_s(rec: RequestRecord) -> float | None:
+    """(E2E - TTFT) / (output_tokens - 1); None when output_tokens <= 1."""
+    n = output_tokens(rec)
+    if n <= 1:
+        return None
+    t, e = ttft_s(rec), e2e_s(rec)
+    if t is None or e is None:
+        return None
+    return (e - t) / (n - 1)
+
+
+def itl_s(rec: RequestRecord) -> list[float]:
+    """Gaps between consecutive token-carrying chunks (one value per gap)."""
+    out: list[float] = []
+    prev = None
+    for t, n in rec.chunks:
+        if n <= 0:
+            continue
+        if prev is not None:
+            out.append(t - prev)
+        prev = t
+    return out
+
+
+def itl_per_token_s(rec: RequestRecord) -> list[float]:
+    """Each chunk gap divided by the token count of the chunk that ends it."""
+    out: list[float] = []
+    prev = None
+    for t, n in rec.chunks:
+        if n <= 0:
+            continue
+        if prev is not None:
+            out.append((t - prev) / n)
+        prev = t
+    return out
+
+
+# --------------------------------------------------------------------------
+# aggregation helpers
+# --------------------------------------------------------------------------
+
+
+def stats(values: Sequence[float] | np.ndarray, prefix: str, scale: float = 1.0) -> dict:
+    """``{prefix_mean, prefix_median, prefix_p90, prefix_p99}`` of ``values * scale``.
+
+    Percentiles use ``numpy.percentile`` (linear interpolation).  Empty input
+    gives ``None`` for every key.
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        out = {f"{prefix}_mean": None}
+        for name, _ in PERCENTILES:
+            out[f"{prefix}_{name}"] = None
+        return out
+    arr = arr * scale
+    out = {f"{prefix}_mean": float(arr.mean())}
+    qs = np.percentile(arr, [q for _, q in PERCENTILES])
+    for (name, _), v in zip(PERCENTILES, qs):
+        out[f"{prefix}_{name}"] = float(v)
+    return out
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+# --------------------------------------------------------------------------
+# Prometheus scrape helpers
+# --------------------------------------------------------------------------
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Parse Prometheus text exposition into ``{name{labels}: value}``.
+
+    Comment (``#``) and blank lines are skipped; an optional trailing sample
+    timestamp is ignored; unparsable lines are skipped.  The key is the metric
+    name followed by its label block exactly as written (no label block when
+    the sample has no labels).
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        if brace >= 0:
+            close = _find_label_end(line, brace)
+            if close < 0:
+                continue
+            key = line[: close + 1]
+            rest = line[close + 1 :].split()
+        else:
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            key, rest = parts[0], parts[1:]
+        if not rest:
+            continue
+        try:
+            out[key] = float(rest[0])
+        except ValueError:
+            continue
+    return out
+
+
+def _find_label_end(line: str, start: int) -> int:
+    """Index of the ``}`` closing the label block, honouring quoted values."""
+    in_q = False
+    esc = False
+    for i in range(start + 1, len(line)):
+        ch = line[i]
+        if in_q:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_q = False
+        elif ch == '"':
+            in_q = True
+        elif ch == "}":
+            return i
+    return -1
+
+
+def metric_total(values: Mapping[str, float], name: str) -> float | None:
+    """Sum of all series of metric ``name`` (any labels); None if absent."""
+    total = 0.0
+    found = False
+    for key, v in values.items():
+        base = key.split("{", 1)[0]
+        if base == name:
+            total += v
+            found = True
+    return total if found else None
+
+
+def value_at(samples: Sequence[Mapping[str, Any]], name: str, ts: float) -> float | None:
+    """Value of metric ``name`` in the scrape sample closest in time to ``ts``."""
+    best = None
+    best_d = math.inf
+    for s in samples:
+        v = metric_total(s["values"], name)
+        if v is None:
+            continue
+        d = abs(s["ts"] - ts)
+        if d < best_d:
+            best, best_d = v, d
+    return best
+
+
+def active_mean(
+    samples: Sequence[Mapping[str, Any]],
+    t0_epoch: float,
+    duration_s: float,
+    name: str | Sequence[str] = "dhs_num_running_reqs",
+) -> float | None:
+    """Mean of metric ``name`` over scrape samples with
+    ``t0 + D/4 <= ts <= t0 + 3D/4``.  ``name`` may be a list of candidate
+    names; the first one present in any sample is used.  None if no sample in
+    the window has the metric."""
+    names = [name] if isinstance(name, str) else list(name)
+    lo, hi = t0_epoch + duration_s / 4.0, t0_epoch + 3.0 * duration_s / 4.0
+    for nm in names:
+        vals = []
+        for s in samples:
+            if lo <= s["ts"] <= hi:
+                v = metric_total(s["values"], nm)
+                if v is not None:
+                    vals.append(v)
+        if vals:
+            return float(np.mean(vals))
+    return None
+
+
+# --------------------------------------------------------------------------
+# per-phase statistics (schedules)
+# --------------------------------------------------------------------------
+
+
+def phase_stats(
+    records: Sequence[RequestRecord | Mapping[str, Any]],
+    phases: Sequence[Mapping[str, Any]],
+    samples: Sequence[Mapping[str, Any]] = (),
+    *,
+    epoch_offset: float = 0.0,
+    host_metric: str = "dhs_selected_rows_from_host_total",
+    total_metric: str = "dhs_selected_rows_total",
+    active_metric: str | Sequence[str] = "dhs_num_running_reqs",
+) -> list[dict]:
+    """Statistics per schedule phase.
+
+    ``phases``: dicts with ``phase``, ``concurrency``, ``start_mono``,
+    ``end_mono``.  A request belongs to a phase when it was sent during the
+    phase (its recorded ``phase``) and its last chunk arrived before the phase
+    ended.  ``epoch_offset`` converts monotonic to epoch time
+    (``epoch = mono + epoch_offset``) for matching scrape samples.
+    """
+    recs = [as_record(r) for r in records]
+    out = []
+    for ph in phases:
+        i = int(ph["phase"])
+        start, end = float(ph["start_mono"]), float(ph["end_mono"])
+        dur = max(end - start, 0.0)
+        sel = [
+            r
+            for r in recs
+            if r.success and r.phase == i and r.send_mono >= start and (end_mono(r) or math.inf) <= end
+        ]
+        tp = _mean(tpot_s(r) for r in sel)
+        tt = _mean(ttft_s(r) for r in sel)
+        aw = _mean((r.timing or {}).get("alloc_wait_s") for r in sel)
+        # throughput of the phase window from chunk arrivals of all requests
+        toks = 0
+        for r in recs:
+            if not r.success:
+                continue
+            for t, n in r.chunks:
+                if start <= t < end:
+                    toks += n
+        host_share = None
+        if samples:
+            s0, s1 = start + epoch_offset, end + epoch_offset
+            h0, h1 = value_at(samples, host_metric, s0), value_at(samples, host_metric, s1)
+            a0, a1 = value_at(samples, total_metric, s0), value_at(samples, total_metric, s1)
+            if None not in (h0, h1, a0, a1) and (a1 - a0) > 0:
+                host_share = (h1 - h0) / (a1 - a0)
+        act = active_mean(samples, start + epoch_offset, dur, active_metric) if samples else None
+        out.append(
+            {
+                "phase": i,
+                "concurrency": ph.get("concurrency"),
+                "start_s": start,
+                "duration_s": dur,
+                "requests": len(sel),
+                "tpot_ms_mean": None if tp is None else tp * 1e3,
+                "tok_s_per_session": None if not tp else 1.0 / tp,
+                "ttft_ms_mean": None if tt is None else tt * 1e3,
+                "alloc_wait_s_mean": aw,
+                "output_tok_s": toks / dur if dur > 0 else None,
+                "host_fetched_share": host_share,
+                "active_mean": act,
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------
+# summary
+# --------------------------------------------------------------------------
+
+
+def summarize(
+    records: Sequence[RequestRecord | Mapping[str, Any]],
+    *,
+    num_gpus: int = 1,
+    post_wave_exclude: int | None = None,
+    samples: Sequence[Mapping[str, Any]] = (),
+    epoch_offset: float | None = None,
+    phases: Sequence[Mapping[str, Any]] | None = None,
+    duration_s: float | None = None,
+    active_metric: str | Sequence[str] = ("dhs_num_running_reqs",),
+    host_metric: str = "dhs_selected_rows_from_host_total",
+    total_metric: str = "dhs_selected_rows_total",
+) -> dict:
+    """Aggregate a run into the summary dict (see docs/metrics.md).
+
+    * Failed requests (``success`` false) are excluded from every latency and
+      throughput statistic and counted in ``errors``.
+    * ``duration_s`` defaults to first send -> last completion over all
+      measured requests.
+    * ``post_wave_exclude``: exclude the first that many requests by submission
+      order (``index``) for the ``post_wave_*`` keys; None -> keys are None.
+    * ``epoch_offset``: ``epoch = mono + epoch_offset``; defaults to the
+      offset implied by the records' ``send_epoch - send_mono``.
+    """
+    recs = [as_record(r) for r in records]
+    ok = [r for r in recs if r.success]
+    bad = [r for r in recs if not r.success]
+
+    if epoch_offset is None:
+        epoch_offset = float(np.median([r.send_epoch - r.send_mono for r in recs])) if recs else 0.0
+
+    if duration_s is None:
+        if recs:
+            t0 = min(r.send_mono for r in recs)
+            ends = [end_mono(r) if end_mono(r) is not None else r.done_mono for r in recs]
+            ends = [e for e in ends if e is not None]
+            t1 = max(ends) if ends else t0
+            duration_s = max(t1 - t0, 0.0)
+        else:
+            t0 = 0.0
+            duration_s = 0.0
+    else:
+        t0 = min(r.send_mono for r in recs) if recs else 0.0
+
+    out_toks = [output_tokens(r) for r in ok]
+    total_out = int(sum(out_toks))
+    total_in = int(sum((r.prompt_tokens or 0) for r in ok))
+
+    ttfts = [v for v in (ttft_s(r) for r in ok) if v is not None]
+    tpots = [v for v in (tpot_s(r) for r in ok) if v is not None]
+    e2es = [v for v in (e2e_s(r) for r in ok) if v is not None]
+    itls: list[float] = []
+    itl_tok: list[float] = []
+    for r in ok:
+        itls.extend(itl_s(r))
+        itl_tok.extend(itl_per_token_s(r))
+
+    errors_by: dict[str, int] = {}
+    for r in bad:
+        key = str(r.status) if r.status is not None else "no_response"
+        errors_by[key] = errors_by.get(key, 0) + 1
+
+    s: dict[str, Any] = {
+        "completed": len(ok),
+        "errors": len(bad),
+        "errors_by_status": errors_by,
+        "error_examples": sorted({(r.error or "")[:200] for r in bad})[:5],
+        "duration_s": duration_s,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "output_tok_s": total_out / duration_s if duration_s > 0 else None,
+        "output_tok_s_per_gpu": (total_out / duration_s / num_gpus) if duration_s > 0 else None,
+        "request_throughput": len(ok) / duration_s if duration_s > 0 else None,
+        "num_gpus": num_gpus,
+    }
+    s.update(stats(ttfts, "ttft_ms", 1e3))
+    s.update(stats(tpots, "tpot_ms", 1e3))
+    s.update(stats(itls, "itl_ms", 1e3))
+    s.update(stats(itl_tok, "itl_per_token_ms", 1e3))
+    s.update(stats(e2es, "e2e_ms", 1e3))
+
+    # post-wave: drop the first C submitted requests
+    if post_wave_exclude is None:
+        s.update(
+            {
+                "post_wave_exclude": None,
+                "post_wave_completed": None,
+                "post_wave_ttft_ms_mean": None,
+                "post_wave_ttft_ms_p99": None,
+                "post_wave_tpot_ms_mean": None,
+                "post_wave_tpot_ms_p99": None,
+            }
+        )
+    else:
+        pw = [r for r in ok if r.index >= post_wave_exclude]
+        pw_ttft = stats([v for v in (ttft_s(r) for r in pw) if v is not None], "x", 1e3)
+        pw_tpot = stats([v for v in (tpot_s(r) for r in pw) if v is not None], "x", 1e3)
+        s.update(
+            {
+                "post_wave_exclude": int(post_wave_exclude),
+                "post_wave_completed": len(pw),
+                "post_wave_ttft_ms_mean": pw_ttft["x_mean"],
+                "post_wave_ttft_ms_p99": pw_ttft["x_p99"],
+                "post_wave_tpot_ms_mean": pw_tpot["x_mean"],
+                "post_wave_tpot_ms_p99": pw_tpot["x_p99"],
+            }
+        )
+
+    # server-side timing decomposition
+    timed = [r for r in ok if r.timing]
+    s["alloc_wait_s_mean"] = _mean(r.timing.get("alloc_wait_s") for r in timed)
+    s["handoff_s_mean"] = _mean(r.timing.get("handoff_s") for r in timed)
+    others = []
+    for r in timed:
+        t = ttft_s(r)
+        aw, ho = r.timing.get("alloc_wait_s"), r.timing.get("handoff_s")
+        if t is not None and aw is not None and ho is not None:
+            others.append(t - aw - ho)
+    s["ttft_other_s_mean"] = _mean(others)
+
+    s["active_mean"] = (
+        active_mean(samples, t0 + epoch_offset, duration_s, active_metric) if samples and duration_s > 0 else None
+    )
+    s["phases"] = (
+        phase_stats(
+            recs,
+            phases,
+            samples,
+            epoch_offset=epoch_offset,
+            host_metric=host_metric,
+            total_metric=total_metric,
+            active_metric=active_metric,
+        )
+        if phases
+        else []
+    )
+    return s

@@ -1,0 +1,215 @@
+"""The engine: schedule, run, postprocess. Never branches on which KV backend is in use.
+
+The loop runs on its own thread (``start``) so the HTTP event loop never stalls it; tests may
+call ``step`` directly. ``submit`` and ``abort`` are thread-safe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from systems.engine.prefill import PrefixStore
+from systems.engine.request import Request, ReqStatus
+from systems.engine.sampler import sample
+from systems.engine.scheduler import QueueFull, Scheduler
+from systems.kv.base import KVConfig
+from systems.kv.registry import create_backend
+from systems.models.config import ModelConfig
+from systems.models.sparse_model import SparseModel
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    device: str = "cpu"
+    max_waiting: int = 4096  # bounded queue: past it, 503 + Retry-After
+    max_new_tokens_cap: int = 4096
+    prefix_cache_entries: int = 16
+    seed: int = 0
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        self.model = SparseModel(cfg.model, self.device)
+        self.backend = create_backend(cfg.model, cfg.kv, self.device)
+        self.prefixes = PrefixStore(self.model, cfg.prefix_cache_entries)
+        self.scheduler = Scheduler(self.backend, self.prefixes, cfg.max_waiting)
+        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._pending = 0  # submitted but not yet seen by the scheduler
+        self.requests: dict[str, Request] = {}
+        self.stats = {"num_steps": 0, "generated_tokens_total": 0, "finished_total": 0,
+                      "aborted_total": 0, "rejected_total": 0, "last_step_ms": 0.0,
+                      "prompt_tokens_total": 0}
+        self.error: BaseException | None = None
+
+    # ------------------------------------------------------------------ thread-safe API
+    def new_rid(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def submit(self, req: Request) -> None:
+        if req.params.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        with self._lock:
+            if len(self.scheduler.waiting) + self._pending >= self.cfg.max_waiting:
+                self.stats["rejected_total"] += 1
+                raise QueueFull(f"waiting queue is full ({self.cfg.max_waiting} requests)")
+            self._pending += 1
+        self._inbox.put(req)
+        self._wake.set()
+
+    def abort(self, rid: str) -> None:
+        self._aborts.put(rid)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ loop
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self.step():
+                    self._wake.wait(timeout=0.05)
+                    self._wake.clear()
+        except BaseException as e:  # surface engine crashes to /health instead of hanging
+            self.error = e
+            raise
+
+    def step(self) -> bool:
+        """One scheduling round: intake, admission (handoffs), one decode step. Returns whether
+        any work was done."""
+        self._intake()
+        admitted = self.scheduler.admit()
+        for req, entry in admitted:
+            self._emit_first_token(req, entry)
+        batch = list(self.scheduler.running.values())
+        if not batch:
+            return bool(admitted)
+        t0 = time.perf_counter()
+        self._decode(batch)
+        self.stats["last_step_ms"] = (time.perf_counter() - t0) * 1e3
+        self.stats["num_steps"] += 1
+        return True
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        """Drive the engine from the calling thread until nothing is left (tests, offline)."""
+        for _ in range(max_steps):
+            self.step()
+            if not self.scheduler.running and not self.scheduler.waiting and self._inbox.empty():
+                return
+        raise RuntimeError("engine did not go idle")
+
+    # ------------------------------------------------------------------ phases
+    def _intake(self) -> None:
+        while True:
+            try:
+                req = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            with self._lock:
+                self._pending -= 1
+            self.requests[req.rid] = req
+            self.scheduler.waiting.append(req)
+        while True:
+            try:
+                rid = self._aborts.get_nowait()
+            except queue.Empty:
+                break
+            req = self.requests.get(rid)
+            if req is None or req.status == ReqStatus.FINISHED:
+                continue
+            if req.status == ReqStatus.WAITING:
+                self.scheduler.remove_waiting(req)
+                req.status = ReqStatus.FINISHED
+            else:
+                self.scheduler.finish(req)
+            req.finish_reason = {"type": "abort"}
+            req.finish_ts = time.time()
+            self.stats["aborted_total"] += 1
+            self.requests.pop(rid, None)
+
+    def _temperatures(self, reqs: list[Request]) -> torch.Tensor:
+        return torch.tensor([r.params.temperature for r in reqs], device=self.device,
+                            dtype=torch.float32)
+
+    def _emit_first_token(self, req: Request, entry) -> None:
+        tok = sample(entry.last_logits.unsqueeze(0), self._temperatures([req]), self.gen)
+        self.stats["prompt_tokens_total"] += req.num_prompt_tokens
+        self._append_tokens(req, [int(tok.item())])
+
+    def _decode(self, batch: list[Request]) -> None:
+        dev = self.device
+        slots = torch.tensor([r.slot for r in batch], device=dev)
+        positions = torch.tensor([[r.seq_len] for r in batch], device=dev)  # (B, 1)
+        tokens = torch.tensor([[r.output_ids[-1]] for r in batch], device=dev)
+        be = self.backend
+        be.begin_step(slots, positions)
+        logits, _ = self.model(tokens, positions, be)
+        be.end_step()
+        new = sample(logits[:, -1], self._temperatures(batch), self.gen).tolist()
+        be.commit([r.slot for r in batch], [r.seq_len + 1 for r in batch])
+        for r, t in zip(batch, new):
+            self._append_tokens(r, [t])
+
+    def _append_tokens(self, req: Request, toks: list[int]) -> None:
+        now = time.time()
+        emitted = []
+        for t in toks:
+            req.output_ids.append(t)
+            req.token_ts.append(now)
+            emitted.append(t)
+            if len(req.output_ids) >= req.params.max_new_tokens:
+                req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+                break
+            if not req.params.ignore_eos and t == self.cfg.model.eos_token_id:
+                req.finish_reason = {"type": "stop", "matched": t}
+                break
+        if req.first_token_ts is None:
+            req.first_token_ts = now
+        self.stats["generated_tokens_total"] += len(emitted)
+        done = req.finish_reason is not None
+        if done:
+            req.finish_ts = now
+            self.scheduler.finish(req)
+            self.stats["finished_total"] += 1
+            self.requests.pop(req.rid, None)
+        if req.on_output is not None:
+            req.on_output(req, emitted, done)
+
+    # ------------------------------------------------------------------ observability
+    def metrics(self) -> dict[str, float]:
+        m = {
+            "dhs_num_running_reqs": len(self.scheduler.running),
+            "dhs_num_waiting_reqs": len(self.scheduler.waiting) + self._pending,
+            "dhs_num_prefills_total": self.prefixes.num_prefills,
+        }
+        for k, v in self.stats.items():
+            m[f"dhs_{k}"] = v
+        m.update(self.backend.metrics())
+        for reason, n in self.scheduler.wait_reason_counts.items():
+            m[f'dhs_admission_wait_events_total{{reason="{reason}"}}'] = n
+        m["dhs_admission_blocked"] = 1.0 if self.scheduler.wait_reason else 0.0
+        return m

@@ -1,0 +1,62 @@
+"""Prefill side: prompts are prefilled once and their KV kept for admission to import.
+
+This stands in for the prefill servers of a disaggregated deployment: with prepared prefixes
+(one for GLM, 16 for DeepSeek in the paper) every request of a prefix reuses one prefill, and
+admission copies that KV into the decode-side backend the way each policy receives it (the
+handoff). Entries are kept in LRU order up to ``max_entries``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from systems.kv.base import PrefixKV
+from systems.models.sparse_model import PrefillContext, SparseModel, prefill_chunk_size
+
+
+@dataclass
+class PrefillEntry:
+    prefix: PrefixKV
+    last_logits: torch.Tensor  # (V,) float32: the first output token is sampled from these
+    last_hidden: torch.Tensor  # (D,)
+    prefill_s: float
+
+
+class PrefixStore:
+    def __init__(self, model: SparseModel, max_entries: int = 16):
+        self.model = model
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[int, ...], PrefillEntry] = OrderedDict()
+        self.num_prefills = 0
+
+    def get(self, prompt_ids: list[int]) -> tuple[PrefillEntry, bool]:
+        """Returns (entry, computed_now)."""
+        key = tuple(prompt_ids)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return self._entries[key], False
+        entry = self._prefill(prompt_ids)
+        self._entries[key] = entry
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return entry, True
+
+    def _prefill(self, prompt_ids: list[int]) -> PrefillEntry:
+        m = self.model
+        t0 = time.perf_counter()
+        T = len(prompt_ids)
+        dev = m.device
+        ctx = PrefillContext(m.cfg, T, dev, m.dtype)
+        tokens = torch.tensor([prompt_ids], device=dev)
+        positions = torch.arange(T, device=dev).unsqueeze(0)
+        logits, hidden = m(tokens, positions, ctx, q_chunk=prefill_chunk_size(m.cfg, T),
+                           last_only=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        self.num_prefills += 1
+        return PrefillEntry(PrefixKV(T, ctx.kv, ctx.index), logits[0, -1], hidden[0, -1],
+                            time.perf_counter() - t0)

@@ -1,0 +1,66 @@
+"""A request as the engine sees it, with the timestamps the paper's TTFT breakdown needs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    ignore_eos: bool = True
+
+
+class ReqStatus(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    # on_output(req, new_token_ids, finished) runs on the engine thread after every step
+    on_output: Callable[["Request", list[int], bool], None] | None = None
+    status: ReqStatus = ReqStatus.WAITING
+    slot: int = -1
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: dict | None = None
+    # wall-clock (epoch) timestamps
+    arrival_ts: float = field(default_factory=time.time)
+    prefill_done_ts: float | None = None
+    alloc_ts: float | None = None
+    handoff_done_ts: float | None = None
+    first_token_ts: float | None = None
+    finish_ts: float | None = None
+    prefill_s: float = 0.0
+    token_ts: list[float] = field(default_factory=list)
+    wait_reason: str = ""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Positions whose KV is (or is being) computed: prompt + outputs fed back so far."""
+        return self.num_prompt_tokens + max(0, len(self.output_ids) - 1)
+
+    def timing(self) -> dict:
+        """Per-request breakdown reported to clients (Table A2 columns)."""
+        ready = self.prefill_done_ts or self.arrival_ts
+        return {
+            "arrival_ts": self.arrival_ts,
+            "prefill_s": self.prefill_s,
+            "alloc_wait_s": (self.alloc_ts - ready) if self.alloc_ts else None,
+            "handoff_s": (self.handoff_done_ts - self.alloc_ts)
+            if self.handoff_done_ts and self.alloc_ts else None,
+            "first_token_ts": self.first_token_ts,
+            "finish_ts": self.finish_ts,
+        }

@@ -1,0 +1,17 @@
+"""Greedy and temperature sampling over a batch, one host sync per step."""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample(logits: torch.Tensor, temperatures: torch.Tensor,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (B, V) float32, temperatures (B,) -> token ids (B,). Temperature 0 is argmax."""
+    greedy = logits.argmax(dim=-1)
+    if not bool((temperatures > 0).any()):
+        return greedy
+    t = temperatures.clamp_min(1e-5).unsqueeze(-1)
+    probs = torch.softmax(logits / t, dim=-1)
+    drawn = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.where(temperatures > 0, drawn, greedy)

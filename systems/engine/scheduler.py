@@ -1,0 +1,71 @@
+"""Admission by memory with a bounded FCFS waiting queue, and the running batch.
+
+Admission reserves a slot and the backend's memory for prompt + output cap before a request
+runs, so a running request never has to be preempted. A request that does not fit waits at the
+head of the queue (FCFS: later requests do not overtake it) with the backend's reason recorded,
+which /metrics exposes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from systems.engine.prefill import PrefixStore
+from systems.engine.request import Request, ReqStatus
+from systems.kv.base import KVBackend
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its bound; the server answers 503 with Retry-After."""
+
+
+class Scheduler:
+    def __init__(self, backend: KVBackend, prefixes: PrefixStore, max_waiting: int):
+        self.backend = backend
+        self.prefixes = prefixes
+        self.max_waiting = max_waiting
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}  # slot -> request
+        self.wait_reason = ""
+        self.wait_reason_counts: dict[str, int] = {}
+
+    def admit(self) -> list[tuple[Request, object]]:
+        """Admit waiting requests while they fit. Returns (request, prefill entry) pairs."""
+        admitted = []
+        self.wait_reason = ""
+        while self.waiting:
+            req = self.waiting[0]
+            entry, computed = self.prefixes.get(req.prompt_ids)
+            if req.prefill_done_ts is None:
+                req.prefill_s = entry.prefill_s if computed else 0.0
+                req.prefill_done_ts = time.time()
+            ok, reason = self.backend.can_admit(req.num_prompt_tokens, req.params.max_new_tokens)
+            if not ok:
+                self.wait_reason = reason
+                if req.wait_reason != reason:
+                    self.wait_reason_counts[reason] = self.wait_reason_counts.get(reason, 0) + 1
+                req.wait_reason = reason
+                break
+            self.waiting.popleft()
+            req.alloc_ts = time.time()
+            req.slot = self.backend.admit(entry.prefix, req.params.max_new_tokens)
+            if self.backend.device.type == "cuda":
+                import torch
+                torch.cuda.synchronize(self.backend.device)
+            req.handoff_done_ts = time.time()
+            req.status = ReqStatus.RUNNING
+            self.running[req.slot] = req
+            admitted.append((req, entry))
+        return admitted
+
+    def finish(self, req: Request) -> None:
+        self.running.pop(req.slot, None)
+        self.backend.release(req.slot)
+        req.status = ReqStatus.FINISHED
+
+    def remove_waiting(self, req: Request) -> None:
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass

@@ -1,0 +1,3 @@
+"""Imports every bundled backend so that its @register line runs. Add new backends here."""
+
+from systems.kv import resident  # noqa: F401

@@ -1,0 +1,283 @@
+"""The KV contract every cache policy implements, and the parts all of them share.
+
+A backend owns the device storage of request histories for one engine. Per decode step the model
+runner calls, in order:
+
+    begin_step(slots, positions)        # which requests run, at which query positions (B, Q)
+    write_kv / write_index              # the new rows of the step (once per writing layer)
+    index_keys(source)                  # index keys of the visible history (always on device)
+    gather(layer, selections, q0, ...)  # -> resolve(...) -> device locations -> rows
+    end_step()                          # counters, backups that became possible
+    commit(slots, num_committed)        # rows up to num_committed are immutable history
+
+Admission (``admit``) imports a prepared prefix (the handoff); ``release`` returns everything.
+``memory_report`` gives eq. 3's terms (M_req + M_opt + M_res <= M) and ``check_integrity`` checks
+the backend's invariants (no page both free and in use, accounting sums to capacity, ...).
+
+Index keys always stay on the device: they are paged here, for every backend, so a selection can
+score the whole logical history wherever the payload lives.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from systems.models.config import LayerSpec, ModelConfig
+
+GiB = 1 << 30
+
+
+@dataclass
+class KVConfig:
+    backend: str = "resident"
+    kv_pool_gib: float = 0.05  # M: capacity of the KV pools (payload + index) on the device
+    max_running_requests: int = 64  # request slots (SGLang --max-running-requests)
+    max_total_tokens: int = 0  # per request: prompt + output cap; 0 = model.max_context_len
+    hot_cache_rows: int = 0  # B (HiSparse family); 0 = 2k
+    host_pool_gib: float = 1.0  # host budget for the pinned backing store
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PrefixKV:
+    """A prompt's history as the prefill side hands it over."""
+
+    num_tokens: int
+    kv: torch.Tensor  # (S, T, row_bytes) uint8
+    index: dict[int, torch.Tensor]  # index source -> (T, di)
+
+
+@dataclass
+class MemoryReport:
+    capacity: int  # M, bytes
+    required: int  # M_req
+    optional: int = 0  # M_opt
+    reserve: int = 0  # M_res
+    components: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.required - self.optional - self.reserve
+
+
+class PagePool:
+    """Free list of fixed-size pages; page ids index rows [id*P, (id+1)*P) of a pool tensor."""
+
+    def __init__(self, num_pages: int, name: str):
+        self.num_pages = num_pages
+        self.name = name
+        self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return len(self._used)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise MemoryError(f"{self.name}: asked for {n} pages, {len(self._free)} free")
+        out = [self._free.pop() for _ in range(n)]
+        self._used.update(out)
+        return out
+
+    def free(self, pages: list[int]) -> None:
+        for p in pages:
+            if p not in self._used:
+                raise AssertionError(f"{self.name}: page {p} freed twice or never allocated")
+            self._used.remove(p)
+            self._free.append(p)
+
+    def check(self) -> None:
+        free = set(self._free)
+        assert len(free) == len(self._free), f"{self.name}: duplicate page in free list"
+        assert not (free & self._used), f"{self.name}: page both free and in use"
+        assert len(free) + len(self._used) == self.num_pages, f"{self.name}: pages lost"
+
+
+class KVBackend(ABC):
+    """Base class: request slots, the paged index-key store, and the step protocol."""
+
+    name = "base"
+
+    def __init__(self, model_cfg: ModelConfig, kv_cfg: KVConfig, device: torch.device | str):
+        self.mcfg = model_cfg
+        self.kcfg = kv_cfg
+        self.device = torch.device(device)
+        self.P = model_cfg.page_size
+        self.max_total_tokens = kv_cfg.max_total_tokens or model_cfg.max_context_len
+        if self.max_total_tokens > model_cfg.max_context_len:
+            raise ValueError(f"kv.max_total_tokens={self.max_total_tokens} exceeds "
+                             f"model.max_context_len={model_cfg.max_context_len}")
+        if kv_cfg.max_running_requests < 1:
+            raise ValueError("kv.max_running_requests must be >= 1")
+        if kv_cfg.kv_pool_gib <= 0:
+            raise ValueError(f"kv.kv_pool_gib must be > 0, got {kv_cfg.kv_pool_gib}")
+        self.capacity = int(kv_cfg.kv_pool_gib * GiB)
+        self.num_slots = kv_cfg.max_running_requests
+        self.max_pages_per_req = math.ceil(self.max_total_tokens / self.P)
+        self.index_src_ids = {s: i for i, s in enumerate(model_cfg.index_sources)}
+        self.slot_len = [0] * self.num_slots  # committed positions per slot (host-side)
+        self.free_slots = list(range(self.num_slots - 1, -1, -1))
+        self.active_slots: set[int] = set()
+        self._step: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ index store (shared)
+    def _init_index_pool(self, num_pages: int) -> None:
+        nI = len(self.index_src_ids)
+        self.index_pages = PagePool(num_pages, "index")
+        self.index_pool = torch.zeros(nI, num_pages * self.P, self.mcfg.index_dim,
+                                      dtype=torch.bfloat16, device=self.device)
+        self.req_to_index_page = torch.full((self.num_slots, self.max_pages_per_req), -1,
+                                            dtype=torch.int32, device=self.device)
+        self._slot_index_pages: dict[int, list[int]] = {}
+
+    @property
+    def index_page_bytes(self) -> int:
+        return self.P * len(self.index_src_ids) * self.mcfg.index_row_bytes
+
+    def _alloc_index(self, slot: int, num_tokens: int) -> None:
+        pages = self.index_pages.alloc(math.ceil(num_tokens / self.P))
+        self._slot_index_pages[slot] = pages
+        self.req_to_index_page[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int32,
+                                                                 device=self.device)
+
+    def _free_index(self, slot: int) -> None:
+        self.index_pages.free(self._slot_index_pages.pop(slot, []))
+        self.req_to_index_page[slot] = -1
+
+    def _token_locs(self, table: torch.Tensor, slots: torch.Tensor,
+                    positions: torch.Tensor) -> torch.Tensor:
+        """Paged lookup: (B,) slots, (B, ...) positions -> locations (-1 where position is -1)."""
+        pos = positions.long()
+        shp = pos.shape
+        flat = pos.reshape(shp[0], -1)
+        pages = torch.gather(table[slots.long()], 1, (flat.clamp_min(0) // self.P))
+        loc = pages.long() * self.P + flat.clamp_min(0) % self.P
+        loc = torch.where(flat < 0, -1, loc)
+        return loc.reshape(shp)
+
+    def _import_index(self, slot: int, prefix: PrefixKV) -> None:
+        T = prefix.num_tokens
+        pos = torch.arange(T, device=self.device).unsqueeze(0)
+        loc = self._token_locs(self.req_to_index_page, torch.tensor([slot], device=self.device),
+                               pos)[0]
+        for s, i in self.index_src_ids.items():
+            self.index_pool[i, loc] = prefix.index[s].to(self.device, torch.bfloat16)
+
+    # ------------------------------------------------------------------ slots
+    def _take_slot(self) -> int:
+        slot = self.free_slots.pop()
+        self.active_slots.add(slot)
+        return slot
+
+    def _return_slot(self, slot: int) -> None:
+        self.active_slots.discard(slot)
+        self.slot_len[slot] = 0
+        self.free_slots.append(slot)
+
+    # ------------------------------------------------------------------ admission (abstract)
+    @abstractmethod
+    def can_admit(self, num_prompt_tokens: int, max_new_tokens: int) -> tuple[bool, str]:
+        """Whether a request fits now; the reason names what is missing when it does not."""
+
+    @abstractmethod
+    def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+        """Reserve a slot and import the prefix's history (the handoff). Returns the slot."""
+
+    @abstractmethod
+    def release(self, slot: int) -> None:
+        """Return everything the request holds. Safe at any point after admit."""
+
+    # ------------------------------------------------------------------ step protocol
+    def begin_step(self, slots: torch.Tensor, positions: torch.Tensor) -> None:
+        """slots (B,) int, positions (B, Q) int: the positions of this step's queries."""
+        self._step = {"slots": slots, "positions": positions, "index_keys": {},
+                      "L": int(positions.max().item()) + 1 if positions.numel() else 0}
+        self._step["index_write_loc"] = self._token_locs(self.req_to_index_page, slots, positions)
+        self._prepare_step()
+
+    def _prepare_step(self) -> None:
+        """Hook: backend-specific per-step preparation (write locations, tails)."""
+
+    def write_index(self, source: int, keys: torch.Tensor) -> None:
+        loc = self._step["index_write_loc"]
+        self.index_pool[self.index_src_ids[source]][loc.reshape(-1)] = \
+            keys.reshape(-1, keys.shape[-1]).to(torch.bfloat16)
+
+    def index_keys(self, source: int) -> torch.Tensor:
+        cache = self._step["index_keys"]
+        if source not in cache:
+            st = self._step
+            L = st["L"]
+            slots = st["slots"]
+            ar = torch.arange(L, device=self.device).unsqueeze(0).expand(slots.shape[0], L)
+            loc = self._token_locs(self.req_to_index_page, slots, ar).clamp_min(0)
+            cache[source] = self.index_pool[self.index_src_ids[source]][loc]  # (B, L, di)
+        return cache[source]
+
+    @abstractmethod
+    def write_kv(self, source: int, rows: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def resolve(self, layer: LayerSpec, selections: torch.Tensor, q0: int) -> torch.Tensor:
+        """(B, Qc, k) positions -> (B, Qc, k) int64 locations into ``kv_buffer(source)``."""
+
+    @abstractmethod
+    def kv_buffer(self, source: int) -> torch.Tensor:
+        """(num_locations, row_bytes) uint8 device storage that locations index."""
+
+    def gather(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
+               inherit: bool) -> torch.Tensor:
+        cache = self._step.setdefault("loc", {})
+        key = (layer.source, q0)
+        if inherit and key in cache:
+            loc = cache[key]  # Reuse layer: same source, same selection -> same locations
+        else:
+            loc = self.resolve(layer, selections, q0)
+            cache[key] = loc
+        return self.kv_buffer(layer.source)[loc.clamp_min(0)]
+
+    def end_step(self) -> None:
+        self._step = None
+
+    def commit(self, slots: list[int], lengths: list[int]) -> None:
+        """Rows of positions < lengths[i] are committed history of slots[i]."""
+        for s, n in zip(slots, lengths):
+            self.slot_len[s] = n
+
+    # ------------------------------------------------------------------ reporting
+    @abstractmethod
+    def memory_report(self) -> MemoryReport: ...
+
+    def check_integrity(self) -> None:
+        rep = self.memory_report()
+        assert rep.required >= 0 and rep.optional >= 0 and rep.reserve >= 0
+        assert rep.required + rep.optional + rep.reserve <= rep.capacity, \
+            f"eq. 3 violated: {rep}"
+        assert len(self.free_slots) + len(self.active_slots) == self.num_slots
+        assert not (set(self.free_slots) & self.active_slots)
+        self.index_pages.check()
+
+    def metrics(self) -> dict[str, float]:
+        rep = self.memory_report()
+        return {
+            "dhs_kv_pool_capacity_bytes": rep.capacity,
+            "dhs_kv_pool_required_bytes": rep.required,
+            "dhs_kv_pool_optional_bytes": rep.optional,
+            "dhs_kv_pool_used_ratio": (rep.required + rep.optional) / max(1, rep.capacity),
+            "dhs_num_allocated_slots": len(self.active_slots),
+            "dhs_num_slots": self.num_slots,
+        }
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.active_slots

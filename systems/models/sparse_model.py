@@ -1,0 +1,196 @@
+"""A sparse-attention transformer with an indexer, random seeded weights, and pluggable KV storage.
+
+The model never touches KV storage directly. It talks to a ``KVContext`` (prefill buffer or a KV
+backend through the model runner) with four verbs: write a row, write index keys, read index keys,
+gather selected rows. That is the seam where the paper's KV policies plug in.
+
+Shape legend: B requests, Q queries per request (1 for decode, K for verification, T for prefill),
+k selected rows, L visible history, D hidden, H heads, d kv_dim, di index_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from systems.models.config import LayerSpec, ModelConfig
+from systems.models.kv_format import decode_rows, encode_rows
+
+
+class KVContext(Protocol):
+    def write_kv(self, source: int, rows: torch.Tensor) -> None:
+        """rows: (B, Q, row_bytes) uint8, the new rows of the Q query positions."""
+
+    def write_index(self, source: int, keys: torch.Tensor) -> None:
+        """keys: (B, Q, di), index keys of the Q query positions."""
+
+    def index_keys(self, source: int) -> torch.Tensor:
+        """(B, L, di): index keys of every visible position (L >= max position + 1)."""
+
+    def gather(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
+               inherit: bool) -> torch.Tensor:
+        """selections: (B, Qc, k) positions (-1 padding) of queries q0..q0+Qc-1.
+        Returns (B, Qc, k, row_bytes) uint8 rows (anything where the selection is -1).
+        ``inherit``: the layer reuses the latest selection on its source, so the context may
+        reuse that call's locations instead of resolving again."""
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class SparseModel(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.dtype = _dtype(cfg.dtype)
+        self.specs = cfg.layers
+        g = torch.Generator().manual_seed(cfg.seed)  # CPU generator: same weights on every device
+
+        def w(*shape, fan_in=None):
+            fan_in = fan_in or shape[0]
+            t = torch.randn(*shape, generator=g) / math.sqrt(fan_in)
+            return t.to(self.device, self.dtype)
+
+        D, F_, H, d, di, V = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.kv_dim,
+                              cfg.index_dim, cfg.vocab_size)
+        self.embed = torch.randn(V, D, generator=g).to(self.device, self.dtype)
+        self.lm_head = w(D, V)
+        self.layers = []
+        for spec in self.specs:
+            p = {"wq": w(D, H * d), "wo": w(H * d, D), "w1": w(D, F_), "w3": w(D, F_),
+                 "w2": w(F_, D)}
+            if spec.writes_source:
+                p["wkv"] = w(D, d)
+            if spec.role == "full":
+                p["wik"] = w(D, di)
+            if spec.selects:
+                p["wiq"] = w(D, di)
+                sal = torch.randn(di, generator=g)
+                p["w_sal"] = (sal / sal.norm()).to(self.device, torch.float32)
+            self.layers.append(p)
+        self.scale = 1.0 / math.sqrt(d)
+
+    # ------------------------------------------------------------------ building blocks
+    @staticmethod
+    def _norm(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    def select(self, p: dict, h: torch.Tensor, keys: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """Top-k over visible history. h (B,Qc,D), keys (B,L,di), positions (B,Qc) -> (B,Qc,k).
+
+        Query at position t sees positions 0..t; it always selects itself (the current row,
+        like the local branch of DSA). Ties between equal scores follow torch.topk; with
+        continuous random weights they have probability zero. Entries beyond the visible
+        history are -1.
+        """
+        cfg = self.cfg
+        lam = cfg.selection_locality
+        iq = (h @ p["wiq"]).float()
+        iq = iq / iq.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        iq = (1.0 - lam) * iq + lam * p["w_sal"]
+        scores = torch.einsum("bqd,bld->bql", iq, keys.float())  # (B, Qc, L)
+        L = keys.shape[1]
+        ar = torch.arange(L, device=keys.device)
+        pos = positions.unsqueeze(-1)
+        scores = scores.masked_fill(ar > pos, float("-inf"))
+        scores = scores.masked_fill(ar == pos, float("inf"))
+        kk = min(cfg.index_topk, L)
+        vals, idx = scores.topk(kk, dim=-1)
+        idx = torch.where(vals == float("-inf"), -1, idx).to(torch.int32)
+        if kk < cfg.index_topk:
+            idx = F.pad(idx, (0, cfg.index_topk - kk), value=-1)
+        return idx
+
+    def attend(self, q: torch.Tensor, rows: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+        """q (B,Qc,H,d), rows (B,Qc,k,d), sel (B,Qc,k) -> (B,Qc,H,d)."""
+        s = torch.einsum("bqhd,bqkd->bqhk", q.float(), rows.float()) * self.scale
+        s = s.masked_fill((sel < 0).unsqueeze(2), float("-inf"))
+        pr = torch.softmax(s, dim=-1)
+        return torch.einsum("bqhk,bqkd->bqhd", pr, rows.float()).to(q.dtype)
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx: KVContext,
+                q_chunk: int | None = None,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, positions: (B, Q). Returns logits (B, Q, V) float32 and hidden (B, Q, D);
+        with ``last_only`` the logits of the last query only, (B, 1, V) (prefill)."""
+        cfg = self.cfg
+        B, Q = tokens.shape
+        H, d = cfg.num_heads, cfg.kv_dim
+        q_chunk = q_chunk or Q
+        x = self.embed[tokens.long()]  # (B, Q, D)
+        last_sel: torch.Tensor | None = None
+        last_sel_src: dict[int, torch.Tensor] = {}
+        for spec, p in zip(self.specs, self.layers):
+            h = self._norm(x)
+            if spec.writes_source:
+                ctx.write_kv(spec.source, encode_rows(h @ p["wkv"], cfg))
+            if spec.role == "full":
+                ctx.write_index(spec.source, (h @ p["wik"]))
+            q = (h @ p["wq"]).view(B, Q, H, d)
+            keys = ctx.index_keys(spec.source) if spec.selects else None
+            sels, outs = [], []
+            for c0 in range(0, Q, q_chunk):
+                c1 = min(Q, c0 + q_chunk)
+                if spec.selects:
+                    sel = self.select(p, h[:, c0:c1], keys, positions[:, c0:c1])
+                elif spec.role == "follower":
+                    sel = last_sel[:, c0:c1]
+                else:  # reuse: the latest selection made on this source
+                    sel = last_sel_src[spec.source][:, c0:c1]
+                rows = decode_rows(ctx.gather(spec, sel, c0, spec.role == "reuse"), cfg,
+                                   self.dtype)
+                outs.append(self.attend(q[:, c0:c1], rows, sel))
+                if spec.selects:
+                    sels.append(sel)
+            if spec.selects:
+                last_sel = torch.cat(sels, dim=1) if len(sels) > 1 else sels[0]
+                last_sel_src[spec.source] = last_sel
+            attn = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+            x = x + attn.reshape(B, Q, H * d) @ p["wo"]
+            h2 = self._norm(x)
+            x = x + (F.silu(h2 @ p["w1"]) * (h2 @ p["w3"])) @ p["w2"]
+        hidden = self._norm(x)
+        logits = ((hidden[:, -1:] if last_only else hidden) @ self.lm_head).float()
+        return logits, hidden
+
+
+class PrefillContext:
+    """KV context of one prompt processed in a single pass: rows live in local buffers.
+
+    After the forward, ``kv`` (S, T, row_bytes) and ``index`` (one (T, di) per index source) are
+    the prompt's history, which admission imports into a KV backend (the handoff).
+    """
+
+    def __init__(self, cfg: ModelConfig, T: int, device: torch.device, dtype: torch.dtype):
+        self.cfg = cfg
+        self.kv = torch.zeros(cfg.num_sources, T, cfg.row_bytes, dtype=torch.uint8, device=device)
+        self.index = {s: torch.zeros(T, cfg.index_dim, dtype=torch.bfloat16, device=device)
+                      for s in cfg.index_sources}
+
+    def write_kv(self, source, rows):
+        self.kv[source] = rows[0]
+
+    def write_index(self, source, keys):
+        self.index[source].copy_(keys[0])
+
+    def index_keys(self, source):
+        return self.index[source].unsqueeze(0)
+
+    def gather(self, layer, selections, q0, inherit):
+        idx = selections.clamp_min(0).long()  # (1, Qc, k)
+        return self.kv[layer.source][idx[0]].unsqueeze(0)
+
+
+def prefill_chunk_size(cfg: ModelConfig, T: int, budget_elems: int = 1 << 24) -> int:
+    """Query chunk so that scores (Qc x T) and gathered rows (Qc x k x d) stay bounded."""
+    per_q = max(T, cfg.index_topk * max(cfg.kv_dim, cfg.row_bytes))
+    return max(1, min(T, budget_elems // per_q))

@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from systems.engine.prefill import PrefixStore
+from systems.models.config import ModelConfig
+from systems.models.kv_format import decode_rows, encode_rows
+from tests.helpers import golden_prompts, make_engine, run_greedy
+
+
+def test_fp8_row_matches_paper_656_bytes():
+    cfg = ModelConfig(kv_dim=576, kv_rope_dim=64, kv_format="fp8")
+    assert cfg.row_bytes == 656
+    x = torch.randn(3, 5, 576)
+    b = encode_rows(x, cfg)
+    assert b.shape == (3, 5, 656) and b.dtype == torch.uint8
+    y = decode_rows(b, cfg, torch.float32)
+    rel = (y - x).norm() / x.norm()
+    assert rel < 0.08  # e4m3 has a 3-bit mantissa
+    assert torch.equal(encode_rows(y, cfg), b)  # decode/encode is a fixed point
+
+
+def test_bf16_rows_roundtrip_exactly():
+    cfg = ModelConfig()
+    x = torch.randn(7, cfg.kv_dim).to(torch.bfloat16).float()
+    assert torch.equal(decode_rows(encode_rows(x, cfg), cfg, torch.float32), x)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"index_topk": 600, "max_context_len": 512}, "index_topk"),
+    ({"layer_roles": ["full", "reuse"], "layer_sources": [0, 1]}, "layer_sources"),
+    ({"layer_roles": ["reuse", "full"]}, "layer_roles"),
+    ({"layer_roles": ["full", "bogus"]}, "layer_roles"),
+    ({"kv_format": "fp4"}, "kv_format"),
+    ({"selection_locality": 1.5}, "selection_locality"),
+    ({"kv_format": "fp8", "kv_dim": 100}, "kv_dim"),
+])
+def test_bad_model_config_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**kwargs)
+
+
+def test_unknown_config_field_is_rejected():
+    with pytest.raises(ValueError, match="unknown field"):
+        make_engine("+model.bogus=1")
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
+def test_decode_equals_prefill_of_the_same_tokens(model):
+    """The decode path (KV through the backend) and a fresh prefill give the same next token."""
+    eng = make_engine(f"model={model}", "hardware.kv_pool_gib=0.01")
+    prompts = golden_prompts()[:3]
+    outs = run_greedy(eng, prompts, 10)
+    store = PrefixStore(eng.model)
+    for p, o in zip(prompts, outs):
+        for j in range(1, len(o)):
+            entry, _ = store.get(p + o[:j])
+            assert int(entry.last_logits.argmax()) == o[j]
+
+
+def test_selection_is_causal_topk_including_self():
+    cfg = ModelConfig(index_topk=4)
+    from systems.models.sparse_model import SparseModel
+    m = SparseModel(cfg)
+    p = m.layers[0]
+    keys = torch.randn(2, 10, cfg.index_dim)
+    h = torch.randn(2, 3, cfg.hidden_size)
+    pos = torch.tensor([[0, 2, 9], [1, 5, 6]])
+    sel = m.select(p, h, keys, pos)
+    assert sel.shape == (2, 3, 4)
+    for b in range(2):
+        for q in range(3):
+            s = sel[b, q]
+            valid = s[s >= 0]
+            assert int(valid[0]) == int(pos[b, q])  # the query's own row ranks first
+            assert (valid <= pos[b, q]).all()
+            assert len(valid) == min(4, int(pos[b, q]) + 1)
+            assert len(set(valid.tolist())) == len(valid)
+
+
+def test_locality_knob_makes_consecutive_selections_overlap():
+    def overlap(lam):
+        cfg = ModelConfig(index_topk=16, selection_locality=lam, max_context_len=512)
+        from systems.models.sparse_model import SparseModel
+        m = SparseModel(cfg)
+        keys = torch.randn(1, 400, cfg.index_dim)
+        h = torch.randn(1, 2, cfg.hidden_size)
+        sel = m.select(m.layers[0], h, keys, torch.tensor([[398, 399]]))
+        a, b = set(sel[0, 0].tolist()), set(sel[0, 1].tolist())
+        return len(a & b) / 16
+
+    assert overlap(0.95) > overlap(0.0) + 0.3

@@ -1,0 +1,95 @@
+import pytest
+
+from systems.engine.request import Request, SamplingParams
+from systems.engine.scheduler import QueueFull
+from tests.helpers import golden_prompts, make_engine
+
+
+def _req(eng, prompt, n):
+    return Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=n))
+
+
+def test_admission_waits_when_pool_is_full_and_resumes():
+    # one request of 100 + 60 tokens needs 10 pages of 16; give the pool room for ~2
+    eng = make_engine("hardware.kv_pool_gib=0.0001", "model.max_context_len=160")
+    cap = eng.backend.pages.num_pages
+    need = eng.cfg.model.pages_for(160)
+    assert need <= cap < 3 * need
+    prompt = golden_prompts()[4][:100]
+    reqs = [_req(eng, prompt, 60) for _ in range(4)]
+    for r in reqs:
+        eng.submit(r)
+    eng.step()
+    running = len(eng.scheduler.running)
+    assert running == cap // need
+    assert len(eng.scheduler.waiting) == 4 - running
+    assert eng.scheduler.wait_reason == "kv_pool_full"
+    assert eng.metrics()["dhs_admission_blocked"] == 1.0
+    eng.run_until_idle()
+    assert all(len(r.output_ids) == 60 for r in reqs)
+    # later requests were admitted only after earlier ones finished
+    first_finish = min(r.finish_ts for r in reqs[:running])
+    assert all(r.alloc_ts >= first_finish for r in reqs[running:])
+    eng.backend.check_integrity()
+    assert eng.backend.pages.num_used == 0 and eng.backend.is_empty
+
+
+def test_slot_limit_caps_the_batch():
+    eng = make_engine("hardware.max_running_requests=2", "hardware.kv_pool_gib=0.01")
+    for p in golden_prompts():
+        eng.submit(_req(eng, p, 5))
+    eng.step()
+    assert len(eng.scheduler.running) == 2
+    assert eng.scheduler.wait_reason == "no_free_slot"
+    eng.run_until_idle()
+    eng.backend.check_integrity()
+
+
+def test_bounded_waiting_queue_rejects():
+    eng = make_engine("engine.max_waiting=2")
+    p = golden_prompts()[0]
+    eng.submit(_req(eng, p, 3))
+    eng.submit(_req(eng, p, 3))
+    with pytest.raises(QueueFull):
+        eng.submit(_req(eng, p, 3))
+    assert eng.metrics()["dhs_rejected_total"] == 1
+
+
+def test_abort_frees_pages_running_and_waiting():
+    eng = make_engine("hardware.max_running_requests=1", "hardware.kv_pool_gib=0.01")
+    p = golden_prompts()[2]
+    a, b = _req(eng, p, 50), _req(eng, p, 50)
+    eng.submit(a)
+    eng.submit(b)
+    eng.step()
+    eng.step()
+    assert a.slot in eng.scheduler.running and b in eng.scheduler.waiting
+    eng.abort(a.rid)
+    eng.abort(b.rid)
+    eng.step()
+    assert a.finish_reason == {"type": "abort"} and b.finish_reason == {"type": "abort"}
+    eng.backend.check_integrity()
+    assert eng.backend.pages.num_used == 0
+
+
+def test_timestamps_are_ordered():
+    eng = make_engine()
+    r = _req(eng, golden_prompts()[1], 4)
+    eng.submit(r)
+    eng.run_until_idle()
+    assert r.arrival_ts <= r.prefill_done_ts <= r.alloc_ts <= r.handoff_done_ts
+    assert r.handoff_done_ts <= r.first_token_ts <= r.finish_ts
+    assert len(r.token_ts) == 4
+    t = r.timing()
+    assert t["alloc_wait_s"] >= 0 and t["handoff_s"] >= 0
+
+
+def test_temperature_sampling_runs_and_differs_from_greedy():
+    eng = make_engine()
+    p = golden_prompts()[3]
+    hot = Request(eng.new_rid(), p, SamplingParams(max_new_tokens=20, temperature=5.0))
+    cold = Request(eng.new_rid(), p, SamplingParams(max_new_tokens=20, temperature=0.0))
+    eng.submit(hot)
+    eng.submit(cold)
+    eng.run_until_idle()
+    assert len(hot.output_ids) == 20 and hot.output_ids != cold.output_ids

@@ -1,0 +1,30 @@
+"""Shared builders for tests: engines composed through the real Hydra configs."""
+
+from __future__ import annotations
+
+import torch
+
+from systems.engine.config import compose, engine_config_from_cfg
+from systems.engine.engine import Engine
+from systems.engine.request import Request, SamplingParams
+
+GOLDEN_PROMPT_LENS = (5, 23, 40, 77, 130)
+
+
+def make_engine(*overrides: str) -> Engine:
+    cfg = compose(["device=cpu", *overrides])
+    return Engine(engine_config_from_cfg(cfg))
+
+
+def golden_prompts(vocab: int = 512, seed: int = 1234) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in GOLDEN_PROMPT_LENS]
+
+
+def run_greedy(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    reqs = [Request(engine.new_rid(), p, SamplingParams(max_new_tokens=max_new_tokens))
+            for p in prompts]
+    for r in reqs:
+        engine.submit(r)
+    engine.run_until_idle()
+    return [r.output_ids for r in reqs]
