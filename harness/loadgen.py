@@ -42,6 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import aiohttp
 import numpy as np
+from yarl import URL
 
 from harness.metrics import parse_prometheus, summarize
 from harness.records import JsonlWriter, RequestRecord, atomic_write_json
@@ -367,7 +368,12 @@ class OpenAIStreamParser(_StreamParserBase):
 
 
 class _Bodies:
-    """Builds request bodies as bytes; shared prefixes are serialised once."""
+    """Builds request bodies as bytes; shared prefixes are serialised once.
+
+    Without ``prefixes`` every request gets a fresh random prompt drawn from a
+    generator seeded with ``seed`` (warmup prompts come from a separate
+    stream), so a run's prompts are reproducible given the submission order.
+    """
 
     def __init__(self, cfg: LoadConfig):
         self.cfg = cfg
@@ -375,16 +381,6 @@ class _Bodies:
         if cfg.api not in ("generate", "openai"):
             raise ValueError(f"api must be 'generate' or 'openai', got {cfg.api!r}")
         self.path = "/generate" if cfg.api == "generate" else "/v1/completions"
-        self._cache: dict[int, bytes] = {}
-        if cfg.prefixes:
-            rng = np.random.default_rng(cfg.seed)
-            for k in range(int(cfg.prefixes)):
-                ids = rng.integers(0, cfg.vocab_size, size=cfg.input_len).tolist()
-                self._cache[k] = self._head(ids)
-
-    def _head(self, ids: list[int]) -> bytes:
-        cfg = self.cfg
-        ids_json = json.dumps(ids, separators=(",", ":"))
         if self.api == "generate":
             sp = json.dumps(
                 {
@@ -394,28 +390,38 @@ class _Bodies:
                 },
                 separators=(",", ":"),
             )
-            return f'{{"input_ids":{ids_json},"sampling_params":{sp},"stream":true,"rid":"'.encode()
-        rest = json.dumps(
-            {
-                "max_tokens": int(cfg.output_len),
-                "temperature": float(cfg.temperature),
-                "stream": True,
-                "ignore_eos": bool(cfg.ignore_eos),
-                "stream_options": {"include_usage": True},
-            },
-            separators=(",", ":"),
-        )
-        return (
-            f'{{"model":{json.dumps(cfg.model)},"prompt":{ids_json},' + rest[1:-1] + "}"
-        ).encode()
+            self._pre = '{"input_ids":'
+            self._post = f',"sampling_params":{sp},"stream":true,"rid":"'
+        else:
+            rest = json.dumps(
+                {
+                    "max_tokens": int(cfg.output_len),
+                    "temperature": float(cfg.temperature),
+                    "stream": True,
+                    "ignore_eos": bool(cfg.ignore_eos),
+                    "stream_options": {"include_usage": True},
+                },
+                separators=(",", ":"),
+            )
+            self._pre = f'{{"model":{json.dumps(cfg.model)},"prompt":'
+            self._post = "," + rest[1:]
+        self._rng = np.random.default_rng([int(cfg.seed), 1])
+        self._rng_warm = np.random.default_rng([int(cfg.seed), 2])
+        self._cache: list[bytes] = []
+        if cfg.prefixes:
+            rng = np.random.default_rng(int(cfg.seed))
+            for _ in range(int(cfg.prefixes)):
+                self._cache.append(self._head(rng))
+
+    def _head(self, rng: np.random.Generator) -> bytes:
+        ids = rng.integers(0, int(self.cfg.vocab_size), size=int(self.cfg.input_len)).tolist()
+        return (self._pre + "[" + ",".join(map(str, ids)) + "]" + self._post).encode()
 
     def body(self, index: int, rid: str, warmup: bool = False) -> bytes:
-        cfg = self.cfg
-        if cfg.prefixes:
-            head = self._cache[index % int(cfg.prefixes)]
+        if self._cache:
+            head = self._cache[index % len(self._cache)]
         else:
-            rng = np.random.default_rng([cfg.seed, 1 if warmup else 0, index])
-            head = self._head(rng.integers(0, cfg.vocab_size, size=cfg.input_len).tolist())
+            head = self._head(self._rng_warm if warmup else self._rng)
         if self.api == "generate":
             return head + rid.encode() + b'"}'
         return head
@@ -450,7 +456,7 @@ class _Runner:
             raise ValueError("num_requests is required without a schedule")
         self.base = cfg.url.rstrip("/")
         self.bodies = _Bodies(cfg)
-        self.url = self.base + self.bodies.path
+        self.url = URL(self.base + self.bodies.path)  # parsed once, not per request
         self.parser_cls = GenerateStreamParser if cfg.api == "generate" else OpenAIStreamParser
         self.run_id = uuid.uuid4().hex[:8]
         self.records: list[RequestRecord] = []
@@ -470,6 +476,7 @@ class _Runner:
         self.scrape_errors = 0
         self.epoch_offset = 0.0
         self.session: aiohttp.ClientSession | None = None
+        self._cpu0 = self._cpu1 = self._wall0 = self._wall1 = 0.0
 
     # ---- one request -------------------------------------------------
 
@@ -581,6 +588,11 @@ class _Runner:
         while not self.stop:
             while self.inflight < self.target and self.n_sent < limit and not self.stop:
                 self._launch()
+                # Yield once per launch: aiohttp (py<3.12) writes the request body
+                # from a separate task, so launching a burst back-to-back would
+                # delay every request's bytes behind all the others' setup and
+                # inflate TTFT by the burst length.
+                await asyncio.sleep(0)
             if self.n_sent >= limit and self.inflight == 0:
                 break
             await wake.wait()
@@ -622,8 +634,8 @@ class _Runner:
                 if delay > 0:
                     await asyncio.sleep(delay)
             self._launch()
-            if not math.isfinite(rate) and self.n_sent % 256 == 0:
-                await asyncio.sleep(0)  # let early requests get going
+            if not math.isfinite(rate):
+                await asyncio.sleep(0)  # see _closed_loop
 
     # ---- /metrics scraping ------------------------------------------
 
@@ -635,7 +647,7 @@ class _Runner:
     async def _scrape_once(self) -> None:
         try:
             async with self.session.get(
-                self.base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)
+                URL(self.base + "/metrics"), timeout=aiohttp.ClientTimeout(total=10)
             ) as resp:
                 if resp.status != 200:
                     self.scrape_errors += 1
@@ -698,6 +710,10 @@ class _Runner:
             "scrape_samples": len(self.samples),
             "scrape_errors": self.scrape_errors,
             "interrupted": interrupted,
+            # client-side load: CPU seconds this process used while measuring and
+            # that divided by wall time (near 1.0 = the client itself was saturated)
+            "client_cpu_s": self._cpu1 - self._cpu0,
+            "client_cpu_util": (self._cpu1 - self._cpu0) / max(self._wall1 - self._wall0, 1e-9),
             "config": _jsonable(dataclasses.asdict(cfg)),
         }
         meta.update(s)
@@ -734,6 +750,7 @@ class _Runner:
             except Exception:  # pragma: no cover - tqdm missing
                 self.pbar = None
             self.epoch_offset = time.time() - _perf()
+            self._cpu0, self._wall0 = time.process_time(), _perf()
             try:
                 if cfg.metrics_interval and cfg.metrics_interval > 0:
                     scrape_task = asyncio.create_task(self._scrape_loop(float(cfg.metrics_interval)))
@@ -775,6 +792,7 @@ class _Runner:
                     self.writer.close()
                 if self.metrics_writer is not None:
                     self.metrics_writer.close()
+                self._cpu1, self._wall1 = time.process_time(), _perf()
                 self.records.sort(key=lambda r: r.index)
                 summary = self._summary(None, interrupted)
                 if cfg.summary_out:

@@ -67,6 +67,9 @@ class Program:
     host_threshold: int = 0  # selected rows come from host when in-flight > threshold (0: never)
     rows_per_token: int = 10
     batch_due: bool = True  # write all due events of a stream in one syscall when behind
+    # epoll rounds timeouts up to whole ms, so call_at() fires 0-1 ms late; firing
+    # this much early centres the emission error on zero.
+    timer_advance_s: float = 0.0005
 
 
 class _Stream:
@@ -88,6 +91,7 @@ class _Stream:
         "handle",
         "created",
         "closed",
+        "pre",
     )
 
 
@@ -105,6 +109,7 @@ class FakeServer:
         self.app.router.add_post("/program", self.h_program)
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
+        self._tok_esc = b" t"
 
     # ---- statistics ---------------------------------------------------
 
@@ -121,6 +126,8 @@ class FakeServer:
         self.rows_total = 0
         self.rows_host = 0
         self.max_lateness_s = 0.0
+        self.lateness_sum = 0.0
+        self.lateness_n = 0
         self.timeline: list[tuple[float, int]] = []  # (epoch, in-flight) after each change
         self.first_token_lateness: list[float] = []
 
@@ -161,6 +168,7 @@ class FakeServer:
             "events_emitted": self.events_emitted,
             "writes": self.writes,
             "max_lateness_s": self.max_lateness_s,
+            "mean_lateness_s": self.lateness_sum / self.lateness_n if self.lateness_n else None,
             "program": dataclasses.asdict(self.program),
             "cpu_s": time.process_time(),
         }
@@ -267,7 +275,22 @@ class FakeServer:
         st.abort = bool(prog.abort_every) and self.accepted % prog.abort_every == 0
         st.created = int(arrival_ts)
         st.closed = False
-        st.handle = loop.call_at(arrival_mono + st.events[0][0], self._emit, st)
+        self._tok_esc = json.dumps(prog.token_text)[1:-1].encode()
+        if api == "generate":
+            st.pre = b'],"meta_info":{"id":%s,"prompt_tokens":%d,"completion_tokens":' % (
+                json.dumps(rid).encode(),
+                st.prompt_tokens,
+            )
+        else:
+            nt = b',"num_tokens":%d' if prog.openai_num_tokens else b""
+            st.pre = (
+                b'data: {"id":%s,"object":"text_completion","created":%d,"model":"fake","choices":[{"index":0,'
+                % (json.dumps(rid).encode(), st.created)
+                + b'"text":"%s","logprobs":null,"finish_reason":null'
+                + nt
+                + b'}],"usage":null}\n\n'
+            )
+        st.handle = loop.call_at(arrival_mono + st.events[0][0] - prog.timer_advance_s, self._emit, st)
         try:
             await st.done
         except asyncio.CancelledError:  # client went away
@@ -312,6 +335,8 @@ class FakeServer:
         lateness = now - (st.arrival_mono + events[st.k][0])
         if lateness > self.max_lateness_s:
             self.max_lateness_s = lateness
+        self.lateness_sum += lateness
+        self.lateness_n += 1
         if st.k == 0:
             self.first_token_lateness.append(lateness)
         final = False
@@ -336,7 +361,7 @@ class FakeServer:
                 parts.append(b"data: [DONE]\n\n")
                 break
             parts.append(self._event(st, n, False))
-            if not prog.batch_due or st.arrival_mono + events[st.k][0] > now:
+            if not prog.batch_due or st.arrival_mono + events[st.k][0] - prog.timer_advance_s > now:
                 break
         payload = b"".join(parts)
         tr = st.transport
@@ -353,7 +378,7 @@ class FakeServer:
             if not st.done.done():
                 st.done.set_result(None)
         else:
-            st.handle = loop.call_at(st.arrival_mono + events[st.k][0], self._emit, st)
+            st.handle = loop.call_at(st.arrival_mono + events[st.k][0] - prog.timer_advance_s, self._emit, st)
 
     def _timing(self, st: _Stream) -> dict:
         prog = self.program
@@ -387,14 +412,20 @@ class FakeServer:
                     },
                 }
                 return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-            text = json.dumps(prog.token_text * st.sent_tokens)
-            ids = ",".join(str(i) for i in range(st.sent_tokens - n, st.sent_tokens))
-            return (
-                'data: {"text":%s,"output_ids":[%s],"meta_info":{"id":"%s","prompt_tokens":%d,'
-                '"completion_tokens":%d,"finish_reason":null}}\n\n'
-                % (text, ids, st.rid, st.prompt_tokens, st.sent_tokens)
-            ).encode()
+            # hot path: bytes formatting with per-stream precomputed pieces
+            if n == 1:
+                ids = b"%d" % (st.sent_tokens - 1)
+            else:
+                ids = b",".join([b"%d" % i for i in range(st.sent_tokens - n, st.sent_tokens)])
+            return b'data: {"text":"%s","output_ids":[%s%s%d,"finish_reason":null}}\n\n' % (
+                self._tok_esc * st.sent_tokens,
+                ids,
+                st.pre,
+                st.sent_tokens,
+            )
         # OpenAI completions
+        if not final and prog.openai_num_tokens:
+            return st.pre % (self._tok_esc * n, n)
         choice: dict = {
             "index": 0,
             "text": prog.token_text * n,

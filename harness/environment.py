@@ -1,0 +1,42 @@
+"""What a result was measured on: GPU, versions, commit. Stored beside every run."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, capture_output=True, text=True, timeout=10).stdout
+        return (sha or "unknown") + ("-dirty" if dirty.strip() else "")
+    except Exception:
+        return "unknown"
+
+
+def environment() -> dict:
+    import torch
+    env = {
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "git_commit": git_commit(),
+        "cpu": platform.processor() or platform.machine(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = None
+    return env

@@ -1,0 +1,158 @@
+"""Hydra entry point: compose conf/, serve the system, run the load, store the results.
+
+    python -m harness.run experiment=default_cpu
+    python -m harness.run -m system=resident model=tiny workload.concurrency=[1,8]
+
+One run = one (config, load point). Results go to ``results/<experiment>/<run-id>/``:
+``config.yaml``, ``records.jsonl`` (one line per request, appended as it completes),
+``server_metrics.parquet`` (one-second /metrics samples), ``summary.json`` (written atomically,
+last: its presence marks the run finished), ``env.json``. Run ids are derived from the config, so
+an interrupted sweep resumes by skipping finished runs; a run directory without summary.json is
+an unfinished attempt and is moved aside to ``<run-id>.failed-<time>`` before the rerun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import traceback
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from harness.environment import REPO, environment
+from harness.records import atomic_write_json
+from harness.servers import bundled_server
+from harness.wandb_logger import make_logger
+
+
+def _load_points(cfg: DictConfig) -> list[dict]:
+    w = cfg.workload
+    if w.get("schedule"):
+        return [{"schedule": str(w.schedule), "tag": "step"}]
+    if w.get("request_rate") is not None:
+        return [{"request_rate": float(w.request_rate), "tag": f"r{w.request_rate}"}]
+    conc = w.concurrency
+    conc = [int(c) for c in (conc if OmegaConf.is_list(conc) or isinstance(conc, list)
+                             else [conc])]
+    if not conc or min(conc) < 1:
+        raise ValueError(f"workload.concurrency must list integers >= 1, got {conc}")
+    return [{"concurrency": c, "tag": f"c{c}"} for c in conc]
+
+
+def run_id(cfg: DictConfig, point: dict) -> str:
+    """Stable id: what was measured, plus a hash of everything that could change the result."""
+    material = OmegaConf.to_container(cfg, resolve=True)
+    for volatile in ("server", "logger", "results_dir", "hydra"):
+        material.pop(volatile, None)
+    material["point"] = point
+    h = hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{cfg.system.name}-{cfg.model.name}-{point['tag']}-{h}"
+
+
+def _write_metrics(samples: list[dict], path: Path) -> None:
+    import pandas as pd
+    rows = [{"ts": s["ts"], **s.get("values", {})} for s in samples]
+    df = pd.DataFrame(rows)
+    tmp = path.with_suffix(".tmp")
+    df.to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+def run(cfg: DictConfig) -> list[Path]:
+    from harness.loadgen import LoadConfig, run_load_sync
+    from systems.engine.config import engine_config_from_cfg
+
+    ecfg = engine_config_from_cfg(cfg)  # fail fast on a bad config, before any server starts
+    root = Path(cfg.results_dir)
+    if not root.is_absolute():
+        root = REPO / root
+    exp_dir = root / cfg.experiment_name
+    points = _load_points(cfg)
+    todo = []
+    for p in points:
+        rid = run_id(cfg, p)
+        d = exp_dir / rid
+        if (d / "summary.json").exists():
+            print(f"[harness] {rid}: finished earlier, skipping")
+            continue
+        todo.append((p, rid, d))
+    done_dirs = [exp_dir / run_id(cfg, p) for p in points]
+    if not todo:
+        return done_dirs
+    logger = make_logger(cfg.get("logger"))
+    w = cfg.workload
+    env = environment()
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with bundled_server(cfg, exp_dir / f".server-{cfg.system.name}-{cfg.model.name}") as server:
+        url = server if isinstance(server, str) else None
+        if url is None:
+            url = f"http://{cfg.server.host}:{cfg.server.port}"
+        for p, rid, d in todo:
+            if d.exists():
+                d.rename(d.with_name(f"{rid}.failed-{int(time.time())}"))
+            d.mkdir(parents=True)
+            OmegaConf.save(cfg, d / "config.yaml", resolve=True)
+            atomic_write_json(d / "env.json", {**env, "device": ecfg.device})
+            conc = p.get("concurrency")
+            n_req = int(w.num_requests)
+            lcfg = LoadConfig(
+                url=url, api=str(w.api), concurrency=conc,
+                request_rate=p.get("request_rate"), schedule=p.get("schedule"),
+                num_requests=max(n_req, conc or 0) if not p.get("schedule") else None,
+                input_len=int(w.input_len), output_len=int(w.output_len),
+                prefixes=int(w.prefixes) if w.get("prefixes") else None,
+                vocab_size=int(w.get("vocab_size") or ecfg.model.vocab_size),
+                warmup=int(w.warmup), out=str(d / "records.jsonl"),
+                metrics_out=str(d / "server_metrics.jsonl"), seed=int(cfg.seed),
+                num_gpus=int(cfg.hardware.get("num_gpus", 1)),
+                temperature=float(w.get("temperature", 0.0)), ignore_eos=True, quiet=True)
+            try:
+                res = run_load_sync(lcfg)
+            except Exception:
+                (d / "error.txt").write_text(traceback.format_exc())
+                raise
+            if res.samples:
+                _write_metrics(res.samples, d / "server_metrics.parquet")
+            summary = {**res.summary, "run_id": rid, "system": cfg.system.name,
+                       "model": cfg.model.name, "experiment": cfg.experiment_name,
+                       "point": p, "device": ecfg.device, "gpu": env["gpu"],
+                       "git_commit": env["git_commit"]}
+            if logger is not None:
+                logger.log_run(rid, cfg.experiment_name,
+                               {**OmegaConf.to_container(cfg, resolve=True), **p},
+                               summary, res.samples, str(d))
+            atomic_write_json(d / "summary.json", summary)  # last: marks the run finished
+            rows.append(summary)
+            print(f"[harness] {rid}: done -> {d.relative_to(REPO) if d.is_relative_to(REPO) else d}")
+    _print_table(rows)
+    return done_dirs
+
+
+def _fmt(v, nd=1):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def _print_table(rows: list[dict]) -> None:
+    if not rows:
+        return
+    hdr = f"{'system':<20} {'C':>5} {'done':>5} {'err':>4} {'out tok/s':>10} " \
+          f"{'TTFT ms':>9} {'TPOT ms':>9} {'ITL ms':>8}"
+    print("\n" + hdr + "\n" + "-" * len(hdr))
+    for r in rows:
+        c = r["point"].get("concurrency", r["point"].get("tag"))
+        print(f"{r['system']:<20} {c!s:>5} {r.get('completed', 0):>5} {r.get('errors', 0):>4} "
+              f"{_fmt(r.get('output_tok_s')):>10} {_fmt(r.get('ttft_ms_mean')):>9} "
+              f"{_fmt(r.get('tpot_ms_mean'), 2):>9} {_fmt(r.get('itl_ms_mean'), 2):>8}")
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

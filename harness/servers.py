@@ -1,0 +1,136 @@
+"""Start, attach to, and stop the server a run measures.
+
+- ``subprocess``: the bundled server in its own process (the default: the load generator never
+  shares a process or a GIL with the engine), config passed as a resolved YAML file, logs to
+  ``server.log``.
+- ``inprocess``: engine thread + aiohttp app on a background thread of this process (tests).
+- ``attach``: an already running endpoint at ``server.url`` (our server or SGLang).
+
+Every mode waits for ``GET /health`` before the load starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
+                 log_path: Path | None = None) -> None:
+    deadline = time.time() + timeout_s
+    last = ""
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log_path.read_text()[-3000:] if log_path and log_path.exists() else ""
+            raise RuntimeError(f"server exited with code {proc.returncode} before becoming "
+                               f"healthy; log tail:\n{tail}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception as e:  # not up yet
+            last = repr(e)
+        time.sleep(0.2)
+    raise TimeoutError(f"server at {url} not healthy after {timeout_s:.0f} s ({last})")
+
+
+@contextlib.contextmanager
+def bundled_server(cfg: DictConfig, workdir: Path):
+    """Yields the base URL of a server for ``cfg`` according to ``cfg.server.mode``."""
+    mode = cfg.server.mode
+    host = cfg.server.host
+    timeout = float(cfg.server.startup_timeout_s)
+    if mode == "attach":
+        if not cfg.server.url:
+            raise ValueError("server.url is required with server.mode=attach")
+        url = str(cfg.server.url).rstrip("/")
+        wait_healthy(url, timeout)
+        yield url
+        return
+    port = int(cfg.server.port) or free_port()
+    url = f"http://{host}:{port}"
+    if mode == "inprocess":
+        with _inprocess(cfg, host, port):
+            wait_healthy(url, timeout)
+            yield url
+        return
+    if mode != "subprocess":
+        raise ValueError(f"server.mode must be subprocess, inprocess or attach, got {mode!r}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_path = workdir / "server_config.yaml"
+    OmegaConf.save(cfg, cfg_path, resolve=True)
+    log_path = workdir / "server.log"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "systems.engine.server", "--host", host, "--port", str(port),
+             "--config", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=str(REPO))
+    try:
+        wait_healthy(url, timeout, proc, log_path)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def _inprocess(cfg: DictConfig, host: str, port: int):
+    from aiohttp import web
+
+    from systems.engine.config import engine_config_from_cfg
+    from systems.engine.engine import Engine
+    from systems.engine.server import build_app
+
+    engine = Engine(engine_config_from_cfg(cfg))
+    engine.start()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    state = {}
+
+    async def serve():
+        runner = web.AppRunner(build_app(engine), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        state["runner"] = runner
+        started.set()
+
+    def target():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(serve())
+        loop.run_forever()
+
+    t = threading.Thread(target=target, name="inprocess-server", daemon=True)
+    t.start()
+    started.wait(60)
+    try:
+        yield engine
+    finally:
+        fut = asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop)
+        fut.result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(30)
+        engine.stop()

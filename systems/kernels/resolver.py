@@ -1,0 +1,870 @@
+"""Fused residency-aware resolver (paper sec. 3.2, Fig. 2; union resolution of sec. 3.3).
+
+One call resolves the top-k selections of ``Q`` queries (``Q = 1`` plain decode, up to
+``K_max`` for verification) of ``R`` requests against ONE KV source, and returns a device
+location for every selection. This module holds three things with identical semantics:
+
+* ``_resolver_kernel`` -- the Triton kernel (one launch per call, see "Launch" below);
+* ``resolve_reference`` -- a plain-PyTorch reference (slow, obviously correct);
+* ``resolve(..., impl="triton" | "reference")`` -- the dispatcher the engine calls.
+
+Contract
+========
+Storage (per KV source)
+    ``kv_pool``   uint8 [num_locations, row_bytes]   device pool; rows are opaque bytes.
+    ``host_pool`` uint8 [num_host_rows, row_bytes]   host store; pinned CPU memory on GPU
+                                                     runs (read by the kernel through UVA).
+Per request ``r`` of the call
+    ``selections``        int32 [R, Q, k]  token positions, ``-1`` = padding; duplicates
+                                           within and across queries allowed.
+    ``tail_start``        int32 [R]        positions ``p >= tail_start[r]`` live in the tail,
+    ``tail_loc``          int32 [R, T]     at ``tail_loc[r, p - tail_start[r]]`` (a position
+                                           past the tail is invalid input).
+    ``direct_page_table`` int32 [R, P] or None   ready optional history: page
+                                           ``j = p // page_size`` -> device page id or -1;
+                                           location = ``id * page_size + p % page_size``.
+    ``hot_pos``           int32 [R, B]     position held by each hot slot, -1 = empty
+                                           (non-negative entries unique per request).
+    ``hot_lru``           int64 [R, B]     last-use stamp of each slot, ``0 <= lru < 2**59``.
+    ``hot_loc_base``      int32 [R]        slot ``s`` lives at location ``hot_loc_base[r] + s``.
+    ``host_page_table``   int32 [R, P]     host row of ``p`` =
+                                           ``host_page_table[r, p // page_size] * page_size + p % page_size``.
+                                           Every position is ``< P * page_size``.
+    ``staging_loc_base``  int32 [R] or None  (extension, see "Overflow") the j-th overflow
+                                           row of request r goes to ``staging_loc_base[r] + j``.
+    ``stamp``             int, or int64 device tensor of one element (graph-safe form):
+                          the LRU clock, strictly increasing per call, ``0 <= stamp < 2**59``.
+
+Resolution, per request (Fig. 2)
+    1. Direct: a selection ``p >= tail_start`` resolves to its tail location; otherwise, when
+       ``direct_page_table`` is given and the page is ready, to its direct location. Direct
+       rows never touch the hot cache (a row that is also in the hot cache is neither
+       refreshed nor protected by this selection).
+    2. Scan: the remaining positions -- the union over the Q queries, deduplicated -- are
+       looked up among the B slots. A hit resolves to its slot; its ``lru := stamp``. Hit
+       slots are protected (never victims in this call).
+    3. Miss: let the distinct misses be ordered by first occurrence in the flattened [Q, k]
+       selection order (``i = q * k + j``), ``m`` of them; ``h`` = number of hit slots;
+       ``avail = B - h``; ``nv = min(m, avail)``. The victim set is the ``nv`` unprotected
+       slots with the smallest key ``(0 if hot_pos == -1 else hot_lru + 1, slot)``: empty
+       slots first, then oldest stamp, ties to the lower slot index. The j-th miss
+       (j < nv) is paired with the j-th victim in ASCENDING SLOT ORDER (a pairing that the
+       kernel gets from a prefix sum instead of a sort); its host row is copied to
+       ``kv_pool[hot_loc_base + slot]``, ``hot_pos := position``, ``hot_lru := stamp``.
+    Steps 2 and 3 are skipped entirely for a request whose selections all resolved in 1
+    (its hot_pos / hot_lru are untouched).
+
+Overflow (only possible with Q > 1)
+    Misses with rank ``j >= nv`` overflow; ``overflow[r] = m - nv``. Without staging their
+    locations are ``-2`` (a later staging arena handles them). With ``staging_loc_base``
+    (extension used by the Fig. 8a benchmark, where disjoint verification selections fetch
+    8 x k rows per request through a B = 2k cache) they are copied from host to
+    ``staging_loc_base[r] + (j - nv)`` (staging needs ``Q * k`` rows per request) and
+    resolve there. Overflow rows never enter the hot cache.
+
+Outputs
+    ``locations`` int32 [R, Q, k] in selection order (-1 where the selection is -1,
+    -2 for unstaged overflow); ``hot_pos`` / ``hot_lru`` / ``kv_pool`` updated in place;
+    ``counters`` int64 [R, 4] = (selections resolved directly via tail+direct map,
+    selections resolved by hot hits, selections of missed rows (overflowed ones
+    included), distinct rows copied from host by this call); ``overflow`` int32 [R].
+    ``host_bytes_moved(counters, row_bytes)`` = copies * row_bytes.
+
+Bytes the kernel must move (per call; Q*k = n selections per request)
+    host -> HBM payload (PCIe, the term that sets Fig. 8a's slope):
+        copies * row_bytes read from pinned host memory + the same written into kv_pool.
+    metadata (HBM/L2): selections 4n read, locations 4n written, one 4-byte tail or
+        direct-page-table entry per selection; when the scan runs: hot_pos 4B + hot_lru 8B
+        read and an 8-byte victim key written per slot, the key re-read once per radix
+        pass (1 + ceil(log16(stamp range of the candidates)) passes) plus one final pass, a
+        4-byte scratch gather per slot, atomics / gathers on the position scratch for the
+        pending selections, and 8B lru / 4B pos written for hit and victim slots.
+    Nothing else: no host sync, no host-side gather, no per-call allocation once the
+    workspace has grown to the largest shapes.
+
+Launch
+======
+ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``).
+The first R programs to start (tickets from an atomic counter, so they are guaranteed to be
+resident before any helper can spin) are the per-request resolvers: classification + direct
+resolution, dedup by ``atomic_min`` of the flattened index on a per-request position scratch,
+the B-slot scan, a 16-way radix select of the victim threshold over the slot keys, a prefix
+sum that assigns victims in slot order, location generation, and their share of the row copy.
+The other ``R * (S - 1)`` programs wait on the request's flag (release/acquire on a per-call
+epoch) and copy their interleaved share of that request's miss rows, so the copy grid scales
+with the batch (paper: 4 to 32 thread blocks). With ``S == 1`` no ticket, flag or spin
+exists at all. The scratch is self-cleaning (entries touched by a call are reset to the
+sentinel at its end), so it is never memset after creation.
+
+CUDA-graph safety: the wrapper performs no host sync and no data-dependent shape work. Not
+graph-safe: (a) the first call with a new largest shape (grows the workspace: warm up with
+the largest batch / positions / B / Q*k before capture, or pass a preallocated
+``ResolverWorkspace``); (b) a Python-int ``stamp`` is baked into a captured graph -- pass a
+device tensor and advance it on the device; (c) the pinned-memory check is skipped while
+capturing. Concurrent calls on different streams must use different workspaces (the default
+workspace cache is keyed by device and current stream).
+
+Pinned host memory in Triton 3.6: the pinned CPU tensor itself is passed as the pointer
+argument. Triton's CUDA launcher calls ``cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_POINTER)``
+on ``data_ptr()``, which succeeds for page-locked memory and yields its UVA device address
+(equal to the host address), so loads from it are PCIe reads (bit-exact, 49-51 GB/s measured on
+the H200 machine, DESIGN.md sec. 4). A pageable CPU tensor fails there ("cannot be accessed
+from Triton (cpu tensor?)"); the wrapper rejects it earlier with a clear message.
+
+CPU: the Triton kernel runs under ``TRITON_INTERPRET=1`` (which must be set before triton is
+imported). Memory: the position scratch is ``R * P * page_size`` int32 (e.g. 32 MB for
+R = 160 at 50K positions, 320 MB at 500K).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+try:  # triton is optional for the reference path
+    import triton
+    import triton.language as tl
+
+    _HAVE_TRITON = True
+except Exception:  # pragma: no cover - triton missing
+    triton = None
+    tl = None
+    _HAVE_TRITON = False
+
+__all__ = [
+    "ResolveResult",
+    "ResolverWorkspace",
+    "resolve",
+    "resolve_reference",
+    "resolve_triton",
+    "host_bytes_moved",
+    "COUNTER_DIRECT",
+    "COUNTER_HOT_HIT",
+    "COUNTER_HOST_SEL",
+    "COUNTER_HOST_COPIES",
+    "LOC_PAD",
+    "LOC_OVERFLOW",
+]
+
+COUNTER_DIRECT = 0
+COUNTER_HOT_HIT = 1
+COUNTER_HOST_SEL = 2
+COUNTER_HOST_COPIES = 3
+LOC_PAD = -1
+LOC_OVERFLOW = -2
+
+_SENT = 0x7FFFFFFF  # empty scratch entry
+_HIT = 0x10000000  # scratch entry = _HIT | slot after the scan
+_MISS = 0x20000000  # scratch entry = _MISS | miss rank after dedup
+_IDX = 0x0FFFFFFF
+_KEY_NONE = 1 << 62  # victim key of a protected slot
+_MAX_STAMP = 1 << 59
+
+
+class ResolveResult(NamedTuple):
+    locations: torch.Tensor  # int32 [R, Q, k]
+    counters: torch.Tensor  # int64 [R, 4]
+    overflow: torch.Tensor  # int32 [R]
+
+
+def host_bytes_moved(counters: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """Host bytes moved by a call (or by accumulated counters): distinct copies * row_bytes.
+
+    Returns a 0-dim int64 tensor on the counters' device (``.item()`` syncs)."""
+    return counters[..., COUNTER_HOST_COPIES].sum() * int(row_bytes)
+
+
+# --------------------------------------------------------------------------------------
+# Argument checking shared by both implementations
+# --------------------------------------------------------------------------------------
+
+
+def _check_args(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
+                host_page_table, kv_pool, host_pool, page_size, direct_page_table,
+                staging_loc_base):
+    if selections.dim() != 3:
+        raise ValueError("selections must be int32 [R, Q, k]")
+    R = selections.shape[0]
+    i32 = torch.int32
+    for name, t, shape in (
+        ("selections", selections, None),
+        ("tail_start", tail_start, (R,)),
+        ("hot_pos", hot_pos, None),
+        ("hot_loc_base", hot_loc_base, (R,)),
+        ("tail_loc", tail_loc, None),
+        ("host_page_table", host_page_table, None),
+    ):
+        if t.dtype != i32:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+        if shape is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if hot_lru.dtype != torch.int64:
+        raise TypeError(f"hot_lru must be int64, got {hot_lru.dtype}")
+    if hot_pos.dim() != 2 or hot_pos.shape[0] != R or tuple(hot_lru.shape) != tuple(hot_pos.shape):
+        raise ValueError("hot_pos int32 [R, B] and hot_lru int64 [R, B] expected")
+    if tail_loc.dim() != 2 or tail_loc.shape[0] != R:
+        raise ValueError("tail_loc must be int32 [R, T]")
+    if host_page_table.dim() != 2 or host_page_table.shape[0] != R:
+        raise ValueError("host_page_table must be int32 [R, P]")
+    if direct_page_table is not None:
+        if direct_page_table.dtype != i32 or direct_page_table.dim() != 2 or direct_page_table.shape[0] != R:
+            raise ValueError("direct_page_table must be int32 [R, P] or None")
+    if staging_loc_base is not None:
+        if staging_loc_base.dtype != i32 or tuple(staging_loc_base.shape) != (R,):
+            raise ValueError("staging_loc_base must be int32 [R] or None")
+    if kv_pool.dtype != torch.uint8 or host_pool.dtype != torch.uint8:
+        raise TypeError("kv_pool and host_pool must be uint8 [rows, row_bytes]")
+    if kv_pool.dim() != 2 or host_pool.dim() != 2 or kv_pool.shape[1] != host_pool.shape[1]:
+        raise ValueError("kv_pool and host_pool must be [rows, row_bytes] with equal row_bytes")
+    if int(page_size) <= 0:
+        raise ValueError("page_size must be positive")
+
+
+# --------------------------------------------------------------------------------------
+# Reference implementation (plain PyTorch, per request; defines the semantics)
+# --------------------------------------------------------------------------------------
+
+
+def resolve_reference(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
+                      host_page_table, kv_pool, host_pool, stamp, *, page_size,
+                      direct_page_table=None, staging_loc_base=None, out=None,
+                      accumulate_counters=False) -> ResolveResult:
+    """Plain-PyTorch resolver with exactly the kernel's semantics (see module docstring).
+
+    Works on any device (computes on CPU copies of the metadata, writes results back).
+    Asserts on invalid input (positions past the tail or past the page tables, duplicate
+    hot positions, stamps out of range)."""
+    _check_args(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
+                host_page_table, kv_pool, host_pool, page_size, direct_page_table,
+                staging_loc_base)
+    ps = int(page_size)
+    R, Q, K = selections.shape
+    QK = Q * K
+    B = hot_pos.shape[1]
+    dev = kv_pool.device
+    stamp_v = int(stamp.reshape(-1)[0].item()) if torch.is_tensor(stamp) else int(stamp)
+    assert 0 <= stamp_v < _MAX_STAMP, "stamp out of range"
+
+    cpu = torch.device("cpu")
+    sel_all = selections.reshape(R, QK).to(cpu, torch.int64)
+    ts_all = tail_start.to(cpu, torch.int64)
+    tl_all = tail_loc.to(cpu, torch.int64)
+    hpt_all = host_page_table.to(cpu, torch.int64)
+    dpt_all = None if direct_page_table is None else direct_page_table.to(cpu, torch.int64)
+    base_all = hot_loc_base.to(cpu, torch.int64)
+    stg_all = None if staging_loc_base is None else staging_loc_base.to(cpu, torch.int64)
+    hp_all = hot_pos.to(cpu, torch.int64).clone()
+    lru_all = hot_lru.to(cpu).clone()
+    assert bool((lru_all >= 0).all()) and bool((lru_all < _MAX_STAMP).all()), "hot_lru out of range"
+    W = host_page_table.shape[1] * ps
+    T = tail_loc.shape[1]
+
+    locs = torch.full((R, QK), LOC_PAD, dtype=torch.int64)
+    counters = torch.zeros((R, 4), dtype=torch.int64)
+    overflow = torch.zeros((R,), dtype=torch.int64)
+    copy_src, copy_dst = [], []
+
+    for r in range(R):
+        sel = sel_all[r]
+        loc = locs[r]
+        valid = sel >= 0
+        ts = int(ts_all[r])
+        in_tail = valid & (sel >= ts)
+        tidx = sel[in_tail] - ts
+        assert bool((tidx < T).all()), f"request {r}: selected position past the tail"
+        loc[in_tail] = tl_all[r][tidx]
+        pend = valid & ~in_tail
+        if dpt_all is not None:
+            pg = torch.full_like(sel, -1)
+            pg[pend] = dpt_all[r][sel[pend] // ps]
+            ready = pend & (pg >= 0)
+            loc[ready] = pg[ready] * ps + sel[ready] % ps
+            pend = pend & ~ready
+        n_pend = int(pend.sum())
+        counters[r, COUNTER_DIRECT] = int(valid.sum()) - n_pend
+        if n_pend == 0:
+            continue  # scan and miss path skipped: hot state untouched
+
+        pidx = pend.nonzero().squeeze(1)
+        ppos = sel[pidx]
+        assert bool((ppos < W).all()), f"request {r}: position past the page tables"
+        uniq, inv = torch.unique(ppos, return_inverse=True)
+        first = torch.full((uniq.numel(),), QK, dtype=torch.int64).scatter_reduce(
+            0, inv, pidx, reduce="amin")
+        order = torch.argsort(first)  # distinct pending positions, first-occurrence order
+        U = uniq[order]
+        u_rank = torch.empty_like(order)
+        u_rank[order] = torch.arange(order.numel())
+
+        hp = hp_all[r]
+        lru = lru_all[r]
+        filled = (hp >= 0).nonzero().squeeze(1)
+        fpos = hp[filled]
+        assert fpos.unique().numel() == fpos.numel(), f"request {r}: duplicate hot positions"
+        sp, sidx = torch.sort(fpos)
+        sslot = filled[sidx]
+        if sp.numel() > 0:
+            j = torch.searchsorted(sp, U).clamp(max=sp.numel() - 1)
+            found = sp[j] == U
+            hit_slot = torch.where(found, sslot[j], torch.full_like(U, -1))
+        else:
+            found = torch.zeros_like(U, dtype=torch.bool)
+            hit_slot = torch.full_like(U, -1)
+
+        protected = torch.zeros(B, dtype=torch.bool)
+        protected[hit_slot[found]] = True
+        h = int(found.sum())
+        miss_pos = U[~found]  # first-occurrence order
+        m = miss_pos.numel()
+        avail = B - h
+        nv = min(m, avail)
+        base = int(base_all[r])
+
+        key = torch.where(hp < 0, torch.zeros_like(lru), lru + 1)
+        cand = (~protected).nonzero().squeeze(1)  # ascending slot order
+        ordk = torch.argsort(key[cand], stable=True)  # ties -> lower slot
+        victims = torch.sort(cand[ordk[:nv]]).values  # victim set, ascending slot order
+
+        lru[hit_slot[found]] = stamp_v
+        hp[victims] = miss_pos[:nv]
+        lru[victims] = stamp_v
+
+        u_loc = torch.full((U.numel(),), LOC_OVERFLOW, dtype=torch.int64)
+        u_loc[found] = base + hit_slot[found]
+        miss_loc = torch.full((m,), LOC_OVERFLOW, dtype=torch.int64)
+        miss_loc[:nv] = base + victims
+        n_copy = nv
+        if stg_all is not None and m > nv:
+            miss_loc[nv:] = int(stg_all[r]) + torch.arange(m - nv)
+            n_copy = m
+        u_loc[~found] = miss_loc
+        loc[pidx] = u_loc[u_rank[inv]]
+
+        src = hpt_all[r][miss_pos[:n_copy] // ps] * ps + miss_pos[:n_copy] % ps
+        copy_src.append(src)
+        copy_dst.append(miss_loc[:n_copy])
+
+        hsel = found[u_rank[inv]]
+        counters[r, COUNTER_HOT_HIT] = int(hsel.sum())
+        counters[r, COUNTER_HOST_SEL] = n_pend - int(hsel.sum())
+        counters[r, COUNTER_HOST_COPIES] = n_copy
+        overflow[r] = m - nv
+
+    # byte copies host -> kv_pool
+    if copy_src:
+        src = torch.cat(copy_src)
+        dst = torch.cat(copy_dst)
+        if src.numel():
+            rows = host_pool[src.to(host_pool.device)]
+            kv_pool[dst.to(dev)] = rows.to(dev)
+
+    hot_pos.copy_(hp_all.to(torch.int32))
+    hot_lru.copy_(lru_all)
+    locs32 = locs.to(torch.int32).reshape(R, Q, K)
+    if out is not None:
+        o_loc, o_cnt, o_ovf = out
+        o_loc.copy_(locs32)
+        if accumulate_counters:
+            o_cnt.add_(counters.to(o_cnt.device))
+        else:
+            o_cnt.copy_(counters)
+        o_ovf.copy_(overflow.to(torch.int32))
+        return ResolveResult(o_loc, o_cnt, o_ovf)
+    return ResolveResult(locs32.to(dev), counters.to(dev), overflow.to(torch.int32).to(dev))
+
+
+# --------------------------------------------------------------------------------------
+# Triton kernel
+# --------------------------------------------------------------------------------------
+
+if _HAVE_TRITON:
+
+    @triton.jit(do_not_specialize=["stamp_arg"])
+    def _resolver_kernel(
+        sel_ptr, loc_ptr,
+        tail_start_ptr, tail_loc_ptr, tail_stride, T,
+        dpt_ptr, dpt_stride,
+        hpt_ptr, hpt_stride,
+        hot_pos_ptr, hot_pos_stride, hot_lru_ptr, hot_lru_stride, hot_base_ptr,
+        stg_base_ptr,
+        kv_ptr, host_ptr,
+        counters_ptr, overflow_ptr,
+        stamp_arg,
+        scr_ptr, scr_stride, W,
+        ekey_ptr, ekey_stride,
+        mpos_ptr, vic_ptr, list_stride,
+        meta_ptr, flags_ptr, ctrl_ptr,
+        R, QK, B, page_size, S,
+        HAS_DIRECT: tl.constexpr, HAS_STAGING: tl.constexpr, STAMP_IS_PTR: tl.constexpr,
+        ACCUM: tl.constexpr, USE_TICKETS: tl.constexpr,
+        WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr,
+        QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
+    ):
+        # Constants (literals, Triton globals must be constexpr):
+        #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
+        #   PENDING location marker -3, KEY_NONE 1 << 62 = 4611686018427387904.
+        # ---- role ---------------------------------------------------------------------
+        if USE_TICKETS:
+            ticket = tl.atomic_add(ctrl_ptr, 1).to(tl.int64)  # ctrl = [ticket, done, epoch]
+            epoch = tl.atomic_add(ctrl_ptr + 2, 0).to(tl.int64)
+        else:
+            ticket = tl.program_id(0).to(tl.int64)
+            epoch = tl.zeros([], tl.int64)
+        r64 = ticket % R
+        r = r64.to(tl.int32)
+        share = (ticket // R).to(tl.int32)
+
+        sel_row = sel_ptr + r64 * QK
+        loc_row = loc_ptr + r64 * QK
+        scr_row = scr_ptr + r64 * scr_stride
+        ekey_row = ekey_ptr + r64 * ekey_stride
+        mpos_row = mpos_ptr + r64 * list_stride
+        vic_row = vic_ptr + r64 * list_stride
+        hp_row = hot_pos_ptr + r64 * hot_pos_stride
+        hl_row = hot_lru_ptr + r64 * hot_lru_stride
+        hot_base = tl.load(hot_base_ptr + r64)
+        if HAS_STAGING:
+            stg_base = tl.load(stg_base_ptr + r64)
+        else:
+            stg_base = hot_base * 0
+
+        if share == 0:
+            # ======================= per-request resolver =============================
+            if STAMP_IS_PTR:
+                stamp = tl.load(stamp_arg).to(tl.int64)
+            else:
+                stamp = stamp_arg + tl.zeros([], tl.int64)
+            ts = tl.load(tail_start_ptr + r64)
+            offs_q = tl.arange(0, QBLK)
+            offs_b = tl.arange(0, BBLK)
+            n_pend = tl.zeros([], tl.int32)
+            n_dir = tl.zeros([], tl.int32)
+            # -- phase A: tail / direct map; mark pending positions (first occurrence) --
+            for q0 in range(0, QK, QBLK):
+                i = q0 + offs_q
+                mi = i < QK
+                p = tl.load(sel_row + i, mask=mi, other=-1)
+                valid = p >= 0
+                in_tail = valid & (p >= ts)
+                tidx = p - ts
+                tloc = tl.load(tail_loc_ptr + r64 * tail_stride + tidx,
+                               mask=in_tail & (tidx < T), other=-1)
+                loc = tl.where(in_tail, tloc, tl.where(valid, -3, -1))
+                pend = valid & (p < ts)
+                if HAS_DIRECT:
+                    pg = tl.load(dpt_ptr + r64 * dpt_stride + p // page_size, mask=pend, other=-1)
+                    ready = pend & (pg >= 0)
+                    loc = tl.where(ready, pg * page_size + p % page_size, loc)
+                    pend = pend & (pg < 0)
+                tl.store(loc_row + i, loc, mask=mi)
+                tl.atomic_min(scr_row + p, i, mask=pend & (p < W), sem="relaxed")
+                n_pend += tl.sum(pend.to(tl.int32), 0)
+                n_dir += tl.sum((valid & (pend == 0)).to(tl.int32), 0)
+
+            n_hsel = tl.zeros([], tl.int32)
+            n_msel = tl.zeros([], tl.int32)
+            nv = tl.zeros([], tl.int32)
+            ncopy = tl.zeros([], tl.int32)
+            ovf = tl.zeros([], tl.int32)
+            if n_pend > 0:
+                tl.debug_barrier()
+                # -- phase B: scan the B slots: hits, protection, victim keys ----------
+                n_hit = tl.zeros([], tl.int32)
+                lo = tl.full([], 4611686018427387904, tl.int64)
+                hi = tl.zeros([], tl.int64)
+                for b0 in range(0, B, BBLK):
+                    s = b0 + offs_b
+                    ms = s < B
+                    q = tl.load(hp_row + s, mask=ms, other=-1)
+                    lru = tl.load(hl_row + s, mask=ms, other=0)
+                    qv = ms & (q >= 0) & (q < W)
+                    sc = tl.load(scr_row + q, mask=qv, other=0x7FFFFFFF, cache_modifier=".cg")
+                    hit = qv & (sc != 0x7FFFFFFF)
+                    tl.store(scr_row + q, s | 0x10000000, mask=hit)
+                    tl.store(hl_row + s, stamp + tl.zeros_like(lru), mask=hit)
+                    cand = ms & (hit == 0)
+                    key = tl.where(q < 0, tl.zeros_like(lru), lru + 1)
+                    key = tl.where(cand, key, 4611686018427387904)
+                    tl.store(ekey_row + s, key, mask=ms)
+                    n_hit += tl.sum(hit.to(tl.int32), 0)
+                    lo = tl.minimum(lo, tl.min(key, 0))
+                    hi = tl.maximum(hi, tl.max(tl.where(cand, key, 0), 0))
+                tl.debug_barrier()
+                # -- phase C: rank the distinct misses in first-occurrence order -------
+                m = tl.zeros([], tl.int32)
+                for q0 in range(0, QK, QBLK):
+                    i = q0 + offs_q
+                    mi = i < QK
+                    loc = tl.load(loc_row + i, mask=mi, other=-1, cache_modifier=".cg")
+                    pend = mi & (loc == -3)
+                    p = tl.load(sel_row + i, mask=pend, other=0)
+                    sc = tl.load(scr_row + p, mask=pend, other=-1, cache_modifier=".cg")
+                    first = pend & (sc >= i)
+                    f32 = first.to(tl.int32)
+                    rank = m + tl.cumsum(f32, 0) - 1
+                    tl.store(scr_row + p, rank | 0x20000000, mask=first)
+                    tl.store(mpos_row + rank, p, mask=first)
+                    m += tl.sum(f32, 0)
+                nv = tl.minimum(m, B - n_hit)
+                ovf = m - nv
+                if HAS_STAGING:
+                    ncopy = m
+                else:
+                    ncopy = nv
+                tl.debug_barrier()
+                # -- phase V: victims = nv smallest keys, assigned in slot order -------
+                if nv > 0:
+                    d = hi - lo
+                    top = 0
+                    while (d >> (top + 4)) > 0:
+                        top += 4
+                    prefix = tl.zeros([], tl.int64)
+                    need = nv
+                    shift = top
+                    bins = tl.arange(0, 16)
+                    offs_r = tl.arange(0, RBLK)
+                    while shift >= 0:
+                        counts = tl.zeros([16], tl.int32)
+                        hs = shift + 4
+                        for b0 in range(0, B, RBLK):
+                            s = b0 + offs_r
+                            ms = s < B
+                            key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904,
+                                          cache_modifier=".cg")
+                            c = ms & (key != 4611686018427387904)
+                            x = key - lo
+                            match = c & ((x >> hs) == (prefix >> hs))
+                            dig = ((x >> shift) & 15).to(tl.int32)
+                            oh = match[:, None] & (dig[:, None] == bins[None, :])
+                            counts += tl.sum(oh.to(tl.int32), 0)
+                        cum = tl.cumsum(counts, 0)
+                        dsel = tl.sum((cum < need).to(tl.int32), 0)
+                        below = tl.sum(tl.where(bins < dsel, counts, 0), 0)
+                        need -= below
+                        prefix += dsel.to(tl.int64) << shift
+                        shift -= 4
+                    thr = lo + prefix
+                    taken = tl.zeros([], tl.int32)
+                    eq_seen = tl.zeros([], tl.int32)
+                    for b0 in range(0, B, BBLK):
+                        s = b0 + offs_b
+                        ms = s < B
+                        key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904,
+                                      cache_modifier=".cg")
+                        c = ms & (key != 4611686018427387904)
+                        lt = c & (key < thr)
+                        eq = c & (key == thr)
+                        eqrank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
+                        chosen = lt | (eq & (eqrank < need))
+                        ch32 = chosen.to(tl.int32)
+                        v = taken + tl.cumsum(ch32, 0) - 1
+                        tl.store(vic_row + v, s, mask=chosen)
+                        newp = tl.load(mpos_row + v, mask=chosen, other=-1, cache_modifier=".cg")
+                        tl.store(hp_row + s, newp, mask=chosen)
+                        tl.store(hl_row + s, stamp + tl.zeros_like(key), mask=chosen)
+                        taken += tl.sum(ch32, 0)
+                        eq_seen += tl.sum(eq.to(tl.int32), 0)
+                    tl.debug_barrier()
+                # -- phase D: locations in selection order ------------------------------
+                for q0 in range(0, QK, QBLK):
+                    i = q0 + offs_q
+                    mi = i < QK
+                    loc = tl.load(loc_row + i, mask=mi, other=-1, cache_modifier=".cg")
+                    pend = mi & (loc == -3)
+                    p = tl.load(sel_row + i, mask=pend, other=0)
+                    sc = tl.load(scr_row + p, mask=pend, other=0, cache_modifier=".cg")
+                    idx = sc & 0x0FFFFFFF
+                    is_hit = pend & ((sc & 0x30000000) == 0x10000000)
+                    is_miss = pend & (is_hit == 0)
+                    in_cache = idx < nv
+                    vs = tl.load(vic_row + idx, mask=is_miss & in_cache, other=0,
+                                 cache_modifier=".cg")
+                    if HAS_STAGING:
+                        oloc = stg_base + (idx - nv)
+                    else:
+                        oloc = tl.zeros_like(idx) - 2
+                    newloc = tl.where(is_hit, hot_base + idx,
+                                      tl.where(in_cache, hot_base + vs, oloc))
+                    tl.store(loc_row + i, newloc, mask=pend)
+                    n_hsel += tl.sum(is_hit.to(tl.int32), 0)
+                    n_msel += tl.sum(is_miss.to(tl.int32), 0)
+                tl.debug_barrier()
+                # -- reset the scratch entries this call touched ------------------------
+                for q0 in range(0, QK, QBLK):
+                    i = q0 + offs_q
+                    mi = i < QK
+                    p = tl.load(sel_row + i, mask=mi, other=-1)
+                    tl.store(scr_row + p, tl.zeros_like(p) + 0x7FFFFFFF,
+                             mask=mi & (p >= 0) & (p < W))
+
+            cbase = counters_ptr + r64 * 4
+            c0 = n_dir.to(tl.int64)
+            c1 = n_hsel.to(tl.int64)
+            c2 = n_msel.to(tl.int64)
+            c3 = ncopy.to(tl.int64)
+            if ACCUM:
+                c0 += tl.load(cbase + 0)
+                c1 += tl.load(cbase + 1)
+                c2 += tl.load(cbase + 2)
+                c3 += tl.load(cbase + 3)
+            tl.store(cbase + 0, c0)
+            tl.store(cbase + 1, c1)
+            tl.store(cbase + 2, c2)
+            tl.store(cbase + 3, c3)
+            tl.store(overflow_ptr + r64, ovf)
+            tl.store(meta_ptr + r64 * 2, nv)
+            tl.store(meta_ptr + r64 * 2 + 1, ncopy)
+            tl.debug_barrier()
+            if USE_TICKETS:
+                # publish this request's copy list to its helper programs
+                tl.atomic_xchg(flags_ptr + r64, epoch + 1, sem="release")
+        else:
+            if USE_TICKETS:
+                f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+                while f != epoch + 1:
+                    f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+                tl.debug_barrier()
+
+        # ======================= copy phase (every program) ===========================
+        nv_c = tl.load(meta_ptr + r64 * 2, cache_modifier=".cg")
+        nc = tl.load(meta_ptr + r64 * 2 + 1, cache_modifier=".cg")
+        ntiles = (nc + ROWS - 1) // ROWS
+        rows = tl.arange(0, ROWS)
+        cols = tl.arange(0, WPAD)
+        mc = cols < WORDS
+        hpt_row = hpt_ptr + r64 * hpt_stride
+        for t in range(share, ntiles, S):
+            j = t * ROWS + rows
+            mj = j < nc
+            p = tl.load(mpos_row + j, mask=mj, other=0, cache_modifier=".cg")
+            hpage = tl.load(hpt_row + p // page_size, mask=mj, other=0)
+            hrow = hpage.to(tl.int64) * page_size + (p % page_size)
+            isv = j < nv_c
+            vs = tl.load(vic_row + j, mask=mj & isv, other=0, cache_modifier=".cg")
+            if HAS_STAGING:
+                dst = tl.where(isv, hot_base + vs, stg_base + (j - nv_c))
+            else:
+                dst = hot_base + vs
+            dst = dst.to(tl.int64)
+            m2 = mj[:, None] & mc[None, :]
+            val = tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2)
+            tl.store(kv_ptr + (dst[:, None] * WORDS + cols[None, :]), val, mask=m2)
+
+        if USE_TICKETS:
+            done = tl.atomic_add(ctrl_ptr + 1, 1)
+            if done == R * S - 1:
+                # last program of the launch: re-arm tickets, advance the epoch
+                tl.atomic_xchg(ctrl_ptr, 0)
+                tl.atomic_xchg(ctrl_ptr + 1, 0)
+                tl.atomic_add(ctrl_ptr + 2, 1)
+
+
+# --------------------------------------------------------------------------------------
+# Workspace
+# --------------------------------------------------------------------------------------
+
+
+class ResolverWorkspace:
+    """Device scratch reused across calls (grown, never shrunk; never memset after growth).
+
+    scratch int32 [R, W] (sentinel-filled, self-cleaning), ekey int64 [R, B],
+    mpos / victims int32 [R, QK], meta int32 [R, 2], flags int64 [R], ctrl int64 [3].
+    One workspace must not be used by two calls that may run concurrently."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.R = self.W = self.B = self.QK = 0
+        self.scratch = self.ekey = self.mpos = self.victims = None
+        self.meta = self.flags = None
+        # ctrl persists for the workspace's lifetime (epoch must never go back)
+        self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.device)
+
+    def ensure(self, R: int, W: int, B: int, QK: int) -> "ResolverWorkspace":
+        dev = self.device
+        if R > self.R or W > self.W:
+            nR, nW = max(R, self.R), max(W, self.W)
+            self.scratch = torch.full((nR, nW), _SENT, dtype=torch.int32, device=dev)
+            self.W = nW
+        if R > self.R or B > self.B:
+            nR, nB = max(R, self.R), max(B, self.B)
+            self.ekey = torch.empty((nR, nB), dtype=torch.int64, device=dev)
+            self.B = nB
+        if R > self.R or QK > self.QK:
+            nR, nQ = max(R, self.R), max(QK, self.QK)
+            self.mpos = torch.empty((nR, nQ), dtype=torch.int32, device=dev)
+            self.victims = torch.empty((nR, nQ), dtype=torch.int32, device=dev)
+            self.QK = nQ
+        if R > self.R:
+            self.meta = torch.zeros((R, 2), dtype=torch.int32, device=dev)
+            # flags start at 0 <= epoch: a helper only proceeds once its producer publishes
+            self.flags = torch.zeros((R,), dtype=torch.int64, device=dev)
+            self.R = R
+        return self
+
+    def nbytes(self) -> int:
+        ts = [self.scratch, self.ekey, self.mpos, self.victims, self.meta, self.flags, self.ctrl]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+_WORKSPACES: dict = {}
+
+
+def _default_workspace(device: torch.device) -> ResolverWorkspace:
+    if device.type == "cuda":
+        key = (device.type, device.index, torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key = (device.type, device.index, 0)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = _WORKSPACES[key] = ResolverWorkspace(device)
+    return ws
+
+
+def _pow2(n: int, lo: int = 16, hi: Optional[int] = None) -> int:
+    v = max(lo, 1 << max(0, (int(n) - 1).bit_length()))
+    return min(v, hi) if hi is not None else v
+
+
+def _word_view(row_bytes: int, kv_pool: torch.Tensor, host_pool: torch.Tensor):
+    for dt, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1)):
+        if (row_bytes % size == 0 and kv_pool.data_ptr() % size == 0
+                and host_pool.data_ptr() % size == 0):
+            return dt, row_bytes // size
+    raise AssertionError("unreachable")
+
+
+def default_copy_programs(R: int) -> int:
+    """Copy programs per request: about 64 copy programs per call, 1..8 per request."""
+    return max(1, min(8, -(-64 // max(1, R))))
+
+
+def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
+                   host_page_table, kv_pool, host_pool, stamp, *, page_size,
+                   direct_page_table=None, staging_loc_base=None, out=None,
+                   accumulate_counters=False, workspace: Optional[ResolverWorkspace] = None,
+                   copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
+                   check: bool = True) -> ResolveResult:
+    """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``."""
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed; use impl='reference'")
+    if check:
+        _check_args(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
+                    host_page_table, kv_pool, host_pool, page_size, direct_page_table,
+                    staging_loc_base)
+    dev = kv_pool.device
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if dev.type == "cuda":
+        capturing = torch.cuda.is_current_stream_capturing()
+        if check and host_pool.device.type == "cpu" and not capturing and not host_pool.is_pinned():
+            raise ValueError("host_pool must be pinned (torch.empty(..., pin_memory=True)) so the "
+                             "kernel can read it through UVA; pageable memory cannot be read by a GPU kernel")
+    elif not interpret:
+        raise RuntimeError("the Triton resolver on CPU tensors needs TRITON_INTERPRET=1 set before "
+                           "triton is imported (or use impl='reference')")
+
+    R, Q, K = selections.shape
+    QK = Q * K
+    B = hot_pos.shape[1]
+    ps = int(page_size)
+    W = host_page_table.shape[1] * ps
+    row_bytes = kv_pool.shape[1]
+    assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
+
+    ws = workspace if workspace is not None else _default_workspace(dev)
+    ws.ensure(R, W, B, QK)
+
+    sel = selections if selections.is_contiguous() else selections.contiguous()
+    if out is None:
+        locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
+        counters = (torch.zeros if accumulate_counters else torch.empty)((R, 4), dtype=torch.int64, device=dev)
+        overflow = torch.empty((R,), dtype=torch.int32, device=dev)
+    else:
+        locations, counters, overflow = out
+        assert locations.is_contiguous() and counters.is_contiguous() and overflow.is_contiguous()
+
+    for t, n in ((tail_loc, "tail_loc"), (host_page_table, "host_page_table"), (hot_pos, "hot_pos"),
+                 (hot_lru, "hot_lru")):
+        if t.stride(1) != 1:
+            raise ValueError(f"{n} must have unit stride in its last dimension")
+    if direct_page_table is not None and direct_page_table.stride(1) != 1:
+        raise ValueError("direct_page_table must have unit stride in its last dimension")
+    if not (kv_pool.is_contiguous() and host_pool.is_contiguous()):
+        raise ValueError("kv_pool and host_pool must be contiguous")
+
+    wdt, words = _word_view(row_bytes, kv_pool, host_pool)
+    kv_w = kv_pool.view(wdt)
+    host_w = host_pool.view(wdt)
+    wpad = _pow2(words, lo=1)
+    rows = max(1, min(64, 4096 // wpad))
+
+    if torch.is_tensor(stamp):
+        stamp_arg, stamp_is_ptr = stamp, True
+    else:
+        stamp_arg, stamp_is_ptr = int(stamp), False
+        assert 0 <= stamp_arg < _MAX_STAMP, "stamp out of range"
+
+    S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R)
+    S = max(1, S)
+    dpt = direct_page_table if direct_page_table is not None else host_page_table
+    stg = staging_loc_base if staging_loc_base is not None else hot_loc_base
+
+    grid = (R * S,)
+    _resolver_kernel[grid](
+        sel, locations,
+        tail_start, tail_loc, tail_loc.stride(0), tail_loc.shape[1],
+        dpt, dpt.stride(0),
+        host_page_table, host_page_table.stride(0),
+        hot_pos, hot_pos.stride(0), hot_lru, hot_lru.stride(0), hot_loc_base,
+        stg,
+        kv_w, host_w,
+        counters, overflow,
+        stamp_arg,
+        ws.scratch, ws.scratch.stride(0), W,
+        ws.ekey, ws.ekey.stride(0),
+        ws.mpos, ws.victims, ws.mpos.stride(0),
+        ws.meta, ws.flags, ws.ctrl,
+        R, QK, B, ps, S,
+        HAS_DIRECT=direct_page_table is not None,
+        HAS_STAGING=staging_loc_base is not None,
+        STAMP_IS_PTR=stamp_is_ptr,
+        ACCUM=bool(accumulate_counters),
+        USE_TICKETS=S > 1,
+        WORDS=words, WPAD=wpad, ROWS=rows,
+        QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, 1024), RBLK=_pow2(B, 16, 256),
+        num_warps=num_warps,
+    )
+    return ResolveResult(locations, counters, overflow)
+
+
+def resolve(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
+            host_page_table, kv_pool, host_pool, stamp, *, page_size,
+            direct_page_table=None, staging_loc_base=None, impl: str = "triton",
+            out=None, accumulate_counters: bool = False,
+            workspace: Optional[ResolverWorkspace] = None,
+            copy_programs_per_request: Optional[int] = None) -> ResolveResult:
+    """Resolve selected positions to device locations (see the module docstring).
+
+    Args (R requests, Q queries, k selections per query, B hot slots, T tail rows,
+    P pages in the page tables):
+        selections int32 [R, Q, k]; tail_start int32 [R]; tail_loc int32 [R, T];
+        hot_pos int32 [R, B] (in/out); hot_lru int64 [R, B] (in/out); hot_loc_base int32 [R];
+        host_page_table int32 [R, P]; kv_pool uint8 [N, row_bytes] (in/out);
+        host_pool uint8 [H, row_bytes] (pinned on GPU runs); stamp int or int64 tensor [1];
+        page_size int; direct_page_table int32 [R, P] or None;
+        staging_loc_base int32 [R] or None; out optional preallocated
+        (locations, counters, overflow); accumulate_counters adds into ``out[1]``.
+    Returns ResolveResult(locations int32 [R, Q, k], counters int64 [R, 4], overflow int32 [R]).
+    """
+    kw = dict(page_size=page_size, direct_page_table=direct_page_table,
+              staging_loc_base=staging_loc_base, out=out, accumulate_counters=accumulate_counters)
+    if impl == "triton":
+        return resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
+                              host_page_table, kv_pool, host_pool, stamp, workspace=workspace,
+                              copy_programs_per_request=copy_programs_per_request, **kw)
+    if impl == "reference":
+        return resolve_reference(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
+                                 host_page_table, kv_pool, host_pool, stamp, **kw)
+    raise ValueError(f"unknown resolver impl {impl!r}")

@@ -1,0 +1,470 @@
+"""Fused resolver: Triton kernel (TRITON_INTERPRET=1 on CPU) against the PyTorch reference.
+
+Every case checks, for kernel and reference on identical copies of the state: the same
+locations, hot_pos, hot_lru, counters, overflow and the same kv_pool bytes; and, against
+ground truth, that the bytes at every returned location are the selected row (from host,
+from the tail or from the direct map) and that every filled hot slot holds its row.
+kv_pool is poisoned (0xA5) everywhere no row is supposed to be.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from systems.kernels import resolver as rv  # noqa: E402
+
+
+def _interpreter_usable() -> bool:
+    """True when triton's language library was created with the interpreter on."""
+    try:
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return isinstance(tl.standard.zeros, InterpretedFunction) and isinstance(
+            rv._resolver_kernel, InterpretedFunction)
+    except Exception:
+        return False
+
+
+_IN_PROCESS = _interpreter_usable()
+
+if not _IN_PROCESS:
+    # Triton was imported earlier in this process without TRITON_INTERPRET=1 (tests/conftest.py
+    # should set it globally): run this file in a fresh interpreter-mode process instead.
+
+    @pytest.fixture(autouse=True)
+    def _only_the_subprocess_test(request):
+        if request.node.name != "test_resolver_suite_in_subprocess":
+            pytest.skip("triton imported without TRITON_INTERPRET=1; covered by the subprocess run")
+
+    def test_resolver_suite_in_subprocess():
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              os.path.abspath(__file__)], cwd=root, env=env,
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+
+
+POISON = 0xA5
+
+
+# ----------------------------------------------------------------------------------------
+# state builder
+# ----------------------------------------------------------------------------------------
+
+
+class State:
+    """A consistent synthetic KV state for one source, plus ground truth for every row."""
+
+    def __init__(self, *, R, Q, K, B, row_bytes, page_size, hist_lens, tail_lens, seed,
+                 fill=0.5, direct=0.0, lru_max=20, staging=False, empty_lru_random=True):
+        g = torch.Generator().manual_seed(seed)
+        self.g = g
+        self.R, self.Q, self.K, self.B = R, Q, K, B
+        self.rb, self.ps = row_bytes, page_size
+        self.hist = [int(x) for x in hist_lens]
+        self.tail_len = [int(x) for x in tail_lens]
+        T = max(1, max(self.tail_len))
+        ps = page_size
+        P = max(1, max((h + t + ps - 1) // ps for h, t in zip(self.hist, self.tail_len)))
+        self.P, self.T = P, T
+        QK = Q * K
+
+        # host store: distinct random page per (request, page)
+        perm = torch.randperm(R * P, generator=g).to(torch.int32)
+        self.host_page_table = perm.reshape(R, P).clone()
+        self.host_pool = torch.randint(0, 256, (R * P * ps, row_bytes), generator=g, dtype=torch.uint8)
+
+        # direct (optional history) pages: ready for a fraction of complete history pages
+        dpt = torch.full((R, P), -1, dtype=torch.int32)
+        next_page = 0
+        for r in range(R):
+            for j in range(self.hist[r] // ps):  # complete pages only
+                if torch.rand((), generator=g).item() < direct:
+                    dpt[r, j] = next_page
+                    next_page += 1
+        self.direct_page_table = dpt
+        n_direct_rows = next_page * ps
+
+        tail_base = n_direct_rows + 5
+        hot_region = tail_base + R * T + 7
+        self.hot_loc_base = torch.tensor([hot_region + r * (B + 3) for r in range(R)], dtype=torch.int32)
+        stg_region = hot_region + R * (B + 3) + 11
+        self.staging_loc_base = (torch.tensor([stg_region + r * QK for r in range(R)], dtype=torch.int32)
+                                 if staging else None)
+        N = stg_region + R * QK + 13
+        kv = torch.full((N, row_bytes), POISON, dtype=torch.uint8)
+
+        # tail rows: own random bytes at shuffled locations
+        tail_locs = (tail_base + torch.randperm(R * T, generator=g)).to(torch.int32).reshape(R, T)
+        self.tail_loc = tail_locs
+        self.tail_start = torch.tensor(self.hist, dtype=torch.int32)
+        self.tail_rows = torch.randint(0, 256, (R, T, row_bytes), generator=g, dtype=torch.uint8)
+        for r in range(R):
+            kv[tail_locs[r].long()] = self.tail_rows[r]
+        # direct pages hold the history rows
+        for r in range(R):
+            for j in range(P):
+                if dpt[r, j] >= 0:
+                    pos = torch.arange(j * ps, (j + 1) * ps)
+                    kv[int(dpt[r, j]) * ps + torch.arange(ps)] = self.host_rows(r, pos)
+
+        # hot cache
+        hot_pos = torch.full((R, B), -1, dtype=torch.int32)
+        hot_lru = torch.randint(0, lru_max, (R, B), generator=g, dtype=torch.int64)
+        if not empty_lru_random:
+            hot_lru.zero_()
+        for r in range(R):
+            n_fill = min(B, int(round(fill * B)), self.hist[r])
+            if n_fill > 0:
+                pos = torch.randperm(self.hist[r], generator=g)[:n_fill]
+                slots = torch.randperm(B, generator=g)[:n_fill]
+                hot_pos[r, slots] = pos.to(torch.int32)
+                kv[int(self.hot_loc_base[r]) + slots] = self.host_rows(r, pos)
+        self.hot_pos, self.hot_lru = hot_pos, hot_lru
+        self.kv_pool = kv
+        self.selections = torch.full((R, Q, K), -1, dtype=torch.int32)
+
+    # ground truth ---------------------------------------------------------------------
+    def host_rows(self, r, pos):
+        pos = torch.as_tensor(pos, dtype=torch.int64)
+        rows = self.host_page_table[r].long()[pos // self.ps] * self.ps + pos % self.ps
+        return self.host_pool[rows]
+
+    def expected_row(self, r, p):
+        if p >= self.hist[r]:
+            return self.tail_rows[r, p - self.hist[r]]
+        return self.host_rows(r, [p])[0]
+
+    # selections -------------------------------------------------------------------------
+    def draw_selections(self, w_hit=1.0, w_miss=1.0, w_direct=1.0, w_tail=0.3, w_pad=0.1, w_dup=0.5):
+        """Fill selections with a mix of hits, misses, direct rows, tail rows, padding and
+        duplicates (within and across queries)."""
+        g = self.g
+        R, Q, K = self.R, self.Q, self.K
+        sel = torch.full((R, Q, K), -1, dtype=torch.int32)
+        for r in range(R):
+            h = self.hist[r]
+            hot = [int(x) for x in self.hot_pos[r] if x >= 0]
+            ready = [p for p in range(h) if self.direct_page_table[r, p // self.ps] >= 0]
+            hotset = set(hot)
+            miss = [p for p in range(h) if p not in hotset and self.direct_page_table[r, p // self.ps] < 0]
+            tail = list(range(h, h + self.tail_len[r]))
+            pools = [(w_hit, hot), (w_miss, miss), (w_direct, ready), (w_tail, tail)]
+            flat = []
+            for _ in range(Q * K):
+                ws = [w if len(c) else 0.0 for w, c in pools] + [w_pad, w_dup if flat else 0.0]
+                tot = sum(ws)
+                if tot == 0:
+                    flat.append(-1)
+                    continue
+                x = torch.rand((), generator=g).item() * tot
+                kind = 0
+                while kind < len(ws) - 1 and x >= ws[kind]:
+                    x -= ws[kind]
+                    kind += 1
+                if kind < 4:
+                    cands = pools[kind][1]
+                    flat.append(cands[int(torch.randint(len(cands), (1,), generator=g))])
+                elif kind == 4:
+                    flat.append(-1)
+                else:
+                    flat.append(flat[int(torch.randint(len(flat), (1,), generator=g))])
+            sel[r] = torch.tensor(flat, dtype=torch.int32).reshape(Q, K)
+        self.selections = sel
+        return sel
+
+    def args(self, use_direct=True):
+        return dict(
+            selections=self.selections.clone(), tail_start=self.tail_start.clone(),
+            tail_loc=self.tail_loc.clone(), hot_pos=self.hot_pos.clone(), hot_lru=self.hot_lru.clone(),
+            hot_loc_base=self.hot_loc_base.clone(), host_page_table=self.host_page_table.clone(),
+            kv_pool=self.kv_pool.clone(), host_pool=self.host_pool.clone(),
+        ), dict(page_size=self.ps,
+                direct_page_table=self.direct_page_table.clone() if use_direct else None,
+                staging_loc_base=None if self.staging_loc_base is None else self.staging_loc_base.clone())
+
+
+def run_and_compare(st_: State, stamp, *, use_direct=True, copy_programs=None, stamp_tensor=False,
+                    advance=True):
+    """Run reference and kernel on identical copies; assert identical results and correct bytes.
+    With advance=True the state object takes the (identical) post-call state."""
+    pos_ref, kw_ref = st_.args(use_direct)
+    pos_tri, kw_tri = st_.args(use_direct)
+    s_ref = torch.tensor([stamp], dtype=torch.int64) if stamp_tensor else stamp
+    s_tri = torch.tensor([stamp], dtype=torch.int64) if stamp_tensor else stamp
+    ref = rv.resolve(**pos_ref, stamp=s_ref, impl="reference", **kw_ref)
+    tri = rv.resolve(**pos_tri, stamp=s_tri, impl="triton", copy_programs_per_request=copy_programs,
+                     **kw_tri)
+
+    assert torch.equal(ref.locations, tri.locations), (ref.locations, tri.locations)
+    assert torch.equal(ref.counters, tri.counters), (ref.counters, tri.counters)
+    assert torch.equal(ref.overflow, tri.overflow), (ref.overflow, tri.overflow)
+    assert torch.equal(pos_ref["hot_pos"], pos_tri["hot_pos"])
+    assert torch.equal(pos_ref["hot_lru"], pos_tri["hot_lru"])
+    assert torch.equal(pos_ref["kv_pool"], pos_tri["kv_pool"])
+
+    # ground truth: bytes at every returned location
+    kv = pos_tri["kv_pool"]
+    R, Q, K = st_.selections.shape
+    sel = st_.selections
+    loc = tri.locations
+    n_valid = 0
+    for r in range(R):
+        for i in range(Q * K):
+            p = int(sel[r].reshape(-1)[i])
+            l_ = int(loc[r].reshape(-1)[i])
+            if p < 0:
+                assert l_ == rv.LOC_PAD
+                continue
+            n_valid += 1
+            if l_ == rv.LOC_OVERFLOW:
+                assert st_.staging_loc_base is None
+                continue
+            assert l_ >= 0
+            assert torch.equal(kv[l_], st_.expected_row(r, p)), (r, i, p, l_)
+    # every filled hot slot holds its row; untouched parts of the pool are unchanged
+    hp = pos_tri["hot_pos"]
+    for r in range(R):
+        for s in range(st_.B):
+            if hp[r, s] >= 0:
+                assert torch.equal(kv[int(st_.hot_loc_base[r]) + s], st_.expected_row(r, int(hp[r, s])))
+    # counters are a partition of the valid selections
+    assert int(tri.counters[:, :3].sum()) == n_valid
+    assert int(rv.host_bytes_moved(tri.counters, st_.rb)) == int(tri.counters[:, 3].sum()) * st_.rb
+    if advance:
+        st_.hot_pos, st_.hot_lru, st_.kv_pool = hp.clone(), pos_tri["hot_lru"].clone(), kv.clone()
+    return ref, tri
+
+
+def _scratch_clean():
+    for ws in rv._WORKSPACES.values():
+        if ws.scratch is not None:
+            assert bool((ws.scratch == 0x7FFFFFFF).all()), "scratch not reset"
+        assert int(ws.ctrl[0]) == 0 and int(ws.ctrl[1]) == 0, "tickets not re-armed"
+
+
+# ----------------------------------------------------------------------------------------
+# cases
+# ----------------------------------------------------------------------------------------
+
+
+def test_basic_decode_odd_shapes():
+    s = State(R=3, Q=1, K=9, B=16, row_bytes=12, page_size=4, hist_lens=[30, 55, 17],
+              tail_lens=[2, 1, 3], seed=1, fill=0.6, direct=0.3)
+    s.draw_selections()
+    ref, tri = run_and_compare(s, stamp=100)
+    assert int(tri.counters[:, 3].sum()) > 0
+    _scratch_clean()
+
+
+@pytest.mark.parametrize("copy_programs", [1, 3])
+def test_verification_k41_row656_duplicates(copy_programs):
+    s = State(R=3, Q=4, K=41, B=96, row_bytes=656, page_size=8, hist_lens=[200, 90, 150],
+              tail_lens=[4, 4, 2], seed=2, fill=0.5, direct=0.25)
+    s.draw_selections(w_dup=2.0)
+    ref, tri = run_and_compare(s, stamp=50, copy_programs=copy_programs)
+    c = tri.counters
+    # shared retrieval: fewer copies than selections of missing rows
+    assert int(c[:, 3].sum()) < int(c[:, 2].sum())
+    _scratch_clean()
+
+
+def test_all_hit():
+    s = State(R=3, Q=2, K=9, B=32, row_bytes=12, page_size=4, hist_lens=[60, 60, 40],
+              tail_lens=[1, 1, 1], seed=3, fill=1.0)
+    s.draw_selections(w_hit=1, w_miss=0, w_direct=0, w_tail=0, w_pad=0)
+    ref, tri = run_and_compare(s, stamp=33)
+    assert int(tri.counters[:, 2].sum()) == 0 and int(tri.counters[:, 3].sum()) == 0
+    assert int(tri.counters[:, 1].sum()) == 3 * 18
+
+
+def test_all_miss_cold_cache():
+    s = State(R=2, Q=1, K=17, B=32, row_bytes=656, page_size=4, hist_lens=[80, 100],
+              tail_lens=[1, 1], seed=4, fill=0.0)
+    s.draw_selections(w_hit=0, w_miss=1, w_direct=0, w_tail=0, w_pad=0, w_dup=0.2)
+    ref, tri = run_and_compare(s, stamp=7)
+    assert int(tri.counters[:, 1].sum()) == 0
+    # empty slots are taken first, in slot order: the victims are slots 0..m-1
+    for r in range(2):
+        m = int(tri.counters[r, 3])
+        assert bool((s.hot_pos[r, :m] >= 0).all()) and bool((s.hot_pos[r, m:] == -1).all())
+
+
+def test_b_equals_k_full_cache_lru_order():
+    s = State(R=2, Q=1, K=16, B=16, row_bytes=12, page_size=2, hist_lens=[64, 40],
+              tail_lens=[1, 2], seed=5, fill=1.0, lru_max=6)
+    s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0, w_dup=0)
+    old_lru = s.hot_lru.clone()
+    old_pos = s.hot_pos.clone()
+    ref, tri = run_and_compare(s, stamp=10)
+    # victims are the unprotected slots with the smallest lru (ties: lower slot)
+    for r in range(2):
+        changed = (s.hot_pos[r] != old_pos[r]).nonzero().squeeze(1)
+        kept_unsel = [sl for sl in range(16) if int(s.hot_lru[r, sl]) != 10]
+        if len(changed) and kept_unsel:
+            assert int(old_lru[r, changed].max()) <= min(int(old_lru[r, sl]) for sl in kept_unsel)
+
+
+def test_tail_only_skips_scan():
+    s = State(R=3, Q=2, K=5, B=8, row_bytes=12, page_size=4, hist_lens=[20, 33, 9],
+              tail_lens=[6, 6, 6], seed=6, fill=0.5, direct=0.5)
+    s.draw_selections(w_hit=0, w_miss=0, w_direct=1, w_tail=1, w_pad=0.2)
+    before = (s.hot_pos.clone(), s.hot_lru.clone())
+    ref, tri = run_and_compare(s, stamp=99)
+    assert torch.equal(s.hot_pos, before[0]) and torch.equal(s.hot_lru, before[1])
+    assert int(tri.counters[:, 1:].sum()) == 0
+
+
+def test_newest_row_and_padding():
+    s = State(R=2, Q=3, K=7, B=8, row_bytes=12, page_size=4, hist_lens=[25, 12],
+              tail_lens=[1, 3], seed=7, fill=0.5)
+    s.draw_selections(w_pad=2.0, w_tail=1.0)
+    # the newest row of each request appears in every query
+    for r in range(2):
+        s.selections[r, :, 0] = s.hist[r] + s.tail_len[r] - 1
+    s.selections[1, 2] = -1  # a fully padded query
+    run_and_compare(s, stamp=4)
+
+
+def test_very_different_lengths_r5():
+    s = State(R=5, Q=2, K=11, B=24, row_bytes=12, page_size=4, hist_lens=[3, 500, 40, 1000, 17],
+              tail_lens=[1, 5, 2, 8, 1], seed=8, fill=0.7, direct=0.4)
+    s.draw_selections()
+    run_and_compare(s, stamp=1000)
+    _scratch_clean()
+
+
+def test_direct_map_partially_ready_and_no_direct_table():
+    s = State(R=3, Q=2, K=13, B=32, row_bytes=12, page_size=4, hist_lens=[100, 64, 80],
+              tail_lens=[2, 2, 2], seed=9, fill=0.5, direct=0.5)
+    s.draw_selections(w_direct=3.0)
+    ref, tri = run_and_compare(s, stamp=21, advance=False)
+    assert int(tri.counters[:, 0].sum()) > 0
+    # same selections without the direct map: those rows go through the hot cache / host
+    ref2, tri2 = run_and_compare(s, stamp=21, use_direct=False, advance=False)
+    assert int(tri2.counters[:, 0].sum()) < int(tri.counters[:, 0].sum())
+
+
+@pytest.mark.parametrize("staging", [False, True])
+def test_overflow_q4(staging):
+    s = State(R=3, Q=4, K=8, B=8, row_bytes=12, page_size=4, hist_lens=[100, 100, 60],
+              tail_lens=[1, 1, 1], seed=10, fill=0.5, staging=staging)
+    s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0, w_dup=0.2)
+    ref, tri = run_and_compare(s, stamp=300, copy_programs=2)
+    assert int(tri.overflow.sum()) > 0
+    if staging:
+        assert bool((tri.locations != rv.LOC_OVERFLOW).all())
+        assert torch.equal(tri.counters[:, 3], tri.counters[:, 3])
+    else:
+        assert int((tri.locations == rv.LOC_OVERFLOW).sum()) > 0
+    # the cache cannot grow beyond B; protected hits + in-cache misses == B on overflow
+    for r in range(3):
+        if int(tri.overflow[r]) > 0:
+            assert int((s.hot_lru[r] == 300).sum()) == s.B
+
+
+@pytest.mark.parametrize("copy_programs", [1, 4])
+def test_sequence_of_calls_state_evolves(copy_programs):
+    """Several calls in a row on evolving state (stamps increase): the scratch is self-cleaning,
+    the ticket counters re-arm and the epoch advances."""
+    s = State(R=3, Q=2, K=10, B=16, row_bytes=20, page_size=4, hist_lens=[70, 45, 90],
+              tail_lens=[2, 3, 1], seed=11, fill=0.3, direct=0.2)
+    for step in range(4):
+        s.draw_selections(w_hit=1.0, w_miss=1.0)
+        run_and_compare(s, stamp=500 + step, copy_programs=copy_programs)
+        _scratch_clean()
+
+
+def test_workspace_reuse_across_shapes():
+    shapes = [(2, 1, 9, 8, 40), (5, 2, 5, 16, 200), (1, 3, 4, 4, 12)]
+    for n, (R, Q, K, B, H) in enumerate(shapes):
+        s = State(R=R, Q=Q, K=K, B=B, row_bytes=8, page_size=4, hist_lens=[H] * R,
+                  tail_lens=[1] * R, seed=20 + n, fill=0.5)
+        s.draw_selections()
+        run_and_compare(s, stamp=40 + n, copy_programs=2)
+    _scratch_clean()
+
+
+def test_large_lru_values_many_radix_passes():
+    s = State(R=2, Q=1, K=20, B=64, row_bytes=12, page_size=8, hist_lens=[300, 300],
+              tail_lens=[1, 1], seed=12, fill=1.0)
+    g = torch.Generator().manual_seed(3)
+    s.hot_lru = torch.randint(0, 1 << 50, (2, 64), generator=g, dtype=torch.int64)
+    s.hot_lru[:, ::7] = 12345  # ties at a small value
+    s.hot_lru[0, 5] = (1 << 59) - 1  # the largest allowed stamp
+    s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
+    run_and_compare(s, stamp=(1 << 59) - 1)
+
+
+def test_stamp_tensor_accumulate_and_out():
+    s = State(R=2, Q=2, K=6, B=8, row_bytes=12, page_size=4, hist_lens=[30, 30],
+              tail_lens=[1, 1], seed=13, fill=0.5)
+    s.draw_selections()
+    run_and_compare(s, stamp=9, stamp_tensor=True)
+    # accumulate into preallocated outputs
+    pos, kw = s.args()
+    loc = torch.empty((2, 2, 6), dtype=torch.int32)
+    cnt = torch.full((2, 4), 5, dtype=torch.int64)
+    ovf = torch.empty(2, dtype=torch.int32)
+    res = rv.resolve(**pos, stamp=torch.tensor([10]), out=(loc, cnt, ovf), accumulate_counters=True, **kw)
+    assert res.locations is loc and res.counters is cnt
+    pos2, kw2 = s.args()
+    ref = rv.resolve(**pos2, stamp=10, impl="reference", **kw2)
+    assert torch.equal(cnt, ref.counters + 5) and torch.equal(loc, ref.locations)
+
+
+@pytest.mark.parametrize("row_bytes", [1, 6, 12, 656])
+def test_row_widths(row_bytes):
+    s = State(R=2, Q=1, K=9, B=12, row_bytes=row_bytes, page_size=4, hist_lens=[50, 31],
+              tail_lens=[1, 2], seed=14 + row_bytes, fill=0.4)
+    s.draw_selections()
+    run_and_compare(s, stamp=3)
+
+
+def test_reference_rejects_invalid_input():
+    s = State(R=1, Q=1, K=4, B=4, row_bytes=4, page_size=4, hist_lens=[10], tail_lens=[2], seed=15)
+    s.draw_selections()
+    s.selections[0, 0, 0] = 10 + 5  # past the tail
+    pos, kw = s.args()
+    with pytest.raises(AssertionError):
+        rv.resolve(**pos, stamp=1, impl="reference", **kw)
+    s.selections[0, 0, 0] = 1
+    s.hot_pos[0, :2] = 3  # duplicate hot position
+    pos, kw = s.args()
+    with pytest.raises(AssertionError):
+        rv.resolve(**pos, stamp=1, impl="reference", **kw)
+    with pytest.raises(TypeError):
+        pos, kw = s.args()
+        pos["hot_lru"] = pos["hot_lru"].to(torch.int32)
+        rv.resolve(**pos, stamp=1, impl="triton", **kw)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    R=st.integers(1, 3), Q=st.integers(1, 3), K=st.integers(1, 12), B=st.integers(1, 20),
+    ps=st.sampled_from([1, 2, 4]), rb=st.sampled_from([1, 4, 12]),
+    fill=st.floats(0, 1), direct=st.floats(0, 0.8), staging=st.booleans(),
+    copy_programs=st.integers(1, 3), seed=st.integers(0, 10_000),
+    weights=st.tuples(*[st.floats(0, 1)] * 6),
+)
+def test_property_kernel_matches_reference(R, Q, K, B, ps, rb, fill, direct, staging, copy_programs,
+                                           seed, weights):
+    g = torch.Generator().manual_seed(seed)
+    hist = torch.randint(1, 60, (R,), generator=g).tolist()
+    tails = torch.randint(1, 4, (R,), generator=g).tolist()
+    s = State(R=R, Q=Q, K=K, B=B, row_bytes=rb, page_size=ps, hist_lens=hist, tail_lens=tails,
+              seed=seed, fill=fill, direct=direct, staging=staging, lru_max=4)
+    for step in range(2):
+        s.draw_selections(*weights)
+        run_and_compare(s, stamp=10 + step, copy_programs=copy_programs)
