@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import subprocess
@@ -12,6 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def git_commit() -> str:
+    """HEAD (with -dirty when tracked files changed). DHS_GIT_COMMIT overrides it: the GPU
+    machine receives a copy of the tree without history."""
+    if os.environ.get("DHS_GIT_COMMIT"):
+        return os.environ["DHS_GIT_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, timeout=10).stdout.strip()
