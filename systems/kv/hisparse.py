@@ -1,0 +1,333 @@
+"""HiSparse backend: complete history in pinned host memory, a bounded hot cache per request and
+KV source, a tail for new rows, and the fused resolver (paper sec. 2.2, Fig. 2 callouts 2-3).
+
+Device payload pool, per KV source, in pages of G = B + T rows (the same page id in every
+source, like the resident backend):
+
+    page h of a request:  [ h*G, h*G + B )       hot cache slots 0..B-1 (LRU, per source)
+                          [ h*G + B, (h+1)*G )   tail ring: position p at h*G + B + p % T
+
+Positions >= tail_start are in the tail (not yet backed up); the rest have a complete host copy
+(the invariant of sec. 3.1: a row not ready on the GPU has host backing). When the tail could
+not take another verification block, its committed rows are copied to host and tail_start moves.
+Host pages are G rows too, so one page size serves the resolver's host and direct page tables.
+
+Admission (the handoff) writes the prefix's history to the host store, as HiSparse's baseline
+does on arrival; the hot cache starts empty. Index keys stay on the device for the whole history
+(base class). GLM-like geometry: when a ``full`` layer has selected, the resolves of its follower
+layers (same positions, their own bytes) start at once on a side stream and the follower waits
+on an event before its attention (layer-wise prefetch). DeepSeek-like geometry: one cache state
+per shared source; ``reuse`` layers inherit the location vector (base class), ``reindex`` layers
+resolve a fresh top-k against the same state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from systems.kernels.resolver import (COUNTER_DIRECT, COUNTER_HOST_COPIES, COUNTER_HOST_SEL,
+                                      COUNTER_HOT_HIT, resolve)
+from systems.kv.base import GiB, KVBackend, MemoryReport, PagePool, PrefixKV
+from systems.kv.registry import register
+
+
+@register("hisparse")
+class HiSparseBackend(KVBackend):
+    def __init__(self, model_cfg, kv_cfg, device):
+        super().__init__(model_cfg, kv_cfg, device)
+        m = model_cfg
+        self.S = S = m.num_sources
+        self.B = B = kv_cfg.hot_cache_rows or 2 * m.index_topk
+        if B < m.index_topk:
+            raise ValueError(f"model.hot_cache_rows={B} must be >= k = model.index_topk="
+                             f"{m.index_topk} (one query's selection must fit the hot cache)")
+        self.q_max = int(kv_cfg.extra.get("max_queries_per_step", 8))
+        self.T = T = int(kv_cfg.extra.get("tail_rows", max(2 * self.q_max, 16)))
+        self.G = G = B + T
+        rb = m.row_bytes
+        self.payload_page_bytes = S * G * rb
+        # index pool: full histories of every slot (as SGLang sizes its index pool)
+        num_index_pages = self.num_slots * self.max_pages_per_req
+        index_bytes = num_index_pages * self.index_page_bytes
+        num_pages = (self.capacity - index_bytes) // self.payload_page_bytes
+        if num_pages < 1:
+            raise ValueError(
+                f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: the index store for "
+                f"{self.num_slots} slots takes {index_bytes / GiB:.3f} GiB and leaves no room "
+                f"for one hot cache of {self.payload_page_bytes / GiB:.4f} GiB; lower "
+                f"hardware.max_running_requests or raise the pool")
+        self._init_index_pool(num_index_pages)
+        self.payload_pages = PagePool(num_pages, "payload")
+        self.kv_pool = torch.zeros(S, num_pages * G, rb, dtype=torch.uint8, device=self.device)
+        # host store: full history of every admitted request, pinned when a GPU reads it
+        self.max_host_pages = math.ceil(self.max_total_tokens / G)
+        num_host_pages = int(kv_cfg.host_pool_gib * GiB) // (S * G * rb)
+        if num_host_pages < self.max_host_pages:
+            raise ValueError(f"kv.host_pool_gib={kv_cfg.host_pool_gib} cannot hold one request "
+                             f"of {self.max_total_tokens} tokens")
+        pin = self.device.type == "cuda"
+        self.host_pool = torch.zeros(S, num_host_pages * G, rb, dtype=torch.uint8,
+                                     pin_memory=pin)
+        self.host_pages = PagePool(num_host_pages, "host")
+        # per slot, per source state (device)
+        ns = self.num_slots
+        dev = self.device
+        self.hot_pos = torch.full((S, ns, B), -1, dtype=torch.int32, device=dev)
+        self.hot_lru = torch.zeros((S, ns, B), dtype=torch.int64, device=dev)
+        self.slot_page = torch.full((ns,), -1, dtype=torch.int32, device=dev)
+        self.host_page_table = torch.full((ns, self.max_host_pages), -1, dtype=torch.int32,
+                                          device=dev)
+        self.tail_start = [0] * ns  # host mirror; device copy built per step
+        self._slot_pages: dict[int, tuple[int, list[int]]] = {}
+        self.stamp = 0
+        self.census = torch.zeros(4, dtype=torch.int64, device=dev)
+        self.resolver_calls = 0
+        self.backup_rows = 0
+        impl = kv_cfg.extra.get("resolver_impl", "auto")
+        self.resolver_impl = ("triton" if dev.type == "cuda" else "reference") \
+            if impl == "auto" else impl
+        self.verify = bool(kv_cfg.extra.get("verify_rows", False))
+        self.prefetch = bool(kv_cfg.extra.get("prefetch_followers", True))
+        self._followers = self._follower_map(model_cfg)
+        self._side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+
+    @staticmethod
+    def _follower_map(m) -> dict[int, list]:
+        """full layer index -> the follower layers that reuse its positions."""
+        out, cur = {}, None
+        for spec in m.layers:
+            if spec.selects:
+                cur = spec.index if spec.role == "full" else None
+                if cur is not None:
+                    out[cur] = []
+            elif spec.role == "follower" and cur is not None:
+                out[cur].append(spec)
+        return out
+
+    # ------------------------------------------------------------------ admission
+    def _required_free(self) -> tuple[bool, str]:
+        if self.payload_pages.num_free < 1:
+            return False, "kv_pool_full"
+        return True, ""
+
+    def can_admit(self, num_prompt_tokens, max_new_tokens):
+        if not self.free_slots:
+            return False, "no_free_slot"
+        total = num_prompt_tokens + max_new_tokens
+        if self.mcfg.pages_for(total) > self.index_pages.num_free:
+            return False, "index_pool_full"
+        if math.ceil(total / self.G) > self.host_pages.num_free:
+            return False, "host_pool_full"
+        return self._required_free()
+
+    def _alloc_slot(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+        slot = self._take_slot()
+        total = prefix.num_tokens + max_new_tokens
+        self._alloc_index(slot, total)
+        page = self.payload_pages.alloc(1)[0]
+        hpages = self.host_pages.alloc(math.ceil(total / self.G))
+        self._slot_pages[slot] = (page, hpages)
+        self.slot_page[slot] = page
+        self.host_page_table[slot, :len(hpages)] = torch.tensor(hpages, dtype=torch.int32,
+                                                                device=self.device)
+        self.hot_pos[:, slot] = -1
+        self.hot_lru[:, slot] = 0
+        self._import_index(slot, prefix)
+        self.slot_len[slot] = prefix.num_tokens
+        self.tail_start[slot] = prefix.num_tokens
+        return slot
+
+    def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+        slot = self._alloc_slot(prefix, max_new_tokens)
+        self._backup(slot, 0, prefix.num_tokens, prefix.kv)  # history to host on arrival
+        return slot
+
+    def release(self, slot: int) -> None:
+        if slot not in self.active_slots:
+            return
+        page, hpages = self._slot_pages.pop(slot)
+        self.payload_pages.free([page])
+        self.host_pages.free(hpages)
+        self.slot_page[slot] = -1
+        self.host_page_table[slot] = -1
+        self._free_index(slot)
+        self._return_slot(slot)
+
+    # ------------------------------------------------------------------ host store
+    def _host_segments(self, slot: int, p0: int, p1: int):
+        """Consecutive positions [p0, p1) -> runs of (a, b, first host row)."""
+        hpages = self._slot_pages[slot][1]
+        G, p = self.G, p0
+        while p < p1:
+            b = min(p1, (p // G + 1) * G)
+            yield p, b, hpages[p // G] * G + p % G
+            p = b
+
+    def _backup(self, slot: int, p0: int, p1: int, rows: torch.Tensor) -> None:
+        """Copy rows (S, p1 - p0, rb) of positions [p0, p1) to the host store."""
+        for a, b, h in self._host_segments(slot, p0, p1):
+            self.host_pool[:, h:h + b - a].copy_(rows[:, a - p0:b - p0], non_blocking=True)
+        self.backup_rows += p1 - p0
+
+    def _tail_locs(self, slot: int, positions: torch.Tensor) -> torch.Tensor:
+        page = self._slot_pages[slot][0]
+        return page * self.G + self.B + positions % self.T
+
+    # ------------------------------------------------------------------ step
+    def _prepare_step(self):
+        st = self._step
+        slots_l = st["slots"].tolist()
+        pos = st["positions"]
+        Q = pos.shape[1]
+        if Q > self.q_max:
+            raise ValueError(f"{Q} queries per step exceed kv.extra.max_queries_per_step="
+                             f"{self.q_max}")
+        dev = self.device
+        ts = torch.tensor([self.tail_start[s] for s in slots_l], dtype=torch.int32, device=dev)
+        page = self.slot_page[st["slots"].long()].long()
+        ar = torch.arange(self.T, device=dev)
+        # tail ring: position tail_start + j lives at page*G + B + (tail_start + j) % T
+        st["tail_start"] = ts
+        st["tail_loc"] = (page.unsqueeze(1) * self.G + self.B
+                          + (ts.long().unsqueeze(1) + ar) % self.T).to(torch.int32)
+        st["write_loc"] = page.unsqueeze(1) * self.G + self.B + pos.long() % self.T
+        st["host_pt"] = self.host_page_table[st["slots"].long()]
+        st["prefetched"] = {}
+
+    def write_kv(self, source, rows):
+        self.kv_pool[source][self._step["write_loc"].reshape(-1)] = \
+            rows.reshape(-1, rows.shape[-1])
+
+    def kv_buffer(self, source):
+        return self.kv_pool[source]
+
+    def _direct_table(self) -> torch.Tensor | None:
+        """Hook for the adaptive backend: ready optional history pages, or None."""
+        return None
+
+    def resolve(self, layer, selections, q0):
+        st = self._step
+        src = layer.source
+        sl = st["slots"].long()
+        hot_pos = self.hot_pos[src][sl].contiguous()  # gathered per call, scattered back
+        hot_lru = self.hot_lru[src][sl].contiguous()
+        self.stamp += 1
+        res = resolve(selections.to(torch.int32).contiguous(), st["tail_start"], st["tail_loc"],
+                      hot_pos, hot_lru, (self.slot_page[sl] * self.G).to(torch.int32),
+                      st["host_pt"], self.kv_pool[src], self.host_pool[src], self.stamp,
+                      page_size=self.G, direct_page_table=self._direct_table(),
+                      impl=self.resolver_impl)
+        self.hot_pos[src][sl] = hot_pos
+        self.hot_lru[src][sl] = hot_lru
+        self.census += res.counters.sum(0)
+        self.resolver_calls += 1
+        loc = res.locations.long()
+        if self.verify:
+            self._verify(src, selections, loc)
+        return loc
+
+    def gather(self, layer, selections, q0, inherit):
+        st = self._step
+        cache = st.setdefault("loc", {})
+        key = (layer.source, q0)
+        pre = st["prefetched"].pop(key, None)
+        if pre is not None:
+            loc, ev = pre
+            if ev is not None:
+                torch.cuda.current_stream(self.device).wait_event(ev)
+        elif inherit and key in cache:
+            loc = cache[key]
+        else:
+            loc = self.resolve(layer, selections, q0)
+        cache[key] = loc
+        if layer.role == "full" and self.prefetch:
+            self._prefetch_followers(layer, selections, q0)
+        return self.kv_pool[layer.source][loc.clamp_min(0)]
+
+    def _prefetch_followers(self, layer, selections, q0) -> None:
+        followers = self._followers.get(layer.index, [])
+        if not followers:
+            return
+        if self._side is None:
+            for f in followers:
+                self._step["prefetched"][(f.source, q0)] = (self.resolve(f, selections, q0), None)
+            return
+        main = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            for f in followers:
+                loc = self.resolve(f, selections, q0)
+                ev = torch.cuda.Event()
+                ev.record(self._side)
+                self._step["prefetched"][(f.source, q0)] = (loc, ev)
+        selections.record_stream(self._side)
+
+    def commit(self, slots, lengths):
+        """Committed rows are immutable: back up what the tail cannot keep for the next block."""
+        for s, n in zip(slots, lengths):
+            self.slot_len[s] = n
+            t0 = self.tail_start[s]
+            if n - t0 + self.q_max > self.T:
+                pos = torch.arange(t0, n, device=self.device)
+                rows = self.kv_pool[:, self._tail_locs(s, pos)]
+                self._backup(s, t0, n, rows)
+                self.tail_start[s] = n
+
+    def end_step(self) -> None:
+        if self._side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
+        super().end_step()
+
+    # ------------------------------------------------------------------ checks and reports
+    def _verify(self, src: int, selections: torch.Tensor, loc: torch.Tensor) -> None:
+        """Every selected row below tail_start holds exactly its host copy's bytes (sec. 3.5)."""
+        st = self._step
+        sel = selections.long()
+        for b in range(sel.shape[0]):
+            s = sel[b].reshape(-1)
+            lb = loc[b].reshape(-1)
+            keep = (s >= 0) & (s < st["tail_start"][b].long())
+            if not bool(keep.any()):
+                continue
+            p = s[keep]
+            pt = st["host_pt"][b].long()
+            hrow = pt[p // self.G] * self.G + p % self.G
+            got = self.kv_pool[src][lb[keep]].cpu()
+            want = self.host_pool[src][hrow.cpu()]
+            assert torch.equal(got, want), f"source {src}: a resolved row differs from host"
+
+    def memory_report(self) -> MemoryReport:
+        idx = self.index_pages.num_used * self.index_page_bytes
+        hot = self.payload_pages.num_used * self.payload_page_bytes
+        return MemoryReport(capacity=self.capacity, required=idx + hot,
+                            components={"index": idx, "hot_cache_and_tail": hot,
+                                        "host_backup": self.host_pages.num_used * self.S
+                                        * self.G * self.mcfg.row_bytes})
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        self.payload_pages.check()
+        self.host_pages.check()
+        assert set(self._slot_pages) == self.active_slots, "pages held by a released slot"
+        held = sum(len(h) for _, h in self._slot_pages.values())
+        assert held == self.host_pages.num_used
+        assert len(self._slot_pages) == self.payload_pages.num_used
+
+    def metrics(self) -> dict[str, float]:
+        m = super().metrics()
+        c = self.census.tolist()  # one sync, at scrape time (once a second), not per step
+        total = c[COUNTER_DIRECT] + c[COUNTER_HOT_HIT] + c[COUNTER_HOST_SEL]
+        m.update({
+            "dhs_selected_rows_total": total,
+            "dhs_selected_rows_direct_total": c[COUNTER_DIRECT],
+            "dhs_selected_rows_hot_total": c[COUNTER_HOT_HIT],
+            "dhs_selected_rows_from_host_total": c[COUNTER_HOST_SEL],
+            "dhs_host_rows_copied_total": c[COUNTER_HOST_COPIES],
+            "dhs_host_bytes_total": c[COUNTER_HOST_COPIES] * self.mcfg.row_bytes,
+            "dhs_resolver_calls_total": self.resolver_calls,
+            "dhs_host_backup_rows_total": self.backup_rows,
+            "dhs_host_pool_used_ratio": self.host_pages.num_used / self.host_pages.num_pages,
+        })
+        return m
