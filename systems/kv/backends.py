@@ -2,3 +2,4 @@
 
 from systems.kv import resident  # noqa: F401
 from systems.kv import hisparse  # noqa: F401
+from systems.kv import adaptive  # noqa: F401

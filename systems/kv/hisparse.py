@@ -89,6 +89,7 @@ class HiSparseBackend(KVBackend):
         self.resolver_impl = ("triton" if dev.type == "cuda" else "reference") \
             if impl == "auto" else impl
         self.verify = bool(kv_cfg.extra.get("verify_rows", False))
+        self._shadow: dict[int, torch.Tensor] = {}
         self.prefetch = bool(kv_cfg.extra.get("prefetch_followers", True))
         self._followers = self._follower_map(model_cfg)
         self._side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
@@ -137,6 +138,10 @@ class HiSparseBackend(KVBackend):
         self._import_index(slot, prefix)
         self.slot_len[slot] = prefix.num_tokens
         self.tail_start[slot] = prefix.num_tokens
+        if self.verify:
+            self._shadow[slot] = torch.zeros(self.S, total, self.mcfg.row_bytes,
+                                             dtype=torch.uint8)
+            self._shadow[slot][:, :prefix.num_tokens] = prefix.kv.cpu()
         return slot
 
     def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
@@ -153,6 +158,7 @@ class HiSparseBackend(KVBackend):
         self.slot_page[slot] = -1
         self.host_page_table[slot] = -1
         self._free_index(slot)
+        self._shadow.pop(slot, None)
         self._return_slot(slot)
 
     # ------------------------------------------------------------------ host store
@@ -199,6 +205,10 @@ class HiSparseBackend(KVBackend):
     def write_kv(self, source, rows):
         self.kv_pool[source][self._step["write_loc"].reshape(-1)] = \
             rows.reshape(-1, rows.shape[-1])
+        if self.verify:
+            pos = self._step["positions"].cpu()
+            for b, slot in enumerate(self._step["slots"].tolist()):
+                self._shadow[slot][source, pos[b]] = rows[b].cpu()
 
     def kv_buffer(self, source):
         return self.kv_pool[source]
@@ -223,10 +233,7 @@ class HiSparseBackend(KVBackend):
         self.hot_lru[src][sl] = hot_lru
         self.census += res.counters.sum(0)
         self.resolver_calls += 1
-        loc = res.locations.long()
-        if self.verify:
-            self._verify(src, selections, loc)
-        return loc
+        return res.locations.long()
 
     def gather(self, layer, selections, q0, inherit):
         st = self._step
@@ -242,6 +249,8 @@ class HiSparseBackend(KVBackend):
         else:
             loc = self.resolve(layer, selections, q0)
         cache[key] = loc
+        if self.verify:  # here, not in resolve: a prefetched follower writes its row later
+            self._verify(layer.source, selections, loc)
         if layer.role == "full" and self.prefetch:
             self._prefetch_followers(layer, selections, q0)
         return self.kv_pool[layer.source][loc.clamp_min(0)]
@@ -282,21 +291,15 @@ class HiSparseBackend(KVBackend):
 
     # ------------------------------------------------------------------ checks and reports
     def _verify(self, src: int, selections: torch.Tensor, loc: torch.Tensor) -> None:
-        """Every selected row below tail_start holds exactly its host copy's bytes (sec. 3.5)."""
-        st = self._step
-        sel = selections.long()
-        for b in range(sel.shape[0]):
-            s = sel[b].reshape(-1)
-            lb = loc[b].reshape(-1)
-            keep = (s >= 0) & (s < st["tail_start"][b].long())
-            if not bool(keep.any()):
-                continue
-            p = s[keep]
-            pt = st["host_pt"][b].long()
-            hrow = pt[p // self.G] * self.G + p % self.G
-            got = self.kv_pool[src][lb[keep]].cpu()
-            want = self.host_pool[src][hrow.cpu()]
-            assert torch.equal(got, want), f"source {src}: a resolved row differs from host"
+        """Debug (kv.verify_rows): every resolved location holds exactly the original row's
+        bytes (eq. 12), checked against a CPU shadow of everything the request ever wrote."""
+        sel = selections.long().cpu()
+        got = self.kv_pool[src][loc.clamp_min(0)].cpu()
+        for b, slot in enumerate(self._step["slots"].tolist()):
+            keep = sel[b] >= 0
+            want = self._shadow[slot][src][sel[b][keep]]
+            assert torch.equal(got[b][keep], want), \
+                f"source {src}, slot {slot}: a resolved row differs from the original"
 
     def memory_report(self) -> MemoryReport:
         idx = self.index_pages.num_used * self.index_page_bytes
@@ -307,13 +310,16 @@ class HiSparseBackend(KVBackend):
                                         * self.G * self.mcfg.row_bytes})
 
     def check_integrity(self) -> None:
+        self.check_integrity_base()
+        assert len(self._slot_pages) == self.payload_pages.num_used, "payload pages leaked"
+
+    def check_integrity_base(self) -> None:
         super().check_integrity()
         self.payload_pages.check()
         self.host_pages.check()
         assert set(self._slot_pages) == self.active_slots, "pages held by a released slot"
         held = sum(len(h) for _, h in self._slot_pages.values())
-        assert held == self.host_pages.num_used
-        assert len(self._slot_pages) == self.payload_pages.num_used
+        assert held == self.host_pages.num_used, "host pages leaked"
 
     def metrics(self) -> dict[str, float]:
         m = super().metrics()

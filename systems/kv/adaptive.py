@@ -1,0 +1,273 @@
+"""Adaptive residency (paper sec. 3.1-3.2): HiSparse plus optional history that follows load.
+
+The hot cache and tail stay exactly as in HiSparse (required, never lent). Payload pages that no
+required allocation holds can carry *optional history*: complete pages of a request's imported
+prompt (page j covers positions [j*G, (j+1)*G)), found by the resolver through the direct page
+table before it scans the hot cache (Fig. 2, callout 1).
+
+- Resident-first admission: a new request keeps its imported history on device in optional
+  pages while pages are spare, and its host backup is deferred. Only the partial boundary page
+  goes to host at once. A page without host backing is never retired before its backup.
+- Reclaim (eq. 4): an admission short of D pages walks admitted requests in reclaim order and
+  takes whole requests until their optional pages cover D; their unbacked pages are copied to
+  host, then retired. If all optional pages cannot cover D, the admission waits
+  (reason ``reclaim_insufficient``).
+- Population: while pages are free beyond the admission reserve, a bounded round-robin pass
+  copies host history back into optional pages, a few pages per step. A page is published in the
+  direct table only after its copy has completed (ready is tracked apart from allocated).
+
+Memory (eq. 3): M_req (index pages + hot/tail pages) + M_opt (optional pages) + M_res (reserve
+pages) <= M, checked by ``check_integrity`` together with the invariant "every row is ready on
+the device or has a complete host copy".
+
+On one stream every copy, retirement and reuse of a page is ordered by the stream itself; the
+events below only decide when a populated page may be *published*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from systems.kv.base import MemoryReport, PrefixKV
+from systems.kv.hisparse import HiSparseBackend
+from systems.kv.registry import register
+
+
+@dataclass
+class _Residency:
+    order: int  # admission sequence number (reclaim order)
+    num_complete: int  # complete prompt pages (eligible for optional residency)
+    page: list[int] = field(default_factory=list)  # page id per prompt page, -1 if none
+    ready: list[bool] = field(default_factory=list)
+    backed: list[bool] = field(default_factory=list)  # complete host copy exists
+    pending: dict[int, object] = field(default_factory=dict)  # j -> event (or None on CPU)
+
+    @property
+    def num_pages(self) -> int:
+        return sum(1 for p in self.page if p >= 0)
+
+
+@register("adaptive_hisparse")
+class AdaptiveBackend(HiSparseBackend):
+    def __init__(self, model_cfg, kv_cfg, device):
+        super().__init__(model_cfg, kv_cfg, device)
+        ex = kv_cfg.extra
+        self.optional_on = bool(ex.get("optional_residency", True))
+        self.reserve_pages = int(ex.get("admission_reserve_pages", 1))
+        self.populate_pages_per_step = int(ex.get("populate_pages_per_step", 4))
+        self.reclaim_order = str(ex.get("reclaim_order", "newest_first"))
+        if self.reclaim_order not in ("newest_first", "oldest_first", "largest_first"):
+            raise ValueError("system.kv.reclaim_order must be newest_first, oldest_first or "
+                             f"largest_first, got {self.reclaim_order!r}")
+        self.direct_table = torch.full((self.num_slots, self.max_host_pages), -1,
+                                       dtype=torch.int32, device=self.device)
+        self.res: dict[int, _Residency] = {}
+        self._seq = 0
+        self._rr = 0  # round-robin cursor of population
+        self.stats_adaptive = {"reclaimed_pages_total": 0, "reclaim_events_total": 0,
+                               "populated_pages_total": 0, "deferred_backup_pages_total": 0,
+                               "resident_first_pages_total": 0}
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def optional_pages(self) -> int:
+        return sum(r.num_pages for r in self.res.values())
+
+    def _spare(self) -> int:
+        """Pages free beyond the admission reserve."""
+        return self.payload_pages.num_free - self.reserve_pages
+
+    def _required_free(self):
+        # one hot/tail page is needed; the reserve may be used by admission itself
+        if self.payload_pages.num_free >= 1:
+            return True, ""
+        if self.optional_on and self._reclaim_plan(1 - self.payload_pages.num_free) is not None:
+            return True, ""
+        return False, "reclaim_insufficient" if self.optional_pages else "kv_pool_full"
+
+    def _ordered(self) -> list[int]:
+        slots = list(self.res)
+        key = {"newest_first": lambda s: -self.res[s].order,
+               "oldest_first": lambda s: self.res[s].order,
+               "largest_first": lambda s: (-self.res[s].num_pages, self.res[s].order)}
+        return sorted(slots, key=key[self.reclaim_order])
+
+    def _reclaim_plan(self, deficit: int) -> list[int] | None:
+        """Eq. 4: the shortest prefix of the reclaim order whose optional pages cover deficit."""
+        if deficit <= 0:
+            return []
+        plan, got = [], 0
+        for s in self._ordered():
+            n = self.res[s].num_pages
+            if n == 0:
+                continue
+            plan.append(s)
+            got += n
+            if got >= deficit:
+                return plan
+        return None
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+        if self.payload_pages.num_free < 1:
+            plan = self._reclaim_plan(1 - self.payload_pages.num_free)
+            assert plan is not None, "admit called without can_admit"
+            for s in plan:
+                self._reclaim(s)
+            self.stats_adaptive["reclaim_events_total"] += 1
+        slot = self._alloc_slot(prefix, max_new_tokens)
+        T, G = prefix.num_tokens, self.G
+        nc = T // G if self.optional_on else 0
+        r = _Residency(order=self._seq, num_complete=nc, page=[-1] * nc, ready=[False] * nc,
+                       backed=[False] * nc)
+        self._seq += 1
+        self.res[slot] = r
+        # resident-first: complete prompt pages stay on device while pages are spare
+        keep = min(nc, max(0, self._spare()))
+        if keep:
+            pages = self.payload_pages.alloc(keep)
+            for j, pg in enumerate(pages):
+                self.kv_pool[:, pg * G:(pg + 1) * G] = prefix.kv[:, j * G:(j + 1) * G]
+                r.page[j], r.ready[j] = pg, True
+            self.direct_table[slot, :keep] = torch.tensor(pages, dtype=torch.int32,
+                                                          device=self.device)
+            self.stats_adaptive["resident_first_pages_total"] += keep
+            self.stats_adaptive["deferred_backup_pages_total"] += keep
+        # everything not kept on device goes to host now (incl. the partial boundary page)
+        self._backup(slot, keep * G, T, prefix.kv[:, keep * G:T])
+        for j in range(keep, nc):
+            r.backed[j] = True
+        return slot
+
+    def _reclaim(self, slot: int) -> None:
+        """Back up the request's unbacked optional pages, then retire all of them."""
+        r = self.res[slot]
+        G = self.G
+        freed = []
+        for j, pg in enumerate(r.page):
+            if pg < 0:
+                continue
+            r.pending.pop(j, None)  # a page still being populated already has a host copy
+            if not r.backed[j]:
+                self._backup(slot, j * G, (j + 1) * G, self.kv_pool[:, pg * G:(pg + 1) * G])
+                r.backed[j] = True
+            freed.append(pg)
+            r.page[j], r.ready[j] = -1, False
+        self.direct_table[slot] = -1
+        self.payload_pages.free(freed)
+        self.stats_adaptive["reclaimed_pages_total"] += len(freed)
+
+    def release(self, slot: int) -> None:
+        if slot not in self.active_slots:
+            return
+        r = self.res.pop(slot, None)
+        if r is not None:
+            self.payload_pages.free([p for p in r.page if p >= 0])
+            self.direct_table[slot] = -1
+        super().release(slot)
+
+    # ------------------------------------------------------------------ population
+    def _populate(self) -> None:
+        """Bounded round-robin: copy host history into free pages, publish after completion."""
+        budget = min(self.populate_pages_per_step, self._spare())
+        slots = sorted(self.res)
+        if budget <= 0 or not slots or not self.optional_on:
+            return
+        G = self.G
+        n = len(slots)
+        for i in range(n):
+            if budget <= 0:
+                break
+            s = slots[(self._rr + i) % n]
+            r = self.res[s]
+            for j in range(r.num_complete):
+                if budget <= 0:
+                    break
+                if r.page[j] >= 0:
+                    continue
+                assert r.backed[j]
+                pg = self.payload_pages.alloc(1)[0]
+                for a, b, h in self._host_segments(s, j * G, (j + 1) * G):
+                    self.kv_pool[:, pg * G + a - j * G:pg * G + b - j * G].copy_(
+                        self.host_pool[:, h:h + b - a], non_blocking=True)
+                ev = None
+                if self.device.type == "cuda":
+                    ev = torch.cuda.Event()
+                    ev.record()
+                r.page[j] = pg
+                r.pending[j] = ev
+                budget -= 1
+                self.stats_adaptive["populated_pages_total"] += 1
+        self._rr = (self._rr + 1) % max(1, n)
+
+    def _publish(self) -> None:
+        for s, r in self.res.items():
+            done = [j for j, ev in r.pending.items() if ev is None or ev.query()]
+            for j in done:
+                del r.pending[j]
+                r.ready[j] = True
+                self.direct_table[s, j] = r.page[j]
+
+    # ------------------------------------------------------------------ step hooks
+    def _prepare_step(self):
+        self._publish()
+        super()._prepare_step()
+
+    def _direct_table(self):
+        return self.direct_table[self._step["slots"].long()] if self.optional_on else None
+
+    def end_step(self) -> None:
+        super().end_step()
+        self._populate()
+
+    # ------------------------------------------------------------------ reports
+    def coverage(self) -> float:
+        """Ready optional history over eligible history (complete prompt pages)."""
+        elig = sum(r.num_complete for r in self.res.values())
+        ready = sum(sum(r.ready) for r in self.res.values())
+        return ready / elig if elig else 0.0
+
+    def memory_report(self) -> MemoryReport:
+        rep = super().memory_report()
+        opt = self.optional_pages * self.payload_page_bytes
+        rep.required -= opt  # the pages of optional history are counted as optional, not required
+        rep.components["hot_cache_and_tail"] -= opt
+        rep.optional = opt
+        rep.reserve = self.reserve_pages * self.payload_page_bytes
+        rep.components["optional_history"] = opt
+        return rep
+
+    def check_integrity(self) -> None:
+        pages_ok_before = self.payload_pages.num_used
+        owned = [p for r in self.res.values() for p in r.page if p >= 0]
+        assert len(owned) == len(set(owned)), "an optional page owned twice"
+        hot = {pg for pg, _ in self._slot_pages.values()}
+        assert not (hot & set(owned)), "a page both hot/tail and optional"
+        assert pages_ok_before == len(hot) + len(owned), "payload pages leaked"
+        rep = self.memory_report()
+        assert rep.required + rep.optional <= rep.capacity
+        for s, r in self.res.items():
+            for j in range(r.num_complete):
+                # sec. 3.1: every row is ready on the device or has a complete host copy
+                assert r.ready[j] or r.backed[j], f"slot {s} page {j}: neither ready nor backed"
+                assert not (r.ready[j] and r.page[j] < 0)
+        dt = self.direct_table.cpu()
+        for s in range(self.num_slots):
+            r = self.res.get(s)
+            for j in range(dt.shape[1]):
+                v = int(dt[s, j])
+                if v >= 0:
+                    assert r is not None and j < r.num_complete and r.ready[j] and \
+                        r.page[j] == v, f"direct table publishes slot {s} page {j} not ready"
+        # the base checks use HiSparse's page count: hot/tail pages only
+        super(AdaptiveBackend, self).check_integrity_base()
+
+    def metrics(self) -> dict[str, float]:
+        m = super().metrics()
+        m["dhs_ready_optional_coverage"] = self.coverage()
+        m["dhs_optional_pages"] = self.optional_pages
+        for k, v in self.stats_adaptive.items():
+            m[f"dhs_{k}"] = v
+        return m

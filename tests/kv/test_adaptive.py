@@ -1,0 +1,142 @@
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from systems.engine.request import Request, SamplingParams
+from tests.helpers import make_engine, run_greedy
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").read_text())
+
+
+def _engine(*extra, pool="0.01"):
+    return make_engine("system=adaptive_hisparse", "model.hot_cache_rows=8",
+                       f"hardware.kv_pool_gib={pool}", "system.kv.verify_rows=true", *extra)
+
+
+def _tight_pool(model: str, *extra) -> str:
+    """A pool where the 5 golden requests fit as hot caches but not with all their history."""
+    eng = _engine(f"model={model}", *extra)
+    be = eng.backend
+    need_pages = 5 + 3  # 5 hot/tail pages + a little room: most optional history must go
+    index = be.index_pages.num_pages * be.index_page_bytes
+    return repr((index + need_pages * be.payload_page_bytes) / (1 << 30))
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
+@pytest.mark.parametrize("residency", ["true", "false"])
+def test_golden_tokens_with_reclaim_mid_decode(model, residency):
+    eng = _engine(f"model={model}", f"system.kv.optional_residency={residency}",
+                  "system.kv.admission_reserve_pages=0", pool=_tight_pool(model))
+    # first two requests take the spare pages as optional history; later ones force reclaim
+    reqs = []
+    for i, p in enumerate(GOLDEN["prompts"]):
+        r = Request(eng.new_rid(), p, SamplingParams(max_new_tokens=GOLDEN["max_new_tokens"]))
+        reqs.append(r)
+    for r in reqs[:2][::-1]:
+        eng.submit(r)
+    for _ in range(3):
+        eng.step()
+        eng.backend.check_integrity()
+    for r in reqs[2:]:
+        eng.submit(r)
+    while eng.scheduler.running or eng.scheduler.waiting:
+        eng.step()
+        eng.backend.check_integrity()
+    assert [r.output_ids for r in reqs] == GOLDEN["outputs"][model]
+    st_ = eng.backend.stats_adaptive
+    if residency == "true":
+        assert st_["resident_first_pages_total"] > 0
+        assert st_["reclaim_events_total"] > 0
+    else:
+        assert st_["resident_first_pages_total"] == 0 and eng.backend.optional_pages == 0
+    assert eng.backend.is_empty and eng.backend.payload_pages.num_used == 0
+
+
+def test_reclaim_plan_is_the_minimal_prefix_of_the_order():
+    eng = _engine("system.kv.reclaim_order=oldest_first")
+    be = eng.backend
+    from systems.kv.adaptive import _Residency
+    for slot, n in ((0, 3), (1, 1), (2, 4)):
+        be.res[slot] = _Residency(order=slot, num_complete=n, page=list(range(10 * slot,
+                                  10 * slot + n)), ready=[True] * n, backed=[False] * n)
+    assert be._reclaim_plan(0) == []
+    assert be._reclaim_plan(3) == [0]
+    assert be._reclaim_plan(4) == [0, 1]
+    assert be._reclaim_plan(5) == [0, 1, 2]
+    assert be._reclaim_plan(9) is None  # uncoverable: the admission waits
+    be.reclaim_order = "newest_first"
+    assert be._reclaim_plan(4) == [2]
+    be.res.clear()
+
+
+def test_uncoverable_deficit_waits_then_admits():
+    eng = _engine("hardware.max_running_requests=16",
+                  pool=_tight_pool("tiny", "hardware.max_running_requests=16"))
+    p = GOLDEN["prompts"][0]  # 5 tokens: no complete page, nothing optional to reclaim
+    n_pages = eng.backend.payload_pages.num_pages
+    reqs = [Request(eng.new_rid(), p, SamplingParams(max_new_tokens=6))
+            for _ in range(n_pages + 2)]
+    for r in reqs:
+        eng.submit(r)
+    eng.step()
+    assert len(eng.scheduler.running) == n_pages
+    assert eng.scheduler.wait_reason == "kv_pool_full"
+    eng.run_until_idle()
+    assert all(len(r.output_ids) == 6 for r in reqs)
+    eng.backend.check_integrity()
+
+
+def test_population_refills_after_load_falls():
+    eng = _engine("system.kv.admission_reserve_pages=0", "system.kv.populate_pages_per_step=1",
+                  pool=_tight_pool("tiny"))
+    be = eng.backend
+    long = GOLDEN["prompts"][4]  # 130 tokens: 5 complete pages of G = 24
+    a = Request(eng.new_rid(), long, SamplingParams(max_new_tokens=200))
+    eng.submit(a)
+    eng.step()
+    cov0 = be.coverage()
+    fillers = [Request(eng.new_rid(), long, SamplingParams(max_new_tokens=4)) for _ in range(4)]
+    for r in fillers:
+        eng.submit(r)
+    for _ in range(2):
+        eng.step()
+    assert be.stats_adaptive["reclaim_events_total"] > 0
+    low = be.coverage()
+    assert low < cov0
+    for _ in range(40):  # fillers finish; population refills one page per step
+        eng.step()
+        be.check_integrity()
+    assert all(r.finish_reason for r in fillers)
+    assert be.stats_adaptive["populated_pages_total"] > 0
+    assert be.res[a.slot].num_complete and be.coverage() > low
+    eng.abort(a.rid)
+    eng.step()
+    be.check_integrity()
+    assert be.is_empty
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.sampled_from(["submit", "step", "step", "abort"]),
+                          st.integers(0, 4), st.integers(1, 30)), min_size=5, max_size=30))
+def test_random_operation_sequences_keep_the_invariants(ops):
+    eng = _engine("system.kv.verify_rows=false", "system.kv.populate_pages_per_step=2",
+                  "system.kv.admission_reserve_pages=0", pool=_tight_pool("tiny"))
+    be = eng.backend
+    live = []
+    for op, i, n in ops:
+        if op == "submit":
+            r = Request(eng.new_rid(), GOLDEN["prompts"][i], SamplingParams(max_new_tokens=n))
+            eng.submit(r)
+            live.append(r)
+        elif op == "abort" and live:
+            eng.abort(live[i % len(live)].rid)
+        eng.step()
+        be.check_integrity()
+        used = set(be.payload_pages._used)
+        free = set(be.payload_pages._free)
+        assert not used & free
+    eng.run_until_idle()
+    be.check_integrity()
+    assert be.is_empty and be.payload_pages.num_used == 0 and be.host_pages.num_used == 0
