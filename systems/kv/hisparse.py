@@ -43,7 +43,7 @@ class HiSparseBackend(KVBackend):
         if B < m.index_topk:
             raise ValueError(f"model.hot_cache_rows={B} must be >= k = model.index_topk="
                              f"{m.index_topk} (one query's selection must fit the hot cache)")
-        self.q_max = int(kv_cfg.extra.get("max_queries_per_step", 8))
+        self.q_max = int(kv_cfg.extra.get("max_queries_per_step", 1))
         self.T = T = int(kv_cfg.extra.get("tail_rows", max(2 * self.q_max, 16)))
         self.G = G = B + T
         rb = m.row_bytes
@@ -51,16 +51,29 @@ class HiSparseBackend(KVBackend):
         # index pool: full histories of every slot (as SGLang sizes its index pool)
         num_index_pages = self.num_slots * self.max_pages_per_req
         index_bytes = num_index_pages * self.index_page_bytes
-        num_pages = (self.capacity - index_bytes) // self.payload_page_bytes
+        # Verification staging (sec. 3.4, eq. 11): rows of a Q-query union that do not fit the
+        # hot cache. One arena per simultaneously live payload source (chi: a producer and the
+        # followers it prefetches), N slots x K_max x k rows each, reused by every layer group.
+        self.chi = 1 + max([len(v) for v in self._follower_map(m).values()] + [0]) \
+            if kv_cfg.extra.get("prefetch_followers", True) else 1
+        self.stage_rows = self.num_slots * self.q_max * m.index_topk if self.q_max > 1 else 0
+        stage_bytes = self.chi * self.stage_rows * rb
+        num_pages = (self.capacity - index_bytes - stage_bytes) // self.payload_page_bytes
         if num_pages < 1:
             raise ValueError(
-                f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: the index store for "
-                f"{self.num_slots} slots takes {index_bytes / GiB:.3f} GiB and leaves no room "
-                f"for one hot cache of {self.payload_page_bytes / GiB:.4f} GiB; lower "
-                f"hardware.max_running_requests or raise the pool")
+                f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: the index store and staging take "
+                f"{(index_bytes + stage_bytes) / GiB:.3f} GiB and leave no room for one hot "
+                f"cache of {self.payload_page_bytes / GiB:.4f} GiB")
         self._init_index_pool(num_index_pages)
         self.payload_pages = PagePool(num_pages, "payload")
-        self.kv_pool = torch.zeros(S, num_pages * G, rb, dtype=torch.uint8, device=self.device)
+        # One flat device tensor: per-source page regions, then the staging arenas. Locations
+        # returned by resolve are rows of it, so one gather serves every tier.
+        self.NG = num_pages * G
+        self.stage0 = S * self.NG
+        self.kv_flat = torch.zeros(self.stage0 + self.chi * self.stage_rows, rb,
+                                   dtype=torch.uint8, device=self.device)
+        self.kv_pool = self.kv_flat[:self.stage0].view(S, self.NG, rb)
+        self.stage_bytes = stage_bytes
         # host store: full history of every admitted request, pinned when a GPU reads it
         self.max_host_pages = math.ceil(self.max_total_tokens / G)
         num_host_pages = int(kv_cfg.host_pool_gib * GiB) // (S * G * rb)
@@ -83,6 +96,8 @@ class HiSparseBackend(KVBackend):
         self._slot_pages: dict[int, tuple[int, list[int]]] = {}
         self.stamp = 0
         self.census = torch.zeros(4, dtype=torch.int64, device=dev)
+        self.overflow_rows = 0
+        self.count_overflow = dev.type != "cuda"  # a host sync: counted on CPU runs only
         self.resolver_calls = 0
         self.backup_rows = 0
         impl = kv_cfg.extra.get("resolver_impl", "auto")
@@ -92,6 +107,10 @@ class HiSparseBackend(KVBackend):
         self._shadow: dict[int, torch.Tensor] = {}
         self.prefetch = bool(kv_cfg.extra.get("prefetch_followers", True))
         self._followers = self._follower_map(model_cfg)
+        self._arena = {}  # layer index -> staging arena (its position in its live group)
+        for prod, fols in self._followers.items():
+            for a, f in enumerate(fols, start=1):
+                self._arena[f.index] = a if self.chi > 1 else 0
         self._side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
 
     @staticmethod
@@ -211,7 +230,7 @@ class HiSparseBackend(KVBackend):
                 self._shadow[slot][source, pos[b]] = rows[b].cpu()
 
     def kv_buffer(self, source):
-        return self.kv_pool[source]
+        return self.kv_flat
 
     def _direct_table(self) -> torch.Tensor | None:
         """Hook for the adaptive backend: ready optional history pages, or None."""
@@ -224,11 +243,22 @@ class HiSparseBackend(KVBackend):
         hot_pos = self.hot_pos[src][sl].contiguous()  # gathered per call, scattered back
         hot_lru = self.hot_lru[src][sl].contiguous()
         self.stamp += 1
-        res = resolve(selections.to(torch.int32).contiguous(), st["tail_start"], st["tail_loc"],
-                      hot_pos, hot_lru, (self.slot_page[sl] * self.G).to(torch.int32),
-                      st["host_pt"], self.kv_pool[src], self.host_pool[src], self.stamp,
-                      page_size=self.G, direct_page_table=self._direct_table(),
+        off = src * self.NG  # this source's region of the flat pool
+        direct = self._direct_table()
+        if direct is not None:
+            direct = torch.where(direct >= 0, direct + src * (self.NG // self.G), -1)
+        staging = None
+        if selections.shape[1] > 1 and self.stage_rows:
+            arena = self._arena.get(layer.index, 0)
+            staging = (self.stage0 + arena * self.stage_rows
+                       + sl * (self.q_max * self.mcfg.index_topk)).to(torch.int32)
+        res = resolve(selections.to(torch.int32).contiguous(), st["tail_start"],
+                      st["tail_loc"] + off, hot_pos, hot_lru,
+                      (self.slot_page[sl] * self.G + off).to(torch.int32),
+                      st["host_pt"], self.kv_flat, self.host_pool[src], self.stamp,
+                      page_size=self.G, direct_page_table=direct, staging_loc_base=staging,
                       impl=self.resolver_impl)
+        self.overflow_rows += int(res.overflow.sum()) if self.count_overflow else 0
         self.hot_pos[src][sl] = hot_pos
         self.hot_lru[src][sl] = hot_lru
         self.census += res.counters.sum(0)
@@ -253,7 +283,7 @@ class HiSparseBackend(KVBackend):
             self._verify(layer.source, selections, loc)
         if layer.role == "full" and self.prefetch:
             self._prefetch_followers(layer, selections, q0)
-        return self.kv_pool[layer.source][loc.clamp_min(0)]
+        return self.kv_flat[loc.clamp_min(0)]
 
     def _prefetch_followers(self, layer, selections, q0) -> None:
         followers = self._followers.get(layer.index, [])
@@ -294,7 +324,7 @@ class HiSparseBackend(KVBackend):
         """Debug (kv.verify_rows): every resolved location holds exactly the original row's
         bytes (eq. 12), checked against a CPU shadow of everything the request ever wrote."""
         sel = selections.long().cpu()
-        got = self.kv_pool[src][loc.clamp_min(0)].cpu()
+        got = self.kv_flat[loc.clamp_min(0)].cpu()
         for b, slot in enumerate(self._step["slots"].tolist()):
             keep = sel[b] >= 0
             want = self._shadow[slot][src][sel[b][keep]]
@@ -304,8 +334,9 @@ class HiSparseBackend(KVBackend):
     def memory_report(self) -> MemoryReport:
         idx = self.index_pages.num_used * self.index_page_bytes
         hot = self.payload_pages.num_used * self.payload_page_bytes
-        return MemoryReport(capacity=self.capacity, required=idx + hot,
+        return MemoryReport(capacity=self.capacity, required=idx + hot + self.stage_bytes,
                             components={"index": idx, "hot_cache_and_tail": hot,
+                                        "verification_staging": self.stage_bytes,
                                         "host_backup": self.host_pages.num_used * self.S
                                         * self.G * self.mcfg.row_bytes})
 
@@ -333,6 +364,7 @@ class HiSparseBackend(KVBackend):
             "dhs_host_rows_copied_total": c[COUNTER_HOST_COPIES],
             "dhs_host_bytes_total": c[COUNTER_HOST_COPIES] * self.mcfg.row_bytes,
             "dhs_resolver_calls_total": self.resolver_calls,
+            "dhs_staged_rows_total": self.overflow_rows,
             "dhs_host_backup_rows_total": self.backup_rows,
             "dhs_host_pool_used_ratio": self.host_pages.num_used / self.host_pages.num_pages,
         })
