@@ -67,7 +67,9 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
                         max_waiting=int(eng.get("max_waiting", 4096)),
                         max_new_tokens_cap=int(eng.get("max_new_tokens_cap", 8192)),
                         prefix_cache_entries=int(eng.get("prefix_cache_entries", 16)),
-                        seed=int(cfg.get("seed", 0)))
+                        seed=int(cfg.get("seed", 0)),
+                        speculation=OmegaConf.to_container(system.speculation, resolve=True)
+                        if system.get("speculation") else None)
 
 
 def compose(overrides: list[str] | None = None) -> DictConfig:

@@ -6,6 +6,7 @@ call ``step`` directly. ``submit`` and ``abort`` are thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 import threading
@@ -22,6 +23,7 @@ from systems.kv.base import KVConfig
 from systems.kv.registry import create_backend
 from systems.models.config import ModelConfig
 from systems.models.sparse_model import SparseModel
+from systems.spec.decoder import PlainDecoder, SpeculativeDecoder
 
 
 @dataclass
@@ -33,6 +35,7 @@ class EngineConfig:
     max_new_tokens_cap: int = 4096
     prefix_cache_entries: int = 16
     seed: int = 0
+    speculation: dict | None = None  # system.speculation: drafter, block_size, k_max, ...
 
 
 class Engine:
@@ -40,8 +43,22 @@ class Engine:
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         self.model = SparseModel(cfg.model, self.device)
-        self.backend = create_backend(cfg.model, cfg.kv, self.device)
-        self.prefixes = PrefixStore(self.model, cfg.prefix_cache_entries)
+        kv = cfg.kv
+        if cfg.speculation:
+            # the drafter's fixed allocations (weights + ring) come out of the KV pools, and the
+            # backend must take blocks of k_max queries (sec. 3.4, "capacity accounting")
+            self.decoder = SpeculativeDecoder(self, cfg.speculation, kv.max_running_requests)
+            kv = dataclasses.replace(kv, extra={**kv.extra,
+                                                "max_queries_per_step": self.decoder.k_max})
+            kv.kv_pool_gib -= self.decoder.drafter.fixed_bytes / (1 << 30)
+            if kv.kv_pool_gib <= 0:
+                raise ValueError("hardware.kv_pool_gib cannot hold the drafter's fixed "
+                                 f"allocations ({self.decoder.drafter.fixed_bytes} bytes)")
+        else:
+            self.decoder = PlainDecoder(self)
+        self.backend = create_backend(cfg.model, kv, self.device)
+        keep = self.decoder.window if cfg.speculation else 1
+        self.prefixes = PrefixStore(self.model, cfg.prefix_cache_entries, keep_hidden=keep)
         self.scheduler = Scheduler(self.backend, self.prefixes, cfg.max_waiting)
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -104,6 +121,7 @@ class Engine:
         self._intake()
         admitted = self.scheduler.admit()
         for req, entry in admitted:
+            self.decoder.on_admit(req, entry)
             self._emit_first_token(req, entry)
         batch = list(self.scheduler.running.values())
         if not batch:
@@ -161,18 +179,8 @@ class Engine:
         self._append_tokens(req, [int(tok.item())])
 
     def _decode(self, batch: list[Request]) -> None:
-        dev = self.device
-        slots = torch.tensor([r.slot for r in batch], device=dev)
-        positions = torch.tensor([[r.seq_len] for r in batch], device=dev)  # (B, 1)
-        tokens = torch.tensor([[r.output_ids[-1]] for r in batch], device=dev)
-        be = self.backend
-        be.begin_step(slots, positions)
-        logits, _ = self.model(tokens, positions, be)
-        be.end_step()
-        new = sample(logits[:, -1], self._temperatures(batch), self.gen).tolist()
-        be.commit([r.slot for r in batch], [r.seq_len + 1 for r in batch])
-        for r, t in zip(batch, new):
-            self._append_tokens(r, [t])
+        for r, toks in zip(batch, self.decoder.decode(batch)):
+            self._append_tokens(r, toks)
 
     def _append_tokens(self, req: Request, toks: list[int]) -> None:
         now = time.time()
@@ -209,6 +217,8 @@ class Engine:
         for k, v in self.stats.items():
             m[f"dhs_{k}"] = v
         m.update(self.backend.metrics())
+        for k, v in getattr(self.decoder, "stats", {}).items():
+            m[f"dhs_{k}"] = v
         for reason, n in self.scheduler.wait_reason_counts.items():
             m[f'dhs_admission_wait_events_total{{reason="{reason}"}}'] = n
         m["dhs_admission_blocked"] = 1.0 if self.scheduler.wait_reason else 0.0

@@ -22,13 +22,14 @@ from systems.models.sparse_model import PrefillContext, SparseModel, prefill_chu
 class PrefillEntry:
     prefix: PrefixKV
     last_logits: torch.Tensor  # (V,) float32: the first output token is sampled from these
-    last_hidden: torch.Tensor  # (D,)
+    tail_hidden: torch.Tensor  # (L, D): target features of the last L positions (drafters)
     prefill_s: float
 
 
 class PrefixStore:
-    def __init__(self, model: SparseModel, max_entries: int = 16):
+    def __init__(self, model: SparseModel, max_entries: int = 16, keep_hidden: int = 1):
         self.model = model
+        self.keep_hidden = keep_hidden
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple[int, ...], PrefillEntry] = OrderedDict()
         self.num_prefills = 0
@@ -58,5 +59,5 @@ class PrefixStore:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         self.num_prefills += 1
-        return PrefillEntry(PrefixKV(T, ctx.kv, ctx.index), logits[0, -1], hidden[0, -1],
-                            time.perf_counter() - t0)
+        return PrefillEntry(PrefixKV(T, ctx.kv, ctx.index), logits[0, -1],
+                            hidden[0, -self.keep_hidden:].clone(), time.perf_counter() - t0)

@@ -462,7 +462,7 @@ if _HAVE_TRITON:
                 tl.store(loc_row + i, loc, mask=mi)
                 tl.atomic_min(scr_row + p, i, mask=pend & (p < W), sem="relaxed")
                 n_pend += tl.sum(pend.to(tl.int32), 0)
-                n_dir += tl.sum((valid & (pend == 0)).to(tl.int32), 0)
+                n_dir += tl.sum((valid & ~pend).to(tl.int32), 0)
 
             n_hsel = tl.zeros([], tl.int32)
             n_msel = tl.zeros([], tl.int32)
@@ -485,7 +485,7 @@ if _HAVE_TRITON:
                     hit = qv & (sc != 0x7FFFFFFF)
                     tl.store(scr_row + q, s | 0x10000000, mask=hit)
                     tl.store(hl_row + s, stamp + tl.zeros_like(lru), mask=hit)
-                    cand = ms & (hit == 0)
+                    cand = ms & ~hit
                     key = tl.where(q < 0, tl.zeros_like(lru), lru + 1)
                     key = tl.where(cand, key, 4611686018427387904)
                     tl.store(ekey_row + s, key, mask=ms)
@@ -502,7 +502,7 @@ if _HAVE_TRITON:
                     pend = mi & (loc == -3)
                     p = tl.load(sel_row + i, mask=pend, other=0)
                     sc = tl.load(scr_row + p, mask=pend, other=-1, cache_modifier=".cg")
-                    first = pend & (sc >= i)
+                    first = pend & (sc == i)
                     f32 = first.to(tl.int32)
                     rank = m + tl.cumsum(f32, 0) - 1
                     tl.store(scr_row + p, rank | 0x20000000, mask=first)
@@ -518,7 +518,7 @@ if _HAVE_TRITON:
                 # -- phase V: victims = nv smallest keys, assigned in slot order -------
                 if nv > 0:
                     d = hi - lo
-                    top = 0
+                    top = tl.zeros([], tl.int32)
                     while (d >> (top + 4)) > 0:
                         top += 4
                     prefix = tl.zeros([], tl.int64)
@@ -578,7 +578,7 @@ if _HAVE_TRITON:
                     sc = tl.load(scr_row + p, mask=pend, other=0, cache_modifier=".cg")
                     idx = sc & 0x0FFFFFFF
                     is_hit = pend & ((sc & 0x30000000) == 0x10000000)
-                    is_miss = pend & (is_hit == 0)
+                    is_miss = pend & ~is_hit
                     in_cache = idx < nv
                     vs = tl.load(vic_row + idx, mask=is_miss & in_cache, other=0,
                                  cache_modifier=".cg")
@@ -837,6 +837,39 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
+
+
+def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **constexprs):
+    """Compile the kernel for an NVIDIA target without a GPU (Triton bundles ptxas), with
+    real-launch alignment hints. Catches compile-mode errors the interpreter does not see.
+    Needs a process where TRITON_INTERPRET is unset. Returns the compiled kernel (``.asm``
+    holds ttir/ttgir/llir/ptx/cubin)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    fn = _resolver_kernel
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
+    ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr"}
+    sig = {}
+    c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
+             WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=256)
+    c.update(constexprs)
+    for name in fn.arg_names:
+        if name in c:
+            sig[name] = "constexpr"
+        elif name in ("kv_ptr", "host_ptr"):
+            sig[name] = "*" + word_type
+        elif name == "stamp_arg":
+            sig[name] = "*i64" if c["STAMP_IS_PTR"] else "i64"
+        elif name.endswith("_ptr"):
+            sig[name] = "*i64" if name in ptr64 else "*i32"
+        else:
+            sig[name] = "i32"
+    names = list(fn.arg_names)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    return triton.compile(ASTSource(fn, sig, c, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps))
 
 
 def resolve(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,

@@ -123,7 +123,9 @@ class KVBackend(ABC):
             raise ValueError(f"kv.kv_pool_gib must be > 0, got {kv_cfg.kv_pool_gib}")
         self.capacity = int(kv_cfg.kv_pool_gib * GiB)
         self.num_slots = kv_cfg.max_running_requests
-        self.max_pages_per_req = math.ceil(self.max_total_tokens / self.P)
+        # queries per step: 1, or K_max with speculation (a block is written past the frontier)
+        self.q_max = int(kv_cfg.extra.get("max_queries_per_step", 1))
+        self.max_pages_per_req = math.ceil((self.max_total_tokens + self.q_max) / self.P)
         self.index_src_ids = {s: i for i, s in enumerate(model_cfg.index_sources)}
         self.slot_len = [0] * self.num_slots  # committed positions per slot (host-side)
         self.free_slots = list(range(self.num_slots - 1, -1, -1))

@@ -69,7 +69,6 @@ Equations implemented here: draft ring size (9) :func:`ring_rows`, ring address 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 

@@ -43,7 +43,6 @@ class HiSparseBackend(KVBackend):
         if B < m.index_topk:
             raise ValueError(f"model.hot_cache_rows={B} must be >= k = model.index_topk="
                              f"{m.index_topk} (one query's selection must fit the hot cache)")
-        self.q_max = int(kv_cfg.extra.get("max_queries_per_step", 1))
         self.T = T = int(kv_cfg.extra.get("tail_rows", max(2 * self.q_max, 16)))
         self.G = G = B + T
         rb = m.row_bytes
@@ -75,7 +74,7 @@ class HiSparseBackend(KVBackend):
         self.kv_pool = self.kv_flat[:self.stage0].view(S, self.NG, rb)
         self.stage_bytes = stage_bytes
         # host store: full history of every admitted request, pinned when a GPU reads it
-        self.max_host_pages = math.ceil(self.max_total_tokens / G)
+        self.max_host_pages = math.ceil((self.max_total_tokens + self.q_max) / G)
         num_host_pages = int(kv_cfg.host_pool_gib * GiB) // (S * G * rb)
         if num_host_pages < self.max_host_pages:
             raise ValueError(f"kv.host_pool_gib={kv_cfg.host_pool_gib} cannot hold one request "
@@ -135,7 +134,7 @@ class HiSparseBackend(KVBackend):
     def can_admit(self, num_prompt_tokens, max_new_tokens):
         if not self.free_slots:
             return False, "no_free_slot"
-        total = num_prompt_tokens + max_new_tokens
+        total = num_prompt_tokens + max_new_tokens + self.q_max - 1
         if self.mcfg.pages_for(total) > self.index_pages.num_free:
             return False, "index_pool_full"
         if math.ceil(total / self.G) > self.host_pages.num_free:
@@ -144,7 +143,7 @@ class HiSparseBackend(KVBackend):
 
     def _alloc_slot(self, prefix: PrefixKV, max_new_tokens: int) -> int:
         slot = self._take_slot()
-        total = prefix.num_tokens + max_new_tokens
+        total = prefix.num_tokens + max_new_tokens + self.q_max - 1  # room for a draft block
         self._alloc_index(slot, total)
         page = self.payload_pages.alloc(1)[0]
         hpages = self.host_pages.alloc(math.ceil(total / self.G))

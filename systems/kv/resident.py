@@ -30,19 +30,20 @@ class ResidentBackend(KVBackend):
         self.kv_pool = torch.zeros(S, num_pages * self.P, model_cfg.row_bytes, dtype=torch.uint8,
                                    device=self.device)
         self.slot_max_tokens: dict[int, int] = {}
+        self.q_extra = self.q_max - 1
 
     # ------------------------------------------------------------------ admission
     def can_admit(self, num_prompt_tokens, max_new_tokens):
         if not self.free_slots:
             return False, "no_free_slot"
-        need = self.mcfg.pages_for(num_prompt_tokens + max_new_tokens)
+        need = self.mcfg.pages_for(num_prompt_tokens + max_new_tokens + self.q_extra)
         if need > self.pages.num_free:
             return False, "kv_pool_full"
         return True, ""
 
     def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
         slot = self._take_slot()
-        total = prefix.num_tokens + max_new_tokens
+        total = prefix.num_tokens + max_new_tokens + self.q_extra  # room for a draft block
         self._alloc_index(slot, total)
         self.slot_max_tokens[slot] = total
         # handoff: the prompt's rows go straight into this request's device pages

@@ -1,0 +1,181 @@
+"""Drafters for speculative decoding, with random seeded weights like the target.
+
+Both share the target's embedding and LM head (as DFlash/EAGLE-style drafters do), keep their own
+small transformer whose KV lives in a window-bounded ring (systems/spec/ring.py), and condition on
+target hidden features of committed positions.
+
+- ``DFlash2Drafter``: extends the anchor into a block of K-1 proposals in ONE parallel pass: the
+  block is [anchor, mask, mask, ...]; block position j proposes the token at n + j + 1.
+- ``DSparkDrafter``: a lightweight sequential head: proposals one at a time, each with a
+  confidence (its probability); a scheduler picks each request's verification prefix K_r.
+
+Committed positions are "caught up" into the ring with their real tokens and the target hidden
+state of that position; block positions are never written to the ring (tentative state).
+Shape legend: B requests, L positions, d drafter width, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from systems.spec.ring import DraftRing
+
+
+class _DraftCore(torch.nn.Module):
+    def __init__(self, target, num_layers: int, dim: int, window: int, num_slots: int,
+                 page: int, k_max: int, seed: int):
+        super().__init__()
+        cfg = target.cfg
+        self.target = target
+        self.dim = dim
+        self.num_layers = num_layers
+        self.window = window
+        self.k_max = k_max
+        dev, dt = target.device, target.dtype
+        g = torch.Generator().manual_seed(seed + 7919)
+
+        def w(*shape):
+            return (torch.randn(*shape, generator=g) / math.sqrt(shape[0])).to(dev, dt)
+
+        D = cfg.hidden_size
+        self.w_in = w(D, dim)
+        self.w_hid = w(D, dim)
+        self.mask_emb = (torch.randn(dim, generator=g) * 0.1).to(dev, dt)
+        self.layers = [{"wq": w(dim, dim), "wk": w(dim, dim), "wv": w(dim, dim),
+                        "wo": w(dim, dim), "w1": w(dim, 2 * dim), "w2": w(2 * dim, dim)}
+                       for _ in range(num_layers)]
+        self.w_out = w(dim, D)
+        self.ring = DraftRing(num_layers, dim, num_slots, window, page, k_max, dev, dt)
+        self.scale = 1.0 / math.sqrt(dim)
+
+    @property
+    def fixed_bytes(self) -> int:
+        weights = sum(t.numel() * t.element_size() for l in self.layers for t in l.values())
+        weights += sum(t.numel() * t.element_size() for t in (self.w_in, self.w_hid, self.w_out))
+        return weights + self.ring.nbytes
+
+    @staticmethod
+    def _norm(x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.target.embed[tokens.long()] @ self.w_in
+
+    def catch_up(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                 hidden: torch.Tensor, valid: torch.Tensor) -> None:
+        """Write ring KV for committed positions. tokens/positions/valid (B, L); hidden (B, L, D).
+        Rows where valid is False are not written."""
+        x = self._embed(tokens) + hidden.to(self.w_hid.dtype) @ self.w_hid
+        rows = self.ring.rows(slots, positions)
+        ctx = self._window(slots, positions[:, :1])  # history before this chunk
+        for li, p in enumerate(self.layers):
+            h = self._norm(x)
+            k, v = h @ p["wk"], h @ p["wv"]
+            x = x + self._attend(p, h, k, v, ctx, li, positions, causal_block=True)
+            x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
+            sel = valid.reshape(-1)
+            r = rows.reshape(-1)[sel]
+            self.ring.kv[li, 0, r] = k.reshape(-1, self.dim)[sel]
+            self.ring.kv[li, 1, r] = v.reshape(-1, self.dim)[sel]
+
+    def _window(self, slots: torch.Tensor, first_pos: torch.Tensor):
+        """Ring rows of the W positions before first_pos (B, 1): (rows (B, W), valid (B, W))."""
+        W = self.window
+        pos = first_pos - W + torch.arange(W, device=first_pos.device)  # (B, W)
+        return self.ring.rows(slots, pos.clamp_min(0)), pos >= 0
+
+    def _attend(self, p, h, k, v, ctx, li, positions, causal_block: bool):
+        """h, k, v (B, L, d): block queries attend to the ring window plus block keys <= self."""
+        rows, ok = ctx
+        rk = self.ring.kv[li, 0][rows]  # (B, W, d)
+        rv = self.ring.kv[li, 1][rows]
+        q = h @ p["wq"]
+        keys = torch.cat([rk, k], dim=1)
+        vals = torch.cat([rv, v], dim=1)
+        s = torch.einsum("bld,bmd->blm", q.float(), keys.float()) * self.scale
+        L = h.shape[1]
+        blk = torch.ones(L, L, dtype=torch.bool, device=h.device).tril() if causal_block \
+            else torch.ones(L, L, dtype=torch.bool, device=h.device)
+        mask = torch.cat([ok.unsqueeze(1).expand(-1, L, -1), blk.unsqueeze(0).expand(
+            h.shape[0], -1, -1)], dim=-1)
+        s = s.masked_fill(~mask, float("-inf"))
+        out = torch.einsum("blm,bmd->bld", torch.softmax(s, -1), vals.float()).to(h.dtype)
+        return out @ p["wo"]
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return ((self._norm(x) @ self.w_out) @ self.target.lm_head).float()
+
+
+class DFlash2Drafter(_DraftCore):
+    """Parallel block drafter: one pass proposes K-1 tokens."""
+
+    name = "dflash2"
+
+    def propose(self, slots: torch.Tensor, anchors: torch.Tensor, n: torch.Tensor, K: int,
+                temperatures: torch.Tensor, gen: torch.Generator | None):
+        """anchors (B,), n (B,) anchor positions -> proposals (B, K-1), q probs (B, K-1, V)."""
+        B = anchors.shape[0]
+        x = torch.cat([self._embed(anchors).unsqueeze(1),
+                       self.mask_emb.expand(B, K - 1, -1)], dim=1)  # (B, K, d)
+        pos = n.unsqueeze(1) + torch.arange(K, device=n.device)
+        ctx = self._window(slots, n.unsqueeze(1))
+        for li, p in enumerate(self.layers):
+            h = self._norm(x)
+            x = x + self._attend(p, h, h @ p["wk"], h @ p["wv"], ctx, li, pos,
+                                 causal_block=False)  # parallel block: bidirectional
+            x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
+        logits = self._logits(x[:, :K - 1])  # block position j proposes token n + j + 1
+        return _draw(logits, temperatures, gen)
+
+
+class DSparkDrafter(_DraftCore):
+    """Sequential head with per-token confidence; the scheduler picks K_r per request."""
+
+    name = "dspark"
+
+    def propose(self, slots, anchors, n, K, temperatures, gen):
+        B = anchors.shape[0]
+        ctx = self._window(slots, n.unsqueeze(1))
+        toks = [anchors]
+        xs = []
+        props, probs, confs = [], [], []
+        for j in range(K - 1):
+            xs.append(self._embed(toks[-1]).unsqueeze(1))
+            x = torch.cat(xs, dim=1)  # (B, j+1, d): recompute the short block (K <= 8)
+            pos = n.unsqueeze(1) + torch.arange(j + 1, device=n.device)
+            for li, p in enumerate(self.layers):
+                h = self._norm(x)
+                x = x + self._attend(p, h, h @ p["wk"], h @ p["wv"], ctx, li, pos,
+                                     causal_block=True)
+                x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
+            logits = self._logits(x[:, -1:])
+            t, q = _draw(logits, temperatures, gen)
+            toks.append(t[:, 0])
+            props.append(t)
+            probs.append(q)
+            confs.append(torch.softmax(logits.float(), -1).gather(-1, t.unsqueeze(-1))[..., 0])
+        self.last_confidence = torch.cat(confs, 1)  # (B, K-1): the head's own probabilities
+        return torch.cat(props, 1), torch.cat(probs, 1)
+
+
+def _draw(logits: torch.Tensor, temperatures: torch.Tensor, gen):
+    """logits (B, L, V) -> (tokens (B, L), q (B, L, V)): the distribution tokens were drawn from.
+    Temperature 0 is a point mass on the argmax (greedy drafting)."""
+    greedy = logits.argmax(-1)
+    t = temperatures.view(-1, 1, 1)
+    q_soft = torch.softmax(logits / t.clamp_min(1e-5), dim=-1)
+    onehot = F.one_hot(greedy, logits.shape[-1]).to(q_soft.dtype)
+    q = torch.where(t > 0, q_soft, onehot)
+    if bool((temperatures > 0).any()):
+        drawn = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=gen).view(greedy.shape)
+        tok = torch.where(temperatures.view(-1, 1) > 0, drawn, greedy)
+    else:
+        tok = greedy
+    return tok, q
+
+
+DRAFTERS = {"dflash2": DFlash2Drafter, "dspark": DSparkDrafter}

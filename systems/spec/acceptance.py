@@ -1,0 +1,85 @@
+"""Acceptance rules of a speculative round (Leviathan et al., 2023), left untouched.
+
+exact: accept proposal j with probability min(1, p_j(x_j) / q_j(x_j)); on the first rejection
+       sample the correction from norm(max(0, p_j - q_j)); if every proposal is accepted, draw a
+       bonus token from p_K. Greedy (temperature 0) is its limit: accept while x_j equals the
+       target's argmax; the correction or bonus is the argmax.
+calibrated: the accepted length is drawn from a distribution matched to the paper's emitted
+       tokens per round (Fig. 7a); the verification forward, resolution, staging and commit still
+       run in full. Output tokens then do not follow the target distribution: reports say so.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Emitted tokens per round (accepted + bonus) the paper reports for static DFlash2 blocks at
+# C128 (Fig. 7a, Sec. 4.2.1: 2.88 at block 4; +17% at block 6; +25% at block 8).
+PAPER_EMITTED_PER_ROUND = {4: 2.88, 6: 2.88 * 1.17, 8: 2.88 * 1.25}
+
+
+def accept_exact(target_logits: torch.Tensor, proposals: torch.Tensor, q: torch.Tensor,
+                 k_r: torch.Tensor, temperatures: torch.Tensor,
+                 gen: torch.Generator | None) -> tuple[list[int], list[int]]:
+    """target_logits (B, K, V): query j's logits predict the token after block position j.
+    proposals (B, K-1), q (B, K-1, V), k_r (B,) queries actually verified per request.
+    Returns (accepted counts A_r, next tokens b_r)."""
+    B, K, V = target_logits.shape
+    greedy = target_logits.argmax(-1)  # (B, K)
+    t = temperatures.view(-1, 1, 1).clamp_min(1e-5)
+    p = torch.softmax(target_logits / t, dim=-1)
+    A, nxt = [], []
+    k_l, temp_l = k_r.tolist(), temperatures.tolist()
+    prop_l, greedy_l = proposals.tolist(), greedy.tolist()
+    for b in range(B):
+        kr = k_l[b]
+        if temp_l[b] <= 0:
+            a = 0
+            while a < kr - 1 and prop_l[b][a] == greedy_l[b][a]:
+                a += 1
+            A.append(a)
+            nxt.append(greedy_l[b][a])
+            continue
+        a, token = 0, None
+        while a < kr - 1:
+            x = prop_l[b][a]
+            pj, qj = p[b, a], q[b, a]
+            ratio = (pj[x] / qj[x].clamp_min(1e-20)).clamp(max=1.0)
+            if torch.rand((), generator=gen, device=p.device) < ratio:
+                a += 1
+                continue
+            resid = (pj - qj).clamp_min(0)
+            resid = resid / resid.sum() if float(resid.sum()) > 0 else pj
+            token = int(torch.multinomial(resid, 1, generator=gen))
+            break
+        if token is None:  # all accepted: bonus from p at the last verified query
+            token = int(torch.multinomial(p[b, a], 1, generator=gen))
+        A.append(a)
+        nxt.append(token)
+    return A, nxt
+
+
+def calibrated_alpha(block: int, emitted: float) -> float:
+    """Per-position acceptance alpha with E[emitted] = (1 - alpha^K) / (1 - alpha) (bisection)."""
+    lo, hi = 0.0, 0.999999
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        e = (1 - mid ** block) / (1 - mid)
+        lo, hi = (mid, hi) if e < emitted else (lo, mid)
+    return (lo + hi) / 2
+
+
+def accept_calibrated(target_logits: torch.Tensor, k_r: torch.Tensor, alpha: float,
+                      gen: torch.Generator | None) -> tuple[list[int], list[int]]:
+    """Accept a geometric prefix with per-position probability alpha; bonus = target argmax."""
+    B, K, _ = target_logits.shape
+    greedy = target_logits.argmax(-1).tolist()
+    u = torch.rand(B, K, generator=gen, device=target_logits.device).tolist()
+    A, nxt = [], []
+    for b, kr in enumerate(k_r.tolist()):
+        a = 0
+        while a < kr - 1 and u[b][a] < alpha:
+            a += 1
+        A.append(a)
+        nxt.append(greedy[b][a])
+    return A, nxt

@@ -1,0 +1,146 @@
+"""Decoders: how the engine turns a running batch into new tokens.
+
+``PlainDecoder``: one query per request per step. ``SpeculativeDecoder``: a drafter proposes,
+the target verifies K_r queries per request in one pass over the same KV backend (query j at
+position n + j sees committed history plus block positions 0..j, eq. 5; the backend resolves
+the union of the K_r selections, eq. 6), the acceptance rule decides, and the backend commits
+the anchor and accepted drafts (eq. 7). The engine calls ``decode(batch)`` on either one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from systems.engine.sampler import sample
+from systems.spec.acceptance import (PAPER_EMITTED_PER_ROUND, accept_calibrated, accept_exact,
+                                     calibrated_alpha)
+
+
+class PlainDecoder:
+    max_queries = 1
+
+    def __init__(self, engine):
+        self.e = engine
+
+    def on_admit(self, req, entry) -> None:
+        pass
+
+    def decode(self, batch) -> list[list[int]]:
+        e = self.e
+        dev = e.device
+        slots = torch.tensor([r.slot for r in batch], device=dev)
+        positions = torch.tensor([[r.seq_len] for r in batch], device=dev)  # (B, 1)
+        tokens = torch.tensor([[r.output_ids[-1]] for r in batch], device=dev)
+        be = e.backend
+        be.begin_step(slots, positions)
+        logits, _ = e.model(tokens, positions, be)
+        be.end_step()
+        new = sample(logits[:, -1], e._temperatures(batch), e.gen).tolist()
+        be.commit([r.slot for r in batch], [r.seq_len + 1 for r in batch])
+        return [[t] for t in new]
+
+
+class SpeculativeDecoder:
+    """Draft, verify K_r queries in one target pass, accept, commit."""
+
+    def __init__(self, engine, spec_cfg: dict, num_slots: int):
+        from systems.models.drafters import DRAFTERS
+
+        self.e = engine
+        cfg = dict(spec_cfg)
+        self.kind = cfg.get("drafter", "dflash2")
+        if self.kind not in DRAFTERS:
+            raise ValueError(f"system.speculation.drafter must be one of {sorted(DRAFTERS)}, "
+                             f"got {self.kind!r}")
+        self.block = int(cfg.get("block_size", 4))
+        self.k_max = int(cfg.get("k_max", 8))
+        if not 2 <= self.block <= self.k_max:
+            raise ValueError(f"system.speculation.block_size={self.block} must be in "
+                             f"[2, k_max={self.k_max}]")
+        self.max_queries = self.k_max
+        self.mode = cfg.get("acceptance", "exact")
+        if self.mode not in ("exact", "calibrated"):
+            raise ValueError("system.speculation.acceptance must be exact or calibrated")
+        emitted = cfg.get("calibrated_emitted_per_round") or \
+            PAPER_EMITTED_PER_ROUND.get(self.block, 2.88)
+        self.alpha = calibrated_alpha(self.block, float(emitted))
+        # DSpark's scheduler: expected emitted tokens per unit of profiled engine cost
+        self.cost0 = float(cfg.get("cost_base", 1.0))
+        self.cost_per_query = float(cfg.get("cost_per_query", 0.15))
+        self.window = int(cfg.get("window", 2048))
+        mcfg = engine.cfg.model
+        self.drafter = DRAFTERS[self.kind](
+            engine.model, num_layers=int(cfg.get("draft_layers", 2)),
+            dim=int(cfg.get("draft_dim", 64)), window=self.window,
+            num_slots=num_slots, page=mcfg.page_size, k_max=self.k_max,
+            seed=mcfg.seed)
+        self.stats = {"spec_rounds_total": 0, "spec_queries_total": 0,
+                      "spec_accepted_total": 0, "spec_emitted_total": 0}
+
+    # ------------------------------------------------------------------ admission
+    def on_admit(self, req, entry) -> None:
+        """Fill the drafter's ring with the last W prompt positions and their target features."""
+        hid = entry.tail_hidden  # (L, D): hidden of the last L prompt positions
+        L = hid.shape[0]
+        T = req.num_prompt_tokens
+        dev = self.e.device
+        toks = torch.tensor([req.prompt_ids[T - L:]], device=dev)
+        pos = torch.arange(T - L, T, device=dev).unsqueeze(0)
+        self.drafter.catch_up(torch.tensor([req.slot], device=dev), toks, pos, hid.unsqueeze(0),
+                              torch.ones_like(toks, dtype=torch.bool))
+
+    # ------------------------------------------------------------------ a round
+    def _k_r(self, q: torch.Tensor, proposals: torch.Tensor) -> torch.Tensor:
+        """Verification prefix per request: DFlash2 uses its fixed block; DSpark maximizes
+        expected emitted tokens per unit of engine cost from the drafter's confidences."""
+        B = proposals.shape[0]
+        if self.kind != "dspark":
+            return torch.full((B,), self.block, dtype=torch.long)
+        conf = self.drafter.last_confidence.float().cpu()  # (B, K-1), even when greedy
+        surv = torch.cumprod(conf, dim=1)
+        ks = torch.arange(1, self.block + 1)
+        exp_tokens = 1 + torch.cat([torch.zeros(B, 1), surv.cumsum(1)], dim=1)  # (B, K)
+        cost = self.cost0 + self.cost_per_query * ks
+        return (exp_tokens / cost).argmax(1) + 1  # K_r in 1..block
+
+    def decode(self, batch) -> list[list[int]]:
+        e = self.e
+        dev = e.device
+        K = self.block
+        B = len(batch)
+        slots = torch.tensor([r.slot for r in batch], device=dev)
+        n = torch.tensor([r.seq_len for r in batch], device=dev)  # anchor positions
+        anchors = torch.tensor([r.output_ids[-1] for r in batch], device=dev)
+        temps = e._temperatures(batch)
+        proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen)
+        k_r = self._k_r(q, proposals)
+        # verification: queries [anchor, x_1 .. x_{K-1}] at positions n .. n + K - 1
+        tokens = torch.cat([anchors.unsqueeze(1), proposals], dim=1)
+        positions = n.unsqueeze(1) + torch.arange(K, device=dev)
+        be = e.backend
+        be.begin_step(slots, positions)
+        logits, hidden = e.model(tokens, positions, be)
+        be.end_step()
+        if self.mode == "exact":
+            A, nxt = accept_exact(logits, proposals, q, k_r, temps, e.gen)
+        else:
+            A, nxt = accept_calibrated(logits, k_r, self.alpha, e.gen)
+        # commit the anchor and accepted drafts (eq. 7); rejected rows are never published
+        new_len = [r.seq_len + 1 + a for r, a in zip(batch, A)]
+        be.commit([r.slot for r in batch], new_len)
+        # the drafter advances with the same prefix: anchor + accepted, with target features
+        L = 1 + max(A)
+        valid = torch.arange(L, device=dev).unsqueeze(0) < (1 + torch.tensor(A, device=dev)
+                                                            ).unsqueeze(1)
+        self.drafter.catch_up(slots, tokens[:, :L], positions[:, :L], hidden[:, :L], valid)
+        out = []
+        props = proposals.tolist()
+        for b in range(B):
+            out.append(props[b][:A[b]] + [nxt[b]])
+        self.stats["spec_rounds_total"] += B
+        self.stats["spec_queries_total"] += int(k_r.sum())
+        self.stats["spec_accepted_total"] += sum(A)
+        self.stats["spec_emitted_total"] += sum(A) + B
+        return out

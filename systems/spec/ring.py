@@ -1,0 +1,45 @@
+"""Draft KV ring (paper sec. 3.4, eq. 9-10): the drafter's memory is bounded by its window.
+
+A drafter that reads at most W prior positions, with blocks of at most K_max positions and pages
+of p rows, needs R_d = ceil((W + p - 1 + K_max) / p) * p rows per request slot. Position t of
+slot i lives at physical row phi(i, t) = i * R_d + (t mod R_d): two live positions of one request
+differ by less than R_d, so they never share a row, and slots own disjoint ranges.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def ring_rows(window: int, page: int, k_max: int) -> int:
+    """Eq. 9."""
+    if window < 1 or page < 1 or k_max < 1:
+        raise ValueError("window, page and k_max must be >= 1")
+    return math.ceil((window + page - 1 + k_max) / page) * page
+
+
+def ring_address(slot: torch.Tensor | int, pos: torch.Tensor | int, r_d: int):
+    """Eq. 10: phi(i, t) = i * R_d + (t mod R_d)."""
+    return slot * r_d + pos % r_d
+
+
+class DraftRing:
+    """KV storage of a drafter: (layers, 2, slots * R_d, dim), addressed by eq. 10."""
+
+    def __init__(self, num_layers: int, dim: int, num_slots: int, window: int, page: int,
+                 k_max: int, device, dtype):
+        self.window = window
+        self.r_d = ring_rows(window, page, k_max)
+        self.num_slots = num_slots
+        self.kv = torch.zeros(num_layers, 2, num_slots * self.r_d, dim, device=device,
+                              dtype=dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """slots (B,), positions (B, L) -> physical rows (B, L)."""
+        return ring_address(slots.long().unsqueeze(-1), positions.long(), self.r_d)
