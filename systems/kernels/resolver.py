@@ -84,17 +84,27 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
 
 Launch
 ======
-ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``).
-The first R programs to start (tickets from an atomic counter, so they are guaranteed to be
-resident before any helper can spin) are the per-request resolvers: classification + direct
-resolution, dedup by ``atomic_min`` of the flattened index on a per-request position scratch,
-the B-slot scan, a 16-way radix select of the victim threshold over the slot keys, a prefix
-sum that assigns victims in slot order, location generation, and their share of the row copy.
-The other ``R * (S - 1)`` programs wait on the request's flag (release/acquire on a per-call
+ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``; default 1 for
+plain decode, ``clamp(ceil(64 / R), 1, 8)`` for verification, see ``default_copy_programs``).
+The first R programs to start (tickets from an atomic counter, so every request's resolver is
+resident before any helper can spin) are the per-request resolvers, each doing in order:
+(A) tail / direct-map resolution and dedup marks (``atomic_min`` of the flattened index on a
+per-request position scratch), (B) the B-slot scan (hits, lru := stamp, victim keys),
+(C) first-occurrence ranks of the distinct misses (prefix sum), (V) a 16-way radix select of
+the victim threshold over the slot keys plus a prefix sum assigning victims in slot order,
+(D) locations in selection order, then the scratch reset and their share of the row copy.
+Phases are separated by CTA barriers. The other ``R * (S - 1)`` programs wait on the request's
+flag (thread-0 release after a barrier / thread-0 acquire before a barrier, on a per-launch
 epoch) and copy their interleaved share of that request's miss rows, so the copy grid scales
-with the batch (paper: 4 to 32 thread blocks). With ``S == 1`` no ticket, flag or spin
-exists at all. The scratch is self-cleaning (entries touched by a call are reset to the
-sentinel at its end), so it is never memset after creation.
+with the batch (paper: 4 to 32 thread blocks). With ``S == 1`` no ticket, flag or spin exists.
+The scratch is self-cleaning (entries a call touched are reset to the sentinel at its end), so
+it is never memset after creation. Compiled for sm_90a with 8 warps: 128 registers, no spills
+(``aot_compile`` compiles it without a GPU; the CPU tests do so).
+
+Cost model: the scan is O(B) per request and runs only for requests with a pending
+selection; victim selection adds ``1 + ceil(bits(stamp range) / 4)`` read passes over the B
+keys, only when a request has misses; the copy is ``copies * row_bytes`` over PCIe with
+16-byte loads (``ld.global.v2.b64`` for 656-byte rows).
 
 CUDA-graph safety: the wrapper performs no host sync and no data-dependent shape work. Not
 graph-safe: (a) the first call with a new largest shape (grows the workspace: warm up with
@@ -102,7 +112,8 @@ the largest batch / positions / B / Q*k before capture, or pass a preallocated
 ``ResolverWorkspace``); (b) a Python-int ``stamp`` is baked into a captured graph -- pass a
 device tensor and advance it on the device; (c) the pinned-memory check is skipped while
 capturing. Concurrent calls on different streams must use different workspaces (the default
-workspace cache is keyed by device and current stream).
+workspace cache is keyed by device and current stream, so capture and replay on one stream
+share one workspace).
 
 Pinned host memory in Triton 3.6: the pinned CPU tensor itself is passed as the pointer
 argument. Triton's CUDA launcher calls ``cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_POINTER)``
@@ -118,9 +129,7 @@ R = 160 at 50K positions, 320 MB at 500K).
 
 from __future__ import annotations
 
-import math
-import os
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -736,8 +745,13 @@ def _word_view(row_bytes: int, kv_pool: torch.Tensor, host_pool: torch.Tensor):
     raise AssertionError("unreachable")
 
 
-def default_copy_programs(R: int) -> int:
-    """Copy programs per request: about 64 copy programs per call, 1..8 per request."""
+def default_copy_programs(R: int, Q: int = 2) -> int:
+    """Copy programs per request. Plain decode (Q == 1) moves few rows per request (the paper's
+    77 misses): one program per request, no helpers, no spinning. Verification (Q > 1) can
+    move up to Q*k rows per request: about 64 copy programs per call, 1..8 per request (the
+    paper's copy grid scales with the batch, 4 to 32 thread blocks)."""
+    if Q <= 1:
+        return 1
     return max(1, min(8, -(-64 // max(1, R))))
 
 
@@ -755,7 +769,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                     host_page_table, kv_pool, host_pool, page_size, direct_page_table,
                     staging_loc_base)
     dev = kv_pool.device
-    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    interpret = not isinstance(_resolver_kernel, triton.runtime.jit.JITFunction)
     if dev.type == "cuda":
         capturing = torch.cuda.is_current_stream_capturing()
         if check and host_pool.device.type == "cpu" and not capturing and not host_pool.is_pinned():
@@ -773,10 +787,6 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     row_bytes = kv_pool.shape[1]
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
 
-    ws = workspace if workspace is not None else _default_workspace(dev)
-    ws.ensure(R, W, B, QK)
-
-    sel = selections if selections.is_contiguous() else selections.contiguous()
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
         counters = (torch.zeros if accumulate_counters else torch.empty)((R, 4), dtype=torch.int64, device=dev)
@@ -784,6 +794,13 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     else:
         locations, counters, overflow = out
         assert locations.is_contiguous() and counters.is_contiguous() and overflow.is_contiguous()
+    if R == 0:
+        return ResolveResult(locations, counters, overflow)
+
+    ws = workspace if workspace is not None else _default_workspace(dev)
+    ws.ensure(R, W, B, QK)
+
+    sel = selections if selections.is_contiguous() else selections.contiguous()
 
     for t, n in ((tail_loc, "tail_loc"), (host_page_table, "host_page_table"), (hot_pos, "hot_pos"),
                  (hot_lru, "hot_lru")):
@@ -806,7 +823,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         stamp_arg, stamp_is_ptr = int(stamp), False
         assert 0 <= stamp_arg < _MAX_STAMP, "stamp out of range"
 
-    S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R)
+    S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q)
     S = max(1, S)
     dpt = direct_page_table if direct_page_table is not None else host_page_table
     stg = staging_loc_base if staging_loc_base is not None else hot_loc_base

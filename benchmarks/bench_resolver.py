@@ -1,0 +1,710 @@
+"""Resolver microbenchmarks of the paper's Figure 8, timed apart from the model.
+
+    python benchmarks/bench_resolver.py [--quick] [--check] [--out results/fig8/summary.json]
+
+(a) GLM-like source, verification width Q = 8, batch 32, B = 4096, k = 2048, 656-byte rows:
+    resolver time against the unique host-miss payload of a call, for synthetic shared /
+    partial / disjoint selections across the 8 queries, with a cold or a retained cache.
+    Misses that do not fit the B-row cache go to a staging arena (``staging_loc_base``), so
+    every distinct missing row of the call is copied from pinned host memory once. Least-
+    squares line time = a + payload / bandwidth -> host_path_gbps and fit_r2 (paper: 49.4 GB/s,
+    R^2 = 0.9992). Nine timings per point (paper: min-max error bars), L2 flushed and the
+    hot-cache state restored before each (both outside the timed region).
+(b) DeepSeek-like source, single query, k = 512, no host miss: time against B in
+    {2048, 4096, 8192} at batch 8 and 160, plus the direct path (all selected rows in ready
+    optional history, so the scan is skipped). triton.testing.do_bench, 10/50/90 percentiles.
+(c) Same at B = 4096 with 77 host misses per request (state restored before every timing;
+    CUDA events around the call only, as do_bench does, 10/50/90 percentiles).
+
+Pinned host memory reaches the kernel as the pinned CPU tensor itself: Triton 3.6's launcher
+translates its data_ptr() with cuPointerGetAttribute(DEVICE_POINTER), which is valid for
+page-locked memory under UVA (see systems/kernels/resolver.py).
+
+--check verifies the Triton kernel against the PyTorch reference ON THE GPU first (small
+random cases with duplicates/tail/padding, helper copy programs, fig-8a/8b/8c-shaped cases,
+and a CUDA-graph capture + replay with a device stamp) and exits 1 on any mismatch before
+timing anything. --quick shrinks batch/context for a smoke run. --cpu-dry-run runs the whole
+script on CPU through the Triton interpreter at toy sizes (tests the script, times nothing
+meaningful; writes to /tmp unless --out is given).
+
+Synthetic-state notes: host page tables alias host rows only when R x context x row_bytes
+would exceed --host-gib (copies are real row reads either way); selections are uniform
+random positions. Output: results/fig8/summary.json (keys host_path_gbps, fit_r2,
+nomiss_b4096_batch8_us, nomiss_b4096_batch160_us, miss77_b4096_batch8_us,
+miss77_b4096_batch160_us, raw points, GPU name, versions, paper values beside ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PAPER = {
+    "host_path_gbps": 49.4,
+    "fit_r2": 0.9992,
+    "nomiss_b4096_batch8_us": 18.7,
+    "nomiss_b4096_batch160_us": 36.9,
+    "miss77_b4096_batch8_us": 29.3,
+    "miss77_b4096_batch160_us": 243.3,
+    "scan_growth_2048_to_8192": {"batch8": 1.9, "batch160": 2.2},
+    "direct_vs_scan_b4096_batch8": 2.5,
+    "note": "Fig. 8 / sec. 4.3.3, measured by the paper on B300 nodes",
+}
+
+SIZES = {
+    "full": dict(a=dict(R=32, Q=8, K=2048, B=4096, ctx=65536, reps=9, extra_patterns=True),
+                 bc=dict(batches=(8, 160), Bs=(2048, 4096, 8192), B_c=4096, k=512, misses=77,
+                         ctx=500_000, reps_c=100)),
+    "quick": dict(a=dict(R=8, Q=8, K=2048, B=4096, ctx=32768, reps=9, extra_patterns=False),
+                  bc=dict(batches=(8, 160), Bs=(2048, 4096, 8192), B_c=4096, k=512, misses=77,
+                          ctx=131072, reps_c=30)),
+    "dry": dict(a=dict(R=2, Q=8, K=16, B=32, ctx=1024, reps=2, extra_patterns=False),
+                bc=dict(batches=(2, 3), Bs=(32, 64, 128), B_c=64, k=16, misses=3, ctx=2048, reps_c=2)),
+}
+
+DEV = "cuda"  # "cpu" under --cpu-dry-run
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def sync(torch):
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------------------
+# synthetic KV source
+# ----------------------------------------------------------------------------------------
+
+
+def alloc_host_pool(torch, rows, row_bytes, g=None):
+    """Host store filled with random bytes (pinned on GPU runs; bytes generated on the
+    device and copied down in chunks)."""
+    pool = torch.empty((rows, row_bytes), dtype=torch.uint8, pin_memory=(DEV == "cuda"))
+    flat = pool.view(-1)
+    chunk = 1 << 28
+    for s0 in range(0, flat.numel(), chunk):
+        n = min(chunk, flat.numel() - s0)
+        flat[s0:s0 + n].copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, device=DEV, generator=g))
+    sync(torch)
+    return pool
+
+
+class Source:
+    """One KV source for R requests: host store, device pool (direct pages, tail, hot cache,
+    staging), page tables and a hot cache. History positions are [0, ctx); the tail holds
+    positions [ctx, ctx + tail)."""
+
+    def __init__(self, torch, *, R, B, QK, row_bytes, page_size, ctx, tail=64, staging=False,
+                 direct_ready=False, host_gib=2.0, seed=0, host_pool=None):
+        self.t = torch
+        dev = torch.device(DEV)
+        g = torch.Generator(device=dev).manual_seed(seed)
+        self.R, self.B, self.QK, self.rb, self.ps, self.ctx, self.T = R, B, QK, row_bytes, page_size, ctx, tail
+        ps = page_size
+        P = (ctx + tail + ps - 1) // ps
+        self.P = P
+        if host_pool is None:
+            max_pages = max(1, int(host_gib * 2**30) // (ps * row_bytes))
+            host_pool = alloc_host_pool(torch, min(R * P, max_pages) * ps, row_bytes, g)
+        assert host_pool.shape[1] == row_bytes
+        self.host_pool = host_pool
+        H_pages = host_pool.shape[0] // ps
+        if R * P <= H_pages:  # distinct host page per (request, page)
+            hpt = torch.randperm(H_pages, device=dev, generator=g)[: R * P]
+        else:  # aliased
+            hpt = torch.randint(0, H_pages, (R * P,), device=dev, generator=g)
+        self.host_page_table = hpt.to(torch.int32).reshape(R, P)
+        # device pool layout: [direct pages][tail][hot][staging]
+        n_direct_pages = min(R * P, 4096) if direct_ready else 0
+        tail_base = n_direct_pages * ps
+        hot_base = tail_base + R * tail
+        stg_base = hot_base + R * B
+        N = stg_base + (R * QK if staging else 0)
+        self.kv_pool = torch.zeros((N, row_bytes), dtype=torch.uint8, device=dev)
+        self.tail_start = torch.full((R,), ctx, dtype=torch.int32, device=dev)
+        self.tail_loc = (tail_base + torch.arange(R * tail, device=dev, dtype=torch.int32)).reshape(R, tail)
+        self.hot_loc_base = (hot_base + B * torch.arange(R, device=dev, dtype=torch.int32)).to(torch.int32)
+        self.staging_loc_base = ((stg_base + QK * torch.arange(R, device=dev, dtype=torch.int32)).to(torch.int32)
+                                 if staging else None)
+        if direct_ready:  # every page ready; page ids alias a small region (never read here)
+            j = torch.arange(R * P, device=dev)
+            self.direct_page_table = (j % n_direct_pages).to(torch.int32).reshape(R, P)
+        else:
+            self.direct_page_table = None
+        self.hot_pos = torch.full((R, B), -1, dtype=torch.int32, device=dev)
+        self.hot_lru = torch.zeros((R, B), dtype=torch.int64, device=dev)
+        self.g = g
+        self.dev = dev
+
+    def perms(self, n):
+        """Per request, n distinct random history positions (int64 [R, n])."""
+        t = self.t
+        return t.stack([t.randperm(self.ctx, device=self.dev, generator=self.g)[:n] for _ in range(self.R)])
+
+    def fill_hot(self, positions, lru_max=1000, write_rows=False):
+        """Full-or-partial cache: positions (int64 [R, n], n <= B, distinct per row) in random
+        slots, the rest empty; random stamps in [0, lru_max). write_rows also puts each cached
+        row's bytes into its slot (needed by --check's byte comparison, not for timing)."""
+        t = self.t
+        R, B = self.R, self.B
+        n = positions.shape[1]
+        assert n <= B
+        self.hot_pos.fill_(-1)
+        slots = t.stack([t.randperm(B, device=self.dev, generator=self.g)[:n] for _ in range(R)])
+        self.hot_pos.scatter_(1, slots, positions.to(t.int32))
+        self.hot_lru.copy_(t.randint(0, lru_max, (R, B), device=self.dev, generator=self.g))
+        if write_rows:
+            pos = positions.long()
+            r_idx = t.arange(R, device=self.dev)[:, None].expand(R, n)
+            hrow = self.host_page_table.long()[r_idx, pos // self.ps] * self.ps + pos % self.ps
+            dst = (self.hot_loc_base.long()[:, None] + slots).reshape(-1)
+            self.kv_pool[dst] = self.host_pool[hrow.reshape(-1).cpu()].to(self.dev)
+
+    def args(self, selections):
+        return (selections, self.tail_start, self.tail_loc, self.hot_pos, self.hot_lru, self.hot_loc_base,
+                self.host_page_table, self.kv_pool, self.host_pool)
+
+    def kwargs(self):
+        return dict(page_size=self.ps, direct_page_table=self.direct_page_table,
+                    staging_loc_base=self.staging_loc_base)
+
+
+def make_ds_source(torch, *, R, B, ctx, k, misses, host_gib, seed, direct=False, host_pool=None,
+                   write_rows=False):
+    """DeepSeek-like single-query source: k selected rows per request, all hot-cache hits
+    except `misses` of them; the cache is full (B rows) with random stamps."""
+    assert B >= k
+    src = Source(torch, R=R, B=B, QK=k, row_bytes=656, page_size=64, ctx=ctx, staging=False,
+                 direct_ready=direct, host_gib=host_gib, seed=seed, host_pool=host_pool)
+    pool = src.perms(B + misses)
+    sel = pool[:, :k]
+    # cached: the k - misses selected rows that hit + other history rows; misses not cached
+    cached = torch.cat([pool[:, :k - misses], pool[:, k:k + (B - (k - misses))]], 1)
+    src.fill_hot(cached, write_rows=write_rows)
+    src.sel = sel.reshape(R, 1, k).to(torch.int32).contiguous()
+    return src
+
+
+# ----------------------------------------------------------------------------------------
+# timing
+# ----------------------------------------------------------------------------------------
+
+
+class _WallEvent:  # CPU stand-in for torch.cuda.Event under --cpu-dry-run
+    def __init__(self, **_):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def _event(torch):
+    return torch.cuda.Event(enable_timing=True) if DEV == "cuda" else _WallEvent()
+
+
+def time_stateful(torch, fn, restore, reps, warmup=2, flush_bytes=256 << 20, guard_cycles=400_000):
+    """CUDA-event timing of fn() only (ms per call); before each timing the state is restored
+    and L2 is flushed with a 256 MB memset, both outside the timed region, followed by a
+    ~0.2 ms GPU spin (torch.cuda._sleep) so that the host has queued the timed launch before
+    the GPU reaches the start event (host launch overhead never enters the timing)."""
+    cache = torch.empty(flush_bytes if DEV == "cuda" else 1024, dtype=torch.int8, device=DEV)
+    for _ in range(warmup):
+        restore()
+        fn()
+    sync(torch)
+    starts = [_event(torch) for _ in range(reps)]
+    ends = [_event(torch) for _ in range(reps)]
+    for i in range(reps):
+        restore()
+        cache.zero_()
+        if DEV == "cuda" and guard_cycles:
+            torch.cuda._sleep(guard_cycles)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    sync(torch)
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def bench_stateless(torch, fn):
+    """(p10, p50, p90) in ms: triton.testing.do_bench on GPU."""
+    if DEV == "cuda":
+        from triton.testing import do_bench
+
+        return tuple(do_bench(fn, warmup=25, rep=200, quantiles=[0.1, 0.5, 0.9]))
+    ms = time_stateful(torch, fn, lambda: None, 3, warmup=1)
+    return pct(ms, 0.1), pct(ms, 0.5), pct(ms, 0.9)
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    f = math.floor(k)
+    c = min(f + 1, len(xs) - 1)
+    return xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def linfit(xs, ys):
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    slope = sxy / sxx if sxx > 0 else float("nan")
+    icpt = my - slope * mx
+    ss_res = sum((y - (icpt + slope * x)) ** 2 for x, y in zip(xs, ys))
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    r2 = 1 - ss_res / ss_tot if ss_tot > 0 else float("nan")
+    return slope, icpt, r2
+
+
+# ----------------------------------------------------------------------------------------
+# correctness on the GPU (--check)
+# ----------------------------------------------------------------------------------------
+
+
+def _compare(torch, rv, name, src, sel, stamp, copy_programs=None):
+    """Run reference and kernel on clones of src's state; return a list of mismatches."""
+    def clone_state():
+        return dict(hot_pos=src.hot_pos.clone(), hot_lru=src.hot_lru.clone(), kv=src.kv_pool.clone())
+
+    a, b = clone_state(), clone_state()
+    kw = src.kwargs()
+
+    def common(st):
+        return (sel, src.tail_start, src.tail_loc, st["hot_pos"], st["hot_lru"], src.hot_loc_base,
+                src.host_page_table, st["kv"], src.host_pool)
+
+    ref = rv.resolve(*common(a), stamp, impl="reference", **kw)
+    tri = rv.resolve(*common(b), stamp, impl="triton", copy_programs_per_request=copy_programs, **kw)
+    sync(torch)
+    bad = []
+    for what, x, y in (("locations", ref.locations, tri.locations), ("counters", ref.counters, tri.counters),
+                       ("overflow", ref.overflow, tri.overflow), ("hot_pos", a["hot_pos"], b["hot_pos"]),
+                       ("hot_lru", a["hot_lru"], b["hot_lru"]), ("kv_pool", a["kv"], b["kv"])):
+        if not torch.equal(x.cpu(), y.cpu()):
+            bad.append(f"{name}: {what} differs")
+    # bytes at the returned locations of history rows == their host rows
+    loc = tri.locations.reshape(src.R, -1).long()
+    s = sel.reshape(src.R, -1).long()
+    hist = (s >= 0) & (s < src.ctx) & (loc >= 0)
+    if src.direct_page_table is not None:
+        pg = src.direct_page_table.long().gather(1, s.clamp(min=0) // src.ps)
+        hist &= pg < 0  # direct rows live in a synthetic region whose bytes are not the row
+    r_idx = torch.arange(src.R, device=loc.device)[:, None].expand_as(s)[hist]
+    p = s[hist]
+    hrow = src.host_page_table.long()[r_idx, p // src.ps] * src.ps + p % src.ps
+    want = src.host_pool[hrow.cpu()].to(loc.device)
+    got = b["kv"][loc[hist]]
+    if not torch.equal(want, got):
+        bad.append(f"{name}: bytes at returned locations are not the selected rows")
+    c = tri.counters.sum(0).tolist()
+    log(f"  check {name}: direct={c[0]} hit={c[1]} host_sel={c[2]} copies={c[3]} "
+        f"overflow={int(tri.overflow.sum())} -> {'OK' if not bad else 'MISMATCH'}")
+    return bad
+
+
+def run_check(torch, rv, sizes):
+    log("== --check: Triton kernel vs PyTorch reference on the " + DEV)
+    bad = []
+    dry = sizes is SIZES["dry"]
+    # 1. random cases: duplicates across queries, newest (tail) row, padding, helpers, staging
+    for seed, (R, Q, K, B, staging, S) in enumerate([
+        (5, 3, 41, 64, True, 1), (5, 3, 41, 64, False, 4), (3, 1, 9, 16, False, None), (4, 8, 37, 128, True, 3),
+    ]):
+        src = Source(torch, R=R, B=B, QK=Q * K, row_bytes=656, page_size=8, ctx=2000, tail=8,
+                     staging=staging, host_gib=0.05, seed=seed)
+        src.fill_hot(src.perms(B // 2), write_rows=True)
+        for step in range(3 if not dry else 1):
+            pool = src.perms(Q * K)
+            pick = torch.randint(0, Q * K, (Q * K,), device=DEV)
+            sel = pool[:, pick].reshape(R, Q, K).to(torch.int32).contiguous()
+            sel[:, :, 0] = src.ctx  # the newest (tail) row in every query
+            sel[0, 0, 1] = -1
+            bad += _compare(torch, rv, f"random{seed}.{step}", src, sel, 1000 + step, copy_programs=S)
+            rv.resolve(*src.args(sel), 1000 + step, impl="reference", **src.kwargs())  # advance state
+    a = sizes["a"]
+    # 2. fig-8a shaped: Q=8, k, B, disjoint selections, staging, cold then retained cache
+    R = min(4, a["R"])
+    src = Source(torch, R=R, B=a["B"], QK=a["Q"] * a["K"], row_bytes=656, page_size=64, ctx=a["ctx"],
+                 staging=True, host_gib=0.5, seed=11)
+    sel = src.perms(a["Q"] * a["K"]).reshape(R, a["Q"], a["K"]).to(torch.int32).contiguous()
+    bad += _compare(torch, rv, "fig8a-disjoint-cold", src, sel, 5, copy_programs=2)
+    src.fill_hot(sel.reshape(R, -1)[:, : a["B"] // 4].long(), write_rows=True)
+    bad += _compare(torch, rv, "fig8a-disjoint-retained", src, sel, 6)
+    # 3. fig-8c / 8b shaped: single query, misses per request, and the direct path
+    c = sizes["bc"]
+    src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
+                         misses=c["misses"], host_gib=0.5, seed=12, write_rows=True)
+    bad += _compare(torch, rv, "fig8c-misses", src, src.sel, 7)
+    src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
+                         misses=0, host_gib=0.5, seed=13, direct=True)
+    bad += _compare(torch, rv, "fig8b-direct", src, src.sel, 8)
+    # 4. CUDA graph capture / replay with a device stamp
+    if DEV == "cuda":
+        bad += check_graph(torch, rv)
+    log("CHECK FAILED:\n  " + "\n  ".join(bad) if bad else "== check passed")
+    return bad
+
+
+def check_graph(torch, rv):
+    bad = []
+    R, Q, K, B = 4, 2, 64, 128
+    src = Source(torch, R=R, B=B, QK=Q * K, row_bytes=656, page_size=16, ctx=4000, staging=True,
+                 host_gib=0.05, seed=21)
+    src.fill_hot(src.perms(B // 2), write_rows=True)
+    sel_static = torch.zeros((R, Q, K), dtype=torch.int32, device=DEV)
+    stamp = torch.tensor([100], dtype=torch.int64, device=DEV)
+    out = (torch.empty((R, Q, K), dtype=torch.int32, device=DEV),
+           torch.zeros((R, 4), dtype=torch.int64, device=DEV),
+           torch.empty((R,), dtype=torch.int32, device=DEV))
+    ref_state = dict(hot_pos=src.hot_pos.clone(), hot_lru=src.hot_lru.clone(), kv=src.kv_pool.clone())
+    saved = (src.hot_pos.clone(), src.hot_lru.clone(), src.kv_pool.clone())
+
+    def call():
+        rv.resolve(*src.args(sel_static), stamp, out=out, copy_programs_per_request=2, **src.kwargs())
+
+    def restore():
+        src.hot_pos.copy_(saved[0])
+        src.hot_lru.copy_(saved[1])
+        src.kv_pool.copy_(saved[2])
+
+    try:
+        # warm-up (compile + workspace growth) on the stream the capture will use
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            restore()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, stream=s):
+                call()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        restore()
+        for step in range(3):
+            sel = src.perms(Q * K).reshape(R, Q, K).to(torch.int32)
+            sel_static.copy_(sel)
+            stamp.fill_(100 + step)
+            graph.replay()
+            ref = rv.resolve(sel, src.tail_start, src.tail_loc, ref_state["hot_pos"], ref_state["hot_lru"],
+                             src.hot_loc_base, src.host_page_table, ref_state["kv"], src.host_pool, 100 + step,
+                             impl="reference", **src.kwargs())
+            torch.cuda.synchronize()
+            ok = (torch.equal(ref.locations, out[0]) and torch.equal(ref.counters, out[1])
+                  and torch.equal(ref.overflow, out[2]) and torch.equal(ref_state["hot_pos"], src.hot_pos)
+                  and torch.equal(ref_state["hot_lru"], src.hot_lru) and torch.equal(ref_state["kv"], src.kv_pool))
+            log(f"  check cuda-graph replay {step}: {'OK' if ok else 'MISMATCH'}")
+            if not ok:
+                bad.append(f"cuda-graph replay {step} differs from the reference")
+    except Exception as e:  # report, but do not hide the kernel checks above
+        bad.append(f"cuda-graph capture failed: {type(e).__name__}: {e}")
+        log(f"  check cuda-graph: FAILED ({type(e).__name__}: {e})")
+    return bad
+
+
+# ----------------------------------------------------------------------------------------
+# scenarios
+# ----------------------------------------------------------------------------------------
+
+
+def fig8a(torch, rv, args, sz):
+    R, Q, K, B, ctx, reps = sz["R"], sz["Q"], sz["K"], sz["B"], sz["ctx"], sz["reps"]
+    rb = args.row_bytes
+    log(f"== Fig. 8a: R={R} Q={Q} k={K} B={B} row_bytes={rb} ctx={ctx}")
+    src = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb, page_size=64, ctx=ctx, staging=True,
+                 host_gib=args.host_gib, seed=1)
+    points = []
+    patterns = [("shared", 1.0), ("partial", 0.5), ("disjoint", 0.0)]
+    if sz["extra_patterns"]:
+        patterns += [("partial75", 0.75), ("partial25", 0.25)]
+    for pname, overlap in patterns:
+        n_common = int(round(overlap * K))
+        n_own = K - n_common
+        need = n_common + Q * n_own
+        pool = src.perms(need)
+        common = pool[:, :n_common]
+        qs = [torch.cat([common, pool[:, n_common + q * n_own: n_common + (q + 1) * n_own]], 1) for q in range(Q)]
+        sel = torch.stack(qs, 1).to(torch.int32).contiguous()  # [R, Q, K]
+        for cache in ("cold", "retained"):
+            if cache == "cold":
+                src.hot_pos.fill_(-1)
+                src.hot_lru.zero_()
+            else:
+                # retained: a full cache holding half of query 0's selection + other history rows
+                keep = qs[0][:, : K // 2]
+                others = src.perms(min(src.ctx, need + B))
+                notsel = ~torch.isin(others, pool)
+                other_rows = torch.stack([others[r][notsel[r]][: B - keep.shape[1]] for r in range(R)])
+                src.fill_hot(torch.cat([keep, other_rows], 1))
+            saved = (src.hot_pos.clone(), src.hot_lru.clone())
+            stamp = [10_000]
+
+            def restore():
+                src.hot_pos.copy_(saved[0])
+                src.hot_lru.copy_(saved[1])
+
+            def fn():
+                stamp[0] += 1
+                return rv.resolve_triton(*src.args(sel), stamp[0], copy_programs_per_request=args.copy_programs,
+                                         check=False, **src.kwargs())
+
+            restore()
+            res = fn()
+            copies = int(res.counters[:, 3].sum())
+            hits = int(res.counters[:, 1].sum())
+            ms = time_stateful(torch, fn, restore, reps)
+            payload_mb = copies * rb / 1e6
+            pt = dict(pattern=pname, overlap=overlap, cache=cache, copies=copies, payload_mb=payload_mb,
+                      hits=hits, overflow_rows=int(res.overflow.sum()), ms_median=statistics.median(ms),
+                      ms_min=min(ms), ms_max=max(ms), ms_all=ms)
+            points.append(pt)
+            log(f"  {pname:9s} {cache:8s} payload {payload_mb:8.2f} MB  copies {copies:7d}  hits {hits:6d}  "
+                f"median {pt['ms_median']:.3f} ms  [{pt['ms_min']:.3f}, {pt['ms_max']:.3f}]")
+    slope, icpt, r2 = linfit([p["payload_mb"] for p in points], [p["ms_median"] for p in points])
+    gbps = 1.0 / slope if slope > 0 else float("nan")  # MB per ms == GB/s
+    log(f"  fit: {gbps:.1f} GB/s (R^2 = {r2:.4f}), intercept {icpt:.3f} ms   [paper 49.4 GB/s, R^2 0.9992]")
+    sweep = []
+    if args.sweep_copy_programs:
+        # copy-grid sweep on the largest point (disjoint, cold)
+        sel = src.perms(Q * K).reshape(R, Q, K).to(torch.int32).contiguous()
+        src.hot_pos.fill_(-1)
+        src.hot_lru.zero_()
+        saved = (src.hot_pos.clone(), src.hot_lru.clone())
+
+        def restore():
+            src.hot_pos.copy_(saved[0])
+            src.hot_lru.copy_(saved[1])
+
+        for S in (1, 2, 4, 8):
+            def fn(S=S):
+                return rv.resolve_triton(*src.args(sel), 20_000, copy_programs_per_request=S, check=False,
+                                         **src.kwargs())
+
+            med = statistics.median(time_stateful(torch, fn, restore, 5))
+            mb = R * Q * K * rb / 1e6
+            sweep.append(dict(copy_programs_per_request=S, grid=R * S, ms_median=med, gbps=mb / med))
+            log(f"  copy-grid sweep: S={S} grid={R * S}: {med:.3f} ms = {mb / med:.1f} GB/s")
+    del src
+    return dict(points=points, host_path_gbps=gbps, fit_r2=r2, fit_intercept_ms=icpt,
+                config=dict(R=R, Q=Q, k=K, B=B, row_bytes=rb, ctx=ctx, reps=reps, page_size=64,
+                            copy_programs_per_request=args.copy_programs or rv.default_copy_programs(R, Q)),
+                copy_programs_sweep=sweep)
+
+
+def fig8bc(torch, rv, args, sz):
+    ctx, k, misses, B_c = sz["ctx"], sz["k"], sz["misses"], sz["B_c"]
+    log(f"== Fig. 8b/8c: single query, k={k}, ctx={ctx}, batches {sz['batches']}, B {sz['Bs']}")
+    P = (ctx + 64 + 63) // 64
+    host_pool = alloc_host_pool(torch, min(max(sz["batches"]) * P * 64, int(args.host_gib * 2**30) // 656), 656)
+    out_b, out_c = [], []
+
+    def timed_call(src, stamp):
+        return lambda: rv.resolve_triton(*src.args(src.sel), stamp, copy_programs_per_request=args.copy_programs,
+                                         check=False, **src.kwargs())
+
+    for R in sz["batches"]:
+        for B in sz["Bs"]:
+            src = make_ds_source(torch, R=R, B=B, ctx=ctx, k=k, misses=0, host_gib=args.host_gib,
+                                 seed=100 + B + R, host_pool=host_pool)
+            fn = timed_call(src, 5000)
+            res = fn()
+            assert int(res.counters[:, 3].sum()) == 0 and int(res.counters[:, 1].sum()) == R * k, res.counters
+            q10, q50, q90 = bench_stateless(torch, fn)
+            guarded = statistics.median(time_stateful(torch, fn, lambda: None, 30 if DEV == "cuda" else 2))
+            out_b.append(dict(batch=R, B=B, path="scan", us_p10=q10 * 1e3, us_median=q50 * 1e3, us_p90=q90 * 1e3,
+                              us_median_events_guarded=guarded * 1e3))
+            log(f"  (b) batch {R:3d} B {B:5d} no miss: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]")
+            if B == B_c:
+                out_c.append(dict(batch=R, B=B, misses_per_request=0, us_p10=q10 * 1e3, us_median=q50 * 1e3,
+                                  us_p90=q90 * 1e3))
+            del src
+        # direct path: every selected row in ready optional history -> scan skipped
+        src = make_ds_source(torch, R=R, B=B_c, ctx=ctx, k=k, misses=0, host_gib=args.host_gib, seed=7 + R,
+                             direct=True, host_pool=host_pool)
+        fn = timed_call(src, 5000)
+        res = fn()
+        assert int(res.counters[:, 0].sum()) == R * k, res.counters
+        q10, q50, q90 = bench_stateless(torch, fn)
+        guarded = statistics.median(time_stateful(torch, fn, lambda: None, 30 if DEV == "cuda" else 2))
+        out_b.append(dict(batch=R, B=B_c, path="direct", us_p10=q10 * 1e3, us_median=q50 * 1e3, us_p90=q90 * 1e3,
+                          us_median_events_guarded=guarded * 1e3))
+        log(f"  (b) batch {R:3d} B {B_c:5d} direct path: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]")
+        del src
+        # (c): `misses` host misses per request at B_c (state restored before each timing)
+        src = make_ds_source(torch, R=R, B=B_c, ctx=ctx, k=k, misses=misses, host_gib=args.host_gib,
+                             seed=200 + R, host_pool=host_pool)
+        saved = (src.hot_pos.clone(), src.hot_lru.clone())
+        stamp = [5000]
+
+        def restore():
+            src.hot_pos.copy_(saved[0])
+            src.hot_lru.copy_(saved[1])
+
+        def fn():
+            stamp[0] += 1
+            return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
+                                     check=False, **src.kwargs())
+
+        restore()
+        res = fn()
+        assert int(res.counters[:, 3].sum()) == R * misses, res.counters
+        ms = time_stateful(torch, fn, restore, sz["reps_c"], warmup=5)
+        out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, us_p10=pct(ms, 0.1) * 1e3,
+                          us_median=statistics.median(ms) * 1e3, us_p90=pct(ms, 0.9) * 1e3))
+        log(f"  (c) batch {R:3d} B {B_c:5d} {misses} misses: {statistics.median(ms) * 1e3:8.1f} us  "
+            f"[{pct(ms, 0.1) * 1e3:.1f}, {pct(ms, 0.9) * 1e3:.1f}]")
+        del src
+    return out_b, out_c
+
+
+def main() -> None:
+    global DEV
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller batch (a) and context (b, c): smoke run")
+    ap.add_argument("--check", action="store_true", help="verify kernel vs reference on the GPU before timing")
+    ap.add_argument("--check-only", action="store_true", help="run the --check part and exit")
+    ap.add_argument("--out", default=None, help="summary path (default results/fig8/summary.json)")
+    ap.add_argument("--row-bytes", type=int, default=656, help="row size for (a)")
+    ap.add_argument("--host-gib", type=float, default=2.0, help="cap on the pinned host store (GiB)")
+    ap.add_argument("--copy-programs", type=int, default=None,
+                    help="copy programs per request (default: the resolver's choice)")
+    ap.add_argument("--sweep-copy-programs", action="store_true", help="also sweep the copy grid on (a)")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: a,bc")
+    ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the script on CPU (interpreter)")
+    args = ap.parse_args()
+
+    if args.cpu_dry_run:
+        DEV = "cpu"
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    import torch
+
+    if not args.cpu_dry_run:
+        if not torch.cuda.is_available():
+            sys.exit("bench_resolver: no CUDA device here. This benchmark times the fused resolver on a GPU "
+                     "(pinned host memory read through UVA); run it on the GPU machine. CPU correctness: "
+                     "pytest tests/kernels/test_resolver.py (or --cpu-dry-run to exercise this script).")
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            sys.exit("bench_resolver: TRITON_INTERPRET is set; unset it to time the compiled kernel")
+    import triton
+
+    from systems.kernels import resolver as rv
+
+    sizes = SIZES["dry" if args.cpu_dry_run else "quick" if args.quick else "full"]
+    out = args.out or (str(Path("/tmp") / "fig8_dry_run.json") if args.cpu_dry_run
+                       else str(REPO / "results" / "fig8" / "summary.json"))
+    gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run, interpreter)"
+    log(f"device {gpu}; torch {torch.__version__}; triton {triton.__version__}; CUDA {torch.version.cuda}")
+    summary = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
+                   python=platform.python_version(), quick=bool(args.quick), dry_run=bool(args.cpu_dry_run),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=_commit(), sizes=sizes, paper=PAPER,
+                   method=dict(a="CUDA events around the resolver call only; state restore + 256 MB L2 flush "
+                                 "before each of the nine timings; median, min, max",
+                               b="triton.testing.do_bench(warmup=25, rep=200), quantiles 0.1/0.5/0.9; "
+                                 "us_median_events_guarded = the (a) method (events + L2 flush + GPU spin) "
+                                 "as a cross-check that host launch overhead did not leak into do_bench",
+                               c="as (a) with 100 timings, quantiles 0.1/0.5/0.9"))
+
+    if args.check or args.check_only:
+        t0 = time.time()
+        bad = run_check(torch, rv, sizes)
+        summary["check"] = dict(passed=not bad, mismatches=bad, seconds=round(time.time() - t0, 1))
+        if bad or args.check_only:
+            _write(out, summary)
+            if bad:
+                sys.exit(1)
+            return
+
+    skip = set(x for x in args.skip.split(",") if x)
+    if "a" not in skip:
+        a = fig8a(torch, rv, args, sizes["a"])
+        summary["fig8a"] = a
+        summary["host_path_gbps"] = a["host_path_gbps"]
+        summary["fit_r2"] = a["fit_r2"]
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    if "bc" not in skip:
+        sz = sizes["bc"]
+        b, c = fig8bc(torch, rv, args, sz)
+        summary["fig8b_points"] = b
+        summary["fig8c_points"] = c
+        summary["fig8bc_config"] = dict(sz, row_bytes=656, page_size=64, selected_per_request=sz["k"],
+                                        copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
+                                            sz["batches"][0], 1))
+
+        def pick(rows, **kv):
+            for r in rows:
+                if all(r.get(k) == v for k, v in kv.items()):
+                    return r["us_median"]
+            return None
+
+        lo_b, hi_b = sz["batches"]
+        Bc = sz["B_c"]
+        summary["nomiss_b4096_batch8_us"] = pick(b, batch=lo_b, B=Bc, path="scan")
+        summary["nomiss_b4096_batch160_us"] = pick(b, batch=hi_b, B=Bc, path="scan")
+        summary["miss77_b4096_batch8_us"] = pick(c, batch=lo_b, misses_per_request=sz["misses"])
+        summary["miss77_b4096_batch160_us"] = pick(c, batch=hi_b, misses_per_request=sz["misses"])
+        summary["direct_b4096_batch8_us"] = pick(b, batch=lo_b, B=Bc, path="direct")
+        s_lo = {r["B"]: r["us_median"] for r in b if r["batch"] == lo_b and r["path"] == "scan"}
+        s_hi = {r["B"]: r["us_median"] for r in b if r["batch"] == hi_b and r["path"] == "scan"}
+        b_min, b_max = min(sz["Bs"]), max(sz["Bs"])
+        summary["scan_growth_2048_to_8192"] = dict(batch8=s_lo[b_max] / s_lo[b_min],
+                                                   batch160=s_hi[b_max] / s_hi[b_min])
+        summary["direct_vs_scan_b4096_batch8"] = (summary["nomiss_b4096_batch8_us"]
+                                                  / summary["direct_b4096_batch8_us"])
+    _write(out, summary)
+    log("== summary (ours vs paper)")
+    for k in ("host_path_gbps", "fit_r2", "nomiss_b4096_batch8_us", "nomiss_b4096_batch160_us",
+              "miss77_b4096_batch8_us", "miss77_b4096_batch160_us", "scan_growth_2048_to_8192",
+              "direct_vs_scan_b4096_batch8"):
+        if k in summary:
+            log(f"  {k:30s} {_fmt(summary[k]):>34s}   paper {_fmt(PAPER[k])}")
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
+    return str(v)
+
+
+def _commit():
+    c = os.environ.get("DHS_GIT_COMMIT")
+    if c:
+        return c
+    try:
+        import subprocess
+
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True).stdout.strip() or None
+    except Exception:
+        return None
+
+
+def _write(path, summary):
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(summary, indent=2, default=float))
+    log(f"wrote {p}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,870 @@
+"""Shared pieces of the figure scripts: loading results/, provenance, the paper-vs-ours report,
+and plotting helpers.
+
+Every figure script has the same shape::
+
+    def main(argv=None) -> Report:
+        args = parse_args("fig4", __doc__, argv)          # --results DIR --out DIR --dpi N
+        runs = load_runs(args.results, "fig4")            # tolerant: [] when nothing is there
+        rep = Report("fig4", "Fig. 4 - ...")
+        ... draw panels (not_measured_panel() where there is no data) ...
+        rep.compare(key, quantity, paper_value, our_value, unit=..., prov=provenance(runs))
+        return rep.finish(fig, args)                      # writes <out>/fig4.png and .md, prints
+
+Scripts read only files under the results directory; nothing here touches a GPU.
+
+Conventions of the results files (see docs/figures.md): shares are fractions in [0, 1]
+(``host_fetched_share``, ``dhs_ready_optional_coverage``), times follow their key suffix
+(``_ms``, ``_s``, ``_us``), per-GPU output is ``output_tok_s_per_gpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from figures.paper_values import PV, SYSTEM_LABELS  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_RESULTS = REPO / "results"
+DEFAULT_OUT = REPO / "figures" / "out"
+
+SYSTEM_ORDER = ("resident", "hisparse", "adaptive_hisparse", "resident_dflash2", "resident_dspark",
+                "adaptive_dhisparse")
+SPECULATIVE = {"resident_dflash2", "resident_dspark", "adaptive_dhisparse"}
+_PALETTE = sns.color_palette("colorblind", 8)
+SYSTEM_COLORS = {
+    "resident": _PALETTE[7],
+    "hisparse": _PALETTE[0],
+    "adaptive_hisparse": _PALETTE[2],
+    "resident_dflash2": _PALETTE[7],
+    "resident_dspark": _PALETTE[7],
+    "adaptive_dhisparse": _PALETTE[2],
+}
+NOT_MEASURED = "not yet measured"
+
+
+def canonical_system(name: str | None) -> str:
+    """Harness system name -> the paper's system key (drafter suffixes folded)."""
+    n = (name or "").lower()
+    if n.startswith("adaptive_dhisparse"):
+        return "adaptive_dhisparse"
+    if n.startswith("resident") and "dspark" in n:
+        return "resident_dspark"
+    if n.startswith("resident") and ("dflash" in n or "drafter" in n):
+        return "resident_dflash2"
+    return n
+
+
+def system_label(name: str) -> str:
+    return SYSTEM_LABELS.get(canonical_system(name), name)
+
+
+def system_color(name: str):
+    return SYSTEM_COLORS.get(canonical_system(name), _PALETTE[4])
+
+
+def system_sort_key(name: str) -> int:
+    c = canonical_system(name)
+    return SYSTEM_ORDER.index(c) if c in SYSTEM_ORDER else len(SYSTEM_ORDER)
+
+
+# =============================================================================================
+# loading
+# =============================================================================================
+def load_json(path: str | Path) -> dict | None:
+    """A JSON document, or None when the file is missing or unreadable (warned on stderr)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        print(f"[figures] warning: cannot read {p}: {e}", file=sys.stderr)
+        return None
+
+
+def _load_yaml(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        import yaml
+
+        return yaml.safe_load(path.read_text()) or {}
+    except Exception as e:  # noqa: BLE001 - tolerate anything a half-written file does
+        print(f"[figures] warning: cannot read {path}: {e}", file=sys.stderr)
+        return {}
+
+
+def find_key(d: Any, *names: str) -> Any:
+    """First value of any key in ``names`` found anywhere in a nested dict/list (depth-first)."""
+    if isinstance(d, Mapping):
+        for n in names:
+            if n in d and not isinstance(d[n], Mapping):
+                return d[n]
+        for v in d.values():
+            r = find_key(v, *names)
+            if r is not None:
+                return r
+    elif isinstance(d, list):
+        for v in d:
+            r = find_key(v, *names)
+            if r is not None:
+                return r
+    return None
+
+
+@lru_cache(maxsize=512)
+def _read_metrics(path: str, mtime_ns: int) -> pd.DataFrame | None:
+    """server_metrics.parquet sorted by ts; cached per file version (make_all reads the same runs
+    from several scripts). Callers must not modify the frame in place."""
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001
+        print(f"[figures] warning: cannot read {path}: {e}", file=sys.stderr)
+        return None
+    if "ts" in df.columns:
+        df = df.sort_values("ts").reset_index(drop=True)
+    return df
+
+
+@dataclass
+class Run:
+    """One finished run: ``results/<experiment>/<run-id>/`` with a summary.json."""
+
+    path: Path
+    summary: dict
+
+    @property
+    def raw_system(self) -> str:
+        return str(self.summary.get("system") or self.config.get("system", {}).get("name", "?"))
+
+    @property
+    def system(self) -> str:
+        return canonical_system(self.raw_system)
+
+    @property
+    def model(self) -> str:
+        m = self.summary.get("model")
+        if not m:
+            m = (self.config.get("model") or {}).get("name", "")
+        return str(m or "")
+
+    @property
+    def point(self) -> dict:
+        p = self.summary.get("point")
+        return p if isinstance(p, dict) else {}
+
+    @property
+    def concurrency(self) -> int | None:
+        c = self.point.get("concurrency")
+        if c is None:
+            c = self.summary.get("concurrency")
+        try:
+            return None if c is None else int(c)
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def tag(self) -> str:
+        return str(self.point.get("tag", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.summary.get(key, default)
+        return default if v is None else v
+
+    def num(self, key: str) -> float | None:
+        return as_float(self.summary.get(key))
+
+    @cached_property
+    def config(self) -> dict:
+        return _load_yaml(self.path / "config.yaml")
+
+    @cached_property
+    def records(self) -> list[dict]:
+        p = self.path / "records.jsonl"
+        out: list[dict] = []
+        if not p.is_file():
+            return out
+        for line in p.read_text().splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line of an interrupted run
+        return out
+
+    @cached_property
+    def metrics(self) -> pd.DataFrame | None:
+        p = self.path / "server_metrics.parquet"
+        if not p.is_file():
+            return None
+        return _read_metrics(str(p), p.stat().st_mtime_ns)
+
+    @cached_property
+    def profile(self) -> dict | None:
+        return load_json(self.path / "profile.json")
+
+    def cfg(self, *names: str) -> Any:
+        """A value from summary.point, summary or config.yaml (first found)."""
+        for src in (self.point, self.summary):
+            for n in names:
+                if src.get(n) is not None:
+                    return src[n]
+        return find_key(self.config, *names)
+
+
+def as_float(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def load_runs(results: str | Path, experiment: str) -> list[Run]:
+    """Finished runs of an experiment (directories with a readable summary.json)."""
+    d = Path(results) / experiment
+    if not d.is_dir():
+        return []
+    runs = []
+    for sub in sorted(p for p in d.iterdir() if p.is_dir()):
+        s = load_json(sub / "summary.json")
+        if isinstance(s, dict):
+            runs.append(Run(sub, s))
+    return runs
+
+
+def by_system(runs: Iterable[Run]) -> dict[str, list[Run]]:
+    out: dict[str, list[Run]] = {}
+    for r in runs:
+        out.setdefault(r.system, []).append(r)
+    for v in out.values():
+        v.sort(key=lambda r: (r.concurrency or 0))
+    return dict(sorted(out.items(), key=lambda kv: system_sort_key(kv[0])))
+
+
+def pick(runs: Iterable[Run], system: str | None = None, concurrency: int | None = None,
+         **point) -> Run | None:
+    """The last run matching system / concurrency / point keys (None if there is none)."""
+    found = None
+    for r in runs:
+        if system is not None and r.system != canonical_system(system):
+            continue
+        if concurrency is not None and r.concurrency != concurrency:
+            continue
+        if any(str(r.cfg(k)) != str(v) for k, v in point.items()):
+            continue
+        found = r
+    return found
+
+
+def summary_value(runs: Sequence[Run], system: str, concurrency: int, key: str,
+                  scale: float = 1.0) -> float | None:
+    r = pick(runs, system, concurrency)
+    v = None if r is None else r.num(key)
+    return None if v is None else v * scale
+
+
+class Tracker:
+    """Looks values up in runs and remembers which runs were used, so that each compared number
+    carries the provenance of exactly the runs it came from (``take()`` after each value)."""
+
+    def __init__(self, runs: Sequence[Run]):
+        self.runs = list(runs)
+        self._used: list[Run] = []
+
+    def run(self, system: str, concurrency: int | None) -> Run | None:
+        r = pick(self.runs, system, concurrency)
+        if r is not None:
+            self._used.append(r)
+        return r
+
+    def val(self, system: str, concurrency: int | None, key: str, scale: float = 1.0) -> float | None:
+        r = self.run(system, concurrency)
+        v = None if r is None else r.num(key)
+        return None if v is None else v * scale
+
+    def use(self, runs: Iterable[Run]) -> None:
+        self._used.extend(runs)
+
+    def take(self) -> str:
+        used, self._used = self._used, []
+        return provenance(used) if used else ""
+
+
+def curve(runs: Sequence[Run], system: str, key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in by_system(runs).get(canonical_system(system), []):
+        v = r.num(key)
+        if r.concurrency is not None and v is not None:
+            xs.append(r.concurrency)
+            ys.append(v)
+    return xs, ys
+
+
+# ---------------------------------------------------------------------------------------------
+# server metrics helpers
+# ---------------------------------------------------------------------------------------------
+def metric_col(df: pd.DataFrame | None, *names: str) -> str | None:
+    if df is None:
+        return None
+    for n in names:
+        if n in df.columns:
+            return n
+    return None
+
+
+def counter_share(df: pd.DataFrame | None, num: str = "dhs_selected_rows_from_host_total",
+                  den: str = "dhs_selected_rows_total", t0: float | None = None,
+                  t1: float | None = None) -> float | None:
+    """Share of a counter over another between two times (whole run by default)."""
+    if df is None or num not in df.columns or den not in df.columns or "ts" not in df.columns:
+        return None
+    sel = df
+    if t0 is not None:
+        sel = sel[sel["ts"] >= t0]
+    if t1 is not None:
+        sel = sel[sel["ts"] <= t1]
+    sel = sel[[num, den]].dropna()
+    if len(sel) < 2:
+        return None
+    dn = float(sel[den].iloc[-1] - sel[den].iloc[0])
+    if dn <= 0:
+        return None
+    return float(sel[num].iloc[-1] - sel[num].iloc[0]) / dn
+
+
+def binned(df: pd.DataFrame, col: str, bin_s: float = 5.0, t0: float | None = None) -> pd.DataFrame:
+    """Mean of a gauge in bins of ``bin_s`` seconds: columns t_s, value."""
+    t0 = float(df["ts"].iloc[0]) if t0 is None else t0
+    d = pd.DataFrame({"t_s": ((df["ts"] - t0) // bin_s) * bin_s, "value": df[col]})
+    return d.groupby("t_s", as_index=False)["value"].mean()
+
+
+def binned_share(df: pd.DataFrame, num: str, den: str, bin_s: float = 5.0,
+                 t0: float | None = None) -> pd.DataFrame:
+    """Share of counter increments per bin: columns t_s, value (fraction)."""
+    t0 = float(df["ts"].iloc[0]) if t0 is None else t0
+    d = df[["ts", num, den]].dropna().copy()
+    d["b"] = ((d["ts"] - t0) // bin_s) * bin_s
+    g = d.groupby("b").agg(n=(num, "last"), d=(den, "last")).diff().dropna()
+    g = g[g["d"] > 0]
+    return pd.DataFrame({"t_s": g.index.values, "value": (g["n"] / g["d"]).values})
+
+
+# ---------------------------------------------------------------------------------------------
+# records helpers (post-wave splits)
+# ---------------------------------------------------------------------------------------------
+def _ttft_s(rec: Mapping) -> float | None:
+    for t, n in rec.get("chunks") or []:
+        if n and n > 0:
+            return float(t) - float(rec.get("send_mono", 0.0))
+    return None
+
+
+def timing_split(run: Run, post_wave: bool) -> dict[str, float | None]:
+    """Mean alloc wait / handoff / other / TTFT (s) over a run's successful requests;
+    ``post_wave`` excludes the first C submitted (index < C)."""
+    c = run.concurrency or 0
+    aw, ho, ot, tt = [], [], [], []
+    for rec in run.records:
+        if not rec.get("success"):
+            continue
+        if post_wave and int(rec.get("index", 0)) < c:
+            continue
+        t = _ttft_s(rec)
+        tim = rec.get("timing") or {}
+        a, h = as_float(tim.get("alloc_wait_s")), as_float(tim.get("handoff_s"))
+        if t is not None:
+            tt.append(t)
+        if a is not None:
+            aw.append(a)
+        if h is not None:
+            ho.append(h)
+        if None not in (t, a, h):
+            ot.append(t - a - h)
+    m = lambda xs: float(np.mean(xs)) if xs else None  # noqa: E731
+    return {"alloc_wait_s": m(aw), "handoff_s": m(ho), "other_s": m(ot), "ttft_s": m(tt)}
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel profiles (Fig. 9 resolver work, Fig. 10, Fig. 11)
+# ---------------------------------------------------------------------------------------------
+# profiling/kernel_timeline.py family names -> the paper's categories
+KERNEL_FAMILY_TO_FIG10 = {
+    "expert_mlp_matmul": "expert matrix products", "dense_projection": "dense projections",
+    "indexing_attention": "indexing and attention", "other_model": "other model kernels",
+    "several_families": "several families at once", "no_kernel": "no kernel running",
+}
+CACHE_KERNEL_FAMILIES = ("resolver", "follower_copy", "host_backup", "page_bookkeeping", "handoff")
+
+
+def _merge_cycles(cycles: list[dict]) -> dict:
+    """Step-weighted mean of the per-cycle summaries of kernels/kernel_summary.json."""
+    cyc = [c for c in cycles if isinstance(c, Mapping) and (c.get("num_steps") or 0) > 0]
+    if not cyc:
+        return {}
+    w = [float(c["num_steps"]) for c in cyc]
+    tot = sum(w)
+    out: dict[str, Any] = {"num_steps": tot}
+    keys = {k for c in cyc for k, v in c.items() if isinstance(v, (int, float))}
+    for k in keys - {"num_steps"}:
+        out[k] = sum(wi * float(c.get(k) or 0.0) for wi, c in zip(w, cyc)) / tot
+    shares: dict[str, float] = {}
+    for wi, c in zip(w, cyc):
+        for k, v in (c.get("share_of_step_pct") or {}).items():
+            shares[k] = shares.get(k, 0.0) + wi * float(v) / tot
+    out["share_of_step_pct"] = shares
+    return out
+
+
+def kernel_profile(run: "Run") -> dict | None:
+    """A run's kernel profile in one shape, from ``profile.json`` (used as is) or from the
+    profiler's ``kernels/kernel_summary.json`` (profiling/kernel_timeline.py), mapped to the
+    paper's categories: {step_ms, sessions_per_step, cache_kernel_ms {resolver, follower_copy},
+    partition_pct {Fig. 10 family: %}, round_ms {Fig. 11 family: ms}, resolver_share_pct}."""
+    if run.profile:
+        return run.profile
+    ks = load_json(run.path / "kernels" / "kernel_summary.json")
+    if not ks:
+        return None
+    s = _merge_cycles(ks.get("cycles") or [])
+    if not s:
+        return None
+    share = s.get("share_of_step_pct") or {}
+    part = {KERNEL_FAMILY_TO_FIG10[k]: float(v) for k, v in share.items() if k in KERNEL_FAMILY_TO_FIG10}
+    part["cache kernels alone"] = sum(float(share.get(f, 0.0)) for f in CACHE_KERNEL_FAMILIES)
+    step = as_float(s.get("step_ms"))
+    ms = (lambda pct: None if step is None else step * pct / 100.0)  # noqa: E731
+    rnd = None
+    if step is not None:
+        rnd = {"cache kernels alone": ms(part["cache kernels alone"]),
+               "expert matrix products": ms(part.get("expert matrix products", 0.0)),
+               "other model kernels": ms(sum(part.get(k, 0.0) for k in (
+                   "dense projections", "indexing and attention", "other model kernels"))),
+               "several families at once": ms(part.get("several families at once", 0.0)),
+               "no kernel coverage": ms(part.get("no kernel running", 0.0)),
+               "total": step}
+    return {"step_ms": step, "sessions_per_step": None,
+            "cache_kernel_ms": {"resolver": as_float(s.get("work_resolver_ms")),
+                                "follower_copy": as_float(s.get("work_follower_copy_ms")) or 0.0},
+            "partition_pct": part, "round_ms": rnd,
+            "resolver_share_pct": as_float(s.get("resolver_share_pct_mean")),
+            "source": "kernels/kernel_summary.json"}
+
+
+# =============================================================================================
+# provenance
+# =============================================================================================
+def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> str:
+    """Where a measured number came from: scaled preset / calibrated input(s), device."""
+    if runs is None:
+        return extra or ""
+    if isinstance(runs, Run):
+        runs = [runs]
+    tags: list[str] = []
+
+    def add(t: str) -> None:
+        if t and t not in tags:
+            tags.append(t)
+
+    for r in runs:
+        model = r.model
+        add(f"scaled preset ({model})" if model else "scaled preset")
+        loc = as_float(find_key(r.config, "selection_locality"))
+        if loc is None:
+            loc = as_float(r.summary.get("selection_locality"))
+        if loc:
+            add(f"calibrated input: selection locality {loc:g}")
+        acc = r.summary.get("acceptance_mode") or find_key(r.config, "acceptance_mode", "acceptance")
+        if isinstance(acc, str) and acc.lower().startswith("calib"):
+            add("calibrated input: acceptance")
+        dev = r.summary.get("gpu") or r.summary.get("device")
+        if dev and str(dev) not in ("cpu",):
+            add(str(dev))
+        elif dev == "cpu":
+            add("CPU run")
+    if extra:
+        add(extra)
+    return "; ".join(tags)
+
+
+def summary_provenance(d: Mapping | None, kind: str) -> str:
+    """Provenance of a special summary file (e.g. results/fig8/summary.json)."""
+    if not d:
+        return ""
+    parts = [kind]
+    if d.get("model"):
+        parts.append(f"scaled preset ({d['model']})")
+    loc = as_float(d.get("selection_locality"))
+    if loc:
+        parts.append(f"calibrated input: selection locality {loc:g}")
+    if isinstance(d.get("acceptance_mode"), str) and d["acceptance_mode"].startswith("calib"):
+        parts.append("calibrated input: acceptance")
+    if d.get("gpu") or d.get("device"):
+        parts.append(str(d.get("gpu") or d.get("device")))
+    return "; ".join(parts)
+
+
+# =============================================================================================
+# the report
+# =============================================================================================
+def fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, Mapping) and "lo" in v and "hi" in v:
+        return f"{fmt(v['lo'])}–{fmt(v['hi'])}"
+    if isinstance(v, str):
+        return v
+    f = float(v)
+    if math.isnan(f):
+        return "—"
+    a = abs(f)
+    if f == int(f) and a < 1e15:
+        return f"{int(f):,}"
+    if a >= 1000:
+        s = f"{f:,.0f}"
+    elif a >= 100:
+        s = f"{f:.1f}"
+    elif a >= 10:
+        s = f"{f:.2f}".rstrip("0").rstrip(".")
+    elif a >= 1:
+        s = f"{f:.3f}".rstrip("0").rstrip(".")
+    else:
+        s = f"{f:.4g}"
+    return s
+
+
+def paper_number(p: Any) -> float | None:
+    """A comparable number for a paper value (the midpoint of a range)."""
+    if p is None:
+        return None
+    if isinstance(p, Mapping) and "lo" in p and "hi" in p:
+        return (float(p["lo"]) + float(p["hi"])) / 2.0
+    return as_float(p)
+
+
+def paper_source(p: Any) -> str:
+    if isinstance(p, PV):
+        return p.source + (f" ({p.note})" if p.note else "")
+    if isinstance(p, Mapping) and isinstance(p.get("lo"), PV):
+        lo = p["lo"]
+        return lo.source + (f" ({lo.note})" if lo.note else "")
+    return ""
+
+
+@dataclass
+class Row:
+    key: str
+    quantity: str
+    paper: Any
+    ours: float | None
+    unit: str = ""
+    prov: str = ""
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        p = paper_number(self.paper)
+        if self.ours is None or p is None or p == 0:
+            return None
+        return float(self.ours) / p
+
+    @property
+    def measured(self) -> bool:
+        return self.ours is not None
+
+
+@dataclass
+class Report:
+    name: str
+    title: str
+    rows: list[Row] = field(default_factory=list)
+    panels: dict[str, str] = field(default_factory=dict)
+    tables: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    measured_with: str = ""
+    png: Path | None = None
+    md: Path | None = None
+
+    # ------------------------------------------------------------------ collecting
+    def compare(self, key: str, quantity: str, paper: Any, ours: Any, unit: str = "",
+                prov: str = "", note: str = "") -> Row:
+        o = as_float(ours)
+        row = Row(key, quantity, paper, o, unit, prov if o is not None else NOT_MEASURED, note)
+        self.rows.append(row)
+        return row
+
+    def panel(self, letter: str, status: str) -> None:
+        self.panels[letter] = status
+
+    def table(self, title: str, df: pd.DataFrame | str) -> None:
+        md = df if isinstance(df, str) else df_to_markdown(df)
+        self.tables.append((title, md))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def value(self, key: str) -> float | None:
+        for r in self.rows:
+            if r.key == key:
+                return r.ours
+        return None
+
+    def row(self, key: str) -> Row | None:
+        for r in self.rows:
+            if r.key == key:
+                return r
+        return None
+
+    @property
+    def n_measured(self) -> int:
+        return sum(1 for r in self.rows if r.measured)
+
+    # ------------------------------------------------------------------ output
+    def markdown(self, heading_level: int = 1, image: str | None = None) -> str:
+        h = "#" * heading_level
+        out = [f"{h} {self.title}", ""]
+        if image:
+            out += [f"![{self.name}]({image})", ""]
+        if self.measured_with:
+            out += [f"Measured with: {self.measured_with}", ""]
+        if self.panels:
+            out.append("Panels: " + "; ".join(f"**{k}** {v}" for k, v in self.panels.items()))
+            out.append("")
+        if self.rows:
+            out += [f"{h}# Paper vs ours", "",
+                    "| quantity | paper | ours | ours/paper | paper source | ours from |",
+                    "|---|---|---|---|---|---|"]
+            for r in self.rows:
+                u = f" {r.unit}" if r.unit else ""
+                ours = fmt(r.ours) + u if r.ours is not None else f"*{NOT_MEASURED}*"
+                ratio = fmt(r.ratio) if r.ratio is not None else "—"
+                q = r.quantity + (f" ({r.note})" if r.note else "")
+                out.append(f"| {q} | {fmt(r.paper)}{u if r.paper is not None else ''} | {ours} | "
+                           f"{ratio} | {paper_source(r.paper)} | {r.prov} |")
+            out.append("")
+        for title, md in self.tables:
+            out += [f"{h}# {title}", "", md, ""]
+        missing = [r for r in self.rows if not r.measured]
+        if missing or any(NOT_MEASURED in v for v in self.panels.values()):
+            out += [f"{h}# Not yet measured", ""]
+            for k, v in self.panels.items():
+                if NOT_MEASURED in v:
+                    out.append(f"- panel {k}: {v}")
+            for r in missing:
+                out.append(f"- {r.quantity} (paper: {fmt(r.paper)}{(' ' + r.unit) if r.unit else ''})")
+            out.append("")
+        if self.notes:
+            out += [f"{h}# Notes", ""] + [f"- {n}" for n in self.notes] + [""]
+        return "\n".join(out)
+
+    def print(self) -> None:
+        print(f"== {self.title}")
+        w = max([len(r.quantity) for r in self.rows] + [10])
+        for r in self.rows:
+            u = f" {r.unit}" if r.unit else ""
+            ours = fmt(r.ours) + u if r.measured else NOT_MEASURED
+            ratio = f"  ours/paper {fmt(r.ratio)}" if r.ratio is not None else ""
+            print(f"  {r.quantity:<{w}}  paper {fmt(r.paper)}{u:<8}  ours {ours}{ratio}")
+        if self.png:
+            print(f"  -> {self.png}  {self.md}")
+
+    def finish(self, fig, args) -> "Report":
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.png = out / f"{self.name}.png"
+        self.md = out / f"{self.name}.md"
+        if fig is not None:
+            fig.savefig(self.png, dpi=args.dpi, bbox_inches="tight")
+            plt.close(fig)
+        self.md.write_text(self.markdown(image=self.png.name))
+        if not getattr(args, "quiet", False):
+            self.print()
+        return self
+
+
+def df_to_markdown(df: pd.DataFrame) -> str:
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in df.iterrows():
+        lines.append("| " + " | ".join(fmt(v) if not isinstance(v, str) else v for v in row) + " |")
+    return "\n".join(lines)
+
+
+# =============================================================================================
+# CLI and plotting helpers
+# =============================================================================================
+def parse_args(name: str, doc: str | None, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=f"python -m figures.{name}",
+                                 description=(doc or "").strip().splitlines()[0] if doc else None)
+    ap.add_argument("--results", type=Path, default=Path(os.environ.get("DHS_RESULTS", DEFAULT_RESULTS)),
+                    help="results directory to read (default: results/)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help="where to write <name>.png and <name>.md (default: figures/out/)")
+    ap.add_argument("--dpi", type=int, default=150)
+    ap.add_argument("--quiet", action="store_true", help="do not print the comparison")
+    return ap.parse_args(list(argv) if argv is not None else None)
+
+
+def setup_style() -> None:
+    sns.set_theme(style="whitegrid", context="paper", font_scale=0.9)
+
+
+def subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.0, **kw):
+    setup_style()
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kw)
+    return fig, axes
+
+
+def panel_title(ax, letter: str, text: str) -> None:
+    ax.set_title(f"{letter}  {text}", loc="left", fontsize=9, fontweight="bold")
+
+
+def not_measured_panel(ax, what: str = "") -> None:
+    """Draw an empty panel saying plainly that nothing was measured."""
+    ax.set_facecolor("#f3f3f3")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+    ax.text(0.5, 0.55, NOT_MEASURED.upper(), ha="center", va="center", fontsize=11,
+            color="#888888", fontweight="bold", transform=ax.transAxes)
+    if what:
+        ax.text(0.5, 0.38, what, ha="center", va="center", fontsize=7, color="#888888",
+                transform=ax.transAxes, wrap=True)
+
+
+def mark_unmeasured(ax, what: str = "ours") -> None:
+    """Overlay on a panel that shows paper values only."""
+    ax.text(0.5, 0.95, f"{NOT_MEASURED.upper()} ({what})", transform=ax.transAxes, ha="center",
+            va="top", color="#888888", fontweight="bold", fontsize=9)
+
+
+def plot_system_curve(ax, xs, ys, system: str, *, label: str | None = None, log_y: bool = False,
+                      linestyle: str = "-") -> None:
+    filled = canonical_system(system) in SPECULATIVE
+    ax.plot(xs, ys, linestyle=linestyle, marker="o", color=system_color(system),
+            markerfacecolor=system_color(system) if filled else "white",
+            label=label or system_label(system), markersize=5, linewidth=1.4)
+    if log_y:
+        ax.set_yscale("log")
+
+
+def serving_panels(axes: Sequence, runs: Sequence[Run], rep: Report, *, output_key: str,
+                   output_label: str, letters=("a", "b", "c")) -> bool:
+    """The three panels of Figs. 1 / 4 / 5: output vs C, TTFT (log) vs output, TPOT vs output."""
+    groups = by_system(runs)
+    ax_a, ax_b, ax_c = axes
+    if not groups:
+        for ax, lt, what in zip(axes, letters, ("output vs offered concurrency",
+                                                "mean TTFT vs output", "mean TPOT vs output")):
+            not_measured_panel(ax, what)
+            rep.panel(lt, f"{NOT_MEASURED} ({what})")
+        panel_title(ax_a, letters[0], "Output vs offered concurrency")
+        panel_title(ax_b, letters[1], "Mean TTFT (log) vs output")
+        panel_title(ax_c, letters[2], "Mean TPOT vs output")
+        return False
+    for sys_, rs in groups.items():
+        pts = [(r.concurrency, r.num(output_key), r.num("ttft_ms_mean"), r.num("tpot_ms_mean"))
+               for r in rs if r.concurrency is not None]
+        pts = [p for p in pts if p[1] is not None]
+        if not pts:
+            continue
+        c, o, t, tp = zip(*pts)
+        plot_system_curve(ax_a, c, o, sys_)
+        tt = [(oo, x / 1e3) for oo, x in zip(o, t) if x is not None]
+        if tt:
+            plot_system_curve(ax_b, *zip(*tt), sys_, log_y=True)
+        tpp = [(oo, x) for oo, x in zip(o, tp) if x is not None]
+        if tpp:
+            plot_system_curve(ax_c, *zip(*tpp), sys_)
+    cs = sorted({r.concurrency for r in runs if r.concurrency})
+    if cs and cs[-1] / max(cs[0], 1) >= 8:
+        ax_a.set_xscale("log", base=2)
+        ax_a.set_xticks(cs)
+        ax_a.set_xticklabels([str(c) for c in cs])
+    ax_a.set_xlabel("Offered concurrency (requests)")
+    ax_a.set_ylabel(output_label)
+    ax_b.set_xlabel(output_label)
+    ax_b.set_ylabel("Mean time to first token (s)")
+    ax_c.set_xlabel(output_label)
+    ax_c.set_ylabel("Mean time per output token (ms)")
+    panel_title(ax_a, letters[0], "Output vs offered concurrency")
+    panel_title(ax_b, letters[1], "Mean TTFT (log) vs output")
+    panel_title(ax_c, letters[2], "Mean TPOT vs output")
+    legend(ax_a)
+    n = len(runs)
+    for lt in letters:
+        rep.panel(lt, f"measured ({n} runs)")
+    rep.measured_with = provenance(runs)
+    return True
+
+
+def paper_vs_ours_bars(ax, categories: Sequence[str], paper: Sequence[float | None],
+                       ours: Sequence[float | None], ylabel: str = "", log: bool = False,
+                       colors: Sequence | None = None) -> None:
+    """Side-by-side bars: hatched = paper, solid = ours (missing ours drawn as an 'n/m' mark)."""
+    x = np.arange(len(categories))
+    w = 0.38
+    colors = list(colors) if colors is not None else [_PALETTE[0]] * len(categories)
+    pv = [np.nan if p is None else float(p) for p in paper]
+    ov = [np.nan if o is None else float(o) for o in ours]
+    ax.bar(x - w / 2, pv, w, color="white", edgecolor=colors, hatch="///", label="paper")
+    ax.bar(x + w / 2, ov, w, color=colors, label="ours")
+    for i, o in enumerate(ov):
+        if np.isnan(o):
+            ax.text(x[i] + w / 2, 0, "n/m", ha="center", va="bottom", fontsize=6, color="#888888",
+                    rotation=90)
+    ax.set_xticks(x)
+    ax.set_xticklabels(categories, rotation=20, ha="right", fontsize=7)
+    if all(np.isnan(o) for o in ov):
+        mark_unmeasured(ax)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+
+
+def legend(ax, **kw) -> None:
+    """ax.legend() only when something carries a label (no warning on empty panels)."""
+    h, _ = ax.get_legend_handles_labels()
+    if h:
+        ax.legend(fontsize=7, frameon=False, **kw)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def pct_change(a: float | None, b: float | None) -> float | None:
+    """(a / b - 1) * 100."""
+    r = ratio(a, b)
+    return None if r is None else (r - 1.0) * 100.0
+
+
+def parse_budget(text: str) -> float | None:
+    """B/k from a tag like 'B2k', 'b4k', 'Bk' or 'B=0.5k'."""
+    m = re.search(r"[Bb]=?(\d*\.?\d*)k", text)
+    if not m:
+        return None
+    return float(m.group(1)) if m.group(1) else 1.0

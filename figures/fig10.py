@@ -1,0 +1,159 @@
+"""Fig. 10 - what the cache costs inside a step, Adaptive HiSparse at C128: (a) cache-kernel work
+per step (resolver, follower-layer copies) against B/k for both model families; (b) share of step
+time by kernel family, each family counted where it runs alone.
+
+Reads profile.json in the Adaptive HiSparse C128 runs of results/fig9/ ({"step_ms",
+"sessions_per_step", "cache_kernel_ms": {"resolver", "follower_copy"}, "partition_pct": {family:
+percent}}), or results/fig10/summary.json {"points": [{model, b_over_k, resolver_ms,
+follower_copy_ms, step_ms, sessions_per_step, partition_pct}]}.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from figures import common as C
+from figures.fig9 import family, select, sweep
+from figures.paper_values import FIG10_FAMILIES, PAPER
+
+NAME = "fig10"
+PAPER_BUDGET = {"glm": 2.0, "deepseek": 16.0}
+
+
+def profiles(results) -> dict[tuple[str, float], dict]:
+    """(family, B/k) -> {resolver_ms, follower_copy_ms, step_ms, sessions, partition, prov}."""
+    out: dict = {}
+    S = C.load_json(results / NAME / "summary.json") or {}
+    for p in S.get("points") or []:
+        fam, bk = family(str(p.get("model", ""))), C.as_float(p.get("b_over_k"))
+        if fam and bk:
+            out[(fam, bk)] = {"resolver_ms": C.as_float(p.get("resolver_ms")),
+                              "follower_copy_ms": C.as_float(p.get("follower_copy_ms")) or 0.0,
+                              "step_ms": C.as_float(p.get("step_ms")),
+                              "sessions": C.as_float(p.get("sessions_per_step")),
+                              "partition": p.get("partition_pct") or {},
+                              "prov": C.summary_provenance(S, "results/fig10/summary.json")}
+    pts = sweep(results)
+    for sp in select(pts, "glm", "adaptive_hisparse", 128) + select(pts, "deepseek", "adaptive_hisparse", 128):
+        prof = C.kernel_profile(sp.run)
+        if not prof or (sp.family, sp.bk) in out:
+            continue
+        ck = prof.get("cache_kernel_ms") or {}
+        out[(sp.family, sp.bk)] = {"resolver_ms": C.as_float(ck.get("resolver")),
+                                   "follower_copy_ms": C.as_float(ck.get("follower_copy")) or 0.0,
+                                   "step_ms": C.as_float(prof.get("step_ms")),
+                                   "sessions": C.as_float(prof.get("sessions_per_step"))
+                                   or sp.run.num("active_mean"),
+                                   "partition": prof.get("partition_pct") or {},
+                                   "prov": C.provenance(sp.run)}
+    return out
+
+
+def main(argv=None) -> C.Report:
+    args = C.parse_args(NAME, __doc__, argv)
+    prof = profiles(args.results)
+    rep = C.Report(NAME, "Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 "
+                         "(ours: scaled presets)")
+    P = PAPER["fig10"]
+    fig, axes = C.subplots(1, 2, width=4.6, height=3.2)
+
+    # ---------------- panel a
+    ax = axes[0][0]
+    x, ticks, labels = 0.0, [], []
+    drew = False
+    for fam, budgets in (("glm", (1, 2, 4, 8)), ("deepseek", (2, 4, 8, 16))):
+        for bk in budgets:
+            pp = P["cache_ms_per_step"][fam][str(bk)]
+            ax.bar(x - 0.2, pp, 0.38, color="white", edgecolor=C._PALETTE[0], hatch="///",
+                   label="paper (total)" if (fam, bk) == ("glm", 1) else None)
+            o = prof.get((fam, float(bk)))
+            if o and o["resolver_ms"] is not None:
+                drew = True
+                ax.bar(x + 0.2, o["resolver_ms"], 0.38, color=C._PALETTE[0],
+                       label="ours: resolver" if not labels else None)
+                ax.bar(x + 0.2, o["follower_copy_ms"], 0.38, bottom=o["resolver_ms"], color=C._PALETTE[1],
+                       label="ours: follower-layer copy" if not labels else None)
+            ticks.append(x)
+            labels.append(f"{'GLM' if fam == 'glm' else 'DS'} {bk}")
+            x += 1
+        x += 0.6
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, fontsize=7, rotation=30)
+    ax.set_xlabel("Hot-cache budget B/k")
+    ax.set_ylabel("Cache kernel work (ms per step)")
+    C.legend(ax)
+    if not drew:
+        C.mark_unmeasured(ax)
+    C.panel_title(ax, "a", "Cache work against the budget, C128")
+    rep.panel("a", "measured" if drew else f"{C.NOT_MEASURED} (profiles of the C128 sweep)")
+
+    # ---------------- panel b
+    ax = axes[0][1]
+    bars = []
+    for fam in ("glm", "deepseek"):
+        bars.append((f"{'GLM' if fam == 'glm' else 'DeepSeek'} paper", P["partition_pct"][fam]))
+        o = prof.get((fam, PAPER_BUDGET[fam]))
+        if o is None:  # nearest budget we profiled
+            cands = [k for k in prof if k[0] == fam]
+            o = prof[min(cands, key=lambda k: abs(np.log2(k[1] / PAPER_BUDGET[fam])))] if cands else None
+        bars.append((f"{'GLM' if fam == 'glm' else 'DeepSeek'} ours", (o or {}).get("partition") or {}))
+    colors = dict(zip(FIG10_FAMILIES, C.sns.color_palette("Set2", len(FIG10_FAMILIES))))
+    have_b = False
+    for yi, (lab, part) in enumerate(bars):
+        left = 0.0
+        for famk in FIG10_FAMILIES:
+            v = C.as_float(part.get(famk))
+            if v is None:
+                continue
+            have_b |= "ours" in lab
+            ax.barh(yi, v, left=left, color=colors[famk], hatch="///" if "paper" in lab else None,
+                    edgecolor="white", label=famk if yi == 0 else None)
+            left += v
+        if not part:
+            ax.text(1, yi, C.NOT_MEASURED, va="center", fontsize=7, color="#888888")
+    ax.set_yticks(range(len(bars)))
+    ax.set_yticklabels([b[0] for b in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("Share of step time (%)")
+    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    C.panel_title(ax, "b", "Where a C128 step goes")
+    rep.panel("b", "measured" if have_b else f"{C.NOT_MEASURED} (kernel-family partition)")
+    fig.tight_layout()
+
+    # ---------------- comparisons
+    for fam, budgets in (("glm", (1, 2, 4, 8)), ("deepseek", (2, 4, 8, 16))):
+        for bk in budgets:
+            o = prof.get((fam, float(bk)))
+            tot = None if not o or o["resolver_ms"] is None else o["resolver_ms"] + o["follower_copy_ms"]
+            rep.compare(f"{fam}.cache_ms.{bk}", f"{'GLM' if fam == 'glm' else 'DeepSeek'} cache work per step, "
+                        f"B/k = {bk}", P["cache_ms_per_step"][fam][str(bk)], tot, "ms", (o or {}).get("prov", ""))
+    o = prof.get(("glm", 2.0))
+    share = None
+    if o and o["resolver_ms"] is not None and (o["resolver_ms"] + o["follower_copy_ms"]) > 0:
+        share = o["follower_copy_ms"] / (o["resolver_ms"] + o["follower_copy_ms"])
+    rep.compare("glm.copy_share", "GLM follower-copy share of cache work at 2k", P["glm_follower_copy_share"],
+                share, "", (o or {}).get("prov", ""))
+    for bk in (2, 4, 8):
+        o = prof.get(("glm", float(bk)))
+        v = None
+        if o and o["resolver_ms"] is not None and o["sessions"]:
+            v = (o["resolver_ms"] + o["follower_copy_ms"]) / o["sessions"]
+        rep.compare(f"glm.per_session.{bk}", f"GLM cache work per session, B/k = {bk}",
+                    P["glm_cache_ms_per_session"][str(bk)], v, "ms", (o or {}).get("prov", ""))
+    for fam in ("glm", "deepseek"):
+        o = prof.get((fam, PAPER_BUDGET[fam])) or {}
+        rep.compare(f"{fam}.step_ms", f"{'GLM' if fam == 'glm' else 'DeepSeek'} step time at B/k = "
+                    f"{C.fmt(PAPER_BUDGET[fam])}", P["step_ms"][fam], o.get("step_ms"), "ms", o.get("prov", ""))
+        part = o.get("partition") or {}
+        for famk, pv in P["partition_pct"][fam].items():
+            rep.compare(f"{fam}.partition.{famk}", f"{'GLM' if fam == 'glm' else 'DeepSeek'} step share: {famk}",
+                        pv, C.as_float(part.get(famk)), "%", o.get("prov", ""))
+    rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))
+    rep.note("Paper panel (b) labels are partly ambiguous in the flattened text; see "
+             "figures/paper_values.py AMBIGUITIES['fig10.partition_pct'].")
+    return rep.finish(fig, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Fig. 11 - where step time goes: (a) GLM-like with DFlash2 at C64, mean profiled round time for
+static blocks of 4 and 6 as an exclusive partition by kernel family; (b) DeepSeek-like without
+speculation, resolver kernel work as a share of the step interval at C16 (fill, middle, drain) and
+C512 under pressure.
+
+Reads results/fig11/summary.json {"round_ms": {"4": {family: ms, ..., ["total"]}, "6": {...}},
+"resolver_share_pct": {"C16 fill": .., "C16 middle": .., "C16 drain": .., "C512 pressure": ..}},
+or profile.json files with the same keys in results/fig11/<run>/ (point.block for round_ms).
+"""
+
+from __future__ import annotations
+
+
+from figures import common as C
+from figures.paper_values import FIG11_FAMILIES, PAPER
+
+NAME = "fig11"
+
+
+def _norm(s: str) -> str:
+    return "".join(ch for ch in s.lower() if ch.isalnum())
+
+
+def collect(results):
+    S = C.load_json(results / NAME / "summary.json") or {}
+    rounds = {str(k): v for k, v in (S.get("round_ms") or {}).items() if isinstance(v, dict)}
+    shares = dict(S.get("resolver_share_pct") or {})
+    provs = [C.summary_provenance(S, "results/fig11/summary.json")] if S else []
+    for r in C.load_runs(results, NAME):
+        prof = C.kernel_profile(r) or {}
+        b = r.cfg("block", "block_size")
+        if isinstance(prof.get("round_ms"), dict) and b is not None and str(int(b)) not in rounds:
+            rounds[str(int(b))] = prof["round_ms"]
+            provs.append(C.provenance(r))
+        for k, v in (prof.get("resolver_share_pct") or {}).items() if isinstance(
+                prof.get("resolver_share_pct"), dict) else ():
+            shares.setdefault(k, v)
+        # a serving profile labelled like a paper bar ("C16 fill", "c16-fill", "C512_pressure")
+        lab = _norm(str(r.cfg("phase_label") or r.tag))
+        for k in PAPER["fig11"]["resolver_share_pct"]:
+            if _norm(k) == lab and C.as_float(prof.get("resolver_share_pct")) is not None:
+                shares.setdefault(k, C.as_float(prof["resolver_share_pct"]))
+                provs.append(C.provenance(r))
+    return rounds, shares, "; ".join(p for p in provs if p)
+
+
+def main(argv=None) -> C.Report:
+    args = C.parse_args(NAME, __doc__, argv)
+    rounds, shares, prov = collect(args.results)
+    rep = C.Report(NAME, "Fig. 11 - Where step time goes (ours: scaled presets)")
+    P = PAPER["fig11"]
+    fig, axes = C.subplots(1, 2, width=4.6, height=3.0)
+    colors = dict(zip(FIG11_FAMILIES, C.sns.color_palette("Set2", len(FIG11_FAMILIES))))
+
+    ax = axes[0][0]
+    bars = [("block 4 paper", P["round_ms"]["4"]), ("block 4 ours", rounds.get("4") or {}),
+            ("block 6 paper", P["round_ms"]["6"]), ("block 6 ours", rounds.get("6") or {})]
+    have = False
+    for yi, (lab, part) in enumerate(bars):
+        left = 0.0
+        for famk in FIG11_FAMILIES:
+            v = C.as_float(part.get(famk))
+            if v is None:
+                continue
+            have |= "ours" in lab
+            ax.barh(yi, v, left=left, color=colors[famk], hatch="///" if "paper" in lab else None,
+                    edgecolor="white", label=famk if yi == 0 else None)
+            if v >= 8:
+                ax.text(left + v / 2, yi, C.fmt(v), ha="center", va="center", fontsize=6)
+            left += v
+        if left:
+            ax.text(left + 1, yi, C.fmt(left), va="center", fontsize=7)
+        else:
+            ax.text(1, yi, C.NOT_MEASURED, va="center", fontsize=7, color="#888888")
+    ax.set_yticks(range(len(bars)))
+    ax.set_yticklabels([b[0] for b in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("Profiled round time (ms)")
+    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    C.panel_title(ax, "a", "GLM-like with DFlash2, C64")
+    rep.panel("a", "measured" if have else f"{C.NOT_MEASURED} (round partition)")
+
+    ax = axes[0][1]
+    keys = list(P["resolver_share_pct"])
+    C.paper_vs_ours_bars(ax, keys, [P["resolver_share_pct"][k] for k in keys],
+                         [C.as_float(shares.get(k)) for k in keys], "Resolver kernel work (% of step)")
+    C.legend(ax)
+    C.panel_title(ax, "b", "DeepSeek-like, no speculation")
+    rep.panel("b", "measured" if any(C.as_float(shares.get(k)) is not None for k in keys)
+              else f"{C.NOT_MEASURED} (resolver share of the step)")
+    fig.tight_layout()
+
+    def total(part):
+        if not part:
+            return None
+        t = C.as_float(part.get("total"))
+        return t if t is not None else sum(C.as_float(part.get(f)) or 0.0 for f in FIG11_FAMILIES) or None
+
+    for b in ("4", "6"):
+        part = rounds.get(b) or {}
+        rep.compare(f"b{b}.total", f"block {b}: round time", P["round_ms"][b]["total"], total(part), "ms", prov)
+        for famk in FIG11_FAMILIES:
+            rep.compare(f"b{b}.{famk}", f"block {b}: {famk}", P["round_ms"][b][famk],
+                        C.as_float(part.get(famk)), "ms", prov)
+        t = total(part)
+        ca = C.as_float(part.get("cache kernels alone"))
+        rep.compare(f"b{b}.cache_share", f"block {b}: cache kernels alone, share of the round",
+                    PAPER["fig7"][f"cache_alone_share_b{b}_pct"], None if not t or ca is None else 100 * ca / t,
+                    "%", prov)
+    rep.compare("round_b6_over_b4", "round time, block 6 vs 4", PAPER["fig7"]["C64"]["round_b6_over_b4_pct"],
+                C.pct_change(total(rounds.get("6")), total(rounds.get("4"))), "%", prov)
+    for k in keys:
+        rep.compare(f"share.{k}", f"resolver share of the step, {k}", P["resolver_share_pct"][k],
+                    C.as_float(shares.get(k)), "%", prov)
+    rep.measured_with = prov
+    rep.note("The paper's segment-to-category mapping of panel (a) is inferred from the flattened "
+             "text; see figures/paper_values.py AMBIGUITIES['fig11.round_ms'].")
+    return rep.finish(fig, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Fig. 4 - GLM-like serving at long context: output vs offered concurrency, TTFT and TPOT vs output.
+
+Reads results/fig4/<run>/summary.json (one run per system and concurrency; the same runs feed
+Table 2, Table A2 and Table A3). Panels as in the paper: (a) output per GPU against offered
+concurrency, (b) mean TTFT (log) against output, (c) mean TPOT against output; one color per KV
+policy, filled markers for the speculative systems.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from figures import common as C
+from figures.paper_values import PAPER, label
+
+NAME = "fig4"
+OUT = "output_tok_s_per_gpu"
+
+
+def output(tr, system, c):
+    return tr.val(system, c, OUT)
+
+
+def mean_over(tr, system, cs, key):
+    vals = [tr.val(system, c, key) for c in cs]
+    vals = [v for v in vals if v is not None]
+    return (float(np.mean(vals)), min(vals), max(vals)) if vals else (None, None, None)
+
+
+def main(argv=None) -> C.Report:
+    args = C.parse_args(NAME, __doc__, argv)
+    runs = C.load_runs(args.results, NAME)
+    rep = C.Report(NAME, "Fig. 4 - GLM-5.3 serving at 100K context (ours: GLM-like scaled preset)")
+    fig, axes = C.subplots(1, 3, width=3.8, height=3.0)
+    C.serving_panels(axes[0], runs, rep, output_key=OUT, output_label="Output throughput (tok/s/GPU)")
+    fig.tight_layout()
+    P = PAPER["fig4"]
+    tr = C.Tracker(runs)
+
+    # ------------------------------------------------ data points stated in the paper
+    for sys_, pts in P["output_points"].items():
+        for cl, pv in pts.items():
+            c = int(cl[1:])
+            rep.compare(f"output.{sys_}.{cl}", f"{label(sys_)} output at {cl}", pv,
+                        output(tr, sys_, c), "tok/s/GPU", tr.take())
+
+    # ------------------------------------------------ ratios at C128
+    o = lambda s, c: output(tr, s, c)  # noqa: E731
+    rep.compare("adhs_vs_hisparse_C128", "ADHS / HiSparse output at C128", P["adhs_vs_hisparse_C128"],
+                C.ratio(o("adaptive_dhisparse", 128), o("hisparse", 128)), "x", tr.take())
+    rep.compare("adhs_vs_adaptive_C128", "ADHS / Adaptive HiSparse output at C128",
+                P["adhs_vs_adaptive_C128"],
+                C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)), "x", tr.take())
+    rep.compare("adaptive_vs_hisparse_C128", "Adaptive HiSparse / HiSparse output at C128",
+                P["adaptive_vs_hisparse_C128"],
+                C.ratio(o("adaptive_hisparse", 128), o("hisparse", 128)), "x", tr.take())
+    tp = lambda s, c: tr.val(s, c, "tpot_ms_mean")  # noqa: E731
+    d = C.pct_change(tp("adaptive_hisparse", 128), tp("hisparse", 128))
+    rep.compare("adaptive_tpot_lower_C128", "Adaptive HiSparse TPOT lower than HiSparse at C128",
+                P["adaptive_tpot_lower_C128_pct"], None if d is None else -d, "%", tr.take())
+    tt = lambda s, c: tr.val(s, c, "ttft_ms_mean", 1e-3)  # noqa: E731
+    rep.compare("adhs_ttft_lower_C128", "HiSparse TTFT / ADHS TTFT at C128",
+                P["adhs_ttft_lower_than_hisparse_C128"],
+                C.ratio(tt("hisparse", 128), tt("adaptive_dhisparse", 128)), "x", tr.take())
+    d = C.pct_change(tp("adaptive_dhisparse", 128), tp("hisparse", 128))
+    rep.compare("adhs_tpot_lower_C128", "ADHS TPOT lower than HiSparse at C128",
+                P["adhs_tpot_lower_than_hisparse_C128_pct"], None if d is None else -d, "%", tr.take())
+    act = lambda s, c: tr.val(s, c, "active_mean")  # noqa: E731
+    rep.compare("active_adaptive_C128", "Adaptive HiSparse active requests at C128",
+                P["active_adaptive_C128"], act("adaptive_hisparse", 128), "", tr.take())
+    rep.compare("active_hisparse_C128", "HiSparse active requests at C128",
+                P["active_hisparse_C128"], act("hisparse", 128), "", tr.take())
+    ho = lambda s, c: tr.val(s, c, "handoff_s_mean")  # noqa: E731
+    rep.compare("handoff_hisparse_C128", "HiSparse handoff at C128", P["handoff_hisparse_s"],
+                ho("hisparse", 128), "s", tr.take())
+    rep.compare("handoff_adaptive_C128", "Adaptive HiSparse handoff at C128",
+                P["handoff_adaptive_s"], ho("adaptive_hisparse", 128), "s", tr.take())
+    aw = lambda s, c: tr.val(s, c, "alloc_wait_s_mean")  # noqa: E731
+    a1, a0 = aw("adaptive_hisparse", 128), aw("hisparse", 128)
+    rep.compare("added_alloc_wait_C128", "allocation wait added by Adaptive HiSparse at C128",
+                P["added_alloc_wait_s"], None if None in (a1, a0) else a1 - a0, "s", tr.take())
+
+    # ------------------------------------------------ the resident limit
+    m, lo, hi = mean_over(tr, "resident", (32, 64, 128, 256), OUT)
+    rep.compare("resident_plateau", "Resident output plateau (mean C32-C256)",
+                P["resident_plateau_tok_s"], m, "tok/s/GPU", tr.take(),
+                "" if m is None else f"range {C.fmt(lo)}-{C.fmt(hi)}")
+    m, lo, hi = mean_over(tr, "resident_dflash2", (16, 32, 64, 128, 256), OUT)
+    rep.compare("resident_dflash2_plateau", "Resident + DFlash2 output plateau (mean C16-C256)",
+                P["resident_dflash2_plateau_tok_s"], m, "tok/s/GPU", tr.take(),
+                "" if m is None else f"range {C.fmt(lo)}-{C.fmt(hi)}")
+    rep.compare("resident_ttft_C16", "Resident mean TTFT at C16", P["resident_ttft_C16_s"],
+                tt("resident", 16), "s", tr.take())
+    rep.compare("resident_ttft_C32", "Resident mean TTFT at C32", P["resident_ttft_C32_s"],
+                tt("resident", 32), "s", tr.take())
+    rep.compare("adhs_vs_resident_C256", "ADHS / Resident output at C256",
+                P["adhs_vs_resident_C256"],
+                C.ratio(o("adaptive_dhisparse", 256), o("resident", 256)), "x", tr.take())
+    rep.compare("adhs_vs_resident_dflash2_C256", "ADHS / Resident + DFlash2 output at C256",
+                P["adhs_vs_resident_dflash2_C256"],
+                C.ratio(o("adaptive_dhisparse", 256), o("resident_dflash2", 256)), "x", tr.take())
+    below = [C.pct_change(o("adaptive_hisparse", c), o("resident", c)) for c in (4, 8, 16)]
+    below = [-b for b in below if b is not None]
+    rep.compare("adaptive_below_resident_C4_C16", "Adaptive HiSparse below Resident, C4-C16 (mean)",
+                P["adaptive_below_resident_C4_C16_pct"], np.mean(below) if below else None, "%",
+                tr.take(), f"range {C.fmt(min(below))}-{C.fmt(max(below))}" if below else "")
+    above = [C.pct_change(o("adaptive_hisparse", c), o("hisparse", c)) for c in (4, 8, 16)]
+    above = [a for a in above if a is not None]
+    rep.compare("adaptive_above_hisparse_C4_C16", "Adaptive HiSparse above HiSparse, C4-C16 (mean)",
+                P["adaptive_above_hisparse_C4_C16_pct"], np.mean(above) if above else None, "%",
+                tr.take(), f"range {C.fmt(min(above))}-{C.fmt(max(above))}" if above else "")
+    d = C.pct_change(o("adaptive_hisparse", 256), o("hisparse", 256))
+    rep.compare("adaptive_above_hisparse_C256", "Adaptive HiSparse above HiSparse at C256",
+                P["adaptive_and_adhs_above_hisparse_C256_pct"], d, "%", tr.take())
+    rep.compare("adhs_ttft_higher_C256", "ADHS TTFT / Adaptive HiSparse TTFT at C256",
+                P["adhs_ttft_higher_C256"],
+                C.ratio(tt("adaptive_dhisparse", 256), tt("adaptive_hisparse", 256)), "x", tr.take())
+
+    blocks = {r.concurrency: r.cfg("block", "block_size", "spec_block") for r in runs
+              if r.system == "adaptive_dhisparse"}
+    blocks = {c: b for c, b in blocks.items() if b is not None}
+    if blocks:
+        rep.note("ADHS block per concurrency in our runs: "
+                 + ", ".join(f"C{c}: {b}" for c, b in sorted(blocks.items()))
+                 + " (paper: 8 at C4-C32, 6 at C64, 4 at C128 and C256).")
+    rep.note("Absolute throughput and latency of a scaled preset on one H200 are not the paper's "
+             "B300 numbers; ratios between systems are the comparable quantities.")
+    return rep.finish(fig, args)
+
+
+if __name__ == "__main__":
+    main()

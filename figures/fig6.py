@@ -1,0 +1,173 @@
+"""Fig. 6 - residency under a load step (C16 -> C256 -> C16), optional residency on and off.
+
+Reads results/fig6/<run>/ (two runs of the same build: the arm comes from
+``system.optional_residency`` in config.yaml, ``point.optional_residency``, or "on"/"off" in the
+run tag) with server_metrics.parquet (one-second counters: dhs_num_allocated_slots,
+dhs_ready_optional_coverage as a fraction, dhs_selected_rows_from_host_total,
+dhs_selected_rows_total) and summary.json ``phases``; and results/fig6/summary.json when the
+harness wrote the headline numbers (they are recomputed from the counters otherwise).
+Panels: (a) allocated request slots, (b) ready optional coverage, (c) share of selected rows
+fetched from host, in five-second bins.
+"""
+
+from __future__ import annotations
+
+
+from figures import common as C
+from figures.paper_values import PAPER
+
+NAME = "fig6"
+ARM_COLORS = {"on": C._PALETTE[2], "off": C._PALETTE[0]}
+
+
+def arm_of(run: C.Run) -> str | None:
+    v = run.cfg("optional_residency")
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, str) and v.lower() in ("true", "false", "on", "off"):
+        return "on" if v.lower() in ("true", "on") else "off"
+    text = f"{run.tag} {run.raw_system} {run.path.name}".lower()
+    if "off" in text or "noopt" in text:
+        return "off"
+    if "on" in text.replace("step", ""):
+        return "on"
+    return None
+
+
+def arms(runs) -> dict[str, C.Run]:
+    out = {}
+    for r in runs:
+        a = arm_of(r)
+        if a and r.metrics is not None:
+            out[a] = r
+    return out
+
+
+def phase_bounds(run: C.Run, t0: float) -> list[tuple[float, float, int | None]]:
+    """(start_s, end_s, concurrency) relative to the first metrics sample."""
+    out, t = [], 0.0
+    for ph in run.summary.get("phases") or []:
+        d = C.as_float(ph.get("duration_s")) or 0.0
+        out.append((t, t + d, ph.get("concurrency")))
+        t += d
+    return out
+
+
+def derived(run: C.Run) -> dict[str, float | None]:
+    """Headline numbers of one arm recomputed from its counters."""
+    df = run.metrics
+    t0 = float(df["ts"].iloc[0])
+    ph = phase_bounds(run, t0)
+    res: dict[str, float | None] = {}
+    if len(ph) < 3:
+        return res
+    (a0, a1, _), (b0, b1, _), (c0, c1, _) = ph[:3]
+    res["host_low"] = C.counter_share(df, t0=t0 + a0, t1=t0 + a1)
+    cov = C.metric_col(df, "dhs_ready_optional_coverage")
+    if cov:
+        t = df["ts"] - t0
+        low = df[(t >= (a0 + a1) / 2) & (t < a1)][cov]
+        res["coverage_low"] = float(low.mean()) if len(low) else None
+        after = df[(t >= b0) & (df[cov] < 0.01)]
+        res["below_1pct_s"] = float(after["ts"].iloc[0] - t0 - b0) if len(after) else None
+        rec = df[(t >= c0) & (df[cov] > 0.5)]
+        res["above_50pct_s"] = float(rec["ts"].iloc[0] - t0 - c0) if len(rec) else None
+    sl = C.metric_col(df, "dhs_num_allocated_slots")
+    if sl:
+        t = df["ts"] - t0
+        cap = C.metric_col(df, "dhs_num_slots")
+        top = float(df[cap].max()) if cap else float(df[(t >= b0) & (t < b1)][sl].max())
+        full = df[(t >= b0) & (t < b1) & (df[sl] >= 0.98 * top)]
+        res["fill_s"] = float(full["ts"].iloc[0] - t0 - b0) if len(full) else None
+    return res
+
+
+def main(argv=None) -> C.Report:
+    args = C.parse_args(NAME, __doc__, argv)
+    runs = C.load_runs(args.results, NAME)
+    A = arms(runs)
+    S = C.load_json(args.results / NAME / "summary.json") or {}
+    rep = C.Report(NAME, "Fig. 6 - Residency under a load step (ours: GLM-like scaled preset, "
+                         "time-scaled phases)")
+    P = PAPER["fig6"]
+    fig, axes = C.subplots(1, 3, width=3.8, height=2.9)
+    specs = (("a", "dhs_num_allocated_slots", "Allocated request slots", 1.0, False),
+             ("b", "dhs_ready_optional_coverage", "Ready history coverage (%)", 100.0, False),
+             ("c", None, "Selections fetched from host (%)", 100.0, True))
+    for ax, (lt, col, ylabel, sc, is_share) in zip(axes[0], specs):
+        drew = False
+        for arm, r in sorted(A.items()):
+            df = r.metrics
+            t0 = float(df["ts"].iloc[0])
+            if is_share:
+                if not {"dhs_selected_rows_from_host_total", "dhs_selected_rows_total"} <= set(df.columns):
+                    continue
+                b = C.binned_share(df, "dhs_selected_rows_from_host_total", "dhs_selected_rows_total", 5.0, t0)
+            else:
+                if col not in df.columns:
+                    continue
+                b = C.binned(df, col, 5.0, t0)
+            ax.plot(b["t_s"] / 60.0, b["value"] * sc, color=ARM_COLORS[arm], linewidth=1.2,
+                    label=f"Optional residency {arm}")
+            drew = True
+            for s0, s1, c in phase_bounds(r, t0):
+                if c and c > 16:
+                    ax.axvspan(s0 / 60.0, s1 / 60.0, color="#eeeeee", zorder=0)
+        if not drew:
+            C.not_measured_panel(ax, "load-step runs with one-second counters")
+            rep.panel(lt, f"{C.NOT_MEASURED} ({ylabel})")
+        else:
+            ax.set_xlabel("Time (minutes)")
+            ax.set_ylabel(ylabel)
+            rep.panel(lt, f"measured ({', '.join(sorted(A))})")
+        C.panel_title(ax, lt, ylabel)
+    C.legend(axes[0][0])
+    fig.tight_layout()
+
+    d_on = derived(A["on"]) if "on" in A else {}
+    d_off = derived(A["off"]) if "off" in A else {}
+    prov_runs = C.provenance(list(A.values())) if A else ""
+    prov_sum = C.summary_provenance(S, "results/fig6/summary.json") if S else ""
+
+    def pick_val(skey, dval, scale=1.0):
+        v = C.as_float(S.get(skey))
+        if v is not None:
+            return v * scale, prov_sum or prov_runs
+        return (None if dval is None else dval * scale), prov_runs
+
+    on_low, p1 = pick_val("host_fetch_share_low_on", d_on.get("host_low"), 100)
+    off_low, p2 = pick_val("host_fetch_share_low_off", d_off.get("host_low"), 100)
+    rep.compare("host_low_on", "host-fetched share at low load, residency on", P["host_share_low_on_pct"],
+                on_low, "%", p1)
+    rep.compare("host_low_off", "host-fetched share at low load, residency off",
+                P["host_share_low_off_pct"], off_low, "%", p2)
+    rep.compare("host_low_reduction", "reduction of host fetches at low load (off / on)",
+                P["host_share_low_reduction"], C.ratio(off_low, on_low), "x", p1)
+    v, p = pick_val("coverage_low_on", d_on.get("coverage_low"), 100)
+    rep.compare("coverage_low_on", "ready optional coverage at low load, residency on",
+                P["coverage_low_on_pct"], v, "%", p)
+    v, p = pick_val("seconds_to_coverage_below_1pct", d_on.get("below_1pct_s"))
+    rep.compare("below_1pct_s", "seconds until coverage < 1% after the step up",
+                P["seconds_to_coverage_below_1pct"], v, "s", p)
+    v, p = pick_val("seconds_to_fill_slots_on", d_on.get("fill_s"))
+    rep.compare("fill_on_s", "seconds to fill the slots, residency on", P["seconds_to_fill_slots_on"], v, "s", p)
+    v, p = pick_val("seconds_to_fill_slots_off", d_off.get("fill_s"))
+    rep.compare("fill_off_s", "seconds to fill the slots, residency off", P["seconds_to_fill_slots_off"], v, "s", p)
+    v, p = pick_val("seconds_to_coverage_above_50pct_after_drop", d_on.get("above_50pct_s"))
+    rep.compare("above_50pct_s", "seconds until coverage > 50% after the step down",
+                P["seconds_to_coverage_above_50pct_after_drop"], v, "s", p)
+    ph = []
+    for r in A.values():
+        ph = [C.as_float(p.get("duration_s")) for p in r.summary.get("phases") or []]
+        break
+    ph = [x for x in ph if x]
+    rep.compare("phase_minutes", "phase length", P["phase_minutes"],
+                (ph[0] / 60.0) if ph else None, "min", prov_runs,
+                "our load step is scaled down in time" if ph and ph[0] < 300 else "")
+    rep.measured_with = "; ".join(x for x in (prov_runs, prov_sum) if x)
+    rep.note("Per-phase request statistics (Table A1) are in tableA1.md. Shaded: the C256 phase.")
+    return rep.finish(fig, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Fig. 9 - output and host fetches against the hot-cache budget B/k, without speculation:
+(a-d) output per GPU and (e-h) share of selected rows fetched from host, for HiSparse and
+Adaptive HiSparse, GLM-like and DeepSeek-like presets at C8 and C128.
+
+Reads results/fig9/<run>/: summary.json (point.concurrency, point.b_over_k or model.hot_cache_rows
+/ model.index_topk in config.yaml or a 'B2k' tag; output_tok_s_per_gpu, tpot_ms_mean,
+ttft_ms_mean, optional host_fetched_share) and server_metrics.parquet (host-fetch counters;
+the census counters dhs_selected_rows_direct_total / _hot_total for sec. 3.2), profile.json for
+the resolver work per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from figures import common as C
+from figures.paper_values import PAPER
+
+NAME = "fig9"
+SYSTEMS = ("hisparse", "adaptive_hisparse")
+
+
+def family(model: str) -> str | None:
+    m = (model or "").lower()
+    if "glm" in m:
+        return "glm"
+    if "dsv" in m or "deepseek" in m or "ds" == m[:2]:
+        return "deepseek"
+    return None
+
+
+def budget(run: C.Run) -> float | None:
+    v = C.as_float(run.point.get("b_over_k")) or C.as_float(run.summary.get("b_over_k"))
+    if v:
+        return v
+    hc = C.as_float(((run.config.get("model") or {}).get("hot_cache_rows")))
+    k = C.as_float(((run.config.get("model") or {}).get("index_topk")))
+    if hc and k:
+        return hc / k
+    return C.parse_budget(run.tag)
+
+
+@dataclass
+class SweepPoint:
+    family: str
+    system: str
+    concurrency: int
+    bk: float
+    run: C.Run
+
+    @property
+    def host_share(self) -> float | None:
+        v = self.run.num("host_fetched_share")
+        return v if v is not None else C.counter_share(self.run.metrics)
+
+    def value(self, key: str) -> float | None:
+        return self.run.num(key)
+
+    def host_bytes_per_token(self) -> float | None:
+        df = self.run.metrics
+        if df is None or "dhs_host_bytes_total" not in df.columns:
+            return None
+        d = df["dhs_host_bytes_total"].dropna()
+        if len(d) < 2:
+            return None
+        toks = None
+        if "dhs_generated_tokens_total" in df.columns:
+            g = df["dhs_generated_tokens_total"].dropna()
+            toks = float(g.iloc[-1] - g.iloc[0]) if len(g) >= 2 else None
+        toks = toks or self.run.num("total_output_tokens")
+        if toks is None and self.run.num("output_tok_s") and self.run.num("duration_s"):
+            toks = self.run.num("output_tok_s") * self.run.num("duration_s")
+        return float(d.iloc[-1] - d.iloc[0]) / toks if toks else None
+
+    def bytes_per_missed_selection(self) -> float | None:
+        df = self.run.metrics
+        need = {"dhs_host_bytes_total", "dhs_selected_rows_from_host_total"}
+        if df is None or not need <= set(df.columns):
+            return None
+        b = float(df["dhs_host_bytes_total"].iloc[-1] - df["dhs_host_bytes_total"].iloc[0])
+        n = float(df["dhs_selected_rows_from_host_total"].iloc[-1]
+                  - df["dhs_selected_rows_from_host_total"].iloc[0])
+        return b / n if n > 0 else None
+
+
+def sweep(results) -> list[SweepPoint]:
+    out = []
+    for r in C.load_runs(results, NAME):
+        fam, bk = family(r.model), budget(r)
+        if fam and bk and r.concurrency:
+            out.append(SweepPoint(fam, r.system, r.concurrency, bk, r))
+    return out
+
+
+def select(pts, fam, system=None, c=None):
+    return sorted((p for p in pts if p.family == fam and (system is None or p.system == system)
+                   and (c is None or p.concurrency == c)), key=lambda p: p.bk)
+
+
+def at(pts, fam, system, c, bk) -> SweepPoint | None:
+    for p in select(pts, fam, system, c):
+        if abs(p.bk - bk) < 1e-6:
+            return p
+    return None
+
+
+def main(argv=None) -> C.Report:
+    args = C.parse_args(NAME, __doc__, argv)
+    pts = sweep(args.results)
+    rep = C.Report(NAME, "Fig. 9 - Output and host fetches against the hot-cache budget "
+                         "(ours: scaled presets)")
+    P = PAPER["fig9"]
+    fig, axes = C.subplots(2, 4, width=3.0, height=2.6)
+    combos = (("glm", 8), ("glm", 128), ("deepseek", 8), ("deepseek", 128))
+    for j, (fam, c) in enumerate(combos):
+        title = f"{'GLM-like' if fam == 'glm' else 'DeepSeek-like'}, C{c}"
+        for i, (getter, ylabel) in enumerate(((lambda p: p.value("output_tok_s_per_gpu"),
+                                                "Output (tok/s/GPU)"),
+                                               (lambda p: None if p.host_share is None else 100 * p.host_share,
+                                                "Fetched from host (% of rows)"))):
+            ax = axes[i][j]
+            lt = "abcdefgh"[4 * i + j]
+            drew = False
+            for s in SYSTEMS:
+                sp = [(p.bk, getter(p)) for p in select(pts, fam, s, c)]
+                sp = [x for x in sp if x[1] is not None]
+                if sp:
+                    drew = True
+                    C.plot_system_curve(ax, *zip(*sp), s)
+            if drew:
+                ax.set_xscale("log", base=2)
+                bks = sorted({p.bk for p in select(pts, fam, None, c)})
+                ax.set_xticks(bks)
+                ax.set_xticklabels([C.fmt(b) for b in bks])
+                ax.set_xlabel("Hot-cache budget B/k")
+                ax.set_ylabel(ylabel)
+                rep.panel(lt, "measured")
+            else:
+                C.not_measured_panel(ax, f"{title}: {ylabel}")
+                rep.panel(lt, f"{C.NOT_MEASURED} ({title}, {ylabel})")
+            C.panel_title(ax, lt, title)
+    C.legend(axes[0][0])
+    fig.tight_layout()
+
+    def endpoints(fam, s, c):
+        sel = select(pts, fam, s, c)
+        return (sel[0], sel[-1]) if sel else (None, None)
+
+    def hs(p):
+        return None if p is None or p.host_share is None else 100.0 * p.host_share
+
+    def prov_of(*ps):
+        return C.provenance([p.run for p in ps if p is not None])
+
+    # ---------------- GLM C128
+    G = P["glm_C128"]
+    lo, hi = endpoints("glm", "hisparse", 128)
+    rep.compare("glm128.miss_lo", "GLM C128 HiSparse host-miss share, smallest B", G["hisparse_miss_pct_Bk"],
+                hs(lo), "%", prov_of(lo),
+                lo and f"B/k = {C.fmt(lo.bk)}")
+    rep.compare("glm128.miss_hi", "GLM C128 HiSparse host-miss share, largest B", G["hisparse_miss_pct_B8k"],
+                hs(hi), "%", prov_of(hi), hi and f"B/k = {C.fmt(hi.bk)}")
+    rep.compare("glm128.tpot_lo", "GLM C128 HiSparse TPOT, smallest B", G["hisparse_tpot_ms_Bk"],
+                lo and lo.value("tpot_ms_mean"), "ms", prov_of(lo))
+    rep.compare("glm128.tpot_hi", "GLM C128 HiSparse TPOT, largest B", G["hisparse_tpot_ms_B8k"],
+                hi and hi.value("tpot_ms_mean"), "ms", prov_of(hi))
+    for s in SYSTEMS:
+        sel = [p for p in select(pts, "glm", s, 128) if p.value("output_tok_s_per_gpu") is not None]
+        best = max(sel, key=lambda p: p.value("output_tok_s_per_gpu")) if sel else None
+        rep.compare(f"glm128.best.{s}", f"GLM C128 {C.system_label(s)}: budget with the highest output",
+                    G["best_budget"], best and best.bk, "B/k", prov_of(best))
+    h2, h8 = at(pts, "glm", "hisparse", 128, 2), at(pts, "glm", "hisparse", 128, 8)
+    d = C.pct_change(h8 and h8.value("output_tok_s_per_gpu"), h2 and h2.value("output_tok_s_per_gpu"))
+    rep.compare("glm128.loss_2k_8k", "GLM C128 HiSparse output lost from 2k to 8k", G["output_loss_2k_to_8k_pct"],
+                None if d is None else -d, "%", prov_of(h2, h8))
+    rep.compare("glm128.ttft_2k", "GLM C128 HiSparse mean TTFT at 2k", G["ttft_s_2k"],
+                h2 and h2.value("ttft_ms_mean") and h2.value("ttft_ms_mean") / 1e3, "s", prov_of(h2))
+    rep.compare("glm128.ttft_8k", "GLM C128 HiSparse mean TTFT at 8k", G["ttft_s_8k"],
+                h8 and h8.value("ttft_ms_mean") and h8.value("ttft_ms_mean") / 1e3, "s", prov_of(h8))
+    peak = lambda s: max((p.value("output_tok_s_per_gpu") or 0 for p in select(pts, "glm", s, 128)), default=None)  # noqa: E731
+    rep.compare("glm128.adaptive_peak", "GLM C128 Adaptive over HiSparse at the peak",
+                G["adaptive_over_hisparse_at_peak_pct"],
+                C.pct_change(peak("adaptive_hisparse") or None, peak("hisparse") or None), "%",
+                prov_of(*select(pts, "glm", None, 128)))
+    a2, a8 = at(pts, "glm", "adaptive_hisparse", 128, 2), at(pts, "glm", "adaptive_hisparse", 128, 8)
+    for p, key, pv in ((a2, "2k", G["adaptive_step_ms_2k"]), (a8, "8k", G["adaptive_step_ms_8k"])):
+        prof = (C.kernel_profile(p.run) or {}) if p else {}
+        rep.compare(f"glm128.step_{key}", f"GLM C128 Adaptive step time at {key}", pv,
+                    C.as_float(prof.get("step_ms")), "ms", prov_of(p))
+    for p, key, pv in ((a2, "2k", G["sessions_per_gpu_2k"]), (a8, "8k", G["sessions_per_gpu_8k"])):
+        prof = (C.kernel_profile(p.run) or {}) if p else {}
+        v = C.as_float(prof.get("sessions_per_step")) or (p and p.value("active_mean"))
+        rep.compare(f"glm128.sessions_{key}", f"GLM C128 Adaptive sessions per GPU at {key}", pv, v, "",
+                    prov_of(p))
+
+    # ---------------- GLM C8
+    G = P["glm_C8"]
+    sel = select(pts, "glm", "adaptive_hisparse", 8)
+    shares = [p.host_share for p in sel if p.host_share is not None]
+    rep.compare("glm8.adaptive_miss", "GLM C8 Adaptive host-miss share (mean over budgets)",
+                G["adaptive_miss_pct"], 100 * float(np.mean(shares)) if shares else None, "%", prov_of(*sel))
+    outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
+    rep.compare("glm8.spread", "GLM C8 Adaptive output spread over budgets",
+                G["adaptive_output_spread_within_pct"],
+                (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None, "%", prov_of(*sel))
+    lo, hi = (sel[0], sel[-1]) if sel else (None, None)
+    for p, key, pv in ((lo, "smallest", G["resolver_ms_per_step_Bk"]), (hi, "largest", G["resolver_ms_per_step_B8k"])):
+        prof = (C.kernel_profile(p.run) or {}) if p else {}
+        v = C.as_float((prof.get("cache_kernel_ms") or {}).get("resolver"))
+        rep.compare(f"glm8.resolver_{key}", f"GLM C8 Adaptive resolver work per step, {key} B", pv, v, "ms",
+                    prov_of(p))
+    rep.compare("glm8.tpot_lo", "GLM C8 Adaptive TPOT, smallest B", G["tpot_ms_Bk"],
+                lo and lo.value("tpot_ms_mean"), "ms", prov_of(lo))
+    rep.compare("glm8.tpot_hi", "GLM C8 Adaptive TPOT, largest B", G["tpot_ms_B8k"],
+                hi and hi.value("tpot_ms_mean"), "ms", prov_of(hi))
+    best = lambda s: max((p.value("output_tok_s_per_gpu") or 0 for p in select(pts, "glm", s, 8)), default=None)  # noqa: E731
+    rep.compare("glm8.best_vs_best", "GLM C8 Adaptive over HiSparse, best against best",
+                G["adaptive_over_hisparse_best_pct"],
+                C.pct_change(best("adaptive_hisparse") or None, best("hisparse") or None), "%",
+                prov_of(*select(pts, "glm", None, 8)))
+    # census (sec. 3.2): GLM C8 Adaptive, no speculation, at the B/k = 2 point when present
+    cen = at(pts, "glm", "adaptive_hisparse", 8, 2) or (sel[len(sel) // 2] if sel else None)
+    df = cen.run.metrics if cen else None
+    for key, col in (("direct_pct", "dhs_selected_rows_direct_total"),
+                     ("hot_cache_pct", "dhs_selected_rows_hot_total"),
+                     ("host_pct", "dhs_selected_rows_from_host_total")):
+        v = C.counter_share(df, col, "dhs_selected_rows_total") if df is not None else None
+        rep.compare(f"census.{key}", f"census GLM C8 Adaptive: {key.replace('_pct', '').replace('_', ' ')}",
+                    PAPER["census"][key], None if v is None else 100 * v, "%", prov_of(cen),
+                    cen and f"B/k = {C.fmt(cen.bk)}")
+
+    # ---------------- DeepSeek C128 / C8
+    D = P["deepseek_C128"]
+    for s in SYSTEMS:
+        sel = select(pts, "deepseek", s, 128)
+        outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
+        rep.compare(f"ds128.spread.{s}", f"DeepSeek C128 {C.system_label(s)} output spread over budgets",
+                    D["output_spread_within_pct"],
+                    (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None, "%", prov_of(*sel))
+        tag = "hisparse" if s == "hisparse" else "adaptive"
+        lo, hi = (sel[0], sel[-1]) if sel else (None, None)
+        rep.compare(f"ds128.miss_lo.{s}", f"DeepSeek C128 {C.system_label(s)} host-miss share, smallest B",
+                    D[f"{tag}_miss_pct_lo_B"], hs(lo),
+                    "%", prov_of(lo))
+        rep.compare(f"ds128.miss_hi.{s}", f"DeepSeek C128 {C.system_label(s)} host-miss share, largest B",
+                    D[f"{tag}_miss_pct_hi_B"], hs(hi),
+                    "%", prov_of(hi))
+    tts = [p.value("ttft_ms_mean") / 1e3 for p in select(pts, "deepseek", None, 128) if p.value("ttft_ms_mean")]
+    rep.compare("ds128.ttft", "DeepSeek C128 mean TTFT (mean over budgets, both systems)", D["ttft_s"],
+                float(np.mean(tts)) if tts else None, "s", prov_of(*select(pts, "deepseek", None, 128)),
+                f"range {C.fmt(min(tts))}-{C.fmt(max(tts))}" if tts else "")
+    sel = select(pts, "deepseek", "adaptive_hisparse", 8)
+    sh = [p.host_share for p in sel if p.host_share is not None]
+    rep.compare("ds8.adaptive_miss", "DeepSeek C8 Adaptive host-miss share (max over budgets)",
+                P["deepseek_C8"]["adaptive_miss_pct"], 100 * max(sh) if sh else None, "%", prov_of(*sel))
+    rep.measured_with = C.provenance([p.run for p in pts])
+    rep.note("Our sweeps run the scaled presets' k (512 GLM-like, 128 DeepSeek-like); budgets are "
+             "compared as B/k. The host-miss share depends on the calibrated selection locality.")
+    return rep.finish(fig, args)
+
+
+if __name__ == "__main__":
+    main()

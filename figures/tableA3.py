@@ -1,0 +1,120 @@
+"""Table A3 - first-token and per-token latency at every load, and the capacity each system
+sustains under fixed latency bounds (post-wave p99 TTFT and mean TPOT).
+
+Reads results/fig4/<run>/summary.json. The latency bounds are the paper's (10 s / 40 ms,
+10 s / 50 ms, 8 s / 40 ms); override with --ttft-bound / --tpot-bound for a scaled preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from figures import common as C
+from figures.paper_values import A3_CONCURRENCY, PAPER, label
+
+NAME = "tableA3"
+SYSTEMS = ("hisparse", "adaptive_hisparse", "adaptive_dhisparse")
+COLS = (  # paper key, our key, scale, unit, title
+    ("ttft_s_mean", "ttft_ms_mean", 1e-3, "s", "TTFT mean"),
+    ("ttft_s_p99", "ttft_ms_p99", 1e-3, "s", "TTFT p99"),
+    ("post_wave_ttft_s_mean", "post_wave_ttft_ms_mean", 1e-3, "s", "post-wave TTFT mean"),
+    ("post_wave_ttft_s_p99", "post_wave_ttft_ms_p99", 1e-3, "s", "post-wave TTFT p99"),
+    ("tpot_ms_mean", "tpot_ms_mean", 1.0, "ms", "TPOT mean"),
+    ("tpot_ms_p99", "tpot_ms_p99", 1.0, "ms", "TPOT p99"),
+)
+
+
+def sustained(runs, system, ttft_bound_s, tpot_bound_ms):
+    """Highest offered C whose post-wave p99 TTFT and mean TPOT meet the bounds, with its output."""
+    best = None
+    for r in C.by_system(runs).get(system, []):
+        pw, tp = r.num("post_wave_ttft_ms_p99"), r.num("tpot_ms_mean")
+        if pw is None or tp is None or r.concurrency is None:
+            continue
+        if pw / 1e3 <= ttft_bound_s and tp <= tpot_bound_ms:
+            if best is None or r.concurrency > best[0]:
+                best = (r.concurrency, r.num("output_tok_s_per_gpu"))
+    return best or (None, None)
+
+
+def main(argv=None) -> C.Report:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--ttft-bound", type=float, default=None)
+    pre.add_argument("--tpot-bound", type=float, default=None)
+    extra, rest = pre.parse_known_args(argv)
+    args = C.parse_args(NAME, __doc__, rest)
+    runs = C.load_runs(args.results, "fig4")
+    rep = C.Report(NAME, "Table A3 - latency at every load (ours: GLM-like scaled preset)")
+    P = PAPER["tableA3"]
+    prov_all = C.provenance(runs)
+    for sys_ in SYSTEMS:
+        for c in A3_CONCURRENCY:
+            r = C.pick(runs, sys_, c)
+            prov = C.provenance(r) if r else ""
+            for pk, ok, sc, unit, title in COLS:
+                v = None if r is None or r.num(ok) is None else r.num(ok) * sc
+                rep.compare(f"{sys_}.C{c}.{pk}", f"{label(sys_)} C{c}: {title}", P[sys_][f"C{c}"][pk],
+                            v, unit, prov)
+
+    # capacity under latency bounds
+    LB = PAPER["latency_bounds"]
+    for bname, b in LB.items():
+        tb = extra.ttft_bound or float(b["post_wave_ttft_p99_s"])
+        pb = extra.tpot_bound or float(b["tpot_mean_ms"])
+        res = {s: sustained(runs, s, tb, pb) for s in SYSTEMS}
+        tag = f"p99 post-wave TTFT <= {tb:g} s, TPOT <= {pb:g} ms"
+        for s, pv in b.get("max_C", {}).items():
+            rep.compare(f"{bname}.{s}.max_C", f"[{tag}] {label(s)}: highest C", pv, res[s][0], "", prov_all)
+        for s, pv in b.get("output", {}).items():
+            rep.compare(f"{bname}.{s}.output", f"[{tag}] {label(s)}: output there", pv, res[s][1],
+                        "tok/s/GPU", prov_all)
+        h, a = res["hisparse"], res["adaptive_dhisparse"]
+        if bname == "bound_b":
+            a = sustained(runs, "adaptive_dhisparse", float(LB["bound_a"]["post_wave_ttft_p99_s"]),
+                          float(LB["bound_a"]["tpot_mean_ms"]))
+        if bname == "bound_c":
+            h = sustained(runs, "hisparse", float(LB["bound_a"]["post_wave_ttft_p99_s"]),
+                          float(LB["bound_a"]["tpot_mean_ms"]))
+        if "concurrency_ratio" in b:
+            rep.compare(f"{bname}.concurrency_ratio", f"[{tag}] ADHS / HiSparse sustained concurrency",
+                        b["concurrency_ratio"], C.ratio(a[0], h[0]), "x", prov_all)
+        if "output_ratio" in b:
+            rep.compare(f"{bname}.output_ratio", f"[{tag}] ADHS / HiSparse sustained output",
+                        b["output_ratio"], C.ratio(a[1], h[1]), "x", prov_all)
+    if extra.ttft_bound or extra.tpot_bound:
+        rep.note(f"Latency bounds overridden on the command line: TTFT {extra.ttft_bound}, "
+                 f"TPOT {extra.tpot_bound}.")
+    rep.note("The ratio rows under a bound compare ADHS at the first bound with HiSparse at the "
+             "second (50 ms) bound, and ADHS at the 8 s bound with HiSparse at the first, as the "
+             "paper does.")
+
+    fig, axes = C.subplots(1, 3, width=3.6, height=3.0)
+    for ax, (pk, ok, sc, unit, title), log, lt in zip(axes[0], (COLS[0], COLS[3], COLS[4]),
+                                                       (True, True, False), "abc"):
+        drew = False
+        for sys_ in SYSTEMS:
+            ax.plot(A3_CONCURRENCY, [P[sys_][f"C{c}"][pk] for c in A3_CONCURRENCY], linestyle="--",
+                    color=C.system_color(sys_), linewidth=1.0, alpha=0.7)
+            xs, ys = C.curve(runs, sys_, ok)
+            if xs:
+                drew = True
+                C.plot_system_curve(ax, xs, [y * sc for y in ys], sys_)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(A3_CONCURRENCY)
+        ax.set_xticklabels([str(c) for c in A3_CONCURRENCY])
+        if log:
+            ax.set_yscale("log")
+        ax.set_xlabel("Offered concurrency")
+        ax.set_ylabel(f"{title} ({unit})")
+        C.panel_title(ax, lt, f"{title} (dashed: paper)")
+        if not drew:
+            C.mark_unmeasured(ax)
+        rep.panel(lt, "measured" if drew else f"{C.NOT_MEASURED} (fig4 runs)")
+    C.legend(axes[0][0])
+    rep.measured_with = prov_all
+    fig.tight_layout()
+    return rep.finish(fig, args)
+
+
+if __name__ == "__main__":
+    main()
