@@ -54,7 +54,8 @@ class PrefixStore:
         ctx = PrefillContext(m.cfg, T, dev, m.dtype)
         tokens = torch.tensor([prompt_ids], device=dev)
         positions = torch.arange(T, device=dev).unsqueeze(0)
-        logits, hidden = m(tokens, positions, ctx, q_chunk=prefill_chunk_size(m.cfg, T),
+        budget = (1 << 28) if dev.type == "cuda" else (1 << 24)  # fewer, larger chunks on GPU
+        logits, hidden = m(tokens, positions, ctx, q_chunk=prefill_chunk_size(m.cfg, T, budget),
                            last_only=True)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)

@@ -191,6 +191,7 @@ class PrefillContext:
 
 
 def prefill_chunk_size(cfg: ModelConfig, T: int, budget_elems: int = 1 << 24) -> int:
+    # budget_elems bounds the transient (Qc x T) scores and (Qc x k x row) rows of one chunk
     """Query chunk so that scores (Qc x T) and gathered rows (Qc x k x d) stay bounded."""
     per_q = max(T, cfg.index_topk * max(cfg.kv_dim, cfg.row_bytes))
     return max(1, min(T, budget_elems // per_q))

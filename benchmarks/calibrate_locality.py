@@ -1,0 +1,113 @@
+"""Calibrate the indexer's selection-locality knob (the one calibrated input, DESIGN.md sec. 3).
+
+On glm53_mini at a high load, HiSparse's share of selected rows fetched from host against B/k in
+{1, 2, 4, 8} should follow the paper's Fig. 9e (33% at B = k falling to 3.9% at B = 8k). For each
+candidate lambda we admit N requests over one prepared prefix, run warm-up steps, and read the
+resolver census over measured steps. The fitted lambda minimizes the squared error in
+log-share at the two published points; it is written to results/calibration/locality.json and
+should be set as the preset's default (conf/model/glm53_mini.yaml: selection_locality).
+
+    python benchmarks/calibrate_locality.py --lams 0,0.5,0.7,0.8,0.9 --requests 16 --context 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PAPER = {1: 33.0, 8: 3.9}  # Fig. 9e, HiSparse at C128: % of selected rows fetched from host
+
+
+def measure(lam: float, b_over_k: int, args) -> dict:
+    import torch
+
+    from systems.engine.config import compose, engine_config_from_cfg
+    from systems.engine.engine import Engine
+    from systems.engine.request import Request, SamplingParams
+
+    cfg = compose([f"model={args.model}", "system=hisparse", f"device={args.device}",
+                   f"model.selection_locality={lam}", f"hardware.kv_pool_gib={args.pool_gib}",
+                   f"hardware.host_pool_gib={args.host_gib}",
+                   f"hardware.max_running_requests={args.requests}",
+                   f"model.max_context_len={args.context + args.steps + 64}",
+                   f"workload.input_len={args.context}", f"workload.output_len={args.steps + 8}"])
+    ecfg = engine_config_from_cfg(cfg)
+    ecfg.kv.hot_cache_rows = b_over_k * ecfg.model.index_topk
+    eng = Engine(ecfg)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(2, ecfg.model.vocab_size, (args.context,), generator=g).tolist()
+    for _ in range(args.requests):
+        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=args.steps + 8)))
+    eng.step()
+    assert len(eng.scheduler.running) == args.requests
+    for _ in range(args.warmup):
+        eng.step()
+    m0 = eng.backend.metrics()
+    t0 = time.perf_counter()
+    for _ in range(args.steps - args.warmup):
+        eng.step()
+    dt = time.perf_counter() - t0
+    m1 = eng.backend.metrics()
+    d = {k: m1[k] - m0[k] for k in ("dhs_selected_rows_total", "dhs_selected_rows_from_host_total",
+                                     "dhs_host_rows_copied_total", "dhs_selected_rows_hot_total")}
+    share = 100.0 * d["dhs_selected_rows_from_host_total"] / max(1, d["dhs_selected_rows_total"])
+    del eng
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return {"lambda": lam, "b_over_k": b_over_k, "host_share_pct": share,
+            "step_ms": 1e3 * dt / (args.steps - args.warmup), **d}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="glm53_mini")
+    ap.add_argument("--lams", default="0,0.5,0.7,0.8,0.9")
+    ap.add_argument("--budgets", default="1,2,4,8")
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--pool-gib", type=float, default=8.0)
+    ap.add_argument("--host-gib", type=float, default=8.0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=str(REPO / "results" / "calibration" / "locality.json"))
+    args = ap.parse_args()
+    from harness.environment import environment
+
+    rows = []
+    for lam in [float(x) for x in args.lams.split(",")]:
+        for bk in [int(x) for x in args.budgets.split(",")]:
+            r = measure(lam, bk, args)
+            rows.append(r)
+            print(f"lambda={lam:.2f} B/k={bk}: host share {r['host_share_pct']:6.2f}% "
+                  f"step {r['step_ms']:.1f} ms", flush=True)
+
+    def err(lam):
+        e = 0.0
+        for bk, paper in PAPER.items():
+            ours = [r["host_share_pct"] for r in rows if r["lambda"] == lam and r["b_over_k"] == bk]
+            if not ours:
+                return math.inf
+            e += (math.log(max(ours[0], 1e-3)) - math.log(paper)) ** 2
+        return e
+
+    lams = sorted({r["lambda"] for r in rows})
+    best = min(lams, key=err)
+    out = {"model": args.model, "paper_fig9e_host_share_pct": PAPER, "fitted_lambda": best,
+           "fit_error_log2": err(best), "points": rows, "settings": vars(args),
+           "env": environment(),
+           "note": "grid fit of model.selection_locality; the single calibrated input"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"fitted lambda = {best} (log-error {err(best):.3f}) -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
