@@ -207,6 +207,74 @@ def run_point(streams: int, args: argparse.Namespace, tokens_per_chunk: int) -> 
     return out
 
 
+def asyncio_read_floor(n_conns: int = 1000, gap_s: float = 0.04, seconds: float = 4.0,
+                       client_cpu: int | None = 0, server_cpu: int | None = 1) -> dict:
+    """CPU cost of one socket read for a do-nothing asyncio Protocol on this host.
+
+    A forked writer sends a 150-byte message on each of ``n_conns`` loopback
+    connections every ``gap_s``; this process counts ``data_received`` calls.
+    It is the floor under any asyncio client here: event loop + epoll + recv,
+    no HTTP, no parsing.
+    """
+    import asyncio
+    import socket
+
+    r_fd, w_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # writer
+        try:
+            if server_cpu is not None:
+                os.sched_setaffinity(0, {server_cpu})
+            lsock = socket.socket()
+            lsock.bind(("127.0.0.1", 0))
+            lsock.listen(n_conns + 16)
+            os.write(w_fd, str(lsock.getsockname()[1]).encode().ljust(8))
+            conns = [lsock.accept()[0] for _ in range(n_conns)]
+            for c in conns:
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            msg = b"x" * 150
+            t0 = time.perf_counter()
+            k = 0
+            while time.perf_counter() - t0 < seconds + 1.5:
+                k += 1
+                for c in conns:
+                    c.send(msg)
+                d = t0 + k * gap_s - time.perf_counter()
+                if d > 0:
+                    time.sleep(d)
+        finally:
+            os._exit(0)
+    port = int(os.read(r_fd, 8))
+    os.close(r_fd)
+    os.close(w_fd)
+    if client_cpu is not None:
+        os.sched_setaffinity(0, {client_cpu})
+
+    class P(asyncio.Protocol):
+        n = 0
+
+        def data_received(self, data: bytes) -> None:
+            P.n += 1
+
+    async def main() -> dict:
+        loop = asyncio.get_running_loop()
+        for _ in range(n_conns):
+            await loop.create_connection(P, "127.0.0.1", port)
+        await asyncio.sleep(0.5)
+        n0, c0, t0 = P.n, time.process_time(), time.perf_counter()
+        await asyncio.sleep(seconds)
+        n, c, t = P.n - n0, time.process_time() - c0, time.perf_counter() - t0
+        return {"conns": n_conns, "msg_gap_ms": gap_s * 1e3, "reads_s": n / t, "cpu_util": c / t,
+                "us_per_read": c / n * 1e6 if n else None}
+
+    try:
+        return asyncio.run(main())
+    finally:
+        os.waitpid(pid, 0)
+        if client_cpu is not None:
+            os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+
+
 def fmt(p: dict) -> str:
     c, e, parts = p["client"], p["ttft_error_ms"], p["ttft_error_parts_ms"]
     return (
@@ -233,15 +301,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--no-pin", action="store_true")
+    ap.add_argument("--no-extra", action="store_true", help="skip the offered-100k-tok/s points")
+    ap.add_argument("--no-floor", action="store_true", help="skip the raw asyncio read-cost measurement")
     ap.add_argument("--out-dir", default=str(REPO / "results" / "bench_client"))
     args = ap.parse_args(argv)
 
+    pin = (os.cpu_count() or 1) >= 2 and not args.no_pin
+    floors = []
+
+    def floor() -> None:
+        if args.no_floor:
+            return
+        f = asyncio_read_floor(client_cpu=args.client_cpu if pin else None,
+                               server_cpu=args.server_cpu if pin else None)
+        floors.append(f)
+        print(f"asyncio floor: {f['us_per_read']:.1f} us CPU per socket read "
+              f"({f['reads_s']:,.0f} reads/s at {f['cpu_util']:.2f} CPU, do-nothing Protocol)", flush=True)
+
+    floor()
     points = []
     for k in [int(x) for x in args.tokens_per_chunk.split(",")]:
         for n in [int(x) for x in args.streams.split(",")]:
             p = run_point(n, args, k)
             print(fmt(p), flush=True)
             points.append(p)
+    # Offered 100k tok/s instead of 1M: 1000 streams with 10 ms between tokens,
+    # one token per event and four (the server keeps up with the latter).
+    extra = []
+    if not args.no_extra:
+        eargs = argparse.Namespace(**dict(vars(args), itl_ms=10.0))
+        for k in (1, 4):
+            p = run_point(1000, eargs, k)
+            print("[offered 100k tok/s] " + fmt(p), flush=True)
+            extra.append(p)
+    floor()  # again after: this host's per-read cost is bimodal (about 10 or 25-30 us)
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     rec = {
@@ -251,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args),
         "targets": {"tok_s": TARGET_TOK_S, "ttft_error_ms": TARGET_TTFT_ERR_MS, "at_streams": 1000},
         "points": points,
+        "points_offered_100k": extra,
+        "asyncio_read_floor": floors,
     }
     path = Path(args.out_dir) / f"{stamp}.json"
     atomic_write_json(path, rec)

@@ -451,8 +451,9 @@ def fig8a(torch, rv, args, sz):
                 # retained: a full cache holding half of query 0's selection + other history rows
                 keep = qs[0][:, : K // 2]
                 others = src.perms(min(src.ctx, need + B))
-                notsel = ~torch.isin(others, pool)
-                other_rows = torch.stack([others[r][notsel[r]][: B - keep.shape[1]] for r in range(R)])
+                # per request: rows not in that request's own selections (isin is row-blind)
+                other_rows = torch.stack([others[r][~torch.isin(others[r], pool[r])]
+                                          [: B - keep.shape[1]] for r in range(R)])
                 src.fill_hot(torch.cat([keep, other_rows], 1))
             saved = (src.hot_pos.clone(), src.hot_lru.clone())
             stamp = [10_000]
