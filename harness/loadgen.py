@@ -30,10 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import math
-import os
-import re
 import sys
 import time
 import uuid
@@ -111,12 +110,14 @@ class LoadConfig:
         return cls(**kw)
 
     def mode(self) -> str:
+        """``schedule`` > ``open`` (request_rate set; concurrency, if also set,
+        caps the requests in flight like SGLang's --max-concurrency) > ``closed``."""
         if self.schedule:
             return "schedule"
-        if self.concurrency is not None:
-            return "closed"
         if self.request_rate is not None:
             return "open"
+        if self.concurrency is not None:
+            return "closed"
         raise ValueError("one of concurrency, request_rate or schedule is required")
 
 
@@ -157,8 +158,6 @@ def parse_schedule(spec: Any) -> list[tuple[int, float]]:
 # SSE stream parsers
 # --------------------------------------------------------------------------
 
-_INT_RE = re.compile(rb"\s*(\d+)")
-_NULL_RE = re.compile(rb"\s*null")
 _K_CT = b'"completion_tokens":'
 _K_FR = b'"finish_reason":'
 _K_USAGE = b'"usage":'
@@ -208,20 +207,20 @@ class _StreamParserBase:
             self.buf = buf
             return
         self.buf = buf[end + 1 :]
-        chunks = self.chunks
+        append = self.chunks.append
         event = self._event
         for line in buf[:end].split(b"\n"):
-            if line[:5] != b"data:":
+            if not line or not line.startswith(b"data:"):
                 continue  # blank separators, comments, "event:" lines
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 self.done = True
-                continue
-            if not payload:
-                continue
-            n = event(payload)
-            if n is not None:
-                chunks.append([now, n])
+            elif payload:
+                n = event(payload)
+                if n is not None:
+                    # tuples, not lists: the GC untracks tuples of atoms, so
+                    # millions of chunks do not slow down full collections
+                    append((now, n))
 
     def finish(self, now: float) -> None:
         """Flush a trailing event without a final newline."""
@@ -253,12 +252,16 @@ class GenerateStreamParser(_StreamParserBase):
 
     def _event(self, p: bytes) -> int | None:
         if self.prompt_tokens is not None:
-            i = p.rfind(_K_CT)
-            if i >= 0:
-                m = _INT_RE.match(p, i + 20)
-                j = p.rfind(_K_FR)
-                if m is not None and j >= 0 and _NULL_RE.match(p, j + 16) is not None:
-                    ct = int(m.group(1))
+            j = p.rfind(_K_FR)
+            if j >= 0 and (p.startswith(b"null", j + 16) or p.startswith(b" null", j + 16)):
+                i = p.rfind(_K_CT)
+                if i >= 0:
+                    k = i + 20
+                    e = p.find(b",", k)
+                    try:
+                        ct = int(p[k:e])  # int() accepts surrounding whitespace
+                    except ValueError:
+                        return self._full(p)
                     n = ct - self.last_ct
                     self.last_ct = ct
                     self.completion_tokens = ct
@@ -313,16 +316,23 @@ class OpenAIStreamParser(_StreamParserBase):
 
     def _event(self, p: bytes) -> int | None:
         u = p.rfind(_K_USAGE)
-        if u >= 0 and _NULL_RE.match(p, u + 8) is not None:
+        if u >= 0 and (p.startswith(b"null", u + 8) or p.startswith(b" null", u + 8)):
             j = p.rfind(_K_FR)
-            if j >= 0 and _NULL_RE.match(p, j + 16) is not None:
+            if j >= 0 and (p.startswith(b"null", j + 16) or p.startswith(b" null", j + 16)):
                 k = p.rfind(_K_NTOK)
-                if k >= 0:
-                    m = _INT_RE.match(p, k + 13)
-                    if m is not None:
-                        n = int(m.group(1))
-                        self.last_ct += n
-                        return n
+                # exactly one choice: a second "index" key means several choices
+                if k >= 0 and p.find(b'"index":', p.find(b'"index":') + 8) < 0:
+                    k += 13
+                    e = p.find(b"}", k)
+                    c = p.find(b",", k)
+                    if 0 <= c < e:
+                        e = c
+                    try:
+                        n = int(p[k:e])
+                    except ValueError:
+                        return self._full(p)
+                    self.last_ct += n
+                    return n
         return self._full(p)
 
     def _full(self, p: bytes) -> int | None:
@@ -450,6 +460,8 @@ class _Runner:
         self.phases_spec = parse_schedule(cfg.schedule) if self.mode == "schedule" else []
         if self.mode == "closed" and int(cfg.concurrency) < 1:
             raise ValueError("concurrency must be >= 1")
+        if self.mode == "open" and cfg.concurrency is not None and int(cfg.concurrency) < 1:
+            raise ValueError("concurrency (cap) must be >= 1")
         if self.mode == "open" and not (float(cfg.request_rate) > 0):
             raise ValueError("request_rate must be > 0")
         if self.mode in ("closed", "open") and not cfg.num_requests:
@@ -485,7 +497,10 @@ class _Runner:
         rec.send_epoch = time.time()
         rec.send_mono = t_send = _perf()
         try:
-            async with self.session.post(self.url, data=body, headers=_JSON_HEADERS) as resp:
+            # one timer per request; a ClientTimeout would arm a timer around every socket read
+            async with asyncio.timeout(self.cfg.timeout), self.session.post(
+                self.url, data=body, headers=_JSON_HEADERS
+            ) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
                     rec.retry_after = _parse_retry_after(resp.headers.get("Retry-After"))
@@ -546,7 +561,7 @@ class _Runner:
             rid=rid,
             index=i,
             phase=self.cur_phase,
-            concurrency=self.target if self.mode != "open" else None,
+            concurrency=(self.target or None) if self.mode == "open" else self.target,
         )
         body = self.bodies.body(i, rid)
         self.inflight += 1
@@ -565,7 +580,7 @@ class _Runner:
         elif self.mode == "schedule":
             conc = max(c for c, _ in self.phases_spec)
         else:
-            conc = n
+            conc = int(self.cfg.concurrency) if self.cfg.concurrency else n
         conc = max(1, min(conc, n))
         queue = list(range(n))
         queue.reverse()
@@ -623,8 +638,11 @@ class _Runner:
         self._scrape_soon()
 
     async def _open_loop(self) -> None:
+        """Poisson arrivals; with ``concurrency`` set, an arrival that finds the
+        cap reached waits for a slot (later arrivals keep their own schedule)."""
         n = int(self.cfg.num_requests)
         rate = float(self.cfg.request_rate)
+        cap = int(self.cfg.concurrency) if self.cfg.concurrency else 0
         rng = np.random.default_rng(self.cfg.seed + 7919)
         t = _perf()
         for _ in range(n):
@@ -633,6 +651,9 @@ class _Runner:
                 delay = t - _perf()
                 if delay > 0:
                     await asyncio.sleep(delay)
+            while cap and self.inflight >= cap:
+                self.wake.clear()
+                await self.wake.wait()
             self._launch()
             if not math.isfinite(rate):
                 await asyncio.sleep(0)  # see _closed_loop
@@ -665,9 +686,14 @@ class _Runner:
             self.metrics_writer.write(sample)
 
     async def _scrape_loop(self, interval: float) -> None:
+        # Stopped by a flag, not by cancel(): on Python 3.12 a cancel() that lands while the
+        # event wait completes can be swallowed by wait_for, and the run then never ends
+        # (seen on the GPU machine).
         ev = self._scrape_ev
-        while True:
+        while not self._scrape_stop:
             await self._scrape_once()
+            if self._scrape_stop:
+                break
             try:
                 await asyncio.wait_for(ev.wait(), timeout=interval)
             except asyncio.TimeoutError:
@@ -724,8 +750,10 @@ class _Runner:
         _raise_nofile_limit()
         self.wake = asyncio.Event()
         self._scrape_ev = asyncio.Event()
+        self._scrape_stop = False
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
-        timeout = aiohttp.ClientTimeout(total=cfg.timeout, connect=None, sock_read=None, sock_connect=None)
+        # per-request timeouts are enforced in _request (asyncio.timeout)
+        timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=None)
         interrupted = False
         scrape_task = None
         timer_task = None
@@ -750,6 +778,10 @@ class _Runner:
             except Exception:  # pragma: no cover - tqdm missing
                 self.pbar = None
             self.epoch_offset = time.time() - _perf()
+            # Move everything allocated so far (imports, warmup) out of the GC's
+            # reach so collections during the run stay short.
+            gc.collect()
+            gc.freeze()
             self._cpu0, self._wall0 = time.process_time(), _perf()
             try:
                 if cfg.metrics_interval and cfg.metrics_interval > 0:
@@ -764,13 +796,17 @@ class _Runner:
                     await self._closed_loop(math.inf)
                     await timer_task
                 else:
+                    self.target = int(cfg.concurrency) if cfg.concurrency else 0  # optional cap
                     await self._open_loop()
                 # drain whatever is still running (schedule end / open loop)
                 while self.tasks:
                     await asyncio.gather(*list(self.tasks), return_exceptions=True)
                 if scrape_task is not None:
-                    scrape_task.cancel()
-                    await asyncio.gather(scrape_task, return_exceptions=True)
+                    self._scrape_stop = True
+                    self._scrape_ev.set()
+                    done, _ = await asyncio.wait([scrape_task], timeout=30)
+                    if not done:
+                        scrape_task.cancel()
                     scrape_task = None
                     if cfg.metrics_interval and cfg.metrics_interval > 0:
                         await self._scrape_once()  # final sample
@@ -782,10 +818,12 @@ class _Runner:
                     t.cancel()
                 if self.tasks:
                     await asyncio.gather(*list(self.tasks), return_exceptions=True)
+                self._scrape_stop = True
+                self._scrape_ev.set()
                 for t in (scrape_task, timer_task):
                     if t is not None and not t.done():
                         t.cancel()
-                        await asyncio.gather(t, return_exceptions=True)
+                        await asyncio.wait([t], timeout=30)
                 if self.pbar is not None:
                     self.pbar.close()
                 if self.writer is not None:
@@ -793,6 +831,7 @@ class _Runner:
                 if self.metrics_writer is not None:
                     self.metrics_writer.close()
                 self._cpu1, self._wall1 = time.process_time(), _perf()
+                gc.unfreeze()
                 self.records.sort(key=lambda r: r.index)
                 summary = self._summary(None, interrupted)
                 if cfg.summary_out:
@@ -856,7 +895,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default="http://127.0.0.1:30000", help="server base URL")
     p.add_argument("--api", choices=["generate", "openai"], default="generate")
     g = p.add_argument_group("load shape (pick one)")
-    g.add_argument("--concurrency", type=int, default=None, help="closed loop: exactly C requests in flight")
+    g.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="closed loop: exactly C requests in flight (with --request-rate: at most C in flight)",
+    )
     g.add_argument("--request-rate", type=float, default=None, help="open loop Poisson rate (req/s); inf = all at once")
     g.add_argument("--schedule", default=None, help='phases "C:SECONDS,C:SECONDS,..." (closed loop, switches on time)')
     p.add_argument("--num-requests", type=int, default=None, help="total measured requests (ignored with --schedule)")
