@@ -745,6 +745,14 @@ class _Runner:
         meta.update(s)
         return meta
 
+    async def _drain(self) -> None:
+        while True:
+            pending = [t for t in self.tasks if not t.done()]
+            if not pending:
+                break
+            await asyncio.wait(pending)
+        self.tasks.clear()
+
     async def run(self) -> LoadResult:
         cfg = self.cfg
         _raise_nofile_limit()
@@ -798,9 +806,10 @@ class _Runner:
                 else:
                     self.target = int(cfg.concurrency) if cfg.concurrency else 0  # optional cap
                     await self._open_loop()
-                # drain whatever is still running (schedule end / open loop)
-                while self.tasks:
-                    await asyncio.gather(*list(self.tasks), return_exceptions=True)
+                # drain whatever is still running (schedule end / open loop). Wait on the
+                # pending ones only: awaiting a gather of done tasks never yields on Python
+                # 3.12, so the done-callbacks that empty self.tasks would never run.
+                await self._drain()
                 if scrape_task is not None:
                     self._scrape_stop = True
                     self._scrape_ev.set()
@@ -816,8 +825,7 @@ class _Runner:
             finally:
                 for t in list(self.tasks):
                     t.cancel()
-                if self.tasks:
-                    await asyncio.gather(*list(self.tasks), return_exceptions=True)
+                await self._drain()
                 self._scrape_stop = True
                 self._scrape_ev.set()
                 for t in (scrape_task, timer_task):
