@@ -8,7 +8,7 @@ DEFAULT_EXP := $(if $(HAS_GPU),default_h200,default_cpu)
 EXP ?=
 ARGS ?=
 
-.PHONY: help venv run test test-fast server figures clean
+.PHONY: help venv run test server figures reproduce clean test-sglang
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
@@ -32,6 +32,16 @@ test: $(STAMP)  ## the CPU test suite (what CI runs)
 
 server: $(STAMP)  ## serve the bundled engine on 127.0.0.1:30000 (ARGS="system=... model=...")
 	$(PY) -m systems.engine.server --port 30000 $(ARGS)
+
+test-sglang: $(STAMP)  ## SGLang adapter tests; builds .venv-sglang (torch 2.14.1 + sglang 0.5.23, ~11 GB) on first use
+	bash scripts/sglang_env.sh $(ARGS)
+
+figures: $(STAMP)  ## draw every figure/table from results/ (CPU) and write REPRODUCTION.md
+	$(PY) -m figures.make_all
+
+reproduce: $(STAMP)  ## run every experiment config on the GPU (EXP=fig9 for one), then the figures
+	$(PY) -m harness.reproduce $(if $(EXP),--only $(EXP))
+	$(PY) -m figures.make_all
 
 clean:  ## remove the environment and caches (keeps results/)
 	rm -rf .venv .pytest_cache .hypothesis outputs multirun

@@ -282,6 +282,7 @@ def phase_stats(
     """
     recs = [as_record(r) for r in records]
     out = []
+    t_first = float(phases[0]["start_mono"]) if phases else 0.0
     for ph in phases:
         i = int(ph["phase"])
         start, end = float(ph["start_mono"]), float(ph["end_mono"])
@@ -314,7 +315,7 @@ def phase_stats(
             {
                 "phase": i,
                 "concurrency": ph.get("concurrency"),
-                "start_s": start,
+                "start_s": start - t_first,  # relative to the first phase's start
                 "duration_s": dur,
                 "requests": len(sel),
                 "tpot_ms_mean": None if tp is None else tp * 1e3,

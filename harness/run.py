@@ -49,7 +49,8 @@ def run_id(cfg: DictConfig, point: dict) -> str:
         material.pop(volatile, None)
     material["point"] = point
     h = hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{cfg.system.name}-{cfg.model.name}-{point['tag']}-{h}"
+    engine = "sglang-" if cfg.server.mode == "sglang" else ""  # never mistaken for a bundled run
+    return f"{engine}{cfg.system.name}-{cfg.model.name}-{point['tag']}-{h}"
 
 
 def _write_metrics(samples: list[dict], path: Path) -> None:
@@ -66,6 +67,9 @@ def run(cfg: DictConfig) -> list[Path]:
     from systems.engine.config import engine_config_from_cfg
 
     ecfg = engine_config_from_cfg(cfg)  # fail fast on a bad config, before any server starts
+    if cfg.server.mode == "sglang":
+        from systems.sglang.adapter import check_supported
+        check_supported(cfg)  # a clear error before anything launches
     root = Path(cfg.results_dir)
     if not root.is_absolute():
         root = REPO / root

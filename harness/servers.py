@@ -58,6 +58,11 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     mode = cfg.server.mode
     host = cfg.server.host
     timeout = float(cfg.server.startup_timeout_s)
+    if mode == "sglang":
+        from systems.sglang.launch import sglang_server  # lazy: needs no sglang import
+        with sglang_server(cfg, workdir) as url:
+            yield url
+        return
     if mode == "attach":
         if not cfg.server.url:
             raise ValueError("server.url is required with server.mode=attach")
@@ -73,7 +78,8 @@ def bundled_server(cfg: DictConfig, workdir: Path):
             yield url
         return
     if mode != "subprocess":
-        raise ValueError(f"server.mode must be subprocess, inprocess or attach, got {mode!r}")
+        raise ValueError(f"server.mode must be subprocess, inprocess, attach or sglang, "
+                         f"got {mode!r}")
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "server_config.yaml"
     OmegaConf.save(cfg, cfg_path, resolve=True)

@@ -33,7 +33,8 @@ log = logging.getLogger("dhs.server")
 MAX_BODY_BYTES = 16 << 20
 # Fields SGLang clients (bench_serving) send that do not change our output; accepted, ignored.
 _GENERATE_IGNORED = {"return_logprob", "logprob_start_len", "top_logprobs_num", "lora_path",
-                     "return_text_in_logprobs", "modalities", "image_data", "custom_logit_processor"}
+                     "return_text_in_logprobs", "modalities", "image_data", "custom_logit_processor",
+                     "return_routed_experts"}
 _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid"} | _GENERATE_IGNORED
 _SAMPLING_FIELDS = {"max_new_tokens", "temperature", "ignore_eos", "top_p", "top_k", "min_p",
                     "stop", "skip_special_tokens", "n", "spaces_between_special_tokens",

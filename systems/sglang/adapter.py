@@ -147,15 +147,23 @@ class LaunchPlan:
 
 # ---------------------------------------------------------------------------- config access
 
-def _plain(cfg: Any) -> Any:
-    """DictConfig / ListConfig -> plain containers (resolved); anything else unchanged."""
+_SECTIONS = ("system", "model", "hardware", "server", "seed")
+
+
+def _plain(cfg: Any) -> dict:
+    """The sections the adapter reads, as plain resolved containers (a DictConfig or a dict).
+
+    Only these are resolved: the rest of a run's config (hydra.*, ${now:...}) is not needed.
+    """
     try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
+        from omegaconf import DictConfig, OmegaConf
     except ImportError:  # pragma: no cover - omegaconf is in both environments
-        return cfg
-    if isinstance(cfg, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return cfg
+        DictConfig = ()
+    if isinstance(cfg, DictConfig):
+        return {k: (OmegaConf.to_container(cfg[k], resolve=True)
+                    if OmegaConf.is_config(cfg[k]) else cfg[k])
+                for k in _SECTIONS if k in cfg}
+    return dict(cfg)
 
 
 def _merge(base: dict, over: Mapping | None) -> dict:
@@ -240,13 +248,14 @@ def check_supported(cfg: Any) -> None:
     name = system.get("name", "?")
     kv = str(system.get("kv_backend", ""))
     if kv.startswith("adaptive"):
-        what = "optional residency that follows load (sec. 3.1-3.2)"
+        what = "optional residency that follows load (sec. 3.1-3.2) exists"
         if system.get("speculation"):
-            what += " and speculative verification over the hierarchy (sec. 3.3-3.4)"
+            what = ("optional residency that follows load (sec. 3.1-3.2) and speculative "
+                    "verification over the hierarchy (sec. 3.3-3.4) exist")
         raise UnsupportedOnSGLang(
             f"system={name} (kv_backend={kv}) has no SGLang equivalent: SGLang {SGLANG_VERSION}'s "
             f"HiSparse keeps a fixed per-request device buffer of B rows at every load; {what} "
-            "exist only in the bundled engine. On SGLang run system=hisparse, system=resident, "
+            "only in the bundled engine. On SGLang run system=hisparse, system=resident, "
             "system=resident_dflash2 or system=resident_dspark, and the adaptive systems on "
             "the bundled engine (server.mode=subprocess).")
     if kv not in RESIDENT_BACKENDS + HISPARSE_BACKENDS:
@@ -457,8 +466,8 @@ def router_args(cfg: Any, prefill_url: str, decode_url: str, port: int,
     policy = str(pd.get("policy"))
     if policy not in ROUTER_POLICIES:
         raise ValueError(f"server.sglang.pd.policy={policy!r}; allowed: {list(ROUTER_POLICIES)}")
-    a = ["--pd-disaggregation",
-         "--prefill", prefill_url, str(_int(pd["bootstrap_port"], "server.sglang.pd.bootstrap_port")),
+    boot = _int(pd["bootstrap_port"], "server.sglang.pd.bootstrap_port")
+    a = ["--pd-disaggregation", "--prefill", prefill_url, str(boot),
          "--decode", decode_url,
          "--host", str(host or _server_host(cfg)), "--port", str(port), "--policy", policy]
     if pd.get("mini_lb"):

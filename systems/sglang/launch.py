@@ -19,9 +19,9 @@ SGLang equivalent raises ``ValueError`` here.
 
 Stand-alone, with the same Hydra overrides as the runner::
 
-    python -m systems.sglang.launch --dry-run +server=sglang system=hisparse model=glm53_mini \\
+    python -m systems.sglang.launch --dry-run server=sglang system=hisparse model=glm53_mini \\
         server.sglang.model_path=/models/GLM-5.3-FP8      # print the commands
-    python -m systems.sglang.launch +server=sglang ...      # start them, serve until Ctrl-C
+    python -m systems.sglang.launch server=sglang ...      # start them, serve until Ctrl-C
 """
 
 from __future__ import annotations
@@ -177,20 +177,24 @@ def main(argv: list[str] | None = None) -> int:
                                              "with these Hydra overrides would use.")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     ap.add_argument("--workdir", default="outputs/sglang", help="logs go here")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +server=sglang "
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. server=sglang "
                                                  "system=hisparse server.sglang.model_path=...")
     args = ap.parse_args(argv)
-    cfg = compose(args.overrides)
-    if args.dry_run:
-        print(build_plan(cfg, pick_port=free_port).describe())
-        return 0
-    with sglang_server(cfg, Path(args.workdir)) as url:
-        print(f"[sglang] serving at {url}; Ctrl-C stops it", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+    try:
+        cfg = compose(args.overrides)
+        if args.dry_run:
+            print(build_plan(cfg, pick_port=free_port).describe())
+            return 0
+        with sglang_server(cfg, Path(args.workdir)) as url:
+            print(f"[sglang] serving at {url}; Ctrl-C stops it", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+    except ValueError as e:  # a config SGLang cannot run: say why, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -19,10 +19,11 @@ from the request's arrival in the handler: chunk ``k`` (0-based) is sent at
 ``arrival + ttft_s + k * itl_s`` and carries ``tokens_per_chunk`` tokens (the
 last one fewer if ``max_new_tokens`` is not a multiple).  Emission runs from
 ``loop.call_at`` callbacks that write pre-framed HTTP chunks straight to the
-transport (headers are already on the wire after ``prepare()``), so the server
-sustains >100k events/s on one core.  When the server falls behind, every
-event already due is written in one ``transport.write`` (events are never
-merged; only the syscall is).
+transport: the response headers (buffered by ``prepare()``) go out with the
+first event and the chunked-body terminator with the last, so a request costs
+one ``send()`` per event and nothing more.  When the server falls behind,
+every event already due is written in one ``transport.write`` (events are
+never merged; only the syscall is).
 
 The in-flight count is decremented just before the final event is written, so
 a closed-loop client that starts a new request after reading ``[DONE]`` can
@@ -92,6 +93,8 @@ class _Stream:
         "created",
         "closed",
         "pre",
+        "writer",
+        "headers_sent",
     )
 
 
@@ -123,6 +126,7 @@ class FakeServer:
         self.tokens_emitted = 0
         self.events_emitted = 0
         self.writes = 0
+        self.write_s = 0.0
         self.rows_total = 0
         self.rows_host = 0
         self.max_lateness_s = 0.0
@@ -167,6 +171,7 @@ class FakeServer:
             "tokens_emitted": self.tokens_emitted,
             "events_emitted": self.events_emitted,
             "writes": self.writes,
+            "write_s": self.write_s,
             "max_lateness_s": self.max_lateness_s,
             "mean_lateness_s": self.lateness_sum / self.lateness_n if self.lateness_n else None,
             "program": dataclasses.asdict(self.program),
@@ -251,16 +256,18 @@ class FakeServer:
 
         self.accepted += 1
         self._inflight_change(+1)
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = _SSEResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         resp.enable_chunked_encoding()
         try:
-            await resp.prepare(request)  # StreamResponse sends headers immediately
+            await resp.prepare(request)  # headers stay buffered; sent with the first event
         except BaseException:
             self._inflight_change(-1)
             raise
         st = _Stream()
         st.srv = self
         st.transport = request.transport
+        st.writer = resp._payload_writer
+        st.headers_sent = False
         st.api = api
         st.rid = rid
         st.n_total = n_total
@@ -372,7 +379,15 @@ class FakeServer:
             if not st.done.done():
                 st.done.set_result(None)
             return
-        tr.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+        _t0 = time.perf_counter()
+        frame = b"%x\r\n%s\r\n" % (len(payload), payload)
+        if not st.headers_sent:  # first write: prepend the buffered response headers
+            st.headers_sent = True
+            frame = _take_headers(st.writer) + frame
+        if final:  # and the chunked-body terminator, in the same syscall
+            frame += _mark_eof(st.writer)
+        tr.write(frame)
+        self.write_s += time.perf_counter() - _t0
         self.writes += 1
         if final:
             if not st.done.done():
@@ -447,6 +462,35 @@ class FakeServer:
             last = dict(head, choices=[], usage=usage, timing=self._timing(st))
             out += b"data: " + json.dumps(last, separators=(",", ":")).encode() + b"\n\n"
         return out
+
+
+class _SSEResponse(web.StreamResponse):
+    """Streaming response whose headers go out with the first event (one
+    syscall fewer per request; aiohttp >= 3.11 buffers them when asked)."""
+
+    _send_headers_immediately = False
+
+
+def _take_headers(writer: Any) -> bytes:
+    """Buffered header bytes of an aiohttp StreamWriter, marked as sent; b"" if
+    this aiohttp already sent them."""
+    hb = getattr(writer, "_headers_buf", None)
+    if hb and not getattr(writer, "_headers_written", True):
+        writer._headers_buf = None
+        writer._headers_written = True
+        return bytes(hb)
+    if hasattr(writer, "send_headers"):
+        writer.send_headers()
+    return b""
+
+
+def _mark_eof(writer: Any) -> bytes:
+    """Terminating chunk written by us; tell aiohttp's writer the body is done so
+    the handler's ``write_eof()`` adds nothing."""
+    if hasattr(writer, "_eof") and getattr(writer, "chunked", False):
+        writer._eof = True
+        return b"0\r\n\r\n"
+    return b""
 
 
 def _error(
