@@ -1,0 +1,123 @@
+"""Run every paper experiment (conf/experiment/fig*.yaml), resumably.
+
+    python -m harness.reproduce                 # all experiments, on the GPU machine
+    python -m harness.reproduce --only fig9     # one
+    python -m harness.reproduce --smoke         # every experiment end to end on CPU, tiny sizes
+
+An experiment config lists what it runs under ``reproduce``: ``systems`` (conf/system names) and
+``sweep`` (override -> values, crossed; ``b_over_k`` sets model.hot_cache_rows = value * k).
+Each combination is one ``harness.run`` over the workload's load points; finished runs are
+skipped (results are append-only), so an interrupted reproduction resumes where it stopped.
+``--smoke`` applies the experiment's ``reproduce.smoke`` overrides plus CPU sizes and writes to
+a scratch results directory unless ``--results`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from harness.environment import REPO
+
+SMOKE = ["hardware=cpu", "device=cpu", "server.mode=inprocess", "workload.input_len=40",
+         "workload.output_len=6", "workload.num_requests=3", "workload.warmup=0",
+         "workload.concurrency=[2]", "model.max_context_len=512", "hardware.kv_pool_gib=0.01",
+         "hardware.host_pool_gib=0.05", "hardware.max_running_requests=8",
+         "workload.prefixes=1", "+smoke=true"]
+SPEC_SMOKE = ["system.speculation.window=64"]
+
+
+def experiments() -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / "experiment").glob("fig*.yaml"))
+
+
+def _value(v) -> str:
+    """A Hydra override value: booleans lower-case, strings with commas quoted."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, str) and ("," in v or " " in v):
+        return f"'{v}'"
+    return str(v)
+
+
+def plan(exp: str, smoke: bool) -> list[list[str]]:
+    """Override lists, one per harness.run invocation."""
+    from systems.engine.config import compose
+
+    base = compose([f"experiment={exp}"])
+    rep = base.get("reproduce") or {}
+    systems = list(rep.get("systems") or [base.system.name])
+    sweep = rep.get("sweep")
+    sweep = OmegaConf.to_container(sweep, resolve=True) if sweep is not None else {}
+    extra = []
+    if smoke:
+        extra = list(SMOKE) + [f"{k}={_value(v)}" for k, v in (rep.get("smoke") or {}).items()]
+    keys = list(sweep)
+    runs = []
+    for system in systems:
+        for values in itertools.product(*[sweep[k] for k in keys]) if keys else [()]:
+            ov = [f"experiment={exp}", f"system={system}"] + extra
+            for k, v in zip(keys, values):
+                if k == "b_over_k":
+                    ov.append(f"+b_over_k={v}")
+                else:
+                    ov.append(f"{k}={_value(v)}")
+            runs.append(ov)
+    return runs
+
+
+def run_one(overrides: list[str], results: str | None) -> None:
+    from harness.run import run
+    from systems.engine.config import compose
+
+    if results:
+        overrides = overrides + [f"results_dir={results}"]
+    cfg = compose(overrides)
+    if cfg.get("b_over_k"):
+        cfg.model.hot_cache_rows = int(cfg.b_over_k) * int(cfg.model.index_topk)
+    if cfg.system.get("speculation") and "+smoke=true" in overrides:
+        cfg.system.speculation.window = 64
+    run(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--only", action="append", help="experiment name (repeatable), e.g. fig9")
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU run of every combination")
+    ap.add_argument("--results", default=None, help="results directory (default results/; "
+                    "with --smoke a scratch directory)")
+    ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    args = ap.parse_args(argv)
+    names = args.only or experiments()
+    unknown = sorted(set(names) - set(experiments()))
+    if unknown:
+        ap.error(f"unknown experiment(s) {unknown}; available: {experiments()}")
+    results = args.results
+    if args.smoke and results is None:
+        results = str(Path("/tmp") / f"dhs-smoke-{int(time.time())}")
+    failed = []
+    for exp in names:
+        for ov in plan(exp, args.smoke):
+            print("[reproduce]", " ".join(ov), flush=True)
+            if args.dry_run:
+                continue
+            try:
+                run_one(ov, results)
+            except Exception as e:  # keep going: one failed run must not lose the others
+                print(f"[reproduce] FAILED: {e!r}", flush=True)
+                failed.append((exp, ov, repr(e)))
+    if failed:
+        print(f"[reproduce] {len(failed)} run(s) failed:")
+        for exp, ov, e in failed:
+            print(f"  {exp}: {' '.join(ov)}\n    {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
