@@ -110,11 +110,8 @@ def generate_rejects_bench_fields(url: str) -> str | None:
 def test_bench_serving_counts_match_ours(backend, bundled_server, bench_inputs, our_records,
                                          tmp_path):
     if backend == "sglang":
-        err = generate_rejects_bench_fields(bundled_server)
-        if err:
-            pytest.xfail("the bundled server rejects a field that bench_serving sends to "
-                         f"/generate ({err}); accept and ignore it in systems/engine/server.py "
-                         "(_GENERATE_IGNORED)")
+        # every field bench_serving sends to /generate must be accepted (_GENERATE_IGNORED)
+        assert generate_rejects_bench_fields(bundled_server) is None
     before = counters(bundled_server)
     res = run_bench(backend, bundled_server, bench_inputs, tmp_path / "bench.jsonl")
     after = counters(bundled_server)
