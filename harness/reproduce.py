@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # keep going: one failed run must not lose the others
                 print(f"[reproduce] FAILED: {e!r}", flush=True)
                 failed.append((exp, ov, repr(e)))
+    if not args.dry_run:
+        from harness.summaries import write_all
+        write_all(Path(results) if results else REPO / "results")
     if failed:
         print(f"[reproduce] {len(failed)} run(s) failed:")
         for exp, ov, e in failed:

@@ -23,6 +23,15 @@ def test_smoke_reproduction_then_figures(tmp_path):
     for s in summaries:
         d = json.loads(s.read_text())
         assert d["completed"] > 0 and d["errors"] == 0, s
+    f6 = json.loads((res / "fig6" / "summary.json").read_text())
+    for k in ("host_fetch_share_low_on", "host_fetch_share_low_off", "coverage_low_on",
+              "seconds_to_coverage_below_1pct", "seconds_to_coverage_above_50pct_after_drop"):
+        assert k in f6
+    assert f6["host_fetch_share_low_on"] is not None and f6["host_fetch_share_low_off"] is not None
+    f7 = json.loads((res / "fig7" / "summary.json").read_text())
+    assert {p["block"] for p in f7["points"]} == {4, 6, 8}
+    assert all(p["emitted_tokens_per_round"] and p["emitted_tokens_per_round"] >= 1
+               for p in f7["points"])
     # resumable: a second pass finds everything finished and redoes nothing
     before = {s: s.stat().st_mtime_ns for s in summaries}
     assert reproduce_main(["--smoke", "--results", str(res), "--only", "fig4"]) == 0
