@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from profiling.ranges import BOOKKEEPING, POPULATE, nvtx_range
 from systems.kv.base import MemoryReport, PrefixKV
 from systems.kv.hisparse import HiSparseBackend
 from systems.kv.registry import register
@@ -212,7 +213,8 @@ class AdaptiveBackend(HiSparseBackend):
 
     # ------------------------------------------------------------------ step hooks
     def _prepare_step(self):
-        self._publish()
+        with nvtx_range(BOOKKEEPING):
+            self._publish()
         super()._prepare_step()
 
     def _direct_table(self):
@@ -220,7 +222,8 @@ class AdaptiveBackend(HiSparseBackend):
 
     def end_step(self) -> None:
         super().end_step()
-        self._populate()
+        with nvtx_range(POPULATE):
+            self._populate()
 
     # ------------------------------------------------------------------ reports
     def coverage(self) -> float:

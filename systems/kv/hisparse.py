@@ -29,6 +29,7 @@ import torch
 
 from systems.kernels.resolver import (COUNTER_DIRECT, COUNTER_HOST_COPIES, COUNTER_HOST_SEL,
                                       COUNTER_HOT_HIT, resolve)
+from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
 from systems.kv.base import GiB, KVBackend, MemoryReport, PagePool, PrefixKV
 from systems.kv.registry import register
 
@@ -191,8 +192,9 @@ class HiSparseBackend(KVBackend):
 
     def _backup(self, slot: int, p0: int, p1: int, rows: torch.Tensor) -> None:
         """Copy rows (S, p1 - p0, rb) of positions [p0, p1) to the host store."""
-        for a, b, h in self._host_segments(slot, p0, p1):
-            self.host_pool[:, h:h + b - a].copy_(rows[:, a - p0:b - p0], non_blocking=True)
+        with nvtx_range(BACKUP):
+            for a, b, h in self._host_segments(slot, p0, p1):
+                self.host_pool[:, h:h + b - a].copy_(rows[:, a - p0:b - p0], non_blocking=True)
         self.backup_rows += p1 - p0
 
     def _tail_locs(self, slot: int, positions: torch.Tensor) -> torch.Tensor:
@@ -201,6 +203,10 @@ class HiSparseBackend(KVBackend):
 
     # ------------------------------------------------------------------ step
     def _prepare_step(self):
+        with nvtx_range(BOOKKEEPING):
+            self._prepare_tables()
+
+    def _prepare_tables(self):
         st = self._step
         slots_l = st["slots"].tolist()
         pos = st["positions"]
@@ -236,6 +242,10 @@ class HiSparseBackend(KVBackend):
         return None
 
     def resolve(self, layer, selections, q0):
+        with nvtx_range(RESOLVER):
+            return self._resolve(layer, selections, q0)
+
+    def _resolve(self, layer, selections, q0):
         st = self._step
         src = layer.source
         sl = st["slots"].long()
@@ -288,7 +298,11 @@ class HiSparseBackend(KVBackend):
         followers = self._followers.get(layer.index, [])
         if not followers:
             return
-        if self._side is None:
+        with nvtx_range(FOLLOWER_PREFETCH):
+            self._prefetch(followers, selections, q0)
+
+    def _prefetch(self, followers, selections, q0) -> None:
+        if self._side is None:  # CPU: inline, in order
             for f in followers:
                 self._step["prefetched"][(f.source, q0)] = (self.resolve(f, selections, q0), None)
             return

@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
 from systems.models.config import LayerSpec, ModelConfig
 from systems.models.kv_format import decode_rows, encode_rows
 
@@ -131,33 +132,40 @@ class SparseModel(torch.nn.Module):
         last_sel_src: dict[int, torch.Tensor] = {}
         for spec, p in zip(self.specs, self.layers):
             h = self._norm(x)
-            if spec.writes_source:
-                ctx.write_kv(spec.source, encode_rows(h @ p["wkv"], cfg))
-            if spec.role == "full":
-                ctx.write_index(spec.source, (h @ p["wik"]))
-            q = (h @ p["wq"]).view(B, Q, H, d)
-            keys = ctx.index_keys(spec.source) if spec.selects else None
+            with nvtx_range(PROJ):  # ranges name kernel families for the profiler (Fig. 10)
+                if spec.writes_source:
+                    ctx.write_kv(spec.source, encode_rows(h @ p["wkv"], cfg))
+                if spec.role == "full":
+                    ctx.write_index(spec.source, (h @ p["wik"]))
+                q = (h @ p["wq"]).view(B, Q, H, d)
+            if spec.selects:
+                with nvtx_range(SELECT):
+                    keys = ctx.index_keys(spec.source)
             sels, outs = [], []
             for c0 in range(0, Q, q_chunk):
                 c1 = min(Q, c0 + q_chunk)
                 if spec.selects:
-                    sel = self.select(p, h[:, c0:c1], keys, positions[:, c0:c1])
+                    with nvtx_range(SELECT):
+                        sel = self.select(p, h[:, c0:c1], keys, positions[:, c0:c1])
                 elif spec.role == "follower":
                     sel = last_sel[:, c0:c1]
                 else:  # reuse: the latest selection made on this source
                     sel = last_sel_src[spec.source][:, c0:c1]
-                rows = decode_rows(ctx.gather(spec, sel, c0, spec.role == "reuse"), cfg,
-                                   self.dtype)
-                outs.append(self.attend(q[:, c0:c1], rows, sel))
+                raw = ctx.gather(spec, sel, c0, spec.role == "reuse")
+                with nvtx_range(ATTEND):
+                    rows = decode_rows(raw, cfg, self.dtype)
+                    outs.append(self.attend(q[:, c0:c1], rows, sel))
                 if spec.selects:
                     sels.append(sel)
             if spec.selects:
                 last_sel = torch.cat(sels, dim=1) if len(sels) > 1 else sels[0]
                 last_sel_src[spec.source] = last_sel
             attn = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
-            x = x + attn.reshape(B, Q, H * d) @ p["wo"]
-            h2 = self._norm(x)
-            x = x + (F.silu(h2 @ p["w1"]) * (h2 @ p["w3"])) @ p["w2"]
+            with nvtx_range(PROJ):
+                x = x + attn.reshape(B, Q, H * d) @ p["wo"]
+            with nvtx_range(MLP):
+                h2 = self._norm(x)
+                x = x + (F.silu(h2 @ p["w1"]) * (h2 @ p["w3"])) @ p["w2"]
         hidden = self._norm(x)
         logits = ((hidden[:, -1:] if last_only else hidden) @ self.lm_head).float()
         return logits, hidden
