@@ -1,0 +1,56 @@
+"""The Hydra runner end to end on CPU: results layout, resumability, optional W&B."""
+
+import importlib.util
+import json
+
+import pytest
+
+from harness.run import run
+from systems.engine.config import compose
+
+BASE = ["experiment=default_cpu", "server.mode=inprocess", "workload.concurrency=[2]",
+        "workload.num_requests=4", "workload.output_len=5", "workload.warmup=0"]
+
+
+def test_run_writes_every_result_file_and_resumes(tmp_path, capsys):
+    cfg = compose(BASE + [f"results_dir={tmp_path}"])
+    dirs = run(cfg)
+    assert len(dirs) == 1
+    d = dirs[0]
+    for f in ("config.yaml", "records.jsonl", "server_metrics.parquet", "summary.json",
+              "env.json"):
+        assert (d / f).exists(), f
+    s = json.loads((d / "summary.json").read_text())
+    assert s["completed"] == 4 and s["errors"] == 0 and s["system"] == "resident"
+    assert len((d / "records.jsonl").read_text().splitlines()) == 4
+    mtime = (d / "summary.json").stat().st_mtime_ns
+    run(compose(BASE + [f"results_dir={tmp_path}"]))  # finished: skipped, never rewritten
+    assert (d / "summary.json").stat().st_mtime_ns == mtime
+    assert "finished earlier, skipping" in capsys.readouterr().out
+    # an unfinished attempt is moved aside and redone
+    (d / "summary.json").unlink()
+    run(compose(BASE + [f"results_dir={tmp_path}"]))
+    assert (d / "summary.json").exists()
+    assert list(d.parent.glob(f"{d.name}.failed-*"))
+
+
+def test_bad_config_fails_before_any_server_starts(tmp_path):
+    with pytest.raises(ValueError, match="index_topk"):
+        run(compose(BASE + [f"results_dir={tmp_path}", "model.index_topk=100000"]))
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None,
+                    reason="wandb is installed: the missing-extra path does not apply")
+def test_wandb_logger_without_wandb_is_a_clear_message(tmp_path, capsys):
+    run(compose(BASE + [f"results_dir={tmp_path}", "logger=wandb"]))
+    assert "wandb is not installed" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
+                    reason="wandb not installed (optional extra: pip install '.[wandb]')")
+def test_wandb_logger_offline_writes_a_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    run(compose(BASE + [f"results_dir={tmp_path}", "logger=wandb"]))
+    assert list(tmp_path.rglob("offline-run-*")), "no offline W&B run directory"
