@@ -40,15 +40,40 @@ def sweep_val(bs, B, batch, misses=0, path=None):
     return None
 
 
+def _bench_points(S: dict) -> list[dict]:
+    """Panel (a) points from benchmarks/bench_resolver.py's layout (fig8a.points)."""
+    return [{"case": p.get("pattern"), "cache": p.get("cache"),
+             "unique_miss_bytes": (C.as_float(p.get("payload_mb")) or 0.0) * 1e6,
+             "time_ms": p.get("ms_median"), "min_ms": p.get("ms_min"), "max_ms": p.get("ms_max")}
+            for p in (S.get("fig8a") or {}).get("points") or []]
+
+
+def _bench_sweep(S: dict) -> list[dict]:
+    """Panel (b)/(c) points from the benchmark's layout: kernel time (events, launch excluded)
+    where measured, else the do_bench median."""
+    out = []
+    for e in S.get("fig8b_points") or []:
+        t = e.get("us_median_events_guarded", e.get("us_median"))
+        path = e.get("path")
+        out.append({"B": e["B"], "batch": e["batch"], "misses": 0, "time_us": t,
+                    "path": None if path in (None, "scan") else path})
+    for e in S.get("fig8c_points") or []:
+        if e.get("misses_per_request"):
+            out.append({"B": e["B"], "batch": e["batch"], "misses": e["misses_per_request"],
+                        "time_us": e.get("us_median"), "path": None})
+    return out
+
+
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     S = C.load_json(args.results / NAME / "summary.json") or {}
     prov = C.summary_provenance(S, "resolver microbenchmark") if S else ""
     rep = C.Report(NAME, "Fig. 8 - What resolution costs (ours: resolver microbenchmarks)")
     P = PAPER["fig8"]
-    pts = [p for p in S.get("points") or [] if C.as_float(p.get("unique_miss_bytes")) is not None
+    pts = [p for p in S.get("points") or _bench_points(S)
+           if C.as_float(p.get("unique_miss_bytes")) is not None
            and C.as_float(p.get("time_ms")) is not None]
-    bs = [e for e in S.get("b_sweep") or [] if C.as_float(e.get("time_us")) is not None]
+    bs = [e for e in S.get("b_sweep") or _bench_sweep(S) if C.as_float(e.get("time_us")) is not None]
     f = fit(pts) if pts else None
     fig, axes = C.subplots(1, 3, width=3.7, height=3.0)
 
