@@ -136,6 +136,19 @@ def _sanitize(o: Any) -> Any:
     return o
 
 
+def _fsync_dir(d: str) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:
     """Write ``obj`` as JSON to ``path`` atomically (temp file + os.replace).
 
@@ -152,6 +165,7 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(d)  # the rename itself survives a machine crash too
     except BaseException:
         try:
             os.unlink(tmp)

@@ -9,6 +9,10 @@ One run = one (config, load point). Results go to ``results/<experiment>/<run-id
 last: its presence marks the run finished), ``env.json``. Run ids are derived from the config, so
 an interrupted sweep resumes by skipping finished runs; a run directory without summary.json is
 an unfinished attempt and is moved aside to ``<run-id>.failed-<time>`` before the rerun.
+
+A run that fails (the load raised, was interrupted, or the server was not healthy once the load
+ended) keeps its ``records.jsonl`` and gets ``error.txt`` (what failed, the traceback, the tail of
+the server log) instead of ``summary.json``, so a resumed sweep redoes it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import hashlib
 import json
 import time
 import traceback
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import hydra
@@ -62,6 +68,33 @@ def _write_metrics(samples: list[dict], path: Path) -> None:
     tmp.replace(path)
 
 
+class ServerFailed(RuntimeError):
+    """The server was not healthy when a run's load ended: the run's numbers are not kept."""
+
+
+def _server_failure(url: str) -> str | None:
+    """Why the server a run measured is unhealthy after the load, or None if it is healthy."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            return None if r.status == 200 else f"GET /health answered {r.status}"
+    except urllib.error.HTTPError as e:
+        return f"GET /health answered {e.code}: {e.read()[:500].decode('utf-8', 'replace')}"
+    except Exception as e:
+        return f"server unreachable after the run: {type(e).__name__}: {e}"
+
+
+def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
+    """error.txt: a clear first line, the traceback, and the server log's tail when there is one."""
+    what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+    text = f"run failed: {what}\n\n" + "".join(traceback.format_exception(exc))
+    log = server_dir / "server.log"
+    if log.exists():
+        text += f"\n--- tail of {log} ---\n" + log.read_text(errors="replace")[-5000:]
+    tmp = d / ".error.txt.tmp"
+    tmp.write_text(text)
+    tmp.replace(d / "error.txt")
+
+
 def run(cfg: DictConfig) -> list[Path]:
     from harness.loadgen import LoadConfig, run_load_sync
     from systems.engine.config import engine_config_from_cfg
@@ -91,7 +124,8 @@ def run(cfg: DictConfig) -> list[Path]:
     env = environment()
     exp_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    with bundled_server(cfg, exp_dir / f".server-{cfg.system.name}-{cfg.model.name}") as server:
+    server_dir = exp_dir / f".server-{cfg.system.name}-{cfg.model.name}"
+    with bundled_server(cfg, server_dir) as server:
         url = server if isinstance(server, str) else None
         if url is None:
             url = f"http://{cfg.server.host}:{cfg.server.port}"
@@ -116,20 +150,24 @@ def run(cfg: DictConfig) -> list[Path]:
                 temperature=float(w.get("temperature", 0.0)), ignore_eos=True, quiet=True)
             try:
                 res = run_load_sync(lcfg)
-            except Exception:
-                (d / "error.txt").write_text(traceback.format_exc())
+                failure = _server_failure(url)
+                if failure is not None:
+                    raise ServerFailed(f"{rid}: the server failed during the run ({failure}); "
+                                       f"{len(res.records)} records kept, no summary written")
+                if res.samples:
+                    _write_metrics(res.samples, d / "server_metrics.parquet")
+                summary = {**res.summary, "run_id": rid, "system": cfg.system.name,
+                           "model": cfg.model.name, "experiment": cfg.experiment_name,
+                           "point": p, "device": ecfg.device, "gpu": env["gpu"],
+                           "git_commit": env["git_commit"]}
+                if logger is not None:
+                    logger.log_run(rid, cfg.experiment_name,
+                                   {**OmegaConf.to_container(cfg, resolve=True), **p},
+                                   summary, res.samples, str(d))
+                atomic_write_json(d / "summary.json", summary)  # last: marks the run finished
+            except BaseException as e:  # incl. KeyboardInterrupt: say why there is no summary
+                _write_error(d, e, server_dir)
                 raise
-            if res.samples:
-                _write_metrics(res.samples, d / "server_metrics.parquet")
-            summary = {**res.summary, "run_id": rid, "system": cfg.system.name,
-                       "model": cfg.model.name, "experiment": cfg.experiment_name,
-                       "point": p, "device": ecfg.device, "gpu": env["gpu"],
-                       "git_commit": env["git_commit"]}
-            if logger is not None:
-                logger.log_run(rid, cfg.experiment_name,
-                               {**OmegaConf.to_container(cfg, resolve=True), **p},
-                               summary, res.samples, str(d))
-            atomic_write_json(d / "summary.json", summary)  # last: marks the run finished
             rows.append(summary)
             print(f"[harness] {rid}: done -> {d.relative_to(REPO) if d.is_relative_to(REPO) else d}")
     _print_table(rows)

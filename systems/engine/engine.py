@@ -2,12 +2,20 @@
 
 The loop runs on its own thread (``start``) so the HTTP event loop never stalls it; tests may
 call ``step`` directly. ``submit`` and ``abort`` are thread-safe.
+
+Failures are isolated per request (docs/reliability.md): an exception while admitting a request
+(prefill, handoff copy, drafter set-up, first token) rolls back what it allocated and fails that
+request alone; an exception inside a decode step fails the requests of that step and releases
+their slots. Failed requests finish with ``{"type": "error", "message": ...}``. The engine thread
+keeps running; only a failed rollback (state it cannot vouch for) stops it, and then every
+outstanding request is failed instead of left hanging. The normal path pays one ``try`` per phase.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -24,6 +32,16 @@ from systems.kv.registry import create_backend
 from systems.models.config import ModelConfig
 from systems.models.sparse_model import SparseModel
 from systems.spec.decoder import PlainDecoder, SpeculativeDecoder
+
+log = logging.getLogger("dhs.engine")
+
+
+class EngineStopped(RuntimeError):
+    """The engine thread has stopped; new requests are refused (the server answers 503)."""
+
+
+class DuplicateRequest(ValueError):
+    """A request id that is still live was submitted again (the server answers 400)."""
 
 
 @dataclass
@@ -70,9 +88,10 @@ class Engine:
         self._lock = threading.Lock()
         self._pending = 0  # submitted but not yet seen by the scheduler
         self.requests: dict[str, Request] = {}
+        self._live: set[str] = set()  # rids submitted and not finished (duplicates refused)
         self.stats = {"num_steps": 0, "generated_tokens_total": 0, "finished_total": 0,
                       "aborted_total": 0, "rejected_total": 0, "last_step_ms": 0.0,
-                      "prompt_tokens_total": 0}
+                      "prompt_tokens_total": 0, "failed_total": 0, "failed_steps_total": 0}
         self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ thread-safe API
@@ -83,11 +102,16 @@ class Engine:
         if req.params.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         with self._lock:
+            if self.error is not None:
+                raise EngineStopped(f"engine stopped: {self.error!r}")
+            if req.rid in self._live:
+                raise DuplicateRequest(f"request id {req.rid!r} is already in flight")
             if len(self.scheduler.waiting) + self._pending >= self.cfg.max_waiting:
                 self.stats["rejected_total"] += 1
                 raise QueueFull(f"waiting queue is full ({self.cfg.max_waiting} requests)")
             self._pending += 1
-        self._inbox.put(req)
+            self._live.add(req.rid)
+            self._inbox.put(req)  # under the lock: a crash drains the inbox after setting error
         self._wake.set()
 
     def abort(self, rid: str) -> None:
@@ -112,17 +136,25 @@ class Engine:
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
         except BaseException as e:  # surface engine crashes to /health instead of hanging
-            self.error = e
+            with self._lock:
+                self.error = e
+            self._fail_outstanding(e)
             raise
 
     def step(self) -> bool:
         """One scheduling round: intake, admission (handoffs), one decode step. Returns whether
         any work was done."""
         self._intake()
-        admitted = self.scheduler.admit()
+        admitted = self.scheduler.admit(on_error=self._fail_admission)
         for req, entry in admitted:
-            self.decoder.on_admit(req, entry)
-            self._emit_first_token(req, entry)
+            try:
+                self.decoder.on_admit(req, entry)
+                self._emit_first_token(req, entry)
+            except Exception as e:  # this request's handoff failed: release it, fail it alone
+                if req.status == ReqStatus.RUNNING:
+                    self.scheduler.finish(req)
+                self._fail(req, e)
+                self._check_after_failure()
         batch = list(self.scheduler.running.values())
         if not batch:
             return bool(admitted)
@@ -168,6 +200,7 @@ class Engine:
             req.finish_ts = time.time()
             self.stats["aborted_total"] += 1
             self.requests.pop(rid, None)
+            self._live.discard(rid)
 
     def _temperatures(self, reqs: list[Request]) -> torch.Tensor:
         return torch.tensor([r.params.temperature for r in reqs], device=self.device,
@@ -179,8 +212,88 @@ class Engine:
         self._append_tokens(req, [int(tok.item())])
 
     def _decode(self, batch: list[Request]) -> None:
-        for r, toks in zip(batch, self.decoder.decode(batch)):
+        try:
+            outs = self.decoder.decode(batch)
+        except Exception as e:  # fail this step's requests, keep the engine serving
+            self._fail_step(batch, e)
+            return
+        for r, toks in zip(batch, outs):
             self._append_tokens(r, toks)
+
+    # ------------------------------------------------------------------ failure isolation
+    def _notify(self, req: Request, emitted: list[int], done: bool) -> None:
+        if req.on_output is None:
+            return
+        try:
+            req.on_output(req, emitted, done)
+        except Exception:
+            self._output_failed(req, done)
+
+    def _output_failed(self, req: Request, done: bool) -> None:
+        """A broken consumer (closed event loop, ...) must not stop the engine: abort its
+        request, which frees its memory at the next intake."""
+        log.exception("output callback of %s failed", req.rid)
+        if not done:
+            self.abort(req.rid)
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        """Finish one request with an error. Its memory must already be released."""
+        if req.status == ReqStatus.FINISHED and req.finish_reason is not None:
+            log.error("%s failed after it finished: %r", req.rid, exc)
+            return
+        msg = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        log.error("request %s failed: %s", req.rid, msg, exc_info=exc)
+        req.status = ReqStatus.FINISHED
+        req.finish_reason = {"type": "error", "message": msg}
+        req.finish_ts = time.time()
+        self.stats["failed_total"] += 1
+        self.requests.pop(req.rid, None)
+        self._live.discard(req.rid)
+        self._notify(req, [], True)
+
+    def _fail_admission(self, req: Request, exc: Exception) -> None:
+        self._fail(req, exc)  # the scheduler has rolled its allocation back
+        self._check_after_failure()
+
+    def _fail_step(self, batch: list[Request], exc: Exception) -> None:
+        """A decode step raised: close the backend's step, release and fail its requests."""
+        self.stats["failed_steps_total"] += 1
+        be = self.backend
+        if be._step is not None:
+            try:
+                be.end_step()
+            except Exception:
+                log.exception("end_step after a failed step")
+            be._step = None
+        for r in batch:
+            if r.status == ReqStatus.RUNNING:
+                self.scheduler.finish(r)
+            self._fail(r, exc)
+        self._check_after_failure()
+
+    def _check_after_failure(self) -> None:
+        """After a failure the backend's invariants must still hold; if they do not, raising
+        here stops the engine (and fails every request) rather than serve from bad state."""
+        self.backend.check_integrity()
+
+    def _fail_outstanding(self, exc: BaseException) -> None:
+        """The loop is dying: fail every request not yet finished so no client waits forever."""
+        reqs = list(self.requests.values())
+        while True:
+            try:
+                reqs.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for r in reqs:
+            if r.finish_reason is not None:
+                continue
+            r.status = ReqStatus.FINISHED
+            r.finish_reason = {"type": "error", "message": f"engine stopped: {exc!r}"}
+            r.finish_ts = time.time()
+            self.stats["failed_total"] += 1
+            self._notify(r, [], True)
+        self.requests.clear()
+        self._live.clear()
 
     def _append_tokens(self, req: Request, toks: list[int]) -> None:
         now = time.time()
@@ -204,8 +317,12 @@ class Engine:
             self.scheduler.finish(req)
             self.stats["finished_total"] += 1
             self.requests.pop(req.rid, None)
+            self._live.discard(req.rid)
         if req.on_output is not None:
-            req.on_output(req, emitted, done)
+            try:  # zero-cost unless it raises
+                req.on_output(req, emitted, done)
+            except Exception:
+                self._output_failed(req, done)
 
     # ------------------------------------------------------------------ observability
     def metrics(self) -> dict[str, float]:

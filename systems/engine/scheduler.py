@@ -4,12 +4,18 @@ Admission reserves a slot and the backend's memory for prompt + output cap befor
 runs, so a running request never has to be preempted. A request that does not fit waits at the
 head of the queue (FCFS: later requests do not overtake it) with the backend's reason recorded,
 which /metrics exposes.
+
+A request whose admission raises (prefill, ``can_admit``, the handoff copy in ``admit``) is taken
+out of the queue, whatever the backend allocated for it is released (the slot it took, found by
+comparing ``active_slots``), and ``on_error(req, exc)`` fails it; the requests behind it are
+admitted as usual. If the rollback itself fails, the error propagates (the engine stops).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable
 
 from systems.engine.prefill import PrefixStore
 from systems.engine.request import Request, ReqStatus
@@ -30,34 +36,59 @@ class Scheduler:
         self.wait_reason = ""
         self.wait_reason_counts: dict[str, int] = {}
 
-    def admit(self) -> list[tuple[Request, object]]:
-        """Admit waiting requests while they fit. Returns (request, prefill entry) pairs."""
+    def admit(self, on_error: Callable[[Request, Exception], None] | None = None
+              ) -> list[tuple[Request, object]]:
+        """Admit waiting requests while they fit. Returns (request, prefill entry) pairs.
+
+        With ``on_error``, a request whose admission raises is rolled back and handed to it
+        (the others go on); without, the exception propagates."""
         admitted = []
         self.wait_reason = ""
         while self.waiting:
             req = self.waiting[0]
-            entry, computed = self.prefixes.get(req.prompt_ids)
-            if req.prefill_done_ts is None:
-                req.prefill_s = entry.prefill_s if computed else 0.0
-                req.prefill_done_ts = time.time()
-            ok, reason = self.backend.can_admit(req.num_prompt_tokens, req.params.max_new_tokens)
-            if not ok:
-                self.wait_reason = reason
-                if req.wait_reason != reason:
-                    self.wait_reason_counts[reason] = self.wait_reason_counts.get(reason, 0) + 1
-                req.wait_reason = reason
-                break
-            self.waiting.popleft()
-            req.alloc_ts = time.time()
-            req.slot = self.backend.admit(entry.prefix, req.params.max_new_tokens)
-            if self.backend.device.type == "cuda":
-                import torch
-                torch.cuda.synchronize(self.backend.device)
+            held = None
+            try:
+                entry, computed = self.prefixes.get(req.prompt_ids)
+                if req.prefill_done_ts is None:
+                    req.prefill_s = entry.prefill_s if computed else 0.0
+                    req.prefill_done_ts = time.time()
+                ok, reason = self.backend.can_admit(req.num_prompt_tokens,
+                                                    req.params.max_new_tokens)
+                if not ok:
+                    self.wait_reason = reason
+                    if req.wait_reason != reason:
+                        self.wait_reason_counts[reason] = \
+                            self.wait_reason_counts.get(reason, 0) + 1
+                    req.wait_reason = reason
+                    break
+                self.waiting.popleft()
+                req.alloc_ts = time.time()
+                held = set(self.backend.active_slots)
+                req.slot = self.backend.admit(entry.prefix, req.params.max_new_tokens)
+                if self.backend.device.type == "cuda":
+                    import torch
+                    torch.cuda.synchronize(self.backend.device)
+            except Exception as e:
+                if on_error is None:
+                    raise
+                self._roll_back(req, held)
+                on_error(req, e)
+                continue
             req.handoff_done_ts = time.time()
             req.status = ReqStatus.RUNNING
             self.running[req.slot] = req
             admitted.append((req, entry))
         return admitted
+
+    def _roll_back(self, req: Request, held: set[int] | None) -> None:
+        """Undo a failed admission: dequeue the request, release any slot it took."""
+        if self.waiting and self.waiting[0] is req:
+            self.waiting.popleft()
+        if held is not None:
+            for slot in sorted(self.backend.active_slots - held):
+                self.backend.release(slot)  # raises if the backend cannot undo it
+        req.slot = -1
+        req.status = ReqStatus.FINISHED
 
     def finish(self, req: Request) -> None:
         self.running.pop(req.slot, None)

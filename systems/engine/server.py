@@ -9,7 +9,10 @@ Endpoints, all bound to 127.0.0.1 unless ``--host`` says otherwise:
 
 Every client error is a 400 with ``{"error": {"message", "type", "param"}}`` naming the field; a
 full waiting queue is a 503 with Retry-After; a client that disconnects mid-stream aborts its
-request, which frees its memory.
+request, which frees its memory. A request the engine fails (an isolated fault in its handoff or
+decode step) is a 500 with the error's message, or, once a stream has started, a final
+``data: {"error": {...}}`` event before ``[DONE]``. No request field reaches config loading or
+the filesystem: bodies are parsed into plain values and checked against fixed field sets.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from systems.engine.engine import Engine
+from systems.engine.engine import DuplicateRequest, Engine, EngineStopped
 from systems.engine.request import Request, SamplingParams
 from systems.engine.scheduler import QueueFull
 from systems.engine.tokenizer import WordTokenizer
@@ -56,6 +59,21 @@ def _error(status: int, message: str, param: str | None = None,
                              status=status, headers=headers)
 
 
+def _failed(req: Request) -> bool:
+    return bool(req.finish_reason) and req.finish_reason.get("type") == "error"
+
+
+def _error_event(req: Request) -> bytes:
+    """The last SSE event of a request the engine failed (both APIs' clients read "error")."""
+    fr = req.finish_reason
+    out = {"id": req.rid,
+           "error": {"message": fr.get("message") or "request failed", "type": "engine_error",
+                     "param": None},
+           "meta_info": {"id": req.rid, "prompt_tokens": req.num_prompt_tokens,
+                         "completion_tokens": len(req.output_ids), "finish_reason": fr}}
+    return b"data: " + json.dumps(out).encode() + b"\n\n"
+
+
 class Server:
     def __init__(self, engine: Engine, model_name: str = "dhs-bundled"):
         self.engine = engine
@@ -68,11 +86,23 @@ class Server:
     # ------------------------------------------------------------------ validation
     async def _json(self, request: web.Request) -> dict:
         try:
-            body = await request.json(loads=json.loads)
-        except json.JSONDecodeError as e:
-            raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}", "body")
+            raw = await request.read()  # over MAX_BODY_BYTES (after any Content-Encoding): 413
+        except web.RequestPayloadError as e:  # e.g. a body that does not match its encoding
+            cause = e.__cause__ or e
+            msg = getattr(cause, "message", None) or str(cause)
+            raise BadRequest(f"request body could not be read: {msg}".strip(), "body")
+        try:
+            # JSON between systems is UTF-8 (RFC 8259): a charset parameter is not honoured, so
+            # an unknown or hostile one cannot change how the body is read
+            body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
             raise BadRequest("body is not UTF-8 JSON", "body")
+        except json.JSONDecodeError as e:
+            raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}", "body")
+        except RecursionError:
+            raise BadRequest("malformed JSON body: nested too deeply", "body")
+        except ValueError as e:  # e.g. an integer literal longer than Python converts
+            raise BadRequest(f"malformed JSON body: {e}", "body")
         if not isinstance(body, dict):
             raise BadRequest("body must be a JSON object", "body")
         return body
@@ -82,11 +112,23 @@ class Server:
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise BadRequest(f"unknown field(s) {unknown} in {where}; allowed: {sorted(allowed)}",
-                             unknown[0])
+                             unknown[0] or '""')
+
+    def _too_long(self, field: str) -> BadRequest:
+        return BadRequest(f"{field} has more than {self.max_total} tokens, the context of this "
+                          "server", field)
 
     def _prompt_ids(self, value: Any, field: str) -> list[int]:
+        # the context bounds the prompt before any per-token work is done on it
         if isinstance(value, str):
-            ids = self.tok.encode(value)
+            if len(value.split(None, self.max_total)) > self.max_total:
+                raise self._too_long(field)
+            try:
+                ids = self.tok.encode(value)
+            except UnicodeEncodeError:
+                raise BadRequest(f"{field} is not valid Unicode (lone surrogate)", field)
+        elif isinstance(value, list) and len(value) > self.max_total:
+            raise self._too_long(field)
         elif isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool)
                                              for t in value):
             ids = value
@@ -197,20 +239,33 @@ class Server:
             req, q = self._submit(ids, params, parsed[3] if parse == self._parse_generate else None)
         except QueueFull as e:
             return _error(503, str(e), None, "server_overloaded", {"Retry-After": "1"})
+        except DuplicateRequest as e:
+            return _error(400, str(e), "rid")
+        except EngineStopped as e:
+            return _error(503, str(e), None, "engine_error")
         finished = False
         try:
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
-                await resp.prepare(request)
-                while not finished:
-                    new_ids, finished = await q.get()
-                    await resp.write(respond_stream(req, new_ids, finished, parsed))
-                await resp.write(b"data: [DONE]\n\n")
-                await resp.write_eof()
+                try:
+                    await resp.prepare(request)
+                    while not finished:
+                        new_ids, finished = await q.get()
+                        if finished and _failed(req):
+                            await resp.write(_error_event(req))
+                        else:
+                            await resp.write(respond_stream(req, new_ids, finished, parsed))
+                    await resp.write(b"data: [DONE]\n\n")
+                    await resp.write_eof()
+                except ConnectionResetError:  # the client left: abort below, nothing to log
+                    pass
                 return resp
             while not finished:
                 _, finished = await q.get()
+            if _failed(req):
+                return _error(500, req.finish_reason.get("message") or "request failed", None,
+                              "engine_error")
             return web.json_response(respond_full(req, parsed))
         finally:
             if not finished:  # client went away (or we were cancelled): free its memory now
@@ -307,6 +362,11 @@ async def _errors(request: web.Request, handler):
         if e.status >= 400:
             return _error(e.status, e.reason or "error", None)
         raise
+    except (asyncio.CancelledError, ConnectionError):
+        raise  # the client went away; there is no one to answer
+    except Exception as e:  # a bug: answer JSON with the message instead of a bare 500
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(500, f"internal error: {type(e).__name__}: {e}", None, "internal_error")
 
 
 def build_app(engine: Engine, model_name: str = "dhs-bundled") -> web.Application:

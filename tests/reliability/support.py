@@ -1,0 +1,167 @@
+"""Shared pieces of the reliability tests: servers over real loopback sockets, SSE reading,
+and the "nothing left behind" check every scenario ends with."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from systems.engine.engine import Engine
+from systems.engine.server import build_app
+from systems.kv.base import PagePool
+from tests.helpers import golden_prompts, make_engine
+
+PROMPTS = golden_prompts()  # lengths 5, 23, 40, 77, 130
+
+# The speculative system of the storm/fault tests, sized for the CPU pools: a short drafter window
+# keeps the draft ring (a fixed allocation taken out of the KV pool) small.
+SPEC = ("system=adaptive_dhisparse", "model.hot_cache_rows=16", "system.speculation.window=64",
+        "hardware.kv_pool_gib=0.01")
+
+SYSTEMS = {
+    "resident": ("system=resident",),
+    "hisparse": ("system=hisparse",),
+    "adaptive_hisparse": ("system=adaptive_hisparse",),
+    "adaptive_dhisparse": SPEC,
+}
+
+
+def engine_idle(eng: Engine) -> bool:
+    return (not eng.scheduler.running and not eng.scheduler.waiting and eng._pending == 0
+            and eng._inbox.empty() and eng._aborts.empty() and not eng.requests)
+
+
+def wait_idle_sync(eng: Engine, timeout: float = 60.0) -> None:
+    """Until the engine has nothing left; then one more quiet interval, so the engine thread is
+    not between two halves of a step while the caller inspects the backend."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if engine_idle(eng):
+            steps = eng.stats["num_steps"]
+            time.sleep(0.05)
+            if engine_idle(eng) and eng.stats["num_steps"] == steps:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"engine not idle after {timeout}s: running={len(eng.scheduler.running)}"
+                         f" waiting={len(eng.scheduler.waiting)} requests={len(eng.requests)}")
+
+
+async def wait_idle(eng: Engine, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if engine_idle(eng):
+            steps = eng.stats["num_steps"]
+            await asyncio.sleep(0.05)
+            if engine_idle(eng) and eng.stats["num_steps"] == steps:
+                return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"engine not idle after {timeout}s: running={len(eng.scheduler.running)}"
+                         f" waiting={len(eng.scheduler.waiting)} requests={len(eng.requests)}")
+
+
+def page_pools(backend) -> dict[str, PagePool]:
+    return {name: v for name, v in vars(backend).items() if isinstance(v, PagePool)}
+
+
+def assert_drained(eng: Engine) -> None:
+    """Everything a request can hold is back: slots, every page pool (index, payload, host),
+    optional history and its direct table, the host page tables, the in-flight step (staging
+    arenas and draft-ring rows are per-slot / per-step, so free slots and no open step mean they
+    hold nothing live), and the engine's own request bookkeeping."""
+    be = eng.backend
+    be.check_integrity()
+    assert be.is_empty, f"slots still allocated: {sorted(be.active_slots)}"
+    assert sorted(be.free_slots) == list(range(be.num_slots))
+    assert be._step is None, "a decode step was left open"
+    for name, pool in page_pools(be).items():
+        assert pool.num_used == 0, f"{name} pool: {pool.num_used} pages still used"
+        pool.check()
+    if hasattr(be, "_slot_pages"):  # HiSparse family: hot/tail pages and host pages per slot
+        assert not be._slot_pages
+        assert bool((be.slot_page == -1).all()) and bool((be.host_page_table == -1).all())
+    if hasattr(be, "res"):  # adaptive: optional history
+        assert not be.res and be.optional_pages == 0
+        assert bool((be.direct_table == -1).all())
+    assert not eng.scheduler.running and not eng.scheduler.waiting
+    assert not eng.requests and not eng._live, "request bookkeeping leaked"
+
+
+async def read_sse(resp: aiohttp.ClientResponse) -> list:
+    events = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        payload = line[6:]
+        if payload == "[DONE]":
+            events.append("[DONE]")
+            break
+        events.append(json.loads(payload))
+    return events
+
+
+@contextlib.asynccontextmanager
+async def served(*overrides: str, engine: Engine | None = None):
+    """An engine on its own thread behind the real app, on a loopback port of this loop.
+    Yields (session, engine, base_url). The session has no connection limit."""
+    eng = engine or make_engine(*overrides)
+    eng.start()
+    srv = TestServer(build_app(eng), host="127.0.0.1")
+    await srv.start_server()
+    base = str(srv.make_url("")).rstrip("/")
+    conn = aiohttp.TCPConnector(limit=0)
+    try:
+        async with aiohttp.ClientSession(base_url=base, connector=conn) as s:
+            yield s, eng, base
+    finally:
+        await srv.close()
+        eng.stop()
+
+
+class ThreadedServer:
+    """The app on a background event loop (for synchronous clients: http.client, subprocesses)."""
+
+    def __init__(self, eng: Engine):
+        self.engine = eng
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reliability-server", daemon=True)
+        self.port = 0
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start():
+            self.runner = web.AppRunner(build_app(self.engine), access_log=None)
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]
+            self._ready.set()
+
+        self.loop.run_until_complete(start())
+        self.loop.run_forever()
+
+    def __enter__(self) -> "ThreadedServer":
+        self.engine.start()
+        self._thread.start()
+        assert self._ready.wait(30), "server did not start"
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
+        self.engine.stop()
