@@ -119,6 +119,14 @@ class AdaptiveBackend(HiSparseBackend):
                 self._reclaim(s)
             self.stats_adaptive["reclaim_events_total"] += 1
         slot = self._alloc_slot(prefix, max_new_tokens)
+        try:
+            self._admit_history(slot, prefix)
+        except BaseException:
+            self.release(slot)  # frees the optional pages registered so far too
+            raise
+        return slot
+
+    def _admit_history(self, slot: int, prefix: PrefixKV) -> None:
         T, G = prefix.num_tokens, self.G
         nc = T // G if self.optional_on else 0
         r = _Residency(order=self._seq, num_complete=nc, page=[-1] * nc, ready=[False] * nc,
@@ -129,9 +137,10 @@ class AdaptiveBackend(HiSparseBackend):
         keep = min(nc, max(0, self._spare()))
         if keep:
             pages = self.payload_pages.alloc(keep)
+            r.page[:keep] = pages  # registered before any copy, so release finds them
             for j, pg in enumerate(pages):
                 self.kv_pool[:, pg * G:(pg + 1) * G] = prefix.kv[:, j * G:(j + 1) * G]
-                r.page[j], r.ready[j] = pg, True
+                r.ready[j] = True
             self.direct_table[slot, :keep] = torch.tensor(pages, dtype=torch.int32,
                                                           device=self.device)
             self.stats_adaptive["resident_first_pages_total"] += keep
@@ -140,13 +149,11 @@ class AdaptiveBackend(HiSparseBackend):
         self._backup(slot, keep * G, T, prefix.kv[:, keep * G:T])
         for j in range(keep, nc):
             r.backed[j] = True
-        return slot
 
     def _reclaim(self, slot: int) -> None:
         """Back up the request's unbacked optional pages, then retire all of them."""
         r = self.res[slot]
         G = self.G
-        freed = []
         for j, pg in enumerate(r.page):
             if pg < 0:
                 continue
@@ -154,11 +161,11 @@ class AdaptiveBackend(HiSparseBackend):
             if not r.backed[j]:
                 self._backup(slot, j * G, (j + 1) * G, self.kv_pool[:, pg * G:(pg + 1) * G])
                 r.backed[j] = True
-            freed.append(pg)
+            # page by page: a backup that fails part-way leaves every page consistent
+            self.direct_table[slot, j] = -1
             r.page[j], r.ready[j] = -1, False
-        self.direct_table[slot] = -1
-        self.payload_pages.free(freed)
-        self.stats_adaptive["reclaimed_pages_total"] += len(freed)
+            self.payload_pages.free([pg])
+            self.stats_adaptive["reclaimed_pages_total"] += 1
 
     def release(self, slot: int) -> None:
         if slot not in self.active_slots:

@@ -143,12 +143,25 @@ class HiSparseBackend(KVBackend):
         return self._required_free()
 
     def _alloc_slot(self, prefix: PrefixKV, max_new_tokens: int) -> int:
-        slot = self._take_slot()
+        """Atomic: either the slot holds all of its pages, or everything taken is returned."""
         total = prefix.num_tokens + max_new_tokens + self.q_max - 1  # room for a draft block
-        self._alloc_index(slot, total)
         page = self.payload_pages.alloc(1)[0]
-        hpages = self.host_pages.alloc(math.ceil(total / self.G))
-        self._slot_pages[slot] = (page, hpages)
+        try:
+            hpages = self.host_pages.alloc(math.ceil(total / self.G))
+        except BaseException:
+            self.payload_pages.free([page])
+            raise
+        slot = self._take_slot()
+        self._slot_pages[slot] = (page, hpages)  # from here on, release(slot) returns it all
+        try:
+            self._init_slot(slot, prefix, total, page, hpages)
+        except BaseException:
+            self.release(slot)
+            raise
+        return slot
+
+    def _init_slot(self, slot, prefix, total, page, hpages) -> None:
+        self._alloc_index(slot, total)
         self.slot_page[slot] = page
         self.host_page_table[slot, :len(hpages)] = torch.tensor(hpages, dtype=torch.int32,
                                                                 device=self.device)
@@ -161,18 +174,22 @@ class HiSparseBackend(KVBackend):
             self._shadow[slot] = torch.zeros(self.S, total, self.mcfg.row_bytes,
                                              dtype=torch.uint8)
             self._shadow[slot][:, :prefix.num_tokens] = prefix.kv.cpu()
-        return slot
 
     def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
         slot = self._alloc_slot(prefix, max_new_tokens)
-        self._backup(slot, 0, prefix.num_tokens, prefix.kv)  # history to host on arrival
+        try:
+            self._backup(slot, 0, prefix.num_tokens, prefix.kv)  # history to host on arrival
+        except BaseException:
+            self.release(slot)
+            raise
         return slot
 
     def release(self, slot: int) -> None:
         if slot not in self.active_slots:
             return
-        page, hpages = self._slot_pages.pop(slot)
-        self.payload_pages.free([page])
+        page, hpages = self._slot_pages.pop(slot, (None, []))
+        if page is not None:
+            self.payload_pages.free([page])
         self.host_pages.free(hpages)
         self.slot_page[slot] = -1
         self.host_page_table[slot] = -1

@@ -140,3 +140,21 @@ def test_random_operation_sequences_keep_the_invariants(ops):
     eng.run_until_idle()
     be.check_integrity()
     assert be.is_empty and be.payload_pages.num_used == 0 and be.host_pages.num_used == 0
+
+
+@pytest.mark.parametrize("system", ["hisparse", "adaptive_hisparse"])
+@pytest.mark.parametrize("fail_at", ["_backup", "_import_index"])
+def test_a_failing_admission_returns_everything(system, fail_at):
+    eng = make_engine(f"system={system}", "model.hot_cache_rows=8", "hardware.kv_pool_gib=0.01")
+    be = eng.backend
+    entry, _ = eng.prefixes.get(GOLDEN["prompts"][4])
+
+    def boom(*a, **k):
+        raise RuntimeError("injected copy failure")
+
+    setattr(be, fail_at, boom)
+    with pytest.raises(RuntimeError, match="injected"):
+        be.admit(entry.prefix, 10)
+    be.check_integrity()
+    assert be.is_empty and be.payload_pages.num_used == 0 and be.host_pages.num_used == 0
+    assert be.index_pages.num_used == 0
