@@ -168,10 +168,24 @@ def run(cfg: DictConfig) -> list[Path]:
             except BaseException as e:  # incl. KeyboardInterrupt: say why there is no summary
                 _write_error(d, e, server_dir)
                 raise
-            rows.append(summary)
+            rows.append({**summary, "_dir": str(d)})
             print(f"[harness] {rid}: done -> {d.relative_to(REPO) if d.is_relative_to(REPO) else d}")
+    _collect_profile(server_dir, [Path(r["_dir"]) for r in rows if r.get("_dir")])
     _print_table(rows)
     return done_dirs
+
+
+def _collect_profile(server_dir: Path, run_dirs: list[Path]) -> None:
+    """Collectors run inside the server's engine for its whole life; their outputs (written when
+    the server stops) go to the first run of this server, where the figure scripts read them."""
+    import shutil
+    prof = server_dir / "profile"
+    if not prof.is_dir() or not run_dirs:
+        return
+    for sub in prof.iterdir():
+        dest = run_dirs[0] / sub.name
+        if not dest.exists():
+            shutil.move(str(sub), str(dest))
 
 
 def _fmt(v, nd=1):

@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,6 +73,9 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     port = int(cfg.server.port) or free_port()
     url = f"http://{host}:{port}"
     if mode == "inprocess":
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.profile_dir = str(workdir / "profile")
         with _inprocess(cfg, host, port):
             wait_healthy(url, timeout)
             yield url
@@ -82,6 +85,9 @@ def bundled_server(cfg: DictConfig, workdir: Path):
                          f"got {mode!r}")
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "server_config.yaml"
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.profile_dir = str(workdir / "profile")  # collectors of the server's engine
     OmegaConf.save(cfg, cfg_path, resolve=True)
     log_path = workdir / "server.log"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),

@@ -69,7 +69,15 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
                         prefix_cache_entries=int(eng.get("prefix_cache_entries", 16)),
                         seed=int(cfg.get("seed", 0)),
                         speculation=OmegaConf.to_container(system.speculation, resolve=True)
-                        if system.get("speculation") else None)
+                        if system.get("speculation") else None,
+                        profile=_profile(cfg), profile_dir=cfg.get("profile_dir"))
+
+
+def _profile(cfg: DictConfig) -> dict | None:
+    prof = cfg.get("profile")
+    if prof is None or prof.get("name", "none") == "none":
+        return None
+    return OmegaConf.to_container(prof, resolve=True)
 
 
 def compose(overrides: list[str] | None = None) -> DictConfig:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from profiling.ranges import STEP, nvtx_range
 from systems.engine.prefill import PrefixStore
 from systems.engine.request import Request, ReqStatus
 from systems.engine.sampler import sample
@@ -54,6 +55,8 @@ class EngineConfig:
     prefix_cache_entries: int = 16
     seed: int = 0
     speculation: dict | None = None  # system.speculation: drafter, block_size, k_max, ...
+    profile: dict | None = None  # conf/profile/<name>.yaml; None or name=none: off
+    profile_dir: str | None = None  # where collectors write (the runner sets it)
 
 
 class Engine:
@@ -130,11 +133,19 @@ class Engine:
             self._thread.join(timeout=30)
 
     def _loop(self) -> None:
+        from profiling.collectors import maybe_profile
+
         try:
-            while not self._stop.is_set():
-                if not self.step():
-                    self._wake.wait(timeout=0.05)
-                    self._wake.clear()
+            # collectors are entered on this thread: torch.profiler records the entering thread
+            with maybe_profile(self.cfg.profile, out_dir=self.cfg.profile_dir,
+                               source=self) as prof:
+                while not self._stop.is_set():
+                    if self.step():
+                        if prof is not None:
+                            prof.step(sessions=len(self.scheduler.running))
+                    else:
+                        self._wake.wait(timeout=0.05)
+                        self._wake.clear()
         except BaseException as e:  # surface engine crashes to /health instead of hanging
             with self._lock:
                 self.error = e
@@ -213,7 +224,8 @@ class Engine:
 
     def _decode(self, batch: list[Request]) -> None:
         try:
-            outs = self.decoder.decode(batch)
+            with nvtx_range(STEP):  # the step window of the kernel timeline
+                outs = self.decoder.decode(batch)
         except Exception as e:  # fail this step's requests, keep the engine serving
             self._fail_step(batch, e)
             return

@@ -54,3 +54,12 @@ def test_wandb_logger_offline_writes_a_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     run(compose(BASE + [f"results_dir={tmp_path}", "logger=wandb"]))
     assert list(tmp_path.rglob("offline-run-*")), "no offline W&B run directory"
+
+
+def test_profile_kernels_lands_in_the_run_directory(tmp_path):
+    dirs = run(compose(BASE + [f"results_dir={tmp_path}", "profile=kernels",
+                               "workload.num_requests=8", "profile.wait=1", "profile.active=3"]))
+    summary = dirs[0] / "kernels" / "kernel_summary.json"
+    assert summary.exists()
+    d = json.loads(summary.read_text())
+    assert d  # steps were classified into families
