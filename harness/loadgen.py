@@ -200,6 +200,21 @@ class _StreamParserBase:
         self.done = False
         self.n_events = 0
 
+    def _object(self, p: bytes) -> dict | None:
+        """A chunk's JSON object, or None (recording a malformed chunk or a server error)."""
+        try:
+            obj = json.loads(p)
+        except ValueError:
+            self._bad(p)
+            return None
+        if not isinstance(obj, dict):
+            self._bad(p)
+            return None
+        if obj.get("error"):
+            self.error = _error_message(obj["error"])
+            return None
+        return obj
+
     def feed(self, data: bytes, now: float) -> None:
         buf = self.buf + data if self.buf else data
         end = buf.rfind(b"\n")
@@ -269,16 +284,8 @@ class GenerateStreamParser(_StreamParserBase):
         return self._full(p)
 
     def _full(self, p: bytes) -> int | None:
-        try:
-            obj = json.loads(p)
-        except ValueError:
-            self._bad(p)
-            return None
-        if not isinstance(obj, dict):
-            self._bad(p)
-            return None
-        if obj.get("error"):
-            self.error = _error_message(obj["error"])
+        obj = self._object(p)
+        if obj is None:
             return None
         mi = obj.get("meta_info") or {}
         pt = mi.get("prompt_tokens")
@@ -336,16 +343,8 @@ class OpenAIStreamParser(_StreamParserBase):
         return self._full(p)
 
     def _full(self, p: bytes) -> int | None:
-        try:
-            obj = json.loads(p)
-        except ValueError:
-            self._bad(p)
-            return None
-        if not isinstance(obj, dict):
-            self._bad(p)
-            return None
-        if obj.get("error"):
-            self.error = _error_message(obj["error"])
+        obj = self._object(p)
+        if obj is None:
             return None
         n = 0
         for ch in obj.get("choices") or ():
