@@ -76,6 +76,7 @@ class SpeculativeDecoder:
             dim=int(cfg.get("draft_dim", 64)), window=self.window,
             num_slots=num_slots, page=mcfg.page_size, k_max=self.k_max,
             seed=mcfg.seed)
+        self._round_ms: dict[int, float] = {}  # verification width -> EMA of round time
         self.stats = {"spec_rounds_total": 0, "spec_queries_total": 0,
                       "spec_accepted_total": 0, "spec_emitted_total": 0}
 
@@ -100,10 +101,25 @@ class SpeculativeDecoder:
             return torch.full((B,), self.block, dtype=torch.long)
         conf = self.drafter.last_confidence.float().cpu()  # (B, K-1), even when greedy
         surv = torch.cumprod(conf, dim=1)
-        ks = torch.arange(1, self.block + 1)
+        ks = torch.arange(1, self.block + 1, dtype=torch.float32)
         exp_tokens = 1 + torch.cat([torch.zeros(B, 1), surv.cumsum(1)], dim=1)  # (B, K)
-        cost = self.cost0 + self.cost_per_query * ks
-        return (exp_tokens / cost).argmax(1) + 1  # K_r in 1..block
+        a, b = self._cost_model()
+        return (exp_tokens / (a + b * ks)).argmax(1) + 1  # K_r in 1..block
+
+    def _cost_model(self) -> tuple[float, float]:
+        """Engine cost of a verification pass of K queries, cost(K) = a + b K, profiled online:
+        a least-squares line through the mean measured round time per K (EMA), once two widths
+        have been seen; the configured (cost_base, cost_per_query) before that."""
+        pts = sorted(self._round_ms.items())
+        if len(pts) < 2:
+            return self.cost0, self.cost_per_query
+        ks = torch.tensor([k for k, _ in pts], dtype=torch.float64)
+        ts = torch.tensor([t for _, t in pts], dtype=torch.float64)
+        b = float(((ks - ks.mean()) * (ts - ts.mean())).sum() / ((ks - ks.mean()) ** 2).sum())
+        a = float(ts.mean() - b * ks.mean())
+        if a <= 0:
+            return self.cost0, self.cost_per_query
+        return 1.0, max(b, 0.0) / a  # only the ratio matters for the argmax
 
     def decode(self, batch) -> list[list[int]]:
         e = self.e
@@ -116,6 +132,10 @@ class SpeculativeDecoder:
         temps = e._temperatures(batch)
         proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen)
         k_r = self._k_r(q, proposals)
+        # the pass verifies the widest prefix any request asked for (DSpark saves work here)
+        K = int(k_r.max())
+        proposals, q = proposals[:, :K - 1], q[:, :K - 1]
+        t0 = time.perf_counter()
         # verification: queries [anchor, x_1 .. x_{K-1}] at positions n .. n + K - 1
         tokens = torch.cat([anchors.unsqueeze(1), proposals], dim=1)
         positions = n.unsqueeze(1) + torch.arange(K, device=dev)
@@ -127,6 +147,9 @@ class SpeculativeDecoder:
             A, nxt = accept_exact(logits, proposals, q, k_r, temps, e.gen)
         else:
             A, nxt = accept_calibrated(logits, k_r, self.alpha, e.gen)
+        ms = (time.perf_counter() - t0) * 1e3  # acceptance read the logits: the pass is done
+        prev = self._round_ms.get(K)
+        self._round_ms[K] = ms if prev is None else 0.9 * prev + 0.1 * ms
         # commit the anchor and accepted drafts (eq. 7); rejected rows are never published
         new_len = [r.seq_len + 1 + a for r, a in zip(batch, A)]
         be.commit([r.slot for r in batch], new_len)

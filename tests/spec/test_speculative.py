@@ -218,3 +218,14 @@ def test_calibrated_alpha_matches_the_target_mean():
     A, _ = acceptance.accept_calibrated(logits, torch.full((20000,), 4), a,
                                         torch.Generator().manual_seed(0))
     assert abs(sum(A) / len(A) + 1 - 2.88) < 0.03
+
+
+def test_dspark_cost_model_is_profiled_online():
+    eng = _spec_engine("resident_dspark", "tiny", 8, False)
+    dec = eng.decoder
+    assert dec._cost_model() == (dec.cost0, dec.cost_per_query)  # nothing measured yet
+    dec._round_ms = {2: 10.0, 4: 14.0, 8: 22.0}  # 6 ms + 2 ms per query
+    a, b = dec._cost_model()
+    assert a == 1.0 and abs(b - 2.0 / 6.0) < 1e-9
+    run_greedy(eng, GOLDEN["prompts"][:2], 12)
+    assert dec._round_ms and all(v > 0 for v in dec._round_ms.values())
