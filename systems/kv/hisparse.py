@@ -54,7 +54,8 @@ class HiSparseBackend(KVBackend):
         # Verification staging (sec. 3.4, eq. 11): rows of a Q-query union that do not fit the
         # hot cache. One arena per simultaneously live payload source (chi: a producer and the
         # followers it prefetches), N slots x K_max x k rows each, reused by every layer group.
-        self.chi = 1 + max([len(v) for v in self._follower_map(m).values()] + [0]) \
+        self._followers = self._follower_map(m)
+        self.chi = 1 + max([len(v) for v in self._followers.values()] + [0]) \
             if kv_cfg.extra.get("prefetch_followers", True) else 1
         self.stage_rows = self.num_slots * self.q_max * m.index_topk if self.q_max > 1 else 0
         stage_bytes = self.chi * self.stage_rows * rb
@@ -106,7 +107,6 @@ class HiSparseBackend(KVBackend):
         self.verify = bool(kv_cfg.extra.get("verify_rows", False))
         self._shadow: dict[int, torch.Tensor] = {}
         self.prefetch = bool(kv_cfg.extra.get("prefetch_followers", True))
-        self._followers = self._follower_map(model_cfg)
         self._arena = {}  # layer index -> staging arena (its position in its live group)
         for prod, fols in self._followers.items():
             for a, f in enumerate(fols, start=1):
