@@ -86,24 +86,6 @@ def _pools(backend) -> dict[str, PagePool]:
     return {k: v for k, v in vars(backend).items() if isinstance(v, PagePool)}
 
 
-def _idle(eng) -> bool:
-    return (not eng.scheduler.running and not eng.scheduler.waiting and eng._pending == 0
-            and eng._inbox.empty() and eng._aborts.empty() and not eng.requests)
-
-
-async def _wait_idle(eng, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _idle(eng):
-            steps = eng.stats["num_steps"]
-            await asyncio.sleep(0.05)
-            if _idle(eng) and eng.stats["num_steps"] == steps:
-                return
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"engine did not drain in {timeout}s: running="
-                       f"{len(eng.scheduler.running)} waiting={len(eng.scheduler.waiting)}")
-
-
 def _at_rest(eng) -> dict:
     be = eng.backend
     snap: dict = {}
@@ -299,7 +281,7 @@ async def run_soak(cfg: SoakConfig, engine=None, progress=print) -> dict:
 
                 await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
                 wall = time.perf_counter() - t0
-                await _wait_idle(eng, cfg.drain_timeout_s)
+                await eng.wait_idle_async(cfg.drain_timeout_s)
                 win = {"index": w, "warmup": w < cfg.warmup_windows, "wall_s": wall,
                        "load": _window_stats(recs, wall), "at_rest": _at_rest(eng)}
                 windows.append(win)

@@ -13,6 +13,7 @@ outstanding request is failed instead of left hanging. The normal path pays one 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -174,6 +175,37 @@ class Engine:
         self.stats["last_step_ms"] = (time.perf_counter() - t0) * 1e3
         self.stats["num_steps"] += 1
         return True
+
+    @property
+    def is_idle(self) -> bool:
+        """Nothing submitted, waiting, running, or waiting to be aborted."""
+        return (not self.scheduler.running and not self.scheduler.waiting and self._pending == 0
+                and self._inbox.empty() and self._aborts.empty() and not self.requests)
+
+    def _idle_waiter(self, timeout: float):
+        """Yields sleep intervals until the engine is idle and one more quiet interval passed
+        (so the engine thread is not between two halves of a step while a caller inspects
+        the backend); raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.is_idle:
+                steps = self.stats["num_steps"]
+                yield 0.05
+                if self.is_idle and self.stats["num_steps"] == steps:
+                    return
+            yield 0.02
+        raise TimeoutError(f"engine not idle after {timeout}s: running="
+                           f"{len(self.scheduler.running)} waiting={len(self.scheduler.waiting)} "
+                           f"requests={len(self.requests)}")
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Block until the engine thread has drained (see ``_idle_waiter``)."""
+        for dt in self._idle_waiter(timeout):
+            time.sleep(dt)
+
+    async def wait_idle_async(self, timeout: float = 60.0) -> None:
+        for dt in self._idle_waiter(timeout):
+            await asyncio.sleep(dt)
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Drive the engine from the calling thread until nothing is left (tests, offline)."""

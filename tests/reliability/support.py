@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import threading
-import time
 
 import aiohttp
 from aiohttp import web
@@ -34,36 +33,15 @@ SYSTEMS = {
 
 
 def engine_idle(eng: Engine) -> bool:
-    return (not eng.scheduler.running and not eng.scheduler.waiting and eng._pending == 0
-            and eng._inbox.empty() and eng._aborts.empty() and not eng.requests)
+    return eng.is_idle
 
 
 def wait_idle_sync(eng: Engine, timeout: float = 60.0) -> None:
-    """Until the engine has nothing left; then one more quiet interval, so the engine thread is
-    not between two halves of a step while the caller inspects the backend."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if engine_idle(eng):
-            steps = eng.stats["num_steps"]
-            time.sleep(0.05)
-            if engine_idle(eng) and eng.stats["num_steps"] == steps:
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"engine not idle after {timeout}s: running={len(eng.scheduler.running)}"
-                         f" waiting={len(eng.scheduler.waiting)} requests={len(eng.requests)}")
+    eng.wait_idle(timeout)
 
 
 async def wait_idle(eng: Engine, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if engine_idle(eng):
-            steps = eng.stats["num_steps"]
-            await asyncio.sleep(0.05)
-            if engine_idle(eng) and eng.stats["num_steps"] == steps:
-                return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"engine not idle after {timeout}s: running={len(eng.scheduler.running)}"
-                         f" waiting={len(eng.scheduler.waiting)} requests={len(eng.requests)}")
+    await eng.wait_idle_async(timeout)
 
 
 def page_pools(backend) -> dict[str, PagePool]:
