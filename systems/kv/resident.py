@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from systems.kv.base import KVBackend, MemoryReport, PagePool, PrefixKV
+from systems.kv.base import KVBackend, MemoryReport, PrefixKV
 from systems.kv.registry import register
 
 

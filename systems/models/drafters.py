@@ -138,7 +138,6 @@ class DSparkDrafter(_DraftCore):
     name = "dspark"
 
     def propose(self, slots, anchors, n, K, temperatures, gen):
-        B = anchors.shape[0]
         ctx = self._window(slots, n.unsqueeze(1))
         toks = [anchors]
         xs = []
