@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,23 +34,50 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _health(url: str) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as r:
+            return r.status == 200, f"HTTP {r.status}"
+    except Exception as e:  # not up yet
+        return False, repr(e)
+
+
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
-                 log_path: Path | None = None) -> None:
-    deadline = time.time() + timeout_s
+                 log_path: Path | None = None, what: str = "server") -> None:
+    """Poll ``url/health`` until 200; fail early when ``proc`` exits, with its log tail."""
+    deadline = time.monotonic() + timeout_s
     last = ""
-    while time.time() < deadline:
+    while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            tail = log_path.read_text()[-3000:] if log_path and log_path.exists() else ""
-            raise RuntimeError(f"server exited with code {proc.returncode} before becoming "
-                               f"healthy; log tail:\n{tail}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except Exception as e:  # not up yet
-            last = repr(e)
+            tail = log_path.read_text(errors="replace")[-4000:] \
+                if log_path and log_path.exists() else ""
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before "
+                               f"{url}/health answered; log {log_path}:\n{tail}")
+        ok, last = _health(url)
+        if ok:
+            return
         time.sleep(0.2)
-    raise TimeoutError(f"server at {url} not healthy after {timeout_s:.0f} s ({last})")
+    raise TimeoutError(f"{what} at {url} not healthy after {timeout_s:.0f} s ({last})")
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 30.0, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; ``group`` signals the process group the child
+    leads (start_new_session=True), for servers that fork workers (SGLang)."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @contextlib.contextmanager
@@ -98,15 +126,10 @@ def bundled_server(cfg: DictConfig, workdir: Path):
              "--config", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT, env=env,
             cwd=str(REPO))
     try:
-        wait_healthy(url, timeout, proc, log_path)
+        wait_healthy(url, timeout, proc, log_path, "bundled server")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @contextlib.contextmanager

@@ -29,51 +29,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
+from harness.servers import free_port, stop_process, wait_healthy  # noqa: F401 (re-exported)
 from systems.sglang.adapter import LaunchPlan, _plain, build_plan, settings
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(url: str) -> tuple[bool, str]:
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as r:
-            return r.status == 200, f"HTTP {r.status}"
-    except Exception as e:  # not up yet
-        return False, repr(e)
-
-
-def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
-                 log_path: Path | None = None, what: str = "server") -> None:
-    """Poll ``url/health`` until 200; fail early when ``proc`` exits, with its log tail."""
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-4000:] \
-                if log_path and log_path.exists() else ""
-            raise RuntimeError(f"SGLang {what} exited with code {proc.returncode} before "
-                               f"{url}/health answered; log {log_path}:\n{tail}")
-        ok, last = _healthy(url)
-        if ok:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"SGLang {what} at {url} not healthy after {timeout_s:.0f} s ({last})")
 
 
 def _resolve_command(argv: list[str]) -> list[str]:
@@ -83,22 +49,6 @@ def _resolve_command(argv: list[str]) -> list[str]:
         if candidate.exists():
             return [str(candidate), *argv[1:]]
     return list(argv)
-
-
-def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM to the process group we created (SGLang forks schedulers), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @contextlib.contextmanager
@@ -125,11 +75,11 @@ def launch_plan(plan: LaunchPlan, workdir: Path, timeout_s: float,
                                         cwd=str(REPO), start_new_session=True)
             started.append(proc)
             print(f"[sglang] {role}: pid {proc.pid}, log {log_path}", flush=True)
-            wait_healthy(url, timeout_s, proc, log_path, role)
+            wait_healthy(url, timeout_s, proc, log_path, f"SGLang {role}")
         yield plan.url
     finally:
         for proc in reversed(started):  # router first, then decode, then prefill
-            _stop(proc)
+            stop_process(proc, group=True)  # SGLang forks schedulers
 
 
 @contextlib.contextmanager
@@ -149,7 +99,7 @@ def sglang_server(cfg: Any, workdir: Path | str) -> Iterator[str]:
         check_supported(cfg)  # the same systems are refused whether we start SGLang or not
         url = str(srv["url"]).rstrip("/")
         for u in [*(s.get("attach_health_urls") or []), url]:
-            wait_healthy(str(u).rstrip("/"), timeout, what="endpoint")
+            wait_healthy(str(u).rstrip("/"), timeout, what="SGLang endpoint")
         yield url
         return
     if launch != "subprocess":

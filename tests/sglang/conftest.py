@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from systems.sglang.launch import free_port, wait_healthy
+from harness.servers import free_port, stop_process, wait_healthy
 from tests.sglang.common import REPO, repo_env
 
 
@@ -35,9 +35,4 @@ def bundled_server(tmp_path_factory):
         wait_healthy(url, 60, proc, log_path, "bundled server")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
