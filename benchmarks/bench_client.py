@@ -1,22 +1,42 @@
-"""Client-overhead benchmark for harness.loadgen.
+"""Client-overhead benchmark for harness.loadgen (issue 3).
 
 Starts the fake streaming server (tests/harness/fake_server.py) in a separate
 process pinned to one CPU, pins this process (the load generator, which is
-single-threaded) to another CPU, and runs closed loops of N concurrent streams
-whose tokens are programmed 1 ms apart.  For each N it reports
+single-threaded) to another CPU, and runs closed loops of C concurrent streams
+(256 tokens each, programmed TTFT 100 ms, one token per SSE event) in two
+regimes:
 
-* the streamed tokens/s (and SSE events/s, socket reads/s) the client received,
-  its CPU utilisation and tokens per client-CPU-second (its capacity when it
-  is not the bottleneck);
-* the TTFT error: measured TTFT minus programmed TTFT, and its decomposition
-  using the server's own timestamps into the server's lateness, the request
-  path (client send stamp -> server handler start) and the delivery path
-  (server write of the first token -> client read).
+* ``issue``: 1000 and 4000 streams with tokens 1 ms apart, the configuration
+  issue 3 names.  That offers 1M and 4M tokens/s, several times what one
+  Python core can read, so the client is saturated by construction; these
+  points measure its capacity (tokens/s, tokens per client CPU-second).
+* ``capacity``: 1000 streams with wider token gaps (default 4 and 8 ms), so
+  that the offered rate is inside that capacity; these points measure the
+  TTFT error the client adds when it is not the bottleneck.
 
-A JSON record goes to results/bench_client/<UTC timestamp>.json.
+TTFT error = measured TTFT - programmed TTFT.  Using the server's own
+timestamps it splits into
 
-    .venv/bin/python benchmarks/bench_client.py                 # 1000 and 4000 streams
-    .venv/bin/python benchmarks/bench_client.py --streams 1000 --tokens-per-chunk 1,4
+* server lateness: the server's first-token write vs arrival + programmed TTFT
+  (the fake server's fault, not the client's);
+* request path: client send stamp -> server handler start;
+* delivery: server write of the first token -> client read.
+
+The client adds request path + delivery ("client-added").  That is an upper
+bound: the request path also holds the time the server's event loop takes to
+pick the request up.  Every statistic is given over all measured requests and
+post-wave, i.e. without the first C requests of the closed loop, which are
+launched together as one burst (the same definition as ``post_wave_*`` in
+harness.metrics).
+
+Target (issue 3), at 1000 streams: the client sustains >= 100,000 tokens/s and
+the post-wave client-added TTFT error (mean) is < 5 ms.  The run prints a
+table, and a JSON record with the same rows and a ``verdict`` goes to
+results/bench_client/<UTC timestamp>.json.
+
+    .venv/bin/python benchmarks/bench_client.py                  # both regimes
+    .venv/bin/python benchmarks/bench_client.py --capacity-itl-ms 2,4,6,8,10
+    .venv/bin/python benchmarks/bench_client.py --streams 1000 --no-capacity
 """
 
 from __future__ import annotations
@@ -24,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import sys
@@ -42,6 +63,7 @@ from tests.harness.fake_server import Program, start_server_process  # noqa: E40
 
 TARGET_TOK_S = 100_000
 TARGET_TTFT_ERR_MS = 5.0
+TARGET_STREAMS = 1000
 
 
 def _get(url: str) -> dict:
@@ -97,10 +119,78 @@ def _pct(v: np.ndarray) -> dict:
     return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99))}
 
 
-def run_point(streams: int, args: argparse.Namespace, tokens_per_chunk: int) -> dict:
+def background_cpus(window_s: float = 1.0) -> float | None:
+    """CPUs busy over ``window_s`` while this process sleeps: other load."""
+    a = _cpu_times()
+    time.sleep(window_s)
+    b = _cpu_times()
+    if a is None or b is None:
+        return None
+    return (b[0] - a[0]) / window_s
+
+
+def wait_quiet(max_wait_s: float, threshold_cpus: float) -> float | None:
+    """Wait (up to ``max_wait_s``) until other processes use < ``threshold_cpus``.
+
+    The machine may be shared (other sessions' test suites), and on 2 vCPUs
+    any other load lands on the client's or the server's core and inflates
+    every latency measured here.  Returns the last background reading.
+    """
+    t_end = time.time() + max_wait_s
+    bg = background_cpus()
+    while bg is not None and bg >= threshold_cpus and time.time() < t_end:
+        time.sleep(2.0)
+        bg = background_cpus()
+    return bg
+
+
+def offered_rates(streams: int, itl_ms: float, ttft_ms: float, output_len: int, tokens_per_chunk: int) -> dict:
+    """Tokens/s the server is programmed to emit.
+
+    ``peak``: every stream decoding (C / token gap).  ``closed_loop``: averaged
+    over a request's life; each stream idles for the TTFT before its first
+    token, so this is the most a perfect client can receive in the closed loop.
+    """
+    k = max(1, tokens_per_chunk)
+    life_ms = ttft_ms + (math.ceil(output_len / k) - 1) * k * itl_ms  # send -> last event
+    return {"peak": streams * 1e3 / itl_ms, "closed_loop": streams * output_len * 1e3 / life_ms, "life_ms": life_ms}
+
+
+def _ttft_error_block(err, srv_late, req_path, delivery) -> dict:
+    return {
+        "n": int(err.size),
+        "total": _pct(err),
+        "server_lateness": _pct(srv_late),
+        "request_path": _pct(req_path),
+        "delivery": _pct(delivery),
+        # what the client adds: everything outside the server's programmed wait and its lateness
+        "client_added": _pct(req_path + delivery),
+    }
+
+
+def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, args: argparse.Namespace,
+              stagger: bool = False) -> dict:
+    """One closed loop of ``streams`` streams.
+
+    ``stagger=False``: all C streams start at once and, since every request has
+    the same programmed length, restart at about the same time on every later
+    wave too.  ``stagger=True``: the concurrency ramps up to C over one request
+    lifetime (a schedule of ``--stagger-steps`` steps), so starts are spread
+    evenly, then holds C for ``waves - 1`` lifetimes: the steady state of a
+    closed loop without the fixed-length wave artefact.
+    """
     ttft_s = args.ttft_ms / 1e3
-    itl_s = args.itl_ms / 1e3 * tokens_per_chunk  # token gap stays itl_ms
-    prog = Program(ttft_s=ttft_s, itl_s=itl_s, tokens_per_chunk=tokens_per_chunk)
+    chunk_gap_s = itl_ms / 1e3 * tokens_per_chunk  # token gap stays itl_ms
+    prog = Program(ttft_s=ttft_s, itl_s=chunk_gap_s, tokens_per_chunk=tokens_per_chunk)
+    offered = offered_rates(streams, itl_ms, args.ttft_ms, args.output_len, tokens_per_chunk)
+    life_s = offered["life_ms"] / 1e3
+    if stagger:
+        steps = max(1, min(streams, args.stagger_steps))
+        schedule = [(math.ceil(streams * (i + 1) / steps), life_s / steps) for i in range(steps)]
+        schedule.append((streams, (args.waves - 1) * life_s))
+        mode = {"schedule": schedule}
+    else:
+        mode = {"concurrency": streams, "num_requests": streams * args.waves}
     pin = (os.cpu_count() or 1) >= 2 and not args.no_pin
     sp = start_server_process(prog, cpu=args.server_cpu if pin else None)
     try:
@@ -109,12 +199,11 @@ def run_point(streams: int, args: argparse.Namespace, tokens_per_chunk: int) -> 
         cfg = LoadConfig(
             url=sp.url,
             api=args.api,
-            concurrency=streams,
-            num_requests=streams * args.waves,
+            **mode,
             input_len=args.input_len,
             output_len=args.output_len,
             prefixes=8,
-            warmup=streams,
+            warmup=streams,  # opens the C connections, so the measured loop reuses them
             disable_progress=True,
             metrics_interval=0,
             seed=0,
@@ -136,16 +225,29 @@ def run_point(streams: int, args: argparse.Namespace, tokens_per_chunk: int) -> 
     dur = s["duration_s"]
     n_events = sum(len(r.chunks) for r in ok)
     n_reads = sum(len({t for t, _ in r.chunks}) for r in ok)  # events of one read share a stamp
-    off = float(np.median([r.send_epoch - r.send_mono for r in ok]))
+    off = float(np.median([r.send_epoch - r.send_mono for r in ok]))  # perf_counter -> epoch
 
-    ttft = np.array([next(t for t, n in r.chunks if n > 0) - r.send_mono for r in ok]) * 1e3
-    srv_ttft = np.array([r.timing["first_token_ts"] - r.timing["arrival_ts"] for r in ok]) * 1e3
-    req_path = np.array([r.timing["arrival_ts"] - r.send_epoch for r in ok]) * 1e3
-    delivery = np.array([next(t for t, n in r.chunks if n > 0) + off - r.timing["first_token_ts"] for r in ok]) * 1e3
+    first_read = np.array([next(t for t, n in r.chunks if n > 0) for r in ok])
+    send_mono = np.array([r.send_mono for r in ok])
+    send_epoch = np.array([r.send_epoch for r in ok])
+    arrival = np.array([r.timing["arrival_ts"] for r in ok])
+    first_write = np.array([r.timing["first_token_ts"] for r in ok])
+    ttft = (first_read - send_mono) * 1e3
     err = ttft - args.ttft_ms
-    client_side = req_path + delivery  # everything not spent inside the server's programmed wait
-    tok_s = s["output_tok_s"]
-    cpu_util = s["client_cpu_util"]
+    srv_late = (first_write - arrival) * 1e3 - args.ttft_ms
+    req_path = (arrival - send_epoch) * 1e3
+    delivery = (first_read + off - first_write) * 1e3
+    # the first C requests start together (one burst of C sends); the rest start
+    # as earlier requests finish
+    post = np.array([r.index >= streams for r in ok], dtype=bool)
+
+    if stagger:
+        # tokens read while C streams were held, not diluted by the ramp and the drain
+        hold = res.phases[-1]
+        t_a, t_b = hold["start_mono"], hold["end_mono"]
+        tok_s = sum(n for r in ok for t, n in r.chunks if t_a <= t < t_b) / (t_b - t_a)
+    else:
+        tok_s = s["output_tok_s"]  # a closed loop of whole waves: all tokens over first send -> last read
     srv_cpu = s1["cpu_s"] - s0["cpu_s"]
     srv_writes = s1["writes"] - s0["writes"]
     srv_events = s1["events_emitted"] - s0["events_emitted"]
@@ -157,25 +259,30 @@ def run_point(streams: int, args: argparse.Namespace, tokens_per_chunk: int) -> 
         machine = {
             "busy_cpus": busy / wall,
             "ncpus": os.cpu_count(),
-            "other_load_cpus": max(0.0, (busy - (s1["cpu_s"] - s0["cpu_s"]) - (p1 - p0)) / wall),
+            "other_load_cpus": max(0.0, (busy - srv_cpu - (p1 - p0)) / wall),
             "loadavg": os.getloadavg(),
         }
     out = {
+        "regime": regime,
         "streams": streams,
+        "staggered": stagger,
         "tokens_per_chunk": tokens_per_chunk,
-        "programmed": {"ttft_ms": args.ttft_ms, "token_gap_ms": args.itl_ms, "chunk_gap_ms": itl_s * 1e3,
-                       "output_len": args.output_len, "offered_tok_s": streams * 1e3 / args.itl_ms},
+        "programmed": {"ttft_ms": args.ttft_ms, "token_gap_ms": itl_ms, "chunk_gap_ms": chunk_gap_s * 1e3,
+                       "output_len": args.output_len, "offered_tok_s": offered["peak"],
+                       "offered_tok_s_closed_loop": offered["closed_loop"]},
         "requests": len(res.records),
+        "post_wave_requests": int(post.sum()),
         "errors": s["errors"],
         "duration_s": dur,
         "wall_s_incl_warmup": wall,
         "client": {
             "tok_s": tok_s,
+            "share_of_closed_loop_offered": tok_s / offered["closed_loop"] if tok_s else None,
             "events_s": n_events / dur,
             "reads_s": n_reads / dur,
             "events_per_read": n_events / max(n_reads, 1),
             "cpu_s": s["client_cpu_s"],
-            "cpu_util": cpu_util,
+            "cpu_util": s["client_cpu_util"],
             "tok_per_cpu_s": (s["total_output_tokens"] / s["client_cpu_s"]) if s["client_cpu_s"] else None,
             "events_per_cpu_s": (n_events / s["client_cpu_s"]) if s["client_cpu_s"] else None,
         },
@@ -187,22 +294,25 @@ def run_point(streams: int, args: argparse.Namespace, tokens_per_chunk: int) -> 
             "write_syscall_us": (s1["write_s"] - s0["write_s"]) / max(srv_writes, 1) * 1e6,
             "mean_event_lateness_ms": (s1["mean_lateness_s"] or 0) * 1e3,
         },
-        "ttft_ms": _pct(ttft),
-        "ttft_error_ms": _pct(err),
-        "ttft_error_parts_ms": {
-            "server_lateness": _pct(srv_ttft - args.ttft_ms),
-            "request_path": _pct(req_path),
-            "delivery": _pct(delivery),
-            "client_side_total": _pct(client_side),
+        "ttft_ms": {"all": _pct(ttft), "post_wave": _pct(ttft[post])},
+        "ttft_error_ms": {
+            "all": _ttft_error_block(err, srv_late, req_path, delivery),
+            "post_wave": _ttft_error_block(err[post], srv_late[post], req_path[post], delivery[post]),
         },
         "machine_during_run": machine,
         "itl_per_token_ms_mean": s["itl_per_token_ms_mean"],
         "tpot_ms_mean": s["tpot_ms_mean"],
     }
-    out["targets"] = {
-        "tok_s_ge_100k": bool(tok_s and tok_s >= TARGET_TOK_S),
-        "ttft_error_lt_5ms": bool(abs(out["ttft_error_ms"]["mean"]) < TARGET_TTFT_ERR_MS),
-        "client_side_ttft_error_lt_5ms": bool(out["ttft_error_parts_ms"]["client_side_total"]["mean"] < TARGET_TTFT_ERR_MS),
+    pw_client = out["ttft_error_ms"]["post_wave"]["client_added"]["mean"]
+    tok_ok = bool(tok_s and tok_s >= TARGET_TOK_S)
+    ttft_ok = pw_client is not None and pw_client < TARGET_TTFT_ERR_MS
+    out["target"] = {
+        "applies": streams == TARGET_STREAMS,  # the issue states the target at 1000 streams
+        "sustained_tok_s_ge_100k": tok_ok,
+        # the offered closed-loop rate bounds what any client can sustain
+        "offered_closed_loop_ge_100k": offered["closed_loop"] >= TARGET_TOK_S,
+        "post_wave_client_added_ttft_error_lt_5ms": ttft_ok,
+        "met": streams == TARGET_STREAMS and tok_ok and ttft_ok,
     }
     return out
 
@@ -276,35 +386,153 @@ def asyncio_read_floor(n_conns: int = 1000, gap_s: float = 0.04, seconds: float 
 
 
 def fmt(p: dict) -> str:
-    c, e, parts = p["client"], p["ttft_error_ms"], p["ttft_error_parts_ms"]
+    c, prog = p["client"], p["programmed"]
+    a, w = p["ttft_error_ms"]["all"], p["ttft_error_ms"]["post_wave"]
+
+    def parts(b: dict) -> str:
+        return (f"{b['total']['mean']:.1f} ms = server late {b['server_lateness']['mean']:.1f} + request path "
+                f"{b['request_path']['mean']:.1f} + delivery {b['delivery']['mean']:.1f}")
+
     return (
-        f"streams={p['streams']:>5} tok/chunk={p['tokens_per_chunk']} | client: {c['tok_s']:,.0f} tok/s, "
-        f"{c['events_s']:,.0f} ev/s, {c['events_per_read']:.1f} ev/read, cpu {c['cpu_util']:.2f}, "
+        f"streams={p['streams']:>5} gap={prog['token_gap_ms']:g} ms tok/chunk={p['tokens_per_chunk']} | offered "
+        f"{prog['offered_tok_s']:,.0f} tok/s ({prog['offered_tok_s_closed_loop']:,.0f} closed loop) | client: "
+        f"{c['tok_s']:,.0f} tok/s, {c['events_per_read']:.1f} ev/read, cpu {c['cpu_util']:.2f}, "
         f"{c['tok_per_cpu_s']:,.0f} tok/cpu-s | server cpu {p['server']['cpu_util']:.2f}, "
-        f"{p['server']['events_per_write']:.1f} ev/write | TTFT err mean {e['mean']:.1f} ms (p50 {e['p50']:.1f}, "
-        f"p99 {e['p99']:.1f}) = server late {parts['server_lateness']['mean']:.1f} + request path "
-        f"{parts['request_path']['mean']:.1f} + delivery {parts['delivery']['mean']:.1f}"
+        f"{p['server']['events_per_write']:.1f} ev/write | TTFT err all {parts(a)} | post-wave {parts(w)}"
         + (f" | other load ~{p['machine_during_run']['other_load_cpus']:.2f} CPUs" if p["machine_during_run"] else "")
     )
 
 
+def label(p: dict) -> str:
+    return f"{p['streams']} streams @ {p['programmed']['token_gap_ms']:g} ms, {p['tokens_per_chunk']} tok/event"
+
+
+def table_rows(points: list[dict], other_load_flag: float) -> list[dict]:
+    rows = []
+    for p in points:
+        e = p["ttft_error_ms"]
+        t = p["target"]
+        other = (p["machine_during_run"] or {}).get("other_load_cpus")
+        rows.append({
+            "regime": p["regime"],
+            "streams": p["streams"],
+            "token_gap_ms": p["programmed"]["token_gap_ms"],
+            "tokens_per_event": p["tokens_per_chunk"],
+            "offered_tok_s": p["programmed"]["offered_tok_s"],
+            "offered_tok_s_closed_loop": p["programmed"]["offered_tok_s_closed_loop"],
+            "sustained_tok_s": p["client"]["tok_s"],
+            "client_cpu_util": p["client"]["cpu_util"],
+            "tok_per_client_cpu_s": p["client"]["tok_per_cpu_s"],
+            "ttft_error_all_ms": e["all"]["total"]["mean"],
+            "ttft_error_all_client_added_ms": e["all"]["client_added"]["mean"],
+            "ttft_error_post_wave_ms": e["post_wave"]["total"]["mean"],
+            "ttft_error_post_wave_client_added_ms": e["post_wave"]["client_added"]["mean"],
+            "ttft_error_post_wave_client_added_p99_ms": e["post_wave"]["client_added"]["p99"],
+            "target_met": t["met"] if t["applies"] else None,  # None: target not stated at this C
+            "other_load_cpus": other,
+            "other_load_flag": other is not None and other >= other_load_flag,
+        })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'regime':<9}{'streams':>8}{'gap':>7}{'offered tok/s':>15}{'(closed loop)':>15}{'sustained':>11}"
+            f"{'cli cpu':>8}   {'TTFT err all / client':>22}   {'post-wave / client':>19}{'p99 client':>11}  target")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        met = "n/a" if r["target_met"] is None else ("yes" if r["target_met"] else "no")
+        lines.append(
+            f"{r['regime']:<9}{r['streams']:>8}{r['token_gap_ms']:>5g}ms{r['offered_tok_s']:>15,.0f}"
+            f"{r['offered_tok_s_closed_loop']:>15,.0f}{r['sustained_tok_s']:>11,.0f}{r['client_cpu_util']:>8.2f}"
+            f"   {r['ttft_error_all_ms']:>9.1f} / {r['ttft_error_all_client_added_ms']:>6.1f} ms"
+            f"   {r['ttft_error_post_wave_ms']:>7.1f} / {r['ttft_error_post_wave_client_added_ms']:>6.1f} ms"
+            f"{r['ttft_error_post_wave_client_added_p99_ms']:>8.1f} ms  {met}"
+            + (f"  (other load {r['other_load_cpus']:.2f} CPU)" if r["other_load_flag"] else "")
+        )
+    lines.append("TTFT err = mean measured - programmed TTFT; client = client-added part (request path + delivery);")
+    lines.append(f"target at {TARGET_STREAMS} streams: sustained >= {TARGET_TOK_S:,} tok/s and post-wave client-added "
+                 f"mean < {TARGET_TTFT_ERR_MS:g} ms")
+    return "\n".join(lines)
+
+
+def verdict(points: list[dict], issue_itl_ms: float) -> dict:
+    """Which configurations meet the target, and why the issue's 1 ms point cannot."""
+    at_target = [p for p in points if p["target"]["applies"]]
+    met = [label(p) for p in at_target if p["target"]["met"]]
+    # one core's receive capacity: the best tokens per client CPU-second of any point
+    # (more events per socket read -> cheaper tokens, so the saturated points set it)
+    caps = [p["client"]["tok_per_cpu_s"] for p in points if p["client"]["tok_per_cpu_s"]]
+    capacity = max(caps) if caps else None
+    out: dict = {
+        "target": f"at {TARGET_STREAMS} streams: sustained >= {TARGET_TOK_S:,} tok/s and post-wave client-added "
+                  f"TTFT error mean < {TARGET_TTFT_ERR_MS:g} ms",
+        "configurations_meeting_target": met,
+        "client_capacity_tok_per_cpu_s": capacity,
+        "per_configuration": {},
+    }
+    for p in at_target:
+        t, e = p["target"], p["ttft_error_ms"]["post_wave"]
+        why = []
+        if not t["sustained_tok_s_ge_100k"]:
+            why.append(f"sustained {p['client']['tok_s']:,.0f} tok/s < {TARGET_TOK_S:,}"
+                       + ("" if t["offered_closed_loop_ge_100k"] else
+                          f" (the closed loop only offers {p['programmed']['offered_tok_s_closed_loop']:,.0f})"))
+        if not t["post_wave_client_added_ttft_error_lt_5ms"]:
+            why.append(f"post-wave client-added TTFT error {e['client_added']['mean']:.1f} ms "
+                       f"(request path {e['request_path']['mean']:.1f} + delivery {e['delivery']['mean']:.1f})")
+        out["per_configuration"][label(p)] = {"met": t["met"], "failed_on": why}
+
+    issue = next((p for p in at_target if p["regime"] == "issue" and p["programmed"]["token_gap_ms"] == issue_itl_ms
+                  and p["tokens_per_chunk"] == 1), None)
+    if issue is not None and capacity:
+        offered = issue["programmed"]["offered_tok_s"]
+        pw = issue["ttft_error_ms"]["post_wave"]["client_added"]["mean"]
+        if issue["target"]["met"]:
+            out["issue_point"] = f"{label(issue)} meets the target."
+        elif offered > capacity:
+            out["issue_point"] = (
+                f"{label(issue)} offers {offered:,.0f} tok/s, {offered / capacity:.1f}x the "
+                f"{capacity:,.0f} tokens per CPU-second that one client core reads at best here, so the client "
+                f"is saturated by construction: it reads {issue['client']['tok_s']:,.0f} tok/s, unread events queue "
+                f"in the sockets and the post-wave client-added TTFT error is {pw:.0f} ms. Meeting the target at "
+                f"1 ms gaps needs the streams spread over >= {math.ceil(offered / capacity)} client cores.")
+        else:
+            out["issue_point"] = (
+                f"{label(issue)} offers {offered:,.0f} tok/s, within the measured capacity of {capacity:,.0f} "
+                f"tokens per client CPU-second, but misses the target: "
+                + "; ".join(out["per_configuration"][label(issue)]["failed_on"]) + ".")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--streams", default="1000,4000", help="comma-separated concurrency levels")
-    ap.add_argument("--tokens-per-chunk", default="1", help="comma-separated; token gap stays --itl-ms")
-    ap.add_argument("--itl-ms", type=float, default=1.0, help="programmed gap between tokens")
+    ap.add_argument("--streams", default="1000,4000", help="issue regime: comma-separated concurrency levels")
+    ap.add_argument("--tokens-per-chunk", default="1", help="issue regime, comma-separated; token gap stays --itl-ms")
+    ap.add_argument("--itl-ms", type=float, default=1.0, help="issue regime: programmed gap between tokens")
+    ap.add_argument("--capacity-itl-ms", default="4,8",
+                    help="capacity regime: comma-separated token gaps at --capacity-streams")
+    ap.add_argument("--capacity-streams", type=int, default=TARGET_STREAMS)
+    ap.add_argument("--capacity-tokens-per-chunk", type=int, default=1)
+    ap.add_argument("--no-capacity", action="store_true", help="skip the capacity regime")
     ap.add_argument("--ttft-ms", type=float, default=100.0)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--waves", type=int, default=2, help="measured requests = waves x streams")
+    ap.add_argument("--waves", type=int, default=3, help="measured requests = waves x streams (post-wave: all but one)")
+    ap.add_argument("--stagger-steps", type=int, default=100, help="steps of the ramp of a staggered loop")
     ap.add_argument("--api", default="generate", choices=["generate", "openai"])
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--no-pin", action="store_true")
-    ap.add_argument("--no-extra", action="store_true", help="skip the offered-100k-tok/s points")
     ap.add_argument("--no-floor", action="store_true", help="skip the raw asyncio read-cost measurement")
+    ap.add_argument("--quiet-cpus", type=float, default=0.25,
+                    help="before each point wait until other processes use less CPU than this")
+    ap.add_argument("--quiet-wait-s", type=float, default=300.0, help="longest wait for a quiet machine per point")
+    ap.add_argument("--retries", type=int, default=2,
+                    help="re-run a point that shared the machine with >= --quiet-cpus of other load; keep the cleanest")
     ap.add_argument("--out-dir", default=str(REPO / "results" / "bench_client"))
     args = ap.parse_args(argv)
+    if args.waves < 2:
+        ap.error("--waves must be >= 2 (the first wave is excluded from the post-wave statistics)")
 
     pin = (os.cpu_count() or 1) >= 2 and not args.no_pin
     floors = []
@@ -312,29 +540,50 @@ def main(argv: list[str] | None = None) -> int:
     def floor() -> None:
         if args.no_floor:
             return
+        wait_quiet(args.quiet_wait_s, args.quiet_cpus)
         f = asyncio_read_floor(client_cpu=args.client_cpu if pin else None,
                                server_cpu=args.server_cpu if pin else None)
         floors.append(f)
         print(f"asyncio floor: {f['us_per_read']:.1f} us CPU per socket read "
               f"({f['reads_s']:,.0f} reads/s at {f['cpu_util']:.2f} CPU, do-nothing Protocol)", flush=True)
 
+    def measured(regime: str, n: int, itl_ms: float, k: int) -> dict:
+        """One point, re-run while other processes shared the machine (they only add delay)."""
+        best = None
+        for attempt in range(args.retries + 1):
+            bg = wait_quiet(args.quiet_wait_s, args.quiet_cpus)
+            p = run_point(regime, n, itl_ms, k, args)
+            p["attempt"] = attempt + 1
+            p["background_cpus_before"] = bg
+            other = (p["machine_during_run"] or {}).get("other_load_cpus") or 0.0
+            print(f"[{regime}] {fmt(p)}", flush=True)
+            if best is None or other < (best["machine_during_run"] or {}).get("other_load_cpus", 0.0):
+                best = p
+            if other < args.quiet_cpus:
+                break
+        return best
+
     floor()
     points = []
     for k in [int(x) for x in args.tokens_per_chunk.split(",")]:
         for n in [int(x) for x in args.streams.split(",")]:
-            p = run_point(n, args, k)
-            print(fmt(p), flush=True)
-            points.append(p)
-    # Offered 100k tok/s instead of 1M: 1000 streams with 10 ms between tokens,
-    # one token per event and four (the server keeps up with the latter).
-    extra = []
-    if not args.no_extra:
-        eargs = argparse.Namespace(**dict(vars(args), itl_ms=10.0))
-        for k in (1, 4):
-            p = run_point(1000, eargs, k)
-            print("[offered 100k tok/s] " + fmt(p), flush=True)
-            extra.append(p)
+            points.append(measured("issue", n, args.itl_ms, k))
+    if not args.no_capacity:
+        for gap in [float(x) for x in args.capacity_itl_ms.split(",")]:
+            points.append(measured("capacity", args.capacity_streams, gap, args.capacity_tokens_per_chunk))
     floor()  # again after: this host's per-read cost is bimodal (about 10 or 25-30 us)
+
+    rows = table_rows(points, args.quiet_cpus)
+    v = verdict(points, args.itl_ms)
+    print()
+    print(format_table(rows))
+    print()
+    print("verdict: configurations meeting the target: " + (", ".join(v["configurations_meeting_target"]) or "none"))
+    for name, c in v["per_configuration"].items():
+        if not c["met"]:
+            print(f"  {name}: " + "; ".join(c["failed_on"]))
+    if "issue_point" in v:
+        print("  " + v["issue_point"])
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     rec = {
@@ -342,9 +591,11 @@ def main(argv: list[str] | None = None) -> int:
         "timestamp_utc": stamp,
         "host": host_info(),
         "args": vars(args),
-        "targets": {"tok_s": TARGET_TOK_S, "ttft_error_ms": TARGET_TTFT_ERR_MS, "at_streams": 1000},
+        "targets": {"tok_s": TARGET_TOK_S, "post_wave_client_added_ttft_error_ms": TARGET_TTFT_ERR_MS,
+                    "at_streams": TARGET_STREAMS},
+        "table": rows,
+        "verdict": v,
         "points": points,
-        "points_offered_100k": extra,
         "asyncio_read_floor": floors,
     }
     path = Path(args.out_dir) / f"{stamp}.json"

@@ -84,7 +84,10 @@ def main() -> None:
                "weight_bytes": w_bytes, "selected_kv_bytes": kv_bytes,
                "index_scan_bytes": idx_bytes, "floor_ms": floor * 1e3,
                "floor_with_index_ms": floor_idx * 1e3, "ratio_to_floor": step_s / floor,
-               "ratio_to_floor_with_index": step_s / floor_idx}
+               "ratio_to_floor_with_index": step_s / floor_idx,
+               # graphs on unless engine.disable_cuda_graph=true or a capture failed
+               "cuda_graph": eng.graph_runner is not None and not eng.graph_runner.broken,
+               "graph_stats": dict(eng.graph_runner.stats) if eng.graph_runner else None}
         rows.append(row)
         print(f"B={B:4d} step {row['step_ms_median']:8.3f} ms  floor {row['floor_ms']:7.3f} ms "
               f"(x{row['ratio_to_floor']:.1f})  floor+index {row['floor_with_index_ms']:7.3f} ms "

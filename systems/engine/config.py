@@ -70,7 +70,22 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
                         seed=int(cfg.get("seed", 0)),
                         speculation=OmegaConf.to_container(system.speculation, resolve=True)
                         if system.get("speculation") else None,
-                        profile=_profile(cfg), profile_dir=cfg.get("profile_dir"))
+                        profile=_profile(cfg), profile_dir=cfg.get("profile_dir"),
+                        **_graph_options(eng))
+
+
+_GRAPH_KEYS = ("disable_cuda_graph", "cuda_graph_max_bs", "cuda_graph_scan_step",
+               "cuda_graph_max_graphs", "cuda_graph_emulate")
+
+
+def _graph_options(eng) -> dict:
+    unknown = sorted(set(eng) - {"max_waiting", "max_new_tokens_cap", "prefix_cache_entries",
+                                 *_GRAPH_KEYS})
+    if unknown:
+        raise ValueError(f"engine: unknown field(s) {unknown}")
+    types = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+    return {k: (bool(eng[k]) if types[k] in (bool, "bool") else int(eng[k]))
+            for k in _GRAPH_KEYS if k in eng}
 
 
 def _profile(cfg: DictConfig) -> dict | None:

@@ -58,6 +58,12 @@ class EngineConfig:
     speculation: dict | None = None  # system.speculation: drafter, block_size, k_max, ...
     profile: dict | None = None  # conf/profile/<name>.yaml; None or name=none: off
     profile_dir: str | None = None  # where collectors write (the runner sets it)
+    # CUDA graphs for the target forward (systems/engine/cuda_graph.py), SGLang's names
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 256  # larger batches run eagerly
+    cuda_graph_scan_step: int = 2048  # index scan length bucket (positions) of a graph
+    cuda_graph_max_graphs: int = 64
+    cuda_graph_emulate: bool = False  # CPU tests: the graph protocol without CUDA
 
 
 class Engine:
@@ -83,6 +89,13 @@ class Engine:
         self.prefixes = PrefixStore(self.model, cfg.prefix_cache_entries, keep_hidden=keep)
         self.scheduler = Scheduler(self.backend, self.prefixes, cfg.max_waiting)
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.graph_runner = None
+        if not cfg.disable_cuda_graph and (self.device.type == "cuda" or cfg.cuda_graph_emulate):
+            from systems.engine.cuda_graph import CudaGraphRunner
+            self.graph_runner = CudaGraphRunner(
+                self.model, self.backend, self.device, max_bs=cfg.cuda_graph_max_bs,
+                l_step=cfg.cuda_graph_scan_step, max_graphs=cfg.cuda_graph_max_graphs,
+                emulate=self.device.type != "cuda")
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -244,6 +257,29 @@ class Engine:
             self.stats["aborted_total"] += 1
             self.requests.pop(rid, None)
             self._live.discard(rid)
+
+    def run_target(self, slots: list[int], tokens: torch.Tensor, positions: torch.Tensor,
+                   max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target model's forward over this step's queries, through the KV backend:
+        a CUDA graph replay when one applies, else eager. tokens / positions (B, Q) on the
+        device; max_len = the largest query position + 1 (known on the host). Returns
+        (logits, hidden); with graphs they stay valid until the next call only."""
+        be = self.backend
+        dev_slots = torch.tensor(slots, device=self.device)
+        r = self.graph_runner
+        if r is not None and r.can_run(len(slots)):
+            be.host_prepare()
+            try:
+                return r.forward(tokens, positions, dev_slots, max_len)
+            finally:
+                be.end_step()
+        if r is not None:
+            max_len = r.scan_len(max_len)  # the graphs' bucket: the same selections either way
+            r.stats["eager_steps"] += 1
+        be.begin_step(dev_slots, positions, max_len)
+        out = self.model(tokens, positions, be)
+        be.end_step()
+        return out
 
     def _temperatures(self, reqs: list[Request]) -> torch.Tensor:
         return torch.tensor([r.params.temperature for r in reqs], device=self.device,

@@ -219,10 +219,9 @@ class AdaptiveBackend(HiSparseBackend):
                 self.direct_table[s, j] = r.page[j]
 
     # ------------------------------------------------------------------ step hooks
-    def _prepare_step(self):
+    def host_prepare(self) -> None:
         with nvtx_range(BOOKKEEPING):
             self._publish()
-        super()._prepare_step()
 
     def _direct_table(self):
         return self.direct_table[self._step["slots"].long()] if self.optional_on else None

@@ -200,15 +200,48 @@ class KVBackend(ABC):
         """Return everything the request holds. Safe at any point after admit."""
 
     # ------------------------------------------------------------------ step protocol
-    def begin_step(self, slots: torch.Tensor, positions: torch.Tensor) -> None:
-        """slots (B,) int, positions (B, Q) int: the positions of this step's queries."""
-        self._step = {"slots": slots, "positions": positions, "index_keys": {},
-                      "L": int(positions.max().item()) + 1 if positions.numel() else 0}
+    def begin_step(self, slots: torch.Tensor, positions: torch.Tensor,
+                   max_len: int | None = None) -> None:
+        """slots (B,) int, positions (B, Q) int: the positions of this step's queries.
+
+        ``max_len``: how many history positions the index scans (>= max(positions) + 1; the
+        caller knows it on the host, which spares a device sync; a captured graph passes its
+        bucket). Equivalent to ``host_prepare()`` followed by ``device_prepare(...)``.
+        """
+        self.host_prepare()
+        self.device_prepare(slots, positions, max_len)
+
+    def host_prepare(self) -> None:
+        """Hook, eager part of a step's preparation: host-side bookkeeping that must run before
+        every step, captured or not (the adaptive backend publishes finished populations)."""
+
+    def device_prepare(self, slots: torch.Tensor, positions: torch.Tensor,
+                       max_len: int | None = None) -> None:
+        """Device part of a step's preparation: only device work on (slots, positions) and
+        persistent device state, no host sync, so a CUDA graph can capture it with the
+        forward (systems/engine/cuda_graph.py)."""
+        if max_len is None:
+            max_len = int(positions.max().item()) + 1 if positions.numel() else 0
+        self._step = {"slots": slots, "positions": positions, "index_keys": {}, "L": max_len}
         self._step["index_write_loc"] = self._token_locs(self.req_to_index_page, slots, positions)
         self._prepare_step()
 
     def _prepare_step(self) -> None:
-        """Hook: backend-specific per-step preparation (write locations, tails)."""
+        """Hook: backend-specific per-step preparation (write locations, tails); device-only."""
+
+    def finish_forward(self) -> None:
+        """Hook, the device-side end of a step (joins side streams); part of a captured graph.
+        ``end_step`` calls it too, so an eager step needs nothing else."""
+
+    @property
+    def graph_capturable(self) -> bool:
+        """Whether ``device_prepare`` + forward + ``finish_forward`` may be captured."""
+        return True
+
+    @property
+    def max_scan_len(self) -> int:
+        """Largest history an index scan may cover (the last page of a request's table)."""
+        return self.max_pages_per_req * self.P
 
     def write_index(self, source: int, keys: torch.Tensor) -> None:
         loc = self._step["index_write_loc"]
@@ -249,6 +282,7 @@ class KVBackend(ABC):
         return self.kv_buffer(layer.source)[loc.clamp_min(0)]
 
     def end_step(self) -> None:
+        self.finish_forward()
         self._step = None
 
     def commit(self, slots: list[int], lengths: list[int]) -> None:

@@ -24,11 +24,13 @@ resolve a fresh top-k against the same state.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 
 from systems.kernels.resolver import (COUNTER_DIRECT, COUNTER_HOST_COPIES, COUNTER_HOST_SEL,
-                                      COUNTER_HOT_HIT, resolve)
+                                      COUNTER_HOT_HIT, ResolverWorkspace, resolve)
+from systems.engine.cuda_graph import allow_host_sync
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
 from systems.kv.base import GiB, KVBackend, MemoryReport, PagePool, PrefixKV
 from systems.kv.registry import register
@@ -93,13 +95,17 @@ class HiSparseBackend(KVBackend):
         self.slot_page = torch.full((ns,), -1, dtype=torch.int32, device=dev)
         self.host_page_table = torch.full((ns, self.max_host_pages), -1, dtype=torch.int32,
                                           device=dev)
-        self.tail_start = [0] * ns  # host mirror; device copy built per step
+        # tail_start lives twice: a host list for the commit logic and a device mirror that the
+        # step reads (no per-step host->device table, so a captured graph sees its updates)
+        self.tail_start = [0] * ns
+        self.tail_start_dev = torch.zeros(ns, dtype=torch.int32, device=dev)
         self._slot_pages: dict[int, tuple[int, list[int]]] = {}
-        self.stamp = 0
+        # Counters and the LRU clock are device tensors advanced by device work: a graph replay
+        # advances them without any Python running. Read them at scrape time (one sync).
+        self.stamp_dev = torch.zeros(1, dtype=torch.int64, device=dev)
         self.census = torch.zeros(4, dtype=torch.int64, device=dev)
-        self.overflow_rows = 0
-        self.count_overflow = dev.type != "cuda"  # a host sync: counted on CPU runs only
-        self.resolver_calls = 0
+        self.overflow_dev = torch.zeros((), dtype=torch.int64, device=dev)
+        self.calls_dev = torch.zeros((), dtype=torch.int64, device=dev)
         self.backup_rows = 0
         impl = kv_cfg.extra.get("resolver_impl", "auto")
         self.resolver_impl = ("triton" if dev.type == "cuda" else "reference") \
@@ -112,6 +118,14 @@ class HiSparseBackend(KVBackend):
             for a, f in enumerate(fols, start=1):
                 self._arena[f.index] = a if self.chi > 1 else 0
         self._side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        # Resolver scratch, one per stream that resolves (main, follower prefetch), grown once
+        # to the largest call here: a captured graph holds their addresses, so they never move.
+        self._ws = self._ws_side = None
+        if self.resolver_impl == "triton":
+            grow = (ns, self.max_host_pages * G, B, self.q_max * m.index_topk)
+            self._ws = ResolverWorkspace(dev).ensure(*grow)
+            self._ws_side = ResolverWorkspace(dev).ensure(*grow)
+        self._cur_ws = self._ws
 
     @staticmethod
     def _follower_map(m) -> dict[int, list]:
@@ -169,7 +183,7 @@ class HiSparseBackend(KVBackend):
         self.hot_lru[:, slot] = 0
         self._import_index(slot, prefix)
         self.slot_len[slot] = prefix.num_tokens
-        self.tail_start[slot] = prefix.num_tokens
+        self._set_tail_start(slot, prefix.num_tokens)
         if self.verify:
             self._shadow[slot] = torch.zeros(self.S, total, self.mcfg.row_bytes,
                                              dtype=torch.uint8)
@@ -214,6 +228,10 @@ class HiSparseBackend(KVBackend):
                 self.host_pool[:, h:h + b - a].copy_(rows[:, a - p0:b - p0], non_blocking=True)
         self.backup_rows += p1 - p0
 
+    def _set_tail_start(self, slot: int, n: int) -> None:
+        self.tail_start[slot] = n
+        self.tail_start_dev[slot] = n
+
     def _tail_locs(self, slot: int, positions: torch.Tensor) -> torch.Tensor:
         page = self._slot_pages[slot][0]
         return page * self.G + self.B + positions % self.T
@@ -225,15 +243,15 @@ class HiSparseBackend(KVBackend):
 
     def _prepare_tables(self):
         st = self._step
-        slots_l = st["slots"].tolist()
         pos = st["positions"]
         Q = pos.shape[1]
         if Q > self.q_max:
             raise ValueError(f"{Q} queries per step exceed kv.extra.max_queries_per_step="
                              f"{self.q_max}")
         dev = self.device
-        ts = torch.tensor([self.tail_start[s] for s in slots_l], dtype=torch.int32, device=dev)
-        page = self.slot_page[st["slots"].long()].long()
+        sl = st["slots"].long()
+        ts = self.tail_start_dev[sl]
+        page = self.slot_page[sl].long()
         ar = torch.arange(self.T, device=dev)
         # tail ring: position tail_start + j lives at page*G + B + (tail_start + j) % T
         st["tail_start"] = ts
@@ -268,7 +286,7 @@ class HiSparseBackend(KVBackend):
         sl = st["slots"].long()
         hot_pos = self.hot_pos[src][sl].contiguous()  # gathered per call, scattered back
         hot_lru = self.hot_lru[src][sl].contiguous()
-        self.stamp += 1
+        self.stamp_dev += 1  # in place: the resolver reads the clock from the device
         off = src * self.NG  # this source's region of the flat pool
         direct = self._direct_table()
         if direct is not None:
@@ -278,17 +296,21 @@ class HiSparseBackend(KVBackend):
             arena = self._arena.get(layer.index, 0)
             staging = (self.stage0 + arena * self.stage_rows
                        + sl * (self.q_max * self.mcfg.index_topk)).to(torch.int32)
-        res = resolve(selections.to(torch.int32).contiguous(), st["tail_start"],
-                      st["tail_loc"] + off, hot_pos, hot_lru,
-                      (self.slot_page[sl] * self.G + off).to(torch.int32),
-                      st["host_pt"], self.kv_flat, self.host_pool[src], self.stamp,
-                      page_size=self.G, direct_page_table=direct, staging_loc_base=staging,
-                      impl=self.resolver_impl)
-        self.overflow_rows += int(res.overflow.sum()) if self.count_overflow else 0
+        # the resolver on CPU (reference, or Triton's interpreter) syncs by design; the kernel
+        # on the GPU never does, and a capture there proves it
+        with allow_host_sync() if self.device.type == "cpu" else nullcontext():
+            res = resolve(selections.to(torch.int32).contiguous(), st["tail_start"],
+                          st["tail_loc"] + off, hot_pos, hot_lru,
+                          (self.slot_page[sl] * self.G + off).to(torch.int32),
+                          st["host_pt"], self.kv_flat, self.host_pool[src], self.stamp_dev,
+                          page_size=self.G, direct_page_table=direct,
+                          staging_loc_base=staging, impl=self.resolver_impl,
+                          workspace=self._cur_ws)
         self.hot_pos[src][sl] = hot_pos
         self.hot_lru[src][sl] = hot_lru
         self.census += res.counters.sum(0)
-        self.resolver_calls += 1
+        self.overflow_dev += res.overflow.sum()
+        self.calls_dev += 1
         return res.locations.long()
 
     def gather(self, layer, selections, q0, inherit):
@@ -325,13 +347,18 @@ class HiSparseBackend(KVBackend):
             return
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)
-        with torch.cuda.stream(self._side):
-            for f in followers:
-                loc = self.resolve(f, selections, q0)
-                ev = torch.cuda.Event()
-                ev.record(self._side)
-                self._step["prefetched"][(f.source, q0)] = (loc, ev)
-        selections.record_stream(self._side)
+        self._cur_ws = self._ws_side
+        try:
+            with torch.cuda.stream(self._side):
+                for f in followers:
+                    loc = self.resolve(f, selections, q0)
+                    ev = torch.cuda.Event()
+                    ev.record(self._side)
+                    self._step["prefetched"][(f.source, q0)] = (loc, ev)
+        finally:
+            self._cur_ws = self._ws
+        if not torch.cuda.is_current_stream_capturing():  # a graph's pool outlives the replay
+            selections.record_stream(self._side)
 
     def commit(self, slots, lengths):
         """Committed rows are immutable: back up what the tail cannot keep for the next block."""
@@ -342,12 +369,23 @@ class HiSparseBackend(KVBackend):
                 pos = torch.arange(t0, n, device=self.device)
                 rows = self.kv_pool[:, self._tail_locs(s, pos)]
                 self._backup(s, t0, n, rows)
-                self.tail_start[s] = n
+                self._set_tail_start(s, n)
 
-    def end_step(self) -> None:
-        if self._side is not None:
+    def finish_forward(self) -> None:
+        if self._side is not None:  # join the prefetch stream (inside a capture too)
             torch.cuda.current_stream(self.device).wait_stream(self._side)
-        super().end_step()
+
+    @property
+    def resolver_calls(self) -> int:
+        return int(self.calls_dev)  # a sync: for reports and tests, not the step
+
+    @property
+    def overflow_rows(self) -> int:
+        return int(self.overflow_dev)
+
+    @property
+    def graph_capturable(self) -> bool:
+        return not self.verify  # the debug shadow check copies to the host per gather
 
     # ------------------------------------------------------------------ checks and reports
     def _verify(self, src: int, selections: torch.Tensor, loc: torch.Tensor) -> None:

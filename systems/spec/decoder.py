@@ -30,15 +30,12 @@ class PlainDecoder:
     def decode(self, batch) -> list[list[int]]:
         e = self.e
         dev = e.device
-        slots = torch.tensor([r.slot for r in batch], device=dev)
         positions = torch.tensor([[r.seq_len] for r in batch], device=dev)  # (B, 1)
         tokens = torch.tensor([[r.output_ids[-1]] for r in batch], device=dev)
-        be = e.backend
-        be.begin_step(slots, positions)
-        logits, _ = e.model(tokens, positions, be)
-        be.end_step()
+        slots = [r.slot for r in batch]
+        logits, _ = e.run_target(slots, tokens, positions, max(r.seq_len for r in batch) + 1)
         new = sample(logits[:, -1], e._temperatures(batch), e.gen).tolist()
-        be.commit([r.slot for r in batch], [r.seq_len + 1 for r in batch])
+        e.backend.commit(slots, [r.seq_len + 1 for r in batch])
         return [[t] for t in new]
 
 
@@ -140,9 +137,8 @@ class SpeculativeDecoder:
         tokens = torch.cat([anchors.unsqueeze(1), proposals], dim=1)
         positions = n.unsqueeze(1) + torch.arange(K, device=dev)
         be = e.backend
-        be.begin_step(slots, positions)
-        logits, hidden = e.model(tokens, positions, be)
-        be.end_step()
+        logits, hidden = e.run_target([r.slot for r in batch], tokens, positions,
+                                      max(r.seq_len for r in batch) + K)
         if self.mode == "exact":
             A, nxt = accept_exact(logits, proposals, q, k_r, temps, e.gen)
         else:

@@ -22,3 +22,26 @@ def test_backend_reproduces_golden_tokens(backend, model):
     assert outs == GOLDEN["outputs"][model]
     eng.backend.check_integrity()
     assert eng.backend.is_empty
+
+
+@pytest.mark.parametrize("max_bs", [3, 5])
+@pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graph_protocol_reproduces_golden_tokens(backend, model, max_bs):
+    """The CUDA-graph protocol (static inputs, host/device split of the step, scan-length
+    buckets), emulated on CPU: the same golden tokens, and the captured region never syncs.
+    The 5 requests run together: a batch cap of 3 sends every step down the eager path with
+    bucketed scans, a cap of 5 through captured graphs; a 16-position bucket makes the scan
+    length change within the run."""
+    eng = make_engine(f"model={model}", f"system.kv_backend={backend}",
+                      "hardware.kv_pool_gib=0.01", "+engine.cuda_graph_emulate=true",
+                      f"engine.cuda_graph_max_bs={max_bs}", "engine.cuda_graph_scan_step=16")
+    outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
+    assert outs == GOLDEN["outputs"][model]
+    st = eng.graph_runner.stats
+    if max_bs < len(GOLDEN["prompts"]):
+        assert st["captures"] == 0 and st["eager_steps"] > 0
+    else:
+        assert st["captures"] >= 2 and st["replays"] > st["captures"]
+        assert {L for (_, _, L) in eng.graph_runner.graphs} >= {144, 160}
+    eng.backend.check_integrity()

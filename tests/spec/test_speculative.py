@@ -63,6 +63,20 @@ def test_greedy_speculation_reproduces_golden_tokens(system, model, block):
     assert eng.backend.is_empty
 
 
+@pytest.mark.parametrize("system", ["resident_dflash2", "adaptive_dhisparse"])
+def test_verification_through_the_graph_protocol_is_exact(system):
+    """Verification passes (Q = K queries) through the emulated CUDA-graph runner: golden
+    tokens, graphs keyed by the pass width, the verification staging path inside the region."""
+    extra = ["model.hot_cache_rows=8"] if "adaptive" in system else []
+    eng = _spec_engine(system, "tiny", 4, True, "+engine.cuda_graph_emulate=true",
+                       "engine.cuda_graph_scan_step=16", *extra)
+    outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
+    assert outs == GOLDEN["outputs"]["tiny"]
+    r = eng.graph_runner
+    assert r.stats["replays"] > 0 and {q for (_, q, _) in r.graphs} == {4}
+    eng.backend.check_integrity()
+
+
 @pytest.mark.parametrize("system", ["resident_dspark", "adaptive_dhisparse_dspark"])
 def test_dspark_with_real_drafter_is_exact_and_picks_prefixes(system):
     eng = _spec_engine(system, "tiny", 8, False, "system.speculation.cost_per_query=0.5")

@@ -1,0 +1,183 @@
+"""CUDA graphs for the target forward of a step (SGLang's CudaGraphRunner, vLLM's cudagraphs).
+
+Why: the eager step of the mini presets is bound by Python and kernel launches (about 40 ms for
+26 layers on the H200 against a byte floor under 1 ms, results/engine_step/). A graph replays the
+whole device side of a step with one launch: the KV backend's device preparation, every layer,
+the resolver launches and the follower prefetch on its side stream.
+
+What one graph holds, per key (batch size, queries per request, scan-length bucket):
+
+    backend.device_prepare(slots, positions, L); model(tokens, positions, backend);
+    backend.finish_forward()
+
+Everything a step does on the host stays outside: ``backend.host_prepare()`` before the replay;
+sampling, ``end_step`` and ``commit`` (host backups, population) after. Inputs are copied into
+the graph's static buffers; the outputs (logits, hidden) are static buffers, valid until the next
+replay. The backend keeps everything a replay must see change -- tail starts, the LRU clock,
+counters, direct tables -- in persistent device tensors updated in place.
+
+Exact batch sizes, no padding: a padded row would write KV and move the hot-cache state of a
+slot nobody owns. Graphs are captured lazily the first time a key is met: that step runs eagerly
+on the capture stream (which also compiles kernels and warms cuBLAS), then the capture records
+the same work without executing it, so nothing runs twice. The least recently used graph is
+dropped beyond ``max_graphs``; all graphs share one memory pool (they replay one at a time).
+
+Scan length: the indexer scores ``L`` history positions and a graph fixes ``L``, so the captured
+length is the step's need rounded up to ``l_step`` (capped at the page table's reach). Positions
+past a request's history are masked before the top-k, so the selections are those of an exact
+scan. The eager path uses the same bucket whenever graphs are on, so a replay reproduces the
+eager step bit for bit (checked on the GPU by benchmarks/check_cuda_graph.py).
+
+On a machine without CUDA, ``emulate=True`` exercises the same protocol (static buffers, host /
+device split, buckets) without capture, and checks that the captured region never syncs with the
+host (``no_host_sync``); the CPU tests run the golden tokens through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+log = logging.getLogger("dhs.cuda_graph")
+
+# aten ops that read device data on the host (or build tensors from host data): illegal while a
+# stream is capturing. ``allow_host_sync`` lets the CPU reference resolver use them knowingly.
+_SYNC_OPS = {"aten._local_scalar_dense", "aten.nonzero", "aten.lift_fresh", "aten.item",
+             "aten.equal", "aten.is_nonzero", "aten.masked_select", "aten.unique_consecutive",
+             "aten._unique2", "aten.repeat_interleave"}
+_allow_depth = 0
+
+
+@contextlib.contextmanager
+def allow_host_sync():
+    """Code that syncs on purpose (the CPU reference resolver) inside an emulated capture."""
+    global _allow_depth
+    _allow_depth += 1
+    try:
+        yield
+    finally:
+        _allow_depth -= 1
+
+
+class HostSyncInCapture(RuntimeError):
+    """A captured region read device data on the host; a real capture would fail or bake it."""
+
+
+class no_host_sync(TorchDispatchMode):
+    """Raise on any op in ``_SYNC_OPS`` (outside ``allow_host_sync``)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _allow_depth == 0 and str(func.overloadpacket) in _SYNC_OPS:
+            raise HostSyncInCapture(f"{func} inside a captured step")
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass
+class _Graph:
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    graph: object = None  # torch.cuda.CUDAGraph, None when emulated
+
+
+class CudaGraphRunner:
+    def __init__(self, model, backend, device: torch.device, *, max_bs: int = 256,
+                 l_step: int = 2048, max_graphs: int = 64, emulate: bool = False):
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.max_bs = int(max_bs)
+        self.l_step = max(int(l_step), backend.P)
+        self.max_graphs = int(max_graphs)
+        self.emulate = emulate
+        self.graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
+        self.stats = {"captures": 0, "replays": 0, "evictions": 0, "eager_steps": 0}
+        self._pool = None if emulate else torch.cuda.graph_pool_handle()
+        self._stream = None if emulate else torch.cuda.Stream(device)
+        self.broken = False  # a capture failed: every later step runs eagerly
+
+    # ------------------------------------------------------------------ keys
+    def scan_len(self, need: int) -> int:
+        """The bucketed scan length for a step whose largest query position is need - 1."""
+        cap = self.backend.max_scan_len
+        return min(cap, -(-need // self.l_step) * self.l_step)
+
+    def can_run(self, bs: int) -> bool:
+        return 0 < bs <= self.max_bs and self.backend.graph_capturable and not self.broken
+
+    # ------------------------------------------------------------------ run
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step's target forward. ``backend.host_prepare()`` must have run. Returns
+        (logits, hidden), static until the next call."""
+        B, Q = tokens.shape
+        L = self.scan_len(max_len)
+        key = (B, Q, L)
+        g = self.graphs.get(key)
+        if g is None:
+            return self._capture(key, tokens, positions, slots)
+        self.graphs.move_to_end(key)
+        g.tokens.copy_(tokens)
+        g.positions.copy_(positions)
+        g.slots.copy_(slots)
+        if g.graph is None:  # emulated replay: the captured region, run again on static inputs
+            with no_host_sync():
+                g.logits, g.hidden = self._region(g, L)
+        else:
+            g.graph.replay()
+        self.stats["replays"] += 1
+        return g.logits, g.hidden
+
+    def _region(self, g: _Graph, L: int):
+        be = self.backend
+        be.device_prepare(g.slots, g.positions, L)
+        out = self.model(g.tokens, g.positions, be)
+        be.finish_forward()
+        return out
+
+    def _capture(self, key, tokens, positions, slots):
+        B, Q, L = key
+        dev = self.device
+        g = _Graph(tokens=tokens.to(dev, torch.long).clone(),
+                   positions=positions.to(dev, torch.long).clone(),
+                   slots=slots.to(dev, torch.long).clone())
+        if self.emulate:
+            with no_host_sync():
+                logits, hidden = self._region(g, L)
+        else:
+            cur = torch.cuda.current_stream(dev)
+            self._stream.wait_stream(cur)
+            with torch.cuda.stream(self._stream):
+                logits, hidden = self._region(g, L)  # this step's result (eager)
+                # the outputs above are ours: copy them before the capture reuses the pool
+                logits, hidden = logits.clone(), hidden.clone()
+            cur.wait_stream(self._stream)
+            logits.record_stream(cur)
+            hidden.record_stream(cur)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
+                                      capture_error_mode="thread_local"):
+                    g.logits, g.hidden = self._region(g, L)
+            except Exception as e:  # never lose the step: its eager result is in hand
+                log.warning("CUDA graph capture of %s failed (%s: %s); running eagerly from "
+                            "now on (engine.disable_cuda_graph=true silences this)",
+                            key, type(e).__name__, e)
+                self.broken = True
+                return logits, hidden
+            g.graph = graph
+        self.graphs[key] = g
+        self.stats["captures"] += 1
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+            self.stats["evictions"] += 1
+        if self.emulate:
+            g.logits, g.hidden = logits, hidden
+        return logits, hidden

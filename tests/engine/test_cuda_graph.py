@@ -1,0 +1,52 @@
+"""The CUDA-graph runner's contract, checked on CPU through its emulation."""
+
+import pytest
+import torch
+
+from systems.engine.cuda_graph import HostSyncInCapture, allow_host_sync, no_host_sync
+from tests.helpers import make_engine, run_greedy
+
+
+def test_guard_rejects_host_syncs_and_allows_marked_ones():
+    x = torch.arange(4)
+    with no_host_sync():
+        y = x * 2  # device work is fine
+        with pytest.raises(HostSyncInCapture):
+            int(y.sum())
+        with pytest.raises(HostSyncInCapture):
+            torch.tensor([1, 2])  # a host-built tensor would be baked into a graph
+        with pytest.raises(HostSyncInCapture):
+            y.nonzero()
+        with allow_host_sync():
+            assert int(y.sum()) == 12
+
+
+def test_a_backend_that_syncs_in_device_prepare_is_caught():
+    eng = make_engine("+engine.cuda_graph_emulate=true")
+    be = eng.backend
+    orig = be.device_prepare
+
+    def leaky(slots, positions, max_len=None):
+        orig(slots, positions, max_len)
+        be._step["n"] = int(positions.max())  # the kind of bug a real capture bakes in
+
+    be.device_prepare = leaky
+    outs = run_greedy(eng, [[5, 6, 7]], 3)
+    assert eng.stats["failed_total"] == 1 and outs == [[outs[0][0]]]  # first token only
+
+
+def test_graphs_are_keyed_by_batch_queries_and_scan_bucket_and_evicted_lru():
+    eng = make_engine("+engine.cuda_graph_emulate=true", "engine.cuda_graph_scan_step=16",
+                      "+engine.cuda_graph_max_graphs=2")
+    run_greedy(eng, [[5] * 10, [6] * 20], 30)  # scans 21..50: buckets 32, 48, 64
+    r = eng.graph_runner
+    assert len(r.graphs) == 2 and r.stats["evictions"] >= 1
+    assert all(L % 16 == 0 for (_, q, L) in r.graphs) and all(q == 1 for (_, q, _) in r.graphs)
+    assert r.scan_len(17) == 32 and r.scan_len(16) == 16
+    assert r.scan_len(10 ** 9) == eng.backend.max_scan_len
+
+
+def test_disable_cuda_graph_and_no_gpu_mean_no_runner():
+    assert make_engine().graph_runner is None  # CPU without emulation
+    assert make_engine("+engine.cuda_graph_emulate=true",
+                       "engine.disable_cuda_graph=true").graph_runner is None
