@@ -588,6 +588,8 @@ def main() -> None:
     ap.add_argument("--copy-programs", type=int, default=None,
                     help="copy programs per request (default: the resolver's choice)")
     ap.add_argument("--sweep-copy-programs", action="store_true", help="also sweep the copy grid on (a)")
+    ap.add_argument("--num-warps", type=int, default=None,
+                    help="warps per resolver program for every timed call (default: the kernel's 8)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: a,bc")
     ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the script on CPU (interpreter)")
     args = ap.parse_args()
@@ -608,6 +610,9 @@ def main() -> None:
 
     from systems.kernels import resolver as rv
 
+    if args.num_warps:  # tuning runs: every call below goes through resolve_triton
+        rv = _with_num_warps(rv, args.num_warps)
+
     sizes = SIZES["dry" if args.cpu_dry_run else "quick" if args.quick else "full"]
     out = args.out or (str(Path("/tmp") / "fig8_dry_run.json") if args.cpu_dry_run
                        else str(REPO / "results" / "fig8" / "summary.json"))
@@ -616,6 +621,7 @@ def main() -> None:
     summary = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
                    python=platform.python_version(), quick=bool(args.quick), dry_run=bool(args.cpu_dry_run),
                    date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=_commit(), sizes=sizes, paper=PAPER,
+                   num_warps=args.num_warps or 8,
                    method=dict(a="CUDA events around the resolver call only; state restore + 256 MB L2 flush "
                                  "before each of the nine timings; median, min, max",
                                b="triton.testing.do_bench(warmup=25, rep=200), quantiles 0.1/0.5/0.9; "
@@ -677,6 +683,16 @@ def main() -> None:
               "direct_vs_scan_b4096_batch8"):
         if k in summary:
             log(f"  {k:30s} {_fmt(summary[k]):>34s}   paper {_fmt(PAPER[k])}")
+
+
+def _with_num_warps(rv, num_warps):
+    """The resolver module with resolve_triton bound to ``num_warps`` (a namespace copy: the
+    kernel module itself is untouched)."""
+    import types
+
+    ns = types.SimpleNamespace(**{k: getattr(rv, k) for k in dir(rv) if not k.startswith("__")})
+    ns.resolve_triton = lambda *a, **kw: rv.resolve_triton(*a, num_warps=num_warps, **kw)
+    return ns
 
 
 def _fmt(v):

@@ -56,6 +56,9 @@ def _serve(overrides, prompts, new_tokens, warmup):
     del eng
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        # pinned host blocks go back to a cache, not to the OS: ten engines in one process
+        # would otherwise hold ten host stores
+        getattr(torch._C, "_host_emptyCache", lambda: None)()
     return out
 
 
@@ -90,7 +93,7 @@ def main() -> None:
                for i in range(args.batch)]
     vocab = 512 if args.cpu_dry_run else 32000
     prompts = [[t % vocab for t in p] for p in prompts]
-    base = [*dev, f"model={args.model}", "hardware.kv_pool_gib=8",
+    base = [*dev, f"model={args.model}", "hardware.kv_pool_gib=8", "hardware.host_pool_gib=4",
             f"hardware.max_running_requests={args.batch}",
             f"model.max_context_len={args.context + 8 * args.batch + args.new_tokens + 16}",
             f"model.hot_cache_rows={args.hot_cache_rows}",
