@@ -386,24 +386,8 @@ def kernel_events(trace: str | os.PathLike | Mapping, step_range: str | None = R
                                ranges=fam_ranges, kind=_cat(e) if mode == "device" else "cpu_op",
                                lane=lane))
     out.sort(key=lambda k: k.start)
-    if mode == "device":
-        _follower_copies_by_stream(out)
     return out
 
-
-def _follower_copies_by_stream(events: list[KernelEvent]) -> None:
-    """A CUDA graph replay launches its kernels outside the ``dhs::*`` ranges, so names alone
-    classify them and a follower layer's resolver looks like the producer's. The follower
-    prefetch is the one resolver that runs off the step's main stream (the stream with most of
-    the step's kernels): there, an unranged resolver kernel is a follower copy."""
-    per_step: dict[Any, dict[Any, int]] = defaultdict(lambda: defaultdict(int))
-    for k in events:
-        per_step[k.step][k.lane] += 1
-    main = {st: max(lanes, key=lanes.get) for st, lanes in per_step.items()}
-    for k in events:
-        if (k.family == R.RESOLVER_FAMILY and family_from_ranges(k.ranges) is None
-                and k.lane != main[k.step]):
-            k.family = R.FOLLOWER_COPY
 
 
 def step_windows(events: Sequence[KernelEvent], mode: str = "kernels") -> dict[int, tuple[float, float]]:

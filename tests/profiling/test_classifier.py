@@ -167,19 +167,3 @@ def test_trace_roundtrip_through_a_file(tmp_path):
         json.dump(gpu_trace(), f)
     assert len(analyze_trace(p).steps) == 2
 
-
-def test_graph_replayed_resolvers_off_the_main_stream_are_follower_copies():
-    """A CUDA graph launch carries no family ranges: names decide, and the resolver kernels on
-    the side stream (the follower prefetch) are told apart by their stream."""
-    ev = [
-        _x("user_annotation", R.STEP, 0, 50),
-        _x("cuda_runtime", "cudaGraphLaunch", 2, 1, correlation=1),
-        _x("kernel", "sm90_xmma_gemm_bf16", 100, 10, pid=0, tid=7, correlation=1, stream=7),
-        _x("kernel", "_resolver_kernel", 110, 5, pid=0, tid=7, correlation=1, stream=7),
-        _x("kernel", "_resolver_kernel", 112, 8, pid=0, tid=9, correlation=1, stream=9),
-        _x("kernel", "_resolver_kernel", 121, 8, pid=0, tid=9, correlation=1, stream=9),
-        _x("kernel", "softmax_kernel", 120, 2, pid=0, tid=7, correlation=1, stream=7),
-    ]
-    fams = [(k.family, k.lane) for k in kernel_events({"traceEvents": ev})]
-    assert fams == [("dense_projection", 7), ("resolver", 7), ("follower_copy", 9),
-                    ("indexing_attention", 7), ("follower_copy", 9)]
