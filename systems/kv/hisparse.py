@@ -83,8 +83,13 @@ class HiSparseBackend(KVBackend):
         if num_host_pages < self.max_host_pages:
             raise ValueError(f"kv.host_pool_gib={kv_cfg.host_pool_gib} cannot hold one request "
                              f"of {self.max_total_tokens} tokens")
+        # The budget is a cap: never pin more than every slot at its longest can use. Left
+        # uninitialized: a host row is read only after its backup wrote it (positions below
+        # tail_start, complete pages), and pinning + zeroing tens of GiB costs many seconds of
+        # every server start.
+        num_host_pages = min(num_host_pages, self.num_slots * self.max_host_pages)
         pin = self.device.type == "cuda"
-        self.host_pool = torch.zeros(S, num_host_pages * G, rb, dtype=torch.uint8,
+        self.host_pool = torch.empty(S, num_host_pages * G, rb, dtype=torch.uint8,
                                      pin_memory=pin)
         self.host_pages = PagePool(num_host_pages, "host")
         # per slot, per source state (device)
