@@ -572,6 +572,19 @@ def fig8bc(torch, rv, args, sz):
                           us_median=statistics.median(ms) * 1e3, us_p90=pct(ms, 0.9) * 1e3))
         log(f"  (c) batch {R:3d} B {B_c:5d} {misses} misses: {statistics.median(ms) * 1e3:8.1f} us  "
             f"[{pct(ms, 0.1) * 1e3:.1f}, {pct(ms, 0.9) * 1e3:.1f}]")
+        if args.sweep_copy_programs:
+            # plain decode uses one program per request by default: does a wider copy grid
+            # fetch the misses sooner? (the same state restore before every timing)
+            for S in (1, 2, 4, 8):
+                def fn_s(S=S):
+                    stamp[0] += 1
+                    return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
+                                             check=False, **src.kwargs())
+
+                ms_s = time_stateful(torch, fn_s, restore, max(5, sz["reps_c"] // 4), warmup=3)
+                out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, copy_programs_per_request=S,
+                                  sweep=True, us_median=statistics.median(ms_s) * 1e3))
+                log(f"  (c) sweep batch {R:3d} S={S}: {statistics.median(ms_s) * 1e3:8.1f} us")
         del src
     return out_b, out_c
 
@@ -587,7 +600,8 @@ def main() -> None:
     ap.add_argument("--host-gib", type=float, default=2.0, help="cap on the pinned host store (GiB)")
     ap.add_argument("--copy-programs", type=int, default=None,
                     help="copy programs per request (default: the resolver's choice)")
-    ap.add_argument("--sweep-copy-programs", action="store_true", help="also sweep the copy grid on (a)")
+    ap.add_argument("--sweep-copy-programs", action="store_true",
+                    help="also sweep the copy grid (programs per request) on (a) and (c)")
     ap.add_argument("--num-warps", type=int, default=None,
                     help="warps per resolver program for every timed call (default: the kernel's 8)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: a,bc")

@@ -250,6 +250,12 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
         s = load_json(sub / "summary.json")
         if isinstance(s, dict):
             runs.append(Run(sub, s))
+    # oldest first: where two runs measure the same point (a rerun after a config change),
+    # the figures' "last match" is the newest measurement
+    def started(r: Run) -> str:
+        env = load_json(r.path / "env.json")
+        return str(env.get("time_utc", "")) if isinstance(env, dict) else ""
+    runs.sort(key=lambda r: (started(r), r.path.name))
     return runs
 
 

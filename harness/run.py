@@ -48,6 +48,13 @@ def _load_points(cfg: DictConfig) -> list[dict]:
     return [{"concurrency": c, "tag": f"c{c}"} for c in conc]
 
 
+def num_requests(w: DictConfig, concurrency: int | None) -> int:
+    """Requests of a closed-loop point: ``workload.num_requests``, but at least
+    ``workload.min_waves`` (default 1) x C, so that post-wave metrics (which skip the first C
+    requests) have data at the highest loads."""
+    return max(int(w.num_requests), int(w.get("min_waves") or 1) * (concurrency or 0))
+
+
 def run_id(cfg: DictConfig, point: dict) -> str:
     """Stable id: what was measured, plus a hash of everything that could change the result."""
     material = OmegaConf.to_container(cfg, resolve=True)
@@ -136,11 +143,11 @@ def run(cfg: DictConfig) -> list[Path]:
             OmegaConf.save(cfg, d / "config.yaml", resolve=True)
             atomic_write_json(d / "env.json", {**env, "device": ecfg.device})
             conc = p.get("concurrency")
-            n_req = int(w.num_requests)
+            n_req = num_requests(w, conc)
             lcfg = LoadConfig(
                 url=url, api=str(w.api), concurrency=conc,
                 request_rate=p.get("request_rate"), schedule=p.get("schedule"),
-                num_requests=max(n_req, conc or 0) if not p.get("schedule") else None,
+                num_requests=n_req if not p.get("schedule") else None,
                 input_len=int(w.input_len), output_len=int(w.output_len),
                 prefixes=int(w.prefixes) if w.get("prefixes") else None,
                 vocab_size=int(w.get("vocab_size") or ecfg.model.vocab_size),

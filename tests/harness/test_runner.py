@@ -63,3 +63,14 @@ def test_profile_kernels_lands_in_the_run_directory(tmp_path):
     assert summary.exists()
     d = json.loads(summary.read_text())
     assert d  # steps were classified into families
+
+
+def test_min_waves_sets_a_floor_of_waves_times_concurrency():
+    from omegaconf import OmegaConf
+
+    from harness.run import num_requests
+    w = OmegaConf.create({"num_requests": 64})
+    assert [num_requests(w, c) for c in (4, 128)] == [64, 128]  # default: one wave at least
+    w.min_waves = 2
+    assert [num_requests(w, c) for c in (4, 16, 128)] == [64, 64, 256]
+    assert num_requests(w, None) == 64  # schedules and open loops have no C
