@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
 # The next device session, in parts of one call each (about 9 min apiece), in priority order:
 #   DHS_GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_next.sh A   (carry .whl)
-# A: Fig. 8c copy-grid sweep (does plain decode want more copy programs?), Fig. 6 both arms
-#    (M = 4.2 GiB), Fig. 11 profiles.        B: Fig. 7, blocks 4 / 6 / 8 at one commit.
-# C: Fig. 4 (five systems).                   D: Fig. 1.     E: Fig. 9.     F: Fig. 5.
+# A: the fused sparse-attention kernel against the reference (numerics, speed), graph replay vs
+#    eager with it (and step times), Fig. 8 with copy-grid sweeps on (a) and (c), Fig. 6.
+# B: what A left of Fig. 6, Fig. 7 (blocks 4 / 6 / 8 at one commit), Fig. 11.   C: Fig. 4.   D: Fig. 1.
+# E: Fig. 9.   F: Fig. 5.
+# If part A shows the kernel slower than the reference, pass model.attention_impl=reference to
+# the later parts (an override after the part letter is appended to every harness run).
 # Runs go to the repository's results/ (finished runs are skipped, so a part cut by its time box
 # resumes in the next call) and come back as $OUT/results.tgz; unpack it over results/ here.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
+PART="${1:-A}"; shift || true
 rep() {  # experiment, seconds
-  timeout "$2" python3 -m harness.reproduce --only "$1" --results results 2>&1 | grep -v Warn | grep -v "^\[20" | tail -14
+  timeout "$2" python3 -m harness.reproduce --only "$1" --results results "${@:3}" 2>&1 | grep -v Warn | grep -v "^\[20" | tail -14
 }
-case "${1:-A}" in
-  A) timeout 80 python3 benchmarks/bench_resolver.py --skip a --sweep-copy-programs --out $OUT/fig8bc_sweep.json 2>&1 | grep -v Warn | tail -22
-     rep fig6 280; rep fig11 170; EXPS="fig6 fig11" ;;
-  B) rep fig7 540; EXPS="fig7" ;;
-  C) rep fig4 540; EXPS="fig4" ;;
-  D) rep fig1 540; EXPS="fig1" ;;
-  E) rep fig9 540; EXPS="fig9" ;;
-  F) rep fig5 540; EXPS="fig5" ;;
+case "$PART" in
+  A) timeout 60 python3 benchmarks/bench_attention.py --out $OUT/attention.json 2>&1 | grep -v Warn | tail -6
+     timeout 90 python3 benchmarks/check_cuda_graph.py --systems hisparse,adaptive_dhisparse --context 2048 --new-tokens 24 --out $OUT/cuda_graph_check.json 2>&1 | grep -v Warn | tail -3
+     timeout 160 python3 benchmarks/bench_resolver.py --sweep-copy-programs --out $OUT/fig8_sweep.json 2>&1 | grep -v Warn | tail -30
+     rep fig6 240; EXPS="fig6" ;;
+  B) rep fig6 120 "$@"; rep fig7 330 "$@"; rep fig11 120 "$@"; EXPS="fig6 fig7 fig11" ;;
+  C) rep fig4 540 "$@"; EXPS="fig4" ;;
+  D) rep fig1 540 "$@"; EXPS="fig1" ;;
+  E) rep fig9 540 "$@"; EXPS="fig9" ;;
+  F) rep fig5 540 "$@"; EXPS="fig5" ;;
 esac
 python3 -m harness.summaries --results results >/dev/null 2>&1
 tar czf $OUT/results.tgz $(for e in $EXPS; do echo results/$e; done) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)

@@ -3,6 +3,7 @@
     python -m harness.reproduce                 # all experiments, on the GPU machine
     python -m harness.reproduce --only fig9     # one
     python -m harness.reproduce --smoke         # every experiment end to end on CPU, tiny sizes
+    python -m harness.reproduce --only fig7 model.attention_impl=reference   # + overrides
 
 An experiment config lists what it runs under ``reproduce``: ``systems`` (conf/system names) and
 ``sweep`` (override -> values, crossed; ``b_over_k`` sets model.hot_cache_rows = value * k).
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=None, help="results directory (default results/; "
                     "with --smoke a scratch directory)")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    ap.add_argument("overrides", nargs="*",
+                    help="Hydra overrides appended to every run, e.g. model.attention_impl=reference")
     args = ap.parse_args(argv)
     names = args.only or experiments()
     unknown = sorted(set(names) - set(experiments()))
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for exp in names:
         for ov in plan(exp, args.smoke):
+            ov = ov + list(args.overrides)
             print("[reproduce]", " ".join(ov), flush=True)
             if args.dry_run:
                 continue

@@ -270,8 +270,9 @@ class KVBackend(ABC):
     def kv_buffer(self, source: int) -> torch.Tensor:
         """(num_locations, row_bytes) uint8 device storage that locations index."""
 
-    def gather(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
-               inherit: bool) -> torch.Tensor:
+    def locate(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
+               inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(buffer, locations): where the selected rows are; attention reads them in place."""
         cache = self._step.setdefault("loc", {})
         key = (layer.source, q0)
         if inherit and key in cache:
@@ -279,7 +280,12 @@ class KVBackend(ABC):
         else:
             loc = self.resolve(layer, selections, q0)
             cache[key] = loc
-        return self.kv_buffer(layer.source)[loc.clamp_min(0)]
+        return self.kv_buffer(layer.source), loc
+
+    def gather(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
+               inherit: bool) -> torch.Tensor:
+        buf, loc = self.locate(layer, selections, q0, inherit)
+        return buf[loc.clamp_min(0)]
 
     def end_step(self) -> None:
         self.finish_forward()

@@ -56,6 +56,11 @@ class HiSparseBackend(KVBackend):
         # Verification staging (sec. 3.4, eq. 11): rows of a Q-query union that do not fit the
         # hot cache. One arena per simultaneously live payload source (chi: a producer and the
         # followers it prefetches), N slots x K_max x k rows each, reused by every layer group.
+        # Promotion: the rows of the union that win a hot-cache slot (hits, then misses in
+        # first-occurrence order, i.e. the anchor query's first) are copied by the resolver
+        # straight to their stable hot-cache address; only the rest are staged, and the arena
+        # is free again once the group's readers are done (stream order), with nothing to copy
+        # back.
         self._followers = self._follower_map(m)
         self.chi = 1 + max([len(v) for v in self._followers.values()] + [0]) \
             if kv_cfg.extra.get("prefetch_followers", True) else 1
@@ -318,7 +323,7 @@ class HiSparseBackend(KVBackend):
         self.calls_dev += 1
         return res.locations.long()
 
-    def gather(self, layer, selections, q0, inherit):
+    def locate(self, layer, selections, q0, inherit):
         st = self._step
         cache = st.setdefault("loc", {})
         key = (layer.source, q0)
@@ -336,7 +341,7 @@ class HiSparseBackend(KVBackend):
             self._verify(layer.source, selections, loc)
         if layer.role == "full" and self.prefetch:
             self._prefetch_followers(layer, selections, q0)
-        return self.kv_flat[loc.clamp_min(0)]
+        return self.kv_flat, loc
 
     def _prefetch_followers(self, layer, selections, q0) -> None:
         followers = self._followers.get(layer.index, [])

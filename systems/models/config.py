@@ -45,6 +45,8 @@ class ModelConfig:
     kv_dim: int = 32  # width of one stored latent row (MLA-like: keys and values share it)
     kv_rope_dim: int = 0  # trailing dims kept in bf16 by the fp8 format (paper: 64 of 576)
     kv_format: str = "bf16"  # bf16 | fp8 (fp8 with 576 dims gives the paper's 656-byte row)
+    # sparse attention: auto (Triton kernel on GPU, reference on CPU) | triton | reference
+    attention_impl: str = "auto"
     index_dim: int = 16
     index_topk: int = 8  # k
     # Selection locality (the one calibrated input, DESIGN.md sec. 3): the indexer query is
@@ -82,6 +84,9 @@ class ModelConfig:
             raise bad("hot_cache_rows", f"must be >= 0, got {self.hot_cache_rows}")
         if not 0.0 <= self.selection_locality <= 1.0:
             raise bad("selection_locality", f"must be in [0, 1], got {self.selection_locality}")
+        if self.attention_impl not in ("auto", "triton", "reference"):
+            raise bad("attention_impl", "must be auto, triton or reference, got "
+                      f"{self.attention_impl!r}")
         if self.kv_format not in KV_FORMATS:
             raise bad("kv_format", f"must be one of {KV_FORMATS}, got {self.kv_format!r}")
         if self.kv_format == "fp8":

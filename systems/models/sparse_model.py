@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
 from systems.models.config import LayerSpec, ModelConfig
+from systems.kernels.sparse_attention import sparse_attention
 from systems.models.kv_format import decode_rows, encode_rows
 
 
@@ -31,12 +32,17 @@ class KVContext(Protocol):
     def index_keys(self, source: int) -> torch.Tensor:
         """(B, L, di): index keys of every visible position (L >= max position + 1)."""
 
+    def locate(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
+               inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """selections: (B, Qc, k) positions (-1 padding) of queries q0..q0+Qc-1.
+        Returns (buffer (M, row_bytes) uint8, locations (B, Qc, k)): the row of each selection
+        (anything where the selection is -1). ``inherit``: the layer reuses the latest
+        selection on its source, so the context may reuse that call's locations instead of
+        resolving again."""
+
     def gather(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
                inherit: bool) -> torch.Tensor:
-        """selections: (B, Qc, k) positions (-1 padding) of queries q0..q0+Qc-1.
-        Returns (B, Qc, k, row_bytes) uint8 rows (anything where the selection is -1).
-        ``inherit``: the layer reuses the latest selection on its source, so the context may
-        reuse that call's locations instead of resolving again."""
+        """The rows themselves: ``buffer[locations]``, (B, Qc, k, row_bytes) uint8."""
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -50,6 +56,11 @@ class SparseModel(torch.nn.Module):
         self.device = torch.device(device)
         self.dtype = _dtype(cfg.dtype)
         self.specs = cfg.layers
+        # "auto": the fused Triton kernel on a GPU, the PyTorch reference elsewhere (the golden
+        # tokens are the reference's; backends agree bit for bit under either)
+        impl = cfg.attention_impl
+        self.attention_impl = ("triton" if self.device.type == "cuda" else "reference") \
+            if impl == "auto" else impl
         g = torch.Generator().manual_seed(cfg.seed)  # CPU generator: same weights on every device
 
         def w(*shape, fan_in=None):
@@ -116,6 +127,18 @@ class SparseModel(torch.nn.Module):
         pr = torch.softmax(s, dim=-1)
         return torch.einsum("bqhk,bqkd->bqhd", pr, rows.float()).to(q.dtype)
 
+    def _attend_in_place(self, q: torch.Tensor, buf: torch.Tensor, sel: torch.Tensor,
+                         loc: torch.Tensor) -> torch.Tensor:
+        """``attend(q, decode_rows(buf[loc]), sel)`` in one kernel (systems/kernels/
+        sparse_attention.py). q (B,Qc,H,d), sel / loc (B,Qc,k) -> (B,Qc,H,d)."""
+        cfg = self.cfg
+        B, Qc, H, d = q.shape
+        out = sparse_attention(q.reshape(B * Qc, H, d), buf, sel.reshape(B * Qc, -1),
+                               loc.reshape(B * Qc, -1), kv_format=cfg.kv_format, kv_dim=d,
+                               rope_dim=cfg.kv_rope_dim, row_dtype=self.dtype,
+                               impl=self.attention_impl)
+        return out.view(B, Qc, H, d)
+
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx: KVContext,
@@ -151,10 +174,15 @@ class SparseModel(torch.nn.Module):
                     sel = last_sel[:, c0:c1]
                 else:  # reuse: the latest selection made on this source
                     sel = last_sel_src[spec.source][:, c0:c1]
-                raw = ctx.gather(spec, sel, c0, spec.role == "reuse")
-                with nvtx_range(ATTEND):
-                    rows = decode_rows(raw, cfg, self.dtype)
-                    outs.append(self.attend(q[:, c0:c1], rows, sel))
+                if self.attention_impl == "reference":
+                    raw = ctx.gather(spec, sel, c0, spec.role == "reuse")
+                    with nvtx_range(ATTEND):
+                        rows = decode_rows(raw, cfg, self.dtype)
+                        outs.append(self.attend(q[:, c0:c1], rows, sel))
+                else:  # the rows are read in place by location: no gathered copy
+                    buf, loc = ctx.locate(spec, sel, c0, spec.role == "reuse")
+                    with nvtx_range(ATTEND):
+                        outs.append(self._attend_in_place(q[:, c0:c1], buf, sel, loc))
                 if spec.selects:
                     sels.append(sel)
             if spec.selects:
@@ -192,6 +220,9 @@ class PrefillContext:
 
     def index_keys(self, source):
         return self.index[source].unsqueeze(0)
+
+    def locate(self, layer, selections, q0, inherit):
+        return self.kv[layer.source], selections  # a prompt's row p is local row p
 
     def gather(self, layer, selections, q0, inherit):
         idx = selections.clamp_min(0).long()  # (1, Qc, k)

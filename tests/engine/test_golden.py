@@ -45,3 +45,18 @@ def test_graph_protocol_reproduces_golden_tokens(backend, model, max_bs):
         assert st["captures"] >= 2 and st["replays"] > st["captures"]
         assert {L for (_, _, L) in eng.graph_runner.graphs} >= {144, 160}
     eng.backend.check_integrity()
+
+
+@pytest.mark.parametrize("backend", ["resident", "adaptive_hisparse"])
+def test_fused_attention_kernel_reproduces_golden_tokens(backend):
+    """model.attention_impl=triton (the GPU default; here under TRITON_INTERPRET=1): rows read in
+    place by location give the reference's tokens, prefill and decode, through a backend."""
+    from systems.kernels.sparse_attention import _sparse_attention_kernel
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(_sparse_attention_kernel, InterpretedFunction):
+        pytest.skip("triton imported without TRITON_INTERPRET=1 in this process")
+    eng = make_engine("model=tiny", f"system.kv_backend={backend}", "hardware.kv_pool_gib=0.01",
+                      "model.attention_impl=triton")
+    assert eng.model.attention_impl == "triton"
+    outs = run_greedy(eng, GOLDEN["prompts"][:3], GOLDEN["max_new_tokens"])
+    assert outs == GOLDEN["outputs"]["tiny"][:3]

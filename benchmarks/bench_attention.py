@@ -1,0 +1,95 @@
+"""Sparse attention on the GPU: the fused kernel against the reference path, same inputs.
+
+    python benchmarks/bench_attention.py --out results/attention/h200.json
+
+For the glm53_mini geometry (H = 4, kv_dim 576, FP8 656-byte rows, k = 512) at N queries per
+layer call (decode batches, and verification passes of K = 4 at C64), it times one layer's
+attention both ways (CUDA events, median of --reps after warm-up, a 256 MB L2 flush before each)
+and reports the difference of the outputs, the kernel's effective bandwidth over the bytes it
+must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (DESIGN.md sec. 4), and the
+speed-up. Exits 1 if the outputs disagree beyond float32 rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+HBM_BPS = 4.22e12
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--queries", default="1,16,64,256,1024")
+    ap.add_argument("--k", type=int, default=512)
+    ap.add_argument("--pool-rows", type=int, default=1 << 20)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from harness.environment import environment
+    from harness.records import atomic_write_json
+    from systems.kernels.sparse_attention import sparse_attention
+    from systems.models.config import ModelConfig
+    from systems.models.kv_format import encode_rows
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention: no CUDA device here; run it on the GPU machine")
+    dev = torch.device("cuda")
+    cfg = ModelConfig(kv_format="fp8", kv_dim=576, kv_rope_dim=64, num_heads=4)
+    g = torch.Generator(device=dev).manual_seed(0)
+    kv = encode_rows(torch.randn(args.pool_rows, 576, device=dev, generator=g), cfg).contiguous()
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    kw = dict(kv_format="fp8", kv_dim=576, rope_dim=64, row_dtype=torch.bfloat16)
+    rows, bad = [], 0
+    for N in [int(x) for x in args.queries.split(",")]:
+        q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
+        loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+        sel = loc.clone()
+        sel[:, -7:] = -1  # some padding, as short histories have
+        out = {}
+        for impl in ("reference", "triton"):
+            fn = lambda: sparse_attention(q, kv, sel, loc, impl=impl, **kw)  # noqa: E731
+            for _ in range(3):
+                res = fn()
+            ts = []
+            for _ in range(args.reps):
+                flush.zero_()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                torch.cuda.synchronize()
+                ts.append(a.elapsed_time(b) * 1e3)
+            out[impl] = (res.float(), statistics.median(ts))
+        diff = (out["triton"][0] - out["reference"][0]).abs().max().item()
+        scale = out["reference"][0].abs().max().item()
+        ok = diff <= 2e-2 * max(scale, 1e-6)  # bf16 output: one or two ulps
+        bad += not ok
+        need = N * args.k * kv.shape[1]
+        row = {"queries": N, "k": args.k, "reference_us": out["reference"][1],
+               "triton_us": out["triton"][1], "speedup": out["reference"][1] / out["triton"][1],
+               "row_bytes_read": need, "triton_gbps": need / out["triton"][1] / 1e3,
+               "fraction_of_hbm": need / (out["triton"][1] * 1e-6) / HBM_BPS,
+               "max_abs_diff": diff, "max_abs_out": scale, "agree": ok}
+        rows.append(row)
+        print(f"[attention] N={N:5d} reference {row['reference_us']:9.1f} us  triton "
+              f"{row['triton_us']:9.1f} us  x{row['speedup']:.2f}  {row['triton_gbps']:7.1f} GB/s "
+              f"({100 * row['fraction_of_hbm']:.0f}% of HBM)  max|diff| {diff:.2e}", flush=True)
+    rec = {"benchmark": "sparse_attention", "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
+           "args": vars(args), "rows": rows, "env": environment()}
+    if args.out:
+        atomic_write_json(args.out, rec)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

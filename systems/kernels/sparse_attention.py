@@ -1,0 +1,212 @@
+"""Sparse attention over selected KV rows, read in place from the KV pool (one launch per layer).
+
+The model's reference path (``SparseModel.attend`` after ``decode_rows``) gathers the k selected
+rows of every query into a new tensor, decodes them (FP8 -> float, bf16 rounding), widens rows and
+queries to float32, and runs two einsums with a softmax between: about fifteen kernels per layer
+and several float32 copies of the (queries x k x kv_dim) rows. This kernel reads each selected row
+once from the pool by its location (one program per query and head), decodes it in registers
+with exactly the reference's rounding, and runs an online softmax over the k rows.
+
+Contract (identical to the reference ``sparse_attention_reference`` below)
+    q           [N, H, d]    queries (N = requests x queries), float32 or bf16
+    kv          uint8 [M, row_bytes]  the pool the locations index (rows are opaque bytes in the
+                             ``kv_format`` of systems/models/kv_format.py)
+    selections  int [N, k]   positions, -1 = padding (masked)
+    locations   int [N, k]   row of each selection in ``kv`` (read only where selection >= 0;
+                             a negative location there reads row 0, as the reference's
+                             ``clamp_min(0)`` gather does)
+    out         [N, H, d]    softmax(q . rows / sqrt(d)) @ rows per head, in q's dtype
+    Rows are decoded to float32 and rounded to ``row_dtype`` (the model dtype) before use, as
+    ``decode_rows(..., dtype)`` does; products and sums are float32. A query whose selections are
+    all padding gets zeros (the reference gives NaN; the model never asks for it: a query always
+    selects its own position).
+
+Bytes moved per call: N*k*row_bytes (rows, the term that matters) + N*k*(4+8) (selections and
+locations) + 2*N*H*d*itemsize (q in, out). No intermediate tensor.
+
+Numerics: float32 throughout (no TF32, no tensor cores); the summation order differs
+from the reference's einsums, so results agree to float32 rounding, not bit for bit (tests use
+tolerances; backends still agree with each other bit for bit, since they hand the kernel
+identical bytes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    _HAVE_TRITON = True
+except Exception:  # pragma: no cover - triton is a dependency; keep the reference usable
+    _HAVE_TRITON = False
+
+FP8_BLOCK = 128  # values per float32 scale (systems/models/kv_format.py)
+
+
+def sparse_attention_reference(q, kv, selections, locations, *, kv_format: str, kv_dim: int,
+                               rope_dim: int, row_dtype: torch.dtype) -> torch.Tensor:
+    """Plain PyTorch, the model's reference path: gather, decode, attend."""
+    from systems.models.kv_format import decode_rows
+
+    class _Fmt:  # the three fields decode_rows reads
+        pass
+
+    fmt = _Fmt()
+    fmt.kv_format, fmt.kv_dim, fmt.kv_rope_dim, fmt.row_bytes = kv_format, kv_dim, rope_dim, kv.shape[1]
+    rows = decode_rows(kv[locations.long().clamp_min(0)], fmt, row_dtype)  # [N, k, d]
+    s = torch.einsum("nhd,nkd->nhk", q.float(), rows.float()) / math.sqrt(kv_dim)
+    s = s.masked_fill((selections < 0).unsqueeze(1), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("nhk,nkd->nhd", p, rows.float()).to(q.dtype)
+
+
+if _HAVE_TRITON:
+    @triton.jit
+    def _round_to_bf16(x):
+        """float32 -> nearest bf16 (ties to even), kept in float32: torch's rounding for finite
+        values, written with integer ops so it is exact everywhere (the interpreter too)."""
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return b.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _sparse_attention_kernel(
+            q_ptr, sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, out_ptr,
+            K, row_bytes, sm_scale,
+            H: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
+            FP8: tl.constexpr, ROUND_BF16: tl.constexpr, BLOCK_K: tl.constexpr,
+            NOPE_P: tl.constexpr, ROPE_P: tl.constexpr):
+        # one program per (query, head): heads are few (4 here), so a dot product over padded
+        # heads would waste most of its multiplies; the head programs of one query run side by
+        # side and meet the same rows in L2
+        n = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        jn = tl.arange(0, NOPE_P)
+        qb = q_ptr + (n * H + h) * D
+        qn = tl.load(qb + jn, mask=jn < NOPE, other=0.0).to(tl.float32)
+        if ROPE > 0:
+            jr = tl.arange(0, ROPE_P)
+            qr = tl.load(qb + NOPE + jr, mask=jr < ROPE, other=0.0).to(tl.float32)
+            acc_r = tl.zeros([ROPE_P], dtype=tl.float32)
+        # running max and sum as 1-element tensors: loop-carried values keep one type
+        m = tl.full([1], float("-inf"), dtype=tl.float32)
+        l_sum = tl.zeros([1], dtype=tl.float32)
+        acc_n = tl.zeros([NOPE_P], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            inb = kk < K
+            sel = tl.load(sel_ptr + n * K + kk, mask=inb, other=-1)
+            valid = sel >= 0
+            row = tl.maximum(tl.load(loc_ptr + n * K + kk, mask=inb, other=0), 0).to(tl.int64)
+            nmask = valid[:, None] & (jn[None, :] < NOPE)
+            if FP8:
+                raw = tl.load(kv_u8 + row[:, None] * row_bytes + jn[None, :], mask=nmask, other=0)
+                xn = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                sc = tl.load(kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4
+                             + jn[None, :] // 128, mask=nmask, other=0.0)
+                xn = xn * sc
+            else:
+                xn = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask,
+                             other=0.0).to(tl.float32)
+            if ROUND_BF16:  # decode_rows(..., bfloat16): the rows the reference attends over
+                xn = _round_to_bf16(xn)
+            s = tl.sum(xn * qn[None, :], 1)  # [BLOCK_K]
+            if ROPE > 0:
+                rmask = valid[:, None] & (jr[None, :] < ROPE)
+                # bf16 rope tail after the nope bytes and their scales (fp8), in bf16 units
+                r0 = (NOPE + 4 * (NOPE // 128)) // 2
+                xr = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + r0 + jr[None, :],
+                             mask=rmask, other=0.0).to(tl.float32)
+                s += tl.sum(xr * qr[None, :], 1)
+            s = tl.where(valid, s * sm_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 0))
+            live = m_new > float("-inf")  # some row seen so far (else nothing to accumulate)
+            alpha = tl.where(live, tl.exp(m - m_new), 1.0)
+            p = tl.where(valid, tl.exp(s - tl.where(live, m_new, 0.0)), 0.0)  # [BLOCK_K]
+            l_sum = l_sum * alpha + tl.sum(p, 0)
+            acc_n = acc_n * alpha + tl.sum(p[:, None] * xn, 0)
+            if ROPE > 0:
+                acc_r = acc_r * alpha + tl.sum(p[:, None] * xr, 0)
+            m = m_new
+        inv = tl.where(l_sum > 0, 1.0 / l_sum, 0.0)
+        ob = out_ptr + (n * H + h) * D
+        tl.store(ob + jn, (acc_n * inv).to(out_ptr.dtype.element_ty), mask=jn < NOPE)
+        if ROPE > 0:
+            tl.store(ob + NOPE + jr, (acc_r * inv).to(out_ptr.dtype.element_ty), mask=jr < ROPE)
+
+
+def _p2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << max(0, (int(n) - 1).bit_length()))
+
+
+def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_dim: int,
+                            rope_dim: int, row_dtype: torch.dtype, block_k: int = 32,
+                            num_warps: int = 4) -> torch.Tensor:
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed; use impl='reference'")
+    N, H, d = q.shape
+    assert d == kv_dim and selections.shape == locations.shape and selections.shape[0] == N
+    K = selections.shape[1]
+    fp8 = kv_format == "fp8"
+    nope, rope = (kv_dim - rope_dim, rope_dim) if fp8 else (kv_dim, 0)
+    row_bytes = kv.shape[1]
+    assert kv.is_contiguous() and row_bytes % 4 == 0, "rows must be whole float32 words"
+    out = torch.empty_like(q)
+    if N == 0:
+        return out
+    _sparse_attention_kernel[(N, H)](
+        q.contiguous(), selections.contiguous(), locations.contiguous(),
+        kv, kv.view(torch.float32), kv.view(torch.bfloat16), out,
+        K, row_bytes, 1.0 / math.sqrt(kv_dim),
+        H=H, D=d, NOPE=nope, ROPE=rope, FP8=fp8, ROUND_BF16=row_dtype == torch.bfloat16,
+        BLOCK_K=block_k, NOPE_P=_p2(nope), ROPE_P=_p2(rope) if rope else 16,
+        num_warps=num_warps)
+    return out
+
+
+def sparse_attention(q, kv, selections, locations, *, kv_format: str, kv_dim: int, rope_dim: int,
+                     row_dtype: torch.dtype, impl: str = "triton") -> torch.Tensor:
+    """Attention of q [N, H, d] over the selected rows of kv (see the module docstring)."""
+    kw = dict(kv_format=kv_format, kv_dim=kv_dim, rope_dim=rope_dim, row_dtype=row_dtype)
+    if impl == "triton":
+        return sparse_attention_triton(q, kv, selections, locations, **kw)
+    if impl == "reference":
+        return sparse_attention_reference(q, kv, selections, locations, **kw)
+    raise ValueError(f"unknown sparse attention impl {impl!r}")
+
+
+def aot_compile(arch: int = 90, num_warps: int = 4, fp8: bool = True, q_type: str = "bf16",
+                **constexprs):
+    """Compile the kernel for an NVIDIA target without a GPU (Triton bundles ptxas): catches
+    compile-mode errors the interpreter does not see. Needs a process where TRITON_INTERPRET
+    is unset. Returns the compiled kernel (``.asm`` holds ttir/ttgir/llir/ptx/cubin)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    fn = _sparse_attention_kernel
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
+    c = dict(H=4, D=576, NOPE=512, ROPE=64, FP8=fp8, ROUND_BF16=True, BLOCK_K=32, NOPE_P=512,
+             ROPE_P=64)
+    if not fp8:
+        c.update(D=576, NOPE=576, ROPE=0, NOPE_P=1024, ROPE_P=16)
+    c.update(constexprs)
+    ptrs = {"q_ptr": "*" + q_type, "sel_ptr": "*i64", "loc_ptr": "*i64", "kv_u8": "*u8",
+            "kv_f32": "*fp32", "kv_bf16": "*bf16", "out_ptr": "*" + q_type}
+    sig = {}
+    for name in fn.arg_names:
+        if name in c:
+            sig[name] = "constexpr"
+        elif name in ptrs:
+            sig[name] = ptrs[name]
+        elif name == "sm_scale":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n].startswith("*")}
+    return triton.compile(ASTSource(fn, sig, c, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps))
