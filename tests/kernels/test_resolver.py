@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from systems.kernels import resolver as rv  # noqa: E402
+from tests.kernels.support import needs_nvidia_backend, run_compiled  # noqa: E402
 
 
 def _interpreter_usable() -> bool:
@@ -525,24 +526,10 @@ print("ok")
 """
 
 
-def _triton_has_nvidia_backend() -> bool:
-    try:
-        import triton.backends.nvidia  # noqa: F401
-
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _triton_has_nvidia_backend(), reason="triton without the NVIDIA backend")
+@needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
-    """The interpreter accepts things the compiler rejects: compile the real kernel for
-    Hopper (ptxas bundled with triton; no GPU needed) in a non-interpreter process."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", _AOT], cwd=_ROOT, env=env, capture_output=True, text=True,
-                         timeout=240)
-    assert res.returncode == 0 and "ok" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    """Compile the real kernel for Hopper in a non-interpreter process."""
+    run_compiled(_AOT, timeout=240)
 
 
 def test_bench_script_cpu_dry_run(tmp_path):

@@ -13,6 +13,7 @@ import torch  # noqa: E402
 from systems.kernels import sparse_attention as sa  # noqa: E402
 from systems.models.config import ModelConfig  # noqa: E402
 from systems.models.kv_format import encode_rows  # noqa: E402
+from tests.kernels.support import needs_nvidia_backend, run_compiled  # noqa: E402
 
 
 def _interpreted() -> bool:
@@ -95,25 +96,7 @@ print("ok")
 """
 
 
-def _triton_has_nvidia_backend() -> bool:
-    try:
-        import triton.backends.nvidia  # noqa: F401
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _triton_has_nvidia_backend(), reason="triton without the NVIDIA backend")
+@needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
-    """The interpreter accepts things the compiler rejects: compile the real kernel for Hopper
-    (ptxas bundled with triton; no GPU needed) in a process without TRITON_INTERPRET."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = str(Path(__file__).resolve().parents[2])
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
-                       timeout=600, cwd=root)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    """Compile the real kernel for Hopper in a process without TRITON_INTERPRET."""
+    run_compiled(_AOT)
