@@ -51,6 +51,8 @@ def _serve(overrides, prompts, new_tokens, warmup):
            "failed": eng.stats["failed_total"]}
     if eng.graph_runner is not None:
         out["graph_stats"] = dict(eng.graph_runner.stats, broken=eng.graph_runner.broken)
+        out["drafter_graph_stats"] = dict(eng.graph_runner.drafter.stats,
+                                          broken=eng.graph_runner.drafter.broken)
     m = eng.backend.metrics()
     out["host_rows_copied"] = m.get("dhs_host_rows_copied_total")
     del eng
@@ -111,7 +113,9 @@ def main() -> None:
         row = {"system": system, "tokens_identical": same,
                "eager_step_ms": eager["step_ms_median"], "graph_step_ms": graph["step_ms_median"],
                "speedup": eager["step_ms_median"] / graph["step_ms_median"],
-               "graph_stats": graph.get("graph_stats"), "failed": [eager["failed"], graph["failed"]],
+               "graph_stats": graph.get("graph_stats"),
+               "drafter_graph_stats": graph.get("drafter_graph_stats"),
+               "failed": [eager["failed"], graph["failed"]],
                "host_rows_copied": [eager["host_rows_copied"], graph["host_rows_copied"]]}
         rows.append(row)
         print(f"[cuda_graph] {system:22s} identical={same} eager {row['eager_step_ms']:.2f} ms "

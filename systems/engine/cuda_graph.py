@@ -79,15 +79,89 @@ class no_host_sync(TorchDispatchMode):
 
 @dataclass
 class _Graph:
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    logits: torch.Tensor | None = None
-    hidden: torch.Tensor | None = None
+    inputs: tuple[torch.Tensor, ...]  # static input buffers
+    outputs: tuple[torch.Tensor, ...] = ()  # static outputs
     graph: object = None  # torch.cuda.CUDAGraph, None when emulated
 
 
+class GraphCache:
+    """Graphs of one region function, keyed by shape, captured lazily, LRU-bounded.
+
+    ``run(key, fn, *inputs)`` returns ``fn(*inputs)``: the first time a key is met, ``fn`` runs
+    eagerly on the capture stream (its result is returned; kernels compile, workspaces grow),
+    then the same work is captured without executing; later calls copy ``inputs`` into the
+    static buffers and replay. ``fn`` returns a tuple of tensors, valid until this cache's next
+    ``run`` (another cache has its own memory pool, so its replays never touch them).
+    A failed capture logs a warning and sets ``broken``; callers then run eagerly.
+    """
+
+    def __init__(self, device: torch.device, *, max_graphs: int = 64, emulate: bool = False,
+                 name: str = "graph"):
+        self.device = device
+        self.max_graphs = int(max_graphs)
+        self.emulate = emulate
+        self.name = name
+        self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self.stats = {"captures": 0, "replays": 0, "evictions": 0, "eager_steps": 0}
+        self._pool = None if emulate else torch.cuda.graph_pool_handle()
+        self._stream = None if emulate else torch.cuda.Stream(device)
+        self.broken = False  # a capture failed: every later step runs eagerly
+
+    def run(self, key: tuple, fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        g = self.graphs.get(key)
+        if g is None:
+            return self._capture(key, fn, inputs)
+        self.graphs.move_to_end(key)
+        for buf, x in zip(g.inputs, inputs):
+            buf.copy_(x)
+        if g.graph is None:  # emulated replay: the captured region, run again on static inputs
+            with no_host_sync():
+                g.outputs = tuple(fn(*g.inputs))
+        else:
+            g.graph.replay()
+        self.stats["replays"] += 1
+        return g.outputs
+
+    def _capture(self, key, fn, inputs):
+        dev = self.device
+        g = _Graph(inputs=tuple(x.to(dev).clone() for x in inputs))
+        if self.emulate:
+            with no_host_sync():
+                out = tuple(fn(*g.inputs))
+            g.outputs = out
+        else:
+            cur = torch.cuda.current_stream(dev)
+            self._stream.wait_stream(cur)
+            with torch.cuda.stream(self._stream):
+                # this call's result, eagerly; copied out before the capture reuses the pool
+                out = tuple(t.clone() for t in fn(*g.inputs))
+            cur.wait_stream(self._stream)
+            for t in out:
+                t.record_stream(cur)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
+                                      capture_error_mode="thread_local"):
+                    g.outputs = tuple(fn(*g.inputs))
+            except Exception as e:  # never lose the step: its eager result is in hand
+                log.warning("CUDA graph capture of %s %s failed (%s: %s); running eagerly from "
+                            "now on (engine.disable_cuda_graph=true silences this)",
+                            self.name, key, type(e).__name__, e)
+                self.broken = True
+                return out
+            g.graph = graph
+        self.graphs[key] = g
+        self.stats["captures"] += 1
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+            self.stats["evictions"] += 1
+        return out
+
+
 class CudaGraphRunner:
+    """The target forward of a step through a ``GraphCache`` keyed by (batch, queries, scan
+    bucket); ``drafter`` is a second cache (own pool) for the speculative decoder's drafter."""
+
     def __init__(self, model, backend, device: torch.device, *, max_bs: int = 256,
                  l_step: int = 2048, max_graphs: int = 64, emulate: bool = False):
         self.model = model
@@ -95,13 +169,18 @@ class CudaGraphRunner:
         self.device = device
         self.max_bs = int(max_bs)
         self.l_step = max(int(l_step), backend.P)
-        self.max_graphs = int(max_graphs)
         self.emulate = emulate
-        self.graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
-        self.stats = {"captures": 0, "replays": 0, "evictions": 0, "eager_steps": 0}
-        self._pool = None if emulate else torch.cuda.graph_pool_handle()
-        self._stream = None if emulate else torch.cuda.Stream(device)
-        self.broken = False  # a capture failed: every later step runs eagerly
+        self.cache = GraphCache(device, max_graphs=max_graphs, emulate=emulate, name="target")
+        self.drafter = GraphCache(device, max_graphs=max_graphs, emulate=emulate, name="drafter")
+        self.stats = self.cache.stats
+
+    @property
+    def graphs(self):
+        return self.cache.graphs
+
+    @property
+    def broken(self) -> bool:
+        return self.cache.broken
 
     # ------------------------------------------------------------------ keys
     def scan_len(self, need: int) -> int:
@@ -119,65 +198,12 @@ class CudaGraphRunner:
         (logits, hidden), static until the next call."""
         B, Q = tokens.shape
         L = self.scan_len(max_len)
-        key = (B, Q, L)
-        g = self.graphs.get(key)
-        if g is None:
-            return self._capture(key, tokens, positions, slots)
-        self.graphs.move_to_end(key)
-        g.tokens.copy_(tokens)
-        g.positions.copy_(positions)
-        g.slots.copy_(slots)
-        if g.graph is None:  # emulated replay: the captured region, run again on static inputs
-            with no_host_sync():
-                g.logits, g.hidden = self._region(g, L)
-        else:
-            g.graph.replay()
-        self.stats["replays"] += 1
-        return g.logits, g.hidden
-
-    def _region(self, g: _Graph, L: int):
         be = self.backend
-        be.device_prepare(g.slots, g.positions, L)
-        out = self.model(g.tokens, g.positions, be)
-        be.finish_forward()
-        return out
 
-    def _capture(self, key, tokens, positions, slots):
-        B, Q, L = key
-        dev = self.device
-        g = _Graph(tokens=tokens.to(dev, torch.long).clone(),
-                   positions=positions.to(dev, torch.long).clone(),
-                   slots=slots.to(dev, torch.long).clone())
-        if self.emulate:
-            with no_host_sync():
-                logits, hidden = self._region(g, L)
-        else:
-            cur = torch.cuda.current_stream(dev)
-            self._stream.wait_stream(cur)
-            with torch.cuda.stream(self._stream):
-                logits, hidden = self._region(g, L)  # this step's result (eager)
-                # the outputs above are ours: copy them before the capture reuses the pool
-                logits, hidden = logits.clone(), hidden.clone()
-            cur.wait_stream(self._stream)
-            logits.record_stream(cur)
-            hidden.record_stream(cur)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
-                                      capture_error_mode="thread_local"):
-                    g.logits, g.hidden = self._region(g, L)
-            except Exception as e:  # never lose the step: its eager result is in hand
-                log.warning("CUDA graph capture of %s failed (%s: %s); running eagerly from "
-                            "now on (engine.disable_cuda_graph=true silences this)",
-                            key, type(e).__name__, e)
-                self.broken = True
-                return logits, hidden
-            g.graph = graph
-        self.graphs[key] = g
-        self.stats["captures"] += 1
-        while len(self.graphs) > self.max_graphs:
-            self.graphs.popitem(last=False)
-            self.stats["evictions"] += 1
-        if self.emulate:
-            g.logits, g.hidden = logits, hidden
-        return logits, hidden
+        def region(tok, pos, sl):
+            be.device_prepare(sl, pos, L)
+            out = self.model(tok, pos, be)
+            be.finish_forward()
+            return out
+
+        return self.cache.run((B, Q, L), region, tokens.long(), positions.long(), slots.long())

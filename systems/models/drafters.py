@@ -25,6 +25,10 @@ from systems.spec.ring import DraftRing
 
 
 class _DraftCore(torch.nn.Module):
+    # propose / catch_up do device work only (given ``sampled`` from the host): the speculative
+    # decoder may capture them in CUDA graphs (systems/engine/cuda_graph.py)
+    graph_capturable = True
+
     def __init__(self, target, num_layers: int, dim: int, window: int, num_slots: int,
                  page: int, k_max: int, seed: int):
         super().__init__()
@@ -77,10 +81,13 @@ class _DraftCore(torch.nn.Module):
             k, v = h @ p["wk"], h @ p["wv"]
             x = x + self._attend(p, h, k, v, ctx, li, positions, causal_block=True)
             x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
-            sel = valid.reshape(-1)
-            r = rows.reshape(-1)[sel]
-            self.ring.kv[li, 0, r] = k.reshape(-1, self.dim)[sel]
-            self.ring.kv[li, 1, r] = v.reshape(-1, self.dim)[sel]
+            # rows of invalid entries keep their contents: a masked write instead of boolean
+            # indexing, which would sync (the rows of one call are distinct: L <= ring size)
+            keep = ~valid.reshape(-1, 1)
+            r = rows.reshape(-1)
+            for j, new in ((0, k), (1, v)):
+                ring = self.ring.kv[li, j]
+                ring[r] = torch.where(keep, ring[r], new.reshape(-1, self.dim))
 
     def _window(self, slots: torch.Tensor, first_pos: torch.Tensor):
         """Ring rows of the W positions before first_pos (B, 1): (rows (B, W), valid (B, W))."""
@@ -116,8 +123,10 @@ class DFlash2Drafter(_DraftCore):
     name = "dflash2"
 
     def propose(self, slots: torch.Tensor, anchors: torch.Tensor, n: torch.Tensor, K: int,
-                temperatures: torch.Tensor, gen: torch.Generator | None):
-        """anchors (B,), n (B,) anchor positions -> proposals (B, K-1), q probs (B, K-1, V)."""
+                temperatures: torch.Tensor, gen: torch.Generator | None,
+                sampled: bool | None = None):
+        """anchors (B,), n (B,) anchor positions -> proposals (B, K-1), q probs (B, K-1, V).
+        ``sampled``: whether any temperature is > 0, if the caller knows (else a device sync)."""
         B = anchors.shape[0]
         x = torch.cat([self._embed(anchors).unsqueeze(1),
                        self.mask_emb.expand(B, K - 1, -1)], dim=1)  # (B, K, d)
@@ -129,7 +138,7 @@ class DFlash2Drafter(_DraftCore):
                                  causal_block=False)  # parallel block: bidirectional
             x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
         logits = self._logits(x[:, :K - 1])  # block position j proposes token n + j + 1
-        return _draw(logits, temperatures, gen)
+        return _draw(logits, temperatures, gen, sampled)
 
 
 class DSparkDrafter(_DraftCore):
@@ -137,7 +146,7 @@ class DSparkDrafter(_DraftCore):
 
     name = "dspark"
 
-    def propose(self, slots, anchors, n, K, temperatures, gen):
+    def propose(self, slots, anchors, n, K, temperatures, gen, sampled=None):
         ctx = self._window(slots, n.unsqueeze(1))
         toks = [anchors]
         xs = []
@@ -152,7 +161,7 @@ class DSparkDrafter(_DraftCore):
                                      causal_block=True)
                 x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
             logits = self._logits(x[:, -1:])
-            t, q = _draw(logits, temperatures, gen)
+            t, q = _draw(logits, temperatures, gen, sampled)
             toks.append(t[:, 0])
             props.append(t)
             probs.append(q)
@@ -161,15 +170,19 @@ class DSparkDrafter(_DraftCore):
         return torch.cat(props, 1), torch.cat(probs, 1)
 
 
-def _draw(logits: torch.Tensor, temperatures: torch.Tensor, gen):
+def _draw(logits: torch.Tensor, temperatures: torch.Tensor, gen, sampled: bool | None = None):
     """logits (B, L, V) -> (tokens (B, L), q (B, L, V)): the distribution tokens were drawn from.
-    Temperature 0 is a point mass on the argmax (greedy drafting)."""
+    Temperature 0 is a point mass on the argmax (greedy drafting). ``sampled``: whether any
+    temperature is > 0 (None: ask the device)."""
     greedy = logits.argmax(-1)
     t = temperatures.view(-1, 1, 1)
     q_soft = torch.softmax(logits / t.clamp_min(1e-5), dim=-1)
-    onehot = F.one_hot(greedy, logits.shape[-1]).to(q_soft.dtype)
+    # a scatter, not F.one_hot: one_hot checks its indices on the host (a sync per round)
+    onehot = torch.zeros_like(q_soft).scatter_(-1, greedy.unsqueeze(-1), 1.0)
     q = torch.where(t > 0, q_soft, onehot)
-    if bool((temperatures > 0).any()):
+    if sampled is None:
+        sampled = bool((temperatures > 0).any())
+    if sampled:
         drawn = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=gen).view(greedy.shape)
         tok = torch.where(temperatures.view(-1, 1) > 0, drawn, greedy)
     else:

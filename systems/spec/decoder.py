@@ -89,6 +89,30 @@ class SpeculativeDecoder:
         self.drafter.catch_up(torch.tensor([req.slot], device=dev), toks, pos, hid.unsqueeze(0),
                               torch.ones_like(toks, dtype=torch.bool))
 
+    # ------------------------------------------------------------------ drafter graphs
+    def _drafter_graphs(self, B: int, sampled: bool):
+        """The engine's drafter graph cache when this round can use it: graphs on, the batch
+        within the captured sizes, greedy drafting (sampling draws from a generator, which
+        stays eager), and a drafter whose proposal is pure device work."""
+        r = self.e.graph_runner
+        if (r is None or sampled or not r.can_run(B) or r.drafter.broken
+                or not getattr(self.drafter, "graph_capturable", False)):
+            return None
+        return r.drafter
+
+    def _propose_region(self, K: int):
+        d = self.drafter
+
+        def region(slots, anchors, n, temps):
+            props, q = d.propose(slots, anchors, n, K, temps, None, sampled=False)
+            conf = getattr(d, "last_confidence", None)  # set by this call (DSpark) or absent
+            return (props, q) if conf is None else (props, q, conf)
+        return region
+
+    def _catch_up_region(self, slots, tokens, positions, hidden, valid):
+        self.drafter.catch_up(slots, tokens, positions, hidden, valid)
+        return ()
+
     # ------------------------------------------------------------------ a round
     def _k_r(self, q: torch.Tensor, proposals: torch.Tensor) -> torch.Tensor:
         """Verification prefix per request: DFlash2 uses its fixed block; DSpark maximizes
@@ -127,7 +151,16 @@ class SpeculativeDecoder:
         n = torch.tensor([r.seq_len for r in batch], device=dev)  # anchor positions
         anchors = torch.tensor([r.output_ids[-1] for r in batch], device=dev)
         temps = e._temperatures(batch)
-        proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen)
+        sampled = any(r.params.temperature > 0 for r in batch)
+        graphs = self._drafter_graphs(B, sampled)
+        if graphs is not None:
+            outs = graphs.run(("propose", B, K), self._propose_region(K), slots, anchors, n,
+                              temps)
+            proposals, q = outs[:2]
+            if len(outs) > 2:  # DSpark: the head's confidences, read by _k_r below
+                self.drafter.last_confidence = outs[2]
+        else:
+            proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen, sampled)
         k_r = self._k_r(q, proposals)
         # the pass verifies the widest prefix any request asked for (DSpark saves work here)
         K = int(k_r.max())
@@ -150,12 +183,16 @@ class SpeculativeDecoder:
         new_len = [r.seq_len + 1 + a for r, a in zip(batch, A)]
         be.commit([r.slot for r in batch], new_len)
         # the drafter advances with the same prefix: anchor + accepted, with target features
+        props = proposals.tolist()  # before the drafter's next graph reuses its buffers
         L = 1 + max(A)
         valid = torch.arange(L, device=dev).unsqueeze(0) < (1 + torch.tensor(A, device=dev)
                                                             ).unsqueeze(1)
-        self.drafter.catch_up(slots, tokens[:, :L], positions[:, :L], hidden[:, :L], valid)
+        if graphs is not None:
+            graphs.run(("catch_up", B, L), self._catch_up_region, slots, tokens[:, :L],
+                       positions[:, :L], hidden[:, :L], valid)
+        else:
+            self.drafter.catch_up(slots, tokens[:, :L], positions[:, :L], hidden[:, :L], valid)
         out = []
-        props = proposals.tolist()
         for b in range(B):
             out.append(props[b][:A[b]] + [nxt[b]])
         self.stats["spec_rounds_total"] += B

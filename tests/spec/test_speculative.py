@@ -19,8 +19,10 @@ class ScriptedDrafter(DFlash2Drafter):
     """Test drafter: proposes the golden continuation, corrupted at positions where
     (position * 7) % 5 == 0, so rounds accept anywhere from 0 to K-1 drafts."""
 
-    def propose(self, slots, anchors, n, K, temperatures, gen):
-        props, _ = super().propose(slots, anchors, n, K, temperatures, gen)
+    graph_capturable = False  # reads the golden continuation on the host
+
+    def propose(self, slots, anchors, n, K, temperatures, gen, sampled=None):
+        props, _ = super().propose(slots, anchors, n, K, temperatures, gen, sampled)
         eng = self.engine
         for b, slot in enumerate(slots.tolist()):
             req = eng.scheduler.running[slot]
@@ -75,6 +77,23 @@ def test_verification_through_the_graph_protocol_is_exact(system):
     r = eng.graph_runner
     assert r.stats["replays"] > 0 and {q for (_, q, _) in r.graphs} == {4}
     eng.backend.check_integrity()
+
+
+@pytest.mark.parametrize("system", ["resident_dflash2", "adaptive_dhisparse_dspark"])
+def test_real_drafters_through_drafter_graphs_are_exact(system):
+    """A real drafter's propose and catch_up captured (emulated) like the target: no host
+    sync inside, the same golden tokens, and the same proposals as the eager drafter (equal
+    acceptance counts)."""
+    extra = ["system.speculation.cost_per_query=0.5"] if "dspark" in system else []
+    eager = _spec_engine(system, "tiny", 6, False, *extra)
+    graph = _spec_engine(system, "tiny", 6, False, "+engine.cuda_graph_emulate=true", *extra)
+    prompts = GOLDEN["prompts"][:3]
+    outs = [run_greedy(e, prompts, GOLDEN["max_new_tokens"]) for e in (eager, graph)]
+    assert outs[0] == outs[1] == GOLDEN["outputs"]["tiny"][:3]
+    st = graph.graph_runner.drafter.stats
+    assert st["captures"] >= 2 and st["replays"] > 0  # propose and catch_up keys
+    assert {k[0] for k in graph.graph_runner.drafter.graphs} == {"propose", "catch_up"}
+    assert eager.decoder.stats == graph.decoder.stats
 
 
 @pytest.mark.parametrize("system", ["resident_dspark", "adaptive_dhisparse_dspark"])
