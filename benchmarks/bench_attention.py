@@ -1,4 +1,5 @@
-"""Sparse attention on the GPU: the fused kernel against the reference path, same inputs.
+"""Sparse attention and the indexer's scan on the GPU: the Triton kernels against the reference
+paths, same inputs.
 
     python benchmarks/bench_attention.py --out results/attention/h200.json
 
@@ -24,12 +25,29 @@ sys.path.insert(0, str(REPO))
 HBM_BPS = 4.22e12
 
 
+def _median_us(torch, fn, flush, reps: int) -> float:
+    """Median of CUDA-event timings of fn after warm-up, the L2 flushed before each."""
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--queries", default="1,16,64,256,1024")
     ap.add_argument("--k", type=int, default=512)
     ap.add_argument("--pool-rows", type=int, default=1 << 20)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--history", type=int, default=16384, help="positions the index scan covers")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -58,18 +76,7 @@ def main() -> None:
         out = {}
         for impl in ("reference", "triton"):
             fn = lambda: sparse_attention(q, kv, sel, loc, impl=impl, **kw)  # noqa: E731
-            for _ in range(3):
-                res = fn()
-            ts = []
-            for _ in range(args.reps):
-                flush.zero_()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                ts.append(a.elapsed_time(b) * 1e3)
-            out[impl] = (res.float(), statistics.median(ts))
+            out[impl] = (fn().float(), _median_us(torch, fn, flush, args.reps))
         diff = (out["triton"][0] - out["reference"][0]).abs().max().item()
         scale = out["reference"][0].abs().max().item()
         ok = diff <= 2e-2 * max(scale, 1e-6)  # bf16 output: one or two ulps
@@ -84,8 +91,34 @@ def main() -> None:
         print(f"[attention] N={N:5d} reference {row['reference_us']:9.1f} us  triton "
               f"{row['triton_us']:9.1f} us  x{row['speedup']:.2f}  {row['triton_gbps']:7.1f} GB/s "
               f"({100 * row['fraction_of_hbm']:.0f}% of HBM)  max|diff| {diff:.2e}", flush=True)
+    # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)
+    from systems.kernels.index_scores import index_scores
+    P, di, L = 64, 64, args.history
+    scan = []
+    for B, Q in ((1, 1), (16, 1), (64, 1), (64, 4), (128, 4)):
+        pages = -(-L // P)
+        pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(torch.bfloat16)
+        table = torch.randperm(B * pages, device=dev, generator=g).view(B, pages).to(torch.int32)
+        slots = torch.arange(B, device=dev)
+        iq = torch.randn(B, Q, di, device=dev, generator=g)
+        out = {}
+        for impl in ("reference", "triton"):
+            fn = lambda: index_scores(iq, pool, table, slots, L, P, impl=impl)  # noqa: E731
+            out[impl] = (fn(), _median_us(torch, fn, flush, args.reps))
+        diff = (out["triton"][0] - out["reference"][0]).abs().max().item()
+        ok = diff <= 1e-3 * max(out["reference"][0].abs().max().item(), 1e-6)
+        bad += not ok
+        need = B * L * di * 2
+        r = {"requests": B, "queries": Q, "history": L, "reference_us": out["reference"][1],
+             "triton_us": out["triton"][1], "speedup": out["reference"][1] / out["triton"][1],
+             "key_bytes_read": need, "triton_gbps": need / out["triton"][1] / 1e3,
+             "max_abs_diff": diff, "agree": ok}
+        scan.append(r)
+        print(f"[index]     B={B:4d} Q={Q} L={L} reference {r['reference_us']:9.1f} us  triton "
+              f"{r['triton_us']:9.1f} us  x{r['speedup']:.2f}  {r['triton_gbps']:7.1f} GB/s  "
+              f"max|diff| {diff:.2e}", flush=True)
     rec = {"benchmark": "sparse_attention", "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
-           "args": vars(args), "rows": rows, "env": environment()}
+           "args": vars(args), "rows": rows, "index_scan": scan, "env": environment()}
     if args.out:
         atomic_write_json(args.out, rec)
     sys.exit(1 if bad else 0)

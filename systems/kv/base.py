@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from systems.kernels.index_scores import index_scores
 from systems.models.config import LayerSpec, ModelConfig
 
 GiB = 1 << 30
@@ -127,6 +128,10 @@ class KVBackend(ABC):
         self.q_max = int(kv_cfg.extra.get("max_queries_per_step", 1))
         self.max_pages_per_req = math.ceil((self.max_total_tokens + self.q_max) / self.P)
         self.index_src_ids = {s: i for i, s in enumerate(model_cfg.index_sources)}
+        # the indexer's scan follows model.attention_impl (auto: the kernel on a GPU)
+        impl = model_cfg.attention_impl
+        self.index_impl = ("triton" if self.device.type == "cuda" else "reference") \
+            if impl == "auto" else impl
         self.slot_len = [0] * self.num_slots  # committed positions per slot (host-side)
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
         self.active_slots: set[int] = set()
@@ -258,6 +263,15 @@ class KVBackend(ABC):
             loc = self._token_locs(self.req_to_index_page, slots, ar).clamp_min(0)
             cache[source] = self.index_pool[self.index_src_ids[source]][loc]  # (B, L, di)
         return cache[source]
+
+    def index_scores(self, source: int, iq: torch.Tensor) -> torch.Tensor:
+        """(B, Qc, L) float32 scores of every visible position, read from the paged index
+        store in place (the Triton kernel) or through ``index_keys`` (the reference)."""
+        st = self._step
+        if self.index_impl == "reference":
+            return torch.einsum("bqd,bld->bql", iq, self.index_keys(source).float())
+        return index_scores(iq, self.index_pool[self.index_src_ids[source]],
+                            self.req_to_index_page, st["slots"], st["L"], self.P, impl="triton")
 
     @abstractmethod
     def write_kv(self, source: int, rows: torch.Tensor) -> None: ...

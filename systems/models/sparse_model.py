@@ -32,6 +32,11 @@ class KVContext(Protocol):
     def index_keys(self, source: int) -> torch.Tensor:
         """(B, L, di): index keys of every visible position (L >= max position + 1)."""
 
+    def index_scores(self, source: int, iq: torch.Tensor) -> torch.Tensor:
+        """(B, Qc, L) float32: iq (B, Qc, di) . the index key of every visible position, i.e.
+        ``einsum(iq, index_keys(source).float())``; a backend may compute it without
+        materializing the keys (systems/kernels/index_scores.py)."""
+
     def locate(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
                inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """selections: (B, Qc, k) positions (-1 padding) of queries q0..q0+Qc-1.
@@ -93,9 +98,22 @@ class SparseModel(torch.nn.Module):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
+    def index_query(self, p: dict, h: torch.Tensor) -> torch.Tensor:
+        """h (B,Qc,D) -> the indexer's float32 queries (B,Qc,di), blended with the layer's fixed
+        direction by the selection-locality knob."""
+        lam = self.cfg.selection_locality
+        iq = (h @ p["wiq"]).float()
+        iq = iq / iq.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        return (1.0 - lam) * iq + lam * p["w_sal"]
+
     def select(self, p: dict, h: torch.Tensor, keys: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
-        """Top-k over visible history. h (B,Qc,D), keys (B,L,di), positions (B,Qc) -> (B,Qc,k).
+        """Top-k over visible history. h (B,Qc,D), keys (B,L,di), positions (B,Qc) -> (B,Qc,k)."""
+        scores = torch.einsum("bqd,bld->bql", self.index_query(p, h), keys.float())
+        return self.select_from_scores(scores, positions)
+
+    def select_from_scores(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """scores (B,Qc,L) float32, positions (B,Qc) -> top-k positions (B,Qc,k).
 
         Query at position t sees positions 0..t; it always selects itself (the current row,
         like the local branch of DSA). Ties between equal scores follow torch.topk; with
@@ -103,13 +121,8 @@ class SparseModel(torch.nn.Module):
         history are -1.
         """
         cfg = self.cfg
-        lam = cfg.selection_locality
-        iq = (h @ p["wiq"]).float()
-        iq = iq / iq.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-        iq = (1.0 - lam) * iq + lam * p["w_sal"]
-        scores = torch.einsum("bqd,bld->bql", iq, keys.float())  # (B, Qc, L)
-        L = keys.shape[1]
-        ar = torch.arange(L, device=keys.device)
+        L = scores.shape[-1]
+        ar = torch.arange(L, device=scores.device)
         pos = positions.unsqueeze(-1)
         scores = scores.masked_fill(ar > pos, float("-inf"))
         scores = scores.masked_fill(ar == pos, float("inf"))
@@ -161,15 +174,13 @@ class SparseModel(torch.nn.Module):
                 if spec.role == "full":
                     ctx.write_index(spec.source, (h @ p["wik"]))
                 q = (h @ p["wq"]).view(B, Q, H, d)
-            if spec.selects:
-                with nvtx_range(SELECT):
-                    keys = ctx.index_keys(spec.source)
             sels, outs = [], []
             for c0 in range(0, Q, q_chunk):
                 c1 = min(Q, c0 + q_chunk)
                 if spec.selects:
                     with nvtx_range(SELECT):
-                        sel = self.select(p, h[:, c0:c1], keys, positions[:, c0:c1])
+                        scores = ctx.index_scores(spec.source, self.index_query(p, h[:, c0:c1]))
+                        sel = self.select_from_scores(scores, positions[:, c0:c1])
                 elif spec.role == "follower":
                     sel = last_sel[:, c0:c1]
                 else:  # reuse: the latest selection made on this source
@@ -220,6 +231,9 @@ class PrefillContext:
 
     def index_keys(self, source):
         return self.index[source].unsqueeze(0)
+
+    def index_scores(self, source, iq):
+        return torch.einsum("bqd,ld->bql", iq, self.index[source].float())
 
     def locate(self, layer, selections, q0, inherit):
         return self.kv[layer.source], selections  # a prompt's row p is local row p
