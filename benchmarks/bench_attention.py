@@ -91,6 +91,20 @@ def main() -> None:
         print(f"[attention] N={N:5d} reference {row['reference_us']:9.1f} us  triton "
               f"{row['triton_us']:9.1f} us  x{row['speedup']:.2f}  {row['triton_gbps']:7.1f} GB/s "
               f"({100 * row['fraction_of_hbm']:.0f}% of HBM)  max|diff| {diff:.2e}", flush=True)
+    # launch-shape sweep at a verification-sized call (C64 x K4 = 256 queries)
+    from systems.kernels.sparse_attention import sparse_attention_triton
+    sweep = []
+    N = 256
+    q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
+    loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+    for bk, nw in ((16, 4), (32, 4), (64, 4), (16, 8), (32, 8), (64, 8)):
+        fn = lambda: sparse_attention_triton(q, kv, loc, loc, block_k=bk, num_warps=nw, **kw)  # noqa: E731
+        us = _median_us(torch, fn, flush, args.reps)
+        sweep.append({"queries": N, "block_k": bk, "num_warps": nw, "us": us,
+                      "gbps": N * args.k * kv.shape[1] / us / 1e3})
+        print(f"[attention] sweep N={N} block_k={bk:3d} num_warps={nw}: {us:8.1f} us "
+              f"({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
+
     # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)
     from systems.kernels.index_scores import index_scores
     P, di, L = 64, 64, args.history
@@ -118,7 +132,8 @@ def main() -> None:
               f"{r['triton_us']:9.1f} us  x{r['speedup']:.2f}  {r['triton_gbps']:7.1f} GB/s  "
               f"max|diff| {diff:.2e}", flush=True)
     rec = {"benchmark": "sparse_attention", "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
-           "args": vars(args), "rows": rows, "index_scan": scan, "env": environment()}
+           "args": vars(args), "rows": rows, "launch_sweep": sweep, "index_scan": scan,
+           "env": environment()}
     if args.out:
         atomic_write_json(args.out, rec)
     sys.exit(1 if bad else 0)

@@ -26,11 +26,21 @@ timestamps it splits into
 
 The client adds request path + delivery ("client-added").  That is an upper
 bound: the request path also holds the time the server's event loop takes to
-pick the request up.  Every statistic is given over all measured requests and
+pick the request up.  A diagnostic stamp of when the client handed each
+request to its socket splits the request path further into client pre-send
+(send stamp -> written) and server pick-up (written -> handler start); the
+target still counts the whole request path.  Every statistic is given over
+all measured requests and
 post-wave, i.e. without the first C requests of the closed loop (the same
 definition as ``post_wave_*`` in harness.metrics).  That removes the initial
 burst of C sends, but with burst starts and fixed output lengths every later
 wave restarts together as well; the staggered starts show the loop without it.
+
+Every point runs once per event loop in ``--event-loops`` (default ``auto``:
+what harness.loadgen picks, i.e. uvloop when installed, else asyncio; the
+record's ``event_loop`` says which ran).  ``--event-loops asyncio,uvloop``
+runs both, back to back per configuration.  ``--repeats N`` runs each N
+times and keeps the median run (the record lists all of them).
 
 Target (issue 3), at 1000 streams: the client sustains >= 100,000 tokens/s and
 the post-wave client-added TTFT error (mean) is < 5 ms.  The run prints a
@@ -40,6 +50,7 @@ results/bench_client/<UTC timestamp>.json.
     .venv/bin/python benchmarks/bench_client.py                  # both regimes
     .venv/bin/python benchmarks/bench_client.py --capacity-itl-ms 2,4,6,8,10
     .venv/bin/python benchmarks/bench_client.py --streams 1000 --no-capacity
+    .venv/bin/python benchmarks/bench_client.py --event-loops asyncio,uvloop    # needs extra "fast"
 """
 
 from __future__ import annotations
@@ -60,7 +71,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.loadgen import LoadConfig, run_load_sync  # noqa: E402
+from harness.loadgen import LoadConfig, _loop_factory, run_load_sync  # noqa: E402
 from harness.records import atomic_write_json  # noqa: E402
 from tests.harness.fake_server import Program, start_server_process  # noqa: E402
 
@@ -87,6 +98,12 @@ def host_info() -> dict:
         info["aiohttp"] = aiohttp.__version__
     except Exception:  # pragma: no cover
         pass
+    try:
+        import uvloop
+
+        info["uvloop"] = uvloop.__version__
+    except ImportError:
+        info["uvloop"] = None
     try:
         txt = Path("/proc/cpuinfo").read_text()
         models = [ln.split(":", 1)[1].strip() for ln in txt.splitlines() if ln.startswith("model name")]
@@ -159,8 +176,64 @@ def offered_rates(streams: int, itl_ms: float, ttft_ms: float, output_len: int, 
     return {"peak": streams * 1e3 / itl_ms, "closed_loop": streams * output_len * 1e3 / life_ms, "life_ms": life_ms}
 
 
-def _ttft_error_block(err, srv_late, req_path, delivery) -> dict:
-    return {
+class WriteStamps:
+    """When the client handed each request to its socket (diagnostic only).
+
+    Splits the request path (client send stamp -> server handler start) into
+    client pre-send (send stamp -> request written to the socket: the client's
+    event loop and aiohttp) and server pick-up (written -> handler start:
+    loopback plus the fake server's event loop).  It wraps aiohttp's private
+    ``StreamWriter._write``/``_writelines`` and finds the request id in the
+    /generate body (``"rid":"..."``); with another API, or if aiohttp changes,
+    the split is reported as unavailable (None).  One ``find`` per write.
+    """
+
+    _KEY = b'"rid":"'
+
+    def __init__(self) -> None:
+        self.t: dict[str, float] = {}
+        self._orig = None
+
+    def _stamp(self, chunk) -> None:
+        if isinstance(chunk, memoryview):
+            chunk = chunk.tobytes()
+        if isinstance(chunk, (bytes, bytearray)):
+            i = chunk.find(self._KEY)
+            if i >= 0:
+                j = chunk.find(b'"', i + 7)
+                self.t.setdefault(bytes(chunk[i + 7 : j]).decode(), time.perf_counter())
+
+    def install(self) -> None:
+        try:
+            from aiohttp.http_writer import StreamWriter
+
+            orig = (StreamWriter._write, StreamWriter._writelines)
+        except (ImportError, AttributeError):
+            return
+        stamp = self._stamp
+
+        def _write(w, chunk):
+            stamp(chunk)
+            return orig[0](w, chunk)
+
+        def _writelines(w, chunks):
+            chunks = tuple(chunks)
+            for c in chunks:
+                stamp(c)
+            return orig[1](w, chunks)
+
+        StreamWriter._write, StreamWriter._writelines = _write, _writelines
+        self._orig = (StreamWriter, orig)
+
+    def uninstall(self) -> None:
+        if self._orig is not None:
+            cls, (w, wl) = self._orig
+            cls._write, cls._writelines = w, wl
+            self._orig = None
+
+
+def _ttft_error_block(err, srv_late, req_path, delivery, pre_send=None) -> dict:
+    out = {
         "n": int(err.size),
         "total": _pct(err),
         "server_lateness": _pct(srv_late),
@@ -168,11 +241,18 @@ def _ttft_error_block(err, srv_late, req_path, delivery) -> dict:
         "delivery": _pct(delivery),
         # what the client adds: everything outside the server's programmed wait and its lateness
         "client_added": _pct(req_path + delivery),
+        # diagnostic split of request_path (see WriteStamps); the target uses client_added
+        "request_path_client_pre_send": None,
+        "request_path_server_pickup": None,
     }
+    if pre_send is not None and np.isfinite(pre_send).all():
+        out["request_path_client_pre_send"] = _pct(pre_send)
+        out["request_path_server_pickup"] = _pct(req_path - pre_send)
+    return out
 
 
 def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, args: argparse.Namespace,
-              stagger: bool = False) -> dict:
+              stagger: bool = False, event_loop: str = "auto") -> dict:
     """One closed loop of ``streams`` streams.
 
     ``stagger=False``: all C streams start at once and, since every request has
@@ -210,7 +290,10 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
             disable_progress=True,
             metrics_interval=0,
             seed=0,
+            event_loop=event_loop,
         )
+        stamps = WriteStamps()
+        stamps.install()
         s0 = _get(sp.url + "/stats")
         c0, p0 = _cpu_times(), time.process_time()
         t0 = time.time()
@@ -219,6 +302,7 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
         c1, p1 = _cpu_times(), time.process_time()
         s1 = _get(sp.url + "/stats")
     finally:
+        stamps.uninstall()
         sp.stop()
         if pin:
             os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
@@ -240,6 +324,9 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
     srv_late = (first_write - arrival) * 1e3 - args.ttft_ms
     req_path = (arrival - send_epoch) * 1e3
     delivery = (first_read + off - first_write) * 1e3
+    pre_send = None
+    if stamps.t:
+        pre_send = np.array([(stamps.t.get(r.rid, math.nan) - r.send_mono) * 1e3 for r in ok])
     # post-wave: without the first C requests (the initial burst of C sends, or the
     # ramp of a staggered loop); the rest start as earlier requests finish
     post = np.array([r.index >= streams for r in ok], dtype=bool)
@@ -267,6 +354,7 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
         }
     out = {
         "regime": regime,
+        "event_loop": s["event_loop"],  # the loop that ran (harness.loadgen summary)
         "streams": streams,
         "staggered": stagger,
         "tokens_per_chunk": tokens_per_chunk,
@@ -300,8 +388,9 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
         },
         "ttft_ms": {"all": _pct(ttft), "post_wave": _pct(ttft[post])},
         "ttft_error_ms": {
-            "all": _ttft_error_block(err, srv_late, req_path, delivery),
-            "post_wave": _ttft_error_block(err[post], srv_late[post], req_path[post], delivery[post]),
+            "all": _ttft_error_block(err, srv_late, req_path, delivery, pre_send),
+            "post_wave": _ttft_error_block(err[post], srv_late[post], req_path[post], delivery[post],
+                                           None if pre_send is None else pre_send[post]),
         },
         "machine_during_run": machine,
         "itl_per_token_ms_mean": s["itl_per_token_ms_mean"],
@@ -322,8 +411,9 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
 
 
 def asyncio_read_floor(n_conns: int = 1000, gap_s: float = 0.04, seconds: float = 4.0,
-                       client_cpu: int | None = 0, server_cpu: int | None = 1) -> dict:
-    """CPU cost of one socket read for a do-nothing asyncio Protocol on this host.
+                       client_cpu: int | None = 0, server_cpu: int | None = 1, event_loop: str = "asyncio") -> dict:
+    """CPU cost of one socket read for a do-nothing asyncio Protocol on this host
+    (on ``event_loop``: "asyncio" or "uvloop").
 
     A forked writer sends a 150-byte message on each of ``n_conns`` loopback
     connections every ``gap_s``; this process counts ``data_received`` calls.
@@ -378,11 +468,12 @@ def asyncio_read_floor(n_conns: int = 1000, gap_s: float = 0.04, seconds: float 
         n0, c0, t0 = P.n, time.process_time(), time.perf_counter()
         await asyncio.sleep(seconds)
         n, c, t = P.n - n0, time.process_time() - c0, time.perf_counter() - t0
-        return {"conns": n_conns, "msg_gap_ms": gap_s * 1e3, "reads_s": n / t, "cpu_util": c / t,
-                "us_per_read": c / n * 1e6 if n else None}
+        return {"event_loop": event_loop, "conns": n_conns, "msg_gap_ms": gap_s * 1e3, "reads_s": n / t,
+                "cpu_util": c / t, "us_per_read": c / n * 1e6 if n else None}
 
     try:
-        return asyncio.run(main())
+        with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
+            return runner.run(main())
     finally:
         os.waitpid(pid, 0)
         if client_cpu is not None:
@@ -394,11 +485,15 @@ def fmt(p: dict) -> str:
     a, w = p["ttft_error_ms"]["all"], p["ttft_error_ms"]["post_wave"]
 
     def parts(b: dict) -> str:
+        split = ""
+        if b["request_path_client_pre_send"] is not None:
+            split = (f" (client pre-send {b['request_path_client_pre_send']['mean']:.1f} + server pick-up "
+                     f"{b['request_path_server_pickup']['mean']:.1f})")
         return (f"{b['total']['mean']:.1f} ms = server late {b['server_lateness']['mean']:.1f} + request path "
-                f"{b['request_path']['mean']:.1f} + delivery {b['delivery']['mean']:.1f}")
+                f"{b['request_path']['mean']:.1f}{split} + delivery {b['delivery']['mean']:.1f}")
 
     return (
-        f"streams={p['streams']:>5} gap={prog['token_gap_ms']:g} ms tok/chunk={p['tokens_per_chunk']} | offered "
+        f"{p['event_loop']:<7} streams={p['streams']:>5} gap={prog['token_gap_ms']:g} ms tok/chunk={p['tokens_per_chunk']} | offered "
         f"{prog['offered_tok_s']:,.0f} tok/s ({prog['offered_tok_s_closed_loop']:,.0f} closed loop) | client: "
         f"{c['tok_s']:,.0f} tok/s, {c['events_per_read']:.1f} ev/read, cpu {c['cpu_util']:.2f}, "
         f"{c['tok_per_cpu_s']:,.0f} tok/cpu-s | server cpu {p['server']['cpu_util']:.2f}, "
@@ -410,7 +505,7 @@ def fmt(p: dict) -> str:
 def label(p: dict) -> str:
     start = "staggered" if p["staggered"] else "burst"
     return (f"{p['streams']} streams @ {p['programmed']['token_gap_ms']:g} ms, "
-            f"{p['tokens_per_chunk']} tok/event, {start} start")
+            f"{p['tokens_per_chunk']} tok/event, {start} start, {p['event_loop']}")
 
 
 def table_rows(points: list[dict], other_load_flag: float) -> list[dict]:
@@ -419,7 +514,10 @@ def table_rows(points: list[dict], other_load_flag: float) -> list[dict]:
         e = p["ttft_error_ms"]
         t = p["target"]
         other = (p["machine_during_run"] or {}).get("other_load_cpus")
+        pre = e["post_wave"]["request_path_client_pre_send"]
+        pick = e["post_wave"]["request_path_server_pickup"]
         rows.append({
+            "event_loop": p["event_loop"],
             "regime": p["regime"],
             "start": "staggered" if p["staggered"] else "burst",
             "streams": p["streams"],
@@ -436,6 +534,11 @@ def table_rows(points: list[dict], other_load_flag: float) -> list[dict]:
             "ttft_error_post_wave_ms": e["post_wave"]["total"]["mean"],
             "ttft_error_post_wave_client_added_ms": e["post_wave"]["client_added"]["mean"],
             "ttft_error_post_wave_client_added_p99_ms": e["post_wave"]["client_added"]["p99"],
+            # diagnostic split of the post-wave client-added mean (None if unavailable)
+            "post_wave_request_path_ms": e["post_wave"]["request_path"]["mean"],
+            "post_wave_client_pre_send_ms": pre["mean"] if pre else None,
+            "post_wave_server_pickup_ms": pick["mean"] if pick else None,
+            "post_wave_delivery_ms": e["post_wave"]["delivery"]["mean"],
             "target_met": t["met"] if t["applies"] else None,  # None: the target is not stated at this C
             "other_load_cpus": other,
             "other_load_flag": other is not None and other >= other_load_flag,
@@ -444,19 +547,21 @@ def table_rows(points: list[dict], other_load_flag: float) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'regime':<9}{'start':<10}{'streams':>7}{'gap':>6}{'tok/ev':>7}{'offered tok/s':>14}{'closed loop':>12}"
+    head = (f"{'loop':<8}{'regime':<9}{'start':<10}{'streams':>7}{'gap':>6}{'tok/ev':>7}{'offered tok/s':>14}{'closed loop':>12}"
             f"{'sustained':>11}{'cli cpu':>8}{'ev/read':>8}  {'TTFT err all (client)':>22}"
-            f"  {'post-wave (client, p99)':>27}  target")
+            f"  {'post-wave (client, p99)':>27}  target  {'pre-send/pick-up/delivery':>25}")
     lines = [head, "-" * len(head)]
     for r in rows:
         met = "n/a" if r["target_met"] is None else ("yes" if r["target_met"] else "no")
         lines.append(
-            f"{r['regime']:<9}{r['start']:<10}{r['streams']:>7}{r['token_gap_ms']:>4g}ms{r['tokens_per_event']:>7}"
+            f"{r['event_loop']:<8}{r['regime']:<9}{r['start']:<10}{r['streams']:>7}{r['token_gap_ms']:>4g}ms{r['tokens_per_event']:>7}"
             f"{r['offered_tok_s']:>14,.0f}{r['offered_tok_s_closed_loop']:>12,.0f}{r['sustained_tok_s']:>11,.0f}"
             f"{r['client_cpu_util']:>8.2f}{r['events_per_read']:>8.1f}"
             f"  {r['ttft_error_all_ms']:>8.1f} ({r['ttft_error_all_client_added_ms']:>6.1f}) ms"
             f"  {r['ttft_error_post_wave_ms']:>8.1f} ({r['ttft_error_post_wave_client_added_ms']:>6.1f}, "
-            f"{r['ttft_error_post_wave_client_added_p99_ms']:>6.1f}) ms  {met}"
+            f"{r['ttft_error_post_wave_client_added_p99_ms']:>6.1f}) ms  {met:<6}"
+            + (f"  {r['post_wave_client_pre_send_ms']:>7.1f} /{r['post_wave_server_pickup_ms']:>7.1f} /"
+               f"{r['post_wave_delivery_ms']:>7.1f} ms" if r["post_wave_client_pre_send_ms"] is not None else "")
             + (f"  [other load {r['other_load_cpus']:.2f} CPU]" if r["other_load_flag"] else "")
         )
     lines += [
@@ -465,73 +570,98 @@ def format_table(rows: list[dict]) -> str:
         "programmed TTFT;",
         "(client): the part the client adds = request path + delivery (server lateness excluded); "
         "post-wave: without the first C requests;",
+        "pre-send/pick-up/delivery: post-wave means; request path = client pre-send (send stamp -> written to the "
+        "socket) + server pick-up (-> handler start);",
         f"target at {TARGET_STREAMS} streams: sustained >= {TARGET_TOK_S:,} tok/s and post-wave client-added "
         f"mean < {TARGET_TTFT_ERR_MS:g} ms.",
     ]
     return "\n".join(lines)
 
 
+def _failed_on(p: dict) -> list[str]:
+    t, e = p["target"], p["ttft_error_ms"]["post_wave"]
+    why = []
+    if not t["sustained_tok_s_ge_100k"]:
+        why.append(f"sustained {p['client']['tok_s']:,.0f} tok/s < {TARGET_TOK_S:,}"
+                   + ("" if t["offered_closed_loop_ge_100k"] else
+                      f" (the closed loop only offers {p['programmed']['offered_tok_s_closed_loop']:,.0f})"))
+    if not t["post_wave_client_added_ttft_error_lt_5ms"]:
+        split = ""
+        if e["request_path_client_pre_send"] is not None:
+            split = (f" = client pre-send {e['request_path_client_pre_send']['mean']:.1f} + server pick-up "
+                     f"{e['request_path_server_pickup']['mean']:.1f}")
+        why.append(f"post-wave client-added TTFT error {e['client_added']['mean']:.1f} ms "
+                   f"(request path {e['request_path']['mean']:.1f}{split}; delivery {e['delivery']['mean']:.1f}; "
+                   f"client CPU {p['client']['cpu_util']:.2f}, {p['client']['events_per_read']:.1f} events/read)")
+    return why
+
+
+def _issue_point(points: list[dict], issue: dict, issue_itl_ms: float) -> tuple[str, float]:
+    """Why the issue's point does (not) meet the target on this loop, and one core's capacity."""
+    # one core's receive capacity at one token per event: the best tokens per client
+    # CPU-second of any such point on this loop (more events per socket read -> cheaper
+    # tokens, so it comes from the saturated points, where events pile up in the sockets)
+    caps = [(p["client"]["tok_per_cpu_s"], p) for p in points
+            if p["tokens_per_chunk"] == 1 and p["client"]["tok_per_cpu_s"] and p["event_loop"] == issue["event_loop"]]
+    capacity, cap_p = max(caps, key=lambda c: c[0])
+    offered = issue["programmed"]["offered_tok_s"]
+    pw = issue["ttft_error_ms"]["post_wave"]["client_added"]["mean"]
+    if issue["target"]["met"]:
+        return f"{label(issue)} meets the target.", capacity
+    if offered > capacity:
+        return (
+            f"At {issue['streams']} streams with {issue_itl_ms:g} ms gaps the server offers {offered:,.0f} tok/s, "
+            f"{offered / capacity:.1f}x the {capacity:,.0f} tokens per CPU-second that one client core reads at best "
+            f"here on {issue['event_loop']} (at {cap_p['client']['events_per_read']:.0f} events per socket read, i.e. "
+            f"while already behind), so the client is saturated by construction: it reads "
+            f"{issue['client']['tok_s']:,.0f} tok/s, the rest queues in the sockets, and the post-wave client-added "
+            f"TTFT error is {pw:.0f} ms."), capacity
+    return (f"{label(issue)} offers {offered:,.0f} tok/s, within the measured capacity of {capacity:,.0f} "
+            f"tokens per client CPU-second, but misses the target: " + "; ".join(_failed_on(issue)) + "."), capacity
+
+
 def verdict(points: list[dict], issue_itl_ms: float) -> dict:
-    """Which configurations meet the target, why the others miss it, and why the
-    issue's 1 ms / 1000-stream point cannot meet it on one core."""
+    """Which configurations meet the target (per event loop), why the others miss
+    it, and why the issue's 1 ms / 1000-stream point cannot meet it on one core."""
     at_target = [p for p in points if p["target"]["applies"]]
+    loops = list(dict.fromkeys(p["event_loop"] for p in points))
     out: dict = {
         "target": f"at {TARGET_STREAMS} streams: sustained >= {TARGET_TOK_S:,} tok/s and post-wave client-added "
                   f"TTFT error mean < {TARGET_TTFT_ERR_MS:g} ms",
+        "event_loops": loops,
         "configurations_meeting_target": [label(p) for p in at_target if p["target"]["met"]],
         "per_configuration": {},
     }
     for p in at_target:
-        t, e = p["target"], p["ttft_error_ms"]["post_wave"]
-        why = []
-        if not t["sustained_tok_s_ge_100k"]:
-            why.append(f"sustained {p['client']['tok_s']:,.0f} tok/s < {TARGET_TOK_S:,}"
-                       + ("" if t["offered_closed_loop_ge_100k"] else
-                          f" (the closed loop only offers {p['programmed']['offered_tok_s_closed_loop']:,.0f})"))
-        if not t["post_wave_client_added_ttft_error_lt_5ms"]:
-            why.append(f"post-wave client-added TTFT error {e['client_added']['mean']:.1f} ms "
-                       f"(request path {e['request_path']['mean']:.1f} + delivery {e['delivery']['mean']:.1f}; "
-                       f"client CPU {p['client']['cpu_util']:.2f}, {p['client']['events_per_read']:.1f} events/read)")
-        out["per_configuration"][label(p)] = {"met": t["met"], "failed_on": why}
+        out["per_configuration"][label(p)] = {"met": p["target"]["met"], "failed_on": _failed_on(p)}
+        if "repeats" in p:
+            out["per_configuration"][label(p)]["repeats"] = p["repeats"]
 
     met = out["configurations_meeting_target"]
+    out["met_by_event_loop"] = {lp: [label(p) for p in at_target if p["target"]["met"] and p["event_loop"] == lp]
+                                for lp in loops}
     out["summary"] = (f"Met by: {', '.join(met)}." if met else
                       f"No configuration at {TARGET_STREAMS} streams meets the target on this host.")
     fast = [p for p in at_target if p["target"]["sustained_tok_s_ge_100k"]]
-    if fast:
-        best = min(fast, key=lambda p: p["ttft_error_ms"]["post_wave"]["client_added"]["mean"])
-        out["lowest_client_added_at_100k"] = {
-            "configuration": label(best),
-            "post_wave_client_added_ms": best["ttft_error_ms"]["post_wave"]["client_added"]["mean"],
-            "sustained_tok_s": best["client"]["tok_s"],
-        }
+    out["lowest_client_added_at_100k"] = {}
+    for loop in loops:
+        mine = [p for p in fast if p["event_loop"] == loop]
+        if mine:
+            best = min(mine, key=lambda p: p["ttft_error_ms"]["post_wave"]["client_added"]["mean"])
+            out["lowest_client_added_at_100k"][loop] = {
+                "configuration": label(best),
+                "post_wave_client_added_ms": best["ttft_error_ms"]["post_wave"]["client_added"]["mean"],
+                "sustained_tok_s": best["client"]["tok_s"],
+            }
 
-    issue = next((p for p in at_target if p["regime"] == "issue" and p["programmed"]["token_gap_ms"] == issue_itl_ms
-                  and p["tokens_per_chunk"] == 1 and not p["staggered"]), None)
-    if issue is not None:
-        # one core's receive capacity at one token per event: the best tokens per client
-        # CPU-second of any such point (more events per socket read -> cheaper tokens,
-        # so it comes from the saturated points, where events pile up in the sockets)
-        caps = [(p["client"]["tok_per_cpu_s"], p) for p in points
-                if p["tokens_per_chunk"] == 1 and p["client"]["tok_per_cpu_s"]]
-        capacity, cap_p = max(caps, key=lambda c: c[0])
-        offered = issue["programmed"]["offered_tok_s"]
-        pw = issue["ttft_error_ms"]["post_wave"]["client_added"]["mean"]
-        out["client_capacity_tok_per_cpu_s"] = capacity
-        if issue["target"]["met"]:
-            out["issue_point"] = f"{label(issue)} meets the target."
-        elif offered > capacity:
-            out["issue_point"] = (
-                f"At {issue['streams']} streams with {issue_itl_ms:g} ms gaps the server offers {offered:,.0f} tok/s, {offered / capacity:.1f}x "
-                f"the {capacity:,.0f} tokens per CPU-second that one client core reads at best here (at "
-                f"{cap_p['client']['events_per_read']:.0f} events per socket read, i.e. while already behind), so "
-                f"the client is saturated by construction: it reads {issue['client']['tok_s']:,.0f} tok/s, the rest "
-                f"queues in the sockets, and the post-wave client-added TTFT error is {pw:.0f} ms.")
-        else:
-            out["issue_point"] = (
-                f"{label(issue)} offers {offered:,.0f} tok/s, within the measured capacity of {capacity:,.0f} "
-                f"tokens per client CPU-second, but misses the target: "
-                + "; ".join(out["per_configuration"][label(issue)]["failed_on"]) + ".")
+    out["issue_point"], out["client_capacity_tok_per_cpu_s"] = {}, {}
+    for loop in loops:
+        issue = next((p for p in at_target if p["regime"] == "issue" and p["event_loop"] == loop
+                      and p["programmed"]["token_gap_ms"] == issue_itl_ms
+                      and p["tokens_per_chunk"] == 1 and not p["staggered"]), None)
+        if issue is not None:
+            out["issue_point"][loop], out["client_capacity_tok_per_cpu_s"][loop] = _issue_point(
+                points, issue, issue_itl_ms)
     return out
 
 
@@ -567,8 +697,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet-wait-s", type=float, default=300.0, help="longest wait for a quiet machine per point")
     ap.add_argument("--retries", type=int, default=2,
                     help="re-run a point that shared the machine with >= --quiet-cpus of other load; keep the cleanest")
+    ap.add_argument("--event-loops", default="auto",
+                    help="comma-separated: auto (what harness.loadgen picks: uvloop if installed), asyncio, uvloop")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per configuration and loop (interleaved); the table keeps the median run by post-wave "
+                         "client-added error (upper median if even) and the record lists every run")
     ap.add_argument("--out-dir", default=str(REPO / "results" / "bench_client"))
     args = ap.parse_args(argv)
+    loops = [x.strip() for x in args.event_loops.split(",") if x.strip()]
+    try:
+        for loop in loops:
+            _loop_factory(loop)  # unknown name -> ValueError, uvloop missing -> RuntimeError
+    except (ValueError, RuntimeError) as e:
+        ap.error(str(e))
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
     if args.waves < 2:
         ap.error("--waves must be >= 2 (the first wave is excluded from the post-wave statistics)")
     starts = [x.strip() for x in args.capacity_starts.split(",")]
@@ -581,19 +724,21 @@ def main(argv: list[str] | None = None) -> int:
     def floor() -> None:
         if args.no_floor:
             return
-        wait_quiet(args.quiet_wait_s, args.quiet_cpus)
-        f = asyncio_read_floor(client_cpu=args.client_cpu if pin else None,
-                               server_cpu=args.server_cpu if pin else None)
-        floors.append(f)
-        print(f"asyncio floor: {f['us_per_read']:.1f} us CPU per socket read "
-              f"({f['reads_s']:,.0f} reads/s at {f['cpu_util']:.2f} CPU, do-nothing Protocol)", flush=True)
+        for loop in dict.fromkeys("asyncio" if lp == "asyncio" or _loop_factory(lp) is None else "uvloop"
+                                  for lp in loops):
+            wait_quiet(args.quiet_wait_s, args.quiet_cpus)
+            f = asyncio_read_floor(client_cpu=args.client_cpu if pin else None,
+                                   server_cpu=args.server_cpu if pin else None, event_loop=loop)
+            floors.append(f)
+            print(f"{loop} floor: {f['us_per_read']:.1f} us CPU per socket read "
+                  f"({f['reads_s']:,.0f} reads/s at {f['cpu_util']:.2f} CPU, do-nothing Protocol)", flush=True)
 
-    def measured(regime: str, n: int, itl_ms: float, k: int, stagger: bool) -> dict:
+    def attempt_point(regime: str, n: int, itl_ms: float, k: int, stagger: bool, loop: str) -> dict:
         """One point, re-run while other processes shared the machine (they only add delay)."""
         best = None
         for attempt in range(args.retries + 1):
             bg = wait_quiet(args.quiet_wait_s, args.quiet_cpus)
-            p = run_point(regime, n, itl_ms, k, args, stagger=stagger)
+            p = run_point(regime, n, itl_ms, k, args, stagger=stagger, event_loop=loop)
             p["attempt"] = attempt + 1
             p["background_cpus_before"] = bg
             other = (p["machine_during_run"] or {}).get("other_load_cpus") or 0.0
@@ -604,16 +749,38 @@ def main(argv: list[str] | None = None) -> int:
                 break
         return best
 
+    def measured(regime: str, n: int, itl_ms: float, k: int, stagger: bool) -> list[dict]:
+        """One point per event loop: ``--repeats`` runs each, loops interleaved (so a slow
+        drift of the host hits every loop alike); keeps the median run."""
+        runs: dict[str, list[dict]] = {lp: [] for lp in loops}
+        for _ in range(args.repeats):
+            for lp in loops:
+                runs[lp].append(attempt_point(regime, n, itl_ms, k, stagger, lp))
+        out = []
+        for lp in loops:
+            rs = sorted(runs[lp], key=lambda p: p["ttft_error_ms"]["post_wave"]["client_added"]["mean"])
+            keep = rs[len(rs) // 2]
+            if len(rs) > 1:
+                keep["repeats"] = [{
+                    "post_wave_client_added_ms": p["ttft_error_ms"]["post_wave"]["client_added"]["mean"],
+                    "sustained_tok_s": p["client"]["tok_s"],
+                    "client_cpu_util": p["client"]["cpu_util"],
+                    "other_load_cpus": (p["machine_during_run"] or {}).get("other_load_cpus"),
+                    "met": p["target"]["met"],
+                } for p in runs[lp]]
+            out.append(keep)
+        return out
+
     floor()
     points = []
     for k in [int(x) for x in args.tokens_per_chunk.split(",")]:
         for n in [int(x) for x in args.streams.split(",")]:
-            points.append(measured("issue", n, args.itl_ms, k, stagger=False))
+            points += measured("issue", n, args.itl_ms, k, stagger=False)
     if not args.no_capacity:
         for gap in [float(x) for x in args.capacity_itl_ms.split(",")]:
             for k in [int(x) for x in args.capacity_tokens_per_chunk.split(",")]:
                 for start in starts:
-                    points.append(measured("capacity", args.capacity_streams, gap, k, stagger=start == "staggered"))
+                    points += measured("capacity", args.capacity_streams, gap, k, stagger=start == "staggered")
     floor()  # again after: this host's per-read cost is bimodal (about 10 or 25-30 us)
 
     rows = table_rows(points, args.quiet_cpus)
@@ -623,14 +790,19 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("verdict: configurations meeting the target: " + (", ".join(v["configurations_meeting_target"]) or "none"))
     for name, c in v["per_configuration"].items():
+        reps = ""
+        if "repeats" in c:
+            reps = (f" [{sum(bool(r['met']) for r in c['repeats'])}/{len(c['repeats'])} runs met; client-added "
+                    + ", ".join(f"{r['post_wave_client_added_ms']:.1f}" for r in c["repeats"]) + " ms]")
         if not c["met"]:
-            print(f"  {name}: " + "; ".join(c["failed_on"]))
-    if "lowest_client_added_at_100k" in v:
-        b = v["lowest_client_added_at_100k"]
-        print(f"  lowest post-wave client-added error at >= {TARGET_TOK_S:,} tok/s: {b['configuration']}, "
+            print(f"  {name}: " + "; ".join(c["failed_on"]) + reps)
+        elif reps:
+            print(f"  {name}: met{reps}")
+    for loop, b in v["lowest_client_added_at_100k"].items():
+        print(f"  lowest post-wave client-added error at >= {TARGET_TOK_S:,} tok/s on {loop}: {b['configuration']}, "
               f"{b['post_wave_client_added_ms']:.1f} ms")
-    if "issue_point" in v:
-        print("  " + v["issue_point"])
+    for loop, text in v["issue_point"].items():
+        print(f"  [{loop}] " + text)
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     rec = {
@@ -643,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
         "table": rows,
         "verdict": v,
         "points": points,
-        "asyncio_read_floor": floors,
+        "asyncio_read_floor": floors,  # one entry per event loop, before and after the points
     }
     path = Path(args.out_dir) / f"{stamp}.json"
     atomic_write_json(path, rec)

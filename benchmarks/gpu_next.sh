@@ -18,7 +18,7 @@ rep() {  # experiment, seconds
   timeout "$2" python3 -m harness.reproduce --only "$1" --results results "${@:3}" 2>&1 | grep -v Warn | grep -v "^\[20" | tail -14
 }
 case "$PART" in
-  A) timeout 60 python3 benchmarks/bench_attention.py --out $OUT/attention.json 2>&1 | grep -v Warn | tail -6
+  A) timeout 75 python3 benchmarks/bench_attention.py --out $OUT/attention.json 2>&1 | grep -v Warn | tail -18
      timeout 90 python3 benchmarks/check_cuda_graph.py --systems hisparse,adaptive_dhisparse --context 2048 --new-tokens 24 --out $OUT/cuda_graph_check.json 2>&1 | grep -v Warn | tail -3
      timeout 160 python3 benchmarks/bench_resolver.py --sweep-copy-programs --out $OUT/fig8_sweep.json 2>&1 | grep -v Warn | tail -30
      rep fig6 240; EXPS="fig6" ;;
