@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(HAS_GPU),,$(PY) -m pip install -q torch==2.13.0)
 	$(if $(HAS_GPU),,$(PY) -m pip install -q triton==3.6.0 "numpy<2.4")
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,fast]'
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create the environment in .venv/ (idempotent)

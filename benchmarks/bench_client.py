@@ -586,14 +586,26 @@ def _failed_on(p: dict) -> list[str]:
                    + ("" if t["offered_closed_loop_ge_100k"] else
                       f" (the closed loop only offers {p['programmed']['offered_tok_s_closed_loop']:,.0f})"))
     if not t["post_wave_client_added_ttft_error_lt_5ms"]:
-        split = ""
+        split = own = ""
         if e["request_path_client_pre_send"] is not None:
-            split = (f" = client pre-send {e['request_path_client_pre_send']['mean']:.1f} + server pick-up "
-                     f"{e['request_path_server_pickup']['mean']:.1f}")
+            pre = e["request_path_client_pre_send"]["mean"]
+            split = f" = client pre-send {pre:.1f} + server pick-up {e['request_path_server_pickup']['mean']:.1f}"
+            own = f"; client's own part (pre-send + delivery) {pre + e['delivery']['mean']:.1f} ms"
         why.append(f"post-wave client-added TTFT error {e['client_added']['mean']:.1f} ms "
-                   f"(request path {e['request_path']['mean']:.1f}{split}; delivery {e['delivery']['mean']:.1f}; "
+                   f"(request path {e['request_path']['mean']:.1f}{split}; delivery {e['delivery']['mean']:.1f}{own}; "
                    f"client CPU {p['client']['cpu_util']:.2f}, {p['client']['events_per_read']:.1f} events/read)")
     return why
+
+
+def _server_note(p: dict) -> str:
+    """The fake server's share at a saturated point (its core cannot emit 1M events/s either)."""
+    e = p["ttft_error_ms"]["post_wave"]
+    note = (f" The fake server is saturated as well: post-wave it writes first tokens "
+            f"{e['server_lateness']['mean']:.0f} ms late (not counted as client-added)")
+    if e["request_path_server_pickup"] is not None:
+        note += (f", and {e['request_path_server_pickup']['mean']:.0f} of the {e['request_path']['mean']:.0f} ms "
+                 f"request path pass between the client's write and the server's handler start")
+    return note + "."
 
 
 def _issue_point(points: list[dict], issue: dict, issue_itl_ms: float) -> tuple[str, float]:
@@ -615,7 +627,7 @@ def _issue_point(points: list[dict], issue: dict, issue_itl_ms: float) -> tuple[
             f"here on {issue['event_loop']} (at {cap_p['client']['events_per_read']:.0f} events per socket read, i.e. "
             f"while already behind), so the client is saturated by construction: it reads "
             f"{issue['client']['tok_s']:,.0f} tok/s, the rest queues in the sockets, and the post-wave client-added "
-            f"TTFT error is {pw:.0f} ms."), capacity
+            f"TTFT error is {pw:.0f} ms." + _server_note(issue)), capacity
     return (f"{label(issue)} offers {offered:,.0f} tok/s, within the measured capacity of {capacity:,.0f} "
             f"tokens per client CPU-second, but misses the target: " + "; ".join(_failed_on(issue)) + "."), capacity
 
