@@ -32,3 +32,15 @@ def run_compiled(code: str, timeout: int = 300) -> None:
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=timeout)
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def interpreted(kernel) -> pytest.MarkDecorator:
+    """Skip unless ``kernel`` runs under Triton's interpreter in this process (the CPU tests
+    need TRITON_INTERPRET=1 set before triton's first import; tests/conftest.py sets it)."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        ok = isinstance(kernel, InterpretedFunction)
+    except Exception:
+        ok = False
+    return pytest.mark.skipif(not ok, reason="triton imported without TRITON_INTERPRET=1 "
+                                             "in this process")

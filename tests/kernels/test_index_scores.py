@@ -11,19 +11,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from systems.kernels import index_scores as ix  # noqa: E402
-from tests.kernels.support import needs_nvidia_backend, run_compiled  # noqa: E402
+from tests.kernels.support import interpreted, needs_nvidia_backend, run_compiled  # noqa: E402
 
 
-def _interpreted() -> bool:
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        return isinstance(ix._index_scores_kernel, InterpretedFunction)
-    except Exception:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _interpreted(),
-                                reason="triton imported without TRITON_INTERPRET=1 in this process")
+pytestmark = interpreted(ix._index_scores_kernel)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -13,19 +13,10 @@ import torch  # noqa: E402
 from systems.kernels import sparse_attention as sa  # noqa: E402
 from systems.models.config import ModelConfig  # noqa: E402
 from systems.models.kv_format import encode_rows  # noqa: E402
-from tests.kernels.support import needs_nvidia_backend, run_compiled  # noqa: E402
+from tests.kernels.support import interpreted, needs_nvidia_backend, run_compiled  # noqa: E402
 
 
-def _interpreted() -> bool:
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        return isinstance(sa._sparse_attention_kernel, InterpretedFunction)
-    except Exception:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _interpreted(),
-                                reason="triton imported without TRITON_INTERPRET=1 in this process")
+pytestmark = interpreted(sa._sparse_attention_kernel)
 
 
 def _case(fmt, N, H, k, d, rope, M, pad, seed):
