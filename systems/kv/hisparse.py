@@ -270,6 +270,9 @@ class HiSparseBackend(KVBackend):
         st["write_loc"] = page.unsqueeze(1) * self.G + self.B + pos.long() % self.T
         st["host_pt"] = self.host_page_table[st["slots"].long()]
         st["prefetched"] = {}
+        # per step, not per resolver call: each call adds only its source's offset
+        st["hot_base"] = page * self.G
+        st["direct"] = self._direct_table()
 
     def write_kv(self, source, rows):
         self.kv_pool[source][self._step["write_loc"].reshape(-1)] = \
@@ -298,7 +301,7 @@ class HiSparseBackend(KVBackend):
         hot_lru = self.hot_lru[src][sl].contiguous()
         self.stamp_dev += 1  # in place: the resolver reads the clock from the device
         off = src * self.NG  # this source's region of the flat pool
-        direct = self._direct_table()
+        direct = st["direct"]
         if direct is not None:
             direct = torch.where(direct >= 0, direct + src * (self.NG // self.G), -1)
         staging = None
@@ -311,7 +314,7 @@ class HiSparseBackend(KVBackend):
         with allow_host_sync() if self.device.type == "cpu" else nullcontext():
             res = resolve(selections.to(torch.int32).contiguous(), st["tail_start"],
                           st["tail_loc"] + off, hot_pos, hot_lru,
-                          (self.slot_page[sl] * self.G + off).to(torch.int32),
+                          (st["hot_base"] + off).to(torch.int32),
                           st["host_pt"], self.kv_flat, self.host_pool[src], self.stamp_dev,
                           page_size=self.G, direct_page_table=direct,
                           staging_loc_base=staging, impl=self.resolver_impl,
