@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from systems.kernels.index_scores import index_scores
+from systems.kernels.selfcheck import resolve_impl
 from systems.models.config import LayerSpec, ModelConfig
 
 GiB = 1 << 30
@@ -129,9 +130,7 @@ class KVBackend(ABC):
         self.max_pages_per_req = math.ceil((self.max_total_tokens + self.q_max) / self.P)
         self.index_src_ids = {s: i for i, s in enumerate(model_cfg.index_sources)}
         # the indexer's scan follows model.attention_impl (auto: the kernel on a GPU)
-        impl = model_cfg.attention_impl
-        self.index_impl = ("triton" if self.device.type == "cuda" else "reference") \
-            if impl == "auto" else impl
+        self.index_impl = resolve_impl(model_cfg.attention_impl, self.device)
         self.slot_len = [0] * self.num_slots  # committed positions per slot (host-side)
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
         self.active_slots: set[int] = set()

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
 from systems.models.config import LayerSpec, ModelConfig
+from systems.kernels.selfcheck import resolve_impl
 from systems.kernels.sparse_attention import sparse_attention
 from systems.models.kv_format import decode_rows, encode_rows
 
@@ -62,10 +63,9 @@ class SparseModel(torch.nn.Module):
         self.dtype = _dtype(cfg.dtype)
         self.specs = cfg.layers
         # "auto": the fused Triton kernel on a GPU, the PyTorch reference elsewhere (the golden
-        # tokens are the reference's; backends agree bit for bit under either)
-        impl = cfg.attention_impl
-        self.attention_impl = ("triton" if self.device.type == "cuda" else "reference") \
-            if impl == "auto" else impl
+        # tokens are the reference's; backends agree bit for bit under either;
+        # and fall back to the reference if the kernels fail a self-check on this GPU)
+        self.attention_impl = resolve_impl(cfg.attention_impl, self.device)
         g = torch.Generator().manual_seed(cfg.seed)  # CPU generator: same weights on every device
 
         def w(*shape, fan_in=None):

@@ -49,3 +49,31 @@ print("ok")
 @needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
     run_compiled(_AOT)
+
+
+def test_auto_selfcheck_passes_and_falls_back_on_a_bad_kernel(monkeypatch):
+    """model.attention_impl=auto: the kernels are checked against their references once per
+    device; a kernel that disagrees (or raises) sends auto to the reference, with the reason."""
+    from systems.kernels import selfcheck
+    from systems.kernels import sparse_attention as sa
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+    assert selfcheck.check_kernels(cpu) == (True, "ok")  # here: under the interpreter
+    assert selfcheck.resolve_impl("auto", cpu) == "reference"  # auto never picks triton on CPU
+    assert selfcheck.resolve_impl("triton", cpu) == "triton"
+
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+    real = sa.sparse_attention_triton
+    monkeypatch.setattr(sa, "sparse_attention_triton", lambda *a, **k: real(*a, **k) * 1.01)
+    ok, why = selfcheck.check_kernels(cpu)
+    assert not ok and "sparse attention differs" in why
+
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+
+    def broken(*a, **k):
+        raise RuntimeError("no kernel image for this GPU")
+    monkeypatch.setattr(ix, "index_scores_triton", broken)
+    monkeypatch.setattr(sa, "sparse_attention_triton", real)
+    ok, why = selfcheck.check_kernels(cpu)
+    assert not ok and "no kernel image" in why

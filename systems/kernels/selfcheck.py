@@ -1,0 +1,71 @@
+"""Which implementation ``auto`` means for the model's Triton kernels, checked once per process.
+
+``model.attention_impl: auto`` picks the Triton kernels (fused sparse attention, indexer scores)
+on a GPU. Before the first use in a process, both kernels run on a small random case and are
+compared with their PyTorch references; if either raises or disagrees, ``auto`` falls back to the
+references for the whole process with a warning naming why, so a kernel that misbehaves on some
+GPU or Triton build costs speed, never tokens. ``triton`` or ``reference`` skip the check.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("dhs.kernels")
+_VERDICT: dict[str, tuple[bool, str]] = {}
+
+
+def check_kernels(device: torch.device) -> tuple[bool, str]:
+    """(ok, reason): both kernels agree with their references on ``device`` (cached)."""
+    key = str(device)
+    if key in _VERDICT:
+        return _VERDICT[key]
+    try:
+        ok, why = _run(device)
+    except Exception as e:  # a compile or launch failure is a verdict too
+        ok, why = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        log.warning("model.attention_impl=auto: the Triton kernels failed their self-check on %s "
+                    "(%s); using the PyTorch references", device, why)
+    _VERDICT[key] = (ok, why)
+    return ok, why
+
+
+def _run(device: torch.device) -> tuple[bool, str]:
+    from systems.kernels.index_scores import index_scores
+    from systems.kernels.sparse_attention import sparse_attention
+    from systems.models.config import ModelConfig
+    from systems.models.kv_format import encode_rows
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    cfg = ModelConfig(kv_format="fp8", kv_dim=192, kv_rope_dim=64)
+    kv = encode_rows(torch.randn(61, 192, generator=g), cfg).to(device)
+    loc = torch.randint(0, 61, (5, 37), generator=g).to(device)
+    sel = loc.clone()
+    sel[:, -3:] = -1
+    q = torch.randn(5, 3, 192, generator=g).to(device)
+    kw = dict(kv_format="fp8", kv_dim=192, rope_dim=64, row_dtype=torch.float32)
+    a = sparse_attention(q, kv, sel, loc, impl="triton", **kw)
+    b = sparse_attention(q, kv, sel, loc, impl="reference", **kw)
+    if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
+        return False, f"sparse attention differs by {(a - b).abs().max().item():.3g}"
+    pool = torch.randn(8 * 16, 64, generator=g).to(device, torch.bfloat16)
+    table = torch.randperm(8, generator=g).view(2, 4).to(device, torch.int32)
+    slots = torch.tensor([1, 0], device=device)
+    iq = torch.randn(2, 3, 64, generator=g).to(device)
+    a = index_scores(iq, pool, table, slots, 50, 16, impl="triton")
+    b = index_scores(iq, pool, table, slots, 50, 16, impl="reference")
+    if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
+        return False, f"index scores differ by {(a - b).abs().max().item():.3g}"
+    return True, "ok"
+
+
+def resolve_impl(requested: str, device: torch.device) -> str:
+    """``auto`` -> ``triton`` on a GPU whose kernels pass the self-check, else ``reference``."""
+    if requested != "auto":
+        return requested
+    if device.type != "cuda":
+        return "reference"
+    return "triton" if check_kernels(device)[0] else "reference"
