@@ -14,7 +14,6 @@ speed-up. Exits 1 if the outputs disagree beyond float32 rounding.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -53,8 +52,7 @@ def main() -> None:
 
     import torch
 
-    from harness.environment import environment
-    from harness.records import atomic_write_json
+    from harness.records import finish_benchmark
     from systems.kernels.sparse_attention import sparse_attention
     from systems.models.config import ModelConfig
     from systems.models.kv_format import encode_rows
@@ -131,12 +129,10 @@ def main() -> None:
         print(f"[index]     B={B:4d} Q={Q} L={L} reference {r['reference_us']:9.1f} us  triton "
               f"{r['triton_us']:9.1f} us  x{r['speedup']:.2f}  {r['triton_gbps']:7.1f} GB/s  "
               f"max|diff| {diff:.2e}", flush=True)
-    rec = {"benchmark": "sparse_attention", "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
-           "args": vars(args), "rows": rows, "launch_sweep": sweep, "index_scan": scan,
-           "env": environment()}
-    if args.out:
-        atomic_write_json(args.out, rec)
-    sys.exit(1 if bad else 0)
+    finish_benchmark(args.out, {"benchmark": "sparse_attention",
+                                "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
+                                "args": vars(args), "rows": rows, "launch_sweep": sweep,
+                                "index_scan": scan}, bool(bad))
 
 
 if __name__ == "__main__":

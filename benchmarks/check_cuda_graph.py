@@ -15,7 +15,6 @@ the graphs. Step times are medians of the decode steps after the first ``--warmu
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -82,8 +81,7 @@ def main() -> None:
 
     import torch
 
-    from harness.environment import environment
-    from harness.records import atomic_write_json
+    from harness.records import finish_benchmark
 
     dev = ["device=cuda", "hardware=h200"]
     if args.cpu_dry_run:
@@ -121,11 +119,8 @@ def main() -> None:
         print(f"[cuda_graph] {system:22s} identical={same} eager {row['eager_step_ms']:.2f} ms "
               f"graph {row['graph_step_ms']:.2f} ms ({row['speedup']:.1f}x) "
               f"{row['graph_stats']}", flush=True)
-    rec = {"benchmark": "check_cuda_graph", "args": vars(args), "rows": rows,
-           "env": environment()}
-    if args.out:
-        atomic_write_json(args.out, rec)
-    sys.exit(1 if bad else 0)
+    finish_benchmark(args.out, {"benchmark": "check_cuda_graph", "args": vars(args), "rows": rows},
+                     bool(bad))
 
 
 if __name__ == "__main__":

@@ -196,3 +196,14 @@ def write_records(path: str | os.PathLike, records: Iterable[RequestRecord]) -> 
     with JsonlWriter(path) as w:
         for r in records:
             w.write(r)
+
+
+def finish_benchmark(out: str | os.PathLike | None, record: dict, failed: bool) -> None:
+    """End of a benchmark script: the record (with this machine's environment: GPU, commit,
+    versions) written atomically to ``out`` when given, then exit 1 if a check failed."""
+    import sys
+
+    from harness.environment import environment
+    if out:
+        atomic_write_json(out, {**record, "env": environment()})
+    sys.exit(1 if failed else 0)

@@ -50,3 +50,26 @@ def test_disable_cuda_graph_and_no_gpu_mean_no_runner():
     assert make_engine().graph_runner is None  # CPU without emulation
     assert make_engine("+engine.cuda_graph_emulate=true",
                        "engine.disable_cuda_graph=true").graph_runner is None
+
+
+def test_check_script_cpu_dry_run(tmp_path):
+    """benchmarks/check_cuda_graph.py end to end on CPU (emulated graphs, tiny model): the
+    record holds identical tokens for each system and the environment it ran in."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "check.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "check_cuda_graph.py"),
+                        "--cpu-dry-run", "--model", "tiny", "--context", "40", "--new-tokens", "5",
+                        "--batch", "2", "--hot-cache-rows", "16", "--systems",
+                        "hisparse,resident_dflash2", "--out", str(out)],
+                       cwd=root, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rec = json.loads(out.read_text())
+    assert [row["tokens_identical"] for row in rec["rows"]] == [True, True]
+    assert rec["env"]["python"] and rec["rows"][1]["drafter_graph_stats"]["captures"] >= 1
