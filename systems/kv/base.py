@@ -5,8 +5,8 @@ runner calls, in order:
 
     begin_step(slots, positions)        # which requests run, at which query positions (B, Q)
     write_kv / write_index              # the new rows of the step (once per writing layer)
-    index_keys(source)                  # index keys of the visible history (always on device)
-    gather(layer, selections, q0, ...)  # -> resolve(...) -> device locations -> rows
+    index_scores(source, iq)            # indexer scores of the visible history (keys on device)
+    locate(layer, selections, q0, ...)  # -> resolve(...) -> device locations (gather: the rows)
     end_step()                          # counters, backups that became possible
     commit(slots, num_committed)        # rows up to num_committed are immutable history
 
@@ -226,7 +226,7 @@ class KVBackend(ABC):
         forward (systems/engine/cuda_graph.py)."""
         if max_len is None:
             max_len = int(positions.max().item()) + 1 if positions.numel() else 0
-        self._step = {"slots": slots, "positions": positions, "index_keys": {}, "L": max_len}
+        self._step = {"slots": slots, "positions": positions, "L": max_len}
         self._step["index_write_loc"] = self._token_locs(self.req_to_index_page, slots, positions)
         self._prepare_step()
 
@@ -252,25 +252,13 @@ class KVBackend(ABC):
         self.index_pool[self.index_src_ids[source]][loc.reshape(-1)] = \
             keys.reshape(-1, keys.shape[-1]).to(torch.bfloat16)
 
-    def index_keys(self, source: int) -> torch.Tensor:
-        cache = self._step["index_keys"]
-        if source not in cache:
-            st = self._step
-            L = st["L"]
-            slots = st["slots"]
-            ar = torch.arange(L, device=self.device).unsqueeze(0).expand(slots.shape[0], L)
-            loc = self._token_locs(self.req_to_index_page, slots, ar).clamp_min(0)
-            cache[source] = self.index_pool[self.index_src_ids[source]][loc]  # (B, L, di)
-        return cache[source]
-
     def index_scores(self, source: int, iq: torch.Tensor) -> torch.Tensor:
-        """(B, Qc, L) float32 scores of every visible position, read from the paged index
-        store in place (the Triton kernel) or through ``index_keys`` (the reference)."""
+        """(B, Qc, L) float32 scores of every visible position over the paged index store:
+        the Triton kernel reads keys in place, the reference gathers them first."""
         st = self._step
-        if self.index_impl == "reference":
-            return torch.einsum("bqd,bld->bql", iq, self.index_keys(source).float())
         return index_scores(iq, self.index_pool[self.index_src_ids[source]],
-                            self.req_to_index_page, st["slots"], st["L"], self.P, impl="triton")
+                            self.req_to_index_page, st["slots"], st["L"], self.P,
+                            impl=self.index_impl)
 
     @abstractmethod
     def write_kv(self, source: int, rows: torch.Tensor) -> None: ...

@@ -135,7 +135,6 @@ class HiSparseBackend(KVBackend):
             grow = (ns, self.max_host_pages * G, B, self.q_max * m.index_topk)
             self._ws = ResolverWorkspace(dev).ensure(*grow)
             self._ws_side = ResolverWorkspace(dev).ensure(*grow)
-        self._cur_ws = self._ws
 
     @staticmethod
     def _follower_map(m) -> dict[int, list]:
@@ -318,13 +317,19 @@ class HiSparseBackend(KVBackend):
                           st["host_pt"], self.kv_flat, self.host_pool[src], self.stamp_dev,
                           page_size=self.G, direct_page_table=direct,
                           staging_loc_base=staging, impl=self.resolver_impl,
-                          workspace=self._cur_ws)
+                          workspace=self._workspace())
         self.hot_pos[src][sl] = hot_pos
         self.hot_lru[src][sl] = hot_lru
         self.census += res.counters.sum(0)
         self.overflow_dev += res.overflow.sum()
         self.calls_dev += 1
         return res.locations.long()
+
+    def _workspace(self):
+        """The resolver scratch of the stream this call runs on (main or follower prefetch)."""
+        if self._side is not None and torch.cuda.current_stream(self.device) == self._side:
+            return self._ws_side
+        return self._ws
 
     def locate(self, layer, selections, q0, inherit):
         st = self._step
@@ -360,16 +365,12 @@ class HiSparseBackend(KVBackend):
             return
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)
-        self._cur_ws = self._ws_side
-        try:
-            with torch.cuda.stream(self._side):
-                for f in followers:
-                    loc = self.resolve(f, selections, q0)
-                    ev = torch.cuda.Event()
-                    ev.record(self._side)
-                    self._step["prefetched"][(f.source, q0)] = (loc, ev)
-        finally:
-            self._cur_ws = self._ws
+        with torch.cuda.stream(self._side):
+            for f in followers:
+                loc = self.resolve(f, selections, q0)
+                ev = torch.cuda.Event()
+                ev.record(self._side)
+                self._step["prefetched"][(f.source, q0)] = (loc, ev)
         if not torch.cuda.is_current_stream_capturing():  # a graph's pool outlives the replay
             selections.record_stream(self._side)
 

@@ -1,8 +1,9 @@
 """A sparse-attention transformer with an indexer, random seeded weights, and pluggable KV storage.
 
 The model never touches KV storage directly. It talks to a ``KVContext`` (prefill buffer or a KV
-backend through the model runner) with four verbs: write a row, write index keys, read index keys,
-gather selected rows. That is the seam where the paper's KV policies plug in.
+backend through the model runner) with a few verbs: write a row, write index keys, score the
+visible index keys, locate (or gather) selected rows. That is the seam where the paper's KV
+policies plug in.
 
 Shape legend: B requests, Q queries per request (1 for decode, K for verification, T for prefill),
 k selected rows, L visible history, D hidden, H heads, d kv_dim, di index_dim.
@@ -30,12 +31,9 @@ class KVContext(Protocol):
     def write_index(self, source: int, keys: torch.Tensor) -> None:
         """keys: (B, Q, di), index keys of the Q query positions."""
 
-    def index_keys(self, source: int) -> torch.Tensor:
-        """(B, L, di): index keys of every visible position (L >= max position + 1)."""
-
     def index_scores(self, source: int, iq: torch.Tensor) -> torch.Tensor:
-        """(B, Qc, L) float32: iq (B, Qc, di) . the index key of every visible position, i.e.
-        ``einsum(iq, index_keys(source).float())``; a backend may compute it without
+        """(B, Qc, L) float32: iq (B, Qc, di) . the index key of every visible position
+        (L >= max position + 1), float32 products; a backend may compute it without
         materializing the keys (systems/kernels/index_scores.py)."""
 
     def locate(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
@@ -228,9 +226,6 @@ class PrefillContext:
 
     def write_index(self, source, keys):
         self.index[source].copy_(keys[0])
-
-    def index_keys(self, source):
-        return self.index[source].unsqueeze(0)
 
     def index_scores(self, source, iq):
         return torch.einsum("bqd,ld->bql", iq, self.index[source].float())
