@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from systems.engine.config import compose, engine_config_from_cfg
@@ -28,3 +30,19 @@ def run_greedy(engine: Engine, prompts: list[list[int]], max_new_tokens: int) ->
         engine.submit(r)
     engine.run_until_idle()
     return [r.output_ids for r in reqs]
+
+
+async def read_sse(resp) -> list:
+    """The events of one streamed response: parsed JSON chunks, then "[DONE]" if it came."""
+    events = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        payload = line[6:]
+        if payload == "[DONE]":
+            events.append("[DONE]")
+            break
+        events.append(json.loads(payload))
+    return events

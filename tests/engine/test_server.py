@@ -1,7 +1,6 @@
 """The HTTP server over real loopback sockets, with the engine on its own thread."""
 
 import asyncio
-import json
 import time
 
 import aiohttp
@@ -9,7 +8,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from systems.engine.server import build_app
-from tests.helpers import golden_prompts, make_engine
+from tests.helpers import golden_prompts, make_engine, read_sse
 
 
 @pytest.fixture
@@ -22,21 +21,6 @@ async def server():
         yield s, eng
     await srv.close()
     eng.stop()
-
-
-async def _sse(resp):
-    chunks = []
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if not line:
-            continue
-        assert line.startswith("data: ")
-        payload = line[6:]
-        if payload == "[DONE]":
-            chunks.append("[DONE]")
-            break
-        chunks.append(json.loads(payload))
-    return chunks
 
 
 PROMPT = golden_prompts()[1]
@@ -64,7 +48,7 @@ async def test_generate_streaming_matches_non_streaming(server):
     full = await (await s.post("/generate", json=body)).json()
     r = await s.post("/generate", json={**body, "stream": True})
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
-    chunks = await _sse(r)
+    chunks = await read_sse(r)
     assert chunks[-1] == "[DONE]"
     data = chunks[:-1]
     ids = [t for c in data for t in c["output_ids"]]
@@ -93,7 +77,7 @@ async def test_openai_completions(server):
     assert out["choices"][0]["finish_reason"] == "length"
     r = await s.post("/v1/completions", json={**body, "stream": True,
                                               "stream_options": {"include_usage": True}})
-    chunks = await _sse(r)
+    chunks = await read_sse(r)
     data = chunks[:-1]
     assert "".join(c["choices"][0]["text"] for c in data) == out["choices"][0]["text"]
     assert data[-1]["usage"]["completion_tokens"] == 6

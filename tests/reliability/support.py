@@ -1,11 +1,10 @@
-"""Shared pieces of the reliability tests: servers over real loopback sockets, SSE reading,
-and the "nothing left behind" check every scenario ends with."""
+"""Shared pieces of the reliability tests: servers over real loopback sockets, SSE reading (from
+tests.helpers), and the "nothing left behind" check every scenario ends with."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 
 import aiohttp
@@ -15,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from systems.engine.engine import Engine
 from systems.engine.server import build_app
 from systems.kv.base import PagePool
-from tests.helpers import golden_prompts, make_engine
+from tests.helpers import golden_prompts, make_engine, read_sse  # noqa: F401 (re-exported)
 
 PROMPTS = golden_prompts()  # lengths 5, 23, 40, 77, 130
 
@@ -69,21 +68,6 @@ def assert_drained(eng: Engine) -> None:
         assert bool((be.direct_table == -1).all())
     assert not eng.scheduler.running and not eng.scheduler.waiting
     assert not eng.requests and not eng._live, "request bookkeeping leaked"
-
-
-async def read_sse(resp: aiohttp.ClientResponse) -> list:
-    events = []
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if not line:
-            continue
-        assert line.startswith("data: "), line
-        payload = line[6:]
-        if payload == "[DONE]":
-            events.append("[DONE]")
-            break
-        events.append(json.loads(payload))
-    return events
 
 
 @contextlib.asynccontextmanager
