@@ -5,6 +5,11 @@
 #    eager with it (and step times), Fig. 8 with copy-grid sweeps on (a) and (c), Fig. 6.
 # B: what A left of Fig. 6, Fig. 7 (blocks 4 / 6 / 8 at one commit), Fig. 11.   C: Fig. 4.   D: Fig. 1.
 # E: Fig. 9.   F: Fig. 5.
+# L: lanes, one per GPU of an nvidia-h200-x2 (twice the runs per device-second; each lane has its
+#    own GPU, server and port, the host is shared), e.g.
+#      bash benchmarks/gpu_next.sh L "fig6:150 fig7:380" "fig4:560"
+#    Each lane runs its experiments in order with per-experiment time boxes (seconds).
+#    DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
 # If part A shows the kernel slower than the reference, pass model.attention_impl=reference to
 # the later parts (an override after the part letter is appended to every harness run).
 # Runs go to the repository's results/ (finished runs are skipped, so a part cut by its time box
@@ -34,6 +39,23 @@ case "$PART" in
   D) rep fig1 540 "$@"; EXPS="fig1" ;;
   E) rep fig9 540 "$@"; EXPS="fig9" ;;
   F) rep fig5 540 "$@"; EXPS="fig5" ;;
+  L) lane() {  # GPU index, "exp:seconds ..."
+       local gpu=$1 item; shift
+       for item in $1; do
+         echo "[lane $gpu] ${item%%:*}"
+         CUDA_VISIBLE_DEVICES=$gpu rep "${item%%:*}" "${item##*:}" "${@:2}" 2>&1 | sed "s/^/[gpu$gpu] /"
+       done > $OUT/lane$gpu.log
+     }
+     LANES=("$1" "$2"); shift 2
+     EXPS=$(for l in "${LANES[@]}"; do for i in $l; do echo -n "${i%%:*} "; done; done)
+     lane 0 "${LANES[0]}" "$@" &
+     lane 1 "${LANES[1]}" "$@" &
+     if [ "${DHS_BENCH_CLIENT:-0}" = 1 ]; then
+       n=$(nproc); timeout 240 python3 benchmarks/bench_client.py --client-cpu $((n-1)) --server-cpu $((n-2)) \
+         --event-loops asyncio --repeats 1 --quiet-wait-s 5 --out-dir $OUT/bench_client > $OUT/bench_client.log 2>&1
+       tail -40 $OUT/bench_client.log; (cd $OUT && tar czf bench_client.tgz bench_client && rm -rf bench_client)
+     fi
+     wait; cat $OUT/lane0.log $OUT/lane1.log ;;
 esac
 python3 -m harness.summaries --results results >/dev/null 2>&1
 tar czf $OUT/results.tgz $(for e in $EXPS; do echo results/$e; done) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)

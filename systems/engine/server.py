@@ -222,6 +222,8 @@ class Server:
         q: asyncio.Queue = asyncio.Queue()
 
         def on_output(req, new_ids, done):  # engine thread
+            if loop.is_closed():  # server shutting down under a running batch: nobody is listening
+                return
             loop.call_soon_threadsafe(q.put_nowait, (list(new_ids), done))
 
         req = Request(rid or self.engine.new_rid(), ids, params, on_output=on_output)
