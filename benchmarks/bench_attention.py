@@ -5,7 +5,7 @@ paths, same inputs.
 
 For the glm53_mini geometry (H = 4, kv_dim 576, FP8 656-byte rows, k = 512) at N queries per
 layer call (decode batches, and verification passes of K = 4 at C64), it times one layer's
-attention both ways (CUDA events, median of --reps after warm-up, a 256 MB L2 flush before each)
+attention three ways (reference, per-head kernel, split kernel) (CUDA events, median of --reps after warm-up, a 256 MB L2 flush and a GPU spin before each)
 and reports the difference of the outputs, the kernel's effective bandwidth over the bytes it
 must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (DESIGN.md sec. 4), and the
 speed-up. Exits 1 if the outputs disagree beyond float32 rounding.
@@ -24,13 +24,17 @@ sys.path.insert(0, str(REPO))
 HBM_BPS = 4.22e12
 
 
-def _median_us(torch, fn, flush, reps: int) -> float:
-    """Median of CUDA-event timings of fn after warm-up, the L2 flushed before each."""
+def _median_us(torch, fn, flush, reps: int, guard_cycles: int = 2_000_000) -> float:
+    """Median of CUDA-event timings of fn after warm-up, the L2 flushed before each, then a ~1 ms
+    GPU spin so the host has queued all of fn's launches before the start event fires: the
+    timing is GPU time, as inside a CUDA graph, not Python launch overhead (the reference path
+    is ~15 launches)."""
     for _ in range(3):
         fn()
     ts = []
     for _ in range(reps):
         flush.zero_()
+        torch.cuda._sleep(guard_cycles)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -53,7 +57,7 @@ def main() -> None:
     import torch
 
     from harness.records import finish_benchmark
-    from systems.kernels.sparse_attention import sparse_attention
+    from systems.kernels.sparse_attention import sparse_attention, sparse_attention_triton
     from systems.models.config import ModelConfig
     from systems.models.kv_format import encode_rows
 
@@ -72,36 +76,46 @@ def main() -> None:
         sel = loc.clone()
         sel[:, -7:] = -1  # some padding, as short histories have
         out = {}
-        for impl in ("reference", "triton"):
-            fn = lambda: sparse_attention(q, kv, sel, loc, impl=impl, **kw)  # noqa: E731
+        fns = {"reference": lambda: sparse_attention(q, kv, sel, loc, impl="reference", **kw),
+               "triton": lambda: sparse_attention_triton(q, kv, sel, loc, **kw),
+               "split": lambda: sparse_attention_triton(q, kv, sel, loc, variant="split", **kw)}
+        for impl, fn in fns.items():
             out[impl] = (fn().float(), _median_us(torch, fn, flush, args.reps))
-        diff = (out["triton"][0] - out["reference"][0]).abs().max().item()
         scale = out["reference"][0].abs().max().item()
-        ok = diff <= 2e-2 * max(scale, 1e-6)  # bf16 output: one or two ulps
-        bad += not ok
         need = N * args.k * kv.shape[1]
         row = {"queries": N, "k": args.k, "reference_us": out["reference"][1],
-               "triton_us": out["triton"][1], "speedup": out["reference"][1] / out["triton"][1],
-               "row_bytes_read": need, "triton_gbps": need / out["triton"][1] / 1e3,
-               "fraction_of_hbm": need / (out["triton"][1] * 1e-6) / HBM_BPS,
-               "max_abs_diff": diff, "max_abs_out": scale, "agree": ok}
+               "row_bytes_read": need, "max_abs_out": scale}
+        for impl in ("triton", "split"):
+            diff = (out[impl][0] - out["reference"][0]).abs().max().item()
+            ok = diff <= 2e-2 * max(scale, 1e-6)  # bf16 output: one or two ulps
+            bad += not ok
+            us = out[impl][1]
+            row.update({f"{impl}_us": us, f"{impl}_speedup": out["reference"][1] / us,
+                        f"{impl}_gbps": need / us / 1e3,
+                        f"{impl}_fraction_of_hbm": need / (us * 1e-6) / HBM_BPS,
+                        f"{impl}_max_abs_diff": diff, f"{impl}_agree": ok})
         rows.append(row)
-        print(f"[attention] N={N:5d} reference {row['reference_us']:9.1f} us  triton "
-              f"{row['triton_us']:9.1f} us  x{row['speedup']:.2f}  {row['triton_gbps']:7.1f} GB/s "
-              f"({100 * row['fraction_of_hbm']:.0f}% of HBM)  max|diff| {diff:.2e}", flush=True)
-    # launch-shape sweep at a verification-sized call (C64 x K4 = 256 queries)
-    from systems.kernels.sparse_attention import sparse_attention_triton
+        print(f"[attention] N={N:5d} reference {row['reference_us']:8.1f} us | per-head "
+              f"{row['triton_us']:8.1f} us x{row['triton_speedup']:.2f} {row['triton_gbps']:6.0f} GB/s"
+              f" | split {row['split_us']:8.1f} us x{row['split_speedup']:.2f} "
+              f"{row['split_gbps']:6.0f} GB/s ({100 * row['split_fraction_of_hbm']:.0f}% of HBM)  "
+              f"max|diff| {row['triton_max_abs_diff']:.1e} / {row['split_max_abs_diff']:.1e}",
+              flush=True)
+    # launch-shape sweep of the split variant: a decode batch (N 16), a verification-sized call
+    # (C64 x K4 = 256 queries); target_programs sets the chunks per query
     sweep = []
-    N = 256
-    q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
-    loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
-    for bk, nw in ((16, 4), (32, 4), (64, 4), (16, 8), (32, 8), (64, 8)):
-        fn = lambda: sparse_attention_triton(q, kv, loc, loc, block_k=bk, num_warps=nw, **kw)  # noqa: E731
-        us = _median_us(torch, fn, flush, args.reps)
-        sweep.append({"queries": N, "block_k": bk, "num_warps": nw, "us": us,
-                      "gbps": N * args.k * kv.shape[1] / us / 1e3})
-        print(f"[attention] sweep N={N} block_k={bk:3d} num_warps={nw}: {us:8.1f} us "
-              f"({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
+    for N in (16, 256):
+        q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
+        loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+        for bk, nw, tp in ((16, 4, 264), (32, 4, 264), (64, 4, 264), (32, 8, 264), (64, 8, 264),
+                           (32, 4, 132), (32, 4, 528), (32, 4, 1056)):
+            fn = lambda: sparse_attention_triton(q, kv, loc, loc, block_k=bk, num_warps=nw,  # noqa: E731
+                                                 variant="split", target_programs=tp, **kw)
+            us = _median_us(torch, fn, flush, args.reps)
+            sweep.append({"queries": N, "block_k": bk, "num_warps": nw, "target_programs": tp,
+                          "us": us, "gbps": N * args.k * kv.shape[1] / us / 1e3})
+            print(f"[attention] split sweep N={N} block_k={bk:3d} num_warps={nw} programs~{tp}: "
+                  f"{us:8.1f} us ({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
 
     # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)
     from systems.kernels.index_scores import index_scores

@@ -20,6 +20,10 @@ ROLES = ("full", "follower", "reindex", "reuse")
 KV_FORMATS = ("bf16", "fp8")
 
 
+# auto: the Triton kernels on a GPU that passes their self-check, else reference;
+# triton_split: the split-K attention kernel (all heads per program, chunks of rows merged)
+ATTENTION_IMPLS = ("auto", "triton", "triton_split", "reference")
+
 @dataclass(frozen=True)
 class LayerSpec:
     index: int
@@ -84,8 +88,8 @@ class ModelConfig:
             raise bad("hot_cache_rows", f"must be >= 0, got {self.hot_cache_rows}")
         if not 0.0 <= self.selection_locality <= 1.0:
             raise bad("selection_locality", f"must be in [0, 1], got {self.selection_locality}")
-        if self.attention_impl not in ("auto", "triton", "reference"):
-            raise bad("attention_impl", "must be auto, triton or reference, got "
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise bad("attention_impl", f"must be one of {', '.join(ATTENTION_IMPLS)}, got "
                       f"{self.attention_impl!r}")
         if self.kv_format not in KV_FORMATS:
             raise bad("kv_format", f"must be one of {KV_FORMATS}, got {self.kv_format!r}")
