@@ -8,7 +8,8 @@
 # L: lanes, one per GPU of an nvidia-h200-x2 (twice the runs per device-second; each lane has its
 #    own GPU, server and port, the host is shared), e.g.
 #      bash benchmarks/gpu_next.sh L "fig6:150 fig7:380" "fig4:560"
-#    Each lane runs its experiments in order with per-experiment time boxes (seconds).
+#    Each lane runs its experiments in order with per-experiment time boxes (seconds); an item
+#    @name:secs runs benchmarks/name.py --out $OUT/name.json instead.
 #    DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
 # If part A shows the kernel slower than the reference, pass model.attention_impl=reference to
 # the later parts (an override after the part letter is appended to every harness run).
@@ -43,11 +44,16 @@ case "$PART" in
        local gpu=$1 item; shift
        for item in $1; do
          echo "[lane $gpu] ${item%%:*}"
-         CUDA_VISIBLE_DEVICES=$gpu rep "${item%%:*}" "${item##*:}" "${@:2}" 2>&1 | sed "s/^/[gpu$gpu] /"
+         case "$item" in
+           @*) b=${item%%:*}; b=${b#@}  # a benchmark script: @bench_attention:90
+               CUDA_VISIBLE_DEVICES=$gpu timeout "${item##*:}" python3 benchmarks/$b.py --out $OUT/$b.json 2>&1 \
+                 | grep -v Warn | tail -40 | sed "s/^/[gpu$gpu] /" ;;
+           *) CUDA_VISIBLE_DEVICES=$gpu rep "${item%%:*}" "${item##*:}" "${@:2}" 2>&1 | sed "s/^/[gpu$gpu] /" ;;
+         esac
        done > $OUT/lane$gpu.log
      }
      LANES=("$1" "$2"); shift 2
-     EXPS=$(for l in "${LANES[@]}"; do for i in $l; do echo -n "${i%%:*} "; done; done)
+     EXPS=$(for l in "${LANES[@]}"; do for i in $l; do case "$i" in @*) ;; *) echo -n "${i%%:*} " ;; esac; done; done)
      lane 0 "${LANES[0]}" "$@" &
      lane 1 "${LANES[1]}" "$@" &
      if [ "${DHS_BENCH_CLIENT:-0}" = 1 ]; then
