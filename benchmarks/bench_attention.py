@@ -5,7 +5,7 @@ paths, same inputs.
 
 For the glm53_mini geometry (H = 4, kv_dim 576, FP8 656-byte rows, k = 512) at N queries per
 layer call (decode batches, and verification passes of K = 4 at C64), it times one layer's
-attention three ways (reference, per-head kernel, split kernel) (CUDA events, median of --reps after warm-up, a 256 MB L2 flush and a GPU spin before each)
+attention three ways (reference; the kernel unsplit; the kernel with its default split-K) (CUDA events, median of --reps after warm-up, a 256 MB L2 flush and a GPU spin before each)
 and reports the difference of the outputs, the kernel's effective bandwidth over the bytes it
 must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (DESIGN.md sec. 4), and the
 speed-up. Exits 1 if the outputs disagree beyond float32 rounding.
@@ -57,7 +57,8 @@ def main() -> None:
     import torch
 
     from harness.records import finish_benchmark
-    from systems.kernels.sparse_attention import sparse_attention, sparse_attention_triton
+    from systems.kernels.sparse_attention import (sparse_attention, sparse_attention_triton,
+                                                   split_count)
     from systems.models.config import ModelConfig
     from systems.models.kv_format import encode_rows
 
@@ -77,15 +78,16 @@ def main() -> None:
         sel[:, -7:] = -1  # some padding, as short histories have
         out = {}
         fns = {"reference": lambda: sparse_attention(q, kv, sel, loc, impl="reference", **kw),
-               "triton": lambda: sparse_attention_triton(q, kv, sel, loc, **kw),
-               "split": lambda: sparse_attention_triton(q, kv, sel, loc, variant="split", **kw)}
+               "unsplit": lambda: sparse_attention_triton(q, kv, sel, loc, splits=1, **kw),
+               "triton": lambda: sparse_attention_triton(q, kv, sel, loc, **kw)}
         for impl, fn in fns.items():
             out[impl] = (fn().float(), _median_us(torch, fn, flush, args.reps))
         scale = out["reference"][0].abs().max().item()
         need = N * args.k * kv.shape[1]
         row = {"queries": N, "k": args.k, "reference_us": out["reference"][1],
-               "row_bytes_read": need, "max_abs_out": scale}
-        for impl in ("triton", "split"):
+               "splits": split_count(N, 4, args.k, 32), "row_bytes_read": need,
+               "max_abs_out": scale}
+        for impl in ("unsplit", "triton"):
             diff = (out[impl][0] - out["reference"][0]).abs().max().item()
             ok = diff <= 2e-2 * max(scale, 1e-6)  # bf16 output: one or two ulps
             bad += not ok
@@ -95,27 +97,24 @@ def main() -> None:
                         f"{impl}_fraction_of_hbm": need / (us * 1e-6) / HBM_BPS,
                         f"{impl}_max_abs_diff": diff, f"{impl}_agree": ok})
         rows.append(row)
-        print(f"[attention] N={N:5d} reference {row['reference_us']:8.1f} us | per-head "
-              f"{row['triton_us']:8.1f} us x{row['triton_speedup']:.2f} {row['triton_gbps']:6.0f} GB/s"
-              f" | split {row['split_us']:8.1f} us x{row['split_speedup']:.2f} "
-              f"{row['split_gbps']:6.0f} GB/s ({100 * row['split_fraction_of_hbm']:.0f}% of HBM)  "
-              f"max|diff| {row['triton_max_abs_diff']:.1e} / {row['split_max_abs_diff']:.1e}",
+        print(f"[attention] N={N:5d} reference {row['reference_us']:8.1f} us | unsplit "
+              f"{row['unsplit_us']:8.1f} us x{row['unsplit_speedup']:.2f} | split-K "
+              f"({row['splits']:2d} chunks) {row['triton_us']:8.1f} us x{row['triton_speedup']:.2f} "
+              f"{row['triton_gbps']:6.0f} GB/s ({100 * row['triton_fraction_of_hbm']:.0f}% of HBM)  "
+              f"max|diff| {row['unsplit_max_abs_diff']:.1e} / {row['triton_max_abs_diff']:.1e}",
               flush=True)
-    # launch-shape sweep of the split variant: a decode batch (N 16), a verification-sized call
-    # (C64 x K4 = 256 queries); target_programs sets the chunks per query
+    # chunk-count sweep at small batches, where split-K matters
     sweep = []
-    for N in (16, 256):
+    for N in (1, 16):
         q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
         loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
-        for bk, nw, tp in ((16, 4, 264), (32, 4, 264), (64, 4, 264), (32, 8, 264), (64, 8, 264),
-                           (32, 4, 132), (32, 4, 528), (32, 4, 1056)):
-            fn = lambda: sparse_attention_triton(q, kv, loc, loc, block_k=bk, num_warps=nw,  # noqa: E731
-                                                 variant="split", target_programs=tp, **kw)
+        for ns in (1, 2, 4, 8, 16):
+            fn = lambda: sparse_attention_triton(q, kv, loc, loc, splits=ns, **kw)  # noqa: E731
             us = _median_us(torch, fn, flush, args.reps)
-            sweep.append({"queries": N, "block_k": bk, "num_warps": nw, "target_programs": tp,
-                          "us": us, "gbps": N * args.k * kv.shape[1] / us / 1e3})
-            print(f"[attention] split sweep N={N} block_k={bk:3d} num_warps={nw} programs~{tp}: "
-                  f"{us:8.1f} us ({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
+            sweep.append({"queries": N, "splits": ns, "us": us,
+                          "gbps": N * args.k * kv.shape[1] / us / 1e3})
+            print(f"[attention] sweep N={N:3d} splits={ns:2d}: {us:8.1f} us "
+                  f"({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
 
     # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)
     from systems.kernels.index_scores import index_scores
@@ -145,7 +144,7 @@ def main() -> None:
               f"max|diff| {diff:.2e}", flush=True)
     finish_benchmark(args.out, {"benchmark": "sparse_attention",
                                 "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
-                                "args": vars(args), "rows": rows, "launch_sweep": sweep,
+                                "args": vars(args), "rows": rows, "split_sweep": sweep,
                                 "index_scan": scan}, bool(bad))
 
 

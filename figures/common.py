@@ -232,6 +232,21 @@ class Run:
         return find_key(self.config, *names)
 
 
+def decode_stall_share(run: Run) -> float | None:
+    """Share of the one-second server samples, with requests running, in which no decode step
+    completed (the engine was busy with something else: handoffs of arriving requests)."""
+    df = run.metrics
+    need = {"dhs_num_steps", "dhs_num_running_reqs"}
+    if df is None or not need <= set(df.columns) or len(df) < 3:
+        return None
+    steps = df["dhs_num_steps"].diff()
+    live = df["dhs_num_running_reqs"] > 0
+    sel = live & steps.notna()
+    if not sel.any():
+        return None
+    return float((steps[sel] == 0).mean())
+
+
 def as_float(v: Any) -> float | None:
     try:
         f = float(v)

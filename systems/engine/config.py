@@ -67,6 +67,7 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
                         max_waiting=int(eng.get("max_waiting", 4096)),
                         max_new_tokens_cap=int(eng.get("max_new_tokens_cap", 8192)),
                         prefix_cache_entries=int(eng.get("prefix_cache_entries", 16)),
+                        max_handoffs_per_step=int(eng.get("max_handoffs_per_step", 0)),
                         seed=int(cfg.get("seed", 0)),
                         speculation=OmegaConf.to_container(system.speculation, resolve=True)
                         if system.get("speculation") else None,
@@ -80,7 +81,7 @@ _GRAPH_KEYS = ("disable_cuda_graph", "cuda_graph_max_bs", "cuda_graph_scan_step"
 
 def _graph_options(eng) -> dict:
     unknown = sorted(set(eng) - {"max_waiting", "max_new_tokens_cap", "prefix_cache_entries",
-                                 *_GRAPH_KEYS})
+                                 "max_handoffs_per_step", *_GRAPH_KEYS})
     if unknown:
         raise ValueError(f"engine: unknown field(s) {unknown}")
     types = {f.name: f.type for f in dataclasses.fields(EngineConfig)}

@@ -54,6 +54,10 @@ class EngineConfig:
     max_waiting: int = 4096  # bounded queue: past it, 503 + Retry-After
     max_new_tokens_cap: int = 4096
     prefix_cache_entries: int = 16
+    # handoffs (admissions) per scheduling round, 0 = all that fit: a wave of arrivals then joins
+    # over several decode steps instead of stalling the running batch for all of its handoffs
+    # (SGLang's decode side likewise merges transferred requests between decode iterations)
+    max_handoffs_per_step: int = 0
     seed: int = 0
     speculation: dict | None = None  # system.speculation: drafter, block_size, k_max, ...
     profile: dict | None = None  # conf/profile/<name>.yaml; None or name=none: off
@@ -87,7 +91,8 @@ class Engine:
         self.backend = create_backend(cfg.model, kv, self.device)
         keep = self.decoder.window if cfg.speculation else 1
         self.prefixes = PrefixStore(self.model, cfg.prefix_cache_entries, keep_hidden=keep)
-        self.scheduler = Scheduler(self.backend, self.prefixes, cfg.max_waiting)
+        self.scheduler = Scheduler(self.backend, self.prefixes, cfg.max_waiting,
+                                   cfg.max_handoffs_per_step)
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.graph_runner = None
         if not cfg.disable_cuda_graph and (self.device.type == "cuda" or cfg.cuda_graph_emulate):

@@ -27,10 +27,15 @@ class QueueFull(Exception):
 
 
 class Scheduler:
-    def __init__(self, backend: KVBackend, prefixes: PrefixStore, max_waiting: int):
+    def __init__(self, backend: KVBackend, prefixes: PrefixStore, max_waiting: int,
+                 max_handoffs_per_step: int = 0):
+        if max_handoffs_per_step < 0:
+            raise ValueError(f"engine.max_handoffs_per_step must be >= 0 (0: no bound), got "
+                             f"{max_handoffs_per_step}")
         self.backend = backend
         self.prefixes = prefixes
         self.max_waiting = max_waiting
+        self.max_handoffs = max_handoffs_per_step
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # slot -> request
         self.wait_reason = ""
@@ -38,13 +43,15 @@ class Scheduler:
 
     def admit(self, on_error: Callable[[Request, Exception], None] | None = None
               ) -> list[tuple[Request, object]]:
-        """Admit waiting requests while they fit. Returns (request, prefill entry) pairs.
+        """Admit waiting requests while they fit, at most ``max_handoffs_per_step`` of them
+        (0: no bound; the rest stay queued for the next round). Returns (request, prefill
+        entry) pairs.
 
         With ``on_error``, a request whose admission raises is rolled back and handed to it
         (the others go on); without, the exception propagates."""
         admitted = []
         self.wait_reason = ""
-        while self.waiting:
+        while self.waiting and not (self.max_handoffs and len(admitted) >= self.max_handoffs):
             req = self.waiting[0]
             held = None
             try:

@@ -74,16 +74,20 @@ if _HAVE_TRITON:
 
     @triton.jit
     def _sparse_attention_kernel(
-            q_ptr, sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, out_ptr,
-            K, row_bytes, sm_scale,
+            q_ptr, sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, out_ptr, m_ptr, l_ptr, acc_ptr,
+            K, CHUNK, row_bytes, sm_scale,
             H: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
             FP8: tl.constexpr, ROUND_BF16: tl.constexpr, BLOCK_K: tl.constexpr,
-            NOPE_P: tl.constexpr, ROPE_P: tl.constexpr):
-        # one program per (query, head): heads are few (4 here), so a dot product over padded
-        # heads would waste most of its multiplies; the head programs of one query run side by
-        # side and meet the same rows in L2
+            NOPE_P: tl.constexpr, ROPE_P: tl.constexpr, SPLIT: tl.constexpr):
+        # one program per (query, head, chunk of CHUNK selections): heads are few (4 here), so a
+        # dot product over padded heads would waste most of its multiplies (an all-heads variant
+        # with float32 dots measured 10x slower, results/attention/h200-gpu-time.log); the head
+        # programs of one query meet the same rows in L2. Chunks (split-K) give a small batch
+        # enough programs to fill the GPU; with SPLIT they leave their online-softmax state for
+        # _combine_kernel, else the single chunk writes the output.
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
+        c = tl.program_id(2)
         jn = tl.arange(0, NOPE_P)
         qb = q_ptr + (n * H + h) * D
         qn = tl.load(qb + jn, mask=jn < NOPE, other=0.0).to(tl.float32)
@@ -95,9 +99,10 @@ if _HAVE_TRITON:
         m = tl.full([1], float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros([1], dtype=tl.float32)
         acc_n = tl.zeros([NOPE_P], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_hi = tl.minimum(c * CHUNK + CHUNK, K)
+        for k0 in range(c * CHUNK, k_hi, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
-            inb = kk < K
+            inb = kk < k_hi
             sel = tl.load(sel_ptr + n * K + kk, mask=inb, other=-1)
             valid = sel >= 0
             row = tl.maximum(tl.load(loc_ptr + n * K + kk, mask=inb, other=0), 0).to(tl.int64)
@@ -131,108 +136,34 @@ if _HAVE_TRITON:
             if ROPE > 0:
                 acc_r = acc_r * alpha + tl.sum(p[:, None] * xr, 0)
             m = m_new
-        inv = tl.where(l_sum > 0, 1.0 / l_sum, 0.0)
-        ob = out_ptr + (n * H + h) * D
-        tl.store(ob + jn, (acc_n * inv).to(out_ptr.dtype.element_ty), mask=jn < NOPE)
-        if ROPE > 0:
-            tl.store(ob + NOPE + jr, (acc_r * inv).to(out_ptr.dtype.element_ty), mask=jr < ROPE)
-
-
-    @triton.jit
-    def _sparse_attention_split_kernel(
-            q_ptr, sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, out_ptr, m_ptr, l_ptr, acc_ptr,
-            K, CHUNK, row_bytes, sm_scale,
-            H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr,
-            ROPE: tl.constexpr, FP8: tl.constexpr, ROUND_BF16: tl.constexpr,
-            BLOCK_K: tl.constexpr, NOPE_P: tl.constexpr, ROPE_P: tl.constexpr,
-            SPLIT: tl.constexpr):
-        # one program per (query, chunk of CHUNK selections), all heads at once: a row is decoded
-        # once for every head (not once per head program), and a query's k rows spread over
-        # K / CHUNK programs, so a small batch still fills the GPU (split-K, flash-decoding style).
-        # Heads are padded to HP >= 16 rows of a dot product; the dots run in IEEE float32 (no TF32),
-        # so numerics are the per-head kernel's: float32 products and sums, in another order.
-        n = tl.program_id(0).to(tl.int64)
-        c = tl.program_id(1)
-        NS = tl.num_programs(1)
-        hh = tl.arange(0, HP)
-        hm = hh < H
-        jn = tl.arange(0, NOPE_P)
-        qrow = q_ptr + (n * H + hh) * D
-        qn = tl.load(qrow[:, None] + jn[None, :], mask=hm[:, None] & (jn[None, :] < NOPE),
-                     other=0.0).to(tl.float32)  # [HP, NOPE_P]
-        if ROPE > 0:
-            jr = tl.arange(0, ROPE_P)
-            qr = tl.load(qrow[:, None] + NOPE + jr[None, :], mask=hm[:, None] & (jr[None, :] < ROPE),
-                         other=0.0).to(tl.float32)
-            acc_r = tl.zeros([HP, ROPE_P], dtype=tl.float32)
-        m = tl.full([HP], float("-inf"), dtype=tl.float32)
-        l_sum = tl.zeros([HP], dtype=tl.float32)
-        acc_n = tl.zeros([HP, NOPE_P], dtype=tl.float32)
-        k_lo = c * CHUNK
-        k_hi = tl.minimum(k_lo + CHUNK, K)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            inb = kk < k_hi
-            sel = tl.load(sel_ptr + n * K + kk, mask=inb, other=-1)
-            valid = sel >= 0
-            row = tl.maximum(tl.load(loc_ptr + n * K + kk, mask=inb, other=0), 0).to(tl.int64)
-            nmask = valid[:, None] & (jn[None, :] < NOPE)
-            if FP8:
-                raw = tl.load(kv_u8 + row[:, None] * row_bytes + jn[None, :], mask=nmask, other=0)
-                xn = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                sc = tl.load(kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4
-                             + jn[None, :] // 128, mask=nmask, other=0.0)
-                xn = xn * sc
-            else:
-                xn = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask,
-                             other=0.0).to(tl.float32)
-            if ROUND_BF16:
-                xn = _round_to_bf16(xn)
-            s = tl.dot(qn, tl.trans(xn), input_precision="ieee")  # [HP, BLOCK_K]
+        if SPLIT:  # this chunk's state: running max, sum and unnormalised accumulator
+            part = (n * tl.num_programs(2) + c) * H + h
+            z = tl.arange(0, 1)
+            tl.store(m_ptr + part + z, m)
+            tl.store(l_ptr + part + z, l_sum)
+            ab = acc_ptr + part * D
+            tl.store(ab + jn, acc_n, mask=jn < NOPE)
             if ROPE > 0:
-                rmask = valid[:, None] & (jr[None, :] < ROPE)
-                r0 = (NOPE + 4 * (NOPE // 128)) // 2
-                xr = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + r0 + jr[None, :],
-                             mask=rmask, other=0.0).to(tl.float32)
-                s += tl.dot(qr, tl.trans(xr), input_precision="ieee")
-            s = tl.where(valid[None, :], s * sm_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            live = m_new > float("-inf")
-            alpha = tl.where(live, tl.exp(m - m_new), 1.0)
-            p = tl.where(valid[None, :], tl.exp(s - tl.where(live, m_new, 0.0)[:, None]), 0.0)
-            l_sum = l_sum * alpha + tl.sum(p, 1)
-            acc_n = acc_n * alpha[:, None] + tl.dot(p, xn, input_precision="ieee")
-            if ROPE > 0:
-                acc_r = acc_r * alpha[:, None] + tl.dot(p, xr, input_precision="ieee")
-            m = m_new
-        if SPLIT:  # partial state of this chunk; _combine_kernel merges the chunks
-            part = n * NS + c
-            tl.store(m_ptr + part * HP + hh, m)
-            tl.store(l_ptr + part * HP + hh, l_sum)
-            ab = acc_ptr + (part * HP + hh[:, None]) * D
-            tl.store(ab + jn[None, :], acc_n, mask=jn[None, :] < NOPE)
-            if ROPE > 0:
-                tl.store(ab + NOPE + jr[None, :], acc_r, mask=jr[None, :] < ROPE)
+                tl.store(ab + NOPE + jr, acc_r, mask=jr < ROPE)
         else:
             inv = tl.where(l_sum > 0, 1.0 / l_sum, 0.0)
-            ob = out_ptr + (n * H + hh[:, None]) * D
-            tl.store(ob + jn[None, :], (acc_n * inv[:, None]).to(out_ptr.dtype.element_ty),
-                     mask=hm[:, None] & (jn[None, :] < NOPE))
+            ob = out_ptr + (n * H + h) * D
+            tl.store(ob + jn, (acc_n * inv).to(out_ptr.dtype.element_ty), mask=jn < NOPE)
             if ROPE > 0:
-                tl.store(ob + NOPE + jr[None, :], (acc_r * inv[:, None]).to(out_ptr.dtype.element_ty),
-                         mask=hm[:, None] & (jr[None, :] < ROPE))
+                tl.store(ob + NOPE + jr, (acc_r * inv).to(out_ptr.dtype.element_ty),
+                         mask=jr < ROPE)
+
 
     @triton.jit
     def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, NS,
-                        H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, NSP: tl.constexpr,
-                        DP: tl.constexpr):
+                        H: tl.constexpr, D: tl.constexpr, NSP: tl.constexpr, DP: tl.constexpr):
         # merge the chunks' online-softmax states of one (query, head): rescale each chunk's sum
-        # and accumulator to the common maximum
+        # and accumulator to the common maximum (a chunk of padding only has max -inf, weight 0)
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         cs = tl.arange(0, NSP)
         cm = cs < NS
-        part = (n * NS + cs) * HP + h
+        part = (n * NS + cs) * H + h
         mc = tl.load(m_ptr + part, mask=cm, other=float("-inf"))
         lc = tl.load(l_ptr + part, mask=cm, other=0.0)
         mx = tl.max(mc, 0)
@@ -250,19 +181,18 @@ def _p2(n: int, lo: int = 16) -> int:
     return max(lo, 1 << max(0, (int(n) - 1).bit_length()))
 
 
-def _split_count(N: int, K: int, block_k: int, target_programs: int) -> int:
-    """Chunks per query: enough programs to fill the GPU (~target) without chunks under one tile."""
+def split_count(N: int, H: int, K: int, block_k: int, target_programs: int = 264) -> int:
+    """Chunks per (query, head): about ``target_programs`` programs in all (2 per SM of an H200)
+    when N x H alone is fewer, never a chunk under one tile of ``block_k`` rows."""
     tiles = max(1, -(-K // block_k))
-    return max(1, min(tiles, -(-target_programs // max(N, 1))))
+    return max(1, min(tiles, -(-target_programs // max(1, N * H))))
 
 
 def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_dim: int,
                             rope_dim: int, row_dtype: torch.dtype, block_k: int = 32,
-                            num_warps: int = 4, variant: str = "per_head",
-                            target_programs: int = 264, splits: int | None = None) -> torch.Tensor:
-    """variant ``per_head``: one program per (query, head) over all k rows. ``split``: one program
-    per (query, chunk of rows) for all heads, chunks merged by a second small launch; ``splits``
-    fixes the chunk count (default: enough for ``target_programs`` programs, 2 per SM on H200)."""
+                            num_warps: int = 4, splits: int | None = None) -> torch.Tensor:
+    """``splits``: chunks of selections per (query, head), merged by a second small launch;
+    default ``split_count`` (1 once N x H programs fill the GPU)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     N, H, d = q.shape
@@ -275,33 +205,25 @@ def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_
     out = torch.empty_like(q)
     if N == 0:
         return out
-    common = dict(H=H, D=d, NOPE=nope, ROPE=rope, FP8=fp8, ROUND_BF16=row_dtype == torch.bfloat16,
-                  BLOCK_K=block_k, NOPE_P=_p2(nope), ROPE_P=_p2(rope) if rope else 16)
-    args = (q.contiguous(), selections.contiguous(), locations.contiguous(),
-            kv, kv.view(torch.float32), kv.view(torch.bfloat16))
-    if variant == "per_head":
-        _sparse_attention_kernel[(N, H)](*args, out, K, row_bytes, 1.0 / math.sqrt(kv_dim),
-                                         num_warps=num_warps, **common)
-        return out
-    if variant != "split":
-        raise ValueError(f"unknown sparse attention variant {variant!r}")
-    ns = int(splits) if splits else _split_count(N, K, block_k, target_programs)
-    chunk = -(-K // ns)
+    ns = int(splits) if splits else split_count(N, H, K, block_k)
+    chunk = -(-max(K, 1) // ns)
     chunk = -(-chunk // block_k) * block_k  # whole tiles per chunk
-    ns = -(-K // chunk)
-    hp = _p2(H)
+    ns = max(1, -(-K // chunk))
     if ns > 1:
-        m = torch.empty(N * ns * hp, dtype=torch.float32, device=q.device)
+        m = torch.empty(N * ns * H, dtype=torch.float32, device=q.device)
         l_ = torch.empty_like(m)
-        acc = torch.empty(N * ns * hp * d, dtype=torch.float32, device=q.device)
+        acc = torch.empty(N * ns * H * d, dtype=torch.float32, device=q.device)
     else:
         m = l_ = acc = out  # unused
-    _sparse_attention_split_kernel[(N, ns)](*args, out, m, l_, acc, K, chunk, row_bytes,
-                                            1.0 / math.sqrt(kv_dim), HP=hp, SPLIT=ns > 1,
-                                            num_warps=num_warps, **common)
+    _sparse_attention_kernel[(N, H, ns)](
+        q.contiguous(), selections.contiguous(), locations.contiguous(),
+        kv, kv.view(torch.float32), kv.view(torch.bfloat16), out, m, l_, acc,
+        K, chunk, row_bytes, 1.0 / math.sqrt(kv_dim),
+        H=H, D=d, NOPE=nope, ROPE=rope, FP8=fp8, ROUND_BF16=row_dtype == torch.bfloat16,
+        BLOCK_K=block_k, NOPE_P=_p2(nope), ROPE_P=_p2(rope) if rope else 16, SPLIT=ns > 1,
+        num_warps=num_warps)
     if ns > 1:
-        _combine_kernel[(N, H)](m, l_, acc, out, ns, H=H, HP=hp, D=d, NSP=_p2(ns, 2),
-                                DP=_p2(d))
+        _combine_kernel[(N, H)](m, l_, acc, out, ns, H=H, D=d, NSP=_p2(ns, 2), DP=_p2(d))
     return out
 
 
@@ -311,30 +233,26 @@ def sparse_attention(q, kv, selections, locations, *, kv_format: str, kv_dim: in
     kw = dict(kv_format=kv_format, kv_dim=kv_dim, rope_dim=rope_dim, row_dtype=row_dtype)
     if impl == "triton":
         return sparse_attention_triton(q, kv, selections, locations, **kw)
-    if impl == "triton_split":
-        return sparse_attention_triton(q, kv, selections, locations, variant="split", **kw)
     if impl == "reference":
         return sparse_attention_reference(q, kv, selections, locations, **kw)
     raise ValueError(f"unknown sparse attention impl {impl!r}")
 
 
 def aot_compile(arch: int = 90, num_warps: int = 4, fp8: bool = True, q_type: str = "bf16",
-                variant: str = "per_head", **constexprs):
+                **constexprs):
     """Compile the kernel for an NVIDIA target without a GPU (Triton bundles ptxas): catches
     compile-mode errors the interpreter does not see. Needs a process where TRITON_INTERPRET
     is unset. Returns the compiled kernel (``.asm`` holds ttir/ttgir/llir/ptx/cubin)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
 
-    fn = _sparse_attention_kernel if variant == "per_head" else _sparse_attention_split_kernel
+    fn = _sparse_attention_kernel
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     c = dict(H=4, D=576, NOPE=512, ROPE=64, FP8=fp8, ROUND_BF16=True, BLOCK_K=32, NOPE_P=512,
-             ROPE_P=64)
+             ROPE_P=64, SPLIT=True)
     if not fp8:
         c.update(D=576, NOPE=576, ROPE=0, NOPE_P=1024, ROPE_P=16)
-    if variant != "per_head":
-        c.update(HP=16, SPLIT=True)
     c.update(constexprs)
     ptrs = {"q_ptr": "*" + q_type, "sel_ptr": "*i64", "loc_ptr": "*i64", "kv_u8": "*u8",
             "kv_f32": "*fp32", "kv_bf16": "*bf16", "out_ptr": "*" + q_type, "m_ptr": "*fp32",

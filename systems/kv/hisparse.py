@@ -231,10 +231,24 @@ class HiSparseBackend(KVBackend):
             p = b
 
     def _backup(self, slot: int, p0: int, p1: int, rows: torch.Tensor) -> None:
-        """Copy rows (S, p1 - p0, rb) of positions [p0, p1) to the host store."""
+        """Copy rows (S, p1 - p0, rb) of positions [p0, p1) to the host store.
+
+        From a GPU, one copy per source and run of adjacent host pages: both sides of each copy
+        are then contiguous, so it is a single asynchronous DMA into pinned memory. (A strided
+        [S, n, rb] copy_ across devices goes through a contiguous GPU temporary, a pageable
+        host temporary and a strided CPU copy, synchronously: ~45 ms for a 16K-token handoff of
+        glm53_mini on the H200, vs ~6 ms of PCIe transfer.)"""
         with nvtx_range(BACKUP):
+            runs = []  # (a, b, h), adjacent segments merged where their host rows continue
             for a, b, h in self._host_segments(slot, p0, p1):
-                self.host_pool[:, h:h + b - a].copy_(rows[:, a - p0:b - p0], non_blocking=True)
+                if runs and runs[-1][1] == a and runs[-1][2] + (a - runs[-1][0]) == h:
+                    runs[-1] = (runs[-1][0], b, runs[-1][2])
+                else:
+                    runs.append((a, b, h))
+            rows = rows.contiguous()
+            for a, b, h in runs:
+                for s in range(rows.shape[0]):
+                    self.host_pool[s, h:h + b - a].copy_(rows[s, a - p0:b - p0], non_blocking=True)
         self.backup_rows += p1 - p0
 
     def _set_tail_start(self, slot: int, n: int) -> None:

@@ -20,9 +20,8 @@ ROLES = ("full", "follower", "reindex", "reuse")
 KV_FORMATS = ("bf16", "fp8")
 
 
-# auto: the Triton kernels on a GPU that passes their self-check, else reference;
-# triton_split: the split-K attention kernel (all heads per program, chunks of rows merged)
-ATTENTION_IMPLS = ("auto", "triton", "triton_split", "reference")
+# auto: the Triton kernels on a GPU that passes their self-check, else reference
+ATTENTION_IMPLS = ("auto", "triton", "reference")
 
 @dataclass(frozen=True)
 class LayerSpec:

@@ -45,6 +45,37 @@ def test_slot_limit_caps_the_batch():
     eng.backend.check_integrity()
 
 
+@pytest.mark.parametrize("system", ["resident", "hisparse"])
+def test_handoffs_per_step_bound_lets_the_batch_decode_while_a_wave_joins(system):
+    """engine.max_handoffs_per_step=2: five arrivals join two per round, and the requests
+    already running decode a token in every round meanwhile; tokens are those of an
+    unbounded engine (admission order and batch composition do not change greedy outputs)."""
+    prompts = golden_prompts()[:5]
+    outs = {}
+    for bound in (0, 2):
+        eng = make_engine(f"system={system}", "hardware.kv_pool_gib=0.01",
+                          f"engine.max_handoffs_per_step={bound}")
+        reqs = [_req(eng, p, 6) for p in prompts]
+        for r in reqs:
+            eng.submit(r)
+        eng.step()
+        if bound:
+            assert len(eng.scheduler.running) == 2 and len(eng.scheduler.waiting) == 3
+            assert eng.scheduler.wait_reason == ""  # not a memory wait
+            eng.step()
+            assert len(eng.scheduler.running) == 4
+            assert len(reqs[0].output_ids) == 3  # first token + one decode step per round
+        eng.run_until_idle()
+        outs[bound] = [r.output_ids for r in reqs]
+        eng.backend.check_integrity()
+    assert outs[0] == outs[2]
+
+
+def test_negative_handoff_bound_is_a_clear_error():
+    with pytest.raises(ValueError, match="max_handoffs_per_step"):
+        make_engine("engine.max_handoffs_per_step=-1")
+
+
 def test_bounded_waiting_queue_rejects():
     eng = make_engine("engine.max_waiting=2")
     p = golden_prompts()[0]

@@ -44,26 +44,33 @@ def test_kernel_matches_reference(fmt, d, rope, N, H, k):
 
 
 @pytest.mark.parametrize("fmt,d,rope", [("bf16", 40, 0), ("fp8", 176, 48)])
-@pytest.mark.parametrize("N,H,k,splits", [(1, 1, 1, None), (3, 3, 37, 3), (5, 4, 70, 2),
-                                          (2, 17, 45, None)])
-def test_split_variant_matches_reference(fmt, d, rope, N, H, k, splits):
-    """Chunks of rows for all heads at once, merged by the combine launch: same function."""
+@pytest.mark.parametrize("N,H,k,splits", [(1, 1, 1, 4), (3, 3, 37, 3), (5, 4, 70, 2),
+                                          (2, 5, 45, 100)])
+def test_split_k_matches_reference(fmt, d, rope, N, H, k, splits):
+    """Chunks of the k rows per (query, head), merged by the combine launch: same function
+    (a split count past the tiles is clamped to one chunk per tile)."""
     cfg, kv, sel, loc, q = _case(fmt, N, H, k, d, rope, M=53, pad=0.3, seed=N * 100 + k)
     kw = dict(kv_format=fmt, kv_dim=d, rope_dim=cfg.kv_rope_dim, row_dtype=torch.float32)
     ref = sa.sparse_attention_reference(q, kv, sel, loc, **kw)
-    tri = sa.sparse_attention_triton(q, kv, sel, loc, variant="split", splits=splits, block_k=16,
-                                     **kw)
+    tri = sa.sparse_attention_triton(q, kv, sel, loc, splits=splits, block_k=16, **kw)
     torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
 
 
-def test_split_variant_with_a_chunk_of_padding_only():
+def test_split_k_with_a_chunk_of_padding_only():
     """A chunk whose selections are all padding contributes nothing to the merge."""
     cfg, kv, sel, loc, q = _case("fp8", 2, 3, 48, 176, 48, M=29, pad=0.0, seed=5)
     sel[:, 16:] = -1
     kw = dict(kv_format="fp8", kv_dim=176, rope_dim=48, row_dtype=torch.bfloat16)
     ref = sa.sparse_attention_reference(q, kv, sel, loc, **kw)
-    tri = sa.sparse_attention_triton(q, kv, sel, loc, variant="split", splits=3, block_k=16, **kw)
+    tri = sa.sparse_attention_triton(q, kv, sel, loc, splits=3, block_k=16, **kw)
     torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_split_count_fills_the_gpu_only_when_needed():
+    assert sa.split_count(1, 4, 512, 32) == 16  # one tile per chunk: 64 programs
+    assert sa.split_count(16, 4, 512, 32) == 5
+    assert sa.split_count(64, 4, 512, 32) == 2
+    assert sa.split_count(256, 4, 512, 32) == 1
 
 
 def test_bf16_rounding_of_decoded_rows_is_the_references():
@@ -100,8 +107,8 @@ def test_padding_is_masked_and_negative_locations_read_row_zero():
 
 _AOT = r"""
 from systems.kernels import sparse_attention as sa
-for v in (dict(), dict(fp8=False), dict(q_type="fp32", ROUND_BF16=False), dict(variant="split"),
-          dict(variant="split", fp8=False), dict(variant="split", SPLIT=False, num_warps=8)):
+for v in (dict(), dict(fp8=False), dict(q_type="fp32", ROUND_BF16=False), dict(SPLIT=False),
+          dict(SPLIT=False, fp8=False)):
     k = sa.aot_compile(90, **v)
     ptx = k.asm["ptx"]
     assert "ex2.approx" in ptx or "ex2" in ptx, v  # the softmax's exponentials
