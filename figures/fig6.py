@@ -130,9 +130,10 @@ def main(argv=None) -> C.Report:
     prov_sum = C.summary_provenance(S, "results/fig6/summary.json") if S else ""
 
     def pick_val(skey, dval, scale=1.0):
+        """summary.json holds the reported unit (percent); derived() holds fractions (x scale)."""
         v = C.as_float(S.get(skey))
         if v is not None:
-            return v * scale, prov_sum or prov_runs
+            return v, prov_sum or prov_runs
         return (None if dval is None else dval * scale), prov_runs
 
     on_low, p1 = pick_val("host_fetch_share_low_on", d_on.get("host_low"), 100)

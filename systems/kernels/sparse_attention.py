@@ -129,7 +129,7 @@ if _HAVE_TRITON:
             s = tl.where(valid, s * sm_scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 0))
             live = m_new > float("-inf")  # some row seen so far (else nothing to accumulate)
-            alpha = tl.where(live, tl.exp(m - m_new), 1.0)
+            alpha = tl.where(live, tl.exp(m - tl.where(live, m_new, 0.0)), 1.0)  # no -inf - -inf
             p = tl.where(valid, tl.exp(s - tl.where(live, m_new, 0.0)), 0.0)  # [BLOCK_K]
             l_sum = l_sum * alpha + tl.sum(p, 0)
             acc_n = acc_n * alpha + tl.sum(p[:, None] * xn, 0)

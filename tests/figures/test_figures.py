@@ -119,7 +119,9 @@ def test_known_values_on_fixture(full):
     assert "acceptance" not in r["fig4"].row("output.hisparse.C128").prov
     assert r["fig8"].value("host_path_gbps") == pytest.approx(49.0)
     assert r["fig7"].value("C128.tokens_b4") == pytest.approx(2.9)
-    assert r["fig6"].value("host_low_reduction") == pytest.approx(0.142 / 0.014)
+    assert r["fig6"].value("host_low_reduction") == pytest.approx(14.2 / 1.4)
+    assert r["fig6"].value("host_low_on") == pytest.approx(1.4)  # percent, not rescaled
+    assert r["fig6"].value("coverage_low_on") == pytest.approx(90.0)
     assert r["tableA1"].value("C256.on.requests") == 417
     assert r["fig9"].value("glm128.best.hisparse") == 2
     assert r["tableA2"].value("C128.hisparse.post_wave_handoff_s") is not None
