@@ -247,6 +247,22 @@ def decode_stall_share(run: Run) -> float | None:
     return float((steps[sel] == 0).mean())
 
 
+def stall_diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
+    """The decode-stall shares at one load, as a reason a throughput claim does not hold."""
+    shares = {}
+    for r in runs:
+        if r.concurrency == concurrency:
+            v = decode_stall_share(r)
+            if v is not None:
+                shares[r.system] = v
+    if not shares or max(shares.values()) < 0.1:
+        return None
+    from figures.paper_values import label
+    parts = ", ".join(f"{label(s)} {100 * v:.0f}%" for s, v in sorted(shares.items()))
+    return (f"handoff-bound: at C{concurrency} no decode step completed in {parts} of the seconds "
+            "with requests running (arrivals' handoffs ran instead)")
+
+
 def as_float(v: Any) -> float | None:
     try:
         f = float(v)
@@ -623,6 +639,7 @@ class Report:
     panels: dict[str, str] = field(default_factory=dict)
     tables: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)  # row key -> measured reason it differs
     measured_with: str = ""
     png: Path | None = None
     md: Path | None = None
@@ -644,6 +661,11 @@ class Report:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def diagnose(self, keys: Iterable[str], text: str) -> None:
+        """A measured reason for rows whose claim may not hold (shown beside the claim)."""
+        for k in keys:
+            self.why[k] = text
 
     def value(self, key: str) -> float | None:
         for r in self.rows:

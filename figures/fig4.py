@@ -123,17 +123,12 @@ def main(argv=None) -> C.Report:
         rep.note("ADHS block per concurrency in our runs: "
                  + ", ".join(f"C{c}: {b}" for c, b in sorted(blocks.items()))
                  + " (paper: 8 at C4-C32, 6 at C64, 4 at C128 and C256).")
-    stalls = {}
-    for r in runs:
-        if r.concurrency == 128:
-            v = C.decode_stall_share(r)
-            if v is not None:
-                stalls[r.system] = v
-    if stalls:
-        rep.note("Seconds at C128 with requests running but no decode step completed (the engine "
-                 "was doing handoffs of arriving requests): "
-                 + ", ".join(f"{label(s)} {100 * v:.0f}%" for s, v in sorted(stalls.items()))
-                 + ". Where this is large, output is bounded by handoffs, not by decode.")
+    why = C.stall_diagnosis(runs, 128)
+    if why:
+        rep.note(why[0].upper() + why[1:] + ". Where this is large, output is bounded by "
+                 "handoffs, not by decode.")
+        rep.diagnose(("adhs_vs_hisparse_C128", "adhs_vs_adaptive_C128", "adaptive_vs_hisparse_C128",
+                      "adhs_ttft_lower_C128"), why)
     rep.note("Absolute throughput and latency of a scaled preset on one H200 are not the paper's "
              "B300 numbers; ratios between systems are the comparable quantities.")
     return rep.finish(fig, args)

@@ -133,6 +133,12 @@ def main(argv=None) -> C.Report:
         cand = {b: v(b, c, O) for b in (4, 6, 8) if v(b, c, O) is not None}
         rep.compare(f"{cl}.best", f"{cl}: block with the highest output", pv,
                     max(cand, key=cand.get) if cand else None, "", prov)
+        if cand:
+            tok = {b: v(b, c, T) for b in cand}
+            rep.diagnose((f"{cl}.best",), "output per block " + ", ".join(
+                f"{b}: {C.fmt(o)} tok/s ({C.fmt(tok[b])} tokens/round)" for b, o in cand.items())
+                + "; a wider round costs relatively less in the scaled preset, so the extra "
+                "accepted tokens still pay")
     rep.compare("C128.tokens_b4", "C128: tokens per round at block 4", P["tokens_per_round_b4_C128"],
                 v(4, 128, T), "tokens", prov)
     m = C.as_float(S.get("missing_selections_per_distinct_host_row"))

@@ -105,6 +105,9 @@ def build_claims(reports: dict[str, C.Report]) -> dict:
             "paper_source": C.paper_source(pv),
             "provenance": row.prov if row and row.measured else C.NOT_MEASURED,
         }
+        why = rep.why.get(key) if rep else None
+        if why and out[cid]["holds"] is False:
+            out[cid]["why_not"] = why
     return out
 
 
@@ -118,12 +121,13 @@ def write_report(path: Path, reports: dict, failures: dict, claims: dict, out_di
              "(selection locality, acceptance) was involved. Missing numbers are marked "
              f"*{C.NOT_MEASURED}*; nothing is filled in.", "",
              "## Headline claims", "",
-             "| claim | paper | ours | holds | criterion | ours from |", "|---|---|---|---|---|---|"]
+             "| claim | paper | ours | holds | criterion | ours from | measured reason, where it does not hold |",
+             "|---|---|---|---|---|---|---|"]
     for cid, c in claims.items():
         h = {True: "yes", False: "**no**", None: "—"}[c["holds"]]
         ours = C.fmt(c["ours"]) if c["ours"] is not None else f"*{C.NOT_MEASURED}*"
         lines.append(f"| {c['claim']} | {C.fmt(c['paper'])} | {ours} | {h} | {c['criterion']} | "
-                     f"{c['provenance']} |")
+                     f"{c['provenance']} | {c.get('why_not', '')} |")
     lines += ["", "## Index", "", "| figure / table | numbers measured | panels |", "|---|---|---|"]
     for name, rep in reports.items():
         pan = ", ".join(f"{k}: {'yes' if C.NOT_MEASURED not in v else 'no'}" for k, v in rep.panels.items())

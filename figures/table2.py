@@ -104,6 +104,10 @@ def main(argv=None) -> C.Report:
     rep.note("Bars: each system's value divided by HiSparse's at the same load (hatched: paper, "
              "solid: ours); absolute values are in the table.")
     fig.tight_layout()
+    why = C.stall_diagnosis(runs, 128)
+    if why:
+        rep.diagnose(("eq13.C128.predicted",), why + "; eq. 13 takes Active and TPOT from runs "
+                     "whose steps were interleaved with those stalls")
     return rep.finish(fig, args)
 
 

@@ -113,6 +113,10 @@ def main(argv=None) -> C.Report:
     C.legend(axes[0][0])
     rep.measured_with = prov_all
     fig.tight_layout()
+    why = C.stall_diagnosis(runs, 128)
+    if why:
+        rep.diagnose(("bound_a.concurrency_ratio", "bound_a.output_ratio"),
+                     why + "; the hierarchy's TPOT and TTFT at C64-C128 include those stalls")
     return rep.finish(fig, args)
 
 

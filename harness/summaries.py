@@ -52,13 +52,13 @@ def fig6(results: Path) -> dict | None:
 def fig7(results: Path) -> dict | None:
     from figures import common as C
 
-    runs = C.load_runs(results, "fig7")
+    newest = {}  # (block, concurrency) -> run; load_runs is oldest first, so a rerun wins
+    for r in C.load_runs(results, "fig7"):
+        if r.cfg("block_size") is not None and r.metrics is not None:
+            newest[(int(r.cfg("block_size")), r.concurrency)] = r
     points, miss_sel, miss_rows = [], 0.0, 0.0
-    for r in runs:
-        block = r.cfg("block_size")
+    for (block, _), r in newest.items():
         st = r.metrics
-        if block is None or st is None:
-            continue
         rounds = C.metric_col(st, "dhs_spec_rounds_total")
         emitted = C.metric_col(st, "dhs_spec_emitted_total")
         ept = None

@@ -32,6 +32,24 @@ def test_smoke_reproduction_then_figures(tmp_path):
     assert {p["block"] for p in f7["points"]} == {4, 6, 8}
     assert all(p["emitted_tokens_per_round"] and p["emitted_tokens_per_round"] >= 1
                for p in f7["points"])
+    # a rerun of a point (a later run of the same block and load) replaces it in the summary
+    import shutil
+    from harness.summaries import fig7 as fig7_summary
+    src = res / f7["points"][0]["run"]
+    dup = src.with_name(src.name + "-rerun")
+    shutil.copytree(src, dup)
+    env = json.loads((dup / "env.json").read_text())
+    env["time_utc"] = "9999"  # sorts after every real run
+    (dup / "env.json").write_text(json.dumps(env))
+    d = json.loads((dup / "summary.json").read_text())
+    d["output_tok_s_per_gpu"] = 12345.0
+    (dup / "summary.json").write_text(json.dumps(d))
+    f7b = fig7_summary(res)
+    assert len(f7b["points"]) == len(f7["points"])
+    assert [p["output_tok_s_per_gpu"] for p in f7b["points"]
+            if p["run"].endswith("-rerun")] == [12345.0]
+    shutil.rmtree(dup)
+    fig7_summary(res)
     # resumable: a second pass finds everything finished and redoes nothing
     before = {s: s.stat().st_mtime_ns for s in summaries}
     assert reproduce_main(["--smoke", "--results", str(res), "--only", "fig4"]) == 0
