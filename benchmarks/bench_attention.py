@@ -5,7 +5,7 @@ paths, same inputs.
 
 For the glm53_mini geometry (H = 4, kv_dim 576, FP8 656-byte rows, k = 512) at N queries per
 layer call (decode batches, and verification passes of K = 4 at C64), it times one layer's
-attention three ways (reference; the kernel unsplit; the kernel with its default split-K) (CUDA events, median of --reps after warm-up, a 256 MB L2 flush and a GPU spin before each)
+attention four ways (reference; the per-head kernel unsplit and with its default split-K; the all-heads tensor-core kernel) (CUDA events, median of --reps after warm-up, a 256 MB L2 flush and a GPU spin before each)
 and reports the difference of the outputs, the kernel's effective bandwidth over the bytes it
 must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (DESIGN.md sec. 4), and the
 speed-up. Exits 1 if the outputs disagree beyond float32 rounding.
@@ -79,7 +79,8 @@ def main() -> None:
         out = {}
         fns = {"reference": lambda: sparse_attention(q, kv, sel, loc, impl="reference", **kw),
                "unsplit": lambda: sparse_attention_triton(q, kv, sel, loc, splits=1, **kw),
-               "triton": lambda: sparse_attention_triton(q, kv, sel, loc, **kw)}
+               "triton": lambda: sparse_attention_triton(q, kv, sel, loc, **kw),
+               "mma": lambda: sparse_attention_triton(q, kv, sel, loc, kernel="mma", **kw)}
         for impl, fn in fns.items():
             out[impl] = (fn().float(), _median_us(torch, fn, flush, args.reps))
         scale = out["reference"][0].abs().max().item()
@@ -87,7 +88,7 @@ def main() -> None:
         row = {"queries": N, "k": args.k, "reference_us": out["reference"][1],
                "splits": split_count(N, 4, args.k, 32), "row_bytes_read": need,
                "max_abs_out": scale}
-        for impl in ("unsplit", "triton"):
+        for impl in ("unsplit", "triton", "mma"):
             diff = (out[impl][0] - out["reference"][0]).abs().max().item()
             ok = diff <= 2e-2 * max(scale, 1e-6)  # bf16 output: one or two ulps
             bad += not ok
@@ -101,8 +102,9 @@ def main() -> None:
               f"{row['unsplit_us']:8.1f} us x{row['unsplit_speedup']:.2f} | split-K "
               f"({row['splits']:2d} chunks) {row['triton_us']:8.1f} us x{row['triton_speedup']:.2f} "
               f"{row['triton_gbps']:6.0f} GB/s ({100 * row['triton_fraction_of_hbm']:.0f}% of HBM)  "
-              f"max|diff| {row['unsplit_max_abs_diff']:.1e} / {row['triton_max_abs_diff']:.1e}",
-              flush=True)
+              f"| mma {row['mma_us']:8.1f} us x{row['mma_speedup']:.2f} {row['mma_gbps']:6.0f} GB/s  "
+              f"max|diff| {row['unsplit_max_abs_diff']:.1e} / {row['triton_max_abs_diff']:.1e} / "
+              f"{row['mma_max_abs_diff']:.1e}", flush=True)
     # chunk-count sweep at small batches, where split-K matters
     sweep = []
     for N in (1, 16):
@@ -114,6 +116,23 @@ def main() -> None:
             sweep.append({"queries": N, "splits": ns, "us": us,
                           "gbps": N * args.k * kv.shape[1] / us / 1e3})
             print(f"[attention] sweep N={N:3d} splits={ns:2d}: {us:8.1f} us "
+                  f"({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
+
+    # the all-heads tensor-core kernel's launch shape, at a decode batch and a verification call
+    for N in (64, 512):
+        q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
+        loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+        for bk, nw in ((16, 4), (32, 4), (64, 4), (32, 8), (64, 8)):
+            fn = lambda: sparse_attention_triton(q, kv, loc, loc, kernel="mma", block_k=bk,  # noqa: E731
+                                                 num_warps=nw, **kw)
+            try:
+                us = _median_us(torch, fn, flush, args.reps)
+            except Exception as e:  # e.g. out of shared memory for the larger tiles
+                print(f"[attention] mma N={N} block_k={bk} num_warps={nw}: {type(e).__name__}")
+                continue
+            sweep.append({"kernel": "mma", "queries": N, "block_k": bk, "num_warps": nw, "us": us,
+                          "gbps": N * args.k * kv.shape[1] / us / 1e3})
+            print(f"[attention] mma N={N:4d} block_k={bk:3d} num_warps={nw}: {us:8.1f} us "
                   f"({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
 
     # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)

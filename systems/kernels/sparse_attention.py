@@ -155,6 +155,108 @@ if _HAVE_TRITON:
 
 
     @triton.jit
+    def _sparse_attention_mma_kernel(
+            q_ptr, sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, out_ptr, m_ptr, l_ptr, acc_ptr,
+            K, CHUNK, row_bytes, sm_scale,
+            H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr,
+            ROPE: tl.constexpr, FP8: tl.constexpr, ROUND_BF16: tl.constexpr,
+            BLOCK_K: tl.constexpr, NOPE_P: tl.constexpr, ROPE_P: tl.constexpr,
+            SPLIT: tl.constexpr, BF16_MMA: tl.constexpr):
+        # one program per (query, chunk of CHUNK selections) for all heads: each row is decoded
+        # once, and both products run as tensor-core dots over heads padded to HP >= 16 rows
+        # (no cross-thread reductions). BF16_MMA (bf16 queries, rows rounded to bf16): q . x is
+        # exact per product in bf16 x bf16 -> fp32; p @ x splits p into two bf16 terms (hi + lo),
+        # ~2^-16 relative, i.e. float32-level agreement with the reference. Otherwise (float32,
+        # the interpreter) IEEE float32 dots. Partials use the per-head kernel's layout, so
+        # _combine_kernel merges both.
+        n = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
+        hh = tl.arange(0, HP)
+        hm = hh < H
+        jn = tl.arange(0, NOPE_P)
+        qrow = q_ptr + (n * H + hh) * D
+        qn = tl.load(qrow[:, None] + jn[None, :], mask=hm[:, None] & (jn[None, :] < NOPE), other=0.0)
+        if not BF16_MMA:
+            qn = qn.to(tl.float32)
+        if ROPE > 0:
+            jr = tl.arange(0, ROPE_P)
+            qr = tl.load(qrow[:, None] + NOPE + jr[None, :], mask=hm[:, None] & (jr[None, :] < ROPE),
+                         other=0.0)
+            if not BF16_MMA:
+                qr = qr.to(tl.float32)
+            acc_r = tl.zeros([HP, ROPE_P], dtype=tl.float32)
+        m = tl.full([HP], float("-inf"), dtype=tl.float32)
+        l_sum = tl.zeros([HP], dtype=tl.float32)
+        acc_n = tl.zeros([HP, NOPE_P], dtype=tl.float32)
+        k_hi = tl.minimum(c * CHUNK + CHUNK, K)
+        for k0 in range(c * CHUNK, k_hi, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            inb = kk < k_hi
+            sel = tl.load(sel_ptr + n * K + kk, mask=inb, other=-1)
+            valid = sel >= 0
+            row = tl.maximum(tl.load(loc_ptr + n * K + kk, mask=inb, other=0), 0).to(tl.int64)
+            nmask = valid[:, None] & (jn[None, :] < NOPE)
+            if FP8:
+                raw = tl.load(kv_u8 + row[:, None] * row_bytes + jn[None, :], mask=nmask, other=0)
+                xn = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                sc = tl.load(kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4
+                             + jn[None, :] // 128, mask=nmask, other=0.0)
+                xn = xn * sc
+            else:
+                xn = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask,
+                             other=0.0).to(tl.float32)
+            if ROUND_BF16:
+                xn = _round_to_bf16(xn)
+            if BF16_MMA:
+                xb = xn.to(tl.bfloat16)  # exact: xn is already a bf16 value
+                s = tl.dot(qn, tl.trans(xb))
+            else:
+                s = tl.dot(qn, tl.trans(xn), input_precision="ieee")  # [HP, BLOCK_K]
+            if ROPE > 0:
+                rmask = valid[:, None] & (jr[None, :] < ROPE)
+                r0 = (NOPE + 4 * (NOPE // 128)) // 2
+                xr = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + r0 + jr[None, :],
+                             mask=rmask, other=0.0)
+                if BF16_MMA:
+                    s += tl.dot(qr, tl.trans(xr))
+                else:
+                    xr = xr.to(tl.float32)
+                    s += tl.dot(qr, tl.trans(xr), input_precision="ieee")
+            s = tl.where(valid[None, :], s * sm_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            live = m_new > float("-inf")
+            alpha = tl.where(live, tl.exp(m - tl.where(live, m_new, 0.0)), 1.0)
+            p = tl.where(valid[None, :], tl.exp(s - tl.where(live, m_new, 0.0)[:, None]), 0.0)
+            l_sum = l_sum * alpha + tl.sum(p, 1)
+            if BF16_MMA:
+                p_hi = p.to(tl.bfloat16)
+                p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
+                acc_n = acc_n * alpha[:, None] + tl.dot(p_hi, xb) + tl.dot(p_lo, xb)
+                if ROPE > 0:
+                    acc_r = acc_r * alpha[:, None] + tl.dot(p_hi, xr) + tl.dot(p_lo, xr)
+            else:
+                acc_n = acc_n * alpha[:, None] + tl.dot(p, xn, input_precision="ieee")
+                if ROPE > 0:
+                    acc_r = acc_r * alpha[:, None] + tl.dot(p, xr, input_precision="ieee")
+            m = m_new
+        if SPLIT:
+            part = (n * tl.num_programs(1) + c) * H + hh
+            tl.store(m_ptr + part, m, mask=hm)
+            tl.store(l_ptr + part, l_sum, mask=hm)
+            ab = acc_ptr + part[:, None] * D
+            tl.store(ab + jn[None, :], acc_n, mask=hm[:, None] & (jn[None, :] < NOPE))
+            if ROPE > 0:
+                tl.store(ab + NOPE + jr[None, :], acc_r, mask=hm[:, None] & (jr[None, :] < ROPE))
+        else:
+            inv = tl.where(l_sum > 0, 1.0 / l_sum, 0.0)
+            ob = out_ptr + (n * H + hh[:, None]) * D
+            tl.store(ob + jn[None, :], (acc_n * inv[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=hm[:, None] & (jn[None, :] < NOPE))
+            if ROPE > 0:
+                tl.store(ob + NOPE + jr[None, :], (acc_r * inv[:, None]).to(out_ptr.dtype.element_ty),
+                         mask=hm[:, None] & (jr[None, :] < ROPE))
+
+    @triton.jit
     def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, NS,
                         H: tl.constexpr, D: tl.constexpr, NSP: tl.constexpr, DP: tl.constexpr):
         # merge the chunks' online-softmax states of one (query, head): rescale each chunk's sum
@@ -190,9 +292,12 @@ def split_count(N: int, H: int, K: int, block_k: int, target_programs: int = 264
 
 def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_dim: int,
                             rope_dim: int, row_dtype: torch.dtype, block_k: int = 32,
-                            num_warps: int = 4, splits: int | None = None) -> torch.Tensor:
+                            num_warps: int = 4, splits: int | None = None,
+                            kernel: str = "per_head") -> torch.Tensor:
     """``splits``: chunks of selections per (query, head), merged by a second small launch;
-    default ``split_count`` (1 once N x H programs fill the GPU)."""
+    default ``split_count`` (1 once N x H programs fill the GPU). ``kernel``: ``per_head`` (one
+    program per query, head and chunk) or ``mma`` (all heads of a query per program, tensor-core
+    dots; see _sparse_attention_mma_kernel)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     N, H, d = q.shape
@@ -205,7 +310,13 @@ def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_
     out = torch.empty_like(q)
     if N == 0:
         return out
-    ns = int(splits) if splits else split_count(N, H, K, block_k)
+    if kernel not in ("per_head", "mma"):
+        raise ValueError(f"unknown sparse attention kernel {kernel!r}")
+    bf16 = q.dtype == torch.bfloat16 and row_dtype == torch.bfloat16
+    # the mma kernel's float32 dots (non-bf16 inputs) need ~234 KB of shared memory per program
+    # on sm_90 (limit 227 KB): they are for the interpreter; a GPU takes the per-head kernel
+    mma = kernel == "mma" and (bf16 or not q.is_cuda)
+    ns = int(splits) if splits else split_count(N, 1 if mma else H, K, block_k)
     chunk = -(-max(K, 1) // ns)
     chunk = -(-chunk // block_k) * block_k  # whole tiles per chunk
     ns = max(1, -(-K // chunk))
@@ -215,13 +326,16 @@ def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_
         acc = torch.empty(N * ns * H * d, dtype=torch.float32, device=q.device)
     else:
         m = l_ = acc = out  # unused
-    _sparse_attention_kernel[(N, H, ns)](
-        q.contiguous(), selections.contiguous(), locations.contiguous(),
-        kv, kv.view(torch.float32), kv.view(torch.bfloat16), out, m, l_, acc,
-        K, chunk, row_bytes, 1.0 / math.sqrt(kv_dim),
-        H=H, D=d, NOPE=nope, ROPE=rope, FP8=fp8, ROUND_BF16=row_dtype == torch.bfloat16,
-        BLOCK_K=block_k, NOPE_P=_p2(nope), ROPE_P=_p2(rope) if rope else 16, SPLIT=ns > 1,
-        num_warps=num_warps)
+    args = (q.contiguous(), selections.contiguous(), locations.contiguous(),
+            kv, kv.view(torch.float32), kv.view(torch.bfloat16), out, m, l_, acc,
+            K, chunk, row_bytes, 1.0 / math.sqrt(kv_dim))
+    common = dict(H=H, D=d, NOPE=nope, ROPE=rope, FP8=fp8, ROUND_BF16=row_dtype == torch.bfloat16,
+                  BLOCK_K=block_k, NOPE_P=_p2(nope), ROPE_P=_p2(rope) if rope else 16,
+                  SPLIT=ns > 1, num_warps=num_warps)
+    if mma:
+        _sparse_attention_mma_kernel[(N, ns)](*args, HP=_p2(H), BF16_MMA=bf16, **common)
+    else:
+        _sparse_attention_kernel[(N, H, ns)](*args, **common)
     if ns > 1:
         _combine_kernel[(N, H)](m, l_, acc, out, ns, H=H, D=d, NSP=_p2(ns, 2), DP=_p2(d))
     return out
@@ -233,26 +347,30 @@ def sparse_attention(q, kv, selections, locations, *, kv_format: str, kv_dim: in
     kw = dict(kv_format=kv_format, kv_dim=kv_dim, rope_dim=rope_dim, row_dtype=row_dtype)
     if impl == "triton":
         return sparse_attention_triton(q, kv, selections, locations, **kw)
+    if impl == "triton_mma":
+        return sparse_attention_triton(q, kv, selections, locations, kernel="mma", **kw)
     if impl == "reference":
         return sparse_attention_reference(q, kv, selections, locations, **kw)
     raise ValueError(f"unknown sparse attention impl {impl!r}")
 
 
 def aot_compile(arch: int = 90, num_warps: int = 4, fp8: bool = True, q_type: str = "bf16",
-                **constexprs):
+                kernel: str = "per_head", **constexprs):
     """Compile the kernel for an NVIDIA target without a GPU (Triton bundles ptxas): catches
     compile-mode errors the interpreter does not see. Needs a process where TRITON_INTERPRET
     is unset. Returns the compiled kernel (``.asm`` holds ttir/ttgir/llir/ptx/cubin)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
 
-    fn = _sparse_attention_kernel
+    fn = _sparse_attention_kernel if kernel == "per_head" else _sparse_attention_mma_kernel
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     c = dict(H=4, D=576, NOPE=512, ROPE=64, FP8=fp8, ROUND_BF16=True, BLOCK_K=32, NOPE_P=512,
              ROPE_P=64, SPLIT=True)
     if not fp8:
         c.update(D=576, NOPE=576, ROPE=0, NOPE_P=1024, ROPE_P=16)
+    if kernel == "mma":
+        c.update(HP=16, BF16_MMA=q_type == "bf16")
     c.update(constexprs)
     ptrs = {"q_ptr": "*" + q_type, "sel_ptr": "*i64", "loc_ptr": "*i64", "kv_u8": "*u8",
             "kv_f32": "*fp32", "kv_bf16": "*bf16", "out_ptr": "*" + q_type, "m_ptr": "*fp32",

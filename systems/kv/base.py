@@ -130,7 +130,8 @@ class KVBackend(ABC):
         self.max_pages_per_req = math.ceil((self.max_total_tokens + self.q_max) / self.P)
         self.index_src_ids = {s: i for i, s in enumerate(model_cfg.index_sources)}
         # the indexer's scan follows model.attention_impl (auto: the kernel on a GPU)
-        self.index_impl = resolve_impl(model_cfg.attention_impl, self.device)
+        impl = resolve_impl(model_cfg.attention_impl, self.device)
+        self.index_impl = "triton" if impl.startswith("triton") else impl
         self.slot_len = [0] * self.num_slots  # committed positions per slot (host-side)
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
         self.active_slots: set[int] = set()

@@ -20,8 +20,9 @@ ROLES = ("full", "follower", "reindex", "reuse")
 KV_FORMATS = ("bf16", "fp8")
 
 
-# auto: the Triton kernels on a GPU that passes their self-check, else reference
-ATTENTION_IMPLS = ("auto", "triton", "reference")
+# auto: the Triton kernels on a GPU that passes their self-check, else reference;
+# triton_mma: the all-heads tensor-core attention kernel (the index scan as triton)
+ATTENTION_IMPLS = ("auto", "triton", "triton_mma", "reference")
 
 @dataclass(frozen=True)
 class LayerSpec:

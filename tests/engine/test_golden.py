@@ -47,8 +47,9 @@ def test_graph_protocol_reproduces_golden_tokens(backend, model, max_bs):
     eng.backend.check_integrity()
 
 
-@pytest.mark.parametrize("backend", ["resident", "adaptive_hisparse"])
-def test_fused_attention_kernel_reproduces_golden_tokens(backend):
+@pytest.mark.parametrize("backend,impl", [("resident", "triton"), ("adaptive_hisparse", "triton"),
+                                          ("hisparse", "triton_mma")])
+def test_fused_attention_kernel_reproduces_golden_tokens(backend, impl):
     """model.attention_impl=triton (the GPU default; here under TRITON_INTERPRET=1): the indexer's
     scores over paged keys and the attention over rows read in place by location give the
     reference's tokens, prefill and decode, through a backend."""
@@ -57,7 +58,7 @@ def test_fused_attention_kernel_reproduces_golden_tokens(backend):
     if not isinstance(_sparse_attention_kernel, InterpretedFunction):
         pytest.skip("triton imported without TRITON_INTERPRET=1 in this process")
     eng = make_engine("model=tiny", f"system.kv_backend={backend}", "hardware.kv_pool_gib=0.01",
-                      "model.attention_impl=triton")
-    assert eng.model.attention_impl == "triton" and eng.backend.index_impl == "triton"
+                      f"model.attention_impl={impl}")
+    assert eng.model.attention_impl == impl and eng.backend.index_impl == "triton"
     outs = run_greedy(eng, GOLDEN["prompts"][:3], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"]["tiny"][:3]

@@ -66,6 +66,28 @@ def test_split_k_with_a_chunk_of_padding_only():
     torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("fmt,d,rope", [("bf16", 40, 0), ("fp8", 176, 48)])
+@pytest.mark.parametrize("N,H,k,splits", [(1, 1, 1, None), (3, 3, 37, 3), (5, 4, 70, None),
+                                          (2, 17, 45, 2)])
+def test_mma_kernel_matches_reference(fmt, d, rope, N, H, k, splits):
+    """All heads per program with dots (float32 here; the bf16 tensor-core path is checked by
+    the sm90 compile below and on the GPU, bf16 arithmetic being unreliable in the
+    interpreter), chunks merged like the per-head kernel's: same function."""
+    cfg, kv, sel, loc, q = _case(fmt, N, H, k, d, rope, M=53, pad=0.3, seed=N * 100 + k)
+    kw = dict(kv_format=fmt, kv_dim=d, rope_dim=cfg.kv_rope_dim, row_dtype=torch.float32)
+    ref = sa.sparse_attention_reference(q, kv, sel, loc, **kw)
+    tri = sa.sparse_attention_triton(q, kv, sel, loc, kernel="mma", splits=splits, block_k=16,
+                                     **kw)
+    torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_unknown_kernel_is_a_clear_error():
+    cfg, kv, sel, loc, q = _case("bf16", 1, 1, 4, 16, 0, M=5, pad=0.0, seed=1)
+    with pytest.raises(ValueError, match="unknown sparse attention kernel"):
+        sa.sparse_attention_triton(q, kv, sel, loc, kv_format="bf16", kv_dim=16, rope_dim=0,
+                                   row_dtype=torch.float32, kernel="nope")
+
+
 def test_split_count_fills_the_gpu_only_when_needed():
     assert sa.split_count(1, 4, 512, 32) == 16  # one tile per chunk: 64 programs
     assert sa.split_count(16, 4, 512, 32) == 5
@@ -108,9 +130,12 @@ def test_padding_is_masked_and_negative_locations_read_row_zero():
 _AOT = r"""
 from systems.kernels import sparse_attention as sa
 for v in (dict(), dict(fp8=False), dict(q_type="fp32", ROUND_BF16=False), dict(SPLIT=False),
-          dict(SPLIT=False, fp8=False)):
+          dict(SPLIT=False, fp8=False), dict(kernel="mma"), dict(kernel="mma", SPLIT=False)):
     k = sa.aot_compile(90, **v)
     ptx = k.asm["ptx"]
+    if v.get("kernel") == "mma":  # bf16 tensor-core dots, within sm_90's 227 KB of shared memory
+        assert "mma.sync" in ptx or "wgmma" in ptx, v
+        assert k.metadata.shared <= 232448, (v, k.metadata.shared)
     assert "ex2.approx" in ptx or "ex2" in ptx, v  # the softmax's exponentials
     if v.get("fp8", True):
         assert "cvt" in ptx and "e4m3" in ptx, "fp8 rows should be converted in registers"
