@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
-# The next device session, in parts of one call each (about 9 min apiece), in priority order:
-#   DHS_GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_next.sh A   (carry .whl)
-# A: the fused sparse-attention kernel against the reference (numerics, speed), graph replay vs
-#    eager with it (and step times), Fig. 8 with copy-grid sweeps on (a) and (c), Fig. 6.
-# B: what A left of Fig. 6, Fig. 7 (blocks 4 / 6 / 8 at one commit), Fig. 11.   C: Fig. 4.   D: Fig. 1.
-# E: Fig. 9.   F: Fig. 5.
+# Device calls, in parts of one call each (about 9 min apiece):
+#   DHS_GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
+# Plan for the next session (the handoff fix and engine.max_handoffs_per_step changed the config
+# hash of every fig4-derived experiment, so fig1/4/6/7/9/11 rerun; older runs stay as history):
+#   1. single GPU, ~2 min: K (the attention kernels: per-head split-K vs the all-heads mma kernel,
+#      and graph replay with each); make the faster one the default before the runs below.
+#   2. nvidia-h200-x2: L "fig4:560" "fig6:330 fig7:230"
+#   3. nvidia-h200-x2: L "fig9:560" "fig5:560"
+#   then fig1, fig9_dsv, fig11 and the resolver (A) in the session after.
+# Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
+# D: Fig. 1.  E: Fig. 9.  F: Fig. 5.  K: attention kernels and graph replay only.
 # L: lanes, one per GPU of an nvidia-h200-x2 (twice the runs per device-second; each lane has its
 #    own GPU, server and port, the host is shared), e.g.
 #      bash benchmarks/gpu_next.sh L "fig6:150 fig7:380" "fig4:560"
 #    Each lane runs its experiments in order with per-experiment time boxes (seconds); an item
 #    @name:secs runs benchmarks/name.py --out $OUT/name.json instead.
 #    DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
-# If part A shows the kernel slower than the reference, pass model.attention_impl=reference to
-# the later parts (an override after the part letter is appended to every harness run).
+# An override after the part letter (after the lanes for L) is appended to every harness run.
 # Runs go to the repository's results/ (finished runs are skipped, so a part cut by its time box
-# resumes in the next call) and come back as $OUT/results.tgz; unpack it over results/ here.
+# resumes in the next call) and come back as $OUT/results.tgz; unpack it over the repo root here.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
 PART="${1:-A}"; shift || true
 rep() {  # experiment, seconds
-  timeout "$2" python3 -m harness.reproduce --only "$1" --results results "${@:3}" 2>&1 | grep -v Warn | grep -v "^\[20" | tail -14
+  timeout "$2" python3 -m harness.reproduce --only "$1" --results results "${@:3}" 2>&1 | grep -v Warn | grep -v "^\[20" | tail -40
 }
 case "$PART" in
   A) # a check that fails (or does not finish) switches the runs below to the safe path
@@ -35,6 +39,12 @@ case "$PART" in
      echo "[gpu_next] runs below add: ${SAFE[*]:-nothing}"
      timeout 160 python3 benchmarks/bench_resolver.py --sweep-copy-programs --out $OUT/fig8_sweep.json 2>&1 | grep -v Warn | tail -30
      rep fig6 240 ${SAFE[@]+"${SAFE[@]}"}; EXPS="fig6" ;;
+  K) timeout 100 python3 benchmarks/bench_attention.py --reps 20 --out $OUT/attention.json 2>&1 | grep -v Warn | tail -30
+     for impl in triton triton_mma; do
+       timeout 100 python3 benchmarks/check_cuda_graph.py --systems hisparse,adaptive_dhisparse --context 2048 \
+         --new-tokens 24 --out $OUT/graph_$impl.json model.attention_impl=$impl 2>&1 | grep -v Warn | tail -3
+     done
+     EXPS="" ;;
   B) rep fig6 120 "$@"; rep fig7 330 "$@"; rep fig11 120 "$@"; EXPS="fig6 fig7 fig11" ;;
   C) rep fig4 540 "$@"; EXPS="fig4" ;;
   D) rep fig1 540 "$@"; EXPS="fig1" ;;
@@ -64,5 +74,5 @@ case "$PART" in
      wait; cat $OUT/lane0.log $OUT/lane1.log ;;
 esac
 python3 -m harness.summaries --results results >/dev/null 2>&1
-tar czf $OUT/results.tgz $(for e in $EXPS; do echo results/$e; done) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)
+[ -n "$EXPS" ] && tar czf $OUT/results.tgz $(for e in $EXPS; do echo results/$e; done) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)
 ls -la $OUT
