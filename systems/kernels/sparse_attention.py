@@ -73,6 +73,28 @@ if _HAVE_TRITON:
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, base, k0, k_hi, row_bytes, jn,
+                   NOPE: tl.constexpr, FP8: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Selections k0 .. k0 + BLOCK_K (below k_hi) of one query: (valid, pool row, the rows'
+        nope parts decoded to float32 [BLOCK_K, NOPE_P]: fp8 x its block scale, or bf16)."""
+        kk = k0 + tl.arange(0, BLOCK_K)
+        inb = kk < k_hi
+        sel = tl.load(sel_ptr + base + kk, mask=inb, other=-1)
+        valid = sel >= 0
+        row = tl.maximum(tl.load(loc_ptr + base + kk, mask=inb, other=0), 0).to(tl.int64)
+        nmask = valid[:, None] & (jn[None, :] < NOPE)
+        if FP8:
+            raw = tl.load(kv_u8 + row[:, None] * row_bytes + jn[None, :], mask=nmask, other=0)
+            xn = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            sc = tl.load(kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4
+                         + jn[None, :] // 128, mask=nmask, other=0.0)
+            xn = xn * sc
+        else:
+            xn = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask,
+                         other=0.0).to(tl.float32)
+        return valid, row, xn
+
+    @triton.jit
     def _sparse_attention_kernel(
             q_ptr, sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, out_ptr, m_ptr, l_ptr, acc_ptr,
             K, CHUNK, row_bytes, sm_scale,
@@ -101,21 +123,8 @@ if _HAVE_TRITON:
         acc_n = tl.zeros([NOPE_P], dtype=tl.float32)
         k_hi = tl.minimum(c * CHUNK + CHUNK, K)
         for k0 in range(c * CHUNK, k_hi, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            inb = kk < k_hi
-            sel = tl.load(sel_ptr + n * K + kk, mask=inb, other=-1)
-            valid = sel >= 0
-            row = tl.maximum(tl.load(loc_ptr + n * K + kk, mask=inb, other=0), 0).to(tl.int64)
-            nmask = valid[:, None] & (jn[None, :] < NOPE)
-            if FP8:
-                raw = tl.load(kv_u8 + row[:, None] * row_bytes + jn[None, :], mask=nmask, other=0)
-                xn = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                sc = tl.load(kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4
-                             + jn[None, :] // 128, mask=nmask, other=0.0)
-                xn = xn * sc
-            else:
-                xn = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask,
-                             other=0.0).to(tl.float32)
+            valid, row, xn = _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, n * K, k0, k_hi,
+                                        row_bytes, jn, NOPE, FP8, BLOCK_K)
             if ROUND_BF16:  # decode_rows(..., bfloat16): the rows the reference attends over
                 xn = _round_to_bf16(xn)
             s = tl.sum(xn * qn[None, :], 1)  # [BLOCK_K]
@@ -190,21 +199,8 @@ if _HAVE_TRITON:
         acc_n = tl.zeros([HP, NOPE_P], dtype=tl.float32)
         k_hi = tl.minimum(c * CHUNK + CHUNK, K)
         for k0 in range(c * CHUNK, k_hi, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            inb = kk < k_hi
-            sel = tl.load(sel_ptr + n * K + kk, mask=inb, other=-1)
-            valid = sel >= 0
-            row = tl.maximum(tl.load(loc_ptr + n * K + kk, mask=inb, other=0), 0).to(tl.int64)
-            nmask = valid[:, None] & (jn[None, :] < NOPE)
-            if FP8:
-                raw = tl.load(kv_u8 + row[:, None] * row_bytes + jn[None, :], mask=nmask, other=0)
-                xn = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                sc = tl.load(kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4
-                             + jn[None, :] // 128, mask=nmask, other=0.0)
-                xn = xn * sc
-            else:
-                xn = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask,
-                             other=0.0).to(tl.float32)
+            valid, row, xn = _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, n * K, k0, k_hi,
+                                        row_bytes, jn, NOPE, FP8, BLOCK_K)
             if ROUND_BF16:
                 xn = _round_to_bf16(xn)
             if BF16_MMA:
