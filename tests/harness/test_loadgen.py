@@ -365,9 +365,11 @@ def test_cli_writes_records_summary_and_metrics(server, tmp_path):
     out, summ, met = tmp_path / "r.jsonl", tmp_path / "s.json", tmp_path / "m.jsonl"
     cmd = [
         sys.executable, "-m", "harness.loadgen", "--url", server.url, "--api", "generate",
-        "--concurrency", "4", "--num-requests", "24", "--input-len", "32", "--output-len", "6",
+        # 20 tokens 10 ms apart: the run lasts ~1.3 s, so the central half (Active) holds several
+        # 0.05 s scrapes even on a loaded CI machine
+        "--concurrency", "4", "--num-requests", "24", "--input-len", "32", "--output-len", "20",
         "--prefixes", "2", "--warmup", "2", "--out", str(out), "--summary-out", str(summ),
-        "--metrics-out", str(met), "--metrics-interval", "0.1", "--num-gpus", "2", "--disable-progress",
+        "--metrics-out", str(met), "--metrics-interval", "0.05", "--num-gpus", "2", "--disable-progress",
         "--seed", "5",
     ]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
