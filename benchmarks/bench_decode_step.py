@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--kv-pool-gib", type=float, default=40.0)
+    ap.add_argument("--phases", action="store_true",
+                    help="speculative systems: time the round's phases (propose, verify, "
+                         "accept+commit, catch-up, emit) with CUDA events")
     ap.add_argument("--out", default=None)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -65,7 +68,11 @@ def main() -> None:
         eng.step()  # prefill once, admit all (handoffs), first decode step
         assert len(eng.scheduler.running) == B, (len(eng.scheduler.running), B)
         times = []
+        timer = None
         for i in range(args.warmup + args.steps):
+            if args.phases and i == args.warmup and hasattr(eng.decoder, "phase_timer"):
+                from systems.spec.decoder import PhaseTimer
+                timer = eng.decoder.phase_timer = PhaseTimer(eng.device)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             eng.step()
@@ -88,7 +95,14 @@ def main() -> None:
                # graphs on unless engine.disable_cuda_graph=true or a capture failed
                "cuda_graph": eng.graph_runner is not None and not eng.graph_runner.broken,
                "graph_stats": dict(eng.graph_runner.stats) if eng.graph_runner else None}
+        if timer is not None:
+            torch.cuda.synchronize()
+            row["phases_ms_median"] = {p: statistics.median(v) for p, v in timer.ms().items() if v}
+            eng.decoder.phase_timer = None
         rows.append(row)
+        if "phases_ms_median" in row:
+            print(f"B={B:4d} round phases (ms): " + ", ".join(
+                f"{p} {v:.2f}" for p, v in row["phases_ms_median"].items()), flush=True)
         print(f"B={B:4d} step {row['step_ms_median']:8.3f} ms  floor {row['floor_ms']:7.3f} ms "
               f"(x{row['ratio_to_floor']:.1f})  floor+index {row['floor_with_index_ms']:7.3f} ms "
               f"(x{row['ratio_to_floor_with_index']:.1f})", flush=True)

@@ -3,8 +3,9 @@
 #   DHS_GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
 # Plan for the next session (the handoff fix and engine.max_handoffs_per_step changed the config
 # hash of every fig4-derived experiment, so fig1/4/6/7/9/11 rerun; older runs stay as history):
-#   1. single GPU, ~2 min: K (the attention kernels: per-head split-K vs the all-heads mma kernel,
-#      and graph replay with each); make the faster one the default before the runs below.
+#   1. single GPU, ~5 min: K (the attention kernels: per-head split-K vs the all-heads mma kernel,
+#      graph replay with each, and a speculative round's phases against a plain step); make the
+#      faster kernel the default before the runs below.
 #   2. nvidia-h200-x2: L "fig4:560" "fig6:330 fig7:230"
 #   3. nvidia-h200-x2: L "fig9:560" "fig5:560"
 #   then fig1, fig9_dsv, fig11 and the resolver (A) in the session after.
@@ -43,6 +44,11 @@ case "$PART" in
      for impl in triton triton_mma; do
        timeout 100 python3 benchmarks/check_cuda_graph.py --systems hisparse,adaptive_dhisparse --context 2048 \
          --new-tokens 24 --out $OUT/graph_$impl.json model.attention_impl=$impl 2>&1 | grep -v Warn | tail -3
+     done
+     # what a speculative round costs against a plain step (paper: 2.2x at block 4), by phase
+     for sys in resident resident_dflash2; do
+       timeout 100 python3 benchmarks/bench_decode_step.py model=glm53_mini system=$sys --batches 8,32 \
+         --context 4096 --steps 20 --kv-pool-gib 20 --phases --out $OUT/step_$sys.json 2>&1 | grep -v Warn | tail -5
      done
      EXPS="" ;;
   B) rep fig6 120 "$@"; rep fig7 330 "$@"; rep fig11 120 "$@"; EXPS="fig6 fig7 fig11" ;;

@@ -18,6 +18,33 @@ from systems.spec.acceptance import (PAPER_EMITTED_PER_ROUND, accept_calibrated,
                                      calibrated_alpha)
 
 
+class PhaseTimer:
+    """Per-round time of the phases of a speculative round (off unless a benchmark turns it on):
+    CUDA events on a GPU (read after the caller synchronizes), wall clock on CPU."""
+
+    PHASES = ("propose", "verify", "accept_commit", "catch_up", "emit")
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.rounds: list[list] = []
+
+    def mark(self, round_marks: list) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            round_marks.append(ev)
+        else:
+            round_marks.append(time.perf_counter())
+
+    def ms(self) -> dict[str, list[float]]:
+        """Phase -> per-round milliseconds (call after a synchronize)."""
+        out = {p: [] for p in self.PHASES}
+        for marks in self.rounds:
+            for p, a, b in zip(self.PHASES, marks, marks[1:]):
+                out[p].append(a.elapsed_time(b) if self.cuda else (b - a) * 1e3)
+        return out
+
+
 class PlainDecoder:
     max_queries = 1
 
@@ -74,6 +101,7 @@ class SpeculativeDecoder:
             num_slots=num_slots, page=mcfg.page_size, k_max=self.k_max,
             seed=mcfg.seed)
         self._round_ms: dict[int, float] = {}  # verification width -> EMA of round time
+        self.phase_timer: PhaseTimer | None = None  # set by benchmarks (bench_decode_step --phases)
         self.stats = {"spec_rounds_total": 0, "spec_queries_total": 0,
                       "spec_accepted_total": 0, "spec_emitted_total": 0}
 
@@ -152,6 +180,10 @@ class SpeculativeDecoder:
         anchors = torch.tensor([r.output_ids[-1] for r in batch], device=dev)
         temps = e._temperatures(batch)
         sampled = any(r.params.temperature > 0 for r in batch)
+        pt, marks = self.phase_timer, []
+        if pt is not None:
+            pt.rounds.append(marks)
+            pt.mark(marks)
         graphs = self._drafter_graphs(B, sampled)
         if graphs is not None:
             outs = graphs.run(("propose", B, K), self._propose_region(K), slots, anchors, n,
@@ -161,6 +193,8 @@ class SpeculativeDecoder:
                 self.drafter.last_confidence = outs[2]
         else:
             proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen, sampled)
+        if pt is not None:
+            pt.mark(marks)
         k_r = self._k_r(q, proposals)
         # the pass verifies the widest prefix any request asked for (DSpark saves work here)
         K = int(k_r.max())
@@ -172,6 +206,8 @@ class SpeculativeDecoder:
         be = e.backend
         logits, hidden = e.run_target([r.slot for r in batch], tokens, positions,
                                       max(r.seq_len for r in batch) + K)
+        if pt is not None:
+            pt.mark(marks)
         if self.mode == "exact":
             A, nxt = accept_exact(logits, proposals, q, k_r, temps, e.gen)
         else:
@@ -184,6 +220,8 @@ class SpeculativeDecoder:
         be.commit([r.slot for r in batch], new_len)
         # the drafter advances with the same prefix: anchor + accepted, with target features
         props = proposals.tolist()  # before the drafter's next graph reuses its buffers
+        if pt is not None:
+            pt.mark(marks)
         L = 1 + max(A)
         valid = torch.arange(L, device=dev).unsqueeze(0) < (1 + torch.tensor(A, device=dev)
                                                             ).unsqueeze(1)
@@ -192,6 +230,8 @@ class SpeculativeDecoder:
                        positions[:, :L], hidden[:, :L], valid)
         else:
             self.drafter.catch_up(slots, tokens[:, :L], positions[:, :L], hidden[:, :L], valid)
+        if pt is not None:
+            pt.mark(marks)
         out = []
         for b in range(B):
             out.append(props[b][:A[b]] + [nxt[b]])
@@ -199,4 +239,6 @@ class SpeculativeDecoder:
         self.stats["spec_queries_total"] += int(k_r.sum())
         self.stats["spec_accepted_total"] += sum(A)
         self.stats["spec_emitted_total"] += sum(A) + B
+        if pt is not None:
+            pt.mark(marks)
         return out

@@ -262,3 +262,29 @@ def test_dspark_cost_model_is_profiled_online():
     assert a == 1.0 and abs(b - 2.0 / 6.0) < 1e-9
     run_greedy(eng, GOLDEN["prompts"][:2], 12)
     assert dec._round_ms and all(v > 0 for v in dec._round_ms.values())
+
+
+def test_phase_timer_splits_each_round_into_its_phases():
+    """bench_decode_step --phases: one time per phase per round, adding up to the round."""
+    import time
+
+    from systems.spec.decoder import PhaseTimer
+
+    eng = _spec_engine("resident_dflash2", "tiny", 4, False)
+    timer = eng.decoder.phase_timer = PhaseTimer(eng.device)
+    from systems.engine.request import Request, SamplingParams
+    reqs = [Request(eng.new_rid(), p, SamplingParams(max_new_tokens=8)) for p in GOLDEN["prompts"][:2]]
+    for r in reqs:
+        eng.submit(r)
+    eng.step()  # admissions + the first round
+    t0 = time.perf_counter()
+    eng.step()
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    ms = timer.ms()
+    assert set(ms) == set(PhaseTimer.PHASES)
+    n = len(timer.rounds)
+    assert n == 2 and all(len(v) == n for v in ms.values())
+    assert all(x >= 0 for v in ms.values() for x in v)
+    last = sum(v[-1] for v in ms.values())
+    assert 0 < last <= wall_ms
+    assert ms["verify"][-1] > 0 and ms["propose"][-1] > 0
