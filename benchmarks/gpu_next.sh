@@ -50,6 +50,14 @@ case "$PART" in
        timeout 100 python3 benchmarks/bench_decode_step.py model=glm53_mini system=$sys --batches 8,32 \
          --context 4096 --steps 20 --kv-pool-gib 20 --phases --out $OUT/step_$sys.json 2>&1 | grep -v Warn | tail -5
      done
+     # issue 3's client target on a quiet 16-core host: 1000 streams, the issue point and the
+     # capacity point (8 ms gaps, 8 tokens per event, staggered), three repeats each
+     n=$(nproc); mkdir -p $OUT/bench_client
+     timeout 200 python3 benchmarks/bench_client.py --streams 1000 --capacity-itl-ms 8 \
+       --capacity-tokens-per-chunk 1,8 --capacity-starts staggered --repeats 3 --event-loops asyncio \
+       --client-cpu $((n-1)) --server-cpu $((n-2)) --quiet-wait-s 10 --out-dir $OUT/bench_client 2>&1 \
+       | grep -v Warn | tail -8
+     (cd $OUT && tar czf bench_client.tgz bench_client && rm -rf bench_client)
      EXPS="" ;;
   B) rep fig6 120 "$@"; rep fig7 330 "$@"; rep fig11 120 "$@"; EXPS="fig6 fig7 fig11" ;;
   C) rep fig4 540 "$@"; EXPS="fig4" ;;
