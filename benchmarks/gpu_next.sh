@@ -51,10 +51,10 @@ case "$PART" in
          --context 4096 --steps 20 --kv-pool-gib 20 --phases --out $OUT/step_$sys.json 2>&1 | grep -v Warn | tail -5
      done
      # issue 3's client target on a quiet 16-core host: 1000 streams, the issue point and the
-     # capacity point (8 ms gaps, 8 tokens per event, staggered), three repeats each
+     # capacity point (8 ms gaps, 8 tokens per event, staggered), two repeats each
      n=$(nproc); mkdir -p $OUT/bench_client
      timeout 200 python3 benchmarks/bench_client.py --streams 1000 --capacity-itl-ms 8 \
-       --capacity-tokens-per-chunk 1,8 --capacity-starts staggered --repeats 3 --event-loops asyncio \
+       --capacity-tokens-per-chunk 1,8 --capacity-starts staggered --repeats 2 --event-loops asyncio \
        --client-cpu $((n-1)) --server-cpu $((n-2)) --quiet-wait-s 10 --out-dir $OUT/bench_client 2>&1 \
        | grep -v Warn | tail -8
      (cd $OUT && tar czf bench_client.tgz bench_client && rm -rf bench_client)
