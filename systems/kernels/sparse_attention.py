@@ -74,9 +74,11 @@ if _HAVE_TRITON:
 
     @triton.jit
     def _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, base, k0, k_hi, row_bytes, jn,
-                   NOPE: tl.constexpr, FP8: tl.constexpr, BLOCK_K: tl.constexpr):
+                   NOPE: tl.constexpr, FP8: tl.constexpr, ROUND_BF16: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
         """Selections k0 .. k0 + BLOCK_K (below k_hi) of one query: (valid, pool row, the rows'
-        nope parts decoded to float32 [BLOCK_K, NOPE_P]: fp8 x its block scale, or bf16)."""
+        nope parts decoded to float32 [BLOCK_K, NOPE_P]: fp8 x its block scale, or bf16; with
+        ROUND_BF16 rounded to bf16 values as decode_rows(..., bfloat16) gives the reference)."""
         kk = k0 + tl.arange(0, BLOCK_K)
         inb = kk < k_hi
         sel = tl.load(sel_ptr + base + kk, mask=inb, other=-1)
@@ -92,7 +94,17 @@ if _HAVE_TRITON:
         else:
             xn = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask,
                          other=0.0).to(tl.float32)
+        if ROUND_BF16:
+            xn = _round_to_bf16(xn)
         return valid, row, xn
+
+    @triton.jit
+    def _load_rope(kv_bf16, row, valid, jr, row_bytes, NOPE: tl.constexpr, ROPE: tl.constexpr):
+        """The rows' bf16 rope tails [BLOCK_K, ROPE_P], stored after the nope bytes and their
+        float32 scales (fp8 rows), as bf16 values."""
+        r0 = (NOPE + 4 * (NOPE // 128)) // 2  # in bf16 units
+        return tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + r0 + jr[None, :],
+                       mask=valid[:, None] & (jr[None, :] < ROPE), other=0.0)
 
     @triton.jit
     def _sparse_attention_kernel(
@@ -124,16 +136,10 @@ if _HAVE_TRITON:
         k_hi = tl.minimum(c * CHUNK + CHUNK, K)
         for k0 in range(c * CHUNK, k_hi, BLOCK_K):
             valid, row, xn = _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, n * K, k0, k_hi,
-                                        row_bytes, jn, NOPE, FP8, BLOCK_K)
-            if ROUND_BF16:  # decode_rows(..., bfloat16): the rows the reference attends over
-                xn = _round_to_bf16(xn)
+                                        row_bytes, jn, NOPE, FP8, ROUND_BF16, BLOCK_K)
             s = tl.sum(xn * qn[None, :], 1)  # [BLOCK_K]
             if ROPE > 0:
-                rmask = valid[:, None] & (jr[None, :] < ROPE)
-                # bf16 rope tail after the nope bytes and their scales (fp8), in bf16 units
-                r0 = (NOPE + 4 * (NOPE // 128)) // 2
-                xr = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + r0 + jr[None, :],
-                             mask=rmask, other=0.0).to(tl.float32)
+                xr = _load_rope(kv_bf16, row, valid, jr, row_bytes, NOPE, ROPE).to(tl.float32)
                 s += tl.sum(xr * qr[None, :], 1)
             s = tl.where(valid, s * sm_scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 0))
@@ -200,19 +206,14 @@ if _HAVE_TRITON:
         k_hi = tl.minimum(c * CHUNK + CHUNK, K)
         for k0 in range(c * CHUNK, k_hi, BLOCK_K):
             valid, row, xn = _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, n * K, k0, k_hi,
-                                        row_bytes, jn, NOPE, FP8, BLOCK_K)
-            if ROUND_BF16:
-                xn = _round_to_bf16(xn)
+                                        row_bytes, jn, NOPE, FP8, ROUND_BF16, BLOCK_K)
             if BF16_MMA:
                 xb = xn.to(tl.bfloat16)  # exact: xn is already a bf16 value
                 s = tl.dot(qn, tl.trans(xb))
             else:
                 s = tl.dot(qn, tl.trans(xn), input_precision="ieee")  # [HP, BLOCK_K]
             if ROPE > 0:
-                rmask = valid[:, None] & (jr[None, :] < ROPE)
-                r0 = (NOPE + 4 * (NOPE // 128)) // 2
-                xr = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + r0 + jr[None, :],
-                             mask=rmask, other=0.0)
+                xr = _load_rope(kv_bf16, row, valid, jr, row_bytes, NOPE, ROPE)
                 if BF16_MMA:
                     s += tl.dot(qr, tl.trans(xr))
                 else:

@@ -183,7 +183,11 @@ class SpeculativeDecoder:
         pt, marks = self.phase_timer, []
         if pt is not None:
             pt.rounds.append(marks)
-            pt.mark(marks)
+
+        def mark():  # a phase boundary (PhaseTimer.PHASES), when a benchmark times the round
+            if pt is not None:
+                pt.mark(marks)
+        mark()
         graphs = self._drafter_graphs(B, sampled)
         if graphs is not None:
             outs = graphs.run(("propose", B, K), self._propose_region(K), slots, anchors, n,
@@ -193,8 +197,7 @@ class SpeculativeDecoder:
                 self.drafter.last_confidence = outs[2]
         else:
             proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen, sampled)
-        if pt is not None:
-            pt.mark(marks)
+        mark()
         k_r = self._k_r(q, proposals)
         # the pass verifies the widest prefix any request asked for (DSpark saves work here)
         K = int(k_r.max())
@@ -206,8 +209,7 @@ class SpeculativeDecoder:
         be = e.backend
         logits, hidden = e.run_target([r.slot for r in batch], tokens, positions,
                                       max(r.seq_len for r in batch) + K)
-        if pt is not None:
-            pt.mark(marks)
+        mark()
         if self.mode == "exact":
             A, nxt = accept_exact(logits, proposals, q, k_r, temps, e.gen)
         else:
@@ -220,8 +222,7 @@ class SpeculativeDecoder:
         be.commit([r.slot for r in batch], new_len)
         # the drafter advances with the same prefix: anchor + accepted, with target features
         props = proposals.tolist()  # before the drafter's next graph reuses its buffers
-        if pt is not None:
-            pt.mark(marks)
+        mark()
         L = 1 + max(A)
         valid = torch.arange(L, device=dev).unsqueeze(0) < (1 + torch.tensor(A, device=dev)
                                                             ).unsqueeze(1)
@@ -230,8 +231,7 @@ class SpeculativeDecoder:
                        positions[:, :L], hidden[:, :L], valid)
         else:
             self.drafter.catch_up(slots, tokens[:, :L], positions[:, :L], hidden[:, :L], valid)
-        if pt is not None:
-            pt.mark(marks)
+        mark()
         out = []
         for b in range(B):
             out.append(props[b][:A[b]] + [nxt[b]])
@@ -239,6 +239,5 @@ class SpeculativeDecoder:
         self.stats["spec_queries_total"] += int(k_r.sum())
         self.stats["spec_accepted_total"] += sum(A)
         self.stats["spec_emitted_total"] += sum(A) + B
-        if pt is not None:
-            pt.mark(marks)
+        mark()
         return out
