@@ -585,6 +585,21 @@ def fig8bc(torch, rv, args, sz):
                 out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, copy_programs_per_request=S,
                                   sweep=True, us_median=statistics.median(ms_s) * 1e3))
                 log(f"  (c) sweep batch {R:3d} S={S}: {statistics.median(ms_s) * 1e3:8.1f} us")
+        if args.sweep_radix:
+            # victim selection: slots per radix tile x digit width (same result for every choice)
+            for spec in args.sweep_radix.split(","):
+                tile, bits = (int(x) for x in spec.split(":"))
+
+                def fn_r(tile=tile, bits=bits):
+                    stamp[0] += 1
+                    return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
+                                             radix_tile=tile, radix_bits=bits, check=False, **src.kwargs())
+
+                ms_r = time_stateful(torch, fn_r, restore, max(5, sz["reps_c"] // 4), warmup=3)
+                out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, radix_tile=tile, radix_bits=bits,
+                                  sweep=True, us_median=statistics.median(ms_r) * 1e3))
+                log(f"  (c) radix sweep batch {R:3d} tile {tile} bits {bits}: "
+                    f"{statistics.median(ms_r) * 1e3:8.1f} us")
         del src
     return out_b, out_c
 
@@ -602,6 +617,9 @@ def main() -> None:
                     help="copy programs per request (default: the resolver's choice)")
     ap.add_argument("--sweep-copy-programs", action="store_true",
                     help="also sweep the copy grid (programs per request) on (a) and (c)")
+    ap.add_argument("--sweep-radix", default="",
+                    help="also time (c) with these victim-selection settings, tile:bits,... "
+                         "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)")
     ap.add_argument("--num-warps", type=int, default=None,
                     help="warps per resolver program for every timed call (default: the kernel's 8)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: a,bc")

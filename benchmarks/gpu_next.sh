@@ -15,7 +15,7 @@
 #    own GPU, server and port, the host is shared), e.g.
 #      bash benchmarks/gpu_next.sh L "fig6:150 fig7:380" "fig4:560"
 #    Each lane runs its experiments in order with per-experiment time boxes (seconds); an item
-#    @name:secs runs benchmarks/name.py --out $OUT/name.json instead.
+#    @name:secs runs benchmarks/name.py --out $OUT/name.json $DHS_ARGS_name instead.
 #    DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
 # An override after the part letter (after the lanes for L) is appended to every harness run.
 # Runs go to the repository's results/ (finished runs are skipped, so a part cut by its time box
@@ -70,7 +70,8 @@ case "$PART" in
          echo "[lane $gpu] ${item%%:*}"
          case "$item" in
            @*) b=${item%%:*}; b=${b#@}  # a benchmark script: @bench_attention:90
-               CUDA_VISIBLE_DEVICES=$gpu timeout "${item##*:}" python3 benchmarks/$b.py --out $OUT/$b.json 2>&1 \
+               a="DHS_ARGS_$b"  # its extra arguments, e.g. DHS_ARGS_bench_resolver="--skip a"
+               CUDA_VISIBLE_DEVICES=$gpu timeout "${item##*:}" python3 benchmarks/$b.py --out $OUT/$b.json ${!a:-} 2>&1 \
                  | grep -v Warn | tail -40 | sed "s/^/[gpu$gpu] /" ;;
            *) CUDA_VISIBLE_DEVICES=$gpu rep "${item%%:*}" "${item##*:}" "${@:2}" 2>&1 | sed "s/^/[gpu$gpu] /" ;;
          esac

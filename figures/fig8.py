@@ -58,7 +58,7 @@ def _bench_sweep(S: dict) -> list[dict]:
         out.append({"B": e["B"], "batch": e["batch"], "misses": 0, "time_us": t,
                     "path": None if path in (None, "scan") else path})
     for e in S.get("fig8c_points") or []:
-        if e.get("misses_per_request"):
+        if e.get("misses_per_request") and not e.get("sweep"):  # tuning sweeps are not the figure
             out.append({"B": e["B"], "batch": e["batch"], "misses": e["misses_per_request"],
                         "time_us": e.get("us_median"), "path": None})
     return out

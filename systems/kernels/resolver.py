@@ -76,7 +76,7 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
     metadata (HBM/L2): selections 4n read, locations 4n written, one 4-byte tail or
         direct-page-table entry per selection; when the scan runs: hot_pos 4B + hot_lru 8B
         read and an 8-byte victim key written per slot, the key re-read once per radix
-        pass (1 + ceil(log16(stamp range of the candidates)) passes) plus one final pass, a
+        pass (1 + ceil(log256(stamp range of the candidates)) passes) plus one final pass, a
         4-byte scratch gather per slot, atomics / gathers on the position scratch for the
         pending selections, and 8B lru / 4B pos written for hit and victim slots.
     Nothing else: no host sync, no host-side gather, no per-call allocation once the
@@ -90,7 +90,7 @@ The first R programs to start (tickets from an atomic counter, so every request'
 resident before any helper can spin) are the per-request resolvers, each doing in order:
 (A) tail / direct-map resolution and dedup marks (``atomic_min`` of the flattened index on a
 per-request position scratch), (B) the B-slot scan (hits, lru := stamp, victim keys),
-(C) first-occurrence ranks of the distinct misses (prefix sum), (V) a 16-way radix select of
+(C) first-occurrence ranks of the distinct misses (prefix sum), (V) a 256-way radix select of
 the victim threshold over the slot keys plus a prefix sum assigning victims in slot order,
 (D) locations in selection order, then the scratch reset and their share of the row copy.
 Phases are separated by CTA barriers. The other ``R * (S - 1)`` programs wait on the request's
@@ -102,7 +102,7 @@ it is never memset after creation. Compiled for sm_90a with 8 warps: 128 registe
 (``aot_compile`` compiles it without a GPU; the CPU tests do so).
 
 Cost model: the scan is O(B) per request and runs only for requests with a pending
-selection; victim selection adds ``1 + ceil(bits(stamp range) / 4)`` read passes over the B
+selection; victim selection adds ``1 + ceil(bits(stamp range) / 8)`` read passes over the B
 keys, only when a request has misses; the copy is ``copies * row_bytes`` over PCIe with
 16-byte loads (``ld.global.v2.b64`` for 656-byte rows).
 
@@ -171,6 +171,14 @@ _MISS = 0x20000000  # scratch entry = _MISS | miss rank after dedup
 _IDX = 0x0FFFFFFF
 _KEY_NONE = 1 << 62  # victim key of a protected slot
 _MAX_STAMP = 1 << 59
+# Victim selection is a radix select over the B slot keys. Each pass reads the keys once (an
+# L2 read per RBLK-slot tile, the tiles serial, so a pass costs about one L2 latency per tile).
+# The earlier 4-bit digits over 256-slot tiles needed 3 passes x 16 serial tiles at B = 4096
+# with 1000 distinct stamps (Fig. 8c, 70 us against the paper's 29.3 us at batch 8); 8-bit
+# digits over 1024-slot tiles make that 2 passes of 4 tiles. Larger tiles spill registers at
+# 8 warps (2048: 12 bytes, 4096: 44 bytes, by ptxas -v); bench_resolver --sweep-radix times them.
+RADIX_DIGIT_BITS = 8
+RADIX_TILE = 1024
 
 
 class ResolveResult(NamedTuple):
@@ -411,6 +419,7 @@ if _HAVE_TRITON:
         ACCUM: tl.constexpr, USE_TICKETS: tl.constexpr,
         WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr,
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
+        DIGIT: tl.constexpr, NBINS: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -528,16 +537,16 @@ if _HAVE_TRITON:
                 if nv > 0:
                     d = hi - lo
                     top = tl.zeros([], tl.int32)
-                    while (d >> (top + 4)) > 0:
-                        top += 4
+                    while (d >> (top + DIGIT)) > 0:
+                        top += DIGIT
                     prefix = tl.zeros([], tl.int64)
                     need = nv
                     shift = top
-                    bins = tl.arange(0, 16)
+                    bins = tl.arange(0, NBINS)
                     offs_r = tl.arange(0, RBLK)
                     while shift >= 0:
-                        counts = tl.zeros([16], tl.int32)
-                        hs = shift + 4
+                        counts = tl.zeros([NBINS], tl.int32)
+                        hs = shift + DIGIT
                         for b0 in range(0, B, RBLK):
                             s = b0 + offs_r
                             ms = s < B
@@ -546,15 +555,16 @@ if _HAVE_TRITON:
                             c = ms & (key != 4611686018427387904)
                             x = key - lo
                             match = c & ((x >> hs) == (prefix >> hs))
-                            dig = ((x >> shift) & 15).to(tl.int32)
-                            oh = match[:, None] & (dig[:, None] == bins[None, :])
-                            counts += tl.sum(oh.to(tl.int32), 0)
+                            dig = ((x >> shift) & (NBINS - 1)).to(tl.int32)
+                            # a block-wide histogram per tile (shared-memory atomics), not
+                            # a [RBLK, bins] one-hot: wide tiles and 256 bins stay cheap
+                            counts += tl.histogram(dig, NBINS, mask=match)
                         cum = tl.cumsum(counts, 0)
                         dsel = tl.sum((cum < need).to(tl.int32), 0)
                         below = tl.sum(tl.where(bins < dsel, counts, 0), 0)
                         need -= below
                         prefix += dsel.to(tl.int64) << shift
-                        shift -= 4
+                        shift -= DIGIT
                     thr = lo + prefix
                     taken = tl.zeros([], tl.int32)
                     eq_seen = tl.zeros([], tl.int32)
@@ -760,8 +770,11 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    direct_page_table=None, staging_loc_base=None, out=None,
                    accumulate_counters=False, workspace: Optional[ResolverWorkspace] = None,
                    copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
+                   radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
                    check: bool = True) -> ResolveResult:
-    """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``."""
+    """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
+    ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
+    the victim selection only; every choice gives the same result (the benchmark sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -786,6 +799,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     W = host_page_table.shape[1] * ps
     row_bytes = kv_pool.shape[1]
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
+    if not (1 <= radix_bits <= 8 and radix_tile >= 16 and radix_tile & (radix_tile - 1) == 0):
+        raise ValueError(f"radix_bits must be 1..8 and radix_tile a power of two >= 16, "
+                         f"got {radix_bits}, {radix_tile}")
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
@@ -850,7 +866,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         ACCUM=bool(accumulate_counters),
         USE_TICKETS=S > 1,
         WORDS=words, WPAD=wpad, ROWS=rows,
-        QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, 1024), RBLK=_pow2(B, 16, 256),
+        QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, 1024), RBLK=_pow2(B, 16, radix_tile),
+        DIGIT=radix_bits, NBINS=1 << radix_bits,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -870,7 +887,8 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr"}
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
-             WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=256)
+             WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
+             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

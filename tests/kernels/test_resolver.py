@@ -200,7 +200,7 @@ class State:
 
 
 def run_and_compare(st_: State, stamp, *, use_direct=True, copy_programs=None, stamp_tensor=False,
-                    advance=True):
+                    advance=True, **triton_kw):
     """Run reference and kernel on identical copies; assert identical results and correct bytes.
     With advance=True the state object takes the (identical) post-call state."""
     pos_ref, kw_ref = st_.args(use_direct)
@@ -208,8 +208,9 @@ def run_and_compare(st_: State, stamp, *, use_direct=True, copy_programs=None, s
     s_ref = torch.tensor([stamp], dtype=torch.int64) if stamp_tensor else stamp
     s_tri = torch.tensor([stamp], dtype=torch.int64) if stamp_tensor else stamp
     ref = rv.resolve(**pos_ref, stamp=s_ref, impl="reference", **kw_ref)
-    tri = rv.resolve(**pos_tri, stamp=s_tri, impl="triton", copy_programs_per_request=copy_programs,
-                     **kw_tri)
+    launch = (lambda **a: rv.resolve_triton(**a, **triton_kw)) if triton_kw else (
+        lambda **a: rv.resolve(**a, impl="triton"))  # the dispatcher unless tuning knobs are set
+    tri = launch(**pos_tri, stamp=s_tri, copy_programs_per_request=copy_programs, **kw_tri)
 
     assert torch.equal(ref.locations, tri.locations), (ref.locations, tri.locations)
     assert torch.equal(ref.counters, tri.counters), (ref.counters, tri.counters)
@@ -427,6 +428,21 @@ def test_large_lru_values_many_radix_passes():
     s.hot_lru[0, 5] = (1 << 59) - 1  # the largest allowed stamp
     s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
     run_and_compare(s, stamp=(1 << 59) - 1)
+
+
+@pytest.mark.parametrize("tile,bits", [(16, 1), (16, 3), (32, 8), (256, 4)])
+def test_radix_tile_and_digit_width_do_not_change_results(tile, bits):
+    """Victim selection with several tiles per pass (B = 100 > tile), odd digit widths, ties
+    and a wide stamp range: the same victims as the reference for every setting."""
+    s = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
+              tail_lens=[1, 2], seed=31, fill=0.9)
+    g = torch.Generator().manual_seed(4)
+    s.hot_lru = torch.randint(0, 1 << 20, (2, 100), generator=g, dtype=torch.int64)
+    s.hot_lru[:, ::5] = 777  # ties straddling the threshold
+    s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
+    run_and_compare(s, stamp=1 << 21, radix_tile=tile, radix_bits=bits)
+    with pytest.raises(ValueError, match="radix_bits"):
+        rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=9, **s.args(True)[1])
 
 
 def test_stamp_tensor_accumulate_and_out():
