@@ -288,7 +288,7 @@ def split_count(N: int, H: int, K: int, block_k: int, target_programs: int = 264
 
 
 def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_dim: int,
-                            rope_dim: int, row_dtype: torch.dtype, block_k: int = 32,
+                            rope_dim: int, row_dtype: torch.dtype, block_k: int | None = None,
                             num_warps: int = 4, splits: int | None = None,
                             kernel: str = "per_head") -> torch.Tensor:
     """``splits``: chunks of selections per (query, head), merged by a second small launch;
@@ -313,6 +313,8 @@ def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_
     # the mma kernel's float32 dots (non-bf16 inputs) need ~234 KB of shared memory per program
     # on sm_90 (limit 227 KB): they are for the interpreter; a GPU takes the per-head kernel
     mma = kernel == "mma" and (bf16 or not q.is_cuda)
+    if block_k is None:  # H200 tile sweep (results/attention/h200-mma.json): mma 16 rows, per-head 32
+        block_k = 16 if mma else 32
     ns = int(splits) if splits else split_count(N, 1 if mma else H, K, block_k)
     chunk = -(-max(K, 1) // ns)
     chunk = -(-chunk // block_k) * block_k  # whole tiles per chunk

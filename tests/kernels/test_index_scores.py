@@ -67,7 +67,7 @@ def test_auto_selfcheck_passes_and_falls_back_on_a_bad_kernel(monkeypatch):
     real = sa.sparse_attention_triton
     monkeypatch.setattr(sa, "sparse_attention_triton", lambda *a, **k: real(*a, **k) * 1.01)
     ok, why = selfcheck.check_kernels(cpu)
-    assert not ok and "sparse attention differs" in why
+    assert not ok and "sparse attention (triton) differs" in why
 
     monkeypatch.setattr(selfcheck, "_VERDICT", {})
 
