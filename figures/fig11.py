@@ -25,13 +25,14 @@ def collect(results):
     S = C.load_json(results / NAME / "summary.json") or {}
     rounds = {str(k): v for k, v in (S.get("round_ms") or {}).items() if isinstance(v, dict)}
     shares = dict(S.get("resolver_share_pct") or {})
-    provs = [C.summary_provenance(S, "results/fig11/summary.json")] if S else []
+    head = C.summary_provenance(S, "results/fig11/summary.json") if S else ""
+    provs = []
     for r in C.load_runs(results, NAME):
         prof = C.kernel_profile(r) or {}
         b = r.cfg("block", "block_size")
         if isinstance(prof.get("round_ms"), dict) and b is not None and str(int(b)) not in rounds:
             rounds[str(int(b))] = prof["round_ms"]
-            provs.append(C.provenance(r))
+            provs.append(r)
         for k, v in (prof.get("resolver_share_pct") or {}).items() if isinstance(
                 prof.get("resolver_share_pct"), dict) else ():
             shares.setdefault(k, v)
@@ -40,8 +41,9 @@ def collect(results):
         for k in PAPER["fig11"]["resolver_share_pct"]:
             if _norm(k) == lab and C.as_float(prof.get("resolver_share_pct")) is not None:
                 shares.setdefault(k, C.as_float(prof["resolver_share_pct"]))
-                provs.append(C.provenance(r))
-    return rounds, shares, "; ".join(p for p in provs if p)
+                provs.append(r)
+    # one deduplicated tag list (a tag per run repeated every preset and device name)
+    return rounds, shares, "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x)
 
 
 def main(argv=None) -> C.Report:
