@@ -15,7 +15,8 @@
 #    own GPU, server and port, the host is shared), e.g.
 #      bash benchmarks/gpu_next.sh L "fig6:150 fig7:380" "fig4:560"
 #    Each lane runs its experiments in order with per-experiment time boxes (seconds); an item
-#    @name:secs runs benchmarks/name.py --out $OUT/name.json $DHS_ARGS_name instead.
+#    @name:secs runs benchmarks/name.py --out $OUT/name.json $DHS_ARGS_name instead; an experiment
+#    item may pick a subset: fig9+system=hisparse+where=b_over_k=4,8+point=c128:300.
 #    DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
 # An override after the part letter (after the lanes for L) is appended to every harness run.
 # Runs go to the repository's results/ (finished runs are skipped, so a part cut by its time box
@@ -73,12 +74,15 @@ case "$PART" in
                a="DHS_ARGS_$b"  # its extra arguments, e.g. DHS_ARGS_bench_resolver="--skip a"
                CUDA_VISIBLE_DEVICES=$gpu timeout "${item##*:}" python3 benchmarks/$b.py --out $OUT/$b.json ${!a:-} 2>&1 \
                  | grep -v Warn | tail -40 | sed "s/^/[gpu$gpu] /" ;;
-           *) CUDA_VISIBLE_DEVICES=$gpu rep "${item%%:*}" "${item##*:}" "${@:2}" 2>&1 | sed "s/^/[gpu$gpu] /" ;;
+           *) # exp[+system=S][+where=k=v1,v2][+point=c128]:secs -> harness.reproduce --system S ...
+              spec=${item%:*}; exp=${spec%%+*}; sel=(); IFS=+ read -ra kv <<< "${spec#"$exp"}"
+              for x in "${kv[@]}"; do [ -n "$x" ] && sel+=("--${x%%=*}" "${x#*=}"); done
+              CUDA_VISIBLE_DEVICES=$gpu rep "$exp" "${item##*:}" ${sel[@]+"${sel[@]}"} "${@:2}" 2>&1 | sed "s/^/[gpu$gpu] /" ;;
          esac
        done > $OUT/lane$gpu.log
      }
      LANES=("$1" "$2"); shift 2
-     EXPS=$(for l in "${LANES[@]}"; do for i in $l; do case "$i" in @*) ;; *) echo -n "${i%%:*} " ;; esac; done; done)
+     EXPS=$(for l in "${LANES[@]}"; do for i in $l; do case "$i" in @*) ;; *) i=${i%%:*}; echo -n "${i%%+*} " ;; esac; done; done | tr ' ' '\n' | sort -u | tr '\n' ' ')
      lane 0 "${LANES[0]}" "$@" &
      lane 1 "${LANES[1]}" "$@" &
      if [ "${DHS_BENCH_CLIENT:-0}" = 1 ]; then

@@ -4,11 +4,15 @@
     python -m harness.reproduce --only fig9     # one
     python -m harness.reproduce --smoke         # every experiment end to end on CPU, tiny sizes
     python -m harness.reproduce --only fig7 model.attention_impl=reference   # + overrides
+    python -m harness.reproduce --only fig9 --system hisparse --where b_over_k=4,8 --point c128
 
 An experiment config lists what it runs under ``reproduce``: ``systems`` (conf/system names) and
 ``sweep`` (override -> values, crossed; ``b_over_k`` sets model.hot_cache_rows = value * k).
 Each combination is one ``harness.run`` over the workload's load points; finished runs are
 skipped (results are append-only), so an interrupted reproduction resumes where it stopped.
+``--system``, ``--where`` and ``--point`` pick a subset of the plan (the runs with the most weight
+first when device time is short) without changing any run's config, so their run ids are the
+full sweep's and the rest of the sweep resumes around them later.
 ``--smoke`` applies the experiment's ``reproduce.smoke`` overrides plus CPU sizes and writes to
 a scratch results directory unless ``--results`` is given.
 """
@@ -72,7 +76,29 @@ def plan(exp: str, smoke: bool) -> list[list[str]]:
     return runs
 
 
-def run_one(overrides: list[str], results: str | None) -> None:
+def select(runs: list[list[str]], systems: list[str] | None, where: list[str] | None) -> list[list[str]]:
+    """The plan's runs whose ``system=`` is in ``systems`` and whose sweep values match every
+    ``key=v1,v2`` of ``where`` (a key the run does not set never matches)."""
+    conds = []
+    for w in where or []:
+        if "=" not in w:
+            raise ValueError(f"--where wants key=value[,value...], got {w!r}")
+        k, vs = w.split("=", 1)
+        conds.append((k.lstrip("+"), {v.strip() for v in vs.split(",")}))
+
+    def setting(ov: list[str], key: str) -> str | None:
+        for o in ov:
+            k, _, v = o.partition("=")
+            if k.lstrip("+") == key:
+                return v
+        return None
+
+    return [ov for ov in runs
+            if (not systems or setting(ov, "system") in systems)
+            and all(setting(ov, k) in vs for k, vs in conds)]
+
+
+def run_one(overrides: list[str], results: str | None, only_tags: list[str] | None = None) -> None:
     from harness.run import run
     from systems.engine.config import compose
 
@@ -83,7 +109,7 @@ def run_one(overrides: list[str], results: str | None) -> None:
         cfg.model.hot_cache_rows = int(cfg.b_over_k) * int(cfg.model.index_topk)
     if cfg.system.get("speculation") and "+smoke=true" in overrides:
         cfg.system.speculation.window = 64
-    run(cfg)
+    run(cfg, only_tags=only_tags)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=None, help="results directory (default results/; "
                     "with --smoke a scratch directory)")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    ap.add_argument("--system", action="append", help="only these systems (repeatable)")
+    ap.add_argument("--where", action="append",
+                    help="only sweep combinations with key=v1,v2 (repeatable), e.g. b_over_k=4,8")
+    ap.add_argument("--point", action="append",
+                    help="only these load points, by tag (repeatable), e.g. c128")
     ap.add_argument("overrides", nargs="*",
                     help="Hydra overrides appended to every run, e.g. model.attention_impl=reference")
     args = ap.parse_args(argv)
@@ -105,13 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         results = str(Path("/tmp") / f"dhs-smoke-{int(time.time())}")
     failed = []
     for exp in names:
-        for ov in plan(exp, args.smoke):
+        runs = plan(exp, args.smoke)
+        chosen = select(runs, args.system, args.where)
+        if not chosen:
+            ap.error(f"{exp}: --system / --where select none of its {len(runs)} runs")
+        for ov in chosen:
             ov = ov + list(args.overrides)
-            print("[reproduce]", " ".join(ov), flush=True)
+            print("[reproduce]", " ".join(ov), *(["points", *args.point] if args.point else []), flush=True)
             if args.dry_run:
                 continue
             try:
-                run_one(ov, results)
+                run_one(ov, results, args.point)
             except Exception as e:  # keep going: one failed run must not lose the others
                 print(f"[reproduce] FAILED: {e!r}", flush=True)
                 failed.append((exp, ov, repr(e)))

@@ -102,7 +102,10 @@ def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
     tmp.replace(d / "error.txt")
 
 
-def run(cfg: DictConfig) -> list[Path]:
+def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
+    """Run every load point of ``cfg`` not finished earlier. ``only_tags`` (e.g. ["c128"])
+    restricts this call to those points without touching the config, so the run ids stay
+    those of the full sweep and a later full call resumes around them."""
     from harness.loadgen import LoadConfig, run_load_sync
     from systems.engine.config import engine_config_from_cfg
 
@@ -115,6 +118,12 @@ def run(cfg: DictConfig) -> list[Path]:
         root = REPO / root
     exp_dir = root / cfg.experiment_name
     points = _load_points(cfg)
+    if only_tags:
+        unknown = sorted(set(only_tags) - {p["tag"] for p in points})
+        if unknown:
+            raise ValueError(f"no load point tagged {unknown} in this config; its points are "
+                             f"{[p['tag'] for p in points]}")
+        points = [p for p in points if p["tag"] in only_tags]
     todo = []
     for p in points:
         rid = run_id(cfg, p)

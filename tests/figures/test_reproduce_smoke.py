@@ -61,3 +61,23 @@ def test_smoke_reproduction_then_figures(tmp_path):
     assert not rc["failures"] and len(rc["reports"]) == 15
     assert (out / "fig4.png").exists() and (out / "table2.md").exists()
     assert "paper" in (tmp_path / "REPRODUCTION.md").read_text().lower()
+
+
+def test_subset_selection_keeps_the_full_sweeps_run_ids(tmp_path):
+    """--system / --where / --point pick runs out of the plan without changing their configs:
+    the subset's run ids are the ones the full sweep writes, so the full sweep resumes them."""
+    from harness.reproduce import select
+
+    runs = plan("fig9", smoke=True)
+    sub = select(runs, ["hisparse"], ["b_over_k=4,8"])
+    assert [r for r in sub if "+b_over_k=4" in r] and len(sub) == 2
+    assert all("system=hisparse" in r for r in sub)
+    assert select(runs, None, ["b_over_k=3"]) == [] and select(runs, None, None) == runs
+    res = tmp_path / "results"
+    assert reproduce_main(["--smoke", "--results", str(res), "--only", "fig9", "--system", "hisparse",
+                           "--where", "b_over_k=8", "--point", "c2"]) == 0
+    first = {p.parent.name for p in res.glob("fig9/*/summary.json")}
+    assert len(first) == 1  # one run: hisparse, B = 8k, C2
+    assert reproduce_main(["--smoke", "--results", str(res), "--only", "fig9", "--system", "hisparse"]) == 0
+    after = {p.parent.name for p in res.glob("fig9/*/summary.json")}
+    assert first < after and len(after) == 4  # the first run was kept, not redone or duplicated
