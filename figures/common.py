@@ -247,8 +247,43 @@ def decode_stall_share(run: Run) -> float | None:
     return float((steps[sel] == 0).mean())
 
 
+def engine_time_split(run: Run) -> dict[str, float] | None:
+    """Where the engine thread's wall time went while requests were running, as shares:
+    ``decode`` (steps that replayed or ran eagerly), ``capture`` (steps that recorded a CUDA
+    graph), ``handoff`` (admission rounds) and ``other`` (the rest: idle waits, intake, the
+    engine loop). From the cumulative counters of the server samples (runs since they exist)."""
+    df = run.metrics
+    need = {"ts", "dhs_num_running_reqs", "dhs_decode_seconds_total", "dhs_admit_seconds_total",
+            "dhs_capture_step_seconds_total"}
+    if df is None or not need <= set(df.columns) or len(df) < 3:
+        return None
+    live = df.index[df["dhs_num_running_reqs"] > 0]
+    if len(live) < 2:
+        return None
+    a, b = df.loc[live[0]], df.loc[live[-1]]
+    wall = float(b["ts"] - a["ts"])
+    if wall <= 0:
+        return None
+    cap = float(b["dhs_capture_step_seconds_total"] - a["dhs_capture_step_seconds_total"])
+    dec = float(b["dhs_decode_seconds_total"] - a["dhs_decode_seconds_total"]) - cap
+    hand = float(b["dhs_admit_seconds_total"] - a["dhs_admit_seconds_total"])
+    out = {"decode": dec / wall, "capture": cap / wall, "handoff": hand / wall}
+    out["other"] = max(0.0, 1.0 - sum(out.values()))
+    return out
+
+
 def stall_diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
-    """The decode-stall shares at one load, as a reason a throughput claim does not hold."""
+    """Why a throughput claim at one load does not hold, from the engine's own time split
+    (newer runs) or else the share of seconds without a completed decode step."""
+    from figures.paper_values import label
+    splits = {r.system: engine_time_split(r) for r in runs if r.concurrency == concurrency}
+    splits = {k: v for k, v in splits.items() if v}
+    if splits and min(v["decode"] for v in splits.values()) < 0.8:
+        parts = "; ".join(
+            f"{label(s)} " + ", ".join(f"{k} {100 * x:.0f}%" for k, x in v.items())
+            for s, v in sorted(splits.items()))
+        return (f"engine time at C{concurrency} (decode steps / steps that captured a CUDA graph / "
+                f"handoffs / other): {parts}")
     shares = {}
     for r in runs:
         if r.concurrency == concurrency:
@@ -257,7 +292,6 @@ def stall_diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
                 shares[r.system] = v
     if not shares or max(shares.values()) < 0.1:
         return None
-    from figures.paper_values import label
     parts = ", ".join(f"{label(s)} {100 * v:.0f}%" for s, v in sorted(shares.items()))
     return (f"handoff-bound: at C{concurrency} no decode step completed in {parts} of the seconds "
             "with requests running (arrivals' handoffs ran instead)")

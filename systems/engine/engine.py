@@ -113,7 +113,13 @@ class Engine:
         self._live: set[str] = set()  # rids submitted and not finished (duplicates refused)
         self.stats = {"num_steps": 0, "generated_tokens_total": 0, "finished_total": 0,
                       "aborted_total": 0, "rejected_total": 0, "last_step_ms": 0.0,
-                      "prompt_tokens_total": 0, "failed_total": 0, "failed_steps_total": 0}
+                      "prompt_tokens_total": 0, "failed_total": 0, "failed_steps_total": 0,
+                      # where the engine thread's time goes (cumulative wall seconds): admission
+                      # rounds (handoffs, drafter set-up, first tokens) and decode steps, the
+                      # latter split by whether the step captured a CUDA graph
+                      "admit_seconds_total": 0.0, "handoffs_total": 0,
+                      "decode_seconds_total": 0.0, "capture_step_seconds_total": 0.0,
+                      "capture_steps_total": 0}
         self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ thread-safe API
@@ -175,6 +181,7 @@ class Engine:
         """One scheduling round: intake, admission (handoffs), one decode step. Returns whether
         any work was done."""
         self._intake()
+        t_admit = time.perf_counter()
         admitted = self.scheduler.admit(on_error=self._fail_admission)
         for req, entry in admitted:
             try:
@@ -185,14 +192,27 @@ class Engine:
                     self.scheduler.finish(req)
                 self._fail(req, e)
                 self._check_after_failure()
+        t0 = time.perf_counter()
+        if admitted:
+            self.stats["admit_seconds_total"] += t0 - t_admit
+            self.stats["handoffs_total"] += len(admitted)
         batch = list(self.scheduler.running.values())
         if not batch:
             return bool(admitted)
-        t0 = time.perf_counter()
+        captures = self._graph_captures()
         self._decode(batch)
-        self.stats["last_step_ms"] = (time.perf_counter() - t0) * 1e3
+        dt = time.perf_counter() - t0
+        self.stats["last_step_ms"] = dt * 1e3
         self.stats["num_steps"] += 1
+        self.stats["decode_seconds_total"] += dt
+        if self._graph_captures() != captures:  # this step recorded a graph (target or drafter)
+            self.stats["capture_steps_total"] += 1
+            self.stats["capture_step_seconds_total"] += dt
         return True
+
+    def _graph_captures(self) -> int:
+        gr = self.graph_runner
+        return 0 if gr is None else gr.stats["captures"] + gr.drafter.stats["captures"]
 
     @property
     def is_idle(self) -> bool:
@@ -418,6 +438,10 @@ class Engine:
         }
         for k, v in self.stats.items():
             m[f"dhs_{k}"] = v
+        if self.graph_runner is not None:
+            for name, cache in (("graph", self.graph_runner.cache), ("drafter_graph", self.graph_runner.drafter)):
+                for k, v in cache.stats.items():
+                    m[f"dhs_{name}_{k}_total"] = v
         m.update(self.backend.metrics())
         for k, v in getattr(self.decoder, "stats", {}).items():
             m[f"dhs_{k}"] = v

@@ -124,3 +124,19 @@ def test_temperature_sampling_runs_and_differs_from_greedy():
     eng.submit(cold)
     eng.run_until_idle()
     assert len(hot.output_ids) == 20 and hot.output_ids != cold.output_ids
+
+
+def test_engine_time_counters_split_admission_decode_and_captures():
+    """/metrics accounts the engine thread's time: admission rounds, decode steps, and the
+    steps that recorded a graph (emulated capture on CPU: one per new batch size)."""
+    eng = make_engine("+engine.cuda_graph_emulate=true")
+    prompts = golden_prompts()[:3]
+    for p in prompts:
+        eng.submit(_req(eng, p, 4))
+    eng.run_until_idle()
+    m = eng.metrics()
+    assert m["dhs_handoffs_total"] == 3
+    assert m["dhs_admit_seconds_total"] > 0 and m["dhs_decode_seconds_total"] > 0
+    assert m["dhs_graph_captures_total"] >= 1
+    assert m["dhs_capture_steps_total"] == m["dhs_graph_captures_total"]
+    assert 0 < m["dhs_capture_step_seconds_total"] <= m["dhs_decode_seconds_total"]

@@ -234,3 +234,30 @@ def test_paper_values_internally_consistent():
     e = PAPER["eq13"]
     for cl in ("C128", "C256"):
         assert e[cl]["session_share"] / e[cl]["tpot_ratio"] == pytest.approx(e[cl]["predicted"], abs=0.02)
+
+
+def test_engine_time_split_and_diagnosis(tmp_path):
+    """The engine's cumulative time counters become shares of the running window, and the
+    claim diagnosis names them (decode / capture / handoff / other)."""
+    import json
+
+    import pandas as pd
+
+    from figures import common as C
+
+    d = tmp_path / "fig4" / "hisparse-x-c128-0"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"system": "hisparse", "concurrency": 128}))
+    pd.DataFrame({
+        "ts": [0.0, 1.0, 2.0, 3.0, 4.0],
+        "dhs_num_running_reqs": [0, 10, 128, 128, 0],
+        "dhs_decode_seconds_total": [0.0, 0.1, 0.5, 0.9, 0.9],   # 0.8 s in the window
+        "dhs_capture_step_seconds_total": [0.0, 0.0, 0.2, 0.2, 0.2],  # 0.2 s of it captured
+        "dhs_admit_seconds_total": [0.0, 0.2, 0.6, 1.0, 1.0],    # 0.8 s
+    }).to_parquet(d / "server_metrics.parquet")
+    (run,) = C.load_runs(tmp_path, "fig4")
+    split = C.engine_time_split(run)  # window: ts 1..3, 2 s
+    assert split == pytest.approx({"decode": 0.3, "capture": 0.1, "handoff": 0.4, "other": 0.2})
+    why = C.stall_diagnosis([run], 128)
+    assert "decode 30%" in why and "handoff 40%" in why and "C128" in why
+    assert C.stall_diagnosis([run], 64) is None
