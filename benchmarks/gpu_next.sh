@@ -16,7 +16,8 @@
 #      bash benchmarks/gpu_next.sh L "fig6:150 fig7:380" "fig4:560"
 #    Each lane runs its experiments in order with per-experiment time boxes (seconds); an item
 #    @name:secs runs benchmarks/name.py --out $OUT/name.json $DHS_ARGS_name instead; an experiment
-#    item may pick a subset: fig9+system=hisparse+where=b_over_k=4,8+point=c128:300.
+#    item may pick a subset: fig9+system=hisparse+where=b_over_k=4,8+point=c128:300, and add
+#    overrides of its own: fig4+point=c128+ov=^rerun=2:170 (^ = Hydra's +; a new key, new run ids).
 #    DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
 # An override after the part letter (after the lanes for L) is appended to every harness run.
 # Runs go to the repository's results/ (finished runs are skipped, so a part cut by its time box
@@ -75,9 +76,13 @@ case "$PART" in
                CUDA_VISIBLE_DEVICES=$gpu timeout "${item##*:}" python3 benchmarks/$b.py --out $OUT/$b.json ${!a:-} 2>&1 \
                  | grep -v Warn | tail -40 | sed "s/^/[gpu$gpu] /" ;;
            *) # exp[+system=S][+where=k=v1,v2][+point=c128]:secs -> harness.reproduce --system S ...
-              spec=${item%:*}; exp=${spec%%+*}; sel=(); IFS=+ read -ra kv <<< "${spec#"$exp"}"
-              for x in "${kv[@]}"; do [ -n "$x" ] && sel+=("--${x%%=*}" "${x#*=}"); done
-              CUDA_VISIBLE_DEVICES=$gpu rep "$exp" "${item##*:}" ${sel[@]+"${sel[@]}"} "${@:2}" 2>&1 | sed "s/^/[gpu$gpu] /" ;;
+              # (+ov=<hydra override> adds an override to this item only; ^ stands for Hydra's +,
+              #  which separates fields here: ov=^rerun=2 -> +rerun=2, a new key that forces a rerun)
+              spec=${item%:*}; exp=${spec%%+*}; sel=(); ovs=(); IFS=+ read -ra kv <<< "${spec#"$exp"}"
+              for x in "${kv[@]}"; do
+                case "$x" in "") ;; ov=*) o=${x#ov=}; ovs+=("${o//^/+}") ;; *) sel+=("--${x%%=*}" "${x#*=}") ;; esac
+              done
+              CUDA_VISIBLE_DEVICES=$gpu rep "$exp" "${item##*:}" ${sel[@]+"${sel[@]}"} ${ovs[@]+"${ovs[@]}"} "${@:2}" 2>&1 | sed "s/^/[gpu$gpu] /" ;;
          esac
        done > $OUT/lane$gpu.log
      }

@@ -175,10 +175,12 @@ _MAX_STAMP = 1 << 59
 # L2 read per RBLK-slot tile, the tiles serial, so a pass costs about one L2 latency per tile).
 # The earlier 4-bit digits over 256-slot tiles needed 3 passes x 16 serial tiles at B = 4096
 # with 1000 distinct stamps (Fig. 8c, 70 us against the paper's 29.3 us at batch 8); 8-bit
-# digits over 1024-slot tiles make that 2 passes of 4 tiles. Larger tiles spill registers at
-# 8 warps (2048: 12 bytes, 4096: 44 bytes, by ptxas -v); bench_resolver --sweep-radix times them.
+# digits over 2048-slot tiles make that 2 passes of 2 tiles. H200, 77 misses at B = 4096
+# (bench_resolver --sweep-radix, results/fig8/radix_sweep-h200.json), batch 8 / 160:
+# 256 slots x 4 bits 56.2 / 262.8 us; 1024 x 8: 51.8 / 255.4; 2048 x 8: 49.5 / 235.2;
+# 4096 x 8: 49.2 / 256.9 (4096 spills 44 bytes of registers at 8 warps, 2048 12 bytes).
 RADIX_DIGIT_BITS = 8
-RADIX_TILE = 1024
+RADIX_TILE = 2048
 
 
 class ResolveResult(NamedTuple):
