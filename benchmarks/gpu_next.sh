@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Device calls, in parts of one call each (about 9 min apiece):
 #   DHS_GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
-# Plan for the next session (the handoff fix and engine.max_handoffs_per_step changed the config
-# hash of every fig4-derived experiment, so fig1/4/6/7/9/11 rerun; older runs stay as history):
-#   1. single GPU, ~5 min: K (the attention kernels: per-head split-K vs the all-heads mma kernel,
-#      graph replay with each, and a speculative round's phases against a plain step); make the
-#      faster kernel the default before the runs below.
-#   2. nvidia-h200-x2: L "fig4:560" "fig6:330 fig7:230"
-#   3. nvidia-h200-x2: L "fig9:560" "fig5:560"
-#   then fig1, fig9_dsv, fig11 and the resolver (A) in the session after.
+# Plan for the next session. Since the last runs (commit eff3e9e): CUDA graphs are captured at a
+# key's 3rd use (engine.cuda_graph_capture_after; capturing every passing batch size took 69-71%
+# of the hierarchy's engine time at C128), and the output caps keep the paper's input : output
+# ratios (fig4 family 320, fig5 family 128, fig1 1,024), so every experiment reruns (new run ids;
+# the figures use the newest output cap only). Runs are about 5x longer than at a 64-token cap.
+#   1. nvidia-h200-x2: L "fig4+system=hisparse+system=adaptive_hisparse+system=adaptive_dhisparse:560"
+#                        "fig4+system=resident+system=resident_dflash2:330 fig6:230"
+#   2. nvidia-h200-x2: L "fig5:560" "fig9+point=c128:560"
+#   3. then fig4_more (C32, C256), fig9 C8, fig9_dsv, fig7, fig1, fig11.
+#   Check each call's engine time split in REPRODUCTION.md (decode / capture / handoff / other).
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
 # D: Fig. 1.  E: Fig. 9.  F: Fig. 5.  K: attention kernels and graph replay only.
 # L: lanes, one per GPU of an nvidia-h200-x2 (twice the runs per device-second; each lane has its

@@ -321,7 +321,26 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
         env = load_json(r.path / "env.json")
         return str(env.get("time_utc", "")) if isinstance(env, dict) else ""
     runs.sort(key=lambda r: (started(r), r.path.name))
+    # one output cap per figure: runs whose cap differs from the newest run's are an earlier
+    # version of the experiment and would mix two workloads in one curve (input lengths may
+    # differ on purpose, e.g. Fig. 5's context crossover)
+    def workload(r: Run) -> tuple:
+        w = r.config.get("workload") if isinstance(r.config, dict) else None
+        w = w if isinstance(w, dict) else {}
+        return (w.get("output_len"),)
+    if runs:
+        current = workload(runs[-1])
+        kept = [r for r in runs if workload(r) == current]
+        if len(kept) < len(runs):
+            SUPERSEDED[experiment] = (len(runs) - len(kept), current[0])
+        else:
+            SUPERSEDED.pop(experiment, None)
+        runs = kept
     return runs
+
+
+# experiment -> (runs left out, the output cap kept), for the reports' notes
+SUPERSEDED: dict[str, tuple[int, Any]] = {}
 
 
 def by_system(runs: Iterable[Run]) -> dict[str, list[Run]]:
@@ -751,8 +770,13 @@ class Report:
             for r in missing:
                 out.append(f"- {r.quantity} (paper: {fmt(r.paper)}{(' ' + r.unit) if r.unit else ''})")
             out.append("")
-        if self.notes:
-            out += [f"{h}# Notes", ""] + [f"- {n}" for n in self.notes] + [""]
+        notes = list(self.notes)
+        if self.name in SUPERSEDED:
+            n, cap = SUPERSEDED[self.name]
+            notes.append(f"{n} older run(s) with another output cap are left out: this figure "
+                         f"uses the newest runs' {cap}-token cap.")
+        if notes:
+            out += [f"{h}# Notes", ""] + [f"- {n}" for n in notes] + [""]
         return "\n".join(out)
 
     def print(self) -> None:

@@ -125,8 +125,8 @@ def main(argv=None) -> C.Report:
                  + " (paper: 8 at C4-C32, 6 at C64, 4 at C128 and C256).")
     why = C.stall_diagnosis(runs, 128)
     if why:
-        rep.note(why[0].upper() + why[1:] + ". Where this is large, output is bounded by "
-                 "handoffs, not by decode.")
+        rep.note(why[0].upper() + why[1:] + ". Where decode is a small share, output is bounded "
+                 "by the other work of the engine thread (graph captures, handoffs), not by decode.")
         rep.diagnose(("adhs_vs_hisparse_C128", "adhs_vs_adaptive_C128", "adaptive_vs_hisparse_C128",
                       "adhs_ttft_lower_C128"), why)
     rep.note("Absolute throughput and latency of a scaled preset on one H200 are not the paper's "

@@ -77,6 +77,11 @@ def main(argv=None) -> C.Report:
                 P["adaptive_vs_hisparse_C512_pct"],
                 C.pct_change(o("adaptive_hisparse", top), o("hisparse", top)), "%", tr.take(), note_top)
 
+    why = C.stall_diagnosis([r for r in runs if r.concurrency == top], top)
+    if why:
+        rep.note(why[0].upper() + why[1:] + ".")
+        rep.diagnose(("adhs_vs_resident_dspark_C512", "spec_return_C512", "adaptive_vs_resident_C512"), why)
+
     # context-length crossover at the top concurrency (runs with point.input_len)
     for ctx, pv in P["context_crossover_C512"].items():
         ours = None

@@ -76,7 +76,7 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
 
 
 _GRAPH_KEYS = ("disable_cuda_graph", "cuda_graph_max_bs", "cuda_graph_scan_step",
-               "cuda_graph_max_graphs", "cuda_graph_emulate")
+               "cuda_graph_max_graphs", "cuda_graph_emulate", "cuda_graph_capture_after")
 
 
 def _graph_options(eng) -> dict:

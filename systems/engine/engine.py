@@ -67,6 +67,7 @@ class EngineConfig:
     cuda_graph_max_bs: int = 256  # larger batches run eagerly
     cuda_graph_scan_step: int = 2048  # index scan length bucket (positions) of a graph
     cuda_graph_max_graphs: int = 64
+    cuda_graph_capture_after: int = 3  # a key's use that captures it (earlier uses run eagerly)
     cuda_graph_emulate: bool = False  # CPU tests: the graph protocol without CUDA
 
 
@@ -100,7 +101,7 @@ class Engine:
             self.graph_runner = CudaGraphRunner(
                 self.model, self.backend, self.device, max_bs=cfg.cuda_graph_max_bs,
                 l_step=cfg.cuda_graph_scan_step, max_graphs=cfg.cuda_graph_max_graphs,
-                emulate=self.device.type != "cuda")
+                emulate=self.device.type != "cuda", capture_after=cfg.cuda_graph_capture_after)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()

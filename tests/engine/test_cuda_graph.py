@@ -37,13 +37,30 @@ def test_a_backend_that_syncs_in_device_prepare_is_caught():
 
 def test_graphs_are_keyed_by_batch_queries_and_scan_bucket_and_evicted_lru():
     eng = make_engine("+engine.cuda_graph_emulate=true", "engine.cuda_graph_scan_step=16",
-                      "+engine.cuda_graph_max_graphs=2")
+                      "+engine.cuda_graph_max_graphs=2", "engine.cuda_graph_capture_after=1")
     run_greedy(eng, [[5] * 10, [6] * 20], 30)  # scans 21..50: buckets 32, 48, 64
     r = eng.graph_runner
     assert len(r.graphs) == 2 and r.stats["evictions"] >= 1
     assert all(L % 16 == 0 for (_, q, L) in r.graphs) and all(q == 1 for (_, q, _) in r.graphs)
     assert r.scan_len(17) == 32 and r.scan_len(16) == 16
     assert r.scan_len(10 ** 9) == eng.backend.max_scan_len
+
+
+def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after():
+    """Uses before ``capture_after`` run eagerly (same results, nothing recorded); the
+    capture_after-th use captures; later uses replay. Passing keys are forgotten LRU-first."""
+    from systems.engine.cuda_graph import GraphCache
+
+    c = GraphCache(torch.device("cpu"), emulate=True, capture_after=3, max_graphs=1)
+    fn = lambda x: (x * 2,)  # noqa: E731
+    outs = [c.run(("b", 4), fn, torch.full((2,), float(i)))[0].tolist() for i in range(5)]
+    assert outs == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0], [6.0, 6.0], [8.0, 8.0]]
+    assert c.stats == {"captures": 1, "replays": 2, "evictions": 0, "eager_steps": 2}
+    for i in range(6):  # six sizes met once each: eager, and remembered at most 4 x max_graphs
+        c.run(("pass", i), fn, torch.ones(1))
+    assert c.stats["captures"] == 1 and len(c._seen) == 4
+    with pytest.raises(ValueError, match="capture_after"):
+        GraphCache(torch.device("cpu"), emulate=True, capture_after=0)
 
 
 def test_disable_cuda_graph_and_no_gpu_mean_no_runner():
