@@ -536,6 +536,14 @@ def fig8bc(torch, rv, args, sz):
             if B == B_c:
                 out_c.append(dict(batch=R, B=B, misses_per_request=0, us_p10=q10 * 1e3, us_median=q50 * 1e3,
                                   us_p90=q90 * 1e3))
+                for tile in [int(t) for t in args.sweep_scan.split(",") if t]:
+                    def fn_t(tile=tile):
+                        return rv.resolve_triton(*src.args(src.sel), 5000, copy_programs_per_request=args.copy_programs,
+                                                 scan_tile=tile, check=False, **src.kwargs())
+                    t_us = statistics.median(time_stateful(torch, fn_t, lambda: None, 30 if DEV == "cuda" else 2)) * 1e3
+                    out_b.append(dict(batch=R, B=B, path="scan", scan_tile=tile, sweep=True,
+                                      us_median_events_guarded=t_us, us_median=t_us))
+                    log(f"  (b) scan sweep batch {R:3d} B {B:5d} tile {tile}: {t_us:8.1f} us")
             del src
         # direct path: every selected row in ready optional history -> scan skipped
         src = make_ds_source(torch, R=R, B=B_c, ctx=ctx, k=k, misses=0, host_gib=args.host_gib, seed=7 + R,
@@ -617,6 +625,8 @@ def main() -> None:
                     help="copy programs per request (default: the resolver's choice)")
     ap.add_argument("--sweep-copy-programs", action="store_true",
                     help="also sweep the copy grid (programs per request) on (a) and (c)")
+    ap.add_argument("--sweep-scan", default="",
+                    help="also time (b) at B_c with these scan tiles, e.g. 1024,2048,4096")
     ap.add_argument("--sweep-radix", default="",
                     help="also time (c) with these victim-selection settings, tile:bits,... "
                          "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)")

@@ -9,7 +9,9 @@
 #   1. nvidia-h200-x2: L "fig4+system=hisparse+system=adaptive_hisparse+system=adaptive_dhisparse:560"
 #                        "fig4+system=resident+system=resident_dflash2:330 fig6:230"
 #   2. nvidia-h200-x2: L "fig5:560" "fig9+point=c128:560"
-#   3. then fig4_more (C32, C256), fig9 C8, fig9_dsv, fig7, fig1, fig11.
+#   3. then fig4_more (C32, C256), fig9 C8, fig9_dsv, fig7, fig1, fig11, and the resolver's scan
+#      tile (issue 4): DHS_ARGS_bench_resolver="--check --skip a --sweep-scan 1024,2048,4096"
+#      with a lane item @bench_resolver:170.
 #   Check each call's engine time split in REPRODUCTION.md (decode / capture / handoff / other).
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
 # D: Fig. 1.  E: Fig. 9.  F: Fig. 5.  K: attention kernels and graph replay only.

@@ -268,6 +268,9 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
     dec = float(b["dhs_decode_seconds_total"] - a["dhs_decode_seconds_total"]) - cap
     hand = float(b["dhs_admit_seconds_total"] - a["dhs_admit_seconds_total"])
     out = {"decode": dec / wall, "capture": cap / wall, "handoff": hand / wall}
+    total = sum(out.values())
+    if total > 1.0:  # a round straddling the window's edge counts whole: rescale, no "other"
+        out = {k: v / total for k, v in out.items()}
     out["other"] = max(0.0, 1.0 - sum(out.values()))
     return out
 

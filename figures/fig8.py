@@ -53,6 +53,8 @@ def _bench_sweep(S: dict) -> list[dict]:
     where measured, else the do_bench median."""
     out = []
     for e in S.get("fig8b_points") or []:
+        if e.get("sweep"):  # tuning sweeps are not the figure
+            continue
         t = e.get("us_median_events_guarded", e.get("us_median"))
         path = e.get("path")
         out.append({"B": e["B"], "batch": e["batch"], "misses": 0, "time_us": t,

@@ -181,6 +181,10 @@ _MAX_STAMP = 1 << 59
 # 4096 x 8: 49.2 / 256.9 (4096 spills 44 bytes of registers at 8 warps, 2048 12 bytes).
 RADIX_DIGIT_BITS = 8
 RADIX_TILE = 2048
+# The B-slot scan (hits, victim keys) walks the slots in tiles of SCAN_TILE, one dependent
+# gather per tile (21 us at B = 4096, batch 8, against the paper's 18.7 us); larger tiles mean
+# fewer serial L2 round trips and more registers. bench_resolver --sweep-scan times them.
+SCAN_TILE = 1024
 
 
 class ResolveResult(NamedTuple):
@@ -773,10 +777,12 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    accumulate_counters=False, workspace: Optional[ResolverWorkspace] = None,
                    copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
-                   check: bool = True) -> ResolveResult:
+                   scan_tile: int = SCAN_TILE, check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
-    the victim selection only; every choice gives the same result (the benchmark sweeps them)."""
+    the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
+    assignment, a power of two) the scan; every choice gives the same result (the benchmark
+    sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -801,9 +807,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     W = host_page_table.shape[1] * ps
     row_bytes = kv_pool.shape[1]
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
-    if not (1 <= radix_bits <= 8 and radix_tile >= 16 and radix_tile & (radix_tile - 1) == 0):
-        raise ValueError(f"radix_bits must be 1..8 and radix_tile a power of two >= 16, "
-                         f"got {radix_bits}, {radix_tile}")
+    if not (1 <= radix_bits <= 8 and all(t >= 16 and t & (t - 1) == 0 for t in (radix_tile, scan_tile))):
+        raise ValueError(f"radix_bits must be 1..8 and radix_tile / scan_tile powers of two >= 16, "
+                         f"got {radix_bits}, {radix_tile}, {scan_tile}")
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
@@ -868,7 +874,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         ACCUM=bool(accumulate_counters),
         USE_TICKETS=S > 1,
         WORDS=words, WPAD=wpad, ROWS=rows,
-        QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, 1024), RBLK=_pow2(B, 16, radix_tile),
+        QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
         DIGIT=radix_bits, NBINS=1 << radix_bits,
         num_warps=num_warps,
     )
