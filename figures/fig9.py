@@ -2,7 +2,7 @@
 (a-d) output per GPU and (e-h) share of selected rows fetched from host, for HiSparse and
 Adaptive HiSparse, GLM-like and DeepSeek-like presets at C8 and C128.
 
-Reads results/fig9/<run>/: summary.json (point.concurrency, point.b_over_k or model.hot_cache_rows
+Reads results/fig9/<run>/ (GLM-like) and results/fig9_dsv/<run>/ (DeepSeek-like): summary.json (point.concurrency, point.b_over_k or model.hot_cache_rows
 / model.index_topk in config.yaml or a 'B2k' tag; output_tok_s_per_gpu, tpot_ms_mean,
 ttft_ms_mean, optional host_fetched_share) and server_metrics.parquet (host-fetch counters;
 the census counters dhs_selected_rows_direct_total / _hot_total for sec. 3.2), profile.json for
@@ -87,7 +87,8 @@ class SweepPoint:
 
 def sweep(results) -> list[SweepPoint]:
     out = []
-    for r in C.load_runs(results, NAME):
+    # GLM-like runs in results/fig9, DeepSeek-like ones in results/fig9_dsv (conf/experiment/)
+    for r in C.load_runs(results, NAME) + C.load_runs(results, NAME + "_dsv"):
         fam, bk = family(r.model), budget(r)
         if fam and bk and r.concurrency:
             out.append(SweepPoint(fam, r.system, r.concurrency, bk, r))
@@ -239,6 +240,13 @@ def main(argv=None) -> C.Report:
         rep.compare(f"ds128.spread.{s}", f"DeepSeek C128 {C.system_label(s)} output spread over budgets",
                     D["output_spread_within_pct"],
                     (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None, "%", prov_of(*sel))
+        split = {p.bk: C.engine_time_split(p.run) for p in sel}
+        if outs and all(split.values()):
+            rep.diagnose([f"ds128.spread.{s}"], "per B/k: " + "; ".join(
+                f"{p.bk:g}: {p.value('output_tok_s_per_gpu'):.0f} tok/s, decode "
+                f"{100 * split[p.bk]['decode']:.0f}% / capture {100 * split[p.bk]['capture']:.0f}% / "
+                f"handoff {100 * split[p.bk]['handoff']:.0f}% of engine time" for p in sel
+                if p.value("output_tok_s_per_gpu")))
         tag = "hisparse" if s == "hisparse" else "adaptive"
         lo, hi = (sel[0], sel[-1]) if sel else (None, None)
         rep.compare(f"ds128.miss_lo.{s}", f"DeepSeek C128 {C.system_label(s)} host-miss share, smallest B",

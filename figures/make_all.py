@@ -28,7 +28,7 @@ SCRIPTS = ("table1", "fig1", "fig4", "table2", "tableA2", "tableA3", "fig5", "fi
 
 # claim id -> (statement, report, row key, paper value, criterion)
 #   criteria: "gt1" ours > 1; "gt0" ours > 0; "lt:<key>" ours < the row <key> of the same report;
-#   "eq" ours == paper; "within:<f>" |ours / paper - 1| <= f; "ge:<x>" ours >= x
+#   "eq" ours == paper; "within:<f>" |ours / paper - 1| <= f; "ge:<x>" ours >= x; "le:<x>" ours <= x
 CLAIMS = {
     "glm_c128_adhs_vs_hisparse": ("ADHS delivers more output than HiSparse at C128 (GLM, 100K)",
                                   "fig4", "adhs_vs_hisparse_C128", PAPER["headline"]["glm_c128_adhs_vs_hisparse"], "gt1"),
@@ -66,6 +66,9 @@ CLAIMS = {
                             "fig7", "C128.best", PAPER["fig7"]["best_block"]["C128"], "eq"),
     "glm_best_budget_c128": ("at C128 HiSparse output peaks at B = 2k",
                              "fig9", "glm128.best.hisparse", PAPER["fig9"]["glm_C128"]["best_budget"], "eq"),
+    "dsv_flat_budget_c128": ("DeepSeek-like: HiSparse output is flat in B at C128 (spread over B/k <= 10%)",
+                             "fig9", "ds128.spread.hisparse", PAPER["fig9"]["deepseek_C128"]["output_spread_within_pct"],
+                             "le:10"),
 }
 
 
@@ -83,6 +86,8 @@ def judge(criterion: str, ours: float | None, paper: float | None, rep: C.Report
         return paper is not None and abs(ours / paper - 1.0) <= f
     if criterion.startswith("ge:"):
         return ours >= float(criterion.split(":")[1])
+    if criterion.startswith("le:"):
+        return ours <= float(criterion.split(":")[1])
     if criterion.startswith("within_row:"):
         _, key, f = criterion.split(":")
         other = rep.value(key) if rep else None
