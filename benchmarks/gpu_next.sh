@@ -12,6 +12,11 @@
 #   3. then fig4_more (C32, C256), fig9 C8, fig9_dsv, fig7, fig1, fig11, and the resolver's scan
 #      tile (issue 4): DHS_ARGS_bench_resolver="--check --skip a --sweep-scan 1024,2048,4096"
 #      with a lane item @bench_resolver:170.
+#   The DeepSeek-like runs (fig5, fig9_dsv) ran eagerly: capturing dsv41_mini's step fails on the
+#   H200 ("operation failed due to a previous error during capture", results/fig5/.server-*/
+#   server.log; the CPU emulation passes). First thing next session, on one GPU:
+#     python3 benchmarks/check_cuda_graph.py --model dsv41_mini --systems resident,hisparse \
+#       --context 4096 --new-tokens 8 --out $OUT/graph_dsv.json   (the log now has the traceback)
 #   Check each call's engine time split in REPRODUCTION.md (decode / capture / handoff / other).
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
 # D: Fig. 1.  E: Fig. 9.  F: Fig. 5.  K: attention kernels and graph replay only.

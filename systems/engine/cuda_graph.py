@@ -161,9 +161,11 @@ class GraphCache:
                                       capture_error_mode="thread_local"):
                     g.outputs = tuple(fn(*g.inputs))
             except Exception as e:  # never lose the step: its eager result is in hand
+                # with the traceback: the op that raises is often later than the one that
+                # invalidated the capture, and the frames narrow it down
                 log.warning("CUDA graph capture of %s %s failed (%s: %s); running eagerly from "
                             "now on (engine.disable_cuda_graph=true silences this)",
-                            self.name, key, type(e).__name__, e)
+                            self.name, key, type(e).__name__, e, exc_info=True)
                 self.broken = True
                 return out
             g.graph = graph
