@@ -161,10 +161,32 @@ def main() -> None:
         print(f"[index]     B={B:4d} Q={Q} L={L} reference {r['reference_us']:9.1f} us  triton "
               f"{r['triton_us']:9.1f} us  x{r['speedup']:.2f}  {r['triton_gbps']:7.1f} GB/s  "
               f"max|diff| {diff:.2e}", flush=True)
+    # tile sweep of the scan at a high load (the decode step of the hierarchy at C128): rows of
+    # history per program x warps (default 128 x 4)
+    from systems.kernels.index_scores import index_scores_triton
+    index_sweep = []
+    B = 128
+    pages = -(-L // P)
+    pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(torch.bfloat16)
+    table = torch.randperm(B * pages, device=dev, generator=g).view(B, pages).to(torch.int32)
+    slots = torch.arange(B, device=dev)
+    for Q in (1, 4):
+        iq = torch.randn(B, Q, di, device=dev, generator=g)
+        ref = index_scores(iq, pool, table, slots, L, P, impl="triton")
+        # tiles that compile without register spills at sm_90 (ptxas -v): 256 x 4 and 512 x 8 spill
+        for block_l, warps in ((64, 4), (128, 4), (64, 2), (128, 8), (256, 8)):
+            fn = lambda: index_scores_triton(iq, pool, table, slots, L, P, block_l=block_l,  # noqa: E731
+                                             num_warps=warps)
+            diff = (fn() - ref).abs().max().item()
+            us = _median_us(torch, fn, flush, args.reps)
+            index_sweep.append({"requests": B, "queries": Q, "block_l": block_l, "num_warps": warps,
+                                "us": us, "gbps": B * L * di * 2 / us / 1e3, "max_abs_diff_vs_default": diff})
+            print(f"[index]     sweep B={B} Q={Q} block_l={block_l:5d} warps={warps}: {us:8.1f} us "
+                  f"({index_sweep[-1]['gbps']:.0f} GB/s)  max|diff| {diff:.1e}", flush=True)
     finish_benchmark(args.out, {"benchmark": "sparse_attention",
                                 "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
                                 "args": vars(args), "rows": rows, "split_sweep": sweep,
-                                "index_scan": scan}, bool(bad))
+                                "index_scan": scan, "index_sweep": index_sweep}, bool(bad))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
 #   3. then fig4_more (C32, C256), fig9 C8, fig9_dsv, fig7, fig1, fig11, and the resolver's scan
 #      tile (issue 4): DHS_ARGS_bench_resolver="--check --skip a --sweep-scan 1024,2048,4096"
 #      with a lane item @bench_resolver:170.
+#   The index scan runs at ~430 GB/s at batch 128 (results/attention/h200-mma.json): the lane item
+#   @bench_attention:100 now also sweeps its tile (rows of history per program x warps).
 #   The DeepSeek-like runs (fig5, fig9_dsv) ran eagerly: capturing dsv41_mini's step fails on the
 #   H200 ("operation failed due to a previous error during capture", results/fig5/.server-*/
 #   server.log; the CPU emulation passes). First thing next session, on one GPU:
