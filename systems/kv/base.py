@@ -85,16 +85,24 @@ class PagePool:
         return len(self._used)
 
     def alloc(self, n: int) -> list[int]:
+        """n pages in ascending id order. Why ascending: a request's adjacent pages then tend to
+        be adjacent in the pool, and the host backup moves each run of adjacent pages with one
+        DMA. (Handing out the last freed pages in pop order reversed every request's pages
+        after the first wave: one DMA per page and source, 6,656 for a 16K-token glm53_mini
+        request.)"""
         if n > len(self._free):
             raise MemoryError(f"{self.name}: asked for {n} pages, {len(self._free)} free")
-        out = [self._free.pop() for _ in range(n)]
+        out = sorted(self._free.pop() for _ in range(n))
         self._used.update(out)
         return out
 
     def free(self, pages: list[int]) -> None:
+        if len(set(pages)) != len(pages):
+            raise AssertionError(f"{self.name}: a page freed twice in one call: {pages}")
         for p in pages:
             if p not in self._used:
                 raise AssertionError(f"{self.name}: page {p} freed twice or never allocated")
+        for p in sorted(pages, reverse=True):  # pop() then hands them out lowest first, in a run
             self._used.remove(p)
             self._free.append(p)
 

@@ -73,3 +73,40 @@ def test_admission_waits_for_a_hot_cache_page():
     eng.run_until_idle()
     assert all(len(r.output_ids) == 8 for r in reqs)
     eng.backend.check_integrity()
+
+
+def test_pages_come_out_ascending_so_backups_move_runs_not_pages():
+    """A page pool hands out ascending ids, also after frees: a request that follows a released
+    one gets that one's pages back as one ascending run, so its host backup is one DMA per
+    source (a LIFO free list reversed them: one DMA per page and source)."""
+    from systems.kv.base import PagePool
+
+    pool = PagePool(16, "host")
+    a, b = pool.alloc(6), pool.alloc(4)
+    assert a == list(range(6)) and b == [6, 7, 8, 9]
+    pool.free(a)
+    assert pool.alloc(6) == list(range(6))
+    pool.free([9, 7, 6, 8])
+    assert pool.alloc(3) == [6, 7, 8]
+    with pytest.raises(AssertionError, match="twice"):
+        pool.free([0, 0])
+    pool.check()
+
+    eng = _engine("tiny", 8)
+    be = eng.backend
+    runs = []
+    orig = be._backup
+
+    def counting(slot, p0, p1, rows):
+        segs = list(be._host_segments(slot, p0, p1))
+        merged = sum(1 for i, (a_, b_, h) in enumerate(segs)
+                     if i == 0 or not (segs[i - 1][1] == a_ and segs[i - 1][2] + (a_ - segs[i - 1][0]) == h))
+        runs.append((len(segs), merged))
+        return orig(slot, p0, p1, rows)
+
+    be._backup = counting
+    prompt = [(7 * i) % 500 + 2 for i in range(200)]  # 13 pages of 16 positions
+    for _ in range(3):  # one after the other: each reuses the previous request's host pages
+        run_greedy(eng, [prompt], 4)
+    admissions = [r for r in runs if r[0] >= 8]  # the handoff backups (the tail keeps the rest)
+    assert len(admissions) == 3 and all(m == 1 for _, m in admissions), runs
