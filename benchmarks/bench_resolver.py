@@ -503,8 +503,40 @@ def fig8a(torch, rv, args, sz):
             mb = R * Q * K * rb / 1e6
             sweep.append(dict(copy_programs_per_request=S, grid=R * S, ms_median=med, gbps=mb / med))
             log(f"  copy-grid sweep: S={S} grid={R * S}: {med:.3f} ms = {mb / med:.1f} GB/s")
+    stages_sweep = []
+    if args.sweep_copy_stages:
+        # software pipelining of the copy loop, on the largest point (disjoint, cold); each
+        # setting must leave the same locations and pool bytes as the plain loop
+        sel = src.perms(Q * K).reshape(R, Q, K).to(torch.int32).contiguous()
+        src.hot_pos.fill_(-1)
+        src.hot_lru.zero_()
+        saved = (src.hot_pos.clone(), src.hot_lru.clone())
+
+        def restore():
+            src.hot_pos.copy_(saved[0])
+            src.hot_lru.copy_(saved[1])
+
+        base = None
+        for stages in [int(x) for x in args.sweep_copy_stages.split(",")]:
+            def fn(stages=stages):
+                return rv.resolve_triton(*src.args(sel), 30_000, copy_stages=stages, check=False,
+                                         **src.kwargs())
+
+            restore()
+            src.kv_pool.zero_()
+            res = fn()
+            sync(torch)
+            got = (res.locations.clone(), src.kv_pool.clone())
+            same = base is None or (torch.equal(got[0], base[0]) and torch.equal(got[1], base[1]))
+            base = base or got
+            med = statistics.median(time_stateful(torch, fn, restore, 5))
+            mb = R * Q * K * rb / 1e6
+            stages_sweep.append(dict(copy_stages=stages, ms_median=med, gbps=mb / med, same_result=same))
+            log(f"  copy-stages sweep: stages={stages}: {med:.3f} ms = {mb / med:.1f} GB/s"
+                f"{'' if same else '  RESULT DIFFERS from stages=1'}")
     del src
     return dict(points=points, host_path_gbps=gbps, fit_r2=r2, fit_intercept_ms=icpt,
+                copy_stages_sweep=stages_sweep,
                 config=dict(R=R, Q=Q, k=K, B=B, row_bytes=rb, ctx=ctx, reps=reps, page_size=64,
                             copy_programs_per_request=args.copy_programs or rv.default_copy_programs(R, Q)),
                 copy_programs_sweep=sweep)
@@ -625,6 +657,8 @@ def main() -> None:
                     help="copy programs per request (default: the resolver's choice)")
     ap.add_argument("--sweep-copy-programs", action="store_true",
                     help="also sweep the copy grid (programs per request) on (a) and (c)")
+    ap.add_argument("--sweep-copy-stages", default="",
+                    help="also time (a)'s largest point with these copy-loop pipelining depths, e.g. 1,2,3")
     ap.add_argument("--sweep-scan", default="",
                     help="also time (b) at B_c with these scan tiles, e.g. 1024,2048,4096")
     ap.add_argument("--sweep-radix", default="",

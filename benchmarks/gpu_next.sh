@@ -10,8 +10,9 @@
 #                        "fig4+system=resident+system=resident_dflash2:330 fig6:230"
 #   2. nvidia-h200-x2: L "fig5:560" "fig9+point=c128:560"
 #   3. then fig4_more (C32, C256), fig9 C8, fig9_dsv, fig7, fig1, fig11, and the resolver's scan
-#      tile (issue 4): DHS_ARGS_bench_resolver="--check --skip a --sweep-scan 1024,2048,4096"
-#      with a lane item @bench_resolver:170.
+#      tile and copy pipelining (issue 4): DHS_ARGS_bench_resolver="--check --sweep-scan
+#      1024,2048,4096 --sweep-copy-stages 1,2,3" with a lane item @bench_resolver:240 (the
+#      stages sweep checks each depth's result against the plain loop: cp.async from UVA memory).
 #   The index scan runs at ~430 GB/s at batch 128 (results/attention/h200-mma.json): the lane item
 #   @bench_attention:100 now also sweeps its tile (rows of history per program x warps).
 #   The DeepSeek-like runs (fig5, fig9_dsv) ran eagerly: capturing dsv41_mini's step fails on the

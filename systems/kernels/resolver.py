@@ -425,7 +425,7 @@ if _HAVE_TRITON:
         ACCUM: tl.constexpr, USE_TICKETS: tl.constexpr,
         WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr,
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
-        DIGIT: tl.constexpr, NBINS: tl.constexpr,
+        DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -661,7 +661,9 @@ if _HAVE_TRITON:
         cols = tl.arange(0, WPAD)
         mc = cols < WORDS
         hpt_row = hpt_ptr + r64 * hpt_stride
-        for t in range(share, ntiles, S):
+        # COPY_STAGES > 1 lets Triton's software pipeliner issue the next tile's loads (miss
+        # list, page table, host rows) while this tile's stores drain; 1 is the plain loop
+        for t in tl.range(share, ntiles, S, num_stages=COPY_STAGES):
             j = t * ROWS + rows
             mj = j < nc
             p = tl.load(mpos_row + j, mask=mj, other=0, cache_modifier=".cg")
@@ -777,11 +779,13 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    accumulate_counters=False, workspace: Optional[ResolverWorkspace] = None,
                    copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
-                   scan_tile: int = SCAN_TILE, check: bool = True) -> ResolveResult:
+                   scan_tile: int = SCAN_TILE, copy_stages: int = 1,
+                   check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
-    assignment, a power of two) the scan; every choice gives the same result (the benchmark
+    assignment, a power of two) the scan, ``copy_stages`` (software-pipelining depth of the
+    row copy loop, 1 = none) the copy; every choice gives the same result (the benchmark
     sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
@@ -875,7 +879,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         USE_TICKETS=S > 1,
         WORDS=words, WPAD=wpad, ROWS=rows,
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
-        DIGIT=radix_bits, NBINS=1 << radix_bits,
+        DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -896,7 +900,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
-             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS)
+             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

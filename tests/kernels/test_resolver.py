@@ -430,8 +430,9 @@ def test_large_lru_values_many_radix_passes():
     run_and_compare(s, stamp=(1 << 59) - 1)
 
 
-@pytest.mark.parametrize("tile,bits,scan", [(16, 1, 16), (16, 3, 32), (32, 8, 1024), (256, 4, 64)])
-def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan):
+@pytest.mark.parametrize("tile,bits,scan,stages", [(16, 1, 16, 1), (16, 3, 32, 2), (32, 8, 1024, 3),
+                                                  (256, 4, 64, 1)])
+def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stages):
     """Victim selection with several tiles per pass (B = 100 > tile), odd digit widths, ties
     and a wide stamp range: the same victims as the reference for every setting."""
     s = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
@@ -440,7 +441,8 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan):
     s.hot_lru = torch.randint(0, 1 << 20, (2, 100), generator=g, dtype=torch.int64)
     s.hot_lru[:, ::5] = 777  # ties straddling the threshold
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
-    run_and_compare(s, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan)
+    run_and_compare(s, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan,
+                    copy_stages=stages)
     with pytest.raises(ValueError, match="radix_bits"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=9, **s.args(True)[1])
 
