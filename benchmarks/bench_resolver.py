@@ -482,9 +482,8 @@ def fig8a(torch, rv, args, sz):
     slope, icpt, r2 = linfit([p["payload_mb"] for p in points], [p["ms_median"] for p in points])
     gbps = 1.0 / slope if slope > 0 else float("nan")  # MB per ms == GB/s
     log(f"  fit: {gbps:.1f} GB/s (R^2 = {r2:.4f}), intercept {icpt:.3f} ms   [paper 49.4 GB/s, R^2 0.9992]")
-    sweep = []
-    if args.sweep_copy_programs:
-        # copy-grid sweep on the largest point (disjoint, cold)
+    def cold_disjoint():
+        """The largest point (disjoint selections, cold cache) and a restore of its state."""
         sel = src.perms(Q * K).reshape(R, Q, K).to(torch.int32).contiguous()
         src.hot_pos.fill_(-1)
         src.hot_lru.zero_()
@@ -493,7 +492,11 @@ def fig8a(torch, rv, args, sz):
         def restore():
             src.hot_pos.copy_(saved[0])
             src.hot_lru.copy_(saved[1])
+        return sel, restore
 
+    sweep = []
+    if args.sweep_copy_programs:  # copy-grid sweep
+        sel, restore = cold_disjoint()
         for S in (1, 2, 4, 8):
             def fn(S=S):
                 return rv.resolve_triton(*src.args(sel), 20_000, copy_programs_per_request=S, check=False,
@@ -505,17 +508,9 @@ def fig8a(torch, rv, args, sz):
             log(f"  copy-grid sweep: S={S} grid={R * S}: {med:.3f} ms = {mb / med:.1f} GB/s")
     stages_sweep = []
     if args.sweep_copy_stages:
-        # software pipelining of the copy loop, on the largest point (disjoint, cold); each
-        # setting must leave the same locations and pool bytes as the plain loop
-        sel = src.perms(Q * K).reshape(R, Q, K).to(torch.int32).contiguous()
-        src.hot_pos.fill_(-1)
-        src.hot_lru.zero_()
-        saved = (src.hot_pos.clone(), src.hot_lru.clone())
-
-        def restore():
-            src.hot_pos.copy_(saved[0])
-            src.hot_lru.copy_(saved[1])
-
+        # software pipelining of the copy loop; each setting must leave the same locations and
+        # pool bytes as the plain loop
+        sel, restore = cold_disjoint()
         base = None
         for stages in [int(x) for x in args.sweep_copy_stages.split(",")]:
             def fn(stages=stages):
