@@ -15,11 +15,13 @@
 #      stages sweep checks each depth's result against the plain loop: cp.async from UVA memory).
 #   The index scan runs at ~430 GB/s at batch 128 (results/attention/h200-mma.json): the lane item
 #   @bench_attention:100 now also sweeps its tile (rows of history per program x warps).
-#   The DeepSeek-like runs (fig5, fig9_dsv) ran eagerly: capturing dsv41_mini's step fails on the
-#   H200 ("operation failed due to a previous error during capture", results/fig5/.server-*/
-#   server.log; the CPU emulation passes). First thing next session, on one GPU:
+#   The DeepSeek-like hierarchy runs (fig5, fig9_dsv) ran eagerly: their capture failed on the
+#   H200 ("operation failed due to a previous error during capture"). Likely cause, fixed since:
+#   finish_forward joined the follower-prefetch stream although no DeepSeek-like step forks it
+#   (no followers), and a capturing stream waiting on a stream outside the capture invalidates
+#   it. Verify first, on one GPU (capture failures now log their traceback):
 #     python3 benchmarks/check_cuda_graph.py --model dsv41_mini --systems resident,hisparse \
-#       --context 4096 --new-tokens 8 --out $OUT/graph_dsv.json   (the log now has the traceback)
+#       --context 4096 --new-tokens 8 --out $OUT/graph_dsv.json
 #   Check each call's engine time split in REPRODUCTION.md (decode / capture / handoff / other).
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
 # D: Fig. 1.  E: Fig. 9.  F: Fig. 5.  K: attention kernels and graph replay only.

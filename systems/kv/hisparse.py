@@ -128,6 +128,7 @@ class HiSparseBackend(KVBackend):
             for a, f in enumerate(fols, start=1):
                 self._arena[f.index] = a if self.chi > 1 else 0
         self._side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        self._side_forked = False  # this step's forward put work on the prefetch stream
         # Resolver scratch, one per stream that resolves (main, follower prefetch), grown once
         # to the largest call here: a captured graph holds their addresses, so they never move.
         self._ws = self._ws_side = None
@@ -380,6 +381,7 @@ class HiSparseBackend(KVBackend):
             return
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)
+        self._side_forked = True  # finish_forward joins it back
         with torch.cuda.stream(self._side):
             for f in followers:
                 loc = self.resolve(f, selections, q0)
@@ -401,8 +403,14 @@ class HiSparseBackend(KVBackend):
                 self._set_tail_start(s, n)
 
     def finish_forward(self) -> None:
-        if self._side is not None:  # join the prefetch stream (inside a capture too)
+        # Join the prefetch stream (inside a capture too), but only after this step forked it:
+        # a capturing stream that waits on a stream outside the capture invalidates the capture.
+        # Geometries without followers (DeepSeek-like) never fork it, and joining anyway made
+        # every dsv41_mini hierarchy capture fail on the H200 ("operation failed due to a
+        # previous error during capture"), so those runs went eager.
+        if self._side is not None and self._side_forked:
             torch.cuda.current_stream(self.device).wait_stream(self._side)
+            self._side_forked = False
 
     @property
     def resolver_calls(self) -> int:

@@ -110,3 +110,45 @@ def test_pages_come_out_ascending_so_backups_move_runs_not_pages():
         run_greedy(eng, [prompt], 4)
     admissions = [r for r in runs if r[0] >= 8]  # the handoff backups (the tail keeps the rest)
     assert len(admissions) == 3 and all(m == 1 for _, m in admissions), runs
+
+
+@pytest.mark.parametrize("model,forks", [("tiny_dsv", False), ("tiny", True)])
+def test_the_prefetch_stream_is_joined_only_after_a_step_forked_it(model, forks, monkeypatch):
+    """finish_forward joins the follower-prefetch stream only when the step put work on it: a
+    capturing stream that waits on a stream outside the capture invalidates the capture (every
+    dsv41_mini hierarchy capture failed on the H200 that way). CPU stand-in: fake streams that
+    record forks and joins."""
+    import contextlib
+
+    import torch
+
+    class FakeStream:
+        def __init__(self, name):
+            self.name, self.waits = name, []
+
+        def wait_stream(self, other):
+            self.waits.append(other.name)
+
+        def wait_event(self, ev):
+            pass
+
+    main, side = FakeStream("main"), FakeStream("side")
+
+    class FakeEvent:
+        def record(self, stream=None):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    eng = _engine(model, 8)
+    be = eng.backend
+    be._side = side
+    outs = run_greedy(eng, [GOLDEN["prompts"][0]], 3)
+    assert outs == [GOLDEN["outputs"][model][0][:3]]
+    assert ("main" in side.waits) == forks  # forked by the follower prefetch (GLM-like only)
+    # joined at the end of every step that forked it (forks per step: one per producer layer),
+    # never otherwise
+    assert ("side" in main.waits) == forks and main.waits.count("side") <= side.waits.count("main")
+    assert not be._side_forked
