@@ -77,6 +77,9 @@ def main(argv=None) -> C.Report:
                 P["adaptive_vs_hisparse_C512_pct"],
                 C.pct_change(o("adaptive_hisparse", top), o("hisparse", top)), "%", tr.take(), note_top)
 
+    eager = C.eager_note(runs)
+    if eager:
+        rep.note(eager)
     why = C.stall_diagnosis([r for r in runs if r.concurrency == top], top)
     if why:
         rep.note(why[0].upper() + why[1:] + ".")

@@ -233,6 +233,9 @@ def main(argv=None) -> C.Report:
                     cen and f"B/k = {C.fmt(cen.bk)}")
 
     # ---------------- DeepSeek C128 / C8
+    eager = C.eager_note(p.run for p in select(pts, "deepseek"))
+    if eager:
+        rep.note(eager)
     D = P["deepseek_C128"]
     for s in SYSTEMS:
         sel = select(pts, "deepseek", s, 128)
