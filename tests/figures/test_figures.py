@@ -261,3 +261,23 @@ def test_engine_time_split_and_diagnosis(tmp_path):
     why = C.stall_diagnosis([run], 128)
     assert "decode 30%" in why and "handoff 40%" in why and "C128" in why
     assert C.stall_diagnosis([run], 64) is None
+
+
+def test_runs_without_graph_replays_are_named(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from figures import common as C
+
+    for name, system, replays in (("a", "hisparse", [0, 0, 0]), ("b", "resident", [0, 40, 90])):
+        d = tmp_path / "fig5" / f"{name}-c256-0"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": 256}))
+        pd.DataFrame({"ts": [0.0, 1.0, 2.0], "dhs_num_steps": [0, 50, 100],
+                      "dhs_graph_replays_total": replays}).to_parquet(d / "server_metrics.parquet")
+    runs = C.load_runs(tmp_path, "fig5")
+    shares = {r.system: C.graph_replay_share(r) for r in runs}
+    assert shares == {"hisparse": 0.0, "resident": 0.9}
+    note = C.eager_note(runs)
+    assert "HiSparse" in note and "Resident" not in note
