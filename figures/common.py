@@ -351,15 +351,14 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
     # one output cap per figure: runs whose cap differs from the newest run's are an earlier
     # version of the experiment and would mix two workloads in one curve (input lengths may
     # differ on purpose, e.g. Fig. 5's context crossover)
-    def workload(r: Run) -> tuple:
+    def output_cap(r: Run) -> Any:
         w = r.config.get("workload") if isinstance(r.config, dict) else None
-        w = w if isinstance(w, dict) else {}
-        return (w.get("output_len"),)
+        return w.get("output_len") if isinstance(w, dict) else None
     if runs:
-        current = workload(runs[-1])
-        kept = [r for r in runs if workload(r) == current]
+        current = output_cap(runs[-1])
+        kept = [r for r in runs if output_cap(r) == current]
         if len(kept) < len(runs):
-            SUPERSEDED[experiment] = (len(runs) - len(kept), current[0])
+            SUPERSEDED[experiment] = (len(runs) - len(kept), current)
         else:
             SUPERSEDED.pop(experiment, None)
         runs = kept

@@ -95,8 +95,9 @@ class GraphCache:
     140 ms for the 26-layer preset at batch 128 on the H200, against 22 ms for a replay), and a
     closed-loop run meets most batch sizes only in passing, while the batch ramps up and drains:
     in the Fig. 4 runs at C128, capturing every size on first sight took 69-71% of the engine's
-    time. Sizes that recur (the steady state) are captured on their ``capture_after``-th use. ``fn`` returns a tuple of tensors, valid until this cache's next
-    ``run`` (another cache has its own memory pool, so its replays never touch them).
+    time. Sizes that recur (the steady state) are captured on their ``capture_after``-th use.
+    ``fn`` returns a tuple of tensors, valid until this cache's next ``run`` (another cache has
+    its own memory pool, so its replays never touch them).
     A failed capture logs a warning and sets ``broken``; callers then run eagerly.
     """
 

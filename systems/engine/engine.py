@@ -439,8 +439,9 @@ class Engine:
         }
         for k, v in self.stats.items():
             m[f"dhs_{k}"] = v
-        if self.graph_runner is not None:
-            for name, cache in (("graph", self.graph_runner.cache), ("drafter_graph", self.graph_runner.drafter)):
+        gr = self.graph_runner
+        if gr is not None:
+            for name, cache in (("graph", gr.cache), ("drafter_graph", gr.drafter)):
                 for k, v in cache.stats.items():
                     m[f"dhs_{name}_{k}_total"] = v
         m.update(self.backend.metrics())
