@@ -564,14 +564,14 @@ def fig8bc(torch, rv, args, sz):
             if B == B_c:
                 out_c.append(dict(batch=R, B=B, misses_per_request=0, us_p10=q10 * 1e3, us_median=q50 * 1e3,
                                   us_p90=q90 * 1e3))
-                for tile in [int(t) for t in args.sweep_scan.split(",") if t]:
-                    def fn_t(tile=tile):
+                for knobs in scan_knobs(args.sweep_scan):
+                    def fn_t(knobs=knobs):
                         return rv.resolve_triton(*src.args(src.sel), 5000, copy_programs_per_request=args.copy_programs,
-                                                 scan_tile=tile, check=False, **src.kwargs())
+                                                 check=False, **knobs, **src.kwargs())
                     t_us = statistics.median(time_stateful(torch, fn_t, lambda: None, 30 if DEV == "cuda" else 2)) * 1e3
-                    out_b.append(dict(batch=R, B=B, path="scan", scan_tile=tile, sweep=True,
+                    out_b.append(dict(batch=R, B=B, path="scan", **knobs, sweep=True,
                                       us_median_events_guarded=t_us, us_median=t_us))
-                    log(f"  (b) scan sweep batch {R:3d} B {B:5d} tile {tile}: {t_us:8.1f} us")
+                    log(f"  (b) scan sweep batch {R:3d} B {B:5d} {knobs}: {t_us:8.1f} us")
             del src
         # direct path: every selected row in ready optional history -> scan skipped
         src = make_ds_source(torch, R=R, B=B_c, ctx=ctx, k=k, misses=0, host_gib=args.host_gib, seed=7 + R,
@@ -621,6 +621,19 @@ def fig8bc(torch, rv, args, sz):
                 out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, copy_programs_per_request=S,
                                   sweep=True, us_median=statistics.median(ms_s) * 1e3))
                 log(f"  (c) sweep batch {R:3d} S={S}: {statistics.median(ms_s) * 1e3:8.1f} us")
+        # the scan tile (and keys in registers) and the copy pipelining on the miss path too
+        sweeps_c = [(k, f"scan {k}") for k in scan_knobs(args.sweep_scan)]
+        sweeps_c += [(dict(copy_stages=int(x)), f"copy stages {x}") for x in args.sweep_copy_stages.split(",") if x]
+        for knobs, label in sweeps_c:
+            def fn_k(knobs=knobs):
+                stamp[0] += 1
+                return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
+                                         check=False, **knobs, **src.kwargs())
+
+            ms_k = time_stateful(torch, fn_k, restore, max(5, sz["reps_c"] // 4), warmup=3)
+            out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, **knobs, sweep=True,
+                              us_median=statistics.median(ms_k) * 1e3))
+            log(f"  (c) sweep batch {R:3d} {label}: {statistics.median(ms_k) * 1e3:8.1f} us")
         if args.sweep_radix:
             # victim selection: slots per radix tile x digit width (same result for every choice)
             for spec in args.sweep_radix.split(","):
@@ -640,6 +653,21 @@ def fig8bc(torch, rv, args, sz):
     return out_b, out_c
 
 
+def scan_knobs(spec: str) -> list:
+    """--sweep-scan entries: TILE (victim keys in registers when B fits one tile), TILEm (keys
+    in the workspace), either with :WARPS, e.g. 1024,4096m,4096,4096:16."""
+    out = []
+    for item in (x for x in spec.split(",") if x):
+        tile, _, warps = item.partition(":")
+        knobs = dict(scan_tile=int(tile.rstrip("m")))
+        if tile.endswith("m"):
+            knobs["keys_in_registers"] = False
+        if warps:
+            knobs["num_warps"] = int(warps)
+        out.append(knobs)
+    return out
+
+
 def main() -> None:
     global DEV
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -654,9 +682,10 @@ def main() -> None:
     ap.add_argument("--sweep-copy-programs", action="store_true",
                     help="also sweep the copy grid (programs per request) on (a) and (c)")
     ap.add_argument("--sweep-copy-stages", default="",
-                    help="also time (a)'s largest point with these copy-loop pipelining depths, e.g. 1,2,3")
+                    help="also time (a)'s largest point and (c) with these copy-loop pipelining depths, e.g. 1,2,3")
     ap.add_argument("--sweep-scan", default="",
-                    help="also time (b) at B_c with these scan tiles, e.g. 1024,2048,4096")
+                    help="also time (b) and (c) at B_c with these scan tiles: TILE, TILEm (victim keys in "
+                         "memory instead of registers), optional :WARPS; e.g. 1024,4096m,4096,4096:16")
     ap.add_argument("--sweep-radix", default="",
                     help="also time (c) with these victim-selection settings, tile:bits,... "
                          "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)")
@@ -766,7 +795,7 @@ def _with_num_warps(rv, num_warps):
     import types
 
     ns = types.SimpleNamespace(**{k: getattr(rv, k) for k in dir(rv) if not k.startswith("__")})
-    ns.resolve_triton = lambda *a, **kw: rv.resolve_triton(*a, num_warps=num_warps, **kw)
+    ns.resolve_triton = lambda *a, **kw: rv.resolve_triton(*a, **{"num_warps": num_warps, **kw})
     return ns
 
 

@@ -426,6 +426,7 @@ if _HAVE_TRITON:
         WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr,
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
+        REG_KEYS: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -499,6 +500,9 @@ if _HAVE_TRITON:
                 n_hit = tl.zeros([], tl.int32)
                 lo = tl.full([], 4611686018427387904, tl.int64)
                 hi = tl.zeros([], tl.int64)
+                # REG_KEYS (B fits one scan tile): the victim keys stay in registers for
+                # phase V instead of a store + one L2 re-read per radix pass and per tile
+                kreg = tl.zeros([BBLK], tl.int64)
                 for b0 in range(0, B, BBLK):
                     s = b0 + offs_b
                     ms = s < B
@@ -512,7 +516,10 @@ if _HAVE_TRITON:
                     cand = ms & ~hit
                     key = tl.where(q < 0, tl.zeros_like(lru), lru + 1)
                     key = tl.where(cand, key, 4611686018427387904)
-                    tl.store(ekey_row + s, key, mask=ms)
+                    if REG_KEYS:
+                        kreg = key
+                    else:
+                        tl.store(ekey_row + s, key, mask=ms)
                     n_hit += tl.sum(hit.to(tl.int32), 0)
                     lo = tl.minimum(lo, tl.min(key, 0))
                     hi = tl.maximum(hi, tl.max(tl.where(cand, key, 0), 0))
@@ -553,18 +560,25 @@ if _HAVE_TRITON:
                     while shift >= 0:
                         counts = tl.zeros([NBINS], tl.int32)
                         hs = shift + DIGIT
-                        for b0 in range(0, B, RBLK):
-                            s = b0 + offs_r
-                            ms = s < B
-                            key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904,
-                                          cache_modifier=".cg")
-                            c = ms & (key != 4611686018427387904)
-                            x = key - lo
+                        if REG_KEYS:
+                            c = (offs_b < B) & (kreg != 4611686018427387904)
+                            x = kreg - lo
                             match = c & ((x >> hs) == (prefix >> hs))
                             dig = ((x >> shift) & (NBINS - 1)).to(tl.int32)
-                            # a block-wide histogram per tile (shared-memory atomics), not
-                            # a [RBLK, bins] one-hot: wide tiles and 256 bins stay cheap
                             counts += tl.histogram(dig, NBINS, mask=match)
+                        else:
+                            for b0 in range(0, B, RBLK):
+                                s = b0 + offs_r
+                                ms = s < B
+                                key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904,
+                                              cache_modifier=".cg")
+                                c = ms & (key != 4611686018427387904)
+                                x = key - lo
+                                match = c & ((x >> hs) == (prefix >> hs))
+                                dig = ((x >> shift) & (NBINS - 1)).to(tl.int32)
+                                # a block-wide histogram per tile (shared-memory atomics), not
+                                # a [RBLK, bins] one-hot: wide tiles and 256 bins stay cheap
+                                counts += tl.histogram(dig, NBINS, mask=match)
                         cum = tl.cumsum(counts, 0)
                         dsel = tl.sum((cum < need).to(tl.int32), 0)
                         below = tl.sum(tl.where(bins < dsel, counts, 0), 0)
@@ -577,8 +591,11 @@ if _HAVE_TRITON:
                     for b0 in range(0, B, BBLK):
                         s = b0 + offs_b
                         ms = s < B
-                        key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904,
-                                      cache_modifier=".cg")
+                        if REG_KEYS:
+                            key = kreg
+                        else:
+                            key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904,
+                                          cache_modifier=".cg")
                         c = ms & (key != 4611686018427387904)
                         lt = c & (key < thr)
                         eq = c & (key == thr)
@@ -780,13 +797,15 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
                    scan_tile: int = SCAN_TILE, copy_stages: int = 1,
+                   keys_in_registers: Optional[bool] = None,
                    check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
     assignment, a power of two) the scan, ``copy_stages`` (software-pipelining depth of the
-    row copy loop, 1 = none) the copy; every choice gives the same result (the benchmark
-    sweeps them)."""
+    row copy loop, 1 = none) the copy; ``keys_in_registers`` (default: when B fits one scan
+    tile) keeps the victim keys in registers between the scan and the victim selection; every
+    choice gives the same result (the benchmark sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -814,6 +833,11 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     if not (1 <= radix_bits <= 8 and all(t >= 16 and t & (t - 1) == 0 for t in (radix_tile, scan_tile))):
         raise ValueError(f"radix_bits must be 1..8 and radix_tile / scan_tile powers of two >= 16, "
                          f"got {radix_bits}, {radix_tile}, {scan_tile}")
+
+    reg_keys = B <= scan_tile if keys_in_registers is None else bool(keys_in_registers)
+    if reg_keys and B > scan_tile:
+        raise ValueError(f"keys_in_registers needs B <= scan_tile (one scan tile), got B = {B}, "
+                         f"scan_tile = {scan_tile}")
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
@@ -880,6 +904,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         WORDS=words, WPAD=wpad, ROWS=rows,
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
         DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
+        REG_KEYS=reg_keys,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -900,7 +925,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
-             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1)
+             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -430,11 +430,14 @@ def test_large_lru_values_many_radix_passes():
     run_and_compare(s, stamp=(1 << 59) - 1)
 
 
-@pytest.mark.parametrize("tile,bits,scan,stages", [(16, 1, 16, 1), (16, 3, 32, 2), (32, 8, 1024, 3),
-                                                  (256, 4, 64, 1)])
-def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stages):
+@pytest.mark.parametrize("tile,bits,scan,stages,regs", [(16, 1, 16, 1, None), (16, 3, 32, 2, None),
+                                                       (32, 8, 1024, 3, None), (256, 4, 64, 1, None),
+                                                       (16, 3, 128, 1, True), (16, 3, 128, 1, False)])
+def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stages, regs):
     """Victim selection with several tiles per pass (B = 100 > tile), odd digit widths, ties
-    and a wide stamp range: the same victims as the reference for every setting."""
+    and a wide stamp range: the same victims as the reference for every setting, with the
+    victim keys in registers (B fits one scan tile: scan >= 128, the default there) or in
+    the workspace."""
     s = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
               tail_lens=[1, 2], seed=31, fill=0.9)
     g = torch.Generator().manual_seed(4)
@@ -442,9 +445,12 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
     s.hot_lru[:, ::5] = 777  # ties straddling the threshold
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
     run_and_compare(s, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan,
-                    copy_stages=stages)
+                    copy_stages=stages, keys_in_registers=regs)
     with pytest.raises(ValueError, match="radix_bits"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=9, **s.args(True)[1])
+    with pytest.raises(ValueError, match="keys_in_registers"):
+        rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, scan_tile=64, keys_in_registers=True,
+                          **s.args(True)[1])
 
 
 def test_stamp_tensor_accumulate_and_out():
@@ -531,7 +537,8 @@ _AOT = r"""
 import sys
 from systems.kernels import resolver as rv
 variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False, STAMP_IS_PTR=True, ACCUM=True),
-            dict(word_type="i32", WORDS=3, WPAD=4, ROWS=64, QBLK=16, BBLK=16, RBLK=16)]
+            dict(word_type="i32", WORDS=3, WPAD=4, ROWS=64, QBLK=16, BBLK=16, RBLK=16),
+            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
