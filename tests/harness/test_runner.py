@@ -74,3 +74,26 @@ def test_min_waves_sets_a_floor_of_waves_times_concurrency():
     w.min_waves = 2
     assert [num_requests(w, c) for c in (4, 16, 128)] == [64, 64, 256]
     assert num_requests(w, None) == 64  # schedules and open loops have no C
+
+
+def test_experiment_speculation_block_reaches_only_the_speculative_systems():
+    """fig4's reproduce.speculation (calibrated acceptance) is merged into the speculative
+    systems' config, and the non-speculative systems keep the run ids they had without it."""
+    from omegaconf import OmegaConf
+
+    from harness.run import apply_speculation_defaults, run_id
+
+    point = {"concurrency": 4, "tag": "c4"}
+    spec = compose(["experiment=fig4", "system=adaptive_dhisparse"])
+    assert spec.system.speculation.acceptance == "exact"  # the system's own default
+    before = run_id(spec, point)
+    apply_speculation_defaults(spec)
+    assert spec.system.speculation.acceptance == "calibrated"
+    assert run_id(spec, point) != before  # a different measurement, a different id
+
+    plain = compose(["experiment=fig4", "system=hisparse"])
+    apply_speculation_defaults(plain)
+    assert not plain.system.get("speculation")
+    bare = OmegaConf.to_container(plain, resolve=True)
+    del bare["reproduce"]["speculation"]
+    assert run_id(plain, point) == run_id(OmegaConf.create(bare), point)
