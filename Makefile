@@ -8,7 +8,7 @@ DEFAULT_EXP := $(if $(HAS_GPU),default_h200,default_cpu)
 EXP ?=
 ARGS ?=
 
-.PHONY: help venv run test server figures reproduce clean test-sglang
+.PHONY: help venv run test server figures reproduce compact clean test-sglang
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,7 +41,11 @@ figures: $(STAMP)  ## draw every figure/table from results/ (CPU) and write REPR
 
 reproduce: $(STAMP)  ## run every experiment config on the GPU (EXP=fig9 for one), then the figures
 	$(PY) -m harness.reproduce $(if $(EXP),--only $(EXP))
+	$(PY) -m harness.compact --results results
 	$(PY) -m figures.make_all
+
+compact: $(STAMP)  ## gzip the request records of finished runs under results/ (before a commit)
+	$(PY) -m harness.compact --results results
 
 clean:  ## remove the environment and caches (keeps results/)
 	rm -rf .venv .pytest_cache .hypothesis outputs multirun

@@ -40,6 +40,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from figures.paper_values import PV, SYSTEM_LABELS  # noqa: E402
+from harness.records import read_jsonl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RESULTS = REPO / "results"
@@ -198,19 +199,12 @@ class Run:
 
     @cached_property
     def records(self) -> list[dict]:
+        """One dict per request, from records.jsonl or its compacted records.jsonl.gz (a torn
+        last line of an interrupted run is skipped)."""
         p = self.path / "records.jsonl"
-        out: list[dict] = []
-        if not p.is_file():
-            return out
-        for line in p.read_text().splitlines():
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line of an interrupted run
-        return out
+        if not (p.is_file() or p.with_name(p.name + ".gz").is_file()):
+            return []
+        return list(read_jsonl(p))
 
     @cached_property
     def metrics(self) -> pd.DataFrame | None:

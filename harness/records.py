@@ -17,11 +17,13 @@ Writers:
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 __all__ = [
@@ -175,8 +177,14 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    """Yield objects from a JSON-lines file; a truncated last line is skipped."""
-    with open(path, encoding="utf-8") as f:
+    """Yield objects from a JSON-lines file (gzip-compressed when it ends in .gz, or when only
+    ``<path>.gz`` exists: harness.compact compresses finished runs); a truncated last line is
+    skipped."""
+    path = Path(path)
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             if not line:
