@@ -531,8 +531,35 @@ def fig8a(torch, rv, args, sz):
             log(f"  copy-stages sweep: stages={stages}: {med:.3f} ms = {mb / med:.1f} GB/s"
                 f"{'' if same else '  RESULT DIFFERS from the first depth'}")
     del src
+    rows_sweep = []
+    for rb2 in [int(x) for x in args.sweep_row_bytes.split(",") if x]:
+        # the same largest point with other row sizes: PCIe reads of host memory move whole
+        # 128-byte lines (a 656-byte row at a 16-byte offset spans six, 768 bytes), so the
+        # payload rate should track row_bytes / (bytes of the lines each row touches)
+        s2 = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb2, page_size=64, ctx=ctx, staging=True,
+                    host_gib=args.host_gib, seed=2)
+        sel2 = s2.perms(Q * K).reshape(R, Q, K).to(torch.int32).contiguous()
+        s2.hot_pos.fill_(-1)
+        s2.hot_lru.zero_()
+        saved2 = (s2.hot_pos.clone(), s2.hot_lru.clone())
+
+        def restore2(s2=s2, saved2=saved2):
+            s2.hot_pos.copy_(saved2[0])
+            s2.hot_lru.copy_(saved2[1])
+
+        def fn2(s2=s2, sel2=sel2):
+            return rv.resolve_triton(*s2.args(sel2), 40_000, check=False, **s2.kwargs())
+
+        med = statistics.median(time_stateful(torch, fn2, restore2, 5))
+        mb = R * Q * K * rb2 / 1e6
+        lines = statistics.mean(((o % 128) + rb2 + 127) // 128 for o in range(0, 128 * rb2, rb2)) * 128
+        rows_sweep.append(dict(row_bytes=rb2, ms_median=med, gbps=mb / med, line_bytes_per_row=lines,
+                               line_gbps=mb / med * lines / rb2))
+        log(f"  row-bytes sweep: {rb2} B rows: {med:.3f} ms = {mb / med:.1f} GB/s payload, "
+            f"{mb / med * lines / rb2:.1f} GB/s of 128-byte lines ({lines:.0f} B per row)")
+        del s2
     return dict(points=points, host_path_gbps=gbps, fit_r2=r2, fit_intercept_ms=icpt,
-                copy_stages_sweep=stages_sweep,
+                copy_stages_sweep=stages_sweep, row_bytes_sweep=rows_sweep,
                 config=dict(R=R, Q=Q, k=K, B=B, row_bytes=rb, ctx=ctx, reps=reps, page_size=64,
                             copy_programs_per_request=args.copy_programs or rv.default_copy_programs(R, Q)),
                 copy_programs_sweep=sweep)
@@ -683,6 +710,8 @@ def main() -> None:
                     help="also sweep the copy grid (programs per request) on (a) and (c)")
     ap.add_argument("--sweep-copy-stages", default="",
                     help="also time (a)'s largest point and (c) with these copy-loop pipelining depths, e.g. 1,2,3")
+    ap.add_argument("--sweep-row-bytes", default="",
+                    help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",
                     help="also time (b) and (c) at B_c with these scan tiles: TILE, TILEm (victim keys in "
                          "memory instead of registers), optional :WARPS; e.g. 1024,4096m,4096,4096:16")
