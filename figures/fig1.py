@@ -54,7 +54,7 @@ def main(argv=None) -> C.Report:
                 P["resident_dflash2_stops_scaling_at_C"], stop, "", tr.take())
     rep.note("Absolute throughput of a scaled preset on one H200 is not comparable with the paper's "
              "four-GPU aggregate; the ratios between systems are.")
-    why = C.stall_diagnosis(runs, 128)
+    why = C.diagnosis(runs, 128)
     if why:
         rep.note(why[0].upper() + why[1:] + ".")
         rep.diagnose(("adhs_vs_hisparse_C128", "ttft_hisparse_over_adhs_C128"), why)

@@ -123,7 +123,7 @@ def main(argv=None) -> C.Report:
         rep.note("ADHS block per concurrency in our runs: "
                  + ", ".join(f"C{c}: {b}" for c, b in sorted(blocks.items()))
                  + " (paper: 8 at C4-C32, 6 at C64, 4 at C128 and C256).")
-    why = C.stall_diagnosis(runs, 128)
+    why = C.diagnosis(runs, 128)
     if why:
         rep.note(why[0].upper() + why[1:] + ". Where decode is a small share, output is bounded "
                  "by the other work of the engine thread (graph captures, handoffs), not by decode.")

@@ -80,7 +80,7 @@ def main(argv=None) -> C.Report:
     eager = C.eager_note(runs)
     if eager:
         rep.note(eager)
-    why = C.stall_diagnosis([r for r in runs if r.concurrency == top], top)
+    why = C.diagnosis([r for r in runs if r.concurrency == top], top)
     if why:
         rep.note(why[0].upper() + why[1:] + ".")
         rep.diagnose(("adhs_vs_resident_dspark_C512", "spec_return_C512", "adaptive_vs_resident_C512"), why)

@@ -263,6 +263,31 @@ def test_engine_time_split_and_diagnosis(tmp_path):
     assert C.stall_diagnosis([run], 64) is None
 
 
+def test_exact_acceptance_runs_are_named_in_the_diagnosis(tmp_path):
+    """Speculative runs that verified exactly with random-weight drafters (no accepted drafts)
+    are named beside a failed claim; calibrated runs are not."""
+    import json
+
+    import pandas as pd
+    import yaml
+
+    from figures import common as C
+
+    for name, mode, acc in (("adaptive_dhisparse-x-c128-0", "exact", [0, 0, 0]),
+                            ("resident_dflash2-x-c128-0", "calibrated", [0, 180, 370])):
+        d = tmp_path / "fig4" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": name.split("-")[0], "concurrency": 128}))
+        (d / "config.yaml").write_text(yaml.safe_dump({"system": {"speculation": {"acceptance": mode}}}))
+        pd.DataFrame({"ts": [0.0, 1.0, 2.0], "dhs_spec_rounds_total": [0, 100, 200],
+                      "dhs_spec_accepted_total": acc}).to_parquet(d / "server_metrics.parquet")
+    runs = C.load_runs(tmp_path, "fig4")
+    why = C.diagnosis(runs, 128)
+    assert "exact acceptance" in why and "Adaptive DHiSparse 0.00" in why and "DFlash2" not in why
+    assert C.accepted_per_round(runs[1]) == pytest.approx(1.85)
+    assert C.diagnosis(runs[1:], 128) is None
+
+
 def test_runs_without_graph_replays_are_named(tmp_path):
     import json
 
