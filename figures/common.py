@@ -381,25 +381,44 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
         env = load_json(r.path / "env.json")
         return str(env.get("time_utc", "")) if isinstance(env, dict) else ""
     runs.sort(key=lambda r: (started(r), r.path.name))
-    # one output cap per figure: runs whose cap differs from the newest run's are an earlier
+    # one output cap per figure: runs at another cap are an earlier (or a later, unfinished)
     # version of the experiment and would mix two workloads in one curve (input lengths may
-    # differ on purpose, e.g. Fig. 5's context crossover)
+    # differ on purpose, e.g. Fig. 5's context crossover). The newest cap is used once, at every
+    # load it measured, it covers every system and setting an older cap covered there; until
+    # then a partial rerun does not displace a complete older sweep.
     def output_cap(r: Run) -> Any:
         w = r.config.get("workload") if isinstance(r.config, dict) else None
         return w.get("output_len") if isinstance(w, dict) else None
-    if runs:
-        current = output_cap(runs[-1])
-        kept = [r for r in runs if output_cap(r) == current]
-        if len(kept) < len(runs):
-            SUPERSEDED[experiment] = (len(runs) - len(kept), current)
-        else:
-            SUPERSEDED.pop(experiment, None)
-        runs = kept
+
+    def setting(r: Run) -> tuple:
+        return (r.system, r.concurrency, r.point.get("tag"),
+                *(str(find_key(r.config, k)) for k in ("hot_cache_rows", "optional_residency", "block_size")))
+
+    caps: list = []  # newest first
+    for r in reversed(runs):
+        if output_cap(r) not in caps:
+            caps.append(output_cap(r))
+    current = caps[-1] if caps else None
+    for i, cap in enumerate(caps):
+        have = {setting(r) for r in runs if output_cap(r) == cap}
+        loads = {(k[1], k[2]) for k in have}
+        older = {setting(r) for r in runs if output_cap(r) in caps[i + 1:]}
+        if {k for k in older if (k[1], k[2]) in loads} <= have:
+            current = cap
+            break
+    kept = [r for r in runs if output_cap(r) == current]
+    if len(kept) < len(runs):
+        newer = sum(1 for r in runs if output_cap(r) in caps[:caps.index(current)])
+        SUPERSEDED[experiment] = (len(runs) - len(kept) - newer, current, newer)
+    else:
+        SUPERSEDED.pop(experiment, None)
+    runs = kept
     return runs
 
 
-# experiment -> (runs left out, the output cap kept), for the reports' notes
-SUPERSEDED: dict[str, tuple[int, Any]] = {}
+# experiment -> (older runs left out, the output cap kept, newer runs waiting for the rest of
+# their sweep), for the reports' notes
+SUPERSEDED: dict[str, tuple[int, Any, int]] = {}
 
 
 def by_system(runs: Iterable[Run]) -> dict[str, list[Run]]:
@@ -831,9 +850,14 @@ class Report:
             out.append("")
         notes = list(self.notes)
         if self.name in SUPERSEDED:
-            n, cap = SUPERSEDED[self.name]
-            notes.append(f"{n} older run(s) with another output cap are left out: this figure "
-                         f"uses the newest runs' {cap}-token cap.")
+            n, cap, newer = SUPERSEDED[self.name]
+            if n:
+                notes.append(f"{n} older run(s) with another output cap are left out: this figure "
+                             f"uses the runs at the {cap}-token cap.")
+            if newer:
+                notes.append(f"{newer} newer run(s) at another output cap are left out until they cover "
+                             f"every system and setting this figure's {cap}-token runs measured at "
+                             "their loads (a partial rerun).")
         if notes:
             out += [f"{h}# Notes", ""] + [f"- {n}" for n in notes] + [""]
         return "\n".join(out)

@@ -182,9 +182,14 @@ _MAX_STAMP = 1 << 59
 RADIX_DIGIT_BITS = 8
 RADIX_TILE = 2048
 # The B-slot scan (hits, victim keys) walks the slots in tiles of SCAN_TILE, one dependent
-# gather per tile (21 us at B = 4096, batch 8, against the paper's 18.7 us); larger tiles mean
-# fewer serial L2 round trips and more registers. bench_resolver --sweep-scan times them.
-SCAN_TILE = 1024
+# gather per tile; when B fits one tile the victim keys stay in registers for the victim
+# selection (no workspace store and re-read per radix pass). H200, B = 4096, CUDA events
+# (bench_resolver --sweep-scan, results/fig8/regkeys_sweep-h200.json), batch 8 / 160:
+#   1024-slot tiles:             no miss 20.2 / 44.1 us, 77 misses 50.2 / 230.4 us
+#   4096, keys in the workspace: no miss 21.2 / 54.7 us, 77 misses 48.7 / 238.0 us
+#   4096, keys in registers:     no miss 15.9 / 46.8 us, 77 misses 40.7 / 223.3 us (default)
+# (paper: 18.7 / 36.9 and 29.3 / 243.3 us).
+SCAN_TILE = 4096
 
 
 class ResolveResult(NamedTuple):

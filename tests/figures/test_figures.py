@@ -306,3 +306,34 @@ def test_runs_without_graph_replays_are_named(tmp_path):
     assert shares == {"hisparse": 0.0, "resident": 0.9}
     note = C.eager_note(runs)
     assert "HiSparse" in note and "Resident" not in note
+
+
+def test_newest_output_cap_is_used_once_it_covers_the_older_sweep(tmp_path):
+    """One output cap per figure: a partial rerun at a new cap leaves the complete older sweep
+    in place (and is named in the notes); once it covers every setting the older cap measured
+    at its loads, it replaces it, and loads it did not measure are simply missing."""
+    import json
+
+    import yaml
+
+    from figures import common as C
+
+    def run(name, system, c, cap, rows, t):
+        d = tmp_path / "fig9" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": c,
+                                                    "point": {"concurrency": c, "tag": f"c{c}"}}))
+        (d / "env.json").write_text(json.dumps({"time_utc": t}))
+        (d / "config.yaml").write_text(yaml.safe_dump({"workload": {"output_len": cap},
+                                                       "model": {"hot_cache_rows": rows}}))
+
+    for i, (c, rows) in enumerate([(8, 512), (8, 1024), (128, 512), (128, 1024)]):
+        run(f"old{i}", "hisparse", c, 64, rows, f"2026-01-01T00:0{i}")
+    run("new0", "hisparse", 128, 320, 512, "2026-02-01T00:00")  # partial: 1024 missing at C128
+    runs = C.load_runs(tmp_path, "fig9")
+    assert sorted(r.path.name for r in runs) == ["old0", "old1", "old2", "old3"]
+    assert C.SUPERSEDED["fig9"] == (0, 64, 1)
+    run("new1", "hisparse", 128, 320, 1024, "2026-02-01T00:01")  # C128 now complete
+    runs = C.load_runs(tmp_path, "fig9")
+    assert sorted(r.path.name for r in runs) == ["new0", "new1"]
+    assert C.SUPERSEDED["fig9"] == (4, 320, 0)
