@@ -802,15 +802,17 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
                    scan_tile: int = SCAN_TILE, copy_stages: int = 1,
-                   keys_in_registers: Optional[bool] = None,
+                   keys_in_registers: Optional[bool] = None, copy_rows: Optional[int] = None,
                    check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
     assignment, a power of two) the scan, ``copy_stages`` (software-pipelining depth of the
     row copy loop, 1 = none) the copy; ``keys_in_registers`` (default: when B fits one scan
-    tile) keeps the victim keys in registers between the scan and the victim selection; every
-    choice gives the same result (the benchmark sweeps them)."""
+    tile) keeps the victim keys in registers between the scan and the victim selection;
+    ``copy_rows`` (rows per copy tile, a power of two; default 4096 words' worth) sets how many
+    host rows one dependent load round brings in; every choice gives the same result (the
+    benchmark sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -872,7 +874,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     kv_w = kv_pool.view(wdt)
     host_w = host_pool.view(wdt)
     wpad = _pow2(words, lo=1)
-    rows = max(1, min(64, 4096 // wpad))
+    rows = max(1, min(64, 4096 // wpad)) if copy_rows is None else int(copy_rows)
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"copy_rows must be a power of two >= 1, got {copy_rows}")
 
     if torch.is_tensor(stamp):
         stamp_arg, stamp_is_ptr = stamp, True

@@ -430,10 +430,10 @@ def test_large_lru_values_many_radix_passes():
     run_and_compare(s, stamp=(1 << 59) - 1)
 
 
-@pytest.mark.parametrize("tile,bits,scan,stages,regs", [(16, 1, 16, 1, None), (16, 3, 32, 2, None),
-                                                       (32, 8, 1024, 3, None), (256, 4, 64, 1, None),
-                                                       (16, 3, 128, 1, True), (16, 3, 128, 1, False)])
-def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stages, regs):
+@pytest.mark.parametrize("tile,bits,scan,stages,regs,rows", [(16, 1, 16, 1, None, None), (16, 3, 32, 2, None, 1),
+                                                            (32, 8, 1024, 3, None, 4), (256, 4, 64, 1, None, None),
+                                                            (16, 3, 128, 1, True, 128), (16, 3, 128, 1, False, 2)])
+def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stages, regs, rows):
     """Victim selection with several tiles per pass (B = 100 > tile), odd digit widths, ties
     and a wide stamp range: the same victims as the reference for every setting, with the
     victim keys in registers (B fits one scan tile: scan >= 128, the default there) or in
@@ -445,9 +445,11 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
     s.hot_lru[:, ::5] = 777  # ties straddling the threshold
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
     run_and_compare(s, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan,
-                    copy_stages=stages, keys_in_registers=regs)
+                    copy_stages=stages, keys_in_registers=regs, copy_rows=rows)
     with pytest.raises(ValueError, match="radix_bits"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=9, **s.args(True)[1])
+    with pytest.raises(ValueError, match="copy_rows"):
+        rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, copy_rows=3, **s.args(True)[1])
     with pytest.raises(ValueError, match="keys_in_registers"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, scan_tile=64, keys_in_registers=True,
                           **s.args(True)[1])
