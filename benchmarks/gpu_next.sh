@@ -1,28 +1,28 @@
 #!/usr/bin/env bash
 # Device calls, in parts of one call each (about 9 min apiece):
-#   DHS_GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
-# Plan for the next session. Since the last runs (commit eff3e9e): CUDA graphs are captured at a
-# key's 3rd use (engine.cuda_graph_capture_after; capturing every passing batch size took 69-71%
-# of the hierarchy's engine time at C128), and the output caps keep the paper's input : output
-# ratios (fig4 family 320, fig5 family 128, fig1 1,024), so every experiment reruns (new run ids;
-# the figures use the newest output cap only). Runs are about 5x longer than at a 64-token cap.
-#   1. nvidia-h200-x2: L "fig4+system=hisparse+system=adaptive_hisparse+system=adaptive_dhisparse:560"
-#                        "fig4+system=resident+system=resident_dflash2:330 fig6:230"
-#   2. nvidia-h200-x2: L "fig5:560" "fig9+point=c128:560"
-#   3. then fig4_more (C32, C256), fig9 C8, fig9_dsv, fig7, fig1, fig11, and the resolver's scan
-#      tile and copy pipelining (issue 4): DHS_ARGS_bench_resolver="--check --sweep-scan
-#      1024,2048,4096 --sweep-copy-stages 1,2,3" with a lane item @bench_resolver:240 (the
-#      stages sweep checks each depth's result against the plain loop: cp.async from UVA memory).
-#   The index scan runs at ~430 GB/s at batch 128 (results/attention/h200-mma.json): the lane item
-#   @bench_attention:100 now also sweeps its tile (rows of history per program x warps).
-#   The DeepSeek-like hierarchy runs (fig5, fig9_dsv) ran eagerly: their capture failed on the
-#   H200 ("operation failed due to a previous error during capture"). Likely cause, fixed since:
-#   finish_forward joined the follower-prefetch stream although no DeepSeek-like step forks it
-#   (no followers), and a capturing stream waiting on a stream outside the capture invalidates
-#   it. Verify first, on one GPU (capture failures now log their traceback):
-#     python3 benchmarks/check_cuda_graph.py --model dsv41_mini --systems resident,hisparse \
-#       --context 4096 --new-tokens 8 --out $OUT/graph_dsv.json
-#   Check each call's engine time split in REPRODUCTION.md (decode / capture / handoff / other).
+#   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
+# Plan for the next session (done so far at the new output caps, commits 7e9724c..489b573:
+# Fig. 4 all five systems C4-C128, Fig. 5 all five C16/64/256, Fig. 6 residency-on arm, Fig. 7
+# block 4 at C128, Fig. 9 hisparse C128 B/k 1/2/4, Fig. 9 DSV hisparse C128 B/k 2/4/8; the
+# figures keep the older complete sweeps of Fig. 6/7/9 until the new cap covers them).
+#   Pass the commit as a literal from this machine: DHS_GIT_COMMIT=<git rev-parse --short HEAD
+#   run HERE>. The device copy's .git was stale in this session (calls 2 and 3 reported the first
+#   call's commit; fixed by hand in their env.json / summary.json).
+#   Run `make compact` before each call: the device takes at most 64 MiB of working tree.
+#   0. nvidia-h200 (1 GPU), ~3 min: are the lanes interfering? The same Fig. 4 point ran at
+#      3,546 tok/s (TPOT 30.9 ms, results/fig4/hisparse-glm53_mini-c128-cf88e968) and, in Fig. 9,
+#      2,431 tok/s (TPOT 43.9 ms, results/fig9/hisparse-glm53_mini-c128-a079336f, beside
+#      bench_resolver's host-path reads on the other GPU). Rerun both alone:
+#        bash benchmarks/gpu_next.sh L "fig4+system=hisparse+point=c128+ov=^rerun=solo:150" ""
+#        ... then fig9+system=hisparse+where=b_over_k=2+point=c128+ov=^rerun=solo:150
+#      (L with an empty second lane runs on GPU 0 alone). If solo differs, never pair serving
+#      runs with host-heavy benchmarks (@bench_resolver) again, and rerun the affected points.
+#   1. nvidia-h200-x2: L "fig6:420 fig7:560" "fig9:560"  (fig6's off arm; the rest of fig7/fig9)
+#   2. nvidia-h200-x2: L "fig9_dsv:560" "fig4_more:560"  (C8 and adaptive; C32 and C256 for claim 2)
+#   3. then fig1 (cap 1,024 and calibrated acceptance: its runs so far accepted no draft), fig11,
+#      and issue 4 on one GPU, alone: DHS_ARGS_bench_resolver="--skip a --sweep-copy-rows 32,64,128
+#      --sweep-copy-stages 1,2,3" @bench_resolver:150 (77 misses at batch 8 are 40.7 us against the
+#      paper's 29.3; three dependent host-load rounds of 32 rows are a large part of it).
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
 # D: Fig. 1.  E: Fig. 9.  F: Fig. 5.  K: attention kernels and graph replay only.
 # L: lanes, one per GPU of an nvidia-h200-x2 (twice the runs per device-second; each lane has its
