@@ -304,6 +304,29 @@ def accepted_per_round(run: Run) -> float | None:
     return acc / rounds if rounds > 0 else None
 
 
+def queries_per_round(run: Run) -> float | None:
+    """Verification queries per speculative round (anchor included), None without rounds."""
+    df = run.metrics
+    need = {"dhs_spec_rounds_total", "dhs_spec_queries_total"}
+    if df is None or not need <= set(df.columns) or len(df) < 2:
+        return None
+    rounds = float(df["dhs_spec_rounds_total"].iloc[-1] - df["dhs_spec_rounds_total"].iloc[0])
+    q = float(df["dhs_spec_queries_total"].iloc[-1] - df["dhs_spec_queries_total"].iloc[0])
+    return q / rounds if rounds > 0 else None
+
+
+def no_draft_note(runs: Iterable[Run]) -> str | None:
+    """Names the speculative runs whose rounds verified no draft (one query per round: DSpark's
+    scheduler found no prefix worth verifying), so they paid for drafting and gained nothing."""
+    from figures.paper_values import label
+    idle = sorted({r.system for r in runs if (q := queries_per_round(r)) is not None and q <= 1.05})
+    if not idle:
+        return None
+    return ("these speculative runs verified no draft (one query per round): " + ", ".join(label(s) for s in idle)
+            + "; DSpark's scheduler read the random-weight drafter's confidences, also under calibrated "
+            "acceptance, until it took the calibrated acceptance as its confidence")
+
+
 def acceptance_note(runs: Iterable[Run]) -> str | None:
     """Names the speculative runs that verified exactly with the mini models' random-weight
     drafters: they accept (almost) nothing, so their speculation only adds verification cost
@@ -326,9 +349,10 @@ def acceptance_note(runs: Iterable[Run]) -> str | None:
 
 def diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
     """Everything that explains a throughput claim at one load: exact acceptance with
-    random-weight drafters, then the engine's time split (stall_diagnosis)."""
+    random-weight drafters, rounds that verified no draft, then the engine's time split
+    (stall_diagnosis)."""
     runs = list(runs)
-    parts = [x for x in (acceptance_note(runs), stall_diagnosis(runs, concurrency)) if x]
+    parts = [x for x in (acceptance_note(runs), no_draft_note(runs), stall_diagnosis(runs, concurrency)) if x]
     return "; ".join(parts) or None
 
 

@@ -90,6 +90,12 @@ class SpeculativeDecoder:
         emitted = cfg.get("calibrated_emitted_per_round") or \
             PAPER_EMITTED_PER_ROUND.get(self.block, 2.88)
         self.alpha = calibrated_alpha(self.block, float(emitted))
+        conf = cfg.get("scheduler_confidence", "auto")
+        if conf not in ("auto", "drafter", "calibrated"):
+            raise ValueError("system.speculation.scheduler_confidence must be auto, drafter or calibrated, "
+                             f"got {conf!r}")
+        # DSpark's prefix choice: the drafter's confidences, or the calibrated acceptance
+        self.calibrated_confidence = conf == "calibrated" or (conf == "auto" and self.mode == "calibrated")
         # DSpark's scheduler: expected emitted tokens per unit of profiled engine cost
         self.cost0 = float(cfg.get("cost_base", 1.0))
         self.cost_per_query = float(cfg.get("cost_per_query", 0.15))
@@ -144,11 +150,18 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ a round
     def _k_r(self, q: torch.Tensor, proposals: torch.Tensor) -> torch.Tensor:
         """Verification prefix per request: DFlash2 uses its fixed block; DSpark maximizes
-        expected emitted tokens per unit of engine cost from the drafter's confidences."""
+        expected emitted tokens per unit of engine cost from the drafter's confidences. Under
+        calibrated acceptance (``scheduler_confidence: auto``) the confidence of every draft
+        position is the calibrated per-position acceptance ``alpha``: acceptance no longer follows the drafter, and the
+        mini models' random-weight drafter is unconfident enough that the scheduler would
+        verify no draft at all (K_r = 1 in every round of the first Fig. 5 runs)."""
         B = proposals.shape[0]
         if self.kind != "dspark":
             return torch.full((B,), self.block, dtype=torch.long)
-        conf = self.drafter.last_confidence.float().cpu()  # (B, K-1), even when greedy
+        if self.calibrated_confidence:
+            conf = torch.full((B, self.block - 1), self.alpha)
+        else:
+            conf = self.drafter.last_confidence.float().cpu()  # (B, K-1), even when greedy
         surv = torch.cumprod(conf, dim=1)
         ks = torch.arange(1, self.block + 1, dtype=torch.float32)
         exp_tokens = 1 + torch.cat([torch.zeros(B, 1), surv.cumsum(1)], dim=1)  # (B, K)

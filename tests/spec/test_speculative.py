@@ -106,6 +106,28 @@ def test_dspark_with_real_drafter_is_exact_and_picks_prefixes(system):
     assert st_["spec_queries_total"] < 8 * st_["spec_rounds_total"]
 
 
+def test_dspark_under_calibrated_acceptance_verifies_drafts():
+    """Calibrated acceptance drives DSpark's prefix choice with the calibrated per-position
+    acceptance: rounds verify drafts (K_r > 1) and emit about what the calibration promises,
+    where the random drafter's own confidences would pick K_r = 1."""
+    eng = _spec_engine("resident_dspark", "tiny", 8, False, "system.speculation.acceptance=calibrated")
+    dec = eng.decoder
+    props = torch.zeros((3, 7), dtype=torch.long)
+    k_r = dec._k_r(None, props)
+    a = dec.alpha
+    exp = [sum(a ** i for i in range(k)) / (dec.cost0 + dec.cost_per_query * k) for k in range(1, 9)]
+    assert k_r.tolist() == [max(range(8), key=lambda i: exp[i]) + 1] * 3 and int(k_r[0]) > 1
+    run_greedy(eng, GOLDEN["prompts"][:2], 24)
+    st_ = dec.stats
+    assert st_["spec_queries_total"] > 1.5 * st_["spec_rounds_total"]
+    assert st_["spec_accepted_total"] > 0
+    drafter = _spec_engine("resident_dspark", "tiny", 8, False, "system.speculation.acceptance=calibrated",
+                           "system.speculation.scheduler_confidence=drafter").decoder
+    assert not drafter.calibrated_confidence
+    with pytest.raises(ValueError, match="scheduler_confidence"):
+        _spec_engine("resident_dspark", "tiny", 8, False, "system.speculation.scheduler_confidence=maybe")
+
+
 def test_union_resolution_copies_each_distinct_miss_once():
     # B == k and a block of 8 queries: the union of selections overflows the hot cache, so the
     # staging arena is used; every distinct missing row is copied once per call
