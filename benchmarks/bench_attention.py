@@ -174,14 +174,18 @@ def main() -> None:
         iq = torch.randn(B, Q, di, device=dev, generator=g)
         ref = index_scores(iq, pool, table, slots, L, P, impl="triton")
         # tiles that compile without register spills at sm_90 (ptxas -v): 256 x 4 and 512 x 8 spill
-        for block_l, warps in ((64, 4), (128, 4), (64, 2), (128, 8), (256, 8)):
+        # and the multiply-add form (a float32 row per query, no 16-row padding of the dot)
+        for block_l, warps, form in ((64, 4, "dot"), (128, 4, "dot"), (64, 2, "dot"), (128, 8, "dot"),
+                                     (256, 8, "dot"), (64, 4, "fma"), (128, 4, "fma"), (256, 8, "fma"),
+                                     (512, 8, "fma")):
             fn = lambda: index_scores_triton(iq, pool, table, slots, L, P, block_l=block_l,  # noqa: E731
-                                             num_warps=warps)
+                                             num_warps=warps, form=form)
             diff = (fn() - ref).abs().max().item()
             us = _median_us(torch, fn, flush, args.reps)
             index_sweep.append({"requests": B, "queries": Q, "block_l": block_l, "num_warps": warps,
-                                "us": us, "gbps": B * L * di * 2 / us / 1e3, "max_abs_diff_vs_default": diff})
-            print(f"[index]     sweep B={B} Q={Q} block_l={block_l:5d} warps={warps}: {us:8.1f} us "
+                                "form": form, "us": us, "gbps": B * L * di * 2 / us / 1e3,
+                                "max_abs_diff_vs_default": diff})
+            print(f"[index]     sweep B={B} Q={Q} {form} block_l={block_l:5d} warps={warps}: {us:8.1f} us "
                   f"({index_sweep[-1]['gbps']:.0f} GB/s)  max|diff| {diff:.1e}", flush=True)
     finish_benchmark(args.out, {"benchmark": "sparse_attention",
                                 "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",

@@ -46,7 +46,7 @@ if _HAVE_TRITON:
     def _index_scores_kernel(iq_ptr, pool_ptr, pt_ptr, slots_ptr, out_ptr,
                              Q, L, pt_stride, page_size,
                              DI: tl.constexpr, DI_P: tl.constexpr, BLOCK_Q: tl.constexpr,
-                             BLOCK_L: tl.constexpr):
+                             BLOCK_L: tl.constexpr, FMA: tl.constexpr):
         # one program per (request, block of queries, block of positions): the block's keys
         # are read once for all its queries
         b = tl.program_id(0).to(tl.int64)
@@ -61,32 +61,54 @@ if _HAVE_TRITON:
         row = tl.maximum(page.to(tl.int64) * page_size + ll % page_size, 0)
         keys = tl.load(pool_ptr + row[:, None] * DI + dd[None, :],
                        mask=lm[:, None] & (dd[None, :] < DI), other=0.0).to(tl.float32)
-        qm = qq < Q
-        iq = tl.load(iq_ptr + (b * Q + qq[:, None]) * DI + dd[None, :],
-                     mask=qm[:, None] & (dd[None, :] < DI), other=0.0).to(tl.float32)
-        s = tl.dot(iq, tl.trans(keys), input_precision="ieee")  # [BLOCK_Q, BLOCK_L]
-        tl.store(out_ptr + (b * Q + qq[:, None]) * L + ll[None, :], s,
-                 mask=qm[:, None] & lm[None, :])
+        if FMA:
+            # few queries (decode: 1, verification: up to 8): one float32 multiply-add row per
+            # query on the keys in registers; a dot would pad the queries to 16 rows and route
+            # both operands through shared memory
+            for i in tl.static_range(BLOCK_Q):
+                q = q0 + i
+                iqv = tl.load(iq_ptr + (b * Q + q) * DI + dd, mask=(dd < DI) & (q < Q), other=0.0)
+                s1 = tl.sum(keys * iqv.to(tl.float32)[None, :], axis=1)  # [BLOCK_L]
+                tl.store(out_ptr + (b * Q + q) * L + ll, s1, mask=lm & (q < Q))
+        else:
+            qm = qq < Q
+            iq = tl.load(iq_ptr + (b * Q + qq[:, None]) * DI + dd[None, :],
+                         mask=qm[:, None] & (dd[None, :] < DI), other=0.0).to(tl.float32)
+            s = tl.dot(iq, tl.trans(keys), input_precision="ieee")  # [BLOCK_Q, BLOCK_L]
+            tl.store(out_ptr + (b * Q + qq[:, None]) * L + ll[None, :], s,
+                     mask=qm[:, None] & lm[None, :])
 
 
 def _p2(n: int, lo: int = 16) -> int:
     return max(lo, 1 << max(0, (int(n) - 1).bit_length()))
 
 
+# Queries per program of the multiply-add form; more queries per call take more programs.
+FMA_MAX_QUERIES = 8
+
+
 def index_scores_triton(iq, pool, page_table, slots, L: int, page_size: int,
-                        block_l: int = 128, num_warps: int = 4) -> torch.Tensor:
+                        block_l: int = 128, num_warps: int = 4, form: str = "dot") -> torch.Tensor:
+    """``form``: "dot" (the queries of a program as one float32 tl.dot, padded to 16 rows) or
+    "fma" (a float32 multiply-add row per query, up to FMA_MAX_QUERIES per program); both read
+    each key once per program and compute float32 products and sums."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
+    if form not in ("dot", "fma"):
+        raise ValueError(f"index scores form must be dot or fma, got {form!r}")
     B, Q, di = iq.shape
     assert pool.shape[1] == di and pool.is_contiguous() and page_table.stride(1) == 1
     out = torch.empty((B, Q, L), dtype=torch.float32, device=iq.device)
     if B == 0 or Q == 0 or L == 0:
         return out
-    bq = 16 if Q <= 16 else 32  # tl.dot needs >= 16 rows; verification blocks are <= 16
+    if form == "fma":
+        bq = min(FMA_MAX_QUERIES, 1 << max(0, (Q - 1).bit_length()))
+    else:
+        bq = 16 if Q <= 16 else 32  # tl.dot needs >= 16 rows; verification blocks are <= 16
     grid = (B, triton.cdiv(Q, bq), triton.cdiv(L, block_l))
     _index_scores_kernel[grid](iq.float().contiguous(), pool, page_table, slots.contiguous(), out,
                                Q, L, page_table.stride(0), page_size,
-                               DI=di, DI_P=_p2(di), BLOCK_Q=bq, BLOCK_L=block_l,
+                               DI=di, DI_P=_p2(di), BLOCK_Q=bq, BLOCK_L=block_l, FMA=form == "fma",
                                num_warps=num_warps)
     return out
 
@@ -109,7 +131,7 @@ def aot_compile(arch: int = 90, num_warps: int = 4, pool_type: str = "bf16", **c
     fn = _index_scores_kernel
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
-    c = dict(DI=64, DI_P=64, BLOCK_Q=16, BLOCK_L=128)
+    c = dict(DI=64, DI_P=64, BLOCK_Q=16, BLOCK_L=128, FMA=False)
     c.update(constexprs)
     ptrs = {"iq_ptr": "*fp32", "pool_ptr": "*" + pool_type, "pt_ptr": "*i32",
             "slots_ptr": "*i64", "out_ptr": "*fp32"}

@@ -17,10 +17,11 @@ from tests.kernels.support import interpreted, needs_nvidia_backend, run_compile
 pytestmark = interpreted(ix._index_scores_kernel)
 
 
+@pytest.mark.parametrize("form", ["dot", "fma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B,Q,L,di,P", [(1, 1, 1, 16, 4), (3, 2, 37, 24, 8), (2, 17, 130, 64, 16),
                                         (4, 5, 200, 40, 64)])
-def test_kernel_matches_reference(B, Q, L, di, P, dtype):
+def test_kernel_matches_reference(B, Q, L, di, P, dtype, form):
     g = torch.Generator().manual_seed(B * 1000 + L)
     S, pages = 6, -(-L // P) + 1
     pool = torch.randn(S * pages * P, di, generator=g).to(dtype)
@@ -32,14 +33,22 @@ def test_kernel_matches_reference(B, Q, L, di, P, dtype):
     slots[0] = 1
     iq = torch.randn(B, Q, di, generator=g)
     ref = ix.index_scores(iq, pool, table, slots, L, P, impl="reference")
-    tri = ix.index_scores(iq, pool, table, slots, L, P, impl="triton")
+    tri = ix.index_scores_triton(iq, pool, table, slots, L, P, form=form)
     assert tri.shape == (B, Q, L) and tri.dtype == torch.float32
     torch.testing.assert_close(tri, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_unknown_form_is_a_clear_error():
+    z = torch.zeros(1, 1, 16)
+    with pytest.raises(ValueError, match="dot or fma"):
+        ix.index_scores_triton(z, torch.zeros(4, 16), torch.zeros(1, 1, dtype=torch.int32),
+                               torch.zeros(1, dtype=torch.long), 1, 4, form="wmma")
+
+
 _AOT = r"""
 from systems.kernels import index_scores as ix
-for v in (dict(), dict(pool_type="fp32"), dict(DI=24, DI_P=32, BLOCK_Q=32)):
+for v in (dict(), dict(pool_type="fp32"), dict(DI=24, DI_P=32, BLOCK_Q=32), dict(FMA=True, BLOCK_Q=1),
+          dict(FMA=True, BLOCK_Q=8, BLOCK_L=64)):
     k = ix.aot_compile(90, **v)
     assert "ld.global" in k.asm["ptx"], v
 print("ok")
