@@ -22,7 +22,11 @@
 #   3. then fig1 (cap 1,024 and calibrated acceptance: its runs so far accepted no draft), fig11,
 #      and issue 4 on one GPU, alone: DHS_ARGS_bench_resolver="--skip a --sweep-copy-rows 32,64,128
 #      --sweep-copy-stages 1,2,3" @bench_resolver:150 (77 misses at batch 8 are 40.7 us against the
-#      paper's 29.3; three dependent host-load rounds of 32 rows are a large part of it).
+#      paper's 29.3; three dependent host-load rounds of 32 rows are a large part of it), and
+#      @bench_attention:100 (the index scan's dot and multiply-add forms; make the faster the
+#      default in systems/kernels/index_scores.py). Profile the hierarchy's step at C128
+#      (profile=kernels) to see how much of it is GPU idle between kernels.
+#   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
 # D: Fig. 1.  E: Fig. 9.  F: Fig. 5.  K: attention kernels and graph replay only.
 # L: lanes, one per GPU of an nvidia-h200-x2 (twice the runs per device-second; each lane has its
@@ -102,6 +106,9 @@ case "$PART" in
      }
      LANES=("$1" "$2"); shift 2
      EXPS=$(for l in "${LANES[@]}"; do for i in $l; do case "$i" in @*) ;; *) i=${i%%:*}; echo -n "${i%%+*} " ;; esac; done; done | tr ' ' '\n' | sort -u | tr '\n' ' ')
+     # the host both lanes share: CPU (vmstat) and each GPU's PCIe / SM / memory use (dmon), so a
+     # lane slowed by the other shows why (results of a lane beside host-heavy work differed by 30%)
+     (vmstat -t 2 > $OUT/vmstat.log 2>&1 &); (nvidia-smi dmon -s putm -d 2 -o T > $OUT/dmon.log 2>&1 &)
      lane 0 "${LANES[0]}" "$@" &
      lane 1 "${LANES[1]}" "$@" &
      if [ "${DHS_BENCH_CLIENT:-0}" = 1 ]; then
@@ -109,7 +116,7 @@ case "$PART" in
          --event-loops asyncio --repeats 1 --quiet-wait-s 5 --out-dir $OUT/bench_client > $OUT/bench_client.log 2>&1
        tail -40 $OUT/bench_client.log; (cd $OUT && tar czf bench_client.tgz bench_client && rm -rf bench_client)
      fi
-     wait; cat $OUT/lane0.log $OUT/lane1.log ;;
+     wait; pkill -f "vmstat -t 2" ; pkill -f "nvidia-smi dmon" ; cat $OUT/lane0.log $OUT/lane1.log ;;
 esac
 python3 -m harness.summaries --results results >/dev/null 2>&1
 [ -n "$EXPS" ] && tar czf $OUT/results.tgz $(for e in $EXPS; do echo results/$e; done) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)
