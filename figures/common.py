@@ -269,15 +269,19 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
     return out
 
 
+def counter_ratio(run: Run, num: str, den: str) -> float | None:
+    """Growth of one cumulative /metrics counter over another's across the run's samples (None
+    without samples, without both counters, or when the denominator did not grow)."""
+    df = run.metrics
+    if df is None or not {num, den} <= set(df.columns) or len(df) < 2:
+        return None
+    d = float(df[den].iloc[-1] - df[den].iloc[0])
+    return float(df[num].iloc[-1] - df[num].iloc[0]) / d if d > 0 else None
+
+
 def graph_replay_share(run: Run) -> float | None:
     """Share of the run's decode steps that replayed a captured CUDA graph (server samples)."""
-    df = run.metrics
-    need = {"dhs_num_steps", "dhs_graph_replays_total"}
-    if df is None or not need <= set(df.columns) or len(df) < 2:
-        return None
-    steps = float(df["dhs_num_steps"].iloc[-1] - df["dhs_num_steps"].iloc[0])
-    reps = float(df["dhs_graph_replays_total"].iloc[-1] - df["dhs_graph_replays_total"].iloc[0])
-    return reps / steps if steps > 0 else None
+    return counter_ratio(run, "dhs_graph_replays_total", "dhs_num_steps")
 
 
 def eager_note(runs: Iterable[Run]) -> str | None:
@@ -295,24 +299,12 @@ def eager_note(runs: Iterable[Run]) -> str | None:
 
 def accepted_per_round(run: Run) -> float | None:
     """Accepted drafts per speculative round over the run (server samples), None without rounds."""
-    df = run.metrics
-    need = {"dhs_spec_rounds_total", "dhs_spec_accepted_total"}
-    if df is None or not need <= set(df.columns) or len(df) < 2:
-        return None
-    rounds = float(df["dhs_spec_rounds_total"].iloc[-1] - df["dhs_spec_rounds_total"].iloc[0])
-    acc = float(df["dhs_spec_accepted_total"].iloc[-1] - df["dhs_spec_accepted_total"].iloc[0])
-    return acc / rounds if rounds > 0 else None
+    return counter_ratio(run, "dhs_spec_accepted_total", "dhs_spec_rounds_total")
 
 
 def queries_per_round(run: Run) -> float | None:
     """Verification queries per speculative round (anchor included), None without rounds."""
-    df = run.metrics
-    need = {"dhs_spec_rounds_total", "dhs_spec_queries_total"}
-    if df is None or not need <= set(df.columns) or len(df) < 2:
-        return None
-    rounds = float(df["dhs_spec_rounds_total"].iloc[-1] - df["dhs_spec_rounds_total"].iloc[0])
-    q = float(df["dhs_spec_queries_total"].iloc[-1] - df["dhs_spec_queries_total"].iloc[0])
-    return q / rounds if rounds > 0 else None
+    return counter_ratio(run, "dhs_spec_queries_total", "dhs_spec_rounds_total")
 
 
 def no_draft_note(runs: Iterable[Run]) -> str | None:
