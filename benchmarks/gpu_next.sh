@@ -108,15 +108,17 @@ case "$PART" in
      EXPS=$(for l in "${LANES[@]}"; do for i in $l; do case "$i" in @*) ;; *) i=${i%%:*}; echo -n "${i%%+*} " ;; esac; done; done | tr ' ' '\n' | sort -u | tr '\n' ' ')
      # the host both lanes share: CPU (vmstat) and each GPU's PCIe / SM / memory use (dmon), so a
      # lane slowed by the other shows why (results of a lane beside host-heavy work differed by 30%)
-     (vmstat -t 2 > $OUT/vmstat.log 2>&1 &); (nvidia-smi dmon -s putm -d 2 -o T > $OUT/dmon.log 2>&1 &)
-     lane 0 "${LANES[0]}" "$@" &
-     lane 1 "${LANES[1]}" "$@" &
+     vmstat -t 2 > $OUT/vmstat.log 2>&1 & MON=($!)
+     nvidia-smi dmon -s putm -d 2 -o T > $OUT/dmon.log 2>&1 & MON+=($!)
+     trap 'kill ${MON[*]} 2>/dev/null' EXIT  # also when the call's time limit ends the script
+     lane 0 "${LANES[0]}" "$@" & L0=$!
+     lane 1 "${LANES[1]}" "$@" & L1=$!
      if [ "${DHS_BENCH_CLIENT:-0}" = 1 ]; then
        n=$(nproc); timeout 240 python3 benchmarks/bench_client.py --client-cpu $((n-1)) --server-cpu $((n-2)) \
          --event-loops asyncio --repeats 1 --quiet-wait-s 5 --out-dir $OUT/bench_client > $OUT/bench_client.log 2>&1
        tail -40 $OUT/bench_client.log; (cd $OUT && tar czf bench_client.tgz bench_client && rm -rf bench_client)
      fi
-     wait; pkill -f "vmstat -t 2" ; pkill -f "nvidia-smi dmon" ; cat $OUT/lane0.log $OUT/lane1.log ;;
+     wait $L0 $L1; kill ${MON[*]} 2>/dev/null; cat $OUT/lane0.log $OUT/lane1.log ;;
 esac
 python3 -m harness.summaries --results results >/dev/null 2>&1
 [ -n "$EXPS" ] && tar czf $OUT/results.tgz $(for e in $EXPS; do echo results/$e; done) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)

@@ -401,7 +401,8 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
     # version of the experiment and would mix two workloads in one curve (input lengths may
     # differ on purpose, e.g. Fig. 5's context crossover). The newest cap is used once, at every
     # load it measured, it covers every system and setting an older cap covered there; until
-    # then a partial rerun does not displace a complete older sweep.
+    # then a partial rerun does not displace a complete older sweep. Loads the newest cap has
+    # not measured yet are then missing from the figure (never mixed in from the older cap).
     def output_cap(r: Run) -> Any:
         w = r.config.get("workload") if isinstance(r.config, dict) else None
         return w.get("output_len") if isinstance(w, dict) else None

@@ -141,16 +141,17 @@ def main(argv=None) -> C.Report:
 def ttft_diagnosis(runs, concurrency: int) -> str | None:
     """The paper's TTFT gap is a handoff gap (HiSparse 10.4 s of handoff per request at C128,
     Adaptive DHiSparse 2.2 s: Table A2): name our split of TTFT into handoff and the rest."""
-    parts, per_step = [], None
+    parts, per_step, inputs = [], None, None
     for system in ("hisparse", "adaptive_dhisparse"):
         r = C.pick(runs, system, concurrency)
         sp = C.timing_split(r, post_wave=False) if r is not None and r.records else {}
         if sp.get("ttft_s") is None or sp.get("handoff_s") is None:
             return None
         per_step = C.find_key(r.config, "max_handoffs_per_step") or per_step
+        inputs = C.find_key(r.config, "input_len") or inputs
         parts.append(f"{label(system)} {sp['ttft_s']:.2f} s, of which handoff {sp['handoff_s'] * 1e3:.0f} ms")
     return (f"mean TTFT at C{concurrency}: " + "; ".join(parts) + " (paper: 10.68 s with 10.36 s of "
-            "handoff, 5.13 s with 2.23 s). Our handoff is a copy of a 16K-token history within one host, "
+            f"handoff, 5.13 s with 2.23 s). Our handoff is a copy of a {inputs or '?'}-token history within one host, "
             "not a 100K-token transfer from a prefill node, so the admission-path saving behind the "
             "paper's ratio has next to nothing to remove here; the rest of TTFT is waiting for a "
             f"step to admit into ({per_step or '?'} handoffs per step), and a speculative round is "

@@ -121,7 +121,7 @@ def main(argv=None) -> C.Report:
                and r.concurrency), default=None)
     if top is not None and h[0] == a[0] == top:
         # the ratio is capped by the sweep, not by either system
-        reasons.append(f"HiSparse and ADHS both meet the first bound at every load measured, up to "
+        reasons.append(f"HiSparse and ADHS both meet the first bound at the highest load measured, "
                        f"C{top}, so the ratio is capped by the sweep; the paper's comes from higher loads"
                        + (" (Fig. 4's C256 point, conf/experiment/fig4_more.yaml)" if top < 256 else ""))
     why = C.stall_diagnosis(runs, 128)

@@ -18,10 +18,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from harness.records import _fsync_dir
+
 
 def compact(results: Path, dry_run: bool = False) -> tuple[int, int, int]:
     """Returns (files compressed, bytes before, bytes after)."""
     n = before = after = 0
+    for stale in results.rglob("records.jsonl.gz.tmp"):  # an earlier compaction cut short
+        if not dry_run:
+            stale.unlink()
     for rec in sorted(results.rglob("records.jsonl")):
         if not (rec.parent / "summary.json").is_file():
             continue
@@ -32,10 +37,13 @@ def compact(results: Path, dry_run: bool = False) -> tuple[int, int, int]:
             continue
         tmp = gz.with_name(gz.name + ".tmp")
         # mtime=0: the same records always give the same bytes (no churn in git)
-        with open(rec, "rb") as src, open(tmp, "wb") as raw, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as dst:
-            shutil.copyfileobj(src, dst)
+        with open(rec, "rb") as src, open(tmp, "wb") as raw:
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as dst:
+                shutil.copyfileobj(src, dst)
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(tmp, gz)
+        _fsync_dir(str(gz.parent))  # the .gz is durable before the plain file goes
         rec.unlink()
         n, before, after = n + 1, before + size, after + gz.stat().st_size
     return n, before, after

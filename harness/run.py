@@ -55,23 +55,13 @@ def num_requests(w: DictConfig, concurrency: int | None) -> int:
     return max(int(w.num_requests), int(w.get("min_waves") or 1) * (concurrency or 0))
 
 
-def apply_speculation_defaults(cfg: DictConfig) -> None:
-    """Merge the experiment's ``reproduce.speculation`` block (e.g. ``acceptance: calibrated``)
-    into ``system.speculation`` of the systems that speculate; the others are untouched, so an
-    experiment sets it once for its whole system list. The run id hashes the merged
-    ``system.speculation`` and leaves the block itself out, so the non-speculative systems keep
-    their ids."""
-    extra = (cfg.get("reproduce") or {}).get("speculation")
-    if extra and cfg.system.get("speculation"):
-        cfg.system.speculation = OmegaConf.merge(cfg.system.speculation, extra)
-
-
 def run_id(cfg: DictConfig, point: dict) -> str:
     """Stable id: what was measured, plus a hash of everything that could change the result."""
     material = OmegaConf.to_container(cfg, resolve=True)
     for volatile in ("server", "logger", "results_dir", "hydra"):
         material.pop(volatile, None)
-    # applied to system.speculation (and hashed there) by apply_speculation_defaults
+    # reproduce.speculation reaches the speculative systems through system.speculation (the
+    # system configs interpolate it) and is hashed there; the others must keep their ids
     (material.get("reproduce") or {}).pop("speculation", None)
     material["point"] = point
     h = hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
@@ -121,8 +111,6 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
     those of the full sweep and a later full call resumes around them."""
     from harness.loadgen import LoadConfig, run_load_sync
     from systems.engine.config import engine_config_from_cfg
-
-    apply_speculation_defaults(cfg)
 
     ecfg = engine_config_from_cfg(cfg)  # fail fast on a bad config, before any server starts
     if cfg.server.mode == "sglang":

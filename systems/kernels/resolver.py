@@ -75,8 +75,9 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
         copies * row_bytes read from pinned host memory + the same written into kv_pool.
     metadata (HBM/L2): selections 4n read, locations 4n written, one 4-byte tail or
         direct-page-table entry per selection; when the scan runs: hot_pos 4B + hot_lru 8B
-        read and an 8-byte victim key written per slot, the key re-read once per radix
-        pass (1 + ceil(log256(stamp range of the candidates)) passes) plus one final pass, a
+        read and an 8-byte victim key per slot, kept in registers when B fits one scan tile
+        (else written and re-read once per radix pass, 1 + ceil(log256(stamp range of the
+        candidates)) passes, plus one final pass), a
         4-byte scratch gather per slot, atomics / gathers on the position scratch for the
         pending selections, and 8B lru / 4B pos written for hit and victim slots.
     Nothing else: no host sync, no host-side gather, no per-call allocation once the
@@ -188,8 +189,10 @@ RADIX_TILE = 2048
 #   1024-slot tiles:             no miss 20.2 / 44.1 us, 77 misses 50.2 / 230.4 us
 #   4096, keys in the workspace: no miss 21.2 / 54.7 us, 77 misses 48.7 / 238.0 us
 #   4096, keys in registers:     no miss 15.9 / 46.8 us, 77 misses 40.7 / 223.3 us (default)
-# (paper: 18.7 / 36.9 and 29.3 / 243.3 us).
+# (paper: 18.7 / 36.9 and 29.3 / 243.3 us). A larger B takes SCAN_TILE_MULTI-slot tiles with the
+# keys in the workspace (4096-slot tiles were the slowest there).
 SCAN_TILE = 4096
+SCAN_TILE_MULTI = 1024
 
 
 class ResolveResult(NamedTuple):
@@ -801,7 +804,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    accumulate_counters=False, workspace: Optional[ResolverWorkspace] = None,
                    copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
-                   scan_tile: int = SCAN_TILE, copy_stages: int = 1,
+                   scan_tile: Optional[int] = None, copy_stages: int = 1,
                    keys_in_registers: Optional[bool] = None, copy_rows: Optional[int] = None,
                    check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
@@ -837,6 +840,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     W = host_page_table.shape[1] * ps
     row_bytes = kv_pool.shape[1]
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
+    if scan_tile is None:
+        scan_tile = SCAN_TILE if B <= SCAN_TILE else SCAN_TILE_MULTI
     if not (1 <= radix_bits <= 8 and all(t >= 16 and t & (t - 1) == 0 for t in (radix_tile, scan_tile))):
         raise ValueError(f"radix_bits must be 1..8 and radix_tile / scan_tile powers of two >= 16, "
                          f"got {radix_bits}, {radix_tile}, {scan_tile}")
@@ -875,8 +880,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     host_w = host_pool.view(wdt)
     wpad = _pow2(words, lo=1)
     rows = max(1, min(64, 4096 // wpad)) if copy_rows is None else int(copy_rows)
-    if rows < 1 or rows & (rows - 1):
-        raise ValueError(f"copy_rows must be a power of two >= 1, got {copy_rows}")
+    if rows < 1 or rows & (rows - 1) or rows > 256:
+        raise ValueError(f"copy_rows must be a power of two in 1..256, got {copy_rows}")
 
     if torch.is_tensor(stamp):
         stamp_arg, stamp_is_ptr = stamp, True

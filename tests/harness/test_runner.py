@@ -77,23 +77,26 @@ def test_min_waves_sets_a_floor_of_waves_times_concurrency():
 
 
 def test_experiment_speculation_block_reaches_only_the_speculative_systems():
-    """fig4's reproduce.speculation (calibrated acceptance) is merged into the speculative
-    systems' config, and the non-speculative systems keep the run ids they had without it."""
+    """fig4's reproduce.speculation.acceptance (calibrated) reaches the speculative systems
+    through their config's interpolation, a command-line setting still wins, and the
+    non-speculative systems keep the run ids they had without the block."""
     from omegaconf import OmegaConf
 
-    from harness.run import apply_speculation_defaults, run_id
+    from harness.run import run_id
 
     point = {"concurrency": 4, "tag": "c4"}
     spec = compose(["experiment=fig4", "system=adaptive_dhisparse"])
-    assert spec.system.speculation.acceptance == "exact"  # the system's own default
-    before = run_id(spec, point)
-    apply_speculation_defaults(spec)
     assert spec.system.speculation.acceptance == "calibrated"
-    assert run_id(spec, point) != before  # a different measurement, a different id
+    exact = compose(["experiment=fig4", "system=adaptive_dhisparse", "system.speculation.acceptance=exact"])
+    assert exact.system.speculation.acceptance == "exact"
+    assert run_id(spec, point) != run_id(exact, point)  # a different measurement, a different id
+    assert compose(["system=resident_dspark"]).system.speculation.acceptance == "exact"  # no block
 
     plain = compose(["experiment=fig4", "system=hisparse"])
-    apply_speculation_defaults(plain)
     assert not plain.system.get("speculation")
     bare = OmegaConf.to_container(plain, resolve=True)
     del bare["reproduce"]["speculation"]
     assert run_id(plain, point) == run_id(OmegaConf.create(bare), point)
+    # the ids of this session's H200 runs (hisparse before the block existed, ADHS after it)
+    assert run_id(plain, point).endswith("-4d20f7cc")
+    assert run_id(spec, point).endswith("-09332484")

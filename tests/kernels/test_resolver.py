@@ -455,6 +455,17 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
                           **s.args(True)[1])
 
 
+def test_default_scan_tile_for_a_cache_larger_than_one_tile(monkeypatch):
+    """B past SCAN_TILE takes SCAN_TILE_MULTI-slot tiles with the keys in the workspace (here
+    scaled down: one tile would be 64 slots, B = 100 takes 16-slot tiles)."""
+    monkeypatch.setattr(rv, "SCAN_TILE", 64)
+    monkeypatch.setattr(rv, "SCAN_TILE_MULTI", 16)
+    s = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
+              tail_lens=[1, 2], seed=33, fill=0.9)
+    s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
+    run_and_compare(s, stamp=1 << 21, radix_bits=8)
+
+
 def test_stamp_tensor_accumulate_and_out():
     s = State(R=2, Q=2, K=6, B=8, row_bytes=12, page_size=4, hist_lens=[30, 30],
               tail_lens=[1, 1], seed=13, fill=0.5)
