@@ -130,6 +130,12 @@ class Engine:
     def submit(self, req: Request) -> None:
         if req.params.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        total = self.backend.max_total_tokens
+        if len(req.prompt_ids) + req.params.max_new_tokens > total:
+            # the HTTP server answers 400 for this; direct callers get the same reason here
+            # instead of a failed admission later
+            raise ValueError(f"prompt of {len(req.prompt_ids)} tokens + max_new_tokens="
+                             f"{req.params.max_new_tokens} exceeds the context of {total} tokens")
         with self._lock:
             if self.error is not None:
                 raise EngineStopped(f"engine stopped: {self.error!r}")

@@ -86,6 +86,18 @@ def test_bounded_waiting_queue_rejects():
     assert eng.metrics()["dhs_rejected_total"] == 1
 
 
+@pytest.mark.parametrize("system", ["resident", "hisparse"])
+def test_request_past_the_context_is_refused_at_submit(system):
+    """prompt + output cap over the context: a clear error at submit (the HTTP server's 400),
+    not a failed admission; a request that fits exactly is accepted."""
+    eng = make_engine(f"system={system}", "model=tiny")
+    total = eng.backend.max_total_tokens
+    with pytest.raises(ValueError, match="exceeds the context"):
+        eng.submit(_req(eng, [5] * (total - 3), 4))
+    eng.submit(_req(eng, [5] * (total - 4), 4))
+    assert eng.metrics()["dhs_rejected_total"] == 0
+
+
 def test_abort_frees_pages_running_and_waiting():
     eng = make_engine("hardware.max_running_requests=1", "hardware.kv_pool_gib=0.01")
     p = golden_prompts()[2]
