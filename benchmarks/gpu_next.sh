@@ -9,14 +9,14 @@
 #   run HERE>. The device copy's .git was stale in this session (calls 2 and 3 reported the first
 #   call's commit; fixed by hand in their env.json / summary.json).
 #   Run `make compact` before each call: the device takes at most 64 MiB of working tree.
-#   0. nvidia-h200 (1 GPU), ~3 min: are the lanes interfering? The same Fig. 4 point ran at
-#      3,546 tok/s (TPOT 30.9 ms, results/fig4/hisparse-glm53_mini-c128-cf88e968) and, in Fig. 9,
-#      2,431 tok/s (TPOT 43.9 ms, results/fig9/hisparse-glm53_mini-c128-a079336f, beside
-#      bench_resolver's host-path reads on the other GPU). Rerun both alone:
+#   0. nvidia-h200 (1 GPU), ~2 min: how fast is a serving lane alone? A Fig. 9 point beside
+#      bench_resolver's host streaming on the other GPU made 19.9 steps/s against 29.0 for the same
+#      work in Fig. 4 (results/lane_interference/README.md; moved out of results/fig9 so Fig. 9
+#      reruns it). Rerun Fig. 4's point alone and compare with 3,546 tok/s (cf88e968):
 #        bash benchmarks/gpu_next.sh L "fig4+system=hisparse+point=c128+ov=^rerun=solo:150" ""
-#        ... then fig9+system=hisparse+where=b_over_k=2+point=c128+ov=^rerun=solo:150
-#      (L with an empty second lane runs on GPU 0 alone). If solo differs, never pair serving
-#      runs with host-heavy benchmarks (@bench_resolver) again, and rerun the affected points.
+#      (L with an empty second lane runs on GPU 0 alone). Never pair serving runs with
+#      @bench_resolver again; if the solo run is also much faster, serving lanes slow each other
+#      too, and the lanes' vmstat / dmon logs say through what.
 #   1. nvidia-h200-x2: L "fig6:420 fig7:560" "fig9:560"  (fig6's off arm; the rest of fig7/fig9)
 #   2. nvidia-h200-x2: L "fig9_dsv:560" "fig4_more:560"  (C8 and adaptive; C32 and C256 for claim 2)
 #   3. then fig1 (cap 1,024 and calibrated acceptance: its runs so far accepted no draft), fig11,
