@@ -120,6 +120,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     log_path = workdir / "server.log"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
+    t0 = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "systems.engine.server", "--host", host, "--port", str(port),
@@ -127,6 +128,8 @@ def bundled_server(cfg: DictConfig, workdir: Path):
             cwd=str(REPO))
     try:
         wait_healthy(url, timeout, proc, log_path, "bundled server")
+        # paid once per system and setting: the engine's own phases are in server.log
+        print(f"[harness] server up in {time.monotonic() - t0:.1f} s ({log_path})", flush=True)
         yield url
     finally:
         stop_process(proc)

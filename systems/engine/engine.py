@@ -75,7 +75,12 @@ class Engine:
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
         self.device = torch.device(cfg.device)
+        # wall seconds of each start-up phase (the server logs them: a server start is paid
+        # once per system and sweep setting of every experiment)
+        self.startup_s: dict[str, float] = {}
+        t0 = time.perf_counter()
         self.model = SparseModel(cfg.model, self.device)
+        self.startup_s["model"] = time.perf_counter() - t0
         kv = cfg.kv
         if cfg.speculation:
             # the drafter's fixed allocations (weights + ring) come out of the KV pools, and the
@@ -89,7 +94,10 @@ class Engine:
                                  f"allocations ({self.decoder.drafter.fixed_bytes} bytes)")
         else:
             self.decoder = PlainDecoder(self)
-        self.backend = create_backend(cfg.model, kv, self.device)
+        self.startup_s["decoder"] = time.perf_counter() - t0 - self.startup_s["model"]
+        t1 = time.perf_counter()
+        self.backend = create_backend(cfg.model, kv, self.device)  # pools, pinned host store
+        self.startup_s["kv_backend"] = time.perf_counter() - t1
         keep = self.decoder.window if cfg.speculation else 1
         self.prefixes = PrefixStore(self.model, cfg.prefix_cache_entries, keep_hidden=keep)
         self.scheduler = Scheduler(self.backend, self.prefixes, cfg.max_waiting,

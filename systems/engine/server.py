@@ -396,8 +396,9 @@ def main(argv: list[str] | None = None) -> None:
     ecfg = compose_engine_config(args.overrides, config_path=args.config)
     engine = Engine(ecfg)
     engine.start()
-    log.info("engine up: backend=%s model=%s device=%s", ecfg.kv.backend, ecfg.model.name,
-             ecfg.device)
+    log.info("engine up: backend=%s model=%s device=%s; start-up %s", ecfg.kv.backend,
+             ecfg.model.name, ecfg.device,
+             ", ".join(f"{k} {v:.1f} s" for k, v in engine.startup_s.items()))
     try:
         web.run_app(build_app(engine), host=args.host, port=args.port, print=None,
                     access_log=None)

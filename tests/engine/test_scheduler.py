@@ -152,3 +152,9 @@ def test_engine_time_counters_split_admission_decode_and_captures():
     assert m["dhs_graph_captures_total"] >= 1
     assert m["dhs_capture_steps_total"] == m["dhs_graph_captures_total"]
     assert 0 < m["dhs_capture_step_seconds_total"] <= m["dhs_decode_seconds_total"]
+
+
+def test_engine_records_its_start_up_phases():
+    eng = make_engine("system=hisparse", "model=tiny")
+    assert set(eng.startup_s) == {"model", "decoder", "kv_backend"}
+    assert all(v >= 0 for v in eng.startup_s.values())
