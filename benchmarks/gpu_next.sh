@@ -21,7 +21,9 @@
 #   2. nvidia-h200-x2: L "fig9_dsv:560" "fig4_more:560"  (C8 and adaptive; C32 and C256 for claim 2)
 #   3. then fig1 (cap 1,024 and calibrated acceptance: its runs so far accepted no draft), fig11,
 #      and issue 4 on one GPU, alone: DHS_ARGS_bench_resolver="--skip a --sweep-copy-rows 32,64,128
-#      --sweep-copy-stages 1,2,3" @bench_resolver:150 (77 misses at batch 8 are 40.7 us against the
+#      --sweep-copy-stages 1,2,3 --sweep-scan 4096,4096:4,1024,1024:4" @bench_resolver:180 (no miss
+#      at batch 160 is 46.8 us against 36.9: 160 programs on 132 SMs, so fewer warps per program
+#      may let two share an SM) (77 misses at batch 8 are 40.7 us against the
 #      paper's 29.3; three dependent host-load rounds of 32 rows are a large part of it), and
 #      @bench_attention:100 (the index scan's dot and multiply-add forms; make the faster the
 #      default in systems/kernels/index_scores.py). Profile the hierarchy's step at C128
