@@ -482,21 +482,22 @@ def fig8a(torch, rv, args, sz):
     slope, icpt, r2 = linfit([p["payload_mb"] for p in points], [p["ms_median"] for p in points])
     gbps = 1.0 / slope if slope > 0 else float("nan")  # MB per ms == GB/s
     log(f"  fit: {gbps:.1f} GB/s (R^2 = {r2:.4f}), intercept {icpt:.3f} ms   [paper 49.4 GB/s, R^2 0.9992]")
-    def cold_disjoint():
-        """The largest point (disjoint selections, cold cache) and a restore of its state."""
-        sel = src.perms(Q * K).reshape(R, Q, K).to(torch.int32).contiguous()
-        src.hot_pos.fill_(-1)
-        src.hot_lru.zero_()
-        saved = (src.hot_pos.clone(), src.hot_lru.clone())
+    def cold_disjoint(s):
+        """The largest point (disjoint selections, cold cache) of source ``s`` and a restore
+        of its state."""
+        sel = s.perms(Q * K).reshape(R, Q, K).to(torch.int32).contiguous()
+        s.hot_pos.fill_(-1)
+        s.hot_lru.zero_()
+        saved = (s.hot_pos.clone(), s.hot_lru.clone())
 
         def restore():
-            src.hot_pos.copy_(saved[0])
-            src.hot_lru.copy_(saved[1])
+            s.hot_pos.copy_(saved[0])
+            s.hot_lru.copy_(saved[1])
         return sel, restore
 
     sweep = []
     if args.sweep_copy_programs:  # copy-grid sweep
-        sel, restore = cold_disjoint()
+        sel, restore = cold_disjoint(src)
         for S in (1, 2, 4, 8):
             def fn(S=S):
                 return rv.resolve_triton(*src.args(sel), 20_000, copy_programs_per_request=S, check=False,
@@ -510,7 +511,7 @@ def fig8a(torch, rv, args, sz):
     if args.sweep_copy_stages:
         # software pipelining of the copy loop; each setting must leave the same locations and
         # pool bytes as the plain loop
-        sel, restore = cold_disjoint()
+        sel, restore = cold_disjoint(src)
         base = None
         for stages in [int(x) for x in args.sweep_copy_stages.split(",")]:
             def fn(stages=stages):
@@ -538,14 +539,7 @@ def fig8a(torch, rv, args, sz):
         # payload rate should track row_bytes / (bytes of the lines each row touches)
         s2 = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb2, page_size=64, ctx=ctx, staging=True,
                     host_gib=args.host_gib, seed=2)
-        sel2 = s2.perms(Q * K).reshape(R, Q, K).to(torch.int32).contiguous()
-        s2.hot_pos.fill_(-1)
-        s2.hot_lru.zero_()
-        saved2 = (s2.hot_pos.clone(), s2.hot_lru.clone())
-
-        def restore2(s2=s2, saved2=saved2):
-            s2.hot_pos.copy_(saved2[0])
-            s2.hot_lru.copy_(saved2[1])
+        sel2, restore2 = cold_disjoint(s2)
 
         def fn2(s2=s2, sel2=sel2):
             return rv.resolve_triton(*s2.args(sel2), 40_000, check=False, **s2.kwargs())

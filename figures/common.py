@@ -197,14 +197,20 @@ class Run:
     def config(self) -> dict:
         return _load_yaml(self.path / "config.yaml")
 
+    @property
+    def calibrated_acceptance(self) -> bool:
+        """Whether the run's speculation drew its accepted lengths from the calibration."""
+        acc = self.summary.get("acceptance_mode") or find_key(self.config, "acceptance_mode", "acceptance")
+        return isinstance(acc, str) and acc.lower().startswith("calib")
+
     @cached_property
     def records(self) -> list[dict]:
         """One dict per request, from records.jsonl or its compacted records.jsonl.gz (a torn
         last line of an interrupted run is skipped)."""
-        p = self.path / "records.jsonl"
-        if not (p.is_file() or p.with_name(p.name + ".gz").is_file()):
+        try:
+            return list(read_jsonl(self.path / "records.jsonl"))
+        except FileNotFoundError:
             return []
-        return list(read_jsonl(p))
 
     @cached_property
     def metrics(self) -> pd.DataFrame | None:
@@ -326,9 +332,8 @@ def acceptance_note(runs: Iterable[Run]) -> str | None:
     from figures.paper_values import label
     worst: dict[str, float] = {}
     for r in runs:
-        acc = r.summary.get("acceptance_mode") or find_key(r.config, "acceptance_mode", "acceptance")
         a = accepted_per_round(r)
-        if a is None or (isinstance(acc, str) and acc.lower().startswith("calib")):
+        if a is None or r.calibrated_acceptance:
             continue
         worst[r.system] = max(a, worst.get(r.system, 0.0))
     if not worst:
@@ -680,8 +685,7 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             loc = as_float(r.summary.get("selection_locality"))
         if loc:
             add(f"calibrated input: selection locality {loc:g}")
-        acc = r.summary.get("acceptance_mode") or find_key(r.config, "acceptance_mode", "acceptance")
-        if isinstance(acc, str) and acc.lower().startswith("calib"):
+        if r.calibrated_acceptance:
             add("calibrated input: acceptance")
         dev = r.summary.get("gpu") or r.summary.get("device")
         if dev and str(dev) not in ("cpu",):
