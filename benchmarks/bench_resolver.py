@@ -678,13 +678,21 @@ def fig8bc(torch, rv, args, sz):
 
 def scan_knobs(spec: str) -> list:
     """--sweep-scan entries: TILE (victim keys in registers when B fits one tile), TILEm (keys
-    in the workspace), either with :WARPS, e.g. 1024,4096m,4096,4096:16."""
+    in the workspace), TILEb / TILEg (the scan's membership test by the pending-position
+    bitmap / by gathering the position scratch; default: the kernel's PENDING_BITMAP),
+    suffixes combined (TILEmb), any with :WARPS, e.g. 1024,4096m,4096b,4096g,4096:16."""
     out = []
     for item in (x for x in spec.split(",") if x):
         tile, _, warps = item.partition(":")
-        knobs = dict(scan_tile=int(tile.rstrip("m")))
-        if tile.endswith("m"):
+        flags = tile.lstrip("0123456789")
+        knobs = dict(scan_tile=int(tile[:len(tile) - len(flags)]))
+        if set(flags) - set("mbg") or {"b", "g"} <= set(flags):
+            raise SystemExit(f"--sweep-scan: bad suffix in {item!r} (m: keys in memory, "
+                             f"b: pending bitmap, g: position-scratch gather)")
+        if "m" in flags:
             knobs["keys_in_registers"] = False
+        if "b" in flags or "g" in flags:
+            knobs["pending_bitmap"] = "b" in flags
         if warps:
             knobs["num_warps"] = int(warps)
         out.append(knobs)
@@ -712,7 +720,8 @@ def main() -> None:
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",
                     help="also time (b) and (c) at B_c with these scan tiles: TILE, TILEm (victim keys in "
-                         "memory instead of registers), optional :WARPS; e.g. 1024,4096m,4096,4096:16")
+                         "memory instead of registers), TILEb / TILEg (pending bitmap / position-scratch "
+                         "gather), optional :WARPS; e.g. 1024,4096m,4096b,4096g,4096:16")
     ap.add_argument("--sweep-radix", default="",
                     help="also time (c) with these victim-selection settings, tile:bits,... "
                          "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)")

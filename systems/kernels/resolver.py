@@ -77,9 +77,12 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
         direct-page-table entry per selection; when the scan runs: hot_pos 4B + hot_lru 8B
         read and an 8-byte victim key per slot, kept in registers when B fits one scan tile
         (else written and re-read once per radix pass, 1 + ceil(log256(stamp range of the
-        candidates)) passes, plus one final pass), a
-        4-byte scratch gather per slot, atomics / gathers on the position scratch for the
-        pending selections, and 8B lru / 4B pos written for hit and victim slots.
+        candidates)) passes, plus one final pass), one bit test per slot against a bitmap of
+        the pending positions (W / 8 bytes per request, set and cleared by the pending
+        selections; it stays in L2 where the W x 4-byte position scratch, 320 MB at batch 160
+        and 500K positions, would be gathered from HBM), atomics / gathers on the position
+        scratch for the pending selections only, and 8B lru / 4B pos written for hit and
+        victim slots.
     Nothing else: no host sync, no host-side gather, no per-call allocation once the
     workspace has grown to the largest shapes.
 
@@ -193,6 +196,9 @@ RADIX_TILE = 2048
 # keys in the workspace (4096-slot tiles were the slowest there).
 SCAN_TILE = 4096
 SCAN_TILE_MULTI = 1024
+# The scan's membership test: a bit per pending position (True) or a gather of the 4-byte
+# position scratch (False). bench_resolver --sweep-scan times both (suffixes b / g).
+PENDING_BITMAP = False
 
 
 class ResolveResult(NamedTuple):
@@ -425,6 +431,7 @@ if _HAVE_TRITON:
         counters_ptr, overflow_ptr,
         stamp_arg,
         scr_ptr, scr_stride, W,
+        bm_ptr, bm_stride,
         ekey_ptr, ekey_stride,
         mpos_ptr, vic_ptr, list_stride,
         meta_ptr, flags_ptr, ctrl_ptr,
@@ -434,7 +441,7 @@ if _HAVE_TRITON:
         WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr,
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
-        REG_KEYS: tl.constexpr,
+        REG_KEYS: tl.constexpr, BITMAP: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -453,6 +460,7 @@ if _HAVE_TRITON:
         sel_row = sel_ptr + r64 * QK
         loc_row = loc_ptr + r64 * QK
         scr_row = scr_ptr + r64 * scr_stride
+        bm_row = bm_ptr + r64 * bm_stride
         ekey_row = ekey_ptr + r64 * ekey_stride
         mpos_row = mpos_ptr + r64 * list_stride
         vic_row = vic_ptr + r64 * list_stride
@@ -494,6 +502,11 @@ if _HAVE_TRITON:
                     pend = pend & (pg < 0)
                 tl.store(loc_row + i, loc, mask=mi)
                 tl.atomic_min(scr_row + p, i, mask=pend & (p < W), sem="relaxed")
+                if BITMAP:
+                    # one bit per pending position: the scan's membership test reads these W / 8
+                    # bytes (L2-resident) instead of gathering the 4-byte position scratch
+                    tl.atomic_or(bm_row + (p >> 5), tl.full(p.shape, 1, tl.int32) << (p & 31),
+                                 mask=pend & (p < W), sem="relaxed")
                 n_pend += tl.sum(pend.to(tl.int32), 0)
                 n_dir += tl.sum((valid & ~pend).to(tl.int32), 0)
 
@@ -517,8 +530,12 @@ if _HAVE_TRITON:
                     q = tl.load(hp_row + s, mask=ms, other=-1)
                     lru = tl.load(hl_row + s, mask=ms, other=0)
                     qv = ms & (q >= 0) & (q < W)
-                    sc = tl.load(scr_row + q, mask=qv, other=0x7FFFFFFF, cache_modifier=".cg")
-                    hit = qv & (sc != 0x7FFFFFFF)
+                    if BITMAP:
+                        wd = tl.load(bm_row + (q >> 5), mask=qv, other=0, cache_modifier=".cg")
+                        hit = qv & (((wd >> (q & 31)) & 1) != 0)
+                    else:
+                        sc = tl.load(scr_row + q, mask=qv, other=0x7FFFFFFF, cache_modifier=".cg")
+                        hit = qv & (sc != 0x7FFFFFFF)
                     tl.store(scr_row + q, s | 0x10000000, mask=hit)
                     tl.store(hl_row + s, stamp + tl.zeros_like(lru), mask=hit)
                     cand = ms & ~hit
@@ -649,6 +666,8 @@ if _HAVE_TRITON:
                     p = tl.load(sel_row + i, mask=mi, other=-1)
                     tl.store(scr_row + p, tl.zeros_like(p) + 0x7FFFFFFF,
                              mask=mi & (p >= 0) & (p < W))
+                    if BITMAP:  # every set bit of this row came from this call's selections
+                        tl.store(bm_row + (p >> 5), tl.zeros_like(p), mask=mi & (p >= 0) & (p < W))
 
             cbase = counters_ptr + r64 * 4
             c0 = n_dir.to(tl.int64)
@@ -722,14 +741,15 @@ if _HAVE_TRITON:
 class ResolverWorkspace:
     """Device scratch reused across calls (grown, never shrunk; never memset after growth).
 
-    scratch int32 [R, W] (sentinel-filled, self-cleaning), ekey int64 [R, B],
+    scratch int32 [R, W] (sentinel-filled, self-cleaning), bitmap int32 [R, ceil(W / 32)] (zero,
+    self-cleaning), ekey int64 [R, B],
     mpos / victims int32 [R, QK], meta int32 [R, 2], flags int64 [R], ctrl int64 [3].
     One workspace must not be used by two calls that may run concurrently."""
 
     def __init__(self, device):
         self.device = torch.device(device)
         self.R = self.W = self.B = self.QK = 0
-        self.scratch = self.ekey = self.mpos = self.victims = None
+        self.scratch = self.bitmap = self.ekey = self.mpos = self.victims = None
         self.meta = self.flags = None
         # ctrl persists for the workspace's lifetime (epoch must never go back)
         self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.device)
@@ -739,6 +759,7 @@ class ResolverWorkspace:
         if R > self.R or W > self.W:
             nR, nW = max(R, self.R), max(W, self.W)
             self.scratch = torch.full((nR, nW), _SENT, dtype=torch.int32, device=dev)
+            self.bitmap = torch.zeros((nR, (nW + 31) // 32), dtype=torch.int32, device=dev)
             self.W = nW
         if R > self.R or B > self.B:
             nR, nB = max(R, self.R), max(B, self.B)
@@ -757,7 +778,7 @@ class ResolverWorkspace:
         return self
 
     def nbytes(self) -> int:
-        ts = [self.scratch, self.ekey, self.mpos, self.victims, self.meta, self.flags, self.ctrl]
+        ts = [self.scratch, self.bitmap, self.ekey, self.mpos, self.victims, self.meta, self.flags, self.ctrl]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
@@ -806,7 +827,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
                    scan_tile: Optional[int] = None, copy_stages: int = 1,
                    keys_in_registers: Optional[bool] = None, copy_rows: Optional[int] = None,
-                   check: bool = True) -> ResolveResult:
+                   pending_bitmap: Optional[bool] = None, check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -814,8 +835,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     row copy loop, 1 = none) the copy; ``keys_in_registers`` (default: when B fits one scan
     tile) keeps the victim keys in registers between the scan and the victim selection;
     ``copy_rows`` (rows per copy tile, a power of two; default 4096 words' worth) sets how many
-    host rows one dependent load round brings in; every choice gives the same result (the
-    benchmark sweeps them)."""
+    host rows one dependent load round brings in; ``pending_bitmap`` (default PENDING_BITMAP) has the scan
+    test slot positions against a bit per pending position instead of the position scratch;
+    every choice gives the same result (the benchmark sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -906,6 +928,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         counters, overflow,
         stamp_arg,
         ws.scratch, ws.scratch.stride(0), W,
+        ws.bitmap, ws.bitmap.stride(0),
         ws.ekey, ws.ekey.stride(0),
         ws.mpos, ws.victims, ws.mpos.stride(0),
         ws.meta, ws.flags, ws.ctrl,
@@ -918,7 +941,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         WORDS=words, WPAD=wpad, ROWS=rows,
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
         DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
-        REG_KEYS=reg_keys,
+        REG_KEYS=reg_keys, BITMAP=PENDING_BITMAP if pending_bitmap is None else bool(pending_bitmap),
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -939,7 +962,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
-             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False)
+             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=PENDING_BITMAP)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

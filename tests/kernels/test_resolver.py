@@ -455,6 +455,19 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
                           **s.args(True)[1])
 
 
+@pytest.mark.parametrize("scan,regs", [(128, None), (16, False)])
+def test_scan_by_position_scratch_matches_the_bitmap(scan, regs):
+    """The scan's membership test either reads a bit per pending position (default) or gathers
+    the position scratch: the same locations and state as the reference either way, with
+    duplicates across queries, tail and padding selections."""
+    s = State(R=3, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300, 90],
+              tail_lens=[1, 2, 3], seed=35, fill=0.9)
+    s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
+    for bitmap in (False, True):
+        run_and_compare(s, stamp=1 << 21, scan_tile=scan, keys_in_registers=regs,
+                        pending_bitmap=bitmap)
+
+
 def test_default_scan_tile_for_a_cache_larger_than_one_tile(monkeypatch):
     """B past SCAN_TILE takes SCAN_TILE_MULTI-slot tiles with the keys in the workspace (here
     scaled down: one tile would be 64 slots, B = 100 takes 16-slot tiles)."""
@@ -551,7 +564,8 @@ import sys
 from systems.kernels import resolver as rv
 variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False, STAMP_IS_PTR=True, ACCUM=True),
             dict(word_type="i32", WORDS=3, WPAD=4, ROWS=64, QBLK=16, BBLK=16, RBLK=16),
-            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False)]
+            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False),
+            dict(BITMAP=True), dict(BITMAP=True, REG_KEYS=True, BBLK=4096, QBLK=512)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
