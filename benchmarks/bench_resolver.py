@@ -606,6 +606,8 @@ def fig8bc(torch, rv, args, sz):
                           us_median_events_guarded=guarded * 1e3))
         log(f"  (b) batch {R:3d} B {B_c:5d} direct path: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]")
         del src
+        if "c" in args.skip.split(","):  # (b) alone: no host reads beside a serving lane
+            continue
         # (c): `misses` host misses per request at B_c (state restored before each timing)
         src = make_ds_source(torch, R=R, B=B_c, ctx=ctx, k=k, misses=misses, host_gib=args.host_gib,
                              seed=200 + R, host_pool=host_pool)
@@ -727,7 +729,8 @@ def main() -> None:
                          "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)")
     ap.add_argument("--num-warps", type=int, default=None,
                     help="warps per resolver program for every timed call (default: the kernel's 8)")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: a,bc")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: a, bc, or c (time (b) "
+                    "only: it reads nothing from host memory)")
     ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the script on CPU (interpreter)")
     args = ap.parse_args()
 
