@@ -123,5 +123,7 @@ case "$PART" in
      wait $L0 $L1; kill ${MON[*]} 2>/dev/null; cat $OUT/lane0.log $OUT/lane1.log ;;
 esac
 python3 -m harness.summaries --results results >/dev/null 2>&1
-[ -n "$EXPS" ] && tar czf $OUT/results.tgz $(for e in $EXPS; do echo results/$e; done) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)
+# an experiment writes to results/<its experiment_name> (fig4_more writes to results/fig4)
+DIRS=$(for e in $EXPS; do n=$(sed -n 's/^experiment_name: *//p' conf/experiment/$e.yaml 2>/dev/null); echo "results/${n:-$e}"; done | sort -u)
+[ -n "$EXPS" ] && tar czf $OUT/results.tgz $(ls -d $DIRS 2>/dev/null) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)
 ls -la $OUT

@@ -337,3 +337,39 @@ def test_newest_output_cap_is_used_once_it_covers_the_older_sweep(tmp_path):
     runs = C.load_runs(tmp_path, "fig9")
     assert sorted(r.path.name for r in runs) == ["new0", "new1"]
     assert C.SUPERSEDED["fig9"] == (4, 320, 0)
+
+
+def test_repeats_of_one_config_fold_into_their_median(tmp_path):
+    """Runs of an identical config (``+rerun=...`` repeats) become one point whose numbers are
+    the repeats' median; a rerun after a config change replaces the older run instead."""
+    import json
+
+    import yaml
+
+    from figures import common as C
+
+    def run(name, cfg, tput, t):
+        d = tmp_path / "fig4" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({
+            "system": "hisparse", "concurrency": 128, "output_throughput": tput,
+            "point": {"concurrency": 128, "tag": "c128"}}))
+        (d / "env.json").write_text(json.dumps({"time_utc": t}))
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+    base = {"workload": {"output_len": 320}, "model": {"hot_cache_rows": 1024}}
+    run("a", base, 3546.0, "2026-01-01T00:00")
+    run("b", {**base, "rerun": "solo"}, 3485.0, "2026-01-02T00:00")
+    run("c", {**base, "rerun": 2, "reproduce": {"speculation": {"acceptance": "calibrated"}}},
+        3763.0, "2026-01-03T00:00")
+    runs = C.load_runs(tmp_path, "fig4")
+    assert [r.path.name for r in runs] == ["c"]
+    assert [r.path.name for r in runs[0].repeats] == ["a", "b", "c"]
+    assert runs[0].num("output_throughput") == 3546.0  # the median, not the newest
+    assert "median of 3 repeat runs" in C.provenance(runs)
+    # a changed config is a replacement, not a repeat: the newest run alone
+    run("d", {**base, "model": {"hot_cache_rows": 1024, "selection_locality": 0.9}}, 3000.0,
+        "2026-01-04T00:00")
+    runs = C.load_runs(tmp_path, "fig4")
+    last = C.pick(runs, "hisparse", 128)
+    assert last.path.name == "d" and last.repeats == [] and last.num("output_throughput") == 3000.0

@@ -14,6 +14,24 @@ def test_every_experiment_has_a_plan():
         assert runs and all(f"experiment={n}" in r for r in runs)
 
 
+def test_every_experiment_sets_global_keys():
+    """An experiment file without '# @package _global_' nests its keys under ``experiment.``:
+    it composes, but its loads and sizes silently stay the parent's (fig4_more ran Fig. 4's
+    loads that way on the H200 once)."""
+    from pathlib import Path
+
+    from systems.engine.config import compose
+
+    for n in experiments():
+        text = (Path(__file__).resolve().parents[2] / "conf" / "experiment" / f"{n}.yaml").read_text()
+        assert text.lstrip().startswith("# @package _global_"), n
+        cfg = compose([f"experiment={n}"])
+        assert "experiment" not in cfg and cfg.experiment_name, n
+    more = compose(["experiment=fig4_more"])
+    assert list(more.workload.concurrency) == [32, 256] and more.experiment_name == "fig4"
+    assert more.hardware.max_running_requests == 256
+
+
 def test_smoke_reproduction_then_figures(tmp_path):
     res = tmp_path / "results"
     assert reproduce_main(["--smoke", "--results", str(res)]) == 0
