@@ -113,6 +113,9 @@ def run_one(overrides: list[str], results: str | None, only_tags: list[str] | No
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.servers import exit_on_sigterm
+
+    exit_on_sigterm()  # a time box's SIGTERM stops the running server too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", action="append", help="experiment name (repeatable), e.g. fig9")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run of every combination")

@@ -226,6 +226,9 @@ def _print_table(rows: list[dict]) -> None:
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from harness.servers import exit_on_sigterm
+
+    exit_on_sigterm()
     run(cfg)
 
 

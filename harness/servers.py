@@ -60,6 +60,19 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
     raise TimeoutError(f"{what} at {url} not healthy after {timeout_s:.0f} s ({last})")
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit(143) in the main thread, so that the ``finally`` blocks of
+    the server context managers stop the servers they started. Python's default SIGTERM
+    action ends the process at once and leaves a bundled server running on the GPU with its
+    pools and pinned host store (a time box, ``timeout 300 python -m harness.reproduce``,
+    ends a sweep with SIGTERM)."""
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit)
+
+
 def stop_process(proc: subprocess.Popen, grace_s: float = 30.0, group: bool = False) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``; ``group`` signals the process group the child
     leads (start_new_session=True), for servers that fork workers (SGLang)."""

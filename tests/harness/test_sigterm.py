@@ -1,0 +1,48 @@
+"""A SIGTERM to the harness (a time box ending a sweep) stops the server it started."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCRIPT = r"""
+import subprocess, sys, time
+from harness.servers import exit_on_sigterm, stop_process
+exit_on_sigterm()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(child.pid, flush=True)
+try:
+    time.sleep(120)
+finally:
+    stop_process(child, grace_s=5)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie child of the (dead) parent is reaped by init; treat it as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_stops_the_server_child():
+    env = dict(os.environ, PYTHONPATH=REPO)
+    parent = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True,
+                              env=env, cwd=REPO)
+    child = int(parent.stdout.readline())
+    assert _alive(child)
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
