@@ -421,9 +421,6 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
         w = r.config.get("workload") if isinstance(r.config, dict) else None
         return w.get("output_len") if isinstance(w, dict) else None
 
-    def setting(r: Run) -> tuple:
-        return (r.system, r.concurrency, r.point.get("tag"),
-                *(str(find_key(r.config, k)) for k in ("hot_cache_rows", "optional_residency", "block_size")))
 
     caps: list = []  # newest first
     for r in reversed(runs):
@@ -443,7 +440,20 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
         SUPERSEDED[experiment] = (len(runs) - len(kept) - newer, current, newer)
     else:
         SUPERSEDED.pop(experiment, None)
-    return fold_repeats(kept)
+    # a rerun after a config change replaces the older run of its setting (notes and
+    # diagnoses then read only what the figure plots); runs of one config fold into a median
+    kept = fold_repeats(kept)
+    newest = {setting(r): r for r in kept}
+    return [r for r in kept if newest[setting(r)] is r]
+
+
+def setting(r: Run) -> tuple:
+    """What a figure plots a run as: system, load point, and the settings figures sweep (the
+    hot-cache budget, optional residency, block size, and the input length of Fig. 5's
+    context crossover)."""
+    return (r.system, r.concurrency, r.point.get("tag"),
+            *(str(find_key(r.config, k)) for k in ("hot_cache_rows", "optional_residency",
+                                                   "block_size", "input_len")))
 
 
 # config keys that do not change what a run measures (run_id drops the same, and ``rerun`` is
