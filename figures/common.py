@@ -284,6 +284,55 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
     return out
 
 
+def step_cost(run: Run) -> tuple[float, float] | None:
+    """(ms per decode step, mean running requests) while requests were running, from the
+    server samples: the step's cost against the batch it carried."""
+    df = run.metrics
+    need = {"dhs_num_running_reqs", "dhs_decode_seconds_total", "dhs_num_steps"}
+    if df is None or not need <= set(df.columns):
+        return None
+    live = df.index[df["dhs_num_running_reqs"] > 0]
+    if len(live) < 2:
+        return None
+    a, b = df.loc[live[0]], df.loc[live[-1]]
+    steps = float(b["dhs_num_steps"] - a["dhs_num_steps"])
+    if steps <= 0:
+        return None
+    ms = 1e3 * float(b["dhs_decode_seconds_total"] - a["dhs_decode_seconds_total"]) / steps
+    return ms, float(df.loc[live, "dhs_num_running_reqs"].mean())
+
+
+def batch_scaling_note(runs: Iterable[Run], concurrency: int) -> str | None:
+    """At one load: each system's decode step time against the requests it held. Where the
+    per-request cost is about equal while one system holds many more requests, holding more
+    adds no output: the step grows in proportion to its batch."""
+    from figures.paper_values import label
+    costs = {}
+    for r in runs:
+        c = step_cost(r) if r.concurrency == concurrency else None
+        if c is not None and c[1] > 0:
+            costs[r.system] = c
+    if len(costs) < 2:
+        return None
+    text = ", ".join(f"{label(s)} {ms:.1f} ms at {n:.0f} running ({ms / n:.3f} ms each)"
+                     for s, (ms, n) in sorted(costs.items(), key=lambda kv: system_sort_key(kv[0])))
+    out = f"decode step at C{concurrency}: {text}"
+    # compare like with like: a speculative round verifies several queries per request
+    spec = {r.system: bool((r.config.get("system") or {}).get("speculation")) for r in runs}
+    for kind, name in ((False, "non-speculative"), (True, "speculative")):
+        group = [c for s, c in costs.items() if spec.get(s) is kind]
+        if len(group) < 2:
+            continue
+        per = [ms / n for ms, n in group]
+        held = [n for _, n in group]
+        if max(per) <= 1.3 * min(per) and max(held) >= 1.5 * min(held):
+            out += (f"; among the {name} systems the step's time grows in proportion to its "
+                    "batch, so the one that holds more requests emits no more tokens per second "
+                    "(the scaled model has little fixed per-step cost, such as weight reads, for "
+                    "a larger batch to share)")
+    return out
+
+
 def counter_ratio(run: Run, num: str, den: str) -> float | None:
     """Growth of one cumulative /metrics counter over another's across the run's samples (None
     without samples, without both counters, or when the denominator did not grow)."""
@@ -355,10 +404,11 @@ def acceptance_note(runs: Iterable[Run]) -> str | None:
 
 def diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
     """Everything that explains a throughput claim at one load: exact acceptance with
-    random-weight drafters, rounds that verified no draft, then the engine's time split
-    (stall_diagnosis)."""
+    random-weight drafters, rounds that verified no draft, the engine's time split
+    (stall_diagnosis), and the step's cost against its batch (batch_scaling_note)."""
     runs = list(runs)
-    parts = [x for x in (acceptance_note(runs), no_draft_note(runs), stall_diagnosis(runs, concurrency)) if x]
+    parts = [x for x in (acceptance_note(runs), no_draft_note(runs), stall_diagnosis(runs, concurrency),
+                         batch_scaling_note(runs, concurrency)) if x]
     return "; ".join(parts) or None
 
 

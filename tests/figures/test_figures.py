@@ -373,3 +373,36 @@ def test_repeats_of_one_config_fold_into_their_median(tmp_path):
     runs = C.load_runs(tmp_path, "fig4")
     last = C.pick(runs, "hisparse", 128)
     assert last.path.name == "d" and last.repeats == [] and last.num("output_throughput") == 3000.0
+
+
+def test_batch_scaling_note_compares_like_with_like(tmp_path):
+    """The step's time against the requests it held, per system; the proportionality remark
+    only compares systems of one kind (a speculative round costs more per request)."""
+    import json
+
+    import pandas as pd
+    import yaml
+
+    from figures import common as C
+
+    def run(name, system, spec, steps_s, running):
+        d = tmp_path / "fig5" / f"{name}-c256-0"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": 256}))
+        (d / "config.yaml").write_text(yaml.safe_dump(
+            {"system": {"name": system, "speculation": {"block_size": 8} if spec else None}}))
+        pd.DataFrame({"ts": [0.0, 1.0, 2.0], "dhs_num_running_reqs": [running] * 3,
+                      "dhs_num_steps": [0, 100, 200],
+                      "dhs_decode_seconds_total": [0.0, 100 * steps_s, 200 * steps_s]}
+                     ).to_parquet(d / "server_metrics.parquet")
+
+    run("a", "resident", False, 0.0114, 54)
+    run("b", "hisparse", False, 0.0416, 205)
+    run("c", "resident_dspark", True, 0.0249, 52)
+    runs = C.load_runs(tmp_path, "fig5")
+    note = C.batch_scaling_note(runs, 256)
+    assert "HiSparse 41.6 ms at 205 running" in note
+    assert "among the non-speculative systems" in note and "among the speculative" not in note
+    run("d", "hisparse", False, 0.0416, 60)  # same batch as resident's: nothing to conclude
+    runs = [r for r in C.load_runs(tmp_path, "fig5") if r.path.name != "b-c256-0"]
+    assert "among" not in C.batch_scaling_note(runs, 256)
