@@ -46,6 +46,7 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
+MARK=$(mktemp)  # run directories newer than this come back (not whole experiment folders)
 PART="${1:-A}"; shift || true
 rep() {  # experiment, seconds
   timeout "$2" python3 -m harness.reproduce --only "$1" --results results "${@:3}" 2>&1 | grep -v Warn | grep -v "^\[20" | tail -40
@@ -123,7 +124,9 @@ case "$PART" in
      wait $L0 $L1; kill ${MON[*]} 2>/dev/null; cat $OUT/lane0.log $OUT/lane1.log ;;
 esac
 python3 -m harness.summaries --results results >/dev/null 2>&1
-# an experiment writes to results/<its experiment_name> (fig4_more writes to results/fig4)
-DIRS=$(for e in $EXPS; do n=$(sed -n 's/^experiment_name: *//p' conf/experiment/$e.yaml 2>/dev/null); echo "results/${n:-$e}"; done | sort -u)
-[ -n "$EXPS" ] && tar czf $OUT/results.tgz $(ls -d $DIRS 2>/dev/null) $(ls -d results/fig6/summary.json results/fig7/summary.json 2>/dev/null)
+# only what this call wrote: its run directories (an experiment writes to results/<its
+# experiment_name>, fig4_more to results/fig4) and the server logs; whole experiment folders
+# passed the 16 MB a returned file may have
+NEW=$(find results -mindepth 2 -maxdepth 2 -type d -newer $MARK | sort)
+[ -n "$NEW" ] && tar czf $OUT/results.tgz $NEW && du -h $OUT/results.tgz
 ls -la $OUT

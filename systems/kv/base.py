@@ -145,6 +145,14 @@ class KVBackend(ABC):
         self.active_slots: set[int] = set()
         self._step: dict[str, Any] | None = None
 
+    def _set_num_slots(self, n: int) -> None:
+        """Lower the slot count before any slot is used (a backend whose pool holds fewer
+        sessions than kv.max_running_requests)."""
+        assert not self.active_slots and 1 <= n <= self.num_slots
+        self.num_slots = n
+        self.slot_len = [0] * n
+        self.free_slots = list(range(n - 1, -1, -1))
+
     # ------------------------------------------------------------------ index store (shared)
     def _init_index_pool(self, num_pages: int) -> None:
         nI = len(self.index_src_ids)

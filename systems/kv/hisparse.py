@@ -23,6 +23,7 @@ resolve a fresh top-k against the same state.
 
 from __future__ import annotations
 
+import logging
 import math
 from contextlib import nullcontext
 
@@ -35,6 +36,8 @@ from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, n
 from systems.kv.base import GiB, KVBackend, MemoryReport, PagePool, PrefixKV
 from systems.kv.host_memory import host_empty
 from systems.kv.registry import register
+
+log = logging.getLogger("dhs.kv")
 
 
 @register("hisparse")
@@ -51,6 +54,22 @@ class HiSparseBackend(KVBackend):
         self.G = G = B + T
         rb = m.row_bytes
         self.payload_page_bytes = S * G * rb
+        self._followers = self._follower_map(m)
+        self.chi = 1 + max([len(v) for v in self._followers.values()] + [0]) \
+            if kv_cfg.extra.get("prefetch_followers", True) else 1
+        # max_running_requests is a cap, as in SGLang: a session needs its index history, its
+        # share of the verification staging and one hot cache, so past what the pool holds the
+        # slot count is lowered rather than sizing the index store for sessions that could
+        # never run (Fig. 4 at C256: 256 slots' index histories left room for ~40 hot caches)
+        per_slot = (self.max_pages_per_req * self.index_page_bytes + self.payload_page_bytes
+                    + (self.chi * self.q_max * m.index_topk * rb if self.q_max > 1 else 0))
+        fit = self.capacity // per_slot
+        if 1 <= fit < self.num_slots:
+            log.warning("kv.kv_pool_gib=%s holds %d sessions of %d tokens (index history, "
+                        "staging and one hot cache each): running requests capped at %d, not "
+                        "max_running_requests=%d", kv_cfg.kv_pool_gib, fit, self.max_total_tokens,
+                        fit, self.num_slots)
+            self._set_num_slots(int(fit))
         # index pool: full histories of every slot (as SGLang sizes its index pool)
         num_index_pages = self.num_slots * self.max_pages_per_req
         index_bytes = num_index_pages * self.index_page_bytes
@@ -62,9 +81,6 @@ class HiSparseBackend(KVBackend):
         # straight to their stable hot-cache address; only the rest are staged, and the arena
         # is free again once the group's readers are done (stream order), with nothing to copy
         # back.
-        self._followers = self._follower_map(m)
-        self.chi = 1 + max([len(v) for v in self._followers.values()] + [0]) \
-            if kv_cfg.extra.get("prefetch_followers", True) else 1
         self.stage_rows = self.num_slots * self.q_max * m.index_topk if self.q_max > 1 else 0
         stage_bytes = self.chi * self.stage_rows * rb
         num_pages = (self.capacity - index_bytes - stage_bytes) // self.payload_page_bytes

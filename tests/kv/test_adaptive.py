@@ -16,8 +16,10 @@ def _engine(*extra, pool="0.01"):
 
 
 def _tight_pool(model: str, *extra) -> str:
-    """A pool where the 5 golden requests fit as hot caches but not with all their history."""
-    eng = _engine(f"model={model}", *extra)
+    """A pool where the 5 golden requests fit as hot caches but not with all their history
+    (8 slots: the index store of more slots than the pool has hot caches for would be
+    converted into hot caches, see test_running_requests_are_capped_at_what_the_pool_holds)."""
+    eng = _engine(f"model={model}", "hardware.max_running_requests=8", *extra)
     be = eng.backend
     need_pages = 5 + 3  # 5 hot/tail pages + a little room: most optional history must go
     index = be.index_pages.num_pages * be.index_page_bytes
@@ -28,7 +30,8 @@ def _tight_pool(model: str, *extra) -> str:
 @pytest.mark.parametrize("residency", ["true", "false"])
 def test_golden_tokens_with_reclaim_mid_decode(model, residency):
     eng = _engine(f"model={model}", f"system.kv.optional_residency={residency}",
-                  "system.kv.admission_reserve_pages=0", pool=_tight_pool(model))
+                  "system.kv.admission_reserve_pages=0", "hardware.max_running_requests=8",
+                  pool=_tight_pool(model))
     # first two requests take the spare pages as optional history; later ones force reclaim
     reqs = []
     for i, p in enumerate(GOLDEN["prompts"]):
@@ -72,25 +75,29 @@ def test_reclaim_plan_is_the_minimal_prefix_of_the_order():
 
 
 def test_uncoverable_deficit_waits_then_admits():
+    """No free hot-cache page and nothing optional to reclaim: admission waits (kv_pool_full),
+    then admits once a page is free. (The slot count never exceeds the hot caches the pool
+    holds, so the pages are taken by hand here.)"""
     eng = _engine("hardware.max_running_requests=16",
                   pool=_tight_pool("tiny", "hardware.max_running_requests=16"))
+    be = eng.backend
+    assert be.payload_pages.num_pages >= be.num_slots
+    taken = be.payload_pages.alloc(be.payload_pages.num_free)
     p = GOLDEN["prompts"][0]  # 5 tokens: no complete page, nothing optional to reclaim
-    n_pages = eng.backend.payload_pages.num_pages
-    reqs = [Request(eng.new_rid(), p, SamplingParams(max_new_tokens=6))
-            for _ in range(n_pages + 2)]
-    for r in reqs:
-        eng.submit(r)
+    assert be.can_admit(len(p), 6) == (False, "kv_pool_full")
+    r = Request(eng.new_rid(), p, SamplingParams(max_new_tokens=6))
+    eng.submit(r)
     eng.step()
-    assert len(eng.scheduler.running) == n_pages
-    assert eng.scheduler.wait_reason == "kv_pool_full"
+    assert not eng.scheduler.running and eng.scheduler.wait_reason == "kv_pool_full"
+    be.payload_pages.free(taken)
     eng.run_until_idle()
-    assert all(len(r.output_ids) == 6 for r in reqs)
+    assert len(r.output_ids) == 6
     eng.backend.check_integrity()
 
 
 def test_population_refills_after_load_falls():
     eng = _engine("system.kv.admission_reserve_pages=0", "system.kv.populate_pages_per_step=1",
-                  pool=_tight_pool("tiny"))
+                  "hardware.max_running_requests=8", pool=_tight_pool("tiny"))
     be = eng.backend
     long = GOLDEN["prompts"][4]  # 130 tokens: 5 complete pages of G = 24
     a = Request(eng.new_rid(), long, SamplingParams(max_new_tokens=200))
@@ -122,7 +129,8 @@ def test_population_refills_after_load_falls():
                           st.integers(0, 4), st.integers(1, 30)), min_size=5, max_size=30))
 def test_random_operation_sequences_keep_the_invariants(ops):
     eng = _engine("system.kv.verify_rows=false", "system.kv.populate_pages_per_step=2",
-                  "system.kv.admission_reserve_pages=0", pool=_tight_pool("tiny"))
+                  "system.kv.admission_reserve_pages=0", "hardware.max_running_requests=8",
+                  pool=_tight_pool("tiny"))
     be = eng.backend
     live = []
     for op, i, n in ops:
