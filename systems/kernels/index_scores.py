@@ -85,15 +85,23 @@ def _p2(n: int, lo: int = 16) -> int:
 
 # Queries per program of the multiply-add form; more queries per call take more programs.
 FMA_MAX_QUERIES = 8
+# The default form. H200, 128 requests x 16,384 positions, block_l 128, 4 warps
+# (bench_attention, results/attention/h200-index-form.json): one query 75 us (3.6 TB/s of keys,
+# the HBM copy rate is 4.22) with "fma" against 616 us with "dot"; four queries 105 against
+# 622 us. A float32 tl.dot without TF32 runs on the CUDA cores with both operands staged
+# through shared memory, padded to 16 query rows.
+INDEX_FORM = "fma"
 
 
 def index_scores_triton(iq, pool, page_table, slots, L: int, page_size: int,
-                        block_l: int = 128, num_warps: int = 4, form: str = "dot") -> torch.Tensor:
-    """``form``: "dot" (the queries of a program as one float32 tl.dot, padded to 16 rows) or
-    "fma" (a float32 multiply-add row per query, up to FMA_MAX_QUERIES per program); both read
+                        block_l: int = 128, num_warps: int = 4, form: str | None = None) -> torch.Tensor:
+    """``form`` (default INDEX_FORM): "dot" (the queries of a program as one float32 tl.dot,
+    padded to 16 rows) or "fma" (a float32 multiply-add row per query, up to FMA_MAX_QUERIES
+    per program); both read
     each key once per program and compute float32 products and sums."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
+    form = INDEX_FORM if form is None else form
     if form not in ("dot", "fma"):
         raise ValueError(f"index scores form must be dot or fma, got {form!r}")
     B, Q, di = iq.shape

@@ -196,9 +196,19 @@ RADIX_TILE = 2048
 # keys in the workspace (4096-slot tiles were the slowest there).
 SCAN_TILE = 4096
 SCAN_TILE_MULTI = 1024
-# The scan's membership test: a bit per pending position (True) or a gather of the 4-byte
-# position scratch (False). bench_resolver --sweep-scan times both (suffixes b / g).
-PENDING_BITMAP = False
+# The scan's membership test: a bit per pending position, or a gather of the 4-byte position
+# scratch. The gather is the faster while the batch's scratch rows stay in L2; past that, every
+# slot's test is an HBM sector read and the bitmap (W / 8 bytes per request) wins. H200,
+# B = 4096, 500K positions, no miss (bench_resolver --sweep-scan 4096b,4096g,1024b,1024g,
+# results/fig8/bitmap_sweep-h200.json), batch 8 / 160:
+#   4096-slot tile: gather 15.5 / 46.1 us, bitmap 22.1 / 48.9 us
+#   1024-slot tile: gather 19.8 / 44.9 us, bitmap 21.1 / 37.7 us
+# (paper 18.7 / 36.9). So: the bitmap once R x W x 4 bytes of scratch pass PENDING_BITMAP_BYTES
+# (8 x 2 MB = 16 MB stays in the 50 MB L2; 160 x 2 MB does not), and SCAN_TILE_MULTI-slot tiles
+# from SCAN_WIDE_BATCH requests up (one 4096-slot tile with its keys in registers costs
+# occupancy once the batch fills the GPU: 132 SMs).
+PENDING_BITMAP_BYTES = 32 << 20
+SCAN_WIDE_BATCH = 64
 
 
 class ResolveResult(NamedTuple):
@@ -835,7 +845,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     row copy loop, 1 = none) the copy; ``keys_in_registers`` (default: when B fits one scan
     tile) keeps the victim keys in registers between the scan and the victim selection;
     ``copy_rows`` (rows per copy tile, a power of two; default 4096 words' worth) sets how many
-    host rows one dependent load round brings in; ``pending_bitmap`` (default PENDING_BITMAP) has the scan
+    host rows one dependent load round brings in; ``pending_bitmap`` (default: once the batch's
+    position scratch, R x W x 4 bytes, passes PENDING_BITMAP_BYTES) has the scan
     test slot positions against a bit per pending position instead of the position scratch;
     every choice gives the same result (the benchmark sweeps them)."""
     if not _HAVE_TRITON:
@@ -863,7 +874,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     row_bytes = kv_pool.shape[1]
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
     if scan_tile is None:
-        scan_tile = SCAN_TILE if B <= SCAN_TILE else SCAN_TILE_MULTI
+        scan_tile = SCAN_TILE if B <= SCAN_TILE and R < SCAN_WIDE_BATCH else SCAN_TILE_MULTI
     if not (1 <= radix_bits <= 8 and all(t >= 16 and t & (t - 1) == 0 for t in (radix_tile, scan_tile))):
         raise ValueError(f"radix_bits must be 1..8 and radix_tile / scan_tile powers of two >= 16, "
                          f"got {radix_bits}, {radix_tile}, {scan_tile}")
@@ -872,6 +883,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     if reg_keys and B > scan_tile:
         raise ValueError(f"keys_in_registers needs B <= scan_tile (one scan tile), got B = {B}, "
                          f"scan_tile = {scan_tile}")
+
+    if pending_bitmap is None:
+        pending_bitmap = R * W * 4 > PENDING_BITMAP_BYTES
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
@@ -941,7 +955,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         WORDS=words, WPAD=wpad, ROWS=rows,
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
         DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
-        REG_KEYS=reg_keys, BITMAP=PENDING_BITMAP if pending_bitmap is None else bool(pending_bitmap),
+        REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap),
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -962,7 +976,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
-             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=PENDING_BITMAP)
+             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -479,6 +479,20 @@ def test_default_scan_tile_for_a_cache_larger_than_one_tile(monkeypatch):
     run_and_compare(s, stamp=1 << 21, radix_bits=8)
 
 
+def test_wide_batch_defaults_take_small_tiles_and_the_bitmap(monkeypatch):
+    """The defaults for a batch past SCAN_WIDE_BATCH whose position scratch passes
+    PENDING_BITMAP_BYTES (here scaled down): SCAN_TILE_MULTI-slot tiles and the pending bitmap,
+    the same result as the reference, over a sequence of calls (the bitmap self-cleans)."""
+    monkeypatch.setattr(rv, "SCAN_WIDE_BATCH", 2)
+    monkeypatch.setattr(rv, "PENDING_BITMAP_BYTES", 0)
+    monkeypatch.setattr(rv, "SCAN_TILE_MULTI", 32)
+    s = State(R=3, Q=1, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300, 200],
+              tail_lens=[1, 2, 3], seed=37, fill=0.9)
+    for step in range(3):
+        s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
+        run_and_compare(s, stamp=(1 << 21) + step, radix_bits=8)
+
+
 def test_stamp_tensor_accumulate_and_out():
     s = State(R=2, Q=2, K=6, B=8, row_bytes=12, page_size=4, hist_lens=[30, 30],
               tail_lens=[1, 1], seed=13, fill=0.5)
