@@ -209,7 +209,9 @@ class Run:
     @property
     def calibrated_acceptance(self) -> bool:
         """Whether the run's speculation drew its accepted lengths from the calibration."""
-        acc = self.summary.get("acceptance_mode") or find_key(self.config, "acceptance_mode", "acceptance")
+        # the system's own speculation block: reproduce.speculation is in every run of a family
+        acc = self.summary.get("acceptance_mode") or find_key(self.config.get("system") or {},
+                                                              "acceptance_mode", "acceptance")
         return isinstance(acc, str) and acc.lower().startswith("calib")
 
     @cached_property
