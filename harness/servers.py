@@ -60,14 +60,28 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
     raise TimeoutError(f"{what} at {url} not healthy after {timeout_s:.0f} s ({last})")
 
 
+# Server processes this harness started and has not stopped yet: (process, signal its group).
+_LIVE: dict[int, tuple[subprocess.Popen, bool]] = {}
+
+
+def track(proc: subprocess.Popen, group: bool = False) -> None:
+    """Register a started server so that a SIGTERM to the harness stops it (exit_on_sigterm)."""
+    _LIVE[proc.pid] = (proc, group)
+
+
 def exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit(143) in the main thread, so that the ``finally`` blocks of
-    the server context managers stop the servers they started. Python's default SIGTERM
-    action ends the process at once and leaves a bundled server running on the GPU with its
-    pools and pinned host store (a time box, ``timeout 300 python -m harness.reproduce``,
-    ends a sweep with SIGTERM)."""
+    """On SIGTERM, stop every server this harness started, then exit with 143. A time box
+    (``timeout 300 python -m harness.reproduce``) ends a sweep with SIGTERM; Python's default
+    action left a bundled server decoding on the GPU with its pools and pinned host store,
+    beside whatever the lane ran next. The servers are stopped here, not by raising into the
+    interrupted code: an exception raised inside an event-loop callback (the load generator's
+    socket reads) is logged by the loop and swallowed, and the harness went on."""
     def _exit(signum, frame):
-        raise SystemExit(128 + signum)
+        for proc, group in list(_LIVE.values()):
+            stop_process(proc, grace_s=10.0, group=group)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)  # results are written atomically: an unfinished run has no summary
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit)
@@ -76,8 +90,15 @@ def exit_on_sigterm() -> None:
 def stop_process(proc: subprocess.Popen, grace_s: float = 30.0, group: bool = False) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``; ``group`` signals the process group the child
     leads (start_new_session=True), for servers that fork workers (SGLang)."""
-    if proc.poll() is not None:
-        return
+    try:
+        if proc.poll() is not None:
+            return
+        _stop(proc, grace_s, group)
+    finally:
+        _LIVE.pop(proc.pid, None)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float, group: bool) -> None:
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             if group:
@@ -139,6 +160,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
             [sys.executable, "-m", "systems.engine.server", "--host", host, "--port", str(port),
              "--config", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT, env=env,
             cwd=str(REPO))
+    track(proc)
     try:
         wait_healthy(url, timeout, proc, log_path, "bundled server")
         # paid once per system and setting: the engine's own phases are in server.log

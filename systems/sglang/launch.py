@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.servers import free_port, stop_process, wait_healthy  # noqa: F401 (re-exported)
+from harness.servers import free_port, stop_process, track, wait_healthy  # noqa: F401 (re-exported)
 from systems.sglang.adapter import LaunchPlan, _plain, build_plan, settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +74,7 @@ def launch_plan(plan: LaunchPlan, workdir: Path, timeout_s: float,
                 proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=penv,
                                         cwd=str(REPO), start_new_session=True)
             started.append(proc)
+            track(proc, group=True)
             print(f"[sglang] {role}: pid {proc.pid}, log {log_path}", flush=True)
             wait_healthy(url, timeout_s, proc, log_path, f"SGLang {role}")
         yield plan.url

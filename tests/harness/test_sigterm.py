@@ -8,16 +8,27 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# the harness's situation: a started (tracked) server, and the main thread inside an asyncio
+# loop whose callbacks swallow exceptions (the load generator's socket reads)
 SCRIPT = r"""
-import subprocess, sys, time
-from harness.servers import exit_on_sigterm, stop_process
+import asyncio, subprocess, sys
+from harness.servers import exit_on_sigterm, track
 exit_on_sigterm()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+track(child)
 print(child.pid, flush=True)
-try:
-    time.sleep(120)
-finally:
-    stop_process(child, grace_s=5)
+
+async def main():
+    loop = asyncio.get_running_loop()
+    def tick():
+        try:
+            loop.call_later(0.01, tick)
+        except BaseException:
+            pass  # swallowed, as a transport callback's error is
+    tick()
+    await asyncio.sleep(120)
+
+asyncio.run(main())
 """
 
 
