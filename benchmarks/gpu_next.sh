@@ -1,33 +1,32 @@
 #!/usr/bin/env bash
 # Device calls, in parts of one call each (about 9 min apiece):
 #   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
-# Plan for the next session (done so far at the new output caps, commits 7e9724c..489b573:
-# Fig. 4 all five systems C4-C128, Fig. 5 all five C16/64/256, Fig. 6 residency-on arm, Fig. 7
-# block 4 at C128, Fig. 9 hisparse C128 B/k 1/2/4, Fig. 9 DSV hisparse C128 B/k 2/4/8; the
-# figures keep the older complete sweeps of Fig. 6/7/9 until the new cap covers them).
+# Plan for the next session. Done at the new output caps so far: Fig. 4 all five systems C4-C128
+# and four at C256 (not Resident + DFlash2); Fig. 5 all five at C16/64/256 (DSpark with the
+# calibrated confidence); Fig. 6 residency-on arm; Fig. 7 all blocks at C32/64/128; Fig. 9
+# hisparse C128 B/k 1; Fig. 9 DSV hisparse C128 B/k 2/4/8; Fig. 1 C128 for HiSparse, Resident,
+# Resident + DFlash2 (cap 1,024). The figures keep older complete sweeps until a newer cap covers
+# every setting at the loads it measured.
 #   Pass the commit as a literal from this machine: DHS_GIT_COMMIT=<git rev-parse --short HEAD
-#   run HERE>. The device copy's .git was stale in this session (calls 2 and 3 reported the first
-#   call's commit; fixed by hand in their env.json / summary.json).
-#   Run `make compact` before each call: the device takes at most 64 MiB of working tree.
-#   0. nvidia-h200 (1 GPU), ~2 min: how fast is a serving lane alone? A Fig. 9 point beside
-#      bench_resolver's host streaming on the other GPU made 19.9 steps/s against 29.0 for the same
-#      work in Fig. 4 (results/lane_interference/README.md; moved out of results/fig9 so Fig. 9
-#      reruns it). Rerun Fig. 4's point alone and compare with 3,546 tok/s (cf88e968):
-#        bash benchmarks/gpu_next.sh L "fig4+system=hisparse+point=c128+ov=^rerun=solo:150" ""
-#      (L with an empty second lane runs on GPU 0 alone). Never pair serving runs with
-#      @bench_resolver again; if the solo run is also much faster, serving lanes slow each other
-#      too, and the lanes' vmstat / dmon logs say through what.
-#   1. nvidia-h200-x2: L "fig6:420 fig7:560" "fig9:560"  (fig6's off arm; the rest of fig7/fig9)
-#   2. nvidia-h200-x2: L "fig9_dsv:560" "fig4_more:560"  (C8 and adaptive; C32 and C256 for claim 2)
-#   3. then fig1 (cap 1,024 and calibrated acceptance: its runs so far accepted no draft), fig11,
-#      and issue 4 on one GPU, alone: DHS_ARGS_bench_resolver="--skip a --sweep-copy-rows 32,64,128
-#      --sweep-copy-stages 1,2,3 --sweep-scan 4096,4096:4,1024,1024:4" @bench_resolver:180 (no miss
-#      at batch 160 is 46.8 us against 36.9: 160 programs on 132 SMs, so fewer warps per program
-#      may let two share an SM) (77 misses at batch 8 are 40.7 us against the
-#      paper's 29.3; three dependent host-load rounds of 32 rows are a large part of it), and
-#      @bench_attention:100 (the index scan's dot and multiply-add forms; make the faster the
-#      default in systems/kernels/index_scores.py). Profile the hierarchy's step at C128
-#      (profile=kernels) to see how much of it is GPU idle between kernels.
+#   run HERE> (the device copy's .git can be stale). Run `make compact` before each call (the
+#   device takes 64 MiB of working tree). Only the run directories a call wrote come back (a
+#   returned file is at most 16 MB).
+#   Time boxes: a server starts in 10-25 s now; give an item its runs' time plus 40 s. Fig. 1's
+#   C128 runs take 60-115 s each (1,024 tokens x 256 requests), so 90 s was too short for ADHS
+#   and Adaptive HiSparse in the last call.
+#   The kernel defaults changed after this session's serving runs (index scan multiply-add form,
+#   resolver tiles/bitmap by batch): runs from a5e1803 on are faster per step. Rerun a figure's
+#   comparison at one commit: a claim must not compare runs across that change.
+#   1. nvidia-h200-x2: L "fig1+system=adaptive_dhisparse+point=c128:150 fig1+system=adaptive_hisparse+point=c128:150 fig1+point=c8:240"
+#                         "fig9:540"   (Fig. 1 C128 complete -> its claim; Fig. 9 at the new cap)
+#   2. nvidia-h200-x2: L "fig6:300 fig4_more+system=resident_dflash2:150 fig4_more+point=c32:150"
+#                         "fig9_dsv:300 fig11:200"
+#   3. issue 4 on one GPU, alone: @bench_resolver:200 with DHS_ARGS_bench_resolver="--skip a"
+#      ((c) at batch 160 under the bitmap default), @bench_attention:100; then re-measure the
+#      headline claims at the new kernel defaults (Fig. 4 C128 for HiSparse, Adaptive HiSparse,
+#      ADHS with ov=^kernels=a5e1803: a key other than `rerun` makes the new runs replace the
+#      older ones; `+rerun=...` runs fold with them into a median, which is for repeats of one code).
+#   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
 #   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
 # D: Fig. 1.  E: Fig. 9.  F: Fig. 5.  K: attention kernels and graph replay only.
