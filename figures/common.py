@@ -263,15 +263,11 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
     ``decode`` (steps that replayed or ran eagerly), ``capture`` (steps that recorded a CUDA
     graph), ``handoff`` (admission rounds) and ``other`` (the rest: idle waits, intake, the
     engine loop). From the cumulative counters of the server samples (runs since they exist)."""
-    df = run.metrics
-    need = {"ts", "dhs_num_running_reqs", "dhs_decode_seconds_total", "dhs_admit_seconds_total",
-            "dhs_capture_step_seconds_total"}
-    if df is None or not need <= set(df.columns) or len(df) < 3:
+    w = _live_window(run, {"ts", "dhs_decode_seconds_total", "dhs_admit_seconds_total",
+                           "dhs_capture_step_seconds_total"}, min_rows=3)
+    if w is None:
         return None
-    live = df.index[df["dhs_num_running_reqs"] > 0]
-    if len(live) < 2:
-        return None
-    a, b = df.loc[live[0]], df.loc[live[-1]]
+    _, a, b = w
     wall = float(b["ts"] - a["ts"])
     if wall <= 0:
         return None
@@ -289,19 +285,27 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
 def step_cost(run: Run) -> tuple[float, float] | None:
     """(ms per decode step, mean running requests) while requests were running, from the
     server samples: the step's cost against the batch it carried."""
-    df = run.metrics
-    need = {"dhs_num_running_reqs", "dhs_decode_seconds_total", "dhs_num_steps"}
-    if df is None or not need <= set(df.columns):
+    w = _live_window(run, {"dhs_decode_seconds_total", "dhs_num_steps"})
+    if w is None:
         return None
-    live = df.index[df["dhs_num_running_reqs"] > 0]
-    if len(live) < 2:
-        return None
-    a, b = df.loc[live[0]], df.loc[live[-1]]
+    live, a, b = w
     steps = float(b["dhs_num_steps"] - a["dhs_num_steps"])
     if steps <= 0:
         return None
     ms = 1e3 * float(b["dhs_decode_seconds_total"] - a["dhs_decode_seconds_total"]) / steps
-    return ms, float(df.loc[live, "dhs_num_running_reqs"].mean())
+    return ms, float(live["dhs_num_running_reqs"].mean())
+
+
+def _live_window(run: Run, need: set, min_rows: int = 0):
+    """The server samples taken while requests were running, with the first and last of them
+    (cumulative counters differ between those two), or None without such samples."""
+    df = run.metrics
+    if df is None or not (need | {"dhs_num_running_reqs"}) <= set(df.columns) or len(df) < min_rows:
+        return None
+    live = df[df["dhs_num_running_reqs"] > 0]
+    if len(live) < 2:
+        return None
+    return live, live.iloc[0], live.iloc[-1]
 
 
 def batch_scaling_note(runs: Iterable[Run], concurrency: int) -> str | None:
