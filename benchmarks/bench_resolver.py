@@ -681,7 +681,7 @@ def fig8bc(torch, rv, args, sz):
 def scan_knobs(spec: str) -> list:
     """--sweep-scan entries: TILE (victim keys in registers when B fits one tile), TILEm (keys
     in the workspace), TILEb / TILEg (the scan's membership test by the pending-position
-    bitmap / by gathering the position scratch; default: the kernel's PENDING_BITMAP),
+    bitmap / by gathering the position scratch; default: the kernel's choice by batch and scratch size),
     suffixes combined (TILEmb), any with :WARPS, e.g. 1024,4096m,4096b,4096g,4096:16."""
     out = []
     for item in (x for x in spec.split(",") if x):

@@ -127,5 +127,9 @@ python3 -m harness.summaries --results results >/dev/null 2>&1
 # experiment_name>, fig4_more to results/fig4) and the server logs; whole experiment folders
 # passed the 16 MB a returned file may have
 NEW=$(find results -mindepth 2 -maxdepth 2 -type d -newer $MARK | sort)
-[ -n "$NEW" ] && tar czf $OUT/results.tgz $NEW && du -h $OUT/results.tgz
+# and the files a call changed inside folders that already existed: server logs (a server that
+# failed to start leaves no run directory) and the experiments' summaries
+NEW="$NEW $(find results -mindepth 2 -maxdepth 3 -type f -newer $MARK \( -name server.log -o -name summary.json \) \
+  | grep -v -F -f <(echo "$NEW" | sed '/^$/d;s|$|/|') | sort)"
+[ -n "${NEW//[[:space:]]/}" ] && tar czf $OUT/results.tgz $NEW && du -h $OUT/results.tgz
 ls -la $OUT

@@ -151,8 +151,8 @@ class Run:
 
     path: Path
     summary: dict
-    # runs of the identical config (a ``+rerun=...`` repeat, or a rerun after a change that
-    # does not reach the config), this one included; ``num`` takes their median
+    # runs of the identical config (``+rerun=...`` repeats; the code may differ between them,
+    # provenance names the commits then), this one included; ``num`` takes their median
     repeats: list = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -333,9 +333,9 @@ def batch_scaling_note(runs: Iterable[Run], concurrency: int) -> str | None:
         held = [n for _, n in group]
         if max(per) <= 1.3 * min(per) and max(held) >= 1.5 * min(held):
             out += (f"; among the {name} systems the step's time grows in proportion to its "
-                    "batch, so the one that holds more requests emits no more tokens per second "
-                    "(the scaled model has little fixed per-step cost, such as weight reads, for "
-                    "a larger batch to share)")
+                    "batch, so holding more requests adds little output (the scaled model has "
+                    "little fixed per-step cost, such as weight reads, for a larger batch to "
+                    "share)")
     return out
 
 
@@ -521,6 +521,9 @@ def _repeat_key(r: Run) -> str:
     if not r.config:  # no config.yaml: nothing says it repeats another run
         return str(r.path)
     material = {k: v for k, v in r.config.items() if k not in _VOLATILE}
+    srv = r.config.get("server")
+    # the engine served is not volatile: an SGLang run never repeats a bundled one
+    material["server.mode"] = srv.get("mode") if isinstance(srv, dict) else None
     rep = material.get("reproduce")
     if isinstance(rep, dict):  # hashed through system.speculation (see harness.run.run_id)
         rest = {k: v for k, v in rep.items() if k != "speculation"}
@@ -796,7 +799,9 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
         if r.calibrated_acceptance:
             add("calibrated input: acceptance")
         if len(r.repeats) > 1:
-            add(f"median of {len(r.repeats)} repeat runs")
+            commits = sorted({str(c) for c in (_commit(x) for x in r.repeats) if c})
+            add(f"median of {len(r.repeats)} repeat runs"
+                + (f" (commits {', '.join(commits)})" if len(commits) > 1 else ""))
         dev = r.summary.get("gpu") or r.summary.get("device")
         if dev and str(dev) not in ("cpu",):
             add(str(dev))
@@ -805,6 +810,12 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
     if extra:
         add(extra)
     return "; ".join(tags)
+
+
+def _commit(r: Run) -> str | None:
+    env = load_json(r.path / "env.json")
+    c = env.get("commit") if isinstance(env, dict) else None
+    return str(c)[:7] if c else None
 
 
 def summary_provenance(d: Mapping | None, kind: str) -> str:

@@ -77,11 +77,16 @@ def exit_on_sigterm() -> None:
     interrupted code: an exception raised inside an event-loop callback (the load generator's
     socket reads) is logged by the loop and swallowed, and the harness went on."""
     def _exit(signum, frame):
-        for proc, group in list(_LIVE.values()):
-            stop_process(proc, grace_s=10.0, group=group)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(128 + signum)  # results are written atomically: an unfinished run has no summary
+        try:
+            for proc, group in reversed(list(_LIVE.values())):  # last started first (router)
+                try:
+                    stop_process(proc, grace_s=10.0, group=group)
+                except Exception:
+                    pass
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(128 + signum)  # results are written atomically: an unfinished run has no summary
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit)

@@ -77,11 +77,12 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
         direct-page-table entry per selection; when the scan runs: hot_pos 4B + hot_lru 8B
         read and an 8-byte victim key per slot, kept in registers when B fits one scan tile
         (else written and re-read once per radix pass, 1 + ceil(log256(stamp range of the
-        candidates)) passes, plus one final pass), one bit test per slot against a bitmap of
-        the pending positions (W / 8 bytes per request, set and cleared by the pending
-        selections; it stays in L2 where the W x 4-byte position scratch, 320 MB at batch 160
-        and 500K positions, would be gathered from HBM), atomics / gathers on the position
-        scratch for the pending selections only, and 8B lru / 4B pos written for hit and
+        candidates)) passes, plus one final pass), a 4-byte gather of the position scratch per
+        slot, or (wide batches whose scratch outgrows L2, see PENDING_BITMAP_BYTES) one bit
+        test per slot against a bitmap of the pending positions (W / 8 bytes per request, set
+        and cleared by the pending selections, L2-resident where the W x 4-byte scratch, 320 MB
+        at batch 160 and 500K positions, is gathered from HBM), atomics / gathers on the
+        position scratch for the pending selections, and 8B lru / 4B pos written for hit and
         victim slots.
     Nothing else: no host sync, no host-side gather, no per-call allocation once the
     workspace has grown to the largest shapes.
@@ -203,10 +204,11 @@ SCAN_TILE_MULTI = 1024
 # results/fig8/bitmap_sweep-h200.json), batch 8 / 160:
 #   4096-slot tile: gather 15.5 / 46.1 us, bitmap 22.1 / 48.9 us
 #   1024-slot tile: gather 19.8 / 44.9 us, bitmap 21.1 / 37.7 us
-# (paper 18.7 / 36.9). So: the bitmap once R x W x 4 bytes of scratch pass PENDING_BITMAP_BYTES
-# (8 x 2 MB = 16 MB stays in the 50 MB L2; 160 x 2 MB does not), and SCAN_TILE_MULTI-slot tiles
-# from SCAN_WIDE_BATCH requests up (one 4096-slot tile with its keys in registers costs
-# occupancy once the batch fills the GPU: 132 SMs).
+# (paper 18.7 / 36.9). So: SCAN_TILE_MULTI-slot tiles from SCAN_WIDE_BATCH requests up (one
+# 4096-slot tile with its keys in registers costs occupancy once the batch fills the GPU: 132
+# SMs), and with them the bitmap once R x W x 4 bytes of scratch pass PENDING_BITMAP_BYTES
+# (8 x 2 MB = 16 MB stays in the 50 MB L2; 160 x 2 MB does not). The bitmap lost with
+# 4096-slot tiles at both batches, so it is not taken with them.
 PENDING_BITMAP_BYTES = 32 << 20
 SCAN_WIDE_BATCH = 64
 
@@ -885,7 +887,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                          f"scan_tile = {scan_tile}")
 
     if pending_bitmap is None:
-        pending_bitmap = R * W * 4 > PENDING_BITMAP_BYTES
+        pending_bitmap = R >= SCAN_WIDE_BATCH and R * W * 4 > PENDING_BITMAP_BYTES
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)

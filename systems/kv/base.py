@@ -148,7 +148,9 @@ class KVBackend(ABC):
     def _set_num_slots(self, n: int) -> None:
         """Lower the slot count before any slot is used (a backend whose pool holds fewer
         sessions than kv.max_running_requests)."""
-        assert not self.active_slots and 1 <= n <= self.num_slots
+        if self.active_slots or not 1 <= n <= self.num_slots:
+            raise RuntimeError(f"slot count can only come down to 1..{self.num_slots} before "
+                               f"any slot is used, got {n}")
         self.num_slots = n
         self.slot_len = [0] * n
         self.free_slots = list(range(n - 1, -1, -1))

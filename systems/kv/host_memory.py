@@ -34,9 +34,10 @@ _REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 class _RegisteredMap(mmap.mmap):
     """An anonymous mapping that undoes its page-locking when it is freed.
 
-    The tensors made over it by ``torch.frombuffer`` hold the buffer export, so this object
-    lives exactly as long as the last tensor or view over it; ``__del__`` then runs before the
-    mapping is unmapped (a subclass finalizer runs ahead of the base type's deallocation)."""
+    A tensor made over it by ``torch.frombuffer`` keeps a strong reference to it (its storage's
+    deleter drops that reference), so this object lives as long as the last tensor or view over
+    it; ``__del__`` then runs before the mapping is unmapped (a subclass finalizer runs ahead of
+    the base type's deallocation). Nothing else may hold or ``close()`` it."""
 
     unregister: Optional[Callable[[int], None]] = None
     address: int = 0
@@ -56,6 +57,8 @@ def _cuda_register(ptr: int, nbytes: int) -> None:
 
 
 def _cuda_unregister(ptr: int) -> None:
+    # a backup copy or a resolver read of this memory may still be in flight on a stream
+    torch.cuda.synchronize()
     torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(ptr))
 
 
@@ -67,8 +70,9 @@ def _touch(flat: torch.Tensor) -> None:
 def pinned_empty(shape, dtype: torch.dtype, *,
                  register: Callable[[int, int], None] = _cuda_register,
                  unregister: Callable[[int], None] = _cuda_unregister) -> torch.Tensor:
-    """A page-locked CPU tensor of exactly ``shape`` (contents zero). ``register`` /
-    ``unregister`` are the page-locking calls (CUDA's by default; tests pass fakes)."""
+    """A page-locked CPU tensor of exactly ``shape`` (zero-filled when registered; the
+    fallback's contents are undefined). ``register`` / ``unregister`` are the page-locking
+    calls (CUDA's by default; tests pass fakes)."""
     shape = tuple(int(s) for s in shape)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0 or os.environ.get("DHS_HOST_ALLOC", "register") == "torch":
@@ -86,13 +90,15 @@ def pinned_empty(shape, dtype: torch.dtype, *,
         register(flat.data_ptr(), nbytes)
         mm.address, mm.unregister = flat.data_ptr(), unregister
     except Exception as e:  # pragma: no cover - depends on the driver
+        # release the touched mapping before the fallback asks for as much again
+        flat = mm = None  # noqa: F841
         warnings.warn(f"registering {nbytes / 2**30:.1f} GiB of host memory failed ({e}); "
                       f"falling back to torch's pinned allocator", RuntimeWarning, stacklevel=2)
         return torch.empty(shape, dtype=dtype, pin_memory=True)
     t_reg = time.perf_counter()
     log.info("host store: %.1f GiB page-locked in %.1f s (map %.1f, touch %.1f, register %.1f)",
              nbytes / 2**30, t_reg - t0, t_map - t0, t_touch - t_map, t_reg - t_touch)
-    del mm  # the tensor's buffer export keeps the mapping alive from here
+    del mm  # the tensor's reference keeps the mapping alive from here
     return flat.view(dtype).view(shape)
 
 

@@ -457,8 +457,9 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
 
 @pytest.mark.parametrize("scan,regs", [(128, None), (16, False)])
 def test_scan_by_position_scratch_matches_the_bitmap(scan, regs):
-    """The scan's membership test either reads a bit per pending position (default) or gathers
-    the position scratch: the same locations and state as the reference either way, with
+    """The scan's membership test either reads a bit per pending position or gathers the
+    position scratch (the default below SCAN_WIDE_BATCH): the same locations and state as the
+    reference either way, with
     duplicates across queries, tail and padding selections."""
     s = State(R=3, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300, 90],
               tail_lens=[1, 2, 3], seed=35, fill=0.9)
