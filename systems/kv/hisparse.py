@@ -64,7 +64,9 @@ class HiSparseBackend(KVBackend):
         per_slot = (self.max_pages_per_req * self.index_page_bytes + self.payload_page_bytes
                     + (self.chi * self.q_max * m.index_topk * rb if self.q_max > 1 else 0))
         fit = self.capacity // per_slot
-        if 1 <= fit < self.num_slots:
+        # system.kv.cap_slots_to_pool=false keeps every slot (admission then waits for hot
+        # caches instead of slots: the fault tests build that over-subscribed state)
+        if 1 <= fit < self.num_slots and kv_cfg.extra.get("cap_slots_to_pool", True):
             log.warning("kv.kv_pool_gib=%s holds %d sessions of %d tokens (index history, "
                         "staging and one hot cache each): running requests capped at %d, not "
                         "max_running_requests=%d", kv_cfg.kv_pool_gib, fit, self.max_total_tokens,
