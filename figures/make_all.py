@@ -46,6 +46,11 @@ CLAIMS = {
                                  "tableA3", "bound_a.output_ratio", PAPER["latency_bounds"]["bound_a"]["output_ratio"], "gt1"),
     "eq13_c128": ("eq. 13 predicts the C128 speculative gain within 10%",
                   "table2", "eq13.C128.predicted", PAPER["eq13"]["C128"]["predicted"], "within_row:eq13.C128.measured:0.10"),
+    "eq13_c256": ("eq. 13 predicts the C256 speculative ratio within 10%",
+                  "table2", "eq13.C256.predicted", PAPER["eq13"]["C256"]["predicted"], "within_row:eq13.C256.measured:0.10"),
+    "spec_stops_paying_c256": ("speculation stops paying at C256 once both configurations fill their slots "
+                               "(ADHS / Adaptive HiSparse output <= 1.05)",
+                               "table2", "eq13.C256.measured", PAPER["eq13"]["C256"]["measured"], "le:1.05"),
     "fig1_c128_adhs_vs_hisparse": ("at 32K/8K ADHS beats HiSparse at C128",
                                    "fig1", "adhs_vs_hisparse_C128", PAPER["fig1"]["adhs_vs_hisparse_C128"], "gt1"),
     "dsv_c512_adhs_vs_resident_dspark": ("DeepSeek-like: ADHS beats Resident + DSpark at the top load",
