@@ -11,7 +11,9 @@
 #   run HERE> (the device copy's .git can be stale). Run `make compact` before each call (the
 #   device takes 64 MiB of working tree). Only the run directories a call wrote come back (a
 #   returned file is at most 16 MB).
-#   Time boxes: a server starts in 10-25 s now; give an item its runs' time plus 40 s. Fig. 1's
+#   Time boxes: a server starts in 10-25 s now; give an item its runs' time plus 40 s
+#   (`python -m harness.reproduce --only EXP [--system S] [--point P] --dry-run` lists each pending
+#   point with an earlier run's load time). Fig. 1's
 #   C128 runs take 60-115 s each (1,024 tokens x 256 requests), so 90 s was too short for ADHS
 #   and Adaptive HiSparse in the last call.
 #   The kernel defaults changed after this session's serving runs (index scan multiply-add form,

@@ -98,8 +98,7 @@ def select(runs: list[list[str]], systems: list[str] | None, where: list[str] | 
             and all(setting(ov, k) in vs for k, vs in conds)]
 
 
-def run_one(overrides: list[str], results: str | None, only_tags: list[str] | None = None) -> None:
-    from harness.run import run
+def _run_cfg(overrides: list[str], results: str | None):
     from systems.engine.config import compose
 
     if results:
@@ -109,7 +108,58 @@ def run_one(overrides: list[str], results: str | None, only_tags: list[str] | No
         cfg.model.hot_cache_rows = int(cfg.b_over_k) * int(cfg.model.index_topk)
     if cfg.system.get("speculation") and "+smoke=true" in overrides:
         cfg.system.speculation.window = 64
-    run(cfg, only_tags=only_tags)
+    return cfg
+
+
+def run_one(overrides: list[str], results: str | None, only_tags: list[str] | None = None) -> None:
+    from harness.run import run
+
+    run(_run_cfg(overrides, results), only_tags=only_tags)
+
+
+def _duration_guide(exp_dir: Path, rid: str, cfg) -> str:
+    """The load time of the latest finished run of the same system, model and point, preferring
+    one with the same output cap (a run's time scales with it)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    cap = cfg.workload.get("output_len")
+    prefix = rid.rsplit("-", 1)[0] + "-"  # system-model-tag-
+    best = None
+    for d in sorted(exp_dir.glob(prefix + "*"), key=lambda d: d.stat().st_mtime, reverse=True):
+        try:
+            dur = json.loads((d / "summary.json").read_text()).get("duration_s")
+            other = OmegaConf.load(d / "config.yaml").workload.get("output_len")
+        except Exception:  # unfinished or unreadable: no guide from it
+            continue
+        if dur and (best is None or (other == cap and best[2] != cap)):
+            best = (dur, d.name, other)
+        if best and best[2] == cap:
+            break
+    if best is None:
+        return ""
+    note = "" if best[2] == cap else f", at a {best[2]}-token cap against {cap} now"
+    return f" (a finished run of this point took {best[0]:.0f} s{note}: {best[1]})"
+
+
+def show_plan(overrides: list[str], results: str | None, only_tags: list[str] | None = None) -> int:
+    """--dry-run: each load point's run id, whether it finished, and for a pending one the
+    wall time of the latest finished run of the same system and point in that experiment
+    (any config: a guide for a time box, which adds a server start of 10-25 s on the H200).
+    Returns the number of pending points."""
+    from harness.run import point_plan
+
+    cfg = _run_cfg(overrides, results)
+    exp_dir, plan = point_plan(cfg, only_tags)
+    pending = 0
+    for p, rid, finished in plan:
+        if finished:
+            print(f"    {p['tag']:>6s} {rid}: finished")
+            continue
+        pending += 1
+        print(f"    {p['tag']:>6s} {rid}: pending{_duration_guide(exp_dir, rid, cfg)}")
+    return pending
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             ov = ov + list(args.overrides)
             print("[reproduce]", " ".join(ov), *(["points", *args.point] if args.point else []), flush=True)
             if args.dry_run:
+                show_plan(ov, results, args.point)
                 continue
             try:
                 run_one(ov, results, args.point)

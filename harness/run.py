@@ -105,17 +105,10 @@ def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
     tmp.replace(d / "error.txt")
 
 
-def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
-    """Run every load point of ``cfg`` not finished earlier. ``only_tags`` (e.g. ["c128"])
-    restricts this call to those points without touching the config, so the run ids stay
-    those of the full sweep and a later full call resumes around them."""
-    from harness.loadgen import LoadConfig, run_load_sync
-    from systems.engine.config import engine_config_from_cfg
-
-    ecfg = engine_config_from_cfg(cfg)  # fail fast on a bad config, before any server starts
-    if cfg.server.mode == "sglang":
-        from systems.sglang.adapter import check_supported
-        check_supported(cfg)  # a clear error before anything launches
+def point_plan(cfg: DictConfig, only_tags: list[str] | None = None
+               ) -> tuple[Path, list[tuple[dict, str, bool]]]:
+    """The experiment directory and, per load point of ``cfg`` (those tagged ``only_tags``
+    when given), the point, its run id and whether that run finished earlier."""
     root = Path(cfg.results_dir)
     if not root.is_absolute():
         root = REPO / root
@@ -127,15 +120,33 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
             raise ValueError(f"no load point tagged {unknown} in this config; its points are "
                              f"{[p['tag'] for p in points]}")
         points = [p for p in points if p["tag"] in only_tags]
-    todo = []
+    out = []
     for p in points:
         rid = run_id(cfg, p)
+        out.append((p, rid, (exp_dir / rid / "summary.json").exists()))
+    return exp_dir, out
+
+
+def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
+    """Run every load point of ``cfg`` not finished earlier. ``only_tags`` (e.g. ["c128"])
+    restricts this call to those points without touching the config, so the run ids stay
+    those of the full sweep and a later full call resumes around them."""
+    from harness.loadgen import LoadConfig, run_load_sync
+    from systems.engine.config import engine_config_from_cfg
+
+    ecfg = engine_config_from_cfg(cfg)  # fail fast on a bad config, before any server starts
+    if cfg.server.mode == "sglang":
+        from systems.sglang.adapter import check_supported
+        check_supported(cfg)  # a clear error before anything launches
+    exp_dir, plan = point_plan(cfg, only_tags)
+    todo = []
+    for p, rid, finished in plan:
         d = exp_dir / rid
-        if (d / "summary.json").exists():
+        if finished:
             print(f"[harness] {rid}: finished earlier, skipping")
             continue
         todo.append((p, rid, d))
-    done_dirs = [exp_dir / run_id(cfg, p) for p in points]
+    done_dirs = [exp_dir / rid for _, rid, _ in plan]
     if not todo:
         return done_dirs
     logger = make_logger(cfg.get("logger"))

@@ -99,3 +99,23 @@ def test_subset_selection_keeps_the_full_sweeps_run_ids(tmp_path):
     assert reproduce_main(["--smoke", "--results", str(res), "--only", "fig9", "--system", "hisparse"]) == 0
     after = {p.parent.name for p in res.glob("fig9/*/summary.json")}
     assert first < after and len(after) == 4  # the first run was kept, not redone or duplicated
+
+
+def test_dry_run_lists_each_point_finished_or_pending(tmp_path, capsys):
+    """--dry-run names each load point's run id and whether it finished, with the load time of
+    an earlier run of the same point as a guide for a time box."""
+    import re
+
+    res = tmp_path / "results"
+    assert reproduce_main(["--only", "fig7", "--smoke", "--dry-run", "--results", str(res)]) == 0
+    out = capsys.readouterr().out
+    rids = re.findall(r"(adaptive_dhisparse-tiny-c\d+-[0-9a-f]{8}): pending", out)
+    assert len(rids) == 3 and "finished" not in out  # three blocks, one smoke load each
+    done = res / "fig7" / rids[0]
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text(json.dumps({"duration_s": 12.0}))
+    (done / "config.yaml").write_text("workload: {output_len: 6}\n")
+    assert reproduce_main(["--only", "fig7", "--smoke", "--dry-run", "--results", str(res)]) == 0
+    out = capsys.readouterr().out
+    assert f"{rids[0]}: finished" in out
+    assert f"took 12 s: {rids[0]}" in out  # the other blocks' point, same system and load
