@@ -339,6 +339,37 @@ def batch_scaling_note(runs: Iterable[Run], concurrency: int) -> str | None:
     return out
 
 
+def admission_note(runs: Iterable[Run], concurrency: int) -> str | None:
+    """At one load: the systems that held well under their slots while requests waited and the
+    pool never refused one, i.e. whose admission rate (engine.max_handoffs_per_step handoffs per
+    step, done between steps) set how many requests ran, with their steps per second."""
+    from figures.paper_values import label
+    parts = []
+    for r in runs:
+        if r.concurrency != concurrency:
+            continue
+        w = _live_window(r, {"dhs_num_waiting_reqs", "dhs_num_slots", "dhs_num_steps", "ts"})
+        if w is None:
+            continue
+        live, a, b = w
+        running, waiting = float(live["dhs_num_running_reqs"].mean()), float(live["dhs_num_waiting_reqs"].mean())
+        slots = float(live["dhs_num_slots"].max())
+        refused = sum(float(b[c] - a[c]) for c in live.columns if c.startswith("dhs_admission_wait_events_total"))
+        wall = float(b["ts"] - a["ts"])
+        if wall <= 0 or refused > 0 or waiting < 0.2 * concurrency or running > 0.9 * slots:
+            continue
+        steps = float(b["dhs_num_steps"] - a["dhs_num_steps"]) / wall
+        per = find_key(r.config, "max_handoffs_per_step")
+        parts.append(f"{label(r.system)} held {running:.0f} running of {slots:.0f} slots with {waiting:.0f} "
+                     f"waiting and no admission refused by memory: at {steps:.1f} steps/s and "
+                     f"{per} handoffs per step, admission set the batch")
+    if not parts:
+        return None
+    return (f"admission-limited at C{concurrency}: " + "; ".join(parts)
+            + " (handoffs run between steps in this engine, so a long speculative round admits fewer "
+              "requests per second)")
+
+
 def counter_ratio(run: Run, num: str, den: str) -> float | None:
     """Growth of one cumulative /metrics counter over another's across the run's samples (None
     without samples, without both counters, or when the denominator did not grow)."""
@@ -411,10 +442,11 @@ def acceptance_note(runs: Iterable[Run]) -> str | None:
 def diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
     """Everything that explains a throughput claim at one load: exact acceptance with
     random-weight drafters, rounds that verified no draft, the engine's time split
-    (stall_diagnosis), and the step's cost against its batch (batch_scaling_note)."""
+    (stall_diagnosis), the step's cost against its batch (batch_scaling_note), and admission
+    that set the batch (admission_note)."""
     runs = list(runs)
     parts = [x for x in (acceptance_note(runs), no_draft_note(runs), stall_diagnosis(runs, concurrency),
-                         batch_scaling_note(runs, concurrency)) if x]
+                         batch_scaling_note(runs, concurrency), admission_note(runs, concurrency)) if x]
     return "; ".join(parts) or None
 
 

@@ -406,3 +406,33 @@ def test_batch_scaling_note_compares_like_with_like(tmp_path):
     run("d", "hisparse", False, 0.0416, 60)  # same batch as resident's: nothing to conclude
     runs = [r for r in C.load_runs(tmp_path, "fig5") if r.path.name != "b-c256-0"]
     assert "among" not in C.batch_scaling_note(runs, 256)
+
+
+def test_admission_note_names_systems_whose_admission_set_the_batch(tmp_path):
+    """Requests waiting, slots free and no memory refusal: the admission rate set the batch.
+    Waiting because the pool refused (resident) is not that."""
+    import json
+
+    import pandas as pd
+    import yaml
+
+    from figures import common as C
+
+    def run(name, system, running, waiting, refused):
+        d = tmp_path / "fig5" / f"{name}-c256-0"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": 256}))
+        (d / "config.yaml").write_text(yaml.safe_dump({"engine": {"max_handoffs_per_step": 4}}))
+        pd.DataFrame({"ts": [0.0, 5.0, 10.0], "dhs_num_running_reqs": [running] * 3,
+                      "dhs_num_waiting_reqs": [waiting] * 3, "dhs_num_slots": [256] * 3,
+                      "dhs_num_steps": [0, 40, 80],
+                      'dhs_admission_wait_events_total{reason="kv_pool_full"}': [0, refused, 2 * refused]}
+                     ).to_parquet(d / "server_metrics.parquet")
+
+    run("a", "adaptive_dhisparse", 126, 92, 0)
+    run("b", "resident", 54, 147, 10)
+    run("c", "hisparse", 240, 10, 0)
+    note = C.admission_note(C.load_runs(tmp_path, "fig5"), 256)
+    assert note.startswith("admission-limited at C256: Adaptive DHiSparse held 126 running of 256")
+    assert "8.0 steps/s and 4 handoffs per step" in note
+    assert "Resident" not in note and note.count(" held ") == 1  # HiSparse: few waiting
