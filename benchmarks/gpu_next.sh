@@ -28,6 +28,10 @@
 #      headline claims at the new kernel defaults (Fig. 4 C128 for HiSparse, Adaptive HiSparse,
 #      ADHS with ov=^kernels=a5e1803: a key other than `rerun` makes the new runs replace the
 #      older ones; `+rerun=...` runs fold with them into a median, which is for repeats of one code).
+#   4. Admission: at C256 Adaptive DHiSparse holds 126 (Fig. 5) / 107 (Fig. 4) running with ~95
+#      waiting and no memory refusal: 4 handoffs per round at 8-11 rounds/s set its batch (the
+#      claims' diagnosis says so). Measure ADHS at C256 with ov=engine.max_handoffs_per_step=16
+#      (new run ids) to see how much of the gap to the paper that is.
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
 #   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
