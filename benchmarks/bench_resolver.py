@@ -659,6 +659,9 @@ def fig8bc(torch, rv, args, sz):
             out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, **knobs, sweep=True,
                               us_median=statistics.median(ms_k) * 1e3))
             log(f"  (c) sweep batch {R:3d} {label}: {statistics.median(ms_k) * 1e3:8.1f} us")
+        if args.ablate_c:
+            out_c += ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses,
+                              reps=max(5, sz["reps_c"] // 4))
         if args.sweep_radix:
             # victim selection: slots per radix tile x digit width (same result for every choice)
             for spec in args.sweep_radix.split(","):
@@ -676,6 +679,49 @@ def fig8bc(torch, rv, args, sz):
                     f"{statistics.median(ms_r) * 1e3:8.1f} us")
         del src
     return out_b, out_c
+
+
+def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> list:
+    """Where (c)'s miss time goes, by variants of the same call that take one cost out or add
+    one (METHOD: time variants, take differences; no hardware counters needed):
+      host_in_hbm    the host store copied to device memory: the copy's PCIe round trips leave
+      stamps_1pass   every slot's stamp equal: the victim radix select takes one pass, not two
+      stamps_3pass   stamps over 2**20: three passes
+    The same restore before every timing; results are checked like the main call (misses
+    copied)."""
+    rows = []
+    lru_uniform = torch.full_like(saved[1], 500)
+    lru_wide = torch.randint(0, 1 << 20, saved[1].shape, device=saved[1].device, dtype=saved[1].dtype)
+    host_dev = src.host_pool.to(DEV) if src.host_pool.numel() <= (4 << 30) else None
+
+    def run_with(host, lru):
+        def restore():
+            src.hot_pos.copy_(saved[0])
+            src.hot_lru.copy_(lru)
+
+        def fn():
+            stamp[0] += 1
+            a = list(src.args(src.sel))
+            a[-1] = host
+            return rv.resolve_triton(*a, stamp[0], copy_programs_per_request=args.copy_programs,
+                                     check=False, **src.kwargs())
+
+        restore()
+        res = fn()
+        assert int(res.counters[:, 3].sum()) == R * misses, res.counters
+        return statistics.median(time_stateful(torch, fn, restore, reps, warmup=3)) * 1e3
+
+    variants = [("baseline", src.host_pool, saved[1]), ("stamps_1pass", src.host_pool, lru_uniform),
+                ("stamps_3pass", src.host_pool, lru_wide)]
+    if host_dev is not None:
+        variants.insert(1, ("host_in_hbm", host_dev, saved[1]))
+    for name, host, lru in variants:
+        us = run_with(host, lru)
+        rows.append(dict(batch=R, B=B_c, misses_per_request=misses, ablate=name, sweep=True, us_median=us))
+        log(f"  (c) ablate batch {R:3d} {name:13s}: {us:8.1f} us")
+    src.hot_pos.copy_(saved[0])
+    src.hot_lru.copy_(saved[1])
+    return rows
 
 
 def scan_knobs(spec: str) -> list:
@@ -727,6 +773,9 @@ def main() -> None:
     ap.add_argument("--sweep-radix", default="",
                     help="also time (c) with these victim-selection settings, tile:bits,... "
                          "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)")
+    ap.add_argument("--ablate-c", action="store_true",
+                    help="also time (c) with one cost taken out or added: the host store in device memory "
+                         "(no PCIe), one radix pass, three radix passes")
     ap.add_argument("--num-warps", type=int, default=None,
                     help="warps per resolver program for every timed call (default: the kernel's 8)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: a, bc, or c (time (b) "

@@ -23,8 +23,9 @@
 #                         "fig9:540"   (Fig. 1 C128 complete -> its claim; Fig. 9 at the new cap)
 #   2. nvidia-h200-x2: L "fig6:300 fig4_more+system=resident_dflash2:150 fig4_more+point=c32:150"
 #                         "fig9_dsv:300 fig11:200"
-#   3. issue 4 on one GPU, alone: @bench_resolver:200 with DHS_ARGS_bench_resolver="--skip a"
-#      ((c) at batch 160 under the bitmap default), @bench_attention:100; then re-measure the
+#   3. issue 4 on one GPU, alone: @bench_resolver:240 with DHS_ARGS_bench_resolver="--skip a
+#      --ablate-c" ((c) at batch 160 under the bitmap default; where the 24 us of 77 misses at
+#      batch 8 go: PCIe round trips vs radix passes), @bench_attention:100; then re-measure the
 #      headline claims at the new kernel defaults (Fig. 4 C128 for HiSparse, Adaptive HiSparse,
 #      ADHS with ov=^kernels=a5e1803: a key other than `rerun` makes the new runs replace the
 #      older ones; `+rerun=...` runs fold with them into a median, which is for repeats of one code).

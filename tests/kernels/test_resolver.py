@@ -615,3 +615,19 @@ def test_bench_script_cpu_dry_run(tmp_path):
               "miss77_b4096_batch8_us", "miss77_b4096_batch160_us"):
         assert k in summary
     assert len(summary["fig8a"]["points"]) == 6
+
+
+def test_bench_script_ablation_of_the_miss_path(tmp_path):
+    """--ablate-c times (c) with the host store in device memory and with one and three radix
+    passes, each checked to copy every miss (toy sizes on CPU; the GPU run gives the times)."""
+    out = tmp_path / "fig8.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    res = subprocess.run([sys.executable, os.path.join(_ROOT, "benchmarks", "bench_resolver.py"), "--cpu-dry-run",
+                          "--skip", "a", "--ablate-c", "--out", str(out)], cwd=_ROOT, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    import json
+
+    rows = [p for p in json.loads(out.read_text())["fig8c_points"] if p.get("ablate")]
+    assert {p["ablate"] for p in rows} == {"baseline", "host_in_hbm", "stamps_1pass", "stamps_3pass"}
+    assert len({p["batch"] for p in rows}) == 2 and all(p["us_median"] > 0 for p in rows)
