@@ -206,6 +206,12 @@ class Run:
     def config(self) -> dict:
         return _load_yaml(self.path / "config.yaml")
 
+    @cached_property
+    def env(self) -> dict:
+        """env.json (start time, commit, GPU), or {} without one."""
+        e = load_json(self.path / "env.json")
+        return e if isinstance(e, dict) else {}
+
     @property
     def calibrated_acceptance(self) -> bool:
         """Whether the run's speculation drew its accepted lengths from the calibration."""
@@ -495,10 +501,7 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
             runs.append(Run(sub, s))
     # oldest first: where two runs measure the same point (a rerun after a config change),
     # the figures' "last match" is the newest measurement
-    def started(r: Run) -> str:
-        env = load_json(r.path / "env.json")
-        return str(env.get("time_utc", "")) if isinstance(env, dict) else ""
-    runs.sort(key=lambda r: (started(r), r.path.name))
+    runs.sort(key=lambda r: (str(r.env.get("time_utc", "")), r.path.name))
     # one output cap per figure: runs at another cap are an earlier (or a later, unfinished)
     # version of the experiment and would mix two workloads in one curve (input lengths may
     # differ on purpose, e.g. Fig. 5's context crossover). The newest cap is used once, at every
@@ -831,7 +834,7 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
         if r.calibrated_acceptance:
             add("calibrated input: acceptance")
         if len(r.repeats) > 1:
-            commits = sorted({str(c) for c in (_commit(x) for x in r.repeats) if c})
+            commits = sorted({str(x.env["commit"])[:7] for x in r.repeats if x.env.get("commit")})
             add(f"median of {len(r.repeats)} repeat runs"
                 + (f" (commits {', '.join(commits)})" if len(commits) > 1 else ""))
         dev = r.summary.get("gpu") or r.summary.get("device")
@@ -842,12 +845,6 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
     if extra:
         add(extra)
     return "; ".join(tags)
-
-
-def _commit(r: Run) -> str | None:
-    env = load_json(r.path / "env.json")
-    c = env.get("commit") if isinstance(env, dict) else None
-    return str(c)[:7] if c else None
 
 
 def summary_provenance(d: Mapping | None, kind: str) -> str:

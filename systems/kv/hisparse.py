@@ -61,8 +61,10 @@ class HiSparseBackend(KVBackend):
         # share of the verification staging and one hot cache, so past what the pool holds the
         # slot count is lowered rather than sizing the index store for sessions that could
         # never run (Fig. 4 at C256: 256 slots' index histories left room for ~40 hot caches)
+        # verification staging rows per slot (see below); none without speculation
+        stage_rows_per_slot = self.q_max * m.index_topk if self.q_max > 1 else 0
         per_slot = (self.max_pages_per_req * self.index_page_bytes + self.payload_page_bytes
-                    + (self.chi * self.q_max * m.index_topk * rb if self.q_max > 1 else 0))
+                    + self.chi * stage_rows_per_slot * rb)
         fit = self.capacity // per_slot
         # system.kv.cap_slots_to_pool=false keeps every slot (admission then waits for hot
         # caches instead of slots: the fault tests build that over-subscribed state)
@@ -83,7 +85,7 @@ class HiSparseBackend(KVBackend):
         # straight to their stable hot-cache address; only the rest are staged, and the arena
         # is free again once the group's readers are done (stream order), with nothing to copy
         # back.
-        self.stage_rows = self.num_slots * self.q_max * m.index_topk if self.q_max > 1 else 0
+        self.stage_rows = self.num_slots * stage_rows_per_slot
         stage_bytes = self.chi * self.stage_rows * rb
         num_pages = (self.capacity - index_bytes - stage_bytes) // self.payload_page_bytes
         if num_pages < 1:
