@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -634,16 +635,18 @@ def fig8bc(torch, rv, args, sz):
         if args.sweep_copy_programs:
             # plain decode uses one program per request by default: does a wider copy grid
             # fetch the misses sooner? (the same state restore before every timing)
-            for S in (1, 2, 4, 8):
-                def fn_s(S=S):
+            # (spin_ns: the waiting copy programs sleep between polls of their request's flag)
+            spins = [int(x) for x in args.sweep_spin.split(",") if x] or [0]
+            for S, spin in [(1, 0)] + [(S, sp) for S in (2, 4, 8) for sp in spins]:
+                def fn_s(S=S, spin=spin):
                     stamp[0] += 1
                     return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
-                                             check=False, **src.kwargs())
+                                             spin_ns=spin, check=False, **src.kwargs())
 
                 ms_s = time_stateful(torch, fn_s, restore, max(5, sz["reps_c"] // 4), warmup=3)
                 out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, copy_programs_per_request=S,
-                                  sweep=True, us_median=statistics.median(ms_s) * 1e3))
-                log(f"  (c) sweep batch {R:3d} S={S}: {statistics.median(ms_s) * 1e3:8.1f} us")
+                                  spin_ns=spin, sweep=True, us_median=statistics.median(ms_s) * 1e3))
+                log(f"  (c) sweep batch {R:3d} S={S} spin {spin} ns: {statistics.median(ms_s) * 1e3:8.1f} us")
         # the scan tile (and keys in registers) and the copy pipelining on the miss path too
         sweeps_c = [(k, f"scan {k}") for k in scan_knobs(args.sweep_scan)]
         sweeps_c += [(dict(copy_stages=int(x)), f"copy stages {x}") for x in args.sweep_copy_stages.split(",") if x]
@@ -687,6 +690,7 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
       host_in_hbm    the host store copied to device memory: the copy's PCIe round trips leave
       stamps_1pass   every slot's stamp equal: the victim radix select takes one pass, not two
       stamps_3pass   stamps over 2**20: three passes
+      l2_warm        no L2 flush before the timing: the slot state and page tables come from L2
     The same restore before every timing; results are checked like the main call (misses
     copied)."""
     rows = []
@@ -694,7 +698,7 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
     lru_wide = torch.randint(0, 1 << 20, saved[1].shape, device=saved[1].device, dtype=saved[1].dtype)
     host_dev = src.host_pool.to(DEV) if src.host_pool.numel() <= (4 << 30) else None
 
-    def run_with(host, lru):
+    def run_with(host, lru, flush=True):
         def restore():
             src.hot_pos.copy_(saved[0])
             src.hot_lru.copy_(lru)
@@ -709,14 +713,15 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
         restore()
         res = fn()
         assert int(res.counters[:, 3].sum()) == R * misses, res.counters
-        return statistics.median(time_stateful(torch, fn, restore, reps, warmup=3)) * 1e3
+        return statistics.median(time_stateful(torch, fn, restore, reps, warmup=3,
+                                               flush_bytes=(256 << 20) if flush else 1024)) * 1e3
 
-    variants = [("baseline", src.host_pool, saved[1]), ("stamps_1pass", src.host_pool, lru_uniform),
-                ("stamps_3pass", src.host_pool, lru_wide)]
+    variants = [("baseline", src.host_pool, saved[1], True), ("stamps_1pass", src.host_pool, lru_uniform, True),
+                ("stamps_3pass", src.host_pool, lru_wide, True), ("l2_warm", src.host_pool, saved[1], False)]
     if host_dev is not None:
-        variants.insert(1, ("host_in_hbm", host_dev, saved[1]))
-    for name, host, lru in variants:
-        us = run_with(host, lru)
+        variants.insert(1, ("host_in_hbm", host_dev, saved[1], True))
+    for name, host, lru, flush in variants:
+        us = run_with(host, lru, flush)
         rows.append(dict(batch=R, B=B_c, misses_per_request=misses, ablate=name, sweep=True, us_median=us))
         log(f"  (c) ablate batch {R:3d} {name:13s}: {us:8.1f} us")
     src.hot_pos.copy_(saved[0])
@@ -726,19 +731,27 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
 
 def scan_knobs(spec: str) -> list:
     """--sweep-scan entries: TILE (victim keys in registers when B fits one tile), TILEm (keys
-    in the workspace), TILEb / TILEg (the scan's membership test by the pending-position
-    bitmap / by gathering the position scratch; default: the kernel's choice by batch and scratch size),
-    suffixes combined (TILEmb), any with :WARPS, e.g. 1024,4096m,4096b,4096g,4096:16."""
+    in the workspace), TILEs (keys rebuilt from the slot state in the victim selection, nothing
+    stored by the scan), TILEb / TILEg (the scan's membership test by the pending-position
+    bitmap / by gathering the position scratch; default: the kernel's choice by batch and scratch
+    size), TILEpN (the scan loop software-pipelined N deep), suffixes combined (TILEmb, TILEsbp2),
+    any with :WARPS, e.g. 1024,4096m,4096b,4096g,1024sb,1024bp2,4096:16."""
     out = []
     for item in (x for x in spec.split(",") if x):
         tile, _, warps = item.partition(":")
         flags = tile.lstrip("0123456789")
         knobs = dict(scan_tile=int(tile[:len(tile) - len(flags)]))
-        if set(flags) - set("mbg") or {"b", "g"} <= set(flags):
-            raise SystemExit(f"--sweep-scan: bad suffix in {item!r} (m: keys in memory, "
-                             f"b: pending bitmap, g: position-scratch gather)")
-        if "m" in flags:
+        stages = re.search(r"p(\d+)$", flags)
+        if stages:
+            knobs["scan_stages"] = int(stages.group(1))
+            flags = flags[:stages.start()]
+        if set(flags) - set("mbgs") or {"b", "g"} <= set(flags) or {"m", "s"} <= set(flags):
+            raise SystemExit(f"--sweep-scan: bad suffix in {item!r} (m: keys in memory, s: keys "
+                             f"rebuilt from the slot state, b: pending bitmap, g: position-scratch "
+                             f"gather, pN: N pipeline stages)")
+        if "m" in flags or "s" in flags:
             knobs["keys_in_registers"] = False
+            knobs["keys_from_state"] = "s" in flags
         if "b" in flags or "g" in flags:
             knobs["pending_bitmap"] = "b" in flags
         if warps:
@@ -760,6 +773,9 @@ def main() -> None:
                     help="copy programs per request (default: the resolver's choice)")
     ap.add_argument("--sweep-copy-programs", action="store_true",
                     help="also sweep the copy grid (programs per request) on (a) and (c)")
+    ap.add_argument("--sweep-spin", default="",
+                    help="with --sweep-copy-programs: also these sleeps (ns) between the copy programs' "
+                         "polls, e.g. 0,200,1000")
     ap.add_argument("--sweep-copy-stages", default="",
                     help="also time (a)'s largest point and (c) with these copy-loop pipelining depths, e.g. 1,2,3")
     ap.add_argument("--sweep-copy-rows", default="",

@@ -100,7 +100,8 @@ the victim threshold over the slot keys plus a prefix sum assigning victims in s
 (D) locations in selection order, then the scratch reset and their share of the row copy.
 Phases are separated by CTA barriers. The other ``R * (S - 1)`` programs wait on the request's
 flag (thread-0 release after a barrier / thread-0 acquire before a barrier, on a per-launch
-epoch) and copy their interleaved share of that request's miss rows, so the copy grid scales
+epoch; published as soon as the victims are known, so they copy while (D) runs; ``spin_ns``
+sleeps between polls) and copy their interleaved share of that request's miss rows, so the copy grid scales
 with the batch (paper: 4 to 32 thread blocks). With ``S == 1`` no ticket, flag or spin exists.
 The scratch is self-cleaning (entries a call touched are reset to the sentinel at its end), so
 it is never memset after creation. Compiled for sm_90a with 8 warps: 128 registers, no spills
@@ -211,6 +212,11 @@ SCAN_TILE_MULTI = 1024
 # 4096-slot tiles at both batches, so it is not taken with them.
 PENDING_BITMAP_BYTES = 32 << 20
 SCAN_WIDE_BATCH = 64
+# With the keys not in registers (multi-tile scans, B > one tile or wide batches), phase V can
+# rebuild each slot's key from hot_pos / hot_lru (12 bytes read per slot and pass) instead of
+# the scan storing 8-byte keys that V reads back: a call without misses then writes no keys.
+# Not yet measured on the H200 (bench_resolver --sweep-scan 1024s): off until it is.
+KEYS_FROM_STATE = False
 
 
 class ResolveResult(NamedTuple):
@@ -431,6 +437,29 @@ def resolve_reference(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_lo
 
 if _HAVE_TRITON:
 
+    @triton.jit
+    def _victim_key(ekey_row, hp_row, hl_row, s, ms, stamp, FROM_STATE: tl.constexpr):
+        """The victim keys of slots ``s``: read back from the workspace, or rebuilt from the
+        slot state after the scan (a slot the scan hit holds ``lru == stamp``, and every
+        earlier stamp is smaller, so that equality is exactly the protection mark)."""
+        if FROM_STATE:
+            q = tl.load(hp_row + s, mask=ms, other=-1, cache_modifier=".cg")
+            lru = tl.load(hl_row + s, mask=ms, other=0, cache_modifier=".cg")
+            key = tl.where(q < 0, tl.zeros_like(lru), lru + 1)
+            key = tl.where(ms & (lru != stamp), key, 4611686018427387904)
+        else:
+            key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904, cache_modifier=".cg")
+        return key
+
+    @triton.jit
+    def _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS: tl.constexpr):
+        """Hand this request's copy list (miss positions, victims, counts) to its copy programs."""
+        tl.store(meta_ptr + r64 * 2, nv)
+        tl.store(meta_ptr + r64 * 2 + 1, ncopy)
+        tl.debug_barrier()
+        if USE_TICKETS:
+            tl.atomic_xchg(flags_ptr + r64, epoch + 1, sem="release")
+
     @triton.jit(do_not_specialize=["stamp_arg"])
     def _resolver_kernel(
         sel_ptr, loc_ptr,
@@ -453,7 +482,8 @@ if _HAVE_TRITON:
         WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr,
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
-        REG_KEYS: tl.constexpr, BITMAP: tl.constexpr,
+        REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
+        SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -536,7 +566,7 @@ if _HAVE_TRITON:
                 # REG_KEYS (B fits one scan tile): the victim keys stay in registers for
                 # phase V instead of a store + one L2 re-read per radix pass and per tile
                 kreg = tl.zeros([BBLK], tl.int64)
-                for b0 in range(0, B, BBLK):
+                for b0 in tl.range(0, B, BBLK, num_stages=SCAN_STAGES):
                     s = b0 + offs_b
                     ms = s < B
                     q = tl.load(hp_row + s, mask=ms, other=-1)
@@ -555,7 +585,10 @@ if _HAVE_TRITON:
                     key = tl.where(cand, key, 4611686018427387904)
                     if REG_KEYS:
                         kreg = key
-                    else:
+                    elif not KEYS_FROM_STATE:
+                        # KEYS_FROM_STATE: phase V rebuilds the key from hot_pos / hot_lru
+                        # instead (a hit slot is the one whose lru now equals the stamp), so a
+                        # call without misses writes no keys at all
                         tl.store(ekey_row + s, key, mask=ms)
                     n_hit += tl.sum(hit.to(tl.int32), 0)
                     lo = tl.minimum(lo, tl.min(key, 0))
@@ -607,8 +640,8 @@ if _HAVE_TRITON:
                             for b0 in range(0, B, RBLK):
                                 s = b0 + offs_r
                                 ms = s < B
-                                key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904,
-                                              cache_modifier=".cg")
+                                key = _victim_key(ekey_row, hp_row, hl_row, s, ms, stamp,
+                                                  KEYS_FROM_STATE)
                                 c = ms & (key != 4611686018427387904)
                                 x = key - lo
                                 match = c & ((x >> hs) == (prefix >> hs))
@@ -631,8 +664,8 @@ if _HAVE_TRITON:
                         if REG_KEYS:
                             key = kreg
                         else:
-                            key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904,
-                                          cache_modifier=".cg")
+                            key = _victim_key(ekey_row, hp_row, hl_row, s, ms, stamp,
+                                              KEYS_FROM_STATE)
                         c = ms & (key != 4611686018427387904)
                         lt = c & (key < thr)
                         eq = c & (key == thr)
@@ -646,7 +679,10 @@ if _HAVE_TRITON:
                         tl.store(hl_row + s, stamp + tl.zeros_like(key), mask=chosen)
                         taken += tl.sum(ch32, 0)
                         eq_seen += tl.sum(eq.to(tl.int32), 0)
-                    tl.debug_barrier()
+                tl.debug_barrier()
+                # the copy needs only the miss list and the victims: the copy programs start
+                # now, while this program writes the locations and resets the scratch
+                _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS)
                 # -- phase D: locations in selection order ------------------------------
                 for q0 in range(0, QK, QBLK):
                     i = q0 + offs_q
@@ -696,16 +732,18 @@ if _HAVE_TRITON:
             tl.store(cbase + 2, c2)
             tl.store(cbase + 3, c3)
             tl.store(overflow_ptr + r64, ovf)
-            tl.store(meta_ptr + r64 * 2, nv)
-            tl.store(meta_ptr + r64 * 2 + 1, ncopy)
-            tl.debug_barrier()
-            if USE_TICKETS:
-                # publish this request's copy list to its helper programs
-                tl.atomic_xchg(flags_ptr + r64, epoch + 1, sem="release")
+            if n_pend == 0:  # nothing to copy: release the copy programs at once
+                _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS)
         else:
             if USE_TICKETS:
                 f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
                 while f != epoch + 1:
+                    if SPIN_NS > 0:
+                        # back off between polls: spinning copy programs otherwise keep the L2
+                        # busy with atomics while their resolver is still scanning
+                        tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
+                                                  [f.to(tl.int32) * 0 + SPIN_NS], dtype=tl.int32,
+                                                  is_pure=False, pack=1)
                     f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
                 tl.debug_barrier()
 
@@ -839,7 +877,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
                    scan_tile: Optional[int] = None, copy_stages: int = 1,
                    keys_in_registers: Optional[bool] = None, copy_rows: Optional[int] = None,
-                   pending_bitmap: Optional[bool] = None, check: bool = True) -> ResolveResult:
+                   pending_bitmap: Optional[bool] = None, keys_from_state: Optional[bool] = None,
+                   scan_stages: int = 1, spin_ns: int = 0, check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -850,6 +889,10 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     host rows one dependent load round brings in; ``pending_bitmap`` (default: once the batch's
     position scratch, R x W x 4 bytes, passes PENDING_BITMAP_BYTES) has the scan
     test slot positions against a bit per pending position instead of the position scratch;
+    ``keys_from_state`` (keys not in registers only; default KEYS_FROM_STATE) has the victim
+    selection rebuild each slot's key from hot_pos / hot_lru instead of storing the keys during
+    the scan; ``scan_stages`` software-pipelines the multi-tile scan; ``spin_ns`` makes waiting
+    copy programs sleep between polls of their request's flag (``copy_programs_per_request > 1``);
     every choice gives the same result (the benchmark sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
@@ -888,6 +931,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
 
     if pending_bitmap is None:
         pending_bitmap = R >= SCAN_WIDE_BATCH and R * W * 4 > PENDING_BITMAP_BYTES
+    keys_from_state = KEYS_FROM_STATE if keys_from_state is None else bool(keys_from_state)
+    if int(scan_stages) < 1 or int(spin_ns) < 0 or int(spin_ns) > 1_000_000:
+        raise ValueError(f"scan_stages must be >= 1 and spin_ns in 0..1e6, got {scan_stages}, {spin_ns}")
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
@@ -958,6 +1004,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
         DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
         REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap),
+        KEYS_FROM_STATE=bool(keys_from_state) and not reg_keys, SCAN_STAGES=int(scan_stages),
+        SPIN_NS=int(spin_ns) if S > 1 else 0,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -978,7 +1026,8 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
-             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False)
+             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
+             KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -455,8 +455,9 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
                           **s.args(True)[1])
 
 
-@pytest.mark.parametrize("scan,regs", [(128, None), (16, False)])
-def test_scan_by_position_scratch_matches_the_bitmap(scan, regs):
+@pytest.mark.parametrize("scan,regs,from_state,stages", [(128, None, False, 1), (16, False, False, 1),
+                                                         (16, False, True, 2), (32, False, True, 1)])
+def test_scan_by_position_scratch_matches_the_bitmap(scan, regs, from_state, stages):
     """The scan's membership test either reads a bit per pending position or gathers the
     position scratch (the default below SCAN_WIDE_BATCH): the same locations and state as the
     reference either way, with
@@ -466,7 +467,7 @@ def test_scan_by_position_scratch_matches_the_bitmap(scan, regs):
     s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
     for bitmap in (False, True):
         run_and_compare(s, stamp=1 << 21, scan_tile=scan, keys_in_registers=regs,
-                        pending_bitmap=bitmap)
+                        pending_bitmap=bitmap, keys_from_state=from_state, scan_stages=stages)
 
 
 def test_default_scan_tile_for_a_cache_larger_than_one_tile(monkeypatch):
@@ -580,7 +581,8 @@ from systems.kernels import resolver as rv
 variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False, STAMP_IS_PTR=True, ACCUM=True),
             dict(word_type="i32", WORDS=3, WPAD=4, ROWS=64, QBLK=16, BBLK=16, RBLK=16),
             dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False),
-            dict(BITMAP=True), dict(BITMAP=True, REG_KEYS=True, BBLK=4096, QBLK=512)]
+            dict(BITMAP=True), dict(BITMAP=True, REG_KEYS=True, BBLK=4096, QBLK=512),
+            dict(KEYS_FROM_STATE=True, SCAN_STAGES=2, SPIN_NS=200)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
@@ -589,6 +591,7 @@ for v in variants:
         assert "release" in ptx and "acquire" in ptx, "ticket/flag handoff must use release/acquire"
     if not v:
         assert "ld.global.v2.b64" in ptx, "row copy should use 16-byte loads"
+    assert ("nanosleep" in ptx) == bool(v.get("SPIN_NS")), "copy programs sleep between polls only when asked"
 print("ok")
 """
 
@@ -623,11 +626,15 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
     out = tmp_path / "fig8.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     res = subprocess.run([sys.executable, os.path.join(_ROOT, "benchmarks", "bench_resolver.py"), "--cpu-dry-run",
-                          "--skip", "a", "--ablate-c", "--out", str(out)], cwd=_ROOT, env=env,
+                          "--skip", "a", "--ablate-c", "--sweep-copy-programs", "--sweep-spin", "0",
+                          "--sweep-scan", "64sbp2,64m", "--out", str(out)], cwd=_ROOT, env=env,
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     import json
 
     rows = [p for p in json.loads(out.read_text())["fig8c_points"] if p.get("ablate")]
-    assert {p["ablate"] for p in rows} == {"baseline", "host_in_hbm", "stamps_1pass", "stamps_3pass"}
+    assert {p["ablate"] for p in rows} == {"baseline", "host_in_hbm", "stamps_1pass", "stamps_3pass", "l2_warm"}
+    pts = json.loads(out.read_text())["fig8c_points"]
+    assert any(p.get("keys_from_state") and p.get("scan_stages") == 2 for p in pts)
+    assert {p.get("copy_programs_per_request") for p in pts} >= {1, 2, 4, 8}
     assert len({p["batch"] for p in rows}) == 2 and all(p["us_median"] > 0 for p in rows)
