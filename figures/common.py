@@ -213,6 +213,11 @@ class Run:
         return e if isinstance(e, dict) else {}
 
     @property
+    def commit(self) -> str:
+        """The short commit the run was made at ('' when env.json does not say)."""
+        return str(self.env.get("git_commit") or self.env.get("commit") or "")[:7]
+
+    @property
     def calibrated_acceptance(self) -> bool:
         """Whether the run's speculation drew its accepted lengths from the calibration."""
         # the system's own speculation block: reproduce.speculation is in every run of a family
@@ -811,12 +816,50 @@ def kernel_profile(run: "Run") -> dict | None:
 # =============================================================================================
 # provenance
 # =============================================================================================
+# Commits after which the same config measures differently (a default that changes step time).
+# A claim built from runs on both sides of one says so in its provenance.
+MEASUREMENT_CHANGES = (
+    ("a5e1803", "kernel defaults: index-scan multiply-add form, resolver tiles and bitmap by batch"),
+)
+
+
+@lru_cache(maxsize=None)
+def _after_change(commit: str, change: str) -> bool | None:
+    """Whether ``commit`` contains ``change`` (git ancestry); None where git cannot tell (no
+    repository, a shallow clone, a commit made on another checkout and never pushed)."""
+    import subprocess
+
+    try:
+        res = subprocess.run(["git", "merge-base", "--is-ancestor", change, commit], cwd=REPO,
+                             capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: True, 1: False}.get(res.returncode)
+
+
+def change_mix(runs: Iterable["Run"]) -> str:
+    """A provenance note when ``runs`` straddle a MEASUREMENT_CHANGES commit, else ''."""
+    commits = set()
+    for r in runs:
+        for x in (r.repeats or [r]):
+            if x.commit:
+                commits.add(x.commit)
+    notes = []
+    for change, what in MEASUREMENT_CHANGES:
+        side = {c: _after_change(c, change) for c in commits}
+        before = sorted(c for c, v in side.items() if v is False)
+        after = sorted(c for c, v in side.items() if v is True)
+        if before and after:
+            notes.append(f"mixes runs from before {change} ({', '.join(before)}) and after it "
+                         f"({', '.join(after)}): {what}")
+    return "; ".join(notes)
+
+
 def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> str:
     """Where a measured number came from: scaled preset / calibrated input(s), device."""
     if runs is None:
         return extra or ""
-    if isinstance(runs, Run):
-        runs = [runs]
+    runs = [runs] if isinstance(runs, Run) else list(runs)
     tags: list[str] = []
 
     def add(t: str) -> None:
@@ -834,7 +877,7 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
         if r.calibrated_acceptance:
             add("calibrated input: acceptance")
         if len(r.repeats) > 1:
-            commits = sorted({str(x.env["commit"])[:7] for x in r.repeats if x.env.get("commit")})
+            commits = sorted({x.commit for x in r.repeats if x.commit})
             add(f"median of {len(r.repeats)} repeat runs"
                 + (f" (commits {', '.join(commits)})" if len(commits) > 1 else ""))
         dev = r.summary.get("gpu") or r.summary.get("device")
@@ -842,6 +885,7 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             add(str(dev))
         elif dev == "cpu":
             add("CPU run")
+    add(change_mix(runs))
     if extra:
         add(extra)
     return "; ".join(tags)

@@ -375,6 +375,36 @@ def test_repeats_of_one_config_fold_into_their_median(tmp_path):
     assert last.path.name == "d" and last.repeats == [] and last.num("output_throughput") == 3000.0
 
 
+def test_provenance_names_repeat_commits_and_a_kernel_change_between_runs(tmp_path):
+    """Repeats at different commits are named in the provenance (env.json's git_commit), and
+    runs on both sides of a MEASUREMENT_CHANGES commit are flagged (git ancestry of this repo:
+    60e6be1 predates a5e1803, 1ef6892 follows it)."""
+    import json
+
+    from figures import common as C
+
+    def run(name, commit, t, rerun=None):
+        d = tmp_path / "fig4" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({
+            "system": "hisparse", "concurrency": 128, "output_throughput": 3000.0,
+            "point": {"concurrency": 128, "tag": "c128"}}))
+        (d / "env.json").write_text(json.dumps({"time_utc": t, "git_commit": commit}))
+        cfg = {"workload": {"output_len": 320}}
+        (d / "config.yaml").write_text(json.dumps({**cfg, "rerun": rerun} if rerun else cfg))
+
+    run("a", "60e6be1", "2026-01-01T00:00")
+    run("b", "1ef6892", "2026-01-02T00:00", rerun=2)
+    runs = C.load_runs(tmp_path, "fig4")
+    assert runs[0].commit == "1ef6892"
+    prov = C.provenance(runs)
+    assert "median of 2 repeat runs (commits 1ef6892, 60e6be1)" in prov
+    if C._after_change("1ef6892", "a5e1803") is None:
+        pytest.skip("git history not available here")
+    assert "mixes runs from before a5e1803 (60e6be1) and after it (1ef6892)" in prov
+    assert C.change_mix([C.Run(runs[0].path, runs[0].summary)]) == ""  # one side only
+
+
 def test_batch_scaling_note_compares_like_with_like(tmp_path):
     """The step's time against the requests it held, per system; the proportionality remark
     only compares systems of one kind (a speculative round costs more per request)."""
