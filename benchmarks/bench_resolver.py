@@ -651,7 +651,9 @@ def fig8bc(torch, rv, args, sz):
         sweeps_c = [(k, f"scan {k}") for k in scan_knobs(args.sweep_scan)]
         sweeps_c += [(dict(copy_stages=int(x)), f"copy stages {x}") for x in args.sweep_copy_stages.split(",") if x]
         # rows per copy tile: 77 misses are three dependent host-load rounds at 32 rows
-        sweeps_c += [(dict(copy_rows=int(x)), f"copy rows {x}") for x in args.sweep_copy_rows.split(",") if x]
+        # (suffix h: the host rows looked up in phase C, host_rows=True)
+        sweeps_c += [(dict(copy_rows=int(x.rstrip("h")), **({"host_rows": True} if x.endswith("h") else {})),
+                      f"copy rows {x}") for x in args.sweep_copy_rows.split(",") if x]
         for knobs, label in sweeps_c:
             def fn_k(knobs=knobs):
                 stamp[0] += 1
@@ -779,7 +781,8 @@ def main() -> None:
     ap.add_argument("--sweep-copy-stages", default="",
                     help="also time (a)'s largest point and (c) with these copy-loop pipelining depths, e.g. 1,2,3")
     ap.add_argument("--sweep-copy-rows", default="",
-                    help="also time (c) with these rows per copy tile, e.g. 32,64,128")
+                    help="also time (c) with these rows per copy tile, e.g. 32,64,128; suffix h looks the "
+                         "host rows up in phase C (host_rows), e.g. 32h,64h")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",

@@ -215,8 +215,18 @@ SCAN_WIDE_BATCH = 64
 # With the keys not in registers (multi-tile scans, B > one tile or wide batches), phase V can
 # rebuild each slot's key from hot_pos / hot_lru (12 bytes read per slot and pass) instead of
 # the scan storing 8-byte keys that V reads back: a call without misses then writes no keys.
-# Not yet measured on the H200 (bench_resolver --sweep-scan 1024s): off until it is.
-KEYS_FROM_STATE = False
+# With it the multi-tile scan is also software-pipelined (the next tile's hot_pos / hot_lru loads
+# issued before this tile's membership gathers). H200, B = 4096, batch 160, 1024-slot tiles with
+# the bitmap (bench_resolver --sweep-scan 1024b,1024sb,1024bp2,1024sbp2,
+# results/fig8/keys_state_sweep-h200.json), no miss / 77 misses:
+#   keys stored, 1 stage 37.2 / 218.9 us; rebuilt 35.2 / 221.5; 2 stages 34.6 / 215.2;
+#   rebuilt + 2 stages 32.9 / 218.1 (default; paper 36.9 / 243.3).
+# Batch 8 takes one 4096-slot tile with the keys in registers, which neither knob touches.
+KEYS_FROM_STATE = True
+SCAN_STAGES_MULTI = 2
+# Phase C can look up the misses' host rows (HOST_ROWS) so that each copy tile's chain is miss list ->
+# host row instead of miss list -> host page table (HBM) -> host row. Not yet measured: off.
+HOST_ROWS = False
 
 
 class ResolveResult(NamedTuple):
@@ -474,7 +484,7 @@ if _HAVE_TRITON:
         scr_ptr, scr_stride, W,
         bm_ptr, bm_stride,
         ekey_ptr, ekey_stride,
-        mpos_ptr, vic_ptr, list_stride,
+        mpos_ptr, vic_ptr, list_stride, mrow_ptr,
         meta_ptr, flags_ptr, ctrl_ptr,
         R, QK, B, page_size, S,
         HAS_DIRECT: tl.constexpr, HAS_STAGING: tl.constexpr, STAMP_IS_PTR: tl.constexpr,
@@ -483,7 +493,7 @@ if _HAVE_TRITON:
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
-        SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr,
+        SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -506,6 +516,7 @@ if _HAVE_TRITON:
         ekey_row = ekey_ptr + r64 * ekey_stride
         mpos_row = mpos_ptr + r64 * list_stride
         vic_row = vic_ptr + r64 * list_stride
+        mrow_row = mrow_ptr + r64 * list_stride
         hp_row = hot_pos_ptr + r64 * hot_pos_stride
         hl_row = hot_lru_ptr + r64 * hot_lru_stride
         hot_base = tl.load(hot_base_ptr + r64)
@@ -603,11 +614,18 @@ if _HAVE_TRITON:
                     pend = mi & (loc == -3)
                     p = tl.load(sel_row + i, mask=pend, other=0)
                     sc = tl.load(scr_row + p, mask=pend, other=-1, cache_modifier=".cg")
+                    if HOST_ROWS:
+                        # the host page-table lookup, issued beside the scratch gather (not
+                        # after it), so the copy's per-tile chain loses its HBM hop
+                        hpg = tl.load(hpt_ptr + r64 * hpt_stride + p // page_size, mask=pend, other=0)
                     first = pend & (sc == i)
                     f32 = first.to(tl.int32)
                     rank = m + tl.cumsum(f32, 0) - 1
                     tl.store(scr_row + p, rank | 0x20000000, mask=first)
                     tl.store(mpos_row + rank, p, mask=first)
+                    if HOST_ROWS:
+                        tl.store(mrow_row + rank, hpg.to(tl.int64) * page_size + (p % page_size),
+                                 mask=first)
                     m += tl.sum(f32, 0)
                 nv = tl.minimum(m, B - n_hit)
                 ovf = m - nv
@@ -760,9 +778,12 @@ if _HAVE_TRITON:
         for t in tl.range(share, ntiles, S, num_stages=COPY_STAGES):
             j = t * ROWS + rows
             mj = j < nc
-            p = tl.load(mpos_row + j, mask=mj, other=0, cache_modifier=".cg")
-            hpage = tl.load(hpt_row + p // page_size, mask=mj, other=0)
-            hrow = hpage.to(tl.int64) * page_size + (p % page_size)
+            if HOST_ROWS:
+                hrow = tl.load(mrow_row + j, mask=mj, other=0, cache_modifier=".cg")
+            else:
+                p = tl.load(mpos_row + j, mask=mj, other=0, cache_modifier=".cg")
+                hpage = tl.load(hpt_row + p // page_size, mask=mj, other=0)
+                hrow = hpage.to(tl.int64) * page_size + (p % page_size)
             isv = j < nv_c
             vs = tl.load(vic_row + j, mask=mj & isv, other=0, cache_modifier=".cg")
             if HAS_STAGING:
@@ -799,7 +820,7 @@ class ResolverWorkspace:
     def __init__(self, device):
         self.device = torch.device(device)
         self.R = self.W = self.B = self.QK = 0
-        self.scratch = self.bitmap = self.ekey = self.mpos = self.victims = None
+        self.scratch = self.bitmap = self.ekey = self.mpos = self.victims = self.mrow = None
         self.meta = self.flags = None
         # ctrl persists for the workspace's lifetime (epoch must never go back)
         self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.device)
@@ -819,6 +840,7 @@ class ResolverWorkspace:
             nR, nQ = max(R, self.R), max(QK, self.QK)
             self.mpos = torch.empty((nR, nQ), dtype=torch.int32, device=dev)
             self.victims = torch.empty((nR, nQ), dtype=torch.int32, device=dev)
+            self.mrow = torch.empty((nR, nQ), dtype=torch.int64, device=dev)
             self.QK = nQ
         if R > self.R:
             self.meta = torch.zeros((R, 2), dtype=torch.int32, device=dev)
@@ -828,7 +850,8 @@ class ResolverWorkspace:
         return self
 
     def nbytes(self) -> int:
-        ts = [self.scratch, self.bitmap, self.ekey, self.mpos, self.victims, self.meta, self.flags, self.ctrl]
+        ts = [self.scratch, self.bitmap, self.ekey, self.mpos, self.victims, self.mrow, self.meta, self.flags,
+              self.ctrl]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
@@ -878,7 +901,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    scan_tile: Optional[int] = None, copy_stages: int = 1,
                    keys_in_registers: Optional[bool] = None, copy_rows: Optional[int] = None,
                    pending_bitmap: Optional[bool] = None, keys_from_state: Optional[bool] = None,
-                   scan_stages: int = 1, spin_ns: int = 0, check: bool = True) -> ResolveResult:
+                   scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
+                   check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -893,7 +917,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     selection rebuild each slot's key from hot_pos / hot_lru instead of storing the keys during
     the scan; ``scan_stages`` software-pipelines the multi-tile scan; ``spin_ns`` makes waiting
     copy programs sleep between polls of their request's flag (``copy_programs_per_request > 1``);
-    every choice gives the same result (the benchmark sweeps them)."""
+    ``host_rows`` has phase C look up the misses' host rows (beside its scratch gather) for the
+    copy, instead of the copy doing it per tile; every choice gives the same result (the benchmark sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -920,8 +945,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
     if scan_tile is None:
         scan_tile = SCAN_TILE if B <= SCAN_TILE and R < SCAN_WIDE_BATCH else SCAN_TILE_MULTI
-    if not (1 <= radix_bits <= 8 and all(t >= 16 and t & (t - 1) == 0 for t in (radix_tile, scan_tile))):
-        raise ValueError(f"radix_bits must be 1..8 and radix_tile / scan_tile powers of two >= 16, "
+    if not (1 <= radix_bits <= 12 and all(t >= 16 and t & (t - 1) == 0 for t in (radix_tile, scan_tile))):
+        raise ValueError(f"radix_bits must be 1..12 and radix_tile / scan_tile powers of two >= 16, "
                          f"got {radix_bits}, {radix_tile}, {scan_tile}")
 
     reg_keys = B <= scan_tile if keys_in_registers is None else bool(keys_in_registers)
@@ -932,6 +957,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     if pending_bitmap is None:
         pending_bitmap = R >= SCAN_WIDE_BATCH and R * W * 4 > PENDING_BITMAP_BYTES
     keys_from_state = KEYS_FROM_STATE if keys_from_state is None else bool(keys_from_state)
+    if scan_stages is None:  # pipelining needs more than one scan tile
+        scan_stages = SCAN_STAGES_MULTI if B > scan_tile else 1
+    host_rows = HOST_ROWS if host_rows is None else bool(host_rows)
     if int(scan_stages) < 1 or int(spin_ns) < 0 or int(spin_ns) > 1_000_000:
         raise ValueError(f"scan_stages must be >= 1 and spin_ns in 0..1e6, got {scan_stages}, {spin_ns}")
 
@@ -992,7 +1020,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         ws.scratch, ws.scratch.stride(0), W,
         ws.bitmap, ws.bitmap.stride(0),
         ws.ekey, ws.ekey.stride(0),
-        ws.mpos, ws.victims, ws.mpos.stride(0),
+        ws.mpos, ws.victims, ws.mpos.stride(0), ws.mrow,
         ws.meta, ws.flags, ws.ctrl,
         R, QK, B, ps, S,
         HAS_DIRECT=direct_page_table is not None,
@@ -1005,7 +1033,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
         REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap),
         KEYS_FROM_STATE=bool(keys_from_state) and not reg_keys, SCAN_STAGES=int(scan_stages),
-        SPIN_NS=int(spin_ns) if S > 1 else 0,
+        SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -1027,7 +1055,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
-             KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0)
+             KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -430,10 +430,11 @@ def test_large_lru_values_many_radix_passes():
     run_and_compare(s, stamp=(1 << 59) - 1)
 
 
-@pytest.mark.parametrize("tile,bits,scan,stages,regs,rows", [(16, 1, 16, 1, None, None), (16, 3, 32, 2, None, 1),
-                                                            (32, 8, 1024, 3, None, 4), (256, 4, 64, 1, None, None),
-                                                            (16, 3, 128, 1, True, 128), (16, 3, 128, 1, False, 2)])
-def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stages, regs, rows):
+@pytest.mark.parametrize("tile,bits,scan,stages,regs,rows,hrows", [
+    (16, 1, 16, 1, None, None, False), (16, 3, 32, 2, None, 1, True), (32, 8, 1024, 3, None, 4, False),
+    (256, 4, 64, 1, None, None, True), (16, 3, 128, 1, True, 128, False), (16, 3, 128, 1, False, 2, True),
+    (16, 12, 128, 1, True, 32, True), (32, 11, 16, 1, None, None, False)])
+def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stages, regs, rows, hrows):
     """Victim selection with several tiles per pass (B = 100 > tile), odd digit widths, ties
     and a wide stamp range: the same victims as the reference for every setting, with the
     victim keys in registers (B fits one scan tile: scan >= 128, the default there) or in
@@ -445,9 +446,9 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
     s.hot_lru[:, ::5] = 777  # ties straddling the threshold
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
     run_and_compare(s, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan,
-                    copy_stages=stages, keys_in_registers=regs, copy_rows=rows)
+                    copy_stages=stages, keys_in_registers=regs, copy_rows=rows, host_rows=hrows)
     with pytest.raises(ValueError, match="radix_bits"):
-        rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=9, **s.args(True)[1])
+        rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=13, **s.args(True)[1])
     with pytest.raises(ValueError, match="copy_rows"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, copy_rows=3, **s.args(True)[1])
     with pytest.raises(ValueError, match="keys_in_registers"):
@@ -582,7 +583,9 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False,
             dict(word_type="i32", WORDS=3, WPAD=4, ROWS=64, QBLK=16, BBLK=16, RBLK=16),
             dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False),
             dict(BITMAP=True), dict(BITMAP=True, REG_KEYS=True, BBLK=4096, QBLK=512),
-            dict(KEYS_FROM_STATE=True, SCAN_STAGES=2, SPIN_NS=200)]
+            dict(KEYS_FROM_STATE=True, SCAN_STAGES=2, SPIN_NS=200, HOST_ROWS=True),
+            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False, HOST_ROWS=True,
+                 DIGIT=12, NBINS=4096)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
@@ -627,7 +630,8 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     res = subprocess.run([sys.executable, os.path.join(_ROOT, "benchmarks", "bench_resolver.py"), "--cpu-dry-run",
                           "--skip", "a", "--ablate-c", "--sweep-copy-programs", "--sweep-spin", "0",
-                          "--sweep-scan", "64sbp2,64m", "--out", str(out)], cwd=_ROOT, env=env,
+                          "--sweep-scan", "64sbp2,64m", "--sweep-copy-rows", "32h", "--sweep-radix", "4096:12",
+                          "--out", str(out)], cwd=_ROOT, env=env,
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     import json
@@ -637,4 +641,6 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
     pts = json.loads(out.read_text())["fig8c_points"]
     assert any(p.get("keys_from_state") and p.get("scan_stages") == 2 for p in pts)
     assert {p.get("copy_programs_per_request") for p in pts} >= {1, 2, 4, 8}
+    assert any(p.get("host_rows") and p.get("copy_rows") == 32 for p in pts)
+    assert any(p.get("radix_bits") == 12 for p in pts)
     assert len({p["batch"] for p in rows}) == 2 and all(p["us_median"] > 0 for p in rows)
