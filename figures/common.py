@@ -227,7 +227,7 @@ class Run:
 
     @cached_property
     def records(self) -> list[dict]:
-        """One dict per request, from records.jsonl or its compacted records.jsonl.gz (a torn
+        """One dict per request, from records.jsonl or its compacted records.jsonl.xz or .gz (a torn
         last line of an interrupted run is skipped)."""
         try:
             return list(read_jsonl(self.path / "records.jsonl"))
@@ -379,6 +379,39 @@ def admission_note(runs: Iterable[Run], concurrency: int) -> str | None:
     return (f"admission-limited at C{concurrency}: " + "; ".join(parts)
             + " (handoffs run between steps in this engine, so a long speculative round admits fewer "
               "requests per second)")
+
+
+def admission_experiment_note(results: str | Path, runs: Iterable[Run]) -> str | None:
+    """results/admission/ holds runs of a figure's config with a faster admission rate
+    (engine.max_handoffs_per_step overridden). Each is set beside the figure's own run of that
+    system and load: output, and the requests it held running and waiting."""
+    from figures.paper_values import label
+    runs = list(runs)
+    parts = []
+    for a in load_runs(results, "admission"):
+        base = pick(runs, a.system, a.concurrency)
+        if base is None or a.model != base.model:
+            continue
+
+        def held(r: Run) -> str:
+            w = _live_window(r, {"dhs_num_waiting_reqs"})
+            if w is None:
+                return ""
+            return (f", {float(w[0]['dhs_num_running_reqs'].mean()):.0f} running and "
+                    f"{float(w[0]['dhs_num_waiting_reqs'].mean()):.0f} waiting")
+
+        per_a, per_b = find_key(a.config, "max_handoffs_per_step"), find_key(base.config, "max_handoffs_per_step")
+        out_a, out_b = a.num("output_throughput"), base.num("output_throughput")
+        if out_a is None or out_b is None:
+            continue
+        parts.append(f"{label(a.system)} at C{a.concurrency} with {per_a} handoffs per step made "
+                     f"{out_a:,.0f} tok/s{held(a)}, against {out_b:,.0f} tok/s{held(base)} with "
+                     f"{per_b} ({out_a / out_b:.2f}x; {a.path.parent.name}/{a.path.name})")
+    if not parts:
+        return None
+    return ("admission experiment: " + "; ".join(parts)
+            + ". The figure keeps the experiment's own setting; this run only measures how much of "
+              "the gap the admission rate explains")
 
 
 def counter_ratio(run: Run, num: str, den: str) -> float | None:

@@ -133,6 +133,10 @@ def main(argv=None) -> C.Report:
     if ttft_why:  # the TTFT claim's own mechanism: where the time to first token went
         rep.note(ttft_why[0].upper() + ttft_why[1:] + ".")
         rep.diagnose(("adhs_ttft_lower_C128",), ttft_why)
+    adm = C.admission_experiment_note(args.results, runs)
+    if adm:
+        rep.note(adm[0].upper() + adm[1:] + ".")
+        rep.diagnose(("adhs_vs_resident_C256", "adhs_vs_resident_dflash2_C256", "adhs_ttft_higher_C256"), adm)
     rep.note("Absolute throughput and latency of a scaled preset on one H200 are not the paper's "
              "B300 numbers; ratios between systems are the comparable quantities.")
     return rep.finish(fig, args)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import math
 import os
 import tempfile
@@ -176,14 +177,20 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
         raise
 
 
+COMPRESSED_SUFFIXES = (".xz", ".gz")  # what harness.compact writes (now .xz; .gz before)
+
+
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    """Yield objects from a JSON-lines file (gzip-compressed when it ends in .gz, or when only
-    ``<path>.gz`` exists: harness.compact compresses finished runs); a truncated last line is
-    skipped."""
+    """Yield objects from a JSON-lines file (xz- or gzip-compressed when it ends in .xz / .gz, or
+    when only ``<path>.xz`` / ``<path>.gz`` exists: harness.compact compresses finished runs); a
+    truncated last line is skipped."""
     path = Path(path)
-    if not path.exists() and path.with_name(path.name + ".gz").exists():
-        path = path.with_name(path.name + ".gz")
-    opener = gzip.open if path.suffix == ".gz" else open
+    if not path.exists():
+        for suf in COMPRESSED_SUFFIXES:
+            if path.with_name(path.name + suf).exists():
+                path = path.with_name(path.name + suf)
+                break
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
     with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
             line = line.strip()
