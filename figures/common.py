@@ -401,7 +401,7 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run]) -> str |
                     f"{float(w[0]['dhs_num_waiting_reqs'].mean()):.0f} waiting")
 
         per_a, per_b = find_key(a.config, "max_handoffs_per_step"), find_key(base.config, "max_handoffs_per_step")
-        out_a, out_b = a.num("output_throughput"), base.num("output_throughput")
+        out_a, out_b = a.num("output_tok_s"), base.num("output_tok_s")
         if out_a is None or out_b is None:
             continue
         parts.append(f"{label(a.system)} at C{a.concurrency} with {per_a} handoffs per step made "

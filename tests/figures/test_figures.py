@@ -405,6 +405,30 @@ def test_provenance_names_repeat_commits_and_a_kernel_change_between_runs(tmp_pa
     assert C.change_mix([C.Run(runs[0].path, runs[0].summary)]) == ""  # one side only
 
 
+def test_admission_experiment_is_set_beside_the_figure_run_not_in_it(tmp_path):
+    """A run under results/admission/ (a faster admission rate) is compared with the figure's run
+    of that system and load; it never replaces the figure's point."""
+    import json
+
+    from figures import common as C
+
+    def run(exp, name, per_step, tput):
+        d = tmp_path / exp / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({
+            "system": "adaptive_dhisparse", "model": "glm53_mini", "concurrency": 256, "output_tok_s": tput,
+            "point": {"concurrency": 256, "tag": "c256"}}))
+        (d / "config.yaml").write_text(json.dumps({"engine": {"max_handoffs_per_step": per_step}}))
+
+    run("fig4", "base", 4, 3533.0)
+    assert C.admission_experiment_note(tmp_path, C.load_runs(tmp_path, "fig4")) is None
+    run("admission", "fast", 16, 3902.0)
+    runs = C.load_runs(tmp_path, "fig4")
+    assert [r.path.name for r in runs] == ["base"]
+    note = C.admission_experiment_note(tmp_path, runs)
+    assert "16 handoffs per step made 3,902 tok/s" in note and "3,533 tok/s" in note and "(1.10x;" in note
+
+
 def test_batch_scaling_note_compares_like_with_like(tmp_path):
     """The step's time against the requests it held, per system; the proportionality remark
     only compares systems of one kind (a speculative round costs more per request)."""
