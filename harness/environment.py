@@ -27,6 +27,17 @@ def git_commit() -> str:
         return "unknown"
 
 
+def cpu_model() -> str | None:
+    """The host CPU's model name and core count (the bundled engine's Python thread runs on it,
+    so serving output moves with it: runs on two GPU machines differ by up to 40% at one config)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+    except OSError:
+        return None
+    return f"{names[0]} x {len(names)}" if names else None
+
+
 def environment() -> dict:
     import torch
     env = {
@@ -36,6 +47,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "git_commit": git_commit(),
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cuda": torch.version.cuda,
     }
