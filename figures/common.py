@@ -892,6 +892,7 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
     """Where a measured number came from: scaled preset / calibrated input(s), device."""
     if runs is None:
         return extra or ""
+    from figures.paper_values import label
     runs = [runs] if isinstance(runs, Run) else list(runs)
     tags: list[str] = []
 
@@ -911,8 +912,14 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             add("calibrated input: acceptance")
         if len(r.repeats) > 1:
             commits = sorted({x.commit for x in r.repeats if x.commit})
+            # the spread is part of the number: one config's output differs by up to 40% between
+            # GPU machines (the engine thread runs on the host CPU)
+            outs = [as_float(x.summary.get("output_tok_s")) for x in r.repeats]
+            spread = (f"{label(r.system)} output " + " / ".join(f"{o:,.0f}" for o in outs) + " tok/s"
+                      if all(o is not None for o in outs) else "")
             add(f"median of {len(r.repeats)} repeat runs"
-                + (f" (commits {', '.join(commits)})" if len(commits) > 1 else ""))
+                + (f" ({'; '.join(x for x in (spread, 'commits ' + ', '.join(commits) if len(commits) > 1 else '') if x)})"
+                   if spread or len(commits) > 1 else ""))
         dev = r.summary.get("gpu") or r.summary.get("device")
         if dev and str(dev) not in ("cpu",):
             add(str(dev))
