@@ -414,6 +414,37 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run]) -> str |
               "the gap the admission rate explains")
 
 
+def paired_ratio_note(runs: Iterable[Run], pairs: Sequence[tuple[str, str]], concurrency: int,
+                      key: str = "output_tok_s") -> str | None:
+    """Where the points of a ratio are medians of repeats, the ratio of runs made in one device
+    call (one commit, one GPU machine) for each call that ran both systems. One config's output
+    moves by up to 40% between machines, so a ratio of medians over different machines can be
+    further from either machine's own ratio than the effect is large."""
+    from figures.paper_values import label
+    runs = list(runs)
+    parts = []
+    for a_sys, b_sys in pairs:
+        a, b = pick(runs, a_sys, concurrency), pick(runs, b_sys, concurrency)
+        if a is None or b is None or (len(a.repeats) < 2 and len(b.repeats) < 2):
+            continue
+        by_commit = {}
+        for side, r in (("a", a), ("b", b)):
+            for x in (r.repeats or [r]):
+                v = as_float(x.summary.get(key))
+                if x.commit and v:
+                    by_commit.setdefault(x.commit, {})[side] = v
+        ratios = [(c, d["a"] / d["b"]) for c, d in by_commit.items() if {"a", "b"} <= set(d)]
+        if not ratios:
+            continue
+        vals = sorted(r for _, r in ratios)
+        parts.append(f"{label(a_sys)} / {label(b_sys)} " + ", ".join(f"{r:.2f} ({c})" for c, r in ratios)
+                     + (f", median {float(np.median(vals)):.2f}" if len(vals) > 1 else ""))
+    if not parts:
+        return None
+    return (f"ratios at C{concurrency} within one device call (commit): " + "; ".join(parts)
+            + ". The figure's ratio is of the repeats' medians, which come from different GPU machines")
+
+
 def counter_ratio(run: Run, num: str, den: str) -> float | None:
     """Growth of one cumulative /metrics counter over another's across the run's samples (None
     without samples, without both counters, or when the denominator did not grow)."""

@@ -58,6 +58,10 @@ def main(argv=None) -> C.Report:
     if why:
         rep.note(why[0].upper() + why[1:] + ".")
         rep.diagnose(("adhs_vs_hisparse_C128", "ttft_hisparse_over_adhs_C128"), why)
+    paired = C.paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
+    if paired:
+        rep.note(paired[0].upper() + paired[1:] + ".")
+        rep.why["adhs_vs_hisparse_C128"] = (rep.why.get("adhs_vs_hisparse_C128", "") + "; " + paired).lstrip("; ")
     return rep.finish(fig, args)
 
 

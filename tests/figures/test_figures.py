@@ -429,6 +429,33 @@ def test_admission_experiment_is_set_beside_the_figure_run_not_in_it(tmp_path):
     assert "16 handoffs per step made 3,902 tok/s" in note and "3,533 tok/s" in note and "(1.10x;" in note
 
 
+def test_paired_ratio_note_pairs_repeats_by_device_call(tmp_path):
+    """With repeats from several device calls (one commit each), the note gives each call's own
+    ratio, not only the ratio of medians."""
+    import json
+
+    from figures import common as C
+
+    def run(name, system, commit, t, tput):
+        d = tmp_path / "fig4" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({
+            "system": system, "concurrency": 128, "output_tok_s": tput,
+            "point": {"concurrency": 128, "tag": "c128"}}))
+        (d / "env.json").write_text(json.dumps({"time_utc": t, "git_commit": commit}))
+        (d / "config.yaml").write_text(json.dumps({"workload": {"output_len": 320}, **({"rerun": t} if t[-1] != "0" else {})}))
+
+    for i, (commit, a, b) in enumerate([("aaaaaaa", 3431.0, 3142.0), ("bbbbbbb", 4759.0, 4612.0),
+                                        ("ccccccc", 3696.0, 4685.0)]):
+        run(f"adhs{i}", "adaptive_dhisparse", commit, f"2026-01-0{i + 1}T00:0{i}", a)
+        run(f"hs{i}", "hisparse", commit, f"2026-01-0{i + 1}T00:0{i}", b)
+    runs = C.load_runs(tmp_path, "fig4")
+    assert len(runs) == 2 and all(len(r.repeats) == 3 for r in runs)
+    note = C.paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
+    assert "1.09 (aaaaaaa), 1.03 (bbbbbbb), 0.79 (ccccccc), median 1.03" in note
+    assert C.paired_ratio_note(runs, (("adaptive_dhisparse", "resident"),), 128) is None
+
+
 def test_batch_scaling_note_compares_like_with_like(tmp_path):
     """The step's time against the requests it held, per system; the proportionality remark
     only compares systems of one kind (a speculative round costs more per request)."""
