@@ -44,7 +44,7 @@ reproduce: $(STAMP)  ## run every experiment config on the GPU (EXP=fig9 for one
 	$(PY) -m harness.compact --results results
 	$(PY) -m figures.make_all
 
-compact: $(STAMP)  ## gzip the request records of finished runs under results/ (before a commit)
+compact: $(STAMP)  ## xz-compress the request records of finished runs under results/ (before a commit)
 	$(PY) -m harness.compact --results results
 
 clean:  ## remove the environment and caches (keeps results/)

@@ -1,38 +1,26 @@
 #!/usr/bin/env bash
 # Device calls, in parts of one call each (about 9 min apiece):
 #   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
-# Plan for the next session. Done at the new output caps so far: Fig. 4 all five systems C4-C128
-# and four at C256 (not Resident + DFlash2); Fig. 5 all five at C16/64/256 (DSpark with the
-# calibrated confidence); Fig. 6 residency-on arm; Fig. 7 all blocks at C32/64/128; Fig. 9
-# hisparse C128 B/k 1; Fig. 9 DSV hisparse C128 B/k 2/4/8; Fig. 1 C128 for HiSparse, Resident,
-# Resident + DFlash2 (cap 1,024). The figures keep older complete sweeps until a newer cap covers
-# every setting at the loads it measured.
-#   Pass the commit as a literal from this machine: DHS_GIT_COMMIT=<git rev-parse --short HEAD
-#   run HERE> (the device copy's .git can be stale). Run `make compact` before each call (the
-#   device takes 64 MiB of working tree). Only the run directories a call wrote come back (a
-#   returned file is at most 16 MB).
-#   Time boxes: a server starts in 10-25 s now; give an item its runs' time plus 40 s
-#   (`python -m harness.reproduce --only EXP [--system S] [--point P] --dry-run` lists each pending
-#   point with an earlier run's load time). Fig. 1's
-#   C128 runs take 60-115 s each (1,024 tokens x 256 requests), so 90 s was too short for ADHS
-#   and Adaptive HiSparse in the last call.
-#   The kernel defaults changed after this session's serving runs (index scan multiply-add form,
-#   resolver tiles/bitmap by batch): runs from a5e1803 on are faster per step. Rerun a figure's
-#   comparison at one commit: a claim must not compare runs across that change.
-#   1. nvidia-h200-x2: L "fig1+system=adaptive_dhisparse+point=c128:150 fig1+system=adaptive_hisparse+point=c128:150 fig1+point=c8:240"
-#                         "fig9:540"   (Fig. 1 C128 complete -> its claim; Fig. 9 at the new cap)
-#   2. nvidia-h200-x2: L "fig6:300 fig4_more+system=resident_dflash2:150 fig4_more+point=c32:150"
-#                         "fig9_dsv:300 fig11:200"
-#   3. issue 4 on one GPU, alone: @bench_resolver:240 with DHS_ARGS_bench_resolver="--skip a
-#      --ablate-c" ((c) at batch 160 under the bitmap default; where the 24 us of 77 misses at
-#      batch 8 go: PCIe round trips vs radix passes), @bench_attention:100; then re-measure the
-#      headline claims at the new kernel defaults (Fig. 4 C128 for HiSparse, Adaptive HiSparse,
-#      ADHS with ov=^kernels=a5e1803: a key other than `rerun` makes the new runs replace the
-#      older ones; `+rerun=...` runs fold with them into a median, which is for repeats of one code).
-#   4. Admission: at C256 Adaptive DHiSparse holds 126 (Fig. 5) / 107 (Fig. 4) running with ~95
-#      waiting and no memory refusal: 4 handoffs per round at 8-11 rounds/s set its batch (the
-#      claims' diagnosis says so). Measure ADHS at C256 with ov=engine.max_handoffs_per_step=16
-#      (new run ids) to see how much of the gap to the paper that is.
+# Plan for the next session (written at the end of the 2026-11-30 afternoon session).
+#   State: Fig. 1 C128 all five (new kernel defaults, 2-3 repeats each); Fig. 4 all five C4-C256 (C128
+#   re-measured 3x at the new defaults, C256 for all five); Fig. 5 all five; Fig. 6 both arms; Fig. 7;
+#   Fig. 9 C128 all eight settings, C8 HiSparse B/k 1-8 + Adaptive B/k 1-2; Fig. 9 DSV both systems;
+#   Fig. 11 blocks 4/6; admission experiment (results/admission/).
+#   The tracked tree is ~51 MB against the device's 64 MiB: `python -m harness.compact --prune-unused`
+#   (commit first) drops the records of runs no figure reads (13 MiB on 2026-11-30); `make compact`
+#   after every unpack.
+#   Serving output at one config moves by up to 40% between GPU machines (env.json now records
+#   cpu_model): compare systems within one call; the figures list per-call ratios (paired_ratio_note).
+#   1. x2: claim 1 on one machine, both lanes: L "fig4+system=hisparse+point=c128+ov=^kernels=a5e1803+ov=^rerun=4:85
+#      fig4+system=adaptive_dhisparse+point=c128+ov=^kernels=a5e1803+ov=^rerun=4:85" and the same with
+#      rerun=5 in lane 1 with the systems in the other order (GPU and order effects), plus
+#      adaptive_hisparse rerun=4.
+#   2. x2: fig9+point=c8 (Adaptive B/k 4, 8) and fig1 c8/c32 (five systems, ~100 s each at the 1,024 cap).
+#   3. issue 4, batch-8 miss path (39.5 us against 29.3): the ablation says PCIe 7 us, one radix pass
+#      ~3 us; S > 1 copy programs, host rows looked up in phase C and 10/12-bit digits did not help
+#      (results/fig8/keys_state_sweep-h200.json, defaults_d5c19c2-h200.json). Untried: one dependent
+#      host round per request (all 77 rows in flight: needs a copy tile that does not spill), and
+#      victim selection without the second radix pass when the oldest stamps alone cover the misses.
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
 #   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.

@@ -62,15 +62,81 @@ def compact(results: Path, dry_run: bool = False) -> tuple[int, int, int]:
     return n, before, after
 
 
+# the result folders the figure scripts read (figures.common.load_runs), and only those: a run
+# elsewhere (a benchmark's own folder, lane_interference/) is never pruned
+FIGURE_EXPERIMENTS = ("fig1", "fig4", "fig5", "fig6", "fig7", "fig9", "fig9_dsv", "fig11", "admission")
+PRUNED_NOTE = "RECORDS_PRUNED.txt"
+
+
+def _committed_unchanged(path: Path) -> str | None:
+    """HEAD's commit when ``path`` is tracked and unchanged there (so git keeps its bytes), else None."""
+    import subprocess
+
+    cwd = path.parent
+    try:
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=cwd,
+                                 capture_output=True, timeout=30).returncode == 0
+        same = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", path.name], cwd=cwd,
+                              capture_output=True, timeout=30).returncode == 0
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head if tracked and same and head else None
+
+
+def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list[Path]]:
+    """Remove the request records of finished runs that no figure reads any more (an older output
+    cap, a setting re-measured since), where git keeps their bytes at HEAD; each such run keeps
+    its summary, config and env, and a RECORDS_PRUNED.txt naming the commit to restore from.
+    Returns (pruned record files, record files kept because git does not hold them unchanged)."""
+    from figures.common import load_runs
+
+    pruned, kept = [], []
+    for exp in FIGURE_EXPERIMENTS:
+        used = set()
+        for r in load_runs(results, exp):
+            used |= {r.path.resolve()} | {x.path.resolve() for x in r.repeats}
+        d = results / exp
+        if not d.is_dir():
+            continue
+        for run in sorted(p for p in d.iterdir() if p.is_dir() and (p / "summary.json").is_file()):
+            if run.resolve() in used:
+                continue
+            for rec in sorted(run.glob("records.jsonl*")):
+                head = _committed_unchanged(rec)
+                if head is None:
+                    kept.append(rec)
+                    continue
+                pruned.append(rec)
+                if dry_run:
+                    continue
+                with open(run / PRUNED_NOTE, "a", encoding="utf-8") as f:
+                    f.write(f"{rec.name}: removed by `python -m harness.compact --prune-unused` (no figure "
+                            f"reads this run); restore with: git checkout {head} -- {rec.name}\n")
+                rec.unlink()
+    return pruned, kept
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default="results", help="results root (default: results)")
-    ap.add_argument("--dry-run", action="store_true", help="list what would be compressed")
+    ap.add_argument("--dry-run", action="store_true", help="list what would be compressed (or pruned)")
+    ap.add_argument("--prune-unused", action="store_true",
+                    help="also remove the request records of runs no figure reads (superseded output caps, "
+                         "settings re-measured since) where git holds them unchanged at HEAD; a note in the "
+                         "run directory names the commit to restore them from")
     args = ap.parse_args(argv)
     root = Path(args.results)
     if not root.is_dir():
         print(f"[compact] no such directory: {root}", file=sys.stderr)
         return 2
+    if args.prune_unused:
+        pruned, kept = prune_unused(root, args.dry_run)
+        size = sum(p.stat().st_size for p in pruned) if args.dry_run else None
+        print(f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} records files of runs "
+              f"no figure reads" + (f" ({size / 2**20:.1f} MiB)" if size is not None else "")
+              + (f"; kept {len(kept)} that git does not hold unchanged (commit them first)" if kept else ""))
     n, before, after = compact(root, args.dry_run)
     if args.dry_run:
         print(f"[compact] would compress {n} records files ({before / 2**20:.1f} MiB)")

@@ -42,3 +42,45 @@ def test_compact_finished_runs_only_and_readers_see_the_same_rows(tmp_path, caps
     assert list(read_jsonl(old / "records.jsonl")) == rows_old
     assert (old / "records.jsonl.xz").read_bytes() == first  # same rows, same bytes
     assert main(["--results", str(tmp_path / "missing")]) == 2
+
+
+def test_prune_unused_removes_only_committed_records_of_runs_no_figure_reads(tmp_path, capsys):
+    """An older run of a setting re-measured since is not read by any figure: its records go
+    (git keeps them, a note says from which commit), the figure's run keeps its own, and records
+    git does not hold unchanged are never removed."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    from harness.compact import PRUNED_NOTE
+
+    res = tmp_path / "results"
+
+    def run(name, t, tput):
+        d = res / "fig4" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": "hisparse", "concurrency": 128,
+                                                    "output_tok_s": tput, "point": {"tag": "c128"}}))
+        (d / "env.json").write_text(json.dumps({"time_utc": t}))
+        (d / "config.yaml").write_text(json.dumps({"workload": {"output_len": 320}, "model": {"x": t}}))
+        (d / "records.jsonl").write_text('{"index": 0}\n')
+        return d
+
+    old = run("old", "2026-01-01T00:00", 1.0)
+    new = run("new", "2026-01-02T00:00", 2.0)
+    git = dict(cwd=tmp_path, check=True, capture_output=True)
+    subprocess.run(["git", "init", "-q"], **git)
+    subprocess.run(["git", "add", "-A"], **git)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "runs"], **git)
+    late = run("late_old", "2025-12-31T00:00", 0.5)  # unused too, but never committed
+    assert main(["--results", str(res), "--prune-unused"]) == 0
+    out = capsys.readouterr().out
+    assert "pruned 1 records files" in out and "kept 1 that git does not hold" in out
+    assert not (old / "records.jsonl").exists() and "git checkout" in (old / PRUNED_NOTE).read_text()
+    # (then compacted like any finished run)
+    assert (new / "records.jsonl.xz").is_file() and not (new / PRUNED_NOTE).exists()
+    assert (late / "records.jsonl.xz").is_file()
+    assert (old / "summary.json").is_file()  # the run itself stays
