@@ -15,7 +15,10 @@
 #      fig4+system=adaptive_dhisparse+point=c128+ov=^kernels=a5e1803+ov=^rerun=4:85" and the same with
 #      rerun=5 in lane 1 with the systems in the other order (GPU and order effects), plus
 #      adaptive_hisparse rerun=4.
-#   2. x2: fig9+point=c8 (Adaptive B/k 4, 8) and fig1 c8/c32 (five systems, ~100 s each at the 1,024 cap).
+#   2. x2: fig9_dsv+system=hisparse (C8 at every B/k, C128 at B/k 16: ~200 s) FIRST: until the 128-token
+#      cap covers HiSparse there, Fig. 9's DeepSeek panel falls back to the 64-token sweep (spread 33%,
+#      claim dsv_flat_budget_c128 fails) and hides the new Adaptive HiSparse runs; then
+#      fig9+point=c8 (Adaptive B/k 4, 8) and fig1 c8/c32 (five systems, ~100 s each at the 1,024 cap).
 #   3. issue 4, batch-8 miss path (39.5 us against 29.3): the ablation says PCIe 7 us, one radix pass
 #      ~3 us; S > 1 copy programs, host rows looked up in phase C and 10/12-bit digits did not help
 #      (results/fig8/keys_state_sweep-h200.json, defaults_d5c19c2-h200.json). Untried: one dependent
