@@ -345,17 +345,26 @@ def run_check(torch, rv, sizes):
     src = Source(torch, R=R, B=a["B"], QK=a["Q"] * a["K"], row_bytes=656, page_size=64, ctx=a["ctx"],
                  staging=True, host_gib=0.5, seed=11)
     sel = src.perms(a["Q"] * a["K"]).reshape(R, a["Q"], a["K"]).to(torch.int32).contiguous()
-    bad += _compare(torch, rv, "fig8a-disjoint-cold", src, sel, 5, copy_programs=2)
+    # stamps above every filled lru (fill_hot draws them below 1000), as the engine's only grow
+    bad += _compare(torch, rv, "fig8a-disjoint-cold", src, sel, 1005, copy_programs=2)
     src.fill_hot(sel.reshape(R, -1)[:, : a["B"] // 4].long(), write_rows=True)
-    bad += _compare(torch, rv, "fig8a-disjoint-retained", src, sel, 6)
+    bad += _compare(torch, rv, "fig8a-disjoint-retained", src, sel, 1006)
     # 3. fig-8c / 8b shaped: single query, misses per request, and the direct path
     c = sizes["bc"]
     src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
                          misses=c["misses"], host_gib=0.5, seed=12, write_rows=True)
-    bad += _compare(torch, rv, "fig8c-misses", src, src.sel, 7)
+    bad += _compare(torch, rv, "fig8c-misses", src, src.sel, 1007)
     src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
                          misses=0, host_gib=0.5, seed=13, direct=True)
-    bad += _compare(torch, rv, "fig8b-direct", src, src.sel, 8)
+    bad += _compare(torch, rv, "fig8b-direct", src, src.sel, 1008)
+    if not dry:
+        # a wide batch over a multi-tile cache: the victim keys rebuilt from the slot state and the
+        # pipelined scan (the batch-160 defaults; every case above keeps its keys in registers)
+        src = make_ds_source(torch, R=64, B=2048, ctx=20000, k=64, misses=16, host_gib=0.5, seed=14,
+                             write_rows=True)
+        st = settings_of(rv, src)
+        assert not st["keys_in_registers"] and st["keys_from_state"] and st["scan_stages"] > 1, st
+        bad += _compare(torch, rv, "wide-batch-keys-from-state", src, src.sel, 1009)
     # 4. CUDA graph capture / replay with a device stamp
     if DEV == "cuda":
         bad += check_graph(torch, rv)
@@ -370,7 +379,7 @@ def check_graph(torch, rv):
                  host_gib=0.05, seed=21)
     src.fill_hot(src.perms(B // 2), write_rows=True)
     sel_static = torch.zeros((R, Q, K), dtype=torch.int32, device=DEV)
-    stamp = torch.tensor([100], dtype=torch.int64, device=DEV)
+    stamp = torch.tensor([1000], dtype=torch.int64, device=DEV)  # above fill_hot's lru (< 1000), as in serving
     out = (torch.empty((R, Q, K), dtype=torch.int32, device=DEV),
            torch.zeros((R, 4), dtype=torch.int64, device=DEV),
            torch.empty((R,), dtype=torch.int32, device=DEV))
@@ -581,7 +590,7 @@ def fig8bc(torch, rv, args, sz):
             q10, q50, q90 = bench_stateless(torch, fn)
             guarded = statistics.median(time_stateful(torch, fn, lambda: None, 30 if DEV == "cuda" else 2))
             out_b.append(dict(batch=R, B=B, path="scan", us_p10=q10 * 1e3, us_median=q50 * 1e3, us_p90=q90 * 1e3,
-                              us_median_events_guarded=guarded * 1e3))
+                              us_median_events_guarded=guarded * 1e3, settings=settings_of(rv, src)))
             log(f"  (b) batch {R:3d} B {B:5d} no miss: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]")
             if B == B_c:
                 out_c.append(dict(batch=R, B=B, misses_per_request=0, us_p10=q10 * 1e3, us_median=q50 * 1e3,
@@ -592,7 +601,8 @@ def fig8bc(torch, rv, args, sz):
                                                  check=False, **knobs, **src.kwargs())
                     t_us = statistics.median(time_stateful(torch, fn_t, lambda: None, 30 if DEV == "cuda" else 2)) * 1e3
                     out_b.append(dict(batch=R, B=B, path="scan", **knobs, sweep=True,
-                                      us_median_events_guarded=t_us, us_median=t_us))
+                                      us_median_events_guarded=t_us, us_median=t_us,
+                                      settings=settings_of(rv, src, knobs)))
                     log(f"  (b) scan sweep batch {R:3d} B {B:5d} {knobs}: {t_us:8.1f} us")
             del src
         # direct path: every selected row in ready optional history -> scan skipped
@@ -629,7 +639,8 @@ def fig8bc(torch, rv, args, sz):
         assert int(res.counters[:, 3].sum()) == R * misses, res.counters
         ms = time_stateful(torch, fn, restore, sz["reps_c"], warmup=5)
         out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, us_p10=pct(ms, 0.1) * 1e3,
-                          us_median=statistics.median(ms) * 1e3, us_p90=pct(ms, 0.9) * 1e3))
+                          us_median=statistics.median(ms) * 1e3, us_p90=pct(ms, 0.9) * 1e3,
+                          settings=settings_of(rv, src)))
         log(f"  (c) batch {R:3d} B {B_c:5d} {misses} misses: {statistics.median(ms) * 1e3:8.1f} us  "
             f"[{pct(ms, 0.1) * 1e3:.1f}, {pct(ms, 0.9) * 1e3:.1f}]")
         if args.sweep_copy_programs:
@@ -662,6 +673,7 @@ def fig8bc(torch, rv, args, sz):
 
             ms_k = time_stateful(torch, fn_k, restore, max(5, sz["reps_c"] // 4), warmup=3)
             out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, **knobs, sweep=True,
+                              settings=settings_of(rv, src, knobs),
                               us_median=statistics.median(ms_k) * 1e3))
             log(f"  (c) sweep batch {R:3d} {label}: {statistics.median(ms_k) * 1e3:8.1f} us")
         if args.ablate_c:
@@ -698,6 +710,7 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
     rows = []
     lru_uniform = torch.full_like(saved[1], 500)
     lru_wide = torch.randint(0, 1 << 20, saved[1].shape, device=saved[1].device, dtype=saved[1].dtype)
+    stamp[0] = max(stamp[0], 1 << 20)  # every lru below the call's stamp, as in serving
     host_dev = src.host_pool.to(DEV) if src.host_pool.numel() <= (4 << 30) else None
 
     def run_with(host, lru, flush=True):
@@ -729,6 +742,17 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
     src.hot_pos.copy_(saved[0])
     src.hot_lru.copy_(saved[1])
     return rows
+
+
+_SCAN_KEYS = ("scan_tile", "keys_in_registers", "pending_bitmap", "keys_from_state", "scan_stages", "host_rows")
+
+
+def settings_of(rv, src, knobs=None) -> dict:
+    """The scan settings a timed call ran with (given knobs, the rest the kernel's defaults for
+    the shape): recorded in each row, so a row says what it measured when the defaults change."""
+    knobs = knobs or {}
+    return rv.scan_settings(src.R, src.B, src.host_page_table.shape[1] * src.ps,
+                            **{k: knobs[k] for k in _SCAN_KEYS if k in knobs})
 
 
 def scan_knobs(spec: str) -> list:

@@ -232,6 +232,10 @@ class Run:
         try:
             return list(read_jsonl(self.path / "records.jsonl"))
         except FileNotFoundError:
+            note = self.path / "RECORDS_PRUNED.txt"  # harness.compact --prune-unused took them
+            if note.is_file():
+                print(f"[figures] {self.path.name}: request records were pruned; "
+                      f"{note.read_text().strip()}", file=sys.stderr)
             return []
 
     @cached_property
@@ -381,7 +385,7 @@ def admission_note(runs: Iterable[Run], concurrency: int) -> str | None:
               "requests per second)")
 
 
-def admission_experiment_note(results: str | Path, runs: Iterable[Run]) -> str | None:
+def admission_experiment_note(results: str | Path, runs: Iterable[Run], concurrency: int | None = None) -> str | None:
     """results/admission/ holds runs of a figure's config with a faster admission rate
     (engine.max_handoffs_per_step overridden). Each is set beside the figure's own run of that
     system and load: output, and the requests it held running and waiting."""
@@ -389,6 +393,8 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run]) -> str |
     runs = list(runs)
     parts = []
     for a in load_runs(results, "admission"):
+        if concurrency is not None and a.concurrency != concurrency:
+            continue
         base = pick(runs, a.system, a.concurrency)
         if base is None or a.model != base.model:
             continue
@@ -402,11 +408,17 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run]) -> str |
 
         per_a, per_b = find_key(a.config, "max_handoffs_per_step"), find_key(base.config, "max_handoffs_per_step")
         out_a, out_b = a.num("output_tok_s"), base.num("output_tok_s")
-        if out_a is None or out_b is None:
+        if not out_a or not out_b or per_a is None:
             continue
+        # the two runs come from different device calls unless they share a commit: name that
+        caveat = "; " + change_mix([a, base]) if change_mix([a, base]) else ""
+        if a.commit != base.commit:
+            caveat += (f"; the two runs are from different device calls ({a.commit or '?'}, "
+                       f"{base.commit or '?'}), and one config's output moves by up to 40% between GPU machines")
         parts.append(f"{label(a.system)} at C{a.concurrency} with {per_a} handoffs per step made "
                      f"{out_a:,.0f} tok/s{held(a)}, against {out_b:,.0f} tok/s{held(base)} with "
-                     f"{per_b} ({out_a / out_b:.2f}x; {a.path.parent.name}/{a.path.name})")
+                     f"{per_b if per_b is not None else 'the default'} ({out_a / out_b:.2f}x; "
+                     f"{a.path.parent.name}/{a.path.name}{caveat})")
     if not parts:
         return None
     return ("admission experiment: " + "; ".join(parts)
@@ -558,8 +570,10 @@ def as_float(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def load_runs(results: str | Path, experiment: str) -> list[Run]:
-    """Finished runs of an experiment (directories with a readable summary.json)."""
+def finished_runs(results: str | Path, experiment: str) -> list[Run]:
+    """Every finished run of an experiment (directories with a readable summary.json), oldest
+    first: where two runs measure the same point (a rerun after a config change), the figures'
+    "last match" is the newest measurement."""
     d = Path(results) / experiment
     if not d.is_dir():
         return []
@@ -568,24 +582,23 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
         s = load_json(sub / "summary.json")
         if isinstance(s, dict):
             runs.append(Run(sub, s))
-    # oldest first: where two runs measure the same point (a rerun after a config change),
-    # the figures' "last match" is the newest measurement
     runs.sort(key=lambda r: (str(r.env.get("time_utc", "")), r.path.name))
+    return runs
+
+
+def load_runs(results: str | Path, experiment: str) -> list[Run]:
+    """The finished runs of an experiment that its figures plot (see below)."""
+    runs = finished_runs(results, experiment)
+    if not runs:
+        SUPERSEDED.pop(experiment, None)
+        return []
     # one output cap per figure: runs at another cap are an earlier (or a later, unfinished)
     # version of the experiment and would mix two workloads in one curve (input lengths may
     # differ on purpose, e.g. Fig. 5's context crossover). The newest cap is used once, at every
     # load it measured, it covers every system and setting an older cap covered there; until
     # then a partial rerun does not displace a complete older sweep. Loads the newest cap has
     # not measured yet are then missing from the figure (never mixed in from the older cap).
-    def output_cap(r: Run) -> Any:
-        w = r.config.get("workload") if isinstance(r.config, dict) else None
-        return w.get("output_len") if isinstance(w, dict) else None
-
-
-    caps: list = []  # newest first
-    for r in reversed(runs):
-        if output_cap(r) not in caps:
-            caps.append(output_cap(r))
+    caps = caps_newest_first(runs)
     current = caps[-1] if caps else None
     for i, cap in enumerate(caps):
         have = {setting(r) for r in runs if output_cap(r) == cap}
@@ -605,6 +618,21 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
     kept = fold_repeats(kept)
     newest = {setting(r): r for r in kept}
     return [r for r in kept if newest[setting(r)] is r]
+
+
+def output_cap(r: Run) -> Any:
+    """The run's output-token cap (workload.output_len), or None."""
+    w = r.config.get("workload") if isinstance(r.config, dict) else None
+    return w.get("output_len") if isinstance(w, dict) else None
+
+
+def caps_newest_first(runs: Sequence[Run]) -> list:
+    """The output caps of ``runs`` (oldest first, as load_runs sorts them), newest cap first."""
+    caps: list = []
+    for r in reversed(runs):
+        if output_cap(r) not in caps:
+            caps.append(output_cap(r))
+    return caps
 
 
 def setting(r: Run) -> tuple:

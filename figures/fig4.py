@@ -139,7 +139,7 @@ def main(argv=None) -> C.Report:
     if ttft_why:  # the TTFT claim's own mechanism: where the time to first token went
         rep.note(ttft_why[0].upper() + ttft_why[1:] + ".")
         rep.diagnose(("adhs_ttft_lower_C128",), ttft_why)
-    adm = C.admission_experiment_note(args.results, runs)
+    adm = C.admission_experiment_note(args.results, runs, 256)
     if adm:
         rep.note(adm[0].upper() + adm[1:] + ".")
         rep.diagnose(("adhs_vs_resident_C256", "adhs_vs_resident_dflash2_C256", "adhs_ttft_higher_C256"), adm)

@@ -85,25 +85,41 @@ def _committed_unchanged(path: Path) -> str | None:
     return head if tracked and same and head else None
 
 
+def _repo_path(path: Path) -> str:
+    """``path`` relative to its git repository's root (for a restore command run from there)."""
+    import subprocess
+
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path.parent, capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+        return str(path.resolve().relative_to(Path(top).resolve())) if top else str(path)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return str(path)
+
+
 def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list[Path]]:
     """Remove the request records of finished runs that no figure reads any more (an older output
     cap, a setting re-measured since), where git keeps their bytes at HEAD; each such run keeps
     its summary, config and env, and a RECORDS_PRUNED.txt naming the commit to restore from.
     Returns (pruned record files, record files kept because git does not hold them unchanged)."""
-    from figures.common import load_runs
+    from figures.common import caps_newest_first, finished_runs, load_runs, output_cap
 
     pruned, kept = [], []
     for exp in FIGURE_EXPERIMENTS:
+        plotted = load_runs(results, exp)
         used = set()
-        for r in load_runs(results, exp):
+        for r in plotted:
             used |= {r.path.resolve()} | {x.path.resolve() for x in r.repeats}
-        d = results / exp
-        if not d.is_dir():
-            continue
-        for run in sorted(p for p in d.iterdir() if p.is_dir() and (p / "summary.json").is_file()):
-            if run.resolve() in used:
+        every = finished_runs(results, exp)
+        # a newer output cap that does not yet cover the older sweep is not plotted but will be
+        # once its sweep is complete: its runs keep their records
+        caps = caps_newest_first(every)
+        current = output_cap(plotted[-1]) if plotted else None
+        waiting = set(caps[:caps.index(current)]) if current in caps else set(caps)
+        for run in every:
+            if run.path.resolve() in used or output_cap(run) in waiting:
                 continue
-            for rec in sorted(run.glob("records.jsonl*")):
+            for rec in sorted(p for p in run.path.glob("records.jsonl*") if not p.name.endswith(".tmp")):
                 head = _committed_unchanged(rec)
                 if head is None:
                     kept.append(rec)
@@ -111,9 +127,9 @@ def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list
                 pruned.append(rec)
                 if dry_run:
                     continue
-                with open(run / PRUNED_NOTE, "a", encoding="utf-8") as f:
+                with open(run.path / PRUNED_NOTE, "a", encoding="utf-8") as f:
                     f.write(f"{rec.name}: removed by `python -m harness.compact --prune-unused` (no figure "
-                            f"reads this run); restore with: git checkout {head} -- {rec.name}\n")
+                            f"reads this run); restore with: git checkout {head} -- {_repo_path(rec)}\n")
                 rec.unlink()
     return pruned, kept
 

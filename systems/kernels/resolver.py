@@ -76,7 +76,8 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
     metadata (HBM/L2): selections 4n read, locations 4n written, one 4-byte tail or
         direct-page-table entry per selection; when the scan runs: hot_pos 4B + hot_lru 8B
         read and an 8-byte victim key per slot, kept in registers when B fits one scan tile
-        (else written and re-read once per radix pass, 1 + ceil(log256(stamp range of the
+        (else rebuilt from hot_pos / hot_lru, 12 bytes re-read, or with keys_from_state=False
+        written and re-read, once per radix pass, 1 + ceil(log256(stamp range of the
         candidates)) passes, plus one final pass), a 4-byte gather of the position scratch per
         slot, or (wide batches whose scratch outgrows L2, see PENDING_BITMAP_BYTES) one bit
         test per slot against a bitmap of the pending positions (W / 8 bytes per request, set
@@ -217,8 +218,9 @@ SCAN_WIDE_BATCH = 64
 # the scan storing 8-byte keys that V reads back: a call without misses then writes no keys.
 # With it the multi-tile scan is also software-pipelined (the next tile's hot_pos / hot_lru loads
 # issued before this tile's membership gathers). H200, B = 4096, batch 160, 1024-slot tiles with
-# the bitmap (bench_resolver --sweep-scan 1024b,1024sb,1024bp2,1024sbp2,
-# results/fig8/keys_state_sweep-h200.json), no miss / 77 misses:
+# the bitmap (results/fig8/keys_state_sweep-h200.json, measured at afa3d84 where the defaults were
+# stored keys and one stage, so --sweep-scan 1024b,1024sb,1024bp2,1024sbp2 meant these four; name
+# both knobs now: 1024mbp1,1024sbp1,1024mbp2,1024sbp2), no miss / 77 misses:
 #   keys stored, 1 stage 37.2 / 218.9 us; rebuilt 35.2 / 221.5; 2 stages 34.6 / 215.2;
 #   rebuilt + 2 stages 32.9 / 218.1 (default; paper 36.9 / 243.3).
 # Batch 8 takes one 4096-slot tile with the keys in registers, which neither knob touches.
@@ -448,15 +450,21 @@ def resolve_reference(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_lo
 if _HAVE_TRITON:
 
     @triton.jit
-    def _victim_key(ekey_row, hp_row, hl_row, s, ms, stamp, FROM_STATE: tl.constexpr):
+    def _victim_key(ekey_row, hp_row, hl_row, scr_row, W, s, ms, stamp, n_stale, FROM_STATE: tl.constexpr):
         """The victim keys of slots ``s``: read back from the workspace, or rebuilt from the
-        slot state after the scan (a slot the scan hit holds ``lru == stamp``, and every
-        earlier stamp is smaller, so that equality is exactly the protection mark)."""
+        slot state after the scan. A slot the scan hit holds ``lru == stamp``; where no other
+        slot did before the call (``n_stale == 0``, always so when stamps only grow) that
+        equality is the protection mark, else the position scratch says which of them this call
+        hit (``HIT | slot``, kept until the scratch reset)."""
         if FROM_STATE:
             q = tl.load(hp_row + s, mask=ms, other=-1, cache_modifier=".cg")
             lru = tl.load(hl_row + s, mask=ms, other=0, cache_modifier=".cg")
             key = tl.where(q < 0, tl.zeros_like(lru), lru + 1)
-            key = tl.where(ms & (lru != stamp), key, 4611686018427387904)
+            tie = ms & (lru == stamp)
+            sc = tl.load(scr_row + q, mask=tie & (n_stale > 0) & (q >= 0) & (q < W), other=0,
+                         cache_modifier=".cg")
+            hit = tie & ((n_stale == 0) | (sc == (s | 0x10000000)))
+            key = tl.where(ms & ~hit, key, 4611686018427387904)
         else:
             key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904, cache_modifier=".cg")
         return key
@@ -577,6 +585,9 @@ if _HAVE_TRITON:
                 # REG_KEYS (B fits one scan tile): the victim keys stay in registers for
                 # phase V instead of a store + one L2 re-read per radix pass and per tile
                 kreg = tl.zeros([BBLK], tl.int64)
+                # slots that already held lru == stamp before this call, not hit by it: they make
+                # the rebuilt keys (KEYS_FROM_STATE) consult the scratch for protection
+                n_stale = tl.zeros([], tl.int32)
                 for b0 in tl.range(0, B, BBLK, num_stages=SCAN_STAGES):
                     s = b0 + offs_b
                     ms = s < B
@@ -602,6 +613,8 @@ if _HAVE_TRITON:
                         # call without misses writes no keys at all
                         tl.store(ekey_row + s, key, mask=ms)
                     n_hit += tl.sum(hit.to(tl.int32), 0)
+                    if KEYS_FROM_STATE:
+                        n_stale += tl.sum((cand & (lru == stamp)).to(tl.int32), 0)
                     lo = tl.minimum(lo, tl.min(key, 0))
                     hi = tl.maximum(hi, tl.max(tl.where(cand, key, 0), 0))
                 tl.debug_barrier()
@@ -658,8 +671,8 @@ if _HAVE_TRITON:
                             for b0 in range(0, B, RBLK):
                                 s = b0 + offs_r
                                 ms = s < B
-                                key = _victim_key(ekey_row, hp_row, hl_row, s, ms, stamp,
-                                                  KEYS_FROM_STATE)
+                                key = _victim_key(ekey_row, hp_row, hl_row, scr_row, W, s, ms, stamp,
+                                                  n_stale, KEYS_FROM_STATE)
                                 c = ms & (key != 4611686018427387904)
                                 x = key - lo
                                 match = c & ((x >> hs) == (prefix >> hs))
@@ -682,8 +695,8 @@ if _HAVE_TRITON:
                         if REG_KEYS:
                             key = kreg
                         else:
-                            key = _victim_key(ekey_row, hp_row, hl_row, s, ms, stamp,
-                                              KEYS_FROM_STATE)
+                            key = _victim_key(ekey_row, hp_row, hl_row, scr_row, W, s, ms, stamp,
+                                              n_stale, KEYS_FROM_STATE)
                         c = ms & (key != 4611686018427387904)
                         lt = c & (key < thr)
                         eq = c & (key == thr)
@@ -814,7 +827,8 @@ class ResolverWorkspace:
 
     scratch int32 [R, W] (sentinel-filled, self-cleaning), bitmap int32 [R, ceil(W / 32)] (zero,
     self-cleaning), ekey int64 [R, B],
-    mpos / victims int32 [R, QK], meta int32 [R, 2], flags int64 [R], ctrl int64 [3].
+    mpos / victims int32 [R, QK], mrow int64 [R, QK] (host_rows only), meta int32 [R, 2], flags int64 [R],
+    ctrl int64 [3].
     One workspace must not be used by two calls that may run concurrently."""
 
     def __init__(self, device):
@@ -825,7 +839,7 @@ class ResolverWorkspace:
         # ctrl persists for the workspace's lifetime (epoch must never go back)
         self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.device)
 
-    def ensure(self, R: int, W: int, B: int, QK: int) -> "ResolverWorkspace":
+    def ensure(self, R: int, W: int, B: int, QK: int, host_rows: bool = False) -> "ResolverWorkspace":
         dev = self.device
         if R > self.R or W > self.W:
             nR, nW = max(R, self.R), max(W, self.W)
@@ -840,13 +854,15 @@ class ResolverWorkspace:
             nR, nQ = max(R, self.R), max(QK, self.QK)
             self.mpos = torch.empty((nR, nQ), dtype=torch.int32, device=dev)
             self.victims = torch.empty((nR, nQ), dtype=torch.int32, device=dev)
-            self.mrow = torch.empty((nR, nQ), dtype=torch.int64, device=dev)
+            self.mrow = None  # regrown below, with the lists' shape, when host_rows asks for it
             self.QK = nQ
         if R > self.R:
             self.meta = torch.zeros((R, 2), dtype=torch.int32, device=dev)
             # flags start at 0 <= epoch: a helper only proceeds once its producer publishes
             self.flags = torch.zeros((R,), dtype=torch.int64, device=dev)
             self.R = R
+        if host_rows and self.mrow is None:  # host rows per miss, int64 [R, QK] like the lists
+            self.mrow = torch.empty(self.mpos.shape, dtype=torch.int64, device=dev)
         return self
 
     def nbytes(self) -> int:
@@ -892,6 +908,33 @@ def default_copy_programs(R: int, Q: int = 2) -> int:
     return max(1, min(8, -(-64 // max(1, R))))
 
 
+def scan_settings(R: int, B: int, W: int, *, scan_tile: Optional[int] = None,
+                  keys_in_registers: Optional[bool] = None, pending_bitmap: Optional[bool] = None,
+                  keys_from_state: Optional[bool] = None, scan_stages: Optional[int] = None,
+                  host_rows: Optional[bool] = None) -> dict:
+    """The scan / victim-selection settings a call of R requests, B slots and W positions runs
+    with: each argument as given, or the kernel's default for that shape (the benchmark records
+    these, so a sweep row says what it measured whatever the defaults are when it ran)."""
+    if scan_tile is None:
+        scan_tile = SCAN_TILE if B <= SCAN_TILE and R < SCAN_WIDE_BATCH else SCAN_TILE_MULTI
+    if not (scan_tile >= 16 and scan_tile & (scan_tile - 1) == 0):
+        raise ValueError(f"scan_tile must be a power of two >= 16, got {scan_tile}")
+    reg_keys = B <= scan_tile if keys_in_registers is None else bool(keys_in_registers)
+    if reg_keys and B > scan_tile:
+        raise ValueError(f"keys_in_registers needs B <= scan_tile (one scan tile), got B = {B}, "
+                         f"scan_tile = {scan_tile}")
+    if pending_bitmap is None:
+        pending_bitmap = R >= SCAN_WIDE_BATCH and R * W * 4 > PENDING_BITMAP_BYTES
+    from_state = (KEYS_FROM_STATE if keys_from_state is None else bool(keys_from_state)) and not reg_keys
+    if scan_stages is None:  # pipelining needs more than one scan tile
+        scan_stages = SCAN_STAGES_MULTI if B > scan_tile else 1
+    if int(scan_stages) < 1:
+        raise ValueError(f"scan_stages must be >= 1, got {scan_stages}")
+    return dict(scan_tile=int(scan_tile), keys_in_registers=bool(reg_keys), pending_bitmap=bool(pending_bitmap),
+                keys_from_state=bool(from_state), scan_stages=int(scan_stages),
+                host_rows=HOST_ROWS if host_rows is None else bool(host_rows))
+
+
 def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
                    host_page_table, kv_pool, host_pool, stamp, *, page_size,
                    direct_page_table=None, staging_loc_base=None, out=None,
@@ -904,7 +947,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
                    check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
-    ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..8) tune
+    ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
     assignment, a power of two) the scan, ``copy_stages`` (software-pipelining depth of the
     row copy loop, 1 = none) the copy; ``keys_in_registers`` (default: when B fits one scan
@@ -943,25 +986,16 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     W = host_page_table.shape[1] * ps
     row_bytes = kv_pool.shape[1]
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
-    if scan_tile is None:
-        scan_tile = SCAN_TILE if B <= SCAN_TILE and R < SCAN_WIDE_BATCH else SCAN_TILE_MULTI
-    if not (1 <= radix_bits <= 12 and all(t >= 16 and t & (t - 1) == 0 for t in (radix_tile, scan_tile))):
-        raise ValueError(f"radix_bits must be 1..12 and radix_tile / scan_tile powers of two >= 16, "
-                         f"got {radix_bits}, {radix_tile}, {scan_tile}")
-
-    reg_keys = B <= scan_tile if keys_in_registers is None else bool(keys_in_registers)
-    if reg_keys and B > scan_tile:
-        raise ValueError(f"keys_in_registers needs B <= scan_tile (one scan tile), got B = {B}, "
-                         f"scan_tile = {scan_tile}")
-
-    if pending_bitmap is None:
-        pending_bitmap = R >= SCAN_WIDE_BATCH and R * W * 4 > PENDING_BITMAP_BYTES
-    keys_from_state = KEYS_FROM_STATE if keys_from_state is None else bool(keys_from_state)
-    if scan_stages is None:  # pipelining needs more than one scan tile
-        scan_stages = SCAN_STAGES_MULTI if B > scan_tile else 1
-    host_rows = HOST_ROWS if host_rows is None else bool(host_rows)
-    if int(scan_stages) < 1 or int(spin_ns) < 0 or int(spin_ns) > 1_000_000:
-        raise ValueError(f"scan_stages must be >= 1 and spin_ns in 0..1e6, got {scan_stages}, {spin_ns}")
+    st = scan_settings(R, B, W, scan_tile=scan_tile, keys_in_registers=keys_in_registers,
+                       pending_bitmap=pending_bitmap, keys_from_state=keys_from_state,
+                       scan_stages=scan_stages, host_rows=host_rows)
+    scan_tile, reg_keys, pending_bitmap = st["scan_tile"], st["keys_in_registers"], st["pending_bitmap"]
+    keys_from_state, scan_stages, host_rows = st["keys_from_state"], st["scan_stages"], st["host_rows"]
+    if not (1 <= radix_bits <= 12 and radix_tile >= 16 and radix_tile & (radix_tile - 1) == 0):
+        raise ValueError(f"radix_bits must be 1..12 and radix_tile a power of two >= 16, "
+                         f"got {radix_bits}, {radix_tile}")
+    if int(spin_ns) < 0 or int(spin_ns) > 1_000_000:
+        raise ValueError(f"spin_ns must be in 0..1e6, got {spin_ns}")
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
@@ -974,7 +1008,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         return ResolveResult(locations, counters, overflow)
 
     ws = workspace if workspace is not None else _default_workspace(dev)
-    ws.ensure(R, W, B, QK)
+    ws.ensure(R, W, B, QK, host_rows=host_rows)
 
     sel = selections if selections.is_contiguous() else selections.contiguous()
 
@@ -1020,7 +1054,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         ws.scratch, ws.scratch.stride(0), W,
         ws.bitmap, ws.bitmap.stride(0),
         ws.ekey, ws.ekey.stride(0),
-        ws.mpos, ws.victims, ws.mpos.stride(0), ws.mrow,
+        ws.mpos, ws.victims, ws.mpos.stride(0), ws.mrow if host_rows else ws.mpos,
         ws.meta, ws.flags, ws.ctrl,
         R, QK, B, ps, S,
         HAS_DIRECT=direct_page_table is not None,
@@ -1032,7 +1066,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
         DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
         REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap),
-        KEYS_FROM_STATE=bool(keys_from_state) and not reg_keys, SCAN_STAGES=int(scan_stages),
+        KEYS_FROM_STATE=keys_from_state, SCAN_STAGES=scan_stages,
         SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
         num_warps=num_warps,
     )
@@ -1050,7 +1084,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     fn = _resolver_kernel
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
-    ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr"}
+    ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr", "mrow_ptr"}
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,

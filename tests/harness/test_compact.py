@@ -59,18 +59,22 @@ def test_prune_unused_removes_only_committed_records_of_runs_no_figure_reads(tmp
 
     res = tmp_path / "results"
 
-    def run(name, t, tput):
+    def run(name, t, tput, cap=320, conc=128, system="hisparse"):
         d = res / "fig4" / name
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"system": "hisparse", "concurrency": 128,
-                                                    "output_tok_s": tput, "point": {"tag": "c128"}}))
+        (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": conc,
+                                                    "output_tok_s": tput, "point": {"tag": f"c{conc}"}}))
         (d / "env.json").write_text(json.dumps({"time_utc": t}))
-        (d / "config.yaml").write_text(json.dumps({"workload": {"output_len": 320}, "model": {"x": t}}))
+        (d / "config.yaml").write_text(json.dumps({"workload": {"output_len": cap}, "model": {"x": t}}))
         (d / "records.jsonl").write_text('{"index": 0}\n')
         return d
 
     old = run("old", "2026-01-01T00:00", 1.0)
     new = run("new", "2026-01-02T00:00", 2.0)
+    also = run("c8", "2026-01-02T00:01", 2.0, conc=8, system="adaptive_hisparse")
+    # a newer cap with HiSparse at C8 only: not plotted while Adaptive HiSparse's C8 at this cap is
+    # missing, but it will be
+    partial = run("partial", "2026-01-03T00:00", 3.0, cap=640, conc=8)
     git = dict(cwd=tmp_path, check=True, capture_output=True)
     subprocess.run(["git", "init", "-q"], **git)
     subprocess.run(["git", "add", "-A"], **git)
@@ -83,4 +87,7 @@ def test_prune_unused_removes_only_committed_records_of_runs_no_figure_reads(tmp
     # (then compacted like any finished run)
     assert (new / "records.jsonl.xz").is_file() and not (new / PRUNED_NOTE).exists()
     assert (late / "records.jsonl.xz").is_file()
+    assert (partial / "records.jsonl.xz").is_file() and (also / "records.jsonl.xz").is_file()
+    assert "git checkout" in (old / PRUNED_NOTE).read_text() and "results/fig4/old/records.jsonl" in (
+        old / PRUNED_NOTE).read_text()
     assert (old / "summary.json").is_file()  # the run itself stays

@@ -425,7 +425,7 @@ def test_large_lru_values_many_radix_passes():
     g = torch.Generator().manual_seed(3)
     s.hot_lru = torch.randint(0, 1 << 50, (2, 64), generator=g, dtype=torch.int64)
     s.hot_lru[:, ::7] = 12345  # ties at a small value
-    s.hot_lru[0, 5] = (1 << 59) - 1  # the largest allowed stamp
+    s.hot_lru[0, 5] = (1 << 59) - 2  # the largest lru below the largest allowed stamp
     s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
     run_and_compare(s, stamp=(1 << 59) - 1)
 
@@ -454,6 +454,22 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
     with pytest.raises(ValueError, match="keys_in_registers"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, scan_tile=64, keys_in_registers=True,
                           **s.args(True)[1])
+
+
+@pytest.mark.parametrize("from_state", [False, True])
+def test_slots_already_stamped_with_the_calls_stamp(from_state):
+    """Slots that hold lru == stamp before the call (stamps need not exceed every old lru) are
+    candidate victims like any other: the keys rebuilt from the slot state must not take them for
+    this call's hits (the scratch decides then), with the oldest stamps tied at the threshold."""
+    s = State(R=2, Q=1, K=8, B=40, row_bytes=12, page_size=8, hist_lens=[300, 200], tail_lens=[1, 1],
+              seed=37, fill=1.0, lru_max=20)
+    s.hot_lru = torch.randint(10, 20, (2, 40), generator=torch.Generator().manual_seed(5), dtype=torch.int64)
+    s.hot_lru[:, ::5] = 7  # the oldest slots, so the victims: unless mistaken for this call's hits
+    s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
+    for step in range(3):  # stamp 7, then again 7 (every hit slot now holds it), then 8
+        run_and_compare(s, stamp=7 + step // 2, scan_tile=16, keys_in_registers=False,
+                        keys_from_state=from_state)
+        s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
 
 
 @pytest.mark.parametrize("scan,regs,from_state,stages", [(128, None, False, 1), (16, False, False, 1),
