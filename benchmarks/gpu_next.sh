@@ -42,6 +42,8 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
+# every run of this call records it in env.json (device_call): the figures pair systems by it
+export DHS_DEVICE_CALL="${DHS_DEVICE_CALL:-$(date -u +%Y%m%dT%H%M%SZ)-$(hostname)}"
 mkdir -p $OUT
 MARK=$(mktemp)  # run directories newer than this come back (not whole experiment folders)
 PART="${1:-A}"; shift || true

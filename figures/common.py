@@ -214,8 +214,19 @@ class Run:
 
     @property
     def commit(self) -> str:
-        """The short commit the run was made at ('' when env.json does not say)."""
-        return str(self.env.get("git_commit") or self.env.get("commit") or "")[:7]
+        """The short commit the run was made at ('' when env.json does not say or says 'unknown');
+        a run made from a modified tree keeps its '-dirty' mark."""
+        c = str(self.env.get("git_commit") or self.env.get("commit") or "")
+        if not c or c == "unknown":
+            return ""
+        return c[:7] + ("-dirty" if c.endswith("-dirty") else "")
+
+    @property
+    def device_call(self) -> str:
+        """The GPU-machine call the run was made in: env.json's device_call (set by
+        benchmarks/gpu_next.sh), else its commit (each call of this project's sessions so far
+        ran one commit), else ''."""
+        return str(self.env.get("device_call") or self.commit)
 
     @property
     def calibrated_acceptance(self) -> bool:
@@ -439,13 +450,13 @@ def paired_ratio_note(runs: Iterable[Run], pairs: Sequence[tuple[str, str]], con
         a, b = pick(runs, a_sys, concurrency), pick(runs, b_sys, concurrency)
         if a is None or b is None or (len(a.repeats) < 2 and len(b.repeats) < 2):
             continue
-        by_commit = {}
+        by_call = {}
         for side, r in (("a", a), ("b", b)):
             for x in (r.repeats or [r]):
                 v = as_float(x.summary.get(key))
-                if x.commit and v:
-                    by_commit.setdefault(x.commit, {})[side] = v
-        ratios = [(c, d["a"] / d["b"]) for c, d in by_commit.items() if {"a", "b"} <= set(d)]
+                if x.device_call and v:
+                    by_call.setdefault(x.device_call, {})[side] = v
+        ratios = [(c, d["a"] / d["b"]) for c, d in by_call.items() if {"a", "b"} <= set(d)]
         if not ratios:
             continue
         vals = sorted(r for _, r in ratios)
@@ -453,7 +464,7 @@ def paired_ratio_note(runs: Iterable[Run], pairs: Sequence[tuple[str, str]], con
                      + (f", median {float(np.median(vals)):.2f}" if len(vals) > 1 else ""))
     if not parts:
         return None
-    return (f"ratios at C{concurrency} within one device call (commit): " + "; ".join(parts)
+    return (f"ratios at C{concurrency} within one device call (its id, or its commit): " + "; ".join(parts)
             + ". The figure's ratio is of the repeats' medians, which come from different GPU machines")
 
 

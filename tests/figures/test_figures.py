@@ -454,6 +454,14 @@ def test_paired_ratio_note_pairs_repeats_by_device_call(tmp_path):
     note = C.paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
     assert "1.09 (aaaaaaa), 1.03 (bbbbbbb), 0.79 (ccccccc), median 1.03" in note
     assert C.paired_ratio_note(runs, (("adaptive_dhisparse", "resident"),), 128) is None
+    # env.json's device_call, where present, separates two calls made at one commit
+    for name in ("adhs9", "hs9"):
+        run(name, "adaptive_dhisparse" if name == "adhs9" else "hisparse", "ccccccc", "2026-01-05T00:09",
+            5000.0 if name == "adhs9" else 4000.0)
+        env = json.loads((tmp_path / "fig4" / name / "env.json").read_text())
+        (tmp_path / "fig4" / name / "env.json").write_text(json.dumps({**env, "device_call": "call-9"}))
+    note = C.paired_ratio_note(C.load_runs(tmp_path, "fig4"), (("adaptive_dhisparse", "hisparse"),), 128)
+    assert "0.79 (ccccccc)" in note and "1.25 (call-9)" in note
 
 
 def test_batch_scaling_note_compares_like_with_like(tmp_path):
