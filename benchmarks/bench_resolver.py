@@ -825,6 +825,11 @@ def main() -> None:
                     "only: it reads nothing from host memory)")
     ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the script on CPU (interpreter)")
     args = ap.parse_args()
+    if args.sweep_spin and not args.sweep_copy_programs:
+        ap.error("--sweep-spin times the copy programs' polling: add --sweep-copy-programs")
+    bad_rows = [x for x in args.sweep_copy_rows.split(",") if x and not re.fullmatch(r"\d+h?", x)]
+    if bad_rows:
+        ap.error(f"--sweep-copy-rows: {bad_rows} (expected N or Nh, e.g. 32,64h)")
 
     if args.cpu_dry_run:
         DEV = "cpu"

@@ -35,7 +35,9 @@ def cpu_model() -> str | None:
             names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
     except OSError:
         return None
-    return f"{names[0]} x {len(names)}" if names else None
+    if not names:  # e.g. aarch64 lists no model name: the machine type at least
+        return platform.machine() or None
+    return f"{names[0]} x {len(names)}"
 
 
 def environment() -> dict:
