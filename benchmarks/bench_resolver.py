@@ -219,6 +219,14 @@ def _event(torch):
     return torch.cuda.Event(enable_timing=True) if DEV == "cuda" else _WallEvent()
 
 
+def _sweep_timing(sz) -> tuple[int, int]:
+    """(timings, warm-up calls) per sweep point: on the GPU a quarter of (c)'s timings, at least
+    five; a CPU dry run (the interpreter, seconds per call) only exercises the code, once."""
+    if DEV == "cpu":
+        return 1, 0
+    return max(5, sz["reps_c"] // 4), 3
+
+
 def time_stateful(torch, fn, restore, reps, warmup=2, flush_bytes=256 << 20, guard_cycles=400_000):
     """CUDA-event timing of fn() only (ms per call); before each timing the state is restored
     and L2 is flushed with a 256 MB memset, both outside the timed region, followed by a
@@ -654,7 +662,7 @@ def fig8bc(torch, rv, args, sz):
                     return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
                                              spin_ns=spin, check=False, **src.kwargs())
 
-                ms_s = time_stateful(torch, fn_s, restore, max(5, sz["reps_c"] // 4), warmup=3)
+                ms_s = time_stateful(torch, fn_s, restore, *_sweep_timing(sz))
                 out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, copy_programs_per_request=S,
                                   spin_ns=spin, sweep=True, us_median=statistics.median(ms_s) * 1e3))
                 log(f"  (c) sweep batch {R:3d} S={S} spin {spin} ns: {statistics.median(ms_s) * 1e3:8.1f} us")
@@ -671,14 +679,14 @@ def fig8bc(torch, rv, args, sz):
                 return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
                                          check=False, **knobs, **src.kwargs())
 
-            ms_k = time_stateful(torch, fn_k, restore, max(5, sz["reps_c"] // 4), warmup=3)
+            ms_k = time_stateful(torch, fn_k, restore, *_sweep_timing(sz))
             out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, **knobs, sweep=True,
                               settings=settings_of(rv, src, knobs),
                               us_median=statistics.median(ms_k) * 1e3))
             log(f"  (c) sweep batch {R:3d} {label}: {statistics.median(ms_k) * 1e3:8.1f} us")
         if args.ablate_c:
             out_c += ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses,
-                              reps=max(5, sz["reps_c"] // 4))
+                              reps=_sweep_timing(sz)[0])
         if args.sweep_radix:
             # victim selection: slots per radix tile x digit width (same result for every choice)
             for spec in args.sweep_radix.split(","):
@@ -689,7 +697,7 @@ def fig8bc(torch, rv, args, sz):
                     return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
                                              radix_tile=tile, radix_bits=bits, check=False, **src.kwargs())
 
-                ms_r = time_stateful(torch, fn_r, restore, max(5, sz["reps_c"] // 4), warmup=3)
+                ms_r = time_stateful(torch, fn_r, restore, *_sweep_timing(sz))
                 out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, radix_tile=tile, radix_bits=bits,
                                   sweep=True, us_median=statistics.median(ms_r) * 1e3))
                 log(f"  (c) radix sweep batch {R:3d} tile {tile} bits {bits}: "
@@ -728,7 +736,7 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
         restore()
         res = fn()
         assert int(res.counters[:, 3].sum()) == R * misses, res.counters
-        return statistics.median(time_stateful(torch, fn, restore, reps, warmup=3,
+        return statistics.median(time_stateful(torch, fn, restore, reps, warmup=0 if DEV == "cpu" else 3,
                                                flush_bytes=(256 << 20) if flush else 1024)) * 1e3
 
     variants = [("baseline", src.host_pool, saved[1], True), ("stamps_1pass", src.host_pool, lru_uniform, True),
