@@ -421,11 +421,11 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run], concurre
         out_a, out_b = a.num("output_tok_s"), base.num("output_tok_s")
         if not out_a or not out_b or per_a is None:
             continue
-        # the two runs come from different device calls unless they share a commit: name that
-        caveat = "; " + change_mix([a, base]) if change_mix([a, base]) else ""
-        if a.commit != base.commit:
-            caveat += (f"; the two runs are from different device calls ({a.commit or '?'}, "
-                       f"{base.commit or '?'}), and one config's output moves by up to 40% between GPU machines")
+        mix = change_mix([a, base])
+        caveat = f"; {mix}" if mix else ""
+        if a.device_call != base.device_call:
+            caveat += (f"; the two runs are from different device calls ({a.device_call or '?'}, "
+                       f"{base.device_call or '?'}), and one config's output moves by up to 40% between GPU machines")
         parts.append(f"{label(a.system)} at C{a.concurrency} with {per_a} handoffs per step made "
                      f"{out_a:,.0f} tok/s{held(a)}, against {out_b:,.0f} tok/s{held(base)} with "
                      f"{per_b if per_b is not None else 'the default'} ({out_a / out_b:.2f}x; "
@@ -985,11 +985,12 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             # the spread is part of the number: one config's output differs by up to 40% between
             # GPU machines (the engine thread runs on the host CPU)
             outs = [as_float(x.summary.get("output_tok_s")) for x in r.repeats]
-            spread = (f"{label(r.system)} output " + " / ".join(f"{o:,.0f}" for o in outs) + " tok/s"
-                      if all(o is not None for o in outs) else "")
-            add(f"median of {len(r.repeats)} repeat runs"
-                + (f" ({'; '.join(x for x in (spread, 'commits ' + ', '.join(commits) if len(commits) > 1 else '') if x)})"
-                   if spread or len(commits) > 1 else ""))
+            details = []
+            if all(o is not None for o in outs):
+                details.append(f"{label(r.system)} output " + " / ".join(f"{o:,.0f}" for o in outs) + " tok/s")
+            if len(commits) > 1:
+                details.append("commits " + ", ".join(commits))
+            add(f"median of {len(r.repeats)} repeat runs" + (f" ({'; '.join(details)})" if details else ""))
         dev = r.summary.get("gpu") or r.summary.get("device")
         if dev and str(dev) not in ("cpu",):
             add(str(dev))
@@ -1118,10 +1119,11 @@ class Report:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def diagnose(self, keys: Iterable[str], text: str) -> None:
-        """A measured reason for rows whose claim may not hold (shown beside the claim)."""
+    def diagnose(self, keys: Iterable[str], text: str, append: bool = False) -> None:
+        """A measured reason for rows whose claim may not hold (shown beside the claim);
+        ``append`` adds it after a reason already given."""
         for k in keys:
-            self.why[k] = text
+            self.why[k] = f"{self.why[k]}; {text}" if append and self.why.get(k) else text
 
     def value(self, key: str) -> float | None:
         for r in self.rows:

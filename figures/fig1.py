@@ -61,7 +61,7 @@ def main(argv=None) -> C.Report:
     paired = C.paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
     if paired:
         rep.note(paired[0].upper() + paired[1:] + ".")
-        rep.why["adhs_vs_hisparse_C128"] = (rep.why.get("adhs_vs_hisparse_C128", "") + "; " + paired).lstrip("; ")
+        rep.diagnose(("adhs_vs_hisparse_C128",), paired, append=True)
     return rep.finish(fig, args)
 
 

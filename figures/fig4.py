@@ -133,8 +133,8 @@ def main(argv=None) -> C.Report:
                                         ("adaptive_hisparse", "hisparse")), 128)
     if paired:
         rep.note(paired[0].upper() + paired[1:] + ".")
-        for k in ("adhs_vs_hisparse_C128", "adhs_vs_adaptive_C128", "adaptive_vs_hisparse_C128"):
-            rep.why[k] = (rep.why[k] + "; " if rep.why.get(k) else "") + paired
+        rep.diagnose(("adhs_vs_hisparse_C128", "adhs_vs_adaptive_C128", "adaptive_vs_hisparse_C128"), paired,
+                     append=True)
     ttft_why = ttft_diagnosis(runs, 128)
     if ttft_why:  # the TTFT claim's own mechanism: where the time to first token went
         rep.note(ttft_why[0].upper() + ttft_why[1:] + ".")

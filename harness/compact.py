@@ -19,6 +19,7 @@ import gzip
 import lzma
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,33 +69,19 @@ FIGURE_EXPERIMENTS = ("fig1", "fig4", "fig5", "fig6", "fig7", "fig9", "fig9_dsv"
 PRUNED_NOTE = "RECORDS_PRUNED.txt"
 
 
-def _committed_unchanged(path: Path) -> str | None:
-    """HEAD's commit when ``path`` is tracked and unchanged there (so git keeps its bytes), else None."""
-    import subprocess
-
-    cwd = path.parent
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess | None:
+    """``git args`` run in ``cwd`` (None where git cannot run there)."""
     try:
-        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=cwd,
-                                 capture_output=True, timeout=30).returncode == 0
-        same = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", path.name], cwd=cwd,
-                              capture_output=True, timeout=30).returncode == 0
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True,
-                              text=True, timeout=30).stdout.strip()
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return head if tracked and same and head else None
 
 
-def _repo_path(path: Path) -> str:
-    """``path`` relative to its git repository's root (for a restore command run from there)."""
-    import subprocess
-
-    try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path.parent, capture_output=True,
-                             text=True, timeout=30).stdout.strip()
-        return str(path.resolve().relative_to(Path(top).resolve())) if top else str(path)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return str(path)
+def _committed_unchanged(path: Path) -> bool:
+    """Whether ``path`` is tracked and unchanged against HEAD (so git keeps its bytes)."""
+    tracked = _git(path.parent, "ls-files", "--error-unmatch", path.name)
+    same = _git(path.parent, "diff", "--quiet", "HEAD", "--", path.name)
+    return bool(tracked and tracked.returncode == 0 and same and same.returncode == 0)
 
 
 def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list[Path]]:
@@ -104,6 +91,12 @@ def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list
     Returns (pruned record files, record files kept because git does not hold them unchanged)."""
     from figures.common import caps_newest_first, finished_runs, load_runs, output_cap
 
+    head = _git(results, "rev-parse", "--short", "HEAD")
+    top = _git(results, "rev-parse", "--show-toplevel")
+    if not (head and head.returncode == 0 and top and top.returncode == 0):
+        head = top = None  # not in a git repository: nothing is held by git, nothing is pruned
+    else:
+        head, top = head.stdout.strip(), Path(top.stdout.strip()).resolve()
     pruned, kept = [], []
     for exp in FIGURE_EXPERIMENTS:
         plotted = load_runs(results, exp)
@@ -120,8 +113,7 @@ def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list
             if run.path.resolve() in used or output_cap(run) in waiting:
                 continue
             for rec in sorted(p for p in run.path.glob("records.jsonl*") if not p.name.endswith(".tmp")):
-                head = _committed_unchanged(rec)
-                if head is None:
+                if head is None or not _committed_unchanged(rec):
                     kept.append(rec)
                     continue
                 pruned.append(rec)
@@ -129,7 +121,8 @@ def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list
                     continue
                 with open(run.path / PRUNED_NOTE, "a", encoding="utf-8") as f:
                     f.write(f"{rec.name}: removed by `python -m harness.compact --prune-unused` (no figure "
-                            f"reads this run); restore with: git checkout {head} -- {_repo_path(rec)}\n")
+                            f"reads this run); restore with: git checkout {head} -- "
+                            f"{rec.resolve().relative_to(top)}\n")
                 rec.unlink()
     return pruned, kept
 
