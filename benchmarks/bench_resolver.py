@@ -673,6 +673,8 @@ def fig8bc(torch, rv, args, sz):
         # (suffix h: the host rows looked up in phase C, host_rows=True)
         sweeps_c += [(dict(copy_rows=int(x.rstrip("h")), **({"host_rows": True} if x.endswith("h") else {})),
                       f"copy rows {x}") for x in args.sweep_copy_rows.split(",") if x]
+        # phase C prefetching the misses' host rows into L2 (overlaps PCIe with the victim selection)
+        sweeps_c += [(dict(prefetch_rows=int(x)), f"prefetch {x} rows") for x in args.sweep_prefetch.split(",") if x]
         for knobs, label in sweeps_c:
             def fn_k(knobs=knobs):
                 stamp[0] += 1
@@ -815,6 +817,9 @@ def main() -> None:
     ap.add_argument("--sweep-copy-rows", default="",
                     help="also time (c) with these rows per copy tile, e.g. 32,64,128; suffix h looks the "
                          "host rows up in phase C (host_rows), e.g. 32h,64h")
+    ap.add_argument("--sweep-prefetch", default="",
+                    help="also time (c) with phase C prefetching each request's first N misses' host rows "
+                         "into L2 (prefetch_rows; 0 = off), e.g. 0,64,128")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",
@@ -835,6 +840,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.sweep_spin and not args.sweep_copy_programs:
         ap.error("--sweep-spin times the copy programs' polling: add --sweep-copy-programs")
+    if any(x and not x.isdigit() for x in args.sweep_prefetch.split(",")):
+        ap.error(f"--sweep-prefetch: expected non-negative integers, got {args.sweep_prefetch!r}")
     bad_rows = [x for x in args.sweep_copy_rows.split(",") if x and not re.fullmatch(r"\d+h?", x)]
     if bad_rows:
         ap.error(f"--sweep-copy-rows: {bad_rows} (expected N or Nh, e.g. 32,64h)")

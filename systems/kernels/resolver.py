@@ -229,6 +229,11 @@ SCAN_STAGES_MULTI = 2
 # Phase C can look up the misses' host rows (HOST_ROWS) so that each copy tile's chain is miss list ->
 # host row instead of miss list -> host page table (HBM) -> host row. Not yet measured: off.
 HOST_ROWS = False
+# Phase C can start the misses' host rows streaming into L2 (``prefetch.global.L2`` on every
+# 128-byte line of the first PREFETCH_ROWS misses of a request) so the PCIe reads overlap the
+# victim selection instead of following it; the copy then reads those lines from L2. A pure hint:
+# same result with any value, and skipped under the interpreter. 0 = off.
+PREFETCH_ROWS = 0
 
 
 class ResolveResult(NamedTuple):
@@ -470,6 +475,14 @@ if _HAVE_TRITON:
         return key
 
     @triton.jit
+    def _prefetch_l2(addr, pred):
+        """``prefetch.global.L2`` of the byte address ``addr`` (int64) where ``pred`` (int32) != 0:
+        a hint with no result; for pinned host memory it starts the PCIe read into L2."""
+        tl.inline_asm_elementwise(
+            "{ .reg .pred pf; setp.ne.b32 pf, $2, 0; @pf prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, pred], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS: tl.constexpr):
         """Hand this request's copy list (miss positions, victims, counts) to its copy programs."""
         tl.store(meta_ptr + r64 * 2, nv)
@@ -502,6 +515,7 @@ if _HAVE_TRITON:
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
         SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
+        PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -639,6 +653,19 @@ if _HAVE_TRITON:
                     if HOST_ROWS:
                         tl.store(mrow_row + rank, hpg.to(tl.int64) * page_size + (p % page_size),
                                  mask=first)
+                    if PREFETCH > 0:
+                        # start this miss's host row on its way to L2 now: phase V (the victim
+                        # selection) runs while the PCIe reads are in flight
+                        pf = first & (rank < PREFETCH)
+                        if HOST_ROWS:
+                            pg_pf = hpg
+                        else:
+                            pg_pf = tl.load(hpt_ptr + r64 * hpt_stride + p // page_size, mask=pf, other=0)
+                        w0 = (pg_pf.to(tl.int64) * page_size + (p % page_size)) * WORDS
+                        for ln in tl.static_range(0, (WORDS + LINE_WORDS - 1) // LINE_WORDS + 1):
+                            # every 128-byte line the row touches: line starts, then its last word
+                            w = w0 + min(ln * LINE_WORDS, WORDS - 1)
+                            _prefetch_l2((host_ptr + w).to(tl.int64, bitcast=True), pf.to(tl.int32))
                     m += tl.sum(f32, 0)
                 nv = tl.minimum(m, B - n_hit)
                 ovf = m - nv
@@ -945,7 +972,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    keys_in_registers: Optional[bool] = None, copy_rows: Optional[int] = None,
                    pending_bitmap: Optional[bool] = None, keys_from_state: Optional[bool] = None,
                    scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
-                   check: bool = True) -> ResolveResult:
+                   prefetch_rows: Optional[int] = None, check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -961,7 +988,10 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     the scan; ``scan_stages`` software-pipelines the multi-tile scan; ``spin_ns`` makes waiting
     copy programs sleep between polls of their request's flag (``copy_programs_per_request > 1``);
     ``host_rows`` has phase C look up the misses' host rows (beside its scratch gather) for the
-    copy, instead of the copy doing it per tile; every choice gives the same result (the benchmark sweeps them)."""
+    copy, instead of the copy doing it per tile; ``prefetch_rows`` (default PREFETCH_ROWS, 0 = off;
+    always off under the interpreter, which has no inline PTX) has phase C prefetch the host rows
+    of each request's first ``prefetch_rows`` misses into L2 so the PCIe reads overlap the victim
+    selection; every choice gives the same result (the benchmark sweeps them)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -996,6 +1026,11 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                          f"got {radix_bits}, {radix_tile}")
     if int(spin_ns) < 0 or int(spin_ns) > 1_000_000:
         raise ValueError(f"spin_ns must be in 0..1e6, got {spin_ns}")
+    prefetch_rows = PREFETCH_ROWS if prefetch_rows is None else int(prefetch_rows)
+    if not 0 <= prefetch_rows < _HIT:
+        raise ValueError(f"prefetch_rows must be >= 0, got {prefetch_rows}")
+    if interpret:  # a hint only: the interpreter cannot run inline PTX
+        prefetch_rows = 0
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
@@ -1068,6 +1103,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap),
         KEYS_FROM_STATE=keys_from_state, SCAN_STAGES=scan_stages,
         SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
+        PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)),
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -1089,7 +1125,8 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
-             KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False)
+             KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
+             LINE_WORDS=16)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -601,7 +601,9 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False,
             dict(BITMAP=True), dict(BITMAP=True, REG_KEYS=True, BBLK=4096, QBLK=512),
             dict(KEYS_FROM_STATE=True, SCAN_STAGES=2, SPIN_NS=200, HOST_ROWS=True),
             dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False, HOST_ROWS=True,
-                 DIGIT=12, NBINS=4096)]
+                 DIGIT=12, NBINS=4096),
+            dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
+                                    PREFETCH=128, HOST_ROWS=True)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
@@ -611,6 +613,7 @@ for v in variants:
     if not v:
         assert "ld.global.v2.b64" in ptx, "row copy should use 16-byte loads"
     assert ("nanosleep" in ptx) == bool(v.get("SPIN_NS")), "copy programs sleep between polls only when asked"
+    assert ("prefetch.global.L2" in ptx) == bool(v.get("PREFETCH")), "host rows are prefetched only when asked"
 print("ok")
 """
 
