@@ -66,17 +66,20 @@ def fig7(results: Path) -> dict | None:
             dr = float(st[rounds].iloc[-1] - st[rounds].iloc[0])
             de = float(st[emitted].iloc[-1] - st[emitted].iloc[0])
             ept = de / dr if dr > 0 else None
+        got = {}
         for col, acc in (("dhs_selected_rows_from_host_total", "sel"),
                          ("dhs_host_rows_copied_total", "rows")):
             c = C.metric_col(st, col)
             if c:
-                v = float(st[c].iloc[-1] - st[c].iloc[0])
-                if acc == "sel":
-                    miss_sel += v
-                else:
-                    miss_rows += v
+                got[acc] = float(st[c].iloc[-1] - st[c].iloc[0])
+        miss_sel += got.get("sel", 0.0)
+        miss_rows += got.get("rows", 0.0)
+        sc = C.step_cost(r)  # one engine step is one speculative round (draft + verify)
         points.append({"block": int(block), "concurrency": r.concurrency,
                        "emitted_tokens_per_round": ept,
+                       "round_ms": sc[0] if sc else None,
+                       "missing_selections_per_distinct_host_row":
+                           got["sel"] / got["rows"] if got.get("sel") and got.get("rows") else None,
                        "output_tok_s_per_gpu": r.summary.get("output_tok_s_per_gpu"),
                        "run": str(r.path.relative_to(results))})
     if not points:
