@@ -466,8 +466,9 @@ def fig8a(torch, rv, args, sz):
                 src.hot_pos.fill_(-1)
                 src.hot_lru.zero_()
             else:
-                # retained: a full cache holding half of query 0's selection + other history rows
-                keep = qs[0][:, : K // 2]
+                # retained: a full cache that kept query 0's whole selection from an earlier call, plus
+                # other history rows (shared selections then miss nothing: the panel's no-miss point)
+                keep = qs[0]
                 others = src.perms(min(src.ctx, need + B))
                 # per request: rows not in that request's own selections (isin is row-blind)
                 other_rows = torch.stack([others[r][~torch.isin(others[r], pool[r])]

@@ -232,7 +232,11 @@ HOST_ROWS = False
 # Phase C can start the misses' host rows streaming into L2 (``prefetch.global.L2`` on every
 # 128-byte line of the first PREFETCH_ROWS misses of a request) so the PCIe reads overlap the
 # victim selection instead of following it; the copy then reads those lines from L2. A pure hint:
-# same result with any value, and skipped under the interpreter. 0 = off.
+# same result with any value, and skipped under the interpreter. 0 = off. H200, B = 4096, 77 misses,
+# batch 8 / 160 (bench_resolver --sweep-prefetch, results/fig8/prefetch_sweep-h200.json, beside a
+# serving lane): off 40.8 / 226.5 us; 64 rows 40.4 / 239.5; 128 rows 40.7 / 231.1; 512 rows
+# 41.0 / 254.8. No gain: the copy's PCIe reads are not what phase V could hide. Off.
+# (4- and 6-bit digits over the register keys, same run: 43.9 / 225.2 and 42.7 / 232.1 us.)
 PREFETCH_ROWS = 0
 
 
