@@ -5,7 +5,9 @@ C512 under pressure.
 
 Reads results/fig11/summary.json {"round_ms": {"4": {family: ms, ..., ["total"]}, "6": {...}},
 "resolver_share_pct": {"C16 fill": .., "C16 middle": .., "C16 drain": .., "C512 pressure": ..}},
-or profile.json files with the same keys in results/fig11/<run>/ (point.block for round_ms).
+or profile.json files with the same keys in results/fig11/<run>/ (point.block for round_ms); panel (b)
+also from the per-cycle kernel profiles of results/fig11b/ (conf/experiment/fig11b.yaml: the lowest
+load split into fill / middle / drain, the top load's full-batch part as "under pressure").
 """
 
 from __future__ import annotations
@@ -42,13 +44,58 @@ def collect(results):
             if _norm(k) == lab and C.as_float(prof.get("resolver_share_pct")) is not None:
                 shares.setdefault(k, C.as_float(prof["resolver_share_pct"]))
                 provs.append(r)
+    # Fig. 11b from conf/experiment/fig11b.yaml: per-cycle profiles over a whole run, split by phase
+    b_runs = [r for r in C.load_runs(results, "fig11b") if r.concurrency]
+    note = ""
+    if b_runs:
+        low, top = min(r.concurrency for r in b_runs), max(r.concurrency for r in b_runs)
+        for r in b_runs:
+            ph = phase_shares(r)
+            if r.concurrency == low:
+                for name in ("fill", "middle", "drain"):
+                    key = next((k for k in PAPER["fig11"]["resolver_share_pct"] if k.endswith(name)), None)
+                    if key and ph.get(name) is not None:
+                        shares.setdefault(key, ph[name])
+                        provs.append(r)
+            elif r.concurrency == top and ph.get("middle") is not None:
+                key = next((k for k in PAPER["fig11"]["resolver_share_pct"] if k.endswith("pressure")), None)
+                if key:
+                    shares.setdefault(key, ph["middle"])
+                    provs.append(r)
+        note = (f"Panel b from results/fig11b: the C16 phases at our C{low}, split by the batch each profiled "
+                f"cycle carried (fill: before it first reached C{low}; drain: after it last did), and "
+                f"'C512 pressure' as the full-batch cycles at our top load, C{top} (fig5.yaml maps the "
+                "paper's C512 there).")
     # one deduplicated tag list (a tag per run repeated every preset and device name)
-    return rounds, shares, "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x)
+    return rounds, shares, "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x), note
+
+
+def phase_shares(run) -> dict[str, float]:
+    """Resolver share of the step (%) by phase of one run profiled in cycles over its whole length
+    (kernels/kernel_summary.json ``cycles``, each with the mean batch it carried): fill = cycles
+    before the batch first reaches the run's concurrency C, drain = cycles after it last held C,
+    middle = the cycles between (the full-batch part). Phases are step-weighted means."""
+    ks = C.load_json(run.path / "kernels" / "kernel_summary.json") or {}
+    # cycles that decoded something (a last partial cycle can hold steps without a batch)
+    cyc = [c for c in ks.get("cycles") or [] if c.get("num_steps") and (C.as_float(c.get("sessions_per_step"))
+           or 0) > 0 and C.as_float(c.get("resolver_share_pct_mean")) is not None]
+    if not cyc or not run.concurrency:
+        return {}
+    full = [i for i, c in enumerate(cyc) if float(c["sessions_per_step"]) >= run.concurrency - 0.5]
+    if not full:
+        return {}
+    parts = {"fill": cyc[:full[0]], "middle": cyc[full[0]:full[-1] + 1], "drain": cyc[full[-1] + 1:]}
+    out = {}
+    for name, cs in parts.items():
+        n = sum(int(c["num_steps"]) for c in cs)
+        if n:
+            out[name] = sum(float(c["resolver_share_pct_mean"]) * int(c["num_steps"]) for c in cs) / n
+    return out
 
 
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
-    rounds, shares, prov = collect(args.results)
+    rounds, shares, prov, b_note = collect(args.results)
     rep = C.Report(NAME, "Fig. 11 - Where step time goes (ours: scaled presets)")
     P = PAPER["fig11"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.0)
@@ -115,6 +162,8 @@ def main(argv=None) -> C.Report:
         rep.compare(f"share.{k}", f"resolver share of the step, {k}", P["resolver_share_pct"][k],
                     C.as_float(shares.get(k)), "%", prov)
     rep.measured_with = prov
+    if b_note:
+        rep.note(b_note)
     rep.note("The paper's segment-to-category mapping of panel (a) is inferred from the flattened "
              "text; see figures/paper_values.py AMBIGUITIES['fig11.round_ms'].")
     return rep.finish(fig, args)

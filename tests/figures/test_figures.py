@@ -578,3 +578,31 @@ def test_fig10_with_replayed_graphs_does_not_split_what_the_trace_cannot(tmp_pat
     assert rep.value("glm.partition.indexing and attention") == pytest.approx(6.0)
     md = (tmp_path / "out" / "fig10.md").read_text()
     assert "ours 45 %" in md and "follower-copy share: not measured" in md
+
+
+def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
+    """results/fig11b: a run profiled in cycles over its whole length; cycles before the batch
+    first reaches C are the fill, after it last held C the drain, the rest the middle (step-weighted
+    means). The top load's full-batch cycles stand for the paper's C512 under pressure."""
+    from figures import fig11
+    from tests.figures.fixture import _config, _summary, _write_run
+
+    res = tmp_path / "results"
+    for c, cycles in ((16, [(4, 6, 2.0), (4, 12, 1.8), (4, 16, 1.2), (3, 16, 1.6), (4, 15.75, 1.0),
+                            (4, 9, 0.4), (0, 0, 0.0)]),
+                      (256, [(4, 100, 3.0), (4, 256, 5.0), (4, 256, 4.0), (4, 200, 2.0)])):
+        s = _summary("adaptive_hisparse", "dsv41_mini", "fig11b", c)
+        d = _write_run(res, "fig11b", f"adaptive_hisparse-dsv41_mini-c{c}-x", s,
+                       _config("adaptive_hisparse", "dsv41_mini"))
+        (d / "kernels").mkdir()
+        (d / "kernels" / "kernel_summary.json").write_text(json.dumps({"cycles": [
+            {"num_steps": n, "sessions_per_step": ses, "resolver_share_pct_mean": sh, "step_ms": 20.0}
+            for n, ses, sh in cycles]}))
+    ph = fig11.phase_shares(next(r for r in C.load_runs(res, "fig11b") if r.concurrency == 16))
+    assert ph["fill"] == pytest.approx((4 * 2.0 + 4 * 1.8) / 8)
+    assert ph["middle"] == pytest.approx((4 * 1.2 + 3 * 1.6 + 4 * 1.0) / 11)  # 15.75: one step of four a request short
+    assert ph["drain"] == pytest.approx(0.4)
+    rep = fig11.main(["--results", str(res), "--out", str(tmp_path / "out"), "--dpi", "30"])
+    assert rep.value("share.C16 drain") == pytest.approx(0.4)
+    assert rep.value("share.C512 pressure") == pytest.approx(4.5)
+    assert "our top load, C256" in (tmp_path / "out" / "fig11.md").read_text()
