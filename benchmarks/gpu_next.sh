@@ -1,29 +1,27 @@
 #!/usr/bin/env bash
 # Device calls, in parts of one call each (about 9 min apiece):
 #   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
-# Plan for the next session (written at the end of the 2026-11-30 afternoon session).
-#   State: Fig. 1 C128 all five (new kernel defaults, 2-3 repeats each); Fig. 4 all five C4-C256 (C128
-#   re-measured 3x at the new defaults, C256 for all five); Fig. 5 all five; Fig. 6 both arms; Fig. 7;
-#   Fig. 9 C128 all eight settings, C8 HiSparse B/k 1-8 + Adaptive B/k 1-2; Fig. 9 DSV both systems;
-#   Fig. 11 blocks 4/6; admission experiment (results/admission/).
-#   The tracked tree is ~51 MB against the device's 64 MiB: `python -m harness.compact --prune-unused`
-#   (commit first) drops the records of runs no figure reads (13 MiB on 2026-11-30); `make compact`
-#   after every unpack.
-#   Serving output at one config moves by up to 40% between GPU machines (env.json now records
-#   cpu_model): compare systems within one call; the figures list per-call ratios (paired_ratio_note).
-#   1. x2: claim 1 on one machine, both lanes: L "fig4+system=hisparse+point=c128+ov=^kernels=a5e1803+ov=^rerun=4:85
-#      fig4+system=adaptive_dhisparse+point=c128+ov=^kernels=a5e1803+ov=^rerun=4:85" and the same with
-#      rerun=5 in lane 1 with the systems in the other order (GPU and order effects), plus
-#      adaptive_hisparse rerun=4.
-#   2. x2: fig9_dsv+system=hisparse (C8 at every B/k, C128 at B/k 16: ~200 s) FIRST: until the 128-token
-#      cap covers HiSparse there, Fig. 9's DeepSeek panel falls back to the 64-token sweep (spread 33%,
-#      claim dsv_flat_budget_c128 fails) and hides the new Adaptive HiSparse runs; then
-#      fig9+point=c8 (Adaptive B/k 4, 8) and fig1 c8/c32 (five systems, ~100 s each at the 1,024 cap).
-#   3. issue 4, batch-8 miss path (39.5 us against 29.3): the ablation says PCIe 7 us, one radix pass
-#      ~3 us; S > 1 copy programs, host rows looked up in phase C and 10/12-bit digits did not help
-#      (results/fig8/keys_state_sweep-h200.json, defaults_d5c19c2-h200.json). Untried: one dependent
-#      host round per request (all 77 rows in flight: needs a copy tile that does not spill), and
-#      victim selection without the second radix pass when the oldest stamps alone cover the misses.
+# Plan for the next session (written at the end of the 2026-11-30 evening session).
+#   State: every experiment of issue 8 has run at the current caps: Fig. 1 C8/C32/C128 (five systems),
+#   C64 for HiSparse / ADHS / Resident+DFlash2; Fig. 4 C4-C256 (C128 six times for HiSparse /
+#   Adaptive / ADHS, three of them paired on one machine) and C8 for Table A3; Fig. 5 C16-C256 + C128 +
+#   the context crossover (2K / 13K inputs); Fig. 6; Fig. 7; Fig. 8 a/b/c; Fig. 9 C8/C128 both models;
+#   Fig. 10 profiles (results/fig10*, CUDA graphs on); Fig. 11a; Fig. 11b (results/fig11b).
+#   The tracked tree is ~61 MB against the device's 64 MiB: `python -m harness.compact --prune-unused`
+#   (commit first) and `make compact` after every unpack.
+#   Serving output at one config moves by up to 40% between GPU machines (host-side: prefill backups
+#   and the engine thread): compare systems within one call; the figures list per-call ratios.
+#   1. Fig. 1 C64 for Resident and Adaptive HiSparse (fig1+system=S+ov=workload.concurrency=[64]:60),
+#      which completes Fig. 1's C64 column.
+#   2. Fig. 10 with CUDA graphs off for the two splits graph replay folds (follower-copy share,
+#      expert vs dense projections): an experiment of its own (copy conf/experiment/fig10.yaml with
+#      engine.disable_cuda_graph: true and experiment_name fig10_eager) so it does not replace the
+#      graph-on points; fig10.py would then read it for the split only.
+#   3. issue 4, batch-8 miss path (40.8 us against 29.3): PCIe 7 us, a radix pass ~3 us; tried
+#      without gain: S > 1 copy programs, spin, host rows in phase C, 4/6/10/12-bit digits, copy
+#      rows / stages, L2 prefetch of the misses' host rows during phase V (prefetch_sweep-h200.json).
+#      Untried: a profile of the phases (clock64 stamps per phase into a debug buffer) before more
+#      guessing; the victim assignment pass without the block-wide cumsum (warp-level ballots).
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
 #   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.

@@ -108,6 +108,25 @@ def at(pts, fam, system, c, bk) -> SweepPoint | None:
     return None
 
 
+def within_call_spread(sel: list[SweepPoint]) -> str | None:
+    """Where a budget sweep's points are medians of repeats from several GPU machines: the output
+    spread over the budgets within each device call that ran every budget of the sweep (one config's
+    output moves by up to 40% between machines, more than the spread the claim is about)."""
+    if len(sel) < 2 or all(len(p.run.repeats) < 2 for p in sel):
+        return None
+    by_call: dict = {}
+    for p in sel:
+        for x in (p.run.repeats or [p.run]):
+            v = C.as_float(x.summary.get("output_tok_s_per_gpu"))
+            if x.device_call and v:
+                by_call.setdefault(x.device_call, {})[p.bk] = v
+    budgets = {p.bk for p in sel}
+    parts = [f"{(max(d.values()) / min(d.values()) - 1) * 100:.0f}% in {call} ("
+             + ", ".join(f"B/k {bk:g}: {d[bk]:.0f}" for bk in sorted(d)) + " tok/s)"
+             for call, d in by_call.items() if set(d) == budgets]
+    return ("spread within one device call that ran every budget: " + "; ".join(parts)) if parts else None
+
+
 def profile_of(p: SweepPoint | None, profiled: list[SweepPoint]) -> tuple[dict, str]:
     """A sweep point's kernel profile and where it came from: the run's own, else the profiled
     run of the same setting (results/fig10*: the profiler's overhead stays out of Fig. 9's runs)."""
@@ -265,6 +284,9 @@ def main(argv=None) -> C.Report:
                 f"{100 * split[p.bk]['decode']:.0f}% / capture {100 * split[p.bk]['capture']:.0f}% / "
                 f"handoff {100 * split[p.bk]['handoff']:.0f}% of engine time" for p in sel
                 if p.value("output_tok_s_per_gpu")))
+        within = within_call_spread(sel)
+        if within:
+            rep.diagnose([f"ds128.spread.{s}"], within, append=True)
         tag = "hisparse" if s == "hisparse" else "adaptive"
         lo, hi = (sel[0], sel[-1]) if sel else (None, None)
         rep.compare(f"ds128.miss_lo.{s}", f"DeepSeek C128 {C.system_label(s)} host-miss share, smallest B",

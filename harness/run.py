@@ -209,13 +209,17 @@ def _collect_profile(server_dir: Path, run_dirs: list[Path]) -> None:
     """Collectors run inside the server's engine for its whole life; their outputs (written when
     the server stops) go to the first run of this server, where the figure scripts read them."""
     import shutil
-    prof = server_dir / "profile"
+
+    from harness.servers import server_profile_dir
+
+    prof = server_profile_dir(server_dir)
     if not prof.is_dir() or not run_dirs:
         return
     for sub in prof.iterdir():
         dest = run_dirs[0] / sub.name
         if not dest.exists():
             shutil.move(str(sub), str(dest))
+    shutil.rmtree(prof, ignore_errors=True)  # what a rerun's outputs would otherwise sit beside
 
 
 def _fmt(v, nd=1):

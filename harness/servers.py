@@ -119,6 +119,14 @@ def _stop(proc: subprocess.Popen, grace_s: float, group: bool) -> None:
             continue
 
 
+def server_profile_dir(workdir: Path) -> Path:
+    """Where the collectors of a bundled server write until the harness moves their outputs into
+    the run directory: one folder per harness process, because two harnesses (two lanes of one
+    machine) can serve the same experiment, system and model at once from one server folder, and
+    one collector's files must never be read back mid-write by the other's."""
+    return Path(workdir) / f"profile-{os.getpid()}"
+
+
 @contextlib.contextmanager
 def bundled_server(cfg: DictConfig, workdir: Path):
     """Yields the base URL of a server for ``cfg`` according to ``cfg.server.mode``."""
@@ -142,7 +150,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     if mode == "inprocess":
         cfg = cfg.copy()
         with open_dict(cfg):
-            cfg.profile_dir = str(workdir / "profile")
+            cfg.profile_dir = str(server_profile_dir(workdir))
         with _inprocess(cfg, host, port):
             wait_healthy(url, timeout)
             yield url
@@ -154,7 +162,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     cfg_path = workdir / "server_config.yaml"
     cfg = cfg.copy()
     with open_dict(cfg):
-        cfg.profile_dir = str(workdir / "profile")  # collectors of the server's engine
+        cfg.profile_dir = str(server_profile_dir(workdir))  # collectors of the server's engine
     OmegaConf.save(cfg, cfg_path, resolve=True)
     log_path = workdir / "server.log"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),

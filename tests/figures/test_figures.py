@@ -606,3 +606,23 @@ def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
     assert rep.value("share.C16 drain") == pytest.approx(0.4)
     assert rep.value("share.C512 pressure") == pytest.approx(4.5)
     assert "our top load, C256" in (tmp_path / "out" / "fig11.md").read_text()
+
+
+def test_fig9_budget_spread_within_one_device_call():
+    """Budget points that are medians of repeats from several machines: the spread is also given
+    for each device call that ran every budget, and only for those."""
+    from types import SimpleNamespace as NS
+
+    from figures.fig9 import within_call_spread
+
+    def run(call, out):
+        return NS(device_call=call, summary={"output_tok_s_per_gpu": out}, repeats=[])
+
+    def point(bk, *runs):
+        return NS(bk=bk, run=NS(repeats=list(runs)))
+
+    sel = [point(2, run("old", 1600.0), run("call-b", 2000.0)),
+           point(16, run("call-a", 2800.0), run("call-b", 1600.0))]
+    note = within_call_spread(sel)
+    assert note is not None and "25% in call-b" in note and "call-a" not in note
+    assert within_call_spread([point(2, run("x", 1.0)), point(4, run("x", 2.0))]) is None  # no repeats

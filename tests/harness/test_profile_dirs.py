@@ -1,0 +1,23 @@
+"""Collector outputs of a bundled server: one folder per harness process, so two lanes that serve
+the same experiment, system and model at once (one server folder) never share trace files."""
+
+import os
+
+from harness.run import _collect_profile
+from harness.servers import server_profile_dir
+
+
+def test_each_harness_process_collects_only_its_own_profile(tmp_path):
+    server_dir = tmp_path / "fig11b" / ".server-adaptive_hisparse-dsv41_mini"
+    mine = server_profile_dir(server_dir)
+    assert mine.parent == server_dir and str(os.getpid()) in mine.name
+    other = server_dir / "profile-999999999"  # another lane's harness, still profiling
+    for d, tag in ((mine, "mine"), (other, "other")):
+        (d / "kernels").mkdir(parents=True)
+        (d / "kernels" / "kernel_summary.json").write_text(tag)
+    run = tmp_path / "fig11b" / "run-c16"
+    run.mkdir(parents=True)
+    _collect_profile(server_dir, [run])
+    assert (run / "kernels" / "kernel_summary.json").read_text() == "mine"
+    assert not mine.exists()
+    assert (other / "kernels" / "kernel_summary.json").read_text() == "other"
