@@ -2,21 +2,28 @@
 # Device calls, in parts of one call each (about 9 min apiece):
 #   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
 # Plan for the next session (written at the end of the 2026-11-30 evening session).
-#   State: every experiment of issue 8 has run at the current caps: Fig. 1 C8/C32/C128 (five systems),
-#   C64 for HiSparse / ADHS / Resident+DFlash2; Fig. 4 C4-C256 (C128 six times for HiSparse /
-#   Adaptive / ADHS, three of them paired on one machine) and C8 for Table A3; Fig. 5 C16-C256 + C128 +
-#   the context crossover (2K / 13K inputs); Fig. 6; Fig. 7; Fig. 8 a/b/c; Fig. 9 C8/C128 both models;
-#   Fig. 10 profiles (results/fig10*, CUDA graphs on); Fig. 11a; Fig. 11b (results/fig11b).
-#   The tracked tree is ~61 MB against the device's 64 MiB: `python -m harness.compact --prune-unused`
-#   (commit first) and `make compact` after every unpack.
-#   Serving output at one config moves by up to 40% between GPU machines (host-side: prefill backups
+#   State: Fig. 1 C8/C32/C128 (five systems), C64 for Resident + DFlash2; Fig. 4 C4-C256 (C128 six
+#   times for HiSparse / Adaptive / ADHS, three paired on one machine) and C8 for Table A3; Fig. 5
+#   C16-C256 + C128 + the context crossover (2K / 13K inputs); Fig. 6; Fig. 7; Fig. 8 a/b/c; Fig. 9
+#   C8/C128 both models (DSV HiSparse C128 all four budgets in one call); Fig. 10 profiles
+#   (results/fig10: C128 B/k 1/2/4, C8 B/k 1; fig10_dsv: C128 B/k 2/4/8); Fig. 11a.
+#   The tracked tree is ~63 MB against the device's 64 MiB: `python -m harness.compact --prune-unused`
+#   (commit first) and `make compact` after every unpack; drop trace_*.json.gz of profiled runs if
+#   needed (kernel_summary.json is what the figures read).
+#   Serving output at one config moves by up to 40% between GPU machines (host side: prefill backups
 #   and the engine thread): compare systems within one call; the figures list per-call ratios.
-#   1. Fig. 1 C64 for Resident and Adaptive HiSparse (fig1+system=S+ov=workload.concurrency=[64]:60),
-#      which completes Fig. 1's C64 column.
+#   Time boxes: profiled runs take ~60 s (server 10-27 s), Fig. 1 C64 at the 1,024 cap > 60 s.
+#   1. x2, one call (~450 s of lanes):
+#      L "fig10+point=c128+where=b_over_k=8:90 fig10+point=c8+where=b_over_k=8:75 fig11b+point=c16:150
+#         fig1+system=hisparse+ov=workload.concurrency=[64]:110"
+#        "fig10_dsv+point=c128+where=b_over_k=16:75 fig11b+point=c256:150
+#         fig1+system=adaptive_dhisparse+ov=workload.concurrency=[64]:120
+#         fig1+system=resident+ov=workload.concurrency=[64]:100"
+#      (fig11b's two loads in different lanes is safe since the profile-<pid> fix; Adaptive HiSparse
+#      C64 for Fig. 1 if time is left.)
 #   2. Fig. 10 with CUDA graphs off for the two splits graph replay folds (follower-copy share,
-#      expert vs dense projections): an experiment of its own (copy conf/experiment/fig10.yaml with
-#      engine.disable_cuda_graph: true and experiment_name fig10_eager) so it does not replace the
-#      graph-on points; fig10.py would then read it for the split only.
+#      expert vs dense projections): an experiment of its own (fig10.yaml with
+#      engine.disable_cuda_graph: true, experiment_name fig10_eager) read for those splits only.
 #   3. issue 4, batch-8 miss path (40.8 us against 29.3): PCIe 7 us, a radix pass ~3 us; tried
 #      without gain: S > 1 copy programs, spin, host rows in phase C, 4/6/10/12-bit digits, copy
 #      rows / stages, L2 prefetch of the misses' host rows during phase V (prefetch_sweep-h200.json).

@@ -1,6 +1,6 @@
 """Compress the request records of finished runs before they are committed.
 
-    python -m harness.compact [--results results] [--dry-run]
+    python -m harness.compact [--results results] [--dry-run] [--prune-unused] [--prune-traces]
 
 A finished run (one with ``summary.json``) keeps ``records.jsonl`` as ``records.jsonl.xz``
 (an earlier ``records.jsonl.gz`` is re-packed the same way); every reader
@@ -91,12 +91,7 @@ def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list
     Returns (pruned record files, record files kept because git does not hold them unchanged)."""
     from figures.common import caps_newest_first, finished_runs, load_runs, output_cap
 
-    head = _git(results, "rev-parse", "--short", "HEAD")
-    top = _git(results, "rev-parse", "--show-toplevel")
-    if not (head and head.returncode == 0 and top and top.returncode == 0):
-        head = top = None  # not in a git repository: nothing is held by git, nothing is pruned
-    else:
-        head, top = head.stdout.strip(), Path(top.stdout.strip()).resolve()
+    head, top = _git_head(results)
     pruned, kept = [], []
     for exp in FIGURE_EXPERIMENTS:
         plotted = load_runs(results, exp)
@@ -113,17 +108,51 @@ def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list
             if run.path.resolve() in used or output_cap(run) in waiting:
                 continue
             for rec in sorted(p for p in run.path.glob("records.jsonl*") if not p.name.endswith(".tmp")):
-                if head is None or not _committed_unchanged(rec):
-                    kept.append(rec)
-                    continue
-                pruned.append(rec)
-                if dry_run:
-                    continue
-                with open(run.path / PRUNED_NOTE, "a", encoding="utf-8") as f:
-                    f.write(f"{rec.name}: removed by `python -m harness.compact --prune-unused` (no figure "
-                            f"reads this run); restore with: git checkout {head} -- "
-                            f"{rec.resolve().relative_to(top)}\n")
-                rec.unlink()
+                done = _remove_committed(rec, run.path / PRUNED_NOTE, "--prune-unused", "no figure reads this run",
+                                         head, top, dry_run)
+                (pruned if done else kept).append(rec)
+    return pruned, kept
+
+
+def _git_head(results: Path) -> tuple[str | None, Path | None]:
+    """(short HEAD, repository root) of the repository holding ``results``; (None, None) outside one."""
+    head = _git(results, "rev-parse", "--short", "HEAD")
+    top = _git(results, "rev-parse", "--show-toplevel")
+    if not (head and head.returncode == 0 and top and top.returncode == 0):
+        return None, None  # not in a git repository: nothing is held by git, nothing is pruned
+    return head.stdout.strip(), Path(top.stdout.strip()).resolve()
+
+
+def _remove_committed(path: Path, note: Path, flag: str, why: str, head: str | None, top: Path | None,
+                      dry_run: bool) -> bool:
+    """Delete ``path`` where git holds it unchanged at HEAD, appending to ``note`` the command that
+    restores it; False (and nothing removed) where git does not hold its bytes."""
+    if head is None or not _committed_unchanged(path):
+        return False
+    if not dry_run:
+        with open(note, "a", encoding="utf-8") as f:
+            f.write(f"{path.name}: removed by `python -m harness.compact {flag}` ({why}); restore with: "
+                    f"git checkout {head} -- {path.resolve().relative_to(top)}\n")
+        path.unlink()
+    return True
+
+
+TRACES_NOTE = "TRACES_PRUNED.txt"
+
+
+def prune_traces(results: Path, dry_run: bool = False) -> tuple[list[Path], list[Path]]:
+    """Remove the kernel-profiler traces (``kernels/trace_*.json[.gz]``, for Perfetto) of finished
+    runs where git holds them unchanged at HEAD: the figures read ``kernel_summary.json`` and
+    ``kernel_steps.csv``, which stay; a TRACES_PRUNED.txt beside them names the commit to restore
+    the traces from. Returns (pruned, kept because git does not hold them unchanged)."""
+    head, top = _git_head(results)
+    pruned, kept = [], []
+    for summary in sorted(results.glob("*/*/summary.json")):
+        kdir = summary.parent / "kernels"
+        for tr in sorted(kdir.glob("trace_*.json*")):
+            done = _remove_committed(tr, kdir / TRACES_NOTE, "--prune-traces",
+                                     "the figures read kernel_summary.json", head, top, dry_run)
+            (pruned if done else kept).append(tr)
     return pruned, kept
 
 
@@ -135,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also remove the request records of runs no figure reads (superseded output caps, "
                          "settings re-measured since) where git holds them unchanged at HEAD; a note in the "
                          "run directory names the commit to restore them from")
+    ap.add_argument("--prune-traces", action="store_true",
+                    help="also remove the kernel profiler's Perfetto traces (kernels/trace_*.json.gz) of finished "
+                         "runs where git holds them unchanged at HEAD (the figures read kernel_summary.json); a "
+                         "note beside them names the commit to restore them from")
     args = ap.parse_args(argv)
     root = Path(args.results)
     if not root.is_dir():
@@ -145,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         size = sum(p.stat().st_size for p in pruned) if args.dry_run else None
         print(f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} records files of runs "
               f"no figure reads" + (f" ({size / 2**20:.1f} MiB)" if size is not None else "")
+              + (f"; kept {len(kept)} that git does not hold unchanged (commit them first)" if kept else ""))
+    if args.prune_traces:
+        pruned, kept = prune_traces(root, args.dry_run)
+        size = sum(p.stat().st_size for p in pruned) if args.dry_run else None
+        print(f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} kernel traces"
+              + (f" ({size / 2**20:.1f} MiB)" if size is not None else "")
               + (f"; kept {len(kept)} that git does not hold unchanged (commit them first)" if kept else ""))
     n, before, after = compact(root, args.dry_run)
     if args.dry_run:

@@ -91,3 +91,35 @@ def test_prune_unused_removes_only_committed_records_of_runs_no_figure_reads(tmp
     assert "git checkout" in (old / PRUNED_NOTE).read_text() and "results/fig4/old/records.jsonl" in (
         old / PRUNED_NOTE).read_text()
     assert (old / "summary.json").is_file()  # the run itself stays
+
+
+def test_prune_traces_keeps_what_the_figures_read(tmp_path, capsys):
+    """--prune-traces removes committed Perfetto traces of finished runs and notes where to restore
+    them from; kernel_summary.json stays, and a trace git does not hold is kept."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    from harness.compact import TRACES_NOTE
+
+    res = tmp_path / "results"
+    k = res / "fig10" / "run-a" / "kernels"
+    k.mkdir(parents=True)
+    (k.parent / "summary.json").write_text("{}")
+    (k / "kernel_summary.json").write_text("{}")
+    (k / "trace_0.json.gz").write_bytes(b"trace")
+    git = dict(cwd=tmp_path, check=True, capture_output=True)
+    subprocess.run(["git", "init", "-q"], **git)
+    subprocess.run(["git", "add", "-A"], **git)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "runs"], **git)
+    (k / "trace_1.json.gz").write_bytes(b"new")  # not committed yet
+    assert main(["--results", str(res), "--prune-traces"]) == 0
+    out = capsys.readouterr().out
+    assert "pruned 1 kernel traces" in out and "kept 1" in out
+    assert not (k / "trace_0.json.gz").exists() and (k / "trace_1.json.gz").exists()
+    assert (k / "kernel_summary.json").exists()
+    note = (k / TRACES_NOTE).read_text()
+    assert "git checkout" in note and "results/fig10/run-a/kernels/trace_0.json.gz" in note
