@@ -690,6 +690,8 @@ def fig8bc(torch, rv, args, sz):
         if args.ablate_c:
             out_c += ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses,
                               reps=_sweep_timing(sz)[0])
+        if args.phase_times:
+            out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz))
         if args.sweep_radix:
             # victim selection: slots per radix tile x digit width (same result for every choice)
             for spec in args.sweep_radix.split(","):
@@ -707,6 +709,51 @@ def fig8bc(torch, rv, args, sz):
                     f"{statistics.median(ms_r) * 1e3:8.1f} us")
         del src
     return out_b, out_c
+
+
+def phase_summary(t, names) -> tuple[dict, float]:
+    """Phase boundaries [timings, requests, phases] (ns) -> ({phase: median over timings of the
+    slowest request's time in it, us}, median over timings of the slowest request's start-to-end
+    time, us). A phase a request skipped (its boundaries equal) counts 0 for it."""
+    import statistics
+
+    t = t.double()
+    per = {}
+    for j in range(1, len(names)):
+        d = (t[:, :, j] - t[:, :, j - 1]) / 1e3
+        per[names[j]] = statistics.median(d.max(dim=1).values.tolist())
+    total = (t[:, :, -1] - t[:, :, 0]) / 1e3
+    return per, statistics.median(total.max(dim=1).values.tolist())
+
+
+def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz) -> dict:
+    """Where one (c) call's time goes, by phase: the kernel stamps the GPU's global timer at each
+    phase boundary of every request's resolver program (resolver.PHASE_NAMES), under the same
+    timing protocol (state restored, L2 flushed, launch queued ahead). Per phase: the median over
+    timings of the slowest request's duration (the call waits for its slowest request)."""
+    import statistics
+
+    reps, warm = _sweep_timing(sz)
+    names = rv.PHASE_NAMES
+    buf = torch.zeros((reps + warm, R, len(names)), dtype=torch.int64, device=DEV)
+    k = [0]
+
+    def fn():
+        stamp[0] += 1
+        i = min(k[0], buf.shape[0] - 1)
+        k[0] += 1
+        return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
+                                 phase_times=buf[i], check=False, **src.kwargs())
+
+    ms = time_stateful(torch, fn, restore, reps, warmup=warm)
+    per, program = phase_summary(buf[warm:].cpu(), names)
+    row = dict(batch=R, B=B_c, misses_per_request=misses, phase_times=True, sweep=True,
+               us_median=statistics.median(ms) * 1e3, phase_us_slowest_request=per,
+               program_us_median=program, timer="%globaltimer (ns; its update granularity bounds the resolution)")
+    log(f"  (c) phases batch {R:3d} (slowest request, us): "
+        + ", ".join(f"{n} {v:.1f}" for n, v in per.items())
+        + f"; program {row['program_us_median']:.1f} of {row['us_median']:.1f} us per call")
+    return row
 
 
 def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> list:
@@ -833,12 +880,17 @@ def main() -> None:
     ap.add_argument("--ablate-c", action="store_true",
                     help="also time (c) with one cost taken out or added: the host store in device memory "
                          "(no PCIe), one radix pass, three radix passes")
+    ap.add_argument("--phase-times", action="store_true",
+                    help="also split (c)'s call into the resolver's phases (the kernel stamps the GPU's global "
+                         "timer at each phase boundary; GPU only)")
     ap.add_argument("--num-warps", type=int, default=None,
                     help="warps per resolver program for every timed call (default: the kernel's 8)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: a, bc, or c (time (b) "
                     "only: it reads nothing from host memory)")
     ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the script on CPU (interpreter)")
     args = ap.parse_args()
+    if args.phase_times and args.cpu_dry_run:
+        ap.error("--phase-times reads the GPU's global timer: not available in a CPU dry run")
     if args.sweep_spin and not args.sweep_copy_programs:
         ap.error("--sweep-spin times the copy programs' polling: add --sweep-copy-programs")
     if any(x and not x.isdigit() for x in args.sweep_prefetch.split(",")):

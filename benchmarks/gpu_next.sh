@@ -27,8 +27,10 @@
 #   3. issue 4, batch-8 miss path (40.8 us against 29.3): PCIe 7 us, a radix pass ~3 us; tried
 #      without gain: S > 1 copy programs, spin, host rows in phase C, 4/6/10/12-bit digits, copy
 #      rows / stages, L2 prefetch of the misses' host rows during phase V (prefetch_sweep-h200.json).
-#      Untried: a profile of the phases (clock64 stamps per phase into a debug buffer) before more
-#      guessing; the victim assignment pass without the block-wide cumsum (warp-level ballots).
+#      Next: where the time goes, phase by phase, before more guessing: @bench_resolver with
+#      DHS_ARGS_bench_resolver="--skip a --phase-times" (~60 s; the kernel stamps %globaltimer at each
+#      phase boundary, resolver.PHASE_NAMES); then the victim assignment pass without the block-wide
+#      cumsum (warp-level ballots), if phase V dominates.
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
 #   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.

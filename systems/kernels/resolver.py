@@ -240,6 +240,13 @@ HOST_ROWS = False
 PREFETCH_ROWS = 0
 
 
+# phase boundaries written with ``phase_times`` (ns, the GPU's global timer), per request: the
+# resolver program's start, then the end of each phase; unwritten entries stay as the caller set them
+# (a request with no pending selection skips B..D)
+PHASE_NAMES = ("start", "A_direct_dedup", "B_scan", "C_rank_misses", "V_victims", "D_locations",
+               "reset_counters", "copy_done")
+
+
 class ResolveResult(NamedTuple):
     locations: torch.Tensor  # int32 [R, Q, k]
     counters: torch.Tensor  # int64 [R, 4]
@@ -487,6 +494,15 @@ if _HAVE_TRITON:
             "=r,l,r", [addr, pred], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
+    def _stamp_phase(dbg_ptr, r64, k: tl.constexpr, TIMING: tl.constexpr):
+        """With TIMING, write the GPU's global timer (ns) as phase boundary ``k`` of request
+        ``r64`` (PHASE_NAMES): where a call's time goes, per phase, without a profiler."""
+        if TIMING:
+            t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [r64.to(tl.int32)],
+                                          dtype=tl.int64, is_pure=False, pack=1)
+            tl.store(dbg_ptr + r64 * 8 + k, t)
+
+    @triton.jit
     def _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS: tl.constexpr):
         """Hand this request's copy list (miss positions, victims, counts) to its copy programs."""
         tl.store(meta_ptr + r64 * 2, nv)
@@ -520,6 +536,7 @@ if _HAVE_TRITON:
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
         SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
         PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr,
+        dbg_ptr, TIMING: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -553,6 +570,7 @@ if _HAVE_TRITON:
 
         if share == 0:
             # ======================= per-request resolver =============================
+            _stamp_phase(dbg_ptr, r64, 0, TIMING)
             if STAMP_IS_PTR:
                 stamp = tl.load(stamp_arg).to(tl.int64)
             else:
@@ -594,6 +612,7 @@ if _HAVE_TRITON:
             nv = tl.zeros([], tl.int32)
             ncopy = tl.zeros([], tl.int32)
             ovf = tl.zeros([], tl.int32)
+            _stamp_phase(dbg_ptr, r64, 1, TIMING)
             if n_pend > 0:
                 tl.debug_barrier()
                 # -- phase B: scan the B slots: hits, protection, victim keys ----------
@@ -636,6 +655,7 @@ if _HAVE_TRITON:
                     lo = tl.minimum(lo, tl.min(key, 0))
                     hi = tl.maximum(hi, tl.max(tl.where(cand, key, 0), 0))
                 tl.debug_barrier()
+                _stamp_phase(dbg_ptr, r64, 2, TIMING)
                 # -- phase C: rank the distinct misses in first-occurrence order -------
                 m = tl.zeros([], tl.int32)
                 for q0 in range(0, QK, QBLK):
@@ -678,6 +698,7 @@ if _HAVE_TRITON:
                 else:
                     ncopy = nv
                 tl.debug_barrier()
+                _stamp_phase(dbg_ptr, r64, 3, TIMING)
                 # -- phase V: victims = nv smallest keys, assigned in slot order -------
                 if nv > 0:
                     d = hi - lo
@@ -742,6 +763,7 @@ if _HAVE_TRITON:
                         taken += tl.sum(ch32, 0)
                         eq_seen += tl.sum(eq.to(tl.int32), 0)
                 tl.debug_barrier()
+                _stamp_phase(dbg_ptr, r64, 4, TIMING)
                 # the copy needs only the miss list and the victims: the copy programs start
                 # now, while this program writes the locations and resets the scratch
                 _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS)
@@ -769,6 +791,7 @@ if _HAVE_TRITON:
                     n_hsel += tl.sum(is_hit.to(tl.int32), 0)
                     n_msel += tl.sum(is_miss.to(tl.int32), 0)
                 tl.debug_barrier()
+                _stamp_phase(dbg_ptr, r64, 5, TIMING)
                 # -- reset the scratch entries this call touched ------------------------
                 for q0 in range(0, QK, QBLK):
                     i = q0 + offs_q
@@ -796,6 +819,7 @@ if _HAVE_TRITON:
             tl.store(overflow_ptr + r64, ovf)
             if n_pend == 0:  # nothing to copy: release the copy programs at once
                 _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS)
+            _stamp_phase(dbg_ptr, r64, 6, TIMING)
         else:
             if USE_TICKETS:
                 f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
@@ -838,6 +862,8 @@ if _HAVE_TRITON:
             m2 = mj[:, None] & mc[None, :]
             val = tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2)
             tl.store(kv_ptr + (dst[:, None] * WORDS + cols[None, :]), val, mask=m2)
+        if share == 0:
+            _stamp_phase(dbg_ptr, r64, 7, TIMING)
 
         if USE_TICKETS:
             done = tl.atomic_add(ctrl_ptr + 1, 1)
@@ -976,7 +1002,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    keys_in_registers: Optional[bool] = None, copy_rows: Optional[int] = None,
                    pending_bitmap: Optional[bool] = None, keys_from_state: Optional[bool] = None,
                    scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
-                   prefetch_rows: Optional[int] = None, check: bool = True) -> ResolveResult:
+                   prefetch_rows: Optional[int] = None, phase_times: Optional[torch.Tensor] = None,
+                   check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -995,7 +1022,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     copy, instead of the copy doing it per tile; ``prefetch_rows`` (default PREFETCH_ROWS, 0 = off;
     always off under the interpreter, which has no inline PTX) has phase C prefetch the host rows
     of each request's first ``prefetch_rows`` misses into L2 so the PCIe reads overlap the victim
-    selection; every choice gives the same result (the benchmark sweeps them)."""
+    selection; every choice gives the same result (the benchmark sweeps them). ``phase_times``
+    (int64 [R, 8] on the device, GPU only) receives each request's phase boundaries in ns
+    (PHASE_NAMES; benchmarks/bench_resolver.py --phase-times)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -1035,6 +1064,12 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         raise ValueError(f"prefetch_rows must be >= 0, got {prefetch_rows}")
     if interpret:  # a hint only: the interpreter cannot run inline PTX
         prefetch_rows = 0
+    if phase_times is not None:
+        if interpret:
+            raise ValueError("phase_times reads the GPU's global timer: not available under TRITON_INTERPRET")
+        if (phase_times.dtype != torch.int64 or tuple(phase_times.shape) != (R, len(PHASE_NAMES))
+                or not phase_times.is_contiguous() or phase_times.device != dev):
+            raise ValueError(f"phase_times must be a contiguous int64 [{R}, {len(PHASE_NAMES)}] tensor on {dev}")
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
@@ -1108,6 +1143,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         KEYS_FROM_STATE=keys_from_state, SCAN_STAGES=scan_stages,
         SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
         PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)),
+        dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -1124,13 +1160,13 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     fn = _resolver_kernel
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
-    ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr", "mrow_ptr"}
+    ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr", "mrow_ptr", "dbg_ptr"}
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
              KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
-             LINE_WORDS=16)
+             LINE_WORDS=16, TIMING=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -603,7 +603,9 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False,
             dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False, HOST_ROWS=True,
                  DIGIT=12, NBINS=4096),
             dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
-                                    PREFETCH=128, HOST_ROWS=True)]
+                                    PREFETCH=128, HOST_ROWS=True),
+            dict(TIMING=True), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
+                                    TIMING=True)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
@@ -614,6 +616,7 @@ for v in variants:
         assert "ld.global.v2.b64" in ptx, "row copy should use 16-byte loads"
     assert ("nanosleep" in ptx) == bool(v.get("SPIN_NS")), "copy programs sleep between polls only when asked"
     assert ("prefetch.global.L2" in ptx) == bool(v.get("PREFETCH")), "host rows are prefetched only when asked"
+    assert ("globaltimer" in ptx) == bool(v.get("TIMING")), "phase times are read only when asked"
 print("ok")
 """
 
@@ -663,3 +666,31 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
     assert any(p.get("host_rows") and p.get("copy_rows") == 32 for p in pts)
     assert any(p.get("radix_bits") == 12 for p in pts)
     assert len({p["batch"] for p in rows}) == 2 and all(p["us_median"] > 0 for p in rows)
+
+
+def test_phase_summary_takes_the_slowest_request_per_phase():
+    """bench_resolver --phase-times: per phase, the median over timings of the slowest request's
+    time in it (a request that skipped a phase counts 0), and the slowest start-to-end time."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_resolver", os.path.join(_ROOT, "benchmarks",
+                                                                                 "bench_resolver.py"))
+    br = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(br)
+    names = ("start", "a", "b")
+    # 3 timings x 2 requests x 3 boundaries (ns); request 1 skips phase b in the first timing
+    t = torch.tensor([[[0, 1000, 4000], [0, 2000, 2000]],
+                      [[0, 3000, 5000], [0, 1000, 2000]],
+                      [[0, 2000, 3000], [0, 1000, 9000]]], dtype=torch.int64)
+    per, program = br.phase_summary(t, names)
+    assert per == {"a": 2.0, "b": 3.0}  # a: max per timing 2, 3, 2; b: 3, 2, 8
+    assert program == 5.0               # totals' maxima 4, 5, 9
+
+
+def test_phase_times_needs_a_gpu():
+    """phase_times reads the GPU's global timer: the interpreter refuses it with a clear error."""
+    st_ = State(R=2, Q=1, K=8, B=16, row_bytes=16, page_size=4, hist_lens=[40, 50], tail_lens=[4, 4], seed=3)
+    st_.draw_selections()
+    pos, kw = st_.args()
+    with pytest.raises(ValueError, match="global timer"):
+        rv.resolve_triton(**pos, stamp=30, phase_times=torch.zeros((2, 8), dtype=torch.int64), **kw)
