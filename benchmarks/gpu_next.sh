@@ -5,22 +5,23 @@
 #   State: Fig. 1 C8/C32/C128 (five systems), C64 for Resident + DFlash2; Fig. 4 C4-C256 (C128 six
 #   times for HiSparse / Adaptive / ADHS, three paired on one machine) and C8 for Table A3; Fig. 5
 #   C16-C256 + C128 + the context crossover (2K / 13K inputs); Fig. 6; Fig. 7; Fig. 8 a/b/c; Fig. 9
-#   C8/C128 both models (DSV HiSparse C128 all four budgets in one call); Fig. 10 profiles
-#   (results/fig10: C128 B/k 1/2/4, C8 B/k 1; fig10_dsv: C128 B/k 2/4/8); Fig. 11a.
-#   The tracked tree is ~63 MB against the device's 64 MiB: `python -m harness.compact --prune-unused`
-#   (commit first) and `make compact` after every unpack; drop trace_*.json.gz of profiled runs if
-#   needed (kernel_summary.json is what the figures read).
+#   C8/C128 both models (DSV HiSparse C128 all four budgets in one call).
+#   Every kernel profile so far (Fig. 11a, and Fig. 10's of 2026-11-30) fell on the load generator's
+#   warm-up request (batch 1): the figures leave them out (figures.common.profile_off_load), and
+#   fig10 / fig10_dsv / fig11 / fig11b now run with workload.warmup 0 (new run ids).
+#   The tracked tree is ~60 MB against the device's 64 MiB: `python -m harness.compact --prune-unused
+#   --prune-traces` (commit first) and `make compact` after every unpack.
 #   Serving output at one config moves by up to 40% between GPU machines (host side: prefill backups
 #   and the engine thread): compare systems within one call; the figures list per-call ratios.
-#   Time boxes: profiled runs take ~60 s (server 10-27 s), Fig. 1 C64 at the 1,024 cap > 60 s.
-#   1. x2, one call (~450 s of lanes):
-#      L "fig10+point=c128+where=b_over_k=8:90 fig10+point=c8+where=b_over_k=8:75 fig11b+point=c16:150
-#         fig1+system=hisparse+ov=workload.concurrency=[64]:110"
-#        "fig10_dsv+point=c128+where=b_over_k=16:75 fig11b+point=c256:150
-#         fig1+system=adaptive_dhisparse+ov=workload.concurrency=[64]:120
-#         fig1+system=resident+ov=workload.concurrency=[64]:100"
-#      (fig11b's two loads in different lanes is safe since the profile-<pid> fix; Adaptive HiSparse
-#      C64 for Fig. 1 if time is left.)
+#   Time boxes: a profiled run takes ~60 s with its server; Fig. 1 C64 at the 1,024 cap ~100 s.
+#   1. x2, two calls (the profiles first; check sessions_per_step in kernels/kernel_summary.json):
+#      call a: L "fig10+point=c128:240 fig10+point=c8+where=b_over_k=1,8:100 fig11:130"
+#                "fig10_dsv+point=c128:180 fig11b+point=c16:150 fig11b+point=c256:150"
+#      call b: L "fig1+system=hisparse+ov=workload.concurrency=[64]:110
+#                 fig1+system=adaptive_dhisparse+ov=workload.concurrency=[64]:120"
+#                "fig1+system=resident+ov=workload.concurrency=[64]:100
+#                 fig1+system=adaptive_hisparse+ov=workload.concurrency=[64]:110"
+#      plus @bench_resolver with DHS_ARGS_bench_resolver="--skip a --phase-times" (item 3) in call b.
 #   2. Fig. 10 with CUDA graphs off for the two splits graph replay folds (follower-copy share,
 #      expert vs dense projections): an experiment of its own (fig10.yaml with
 #      engine.disable_cuda_graph: true, experiment_name fig10_eager) read for those splits only.

@@ -308,18 +308,23 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
     return out
 
 
-def step_cost(run: Run) -> tuple[float, float] | None:
+def step_cost(run: Run, exclude_capture: bool = False) -> tuple[float, float] | None:
     """(ms per decode step, mean running requests) while requests were running, from the
-    server samples: the step's cost against the batch it carried."""
+    server samples: the step's cost against the batch it carried. ``exclude_capture`` leaves out
+    the steps that recorded a CUDA graph (and their time), where the server counts them."""
     w = _live_window(run, {"dhs_decode_seconds_total", "dhs_num_steps"})
     if w is None:
         return None
     live, a, b = w
     steps = float(b["dhs_num_steps"] - a["dhs_num_steps"])
+    sec = float(b["dhs_decode_seconds_total"] - a["dhs_decode_seconds_total"])
+    cap = ("dhs_capture_step_seconds_total", "dhs_capture_steps_total")
+    if exclude_capture and set(cap) <= set(live.columns):
+        sec -= float(b[cap[0]] - a[cap[0]])
+        steps -= float(b[cap[1]] - a[cap[1]])
     if steps <= 0:
         return None
-    ms = 1e3 * float(b["dhs_decode_seconds_total"] - a["dhs_decode_seconds_total"]) / steps
-    return ms, float(live["dhs_num_running_reqs"].mean())
+    return 1e3 * sec / steps, float(live["dhs_num_running_reqs"].mean())
 
 
 def _live_window(run: Run, need: set, min_rows: int = 0):
@@ -908,12 +913,27 @@ def kernel_profile(run: "Run") -> dict | None:
                "several families at once": ms(part.get("several families at once", 0.0)),
                "no kernel coverage": ms(part.get("no kernel running", 0.0)),
                "total": step}
-    return {"step_ms": step, "sessions_per_step": None,
+    return {"step_ms": step, "sessions_per_step": as_float(s.get("sessions_per_step")),
             "cache_kernel_ms": {"resolver": as_float(s.get("work_resolver_ms")),
                                 "follower_copy": as_float(s.get("work_follower_copy_ms")) or 0.0},
             "partition_pct": part, "round_ms": rnd,
             "resolver_share_pct": as_float(s.get("resolver_share_pct_mean")),
             "source": "kernels/kernel_summary.json"}
+
+
+def profile_off_load(run: "Run", prof: dict | None) -> str | None:
+    """Why a run's kernel profile does not describe the run's load, or None when it does (or cannot
+    tell): the profiled steps carried under half the requests the run held (a schedule that fell
+    on the load generator's warm-up request profiles batch 1 at any offered load)."""
+    if not prof:
+        return None
+    ses = as_float(prof.get("sessions_per_step"))
+    held = run.num("active_mean") or (float(run.concurrency) if run.concurrency else None)
+    if ses is None or not held or ses >= 0.5 * min(held, float(run.concurrency or held)):
+        return None
+    return (f"the kernel profile of {run.path.parent.name}/{run.path.name} covers steps carrying {ses:.3g} "
+            f"request(s), not the run's load (~{held:.0f} running), so it is not used (profile.wait fell inside "
+            "the load generator's warm-up request; the profiled experiments now run without one)")
 
 
 # =============================================================================================

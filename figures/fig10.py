@@ -20,9 +20,11 @@ NAME = "fig10"
 PAPER_BUDGET = {"glm": 2.0, "deepseek": 16.0}
 
 
-def profiles(results) -> dict[tuple[str, float], dict]:
-    """(family, B/k) -> {resolver_ms, follower_copy_ms, step_ms, sessions, partition, prov}."""
+def profiles(results, skipped: list[str] | None = None) -> dict[tuple[str, float], dict]:
+    """(family, B/k) -> {resolver_ms, follower_copy_ms, step_ms, sessions, partition, prov}; a profile
+    not taken under its run's load is left out (its reason appended to ``skipped``)."""
     out: dict = {}
+    skipped = [] if skipped is None else skipped
     S = C.load_json(results / NAME / "summary.json") or {}
     for p in S.get("points") or []:
         fam, bk = family(str(p.get("model", ""))), C.as_float(p.get("b_over_k"))
@@ -38,6 +40,10 @@ def profiles(results) -> dict[tuple[str, float], dict]:
     for sp in select(pts, "glm", "adaptive_hisparse", 128) + select(pts, "deepseek", "adaptive_hisparse", 128):
         prof = C.kernel_profile(sp.run)
         if not prof or (sp.family, sp.bk) in out:
+            continue
+        why = C.profile_off_load(sp.run, prof)
+        if why:
+            skipped.append(why)
             continue
         ck = prof.get("cache_kernel_ms") or {}
         out[(sp.family, sp.bk)] = {"resolver_ms": C.as_float(ck.get("resolver")),
@@ -66,7 +72,8 @@ MERGED_UNDER_GRAPHS = ("expert matrix products", "dense projections")
 
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
-    prof = profiles(args.results)
+    skipped: list[str] = []
+    prof = profiles(args.results, skipped)
     rep = C.Report(NAME, "Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 "
                          "(ours: scaled presets)")
     P = PAPER["fig10"]
@@ -177,6 +184,8 @@ def main(argv=None) -> C.Report:
         for famk, pv in P["partition_pct"][fam].items():
             rep.compare(f"{fam}.partition.{famk}", f"{name} step share: {famk}",
                         pv, C.as_float(part.get(famk)), "%", o.get("prov", ""))
+    for why in dict.fromkeys(skipped):
+        rep.note(why[0].upper() + why[1:] + ".")
     rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))
     rep.note("Paper panel (b) labels are partly ambiguous in the flattened text; see "
              "figures/paper_values.py AMBIGUITIES['fig10.partition_pct'].")

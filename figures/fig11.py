@@ -28,9 +28,13 @@ def collect(results):
     rounds = {str(k): v for k, v in (S.get("round_ms") or {}).items() if isinstance(v, dict)}
     shares = dict(S.get("resolver_share_pct") or {})
     head = C.summary_provenance(S, "results/fig11/summary.json") if S else ""
-    provs = []
+    provs, skipped = [], []
     for r in C.load_runs(results, NAME):
         prof = C.kernel_profile(r) or {}
+        why = C.profile_off_load(r, prof)
+        if why:
+            skipped.append(why)
+            continue
         b = r.cfg("block", "block_size")
         if isinstance(prof.get("round_ms"), dict) and b is not None and str(int(b)) not in rounds:
             rounds[str(int(b))] = prof["round_ms"]
@@ -48,7 +52,11 @@ def collect(results):
     b_runs = [r for r in C.load_runs(results, "fig11b") if r.concurrency]
     note = ""
     if b_runs:
-        low, top = min(r.concurrency for r in b_runs), max(r.concurrency for r in b_runs)
+        # the experiment's loads (its config), not the runs present: a lone top-load run must not
+        # fill the low-load rows
+        loads = sorted({int(c) for r in b_runs for c in ((r.config.get("workload") or {}).get("concurrency") or [])}
+                       or {r.concurrency for r in b_runs})
+        low, top = loads[0], loads[-1]
         for r in b_runs:
             ph = phase_shares(r)
             if r.concurrency == low:
@@ -57,15 +65,16 @@ def collect(results):
                     if key and ph.get(name) is not None:
                         shares.setdefault(key, ph[name])
                         provs.append(r)
-            elif r.concurrency == top and ph.get("middle") is not None:
+            elif r.concurrency == top and top != low and ph.get("middle") is not None:
                 key = next((k for k in PAPER["fig11"]["resolver_share_pct"] if k.endswith("pressure")), None)
                 if key:
                     shares.setdefault(key, ph["middle"])
                     provs.append(r)
         note = (f"Panel b from results/fig11b: the C16 phases at our C{low}, split by the batch each profiled "
                 f"cycle carried (fill: before it first reached C{low}; drain: after it last did), and "
-                f"'C512 pressure' as the full-batch cycles at our top load, C{top} (fig5.yaml maps the "
-                "paper's C512 there).")
+                f"'C512 pressure' as the cycles from the first to the last full batch at our top load, C{top} "
+                "(fig5.yaml maps the paper's C512 there).")
+    note = " ".join([note] + [w[0].upper() + w[1:] + "." for w in dict.fromkeys(skipped)]).strip()
     # one deduplicated tag list (a tag per run repeated every preset and device name)
     return rounds, shares, "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x), note
 
@@ -74,7 +83,7 @@ def phase_shares(run) -> dict[str, float]:
     """Resolver share of the step (%) by phase of one run profiled in cycles over its whole length
     (kernels/kernel_summary.json ``cycles``, each with the mean batch it carried): fill = cycles
     before the batch first reaches the run's concurrency C, drain = cycles after it last held C,
-    middle = the cycles between (the full-batch part). Phases are step-weighted means."""
+    middle = the cycles from its first to its last full batch. Phases are step-weighted means."""
     ks = C.load_json(run.path / "kernels" / "kernel_summary.json") or {}
     # cycles that decoded something (a last partial cycle can hold steps without a batch)
     cyc = [c for c in ks.get("cycles") or [] if c.get("num_steps") and (C.as_float(c.get("sessions_per_step"))

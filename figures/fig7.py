@@ -79,7 +79,8 @@ def main(argv=None) -> C.Report:
     get = {(int(p["block"]), int(p["concurrency"])): p for p in pts}
     ours = load_map(runs, P["concurrency"])
     # the paper's load c is our ours[c] (conf/experiment/fig7.yaml halves the loads, as fig6's peak)
-    v = lambda b, c, k: C.as_float(get.get((b, ours.get(c, c)), {}).get(k))  # noqa: E731
+    raw = lambda b, c, k: C.as_float(get.get((b, c), {}).get(k))  # noqa: E731  (our load c)
+    v = lambda b, c, k: raw(b, ours.get(c, c), k)  # noqa: E731  (the paper's load c)
 
     fig, axes = C.subplots(1, 2, width=4.0, height=3.0)
     cs = sorted({c for _, c in get})
@@ -89,10 +90,10 @@ def main(argv=None) -> C.Report:
                                 (axes[0][1], "output_tok_s_per_gpu", "Output throughput (tok/s/GPU)", "b")):
         drew = False
         for c in cs:
-            xs = [b for b in blocks if v(b, c, key) is not None]
+            xs = [b for b in blocks if raw(b, c, key) is not None]
             if xs:
                 drew = True
-                ax.plot(xs, [v(b, c, key) for b in xs], marker="o", color=cols[c], label=f"C{c}")
+                ax.plot(xs, [raw(b, c, key) for b in xs], marker="o", color=cols[c], label=f"C{c} (ours)")
         if key == "emitted_tokens_per_round":
             d = P["derived"]["tokens_per_round"]["C128"]
             ax.plot([4, 6, 8], [d["4"], d["6"], d["8"]], linestyle="--", marker="x", color="#777777",

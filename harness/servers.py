@@ -163,7 +163,12 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     cfg = cfg.copy()
     with open_dict(cfg):
         cfg.profile_dir = str(server_profile_dir(workdir))  # collectors of the server's engine
-    OmegaConf.save(cfg, cfg_path, resolve=True)
+    OmegaConf.save(cfg, cfg_path, resolve=True)  # the record of the folder's latest server
+    # the file this server reads: its own, because another harness (the other lane of a 2-GPU
+    # machine) may start a server of the same experiment, system and model from this folder and
+    # rewrite server_config.yaml before this server has read it
+    launch_cfg = workdir / f"server_config-{os.getpid()}.yaml"
+    OmegaConf.save(cfg, launch_cfg, resolve=True)
     log_path = workdir / "server.log"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
@@ -171,7 +176,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "systems.engine.server", "--host", host, "--port", str(port),
-             "--config", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT, env=env,
+             "--config", str(launch_cfg)], stdout=log, stderr=subprocess.STDOUT, env=env,
             cwd=str(REPO))
     track(proc)
     try:
@@ -181,6 +186,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
         yield url
     finally:
         stop_process(proc)
+        launch_cfg.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -74,7 +74,8 @@ def fig7(results: Path) -> dict | None:
                 got[acc] = float(st[c].iloc[-1] - st[c].iloc[0])
         miss_sel += got.get("sel", 0.0)
         miss_rows += got.get("rows", 0.0)
-        sc = C.step_cost(r)  # one engine step is one speculative round (draft + verify)
+        # one engine step is one speculative round (draft + verify); graph-capture steps left out
+        sc = C.step_cost(r, exclude_capture=True)
         points.append({"block": int(block), "concurrency": r.concurrency,
                        "emitted_tokens_per_round": ept,
                        "round_ms": sc[0] if sc else None,

@@ -1061,7 +1061,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         raise ValueError(f"spin_ns must be in 0..1e6, got {spin_ns}")
     prefetch_rows = PREFETCH_ROWS if prefetch_rows is None else int(prefetch_rows)
     if not 0 <= prefetch_rows < _HIT:
-        raise ValueError(f"prefetch_rows must be >= 0, got {prefetch_rows}")
+        raise ValueError(f"prefetch_rows must be in 0..2**28 - 1, got {prefetch_rows}")
     if interpret:  # a hint only: the interpreter cannot run inline PTX
         prefetch_rows = 0
     if phase_times is not None:
@@ -1166,7 +1166,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
              KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
-             LINE_WORDS=16, TIMING=False)
+             LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:
