@@ -151,6 +151,7 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
         return done_dirs
     logger = make_logger(cfg.get("logger"))
     w = cfg.workload
+    warn_profile_in_warmup(cfg)
     env = environment()
     exp_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -203,6 +204,24 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
     _collect_profile(server_dir, [Path(r["_dir"]) for r in rows if r.get("_dir")])
     _print_table(rows)
     return done_dirs
+
+
+def warn_profile_in_warmup(cfg) -> bool:
+    """A kernel profile's schedule counts engine steps from the server's start, so with warm-up
+    requests its first ``profile.wait`` steps may be theirs (batch 1): say so before the run (the
+    figures leave such profiles out). True when it warned."""
+    prof = cfg.get("profile") or {}
+    if str(prof.get("name", "none")) != "kernels":
+        return False
+    warm = int(cfg.workload.get("warmup") or 0)
+    steps = warm * int(cfg.workload.get("output_len") or 0)
+    wait = int(prof.get("wait") or 0)
+    if warm and wait <= steps:
+        print(f"[harness] warning: profile=kernels starts after {wait} engine steps, but the {warm} warm-up "
+              f"request(s) take about {steps} steps at batch 1 first: the profile will be of the warm-up, "
+              f"not of the load. Set workload.warmup=0 or profile.wait above {steps}.", flush=True)
+        return True
+    return False
 
 
 def _collect_profile(server_dir: Path, run_dirs: list[Path]) -> None:

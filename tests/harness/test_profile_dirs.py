@@ -21,3 +21,20 @@ def test_each_harness_process_collects_only_its_own_profile(tmp_path):
     assert (run / "kernels" / "kernel_summary.json").read_text() == "mine"
     assert not mine.exists()
     assert (other / "kernels" / "kernel_summary.json").read_text() == "other"
+
+
+def test_a_profile_schedule_inside_the_warmup_is_flagged(capsys):
+    """profile=kernels with warm-up requests longer than profile.wait: a warning before the run
+    (its profile would be of batch 1); none once the wait clears them or without a warm-up."""
+    from omegaconf import OmegaConf
+
+    from harness.run import warn_profile_in_warmup
+
+    def cfg(warmup, wait, name="kernels"):
+        return OmegaConf.create({"profile": {"name": name, "wait": wait},
+                                 "workload": {"warmup": warmup, "output_len": 320}})
+
+    assert warn_profile_in_warmup(cfg(1, 80)) and "warm-up" in capsys.readouterr().out
+    assert not warn_profile_in_warmup(cfg(1, 400))
+    assert not warn_profile_in_warmup(cfg(0, 80))
+    assert not warn_profile_in_warmup(cfg(1, 80, name="none"))
