@@ -15,7 +15,7 @@
 #   and the engine thread): compare systems within one call; the figures list per-call ratios.
 #   Time boxes: a profiled run takes ~60 s with its server; Fig. 1 C64 at the 1,024 cap ~100 s.
 #   1. x2, two calls (the profiles first; check sessions_per_step in kernels/kernel_summary.json):
-#      call a: L "fig10+point=c128:240 fig10+point=c8+where=b_over_k=1,8:100 fig11:130"
+#      call a: L "fig10+point=c128:260 fig10+point=c8+where=b_over_k=1,8:100 fig11:130"
 #                "fig10_dsv+point=c128:180 fig11b+point=c16:150 fig11b+point=c256:150"
 #      call b: L "fig1+system=hisparse+ov=workload.concurrency=[64]:110
 #                 fig1+system=adaptive_dhisparse+ov=workload.concurrency=[64]:120"
