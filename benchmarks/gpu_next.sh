@@ -31,7 +31,10 @@
 #      Next: where the time goes, phase by phase, before more guessing: @bench_resolver with
 #      DHS_ARGS_bench_resolver="--skip a --phase-times" (~60 s; the kernel stamps %globaltimer at each
 #      phase boundary, resolver.PHASE_NAMES); then the victim assignment pass without the block-wide
-#      cumsum (warp-level ballots), if phase V dominates.
+#      cumsum (warp-level ballots), if phase V dominates. Also Fig. 8a's no-miss point, 0.118 ms against
+#      the paper's 0.031 (32 requests x 8 queries x 2,048 selections): the resolver program walks its
+#      16,384 selections five times in 1,024-wide tiles while its copy programs wait; phases A, C, D
+#      and the reset could be shared with them.
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
 #   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
