@@ -442,6 +442,18 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run], concurre
               "the gap the admission rate explains")
 
 
+def values_by_device_call(points: dict, key: str) -> dict[str, dict]:
+    """{device call: {point: the summary's ``key``}} over each point's run and its repeats (a
+    point is any label: a system, a budget): which values one GPU machine measured together."""
+    by_call: dict[str, dict] = {}
+    for label_, r in points.items():
+        for x in (r.repeats or [r]):
+            v = as_float(x.summary.get(key))
+            if x.device_call and v:
+                by_call.setdefault(x.device_call, {})[label_] = v
+    return by_call
+
+
 def paired_ratio_note(runs: Iterable[Run], pairs: Sequence[tuple[str, str]], concurrency: int,
                       key: str = "output_tok_s") -> str | None:
     """Where the points of a ratio are medians of repeats, the ratio of runs made in one device
@@ -455,12 +467,7 @@ def paired_ratio_note(runs: Iterable[Run], pairs: Sequence[tuple[str, str]], con
         a, b = pick(runs, a_sys, concurrency), pick(runs, b_sys, concurrency)
         if a is None or b is None or (len(a.repeats) < 2 and len(b.repeats) < 2):
             continue
-        by_call = {}
-        for side, r in (("a", a), ("b", b)):
-            for x in (r.repeats or [r]):
-                v = as_float(x.summary.get(key))
-                if x.device_call and v:
-                    by_call.setdefault(x.device_call, {})[side] = v
+        by_call = values_by_device_call({"a": a, "b": b}, key)
         ratios = [(c, d["a"] / d["b"]) for c, d in by_call.items() if {"a", "b"} <= set(d)]
         if not ratios:
             continue
@@ -1144,6 +1151,11 @@ class Report:
         ``append`` adds it after a reason already given."""
         for k in keys:
             self.why[k] = f"{self.why[k]}; {text}" if append and self.why.get(k) else text
+
+    def note_reasons(self, reasons: Iterable[str]) -> None:
+        """One note per distinct reason (e.g. each left-out run), as a sentence."""
+        for why in dict.fromkeys(reasons):
+            self.note(why[0].upper() + why[1:].rstrip(".") + ".")
 
     def value(self, key: str) -> float | None:
         for r in self.rows:

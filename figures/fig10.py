@@ -184,8 +184,7 @@ def main(argv=None) -> C.Report:
         for famk, pv in P["partition_pct"][fam].items():
             rep.compare(f"{fam}.partition.{famk}", f"{name} step share: {famk}",
                         pv, C.as_float(part.get(famk)), "%", o.get("prov", ""))
-    for why in dict.fromkeys(skipped):
-        rep.note(why[0].upper() + why[1:] + ".")
+    rep.note_reasons(skipped)
     rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))
     rep.note("Paper panel (b) labels are partly ambiguous in the flattened text; see "
              "figures/paper_values.py AMBIGUITIES['fig10.partition_pct'].")

@@ -74,9 +74,8 @@ def collect(results):
                 f"cycle carried (fill: before it first reached C{low}; drain: after it last did), and "
                 f"'C512 pressure' as the cycles from the first to the last full batch at our top load, C{top} "
                 "(fig5.yaml maps the paper's C512 there).")
-    note = " ".join([note] + [w[0].upper() + w[1:] + "." for w in dict.fromkeys(skipped)]).strip()
     # one deduplicated tag list (a tag per run repeated every preset and device name)
-    return rounds, shares, "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x), note
+    return rounds, shares, "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x), note, skipped
 
 
 def phase_shares(run) -> dict[str, float]:
@@ -104,7 +103,7 @@ def phase_shares(run) -> dict[str, float]:
 
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
-    rounds, shares, prov, b_note = collect(args.results)
+    rounds, shares, prov, b_note, skipped = collect(args.results)
     rep = C.Report(NAME, "Fig. 11 - Where step time goes (ours: scaled presets)")
     P = PAPER["fig11"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.0)
@@ -173,6 +172,7 @@ def main(argv=None) -> C.Report:
     rep.measured_with = prov
     if b_note:
         rep.note(b_note)
+    rep.note_reasons(skipped)
     rep.note("The paper's segment-to-category mapping of panel (a) is inferred from the flattened "
              "text; see figures/paper_values.py AMBIGUITIES['fig11.round_ms'].")
     return rep.finish(fig, args)

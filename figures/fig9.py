@@ -114,12 +114,7 @@ def within_call_spread(sel: list[SweepPoint]) -> str | None:
     output moves by up to 40% between machines, more than the spread the claim is about)."""
     if len(sel) < 2 or all(len(p.run.repeats) < 2 for p in sel):
         return None
-    by_call: dict = {}
-    for p in sel:
-        for x in (p.run.repeats or [p.run]):
-            v = C.as_float(x.summary.get("output_tok_s_per_gpu"))
-            if x.device_call and v:
-                by_call.setdefault(x.device_call, {})[p.bk] = v
+    by_call = C.values_by_device_call({p.bk: p.run for p in sel}, "output_tok_s_per_gpu")
     budgets = {p.bk for p in sel}
     parts = [f"{(max(d.values()) / min(d.values()) - 1) * 100:.0f}% in {call} ("
              + ", ".join(f"B/k {bk:g}: {d[bk]:.0f}" for bk in sorted(d)) + " tok/s)"
@@ -309,8 +304,7 @@ def main(argv=None) -> C.Report:
     sh = [p.host_share for p in sel if p.host_share is not None]
     rep.compare("ds8.adaptive_miss", "DeepSeek C8 Adaptive host-miss share (max over budgets)",
                 P["deepseek_C8"]["adaptive_miss_pct"], 100 * max(sh) if sh else None, "%", prov_of(*sel))
-    for why in dict.fromkeys(skipped):  # each left-out profile once
-        rep.note(why[0].upper() + why[1:] + ".")
+    rep.note_reasons(skipped)  # each left-out profile once
     rep.measured_with = C.provenance([p.run for p in pts])
     rep.note("Our sweeps run the scaled presets' k (512 GLM-like, 128 DeepSeek-like); budgets are "
              "compared as B/k. The host-miss share depends on the calibrated selection locality.")

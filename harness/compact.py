@@ -173,16 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     if not root.is_dir():
         print(f"[compact] no such directory: {root}", file=sys.stderr)
         return 2
-    if args.prune_unused:
-        pruned, kept = prune_unused(root, args.dry_run)
+    for wanted, prune, what in ((args.prune_unused, prune_unused, "records files of runs no figure reads"),
+                                (args.prune_traces, prune_traces, "kernel traces")):
+        if not wanted:
+            continue
+        pruned, kept = prune(root, args.dry_run)
         size = sum(p.stat().st_size for p in pruned) if args.dry_run else None
-        print(f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} records files of runs "
-              f"no figure reads" + (f" ({size / 2**20:.1f} MiB)" if size is not None else "")
-              + (f"; kept {len(kept)} that git does not hold unchanged (commit them first)" if kept else ""))
-    if args.prune_traces:
-        pruned, kept = prune_traces(root, args.dry_run)
-        size = sum(p.stat().st_size for p in pruned) if args.dry_run else None
-        print(f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} kernel traces"
+        print(f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} {what}"
               + (f" ({size / 2**20:.1f} MiB)" if size is not None else "")
               + (f"; kept {len(kept)} that git does not hold unchanged (commit them first)" if kept else ""))
     n, before, after = compact(root, args.dry_run)
