@@ -682,11 +682,16 @@ def fig8bc(torch, rv, args, sz):
                       f"copy rows {x}") for x in args.sweep_copy_rows.split(",") if x]
         # phase C prefetching the misses' host rows into L2 (overlaps PCIe with the victim selection)
         sweeps_c += [(dict(prefetch_rows=int(x)), f"prefetch {x} rows") for x in args.sweep_prefetch.split(",") if x]
+        # copy programs reading their first tile's host rows before the victims are known
+        sweeps_c += [(dict(early_copy=True, copy_programs_per_request=int(x)), f"early copy S={x}")
+                     for x in args.sweep_early_copy.split(",") if x]
         for knobs, label in sweeps_c:
             def fn_k(knobs=knobs):
                 stamp[0] += 1
-                return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
-                                         check=False, **knobs, **src.kwargs())
+                kn = dict(knobs)
+                S = kn.pop("copy_programs_per_request", args.copy_programs)
+                return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
+                                         check=False, **kn, **src.kwargs())
 
             ms_k = time_stateful(torch, fn_k, restore, *_sweep_timing(sz))
             out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, **knobs, sweep=True,
@@ -698,6 +703,10 @@ def fig8bc(torch, rv, args, sz):
                               reps=_sweep_timing(sz)[0])
         if args.phase_times:
             out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz))
+            for x in args.sweep_early_copy.split(","):  # and where the early copy's time goes
+                if x:
+                    out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz,
+                                               knobs=dict(early_copy=True, copy_programs_per_request=int(x))))
         if args.sweep_radix:
             # victim selection: slots per radix tile x digit width (same result for every choice)
             for spec in args.sweep_radix.split(","):
@@ -732,7 +741,7 @@ def phase_summary(t, names) -> tuple[dict, float]:
     return per, statistics.median(total.max(dim=1).values.tolist())
 
 
-def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz) -> dict:
+def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knobs=None) -> dict:
     """Where one (c) call's time goes, by phase: the kernel stamps the GPU's global timer at each
     phase boundary of every request's resolver program (resolver.PHASE_NAMES), under the same
     timing protocol (state restored, L2 flushed, launch queued ahead). Per phase: the median over
@@ -744,19 +753,22 @@ def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz) -> d
     buf = torch.zeros((reps + warm, R, len(names)), dtype=torch.int64, device=DEV)
     k = [0]
 
+    kn = dict(knobs or {})
+    S = kn.pop("copy_programs_per_request", args.copy_programs)
+
     def fn():
         stamp[0] += 1
         i = min(k[0], buf.shape[0] - 1)
         k[0] += 1
-        return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
-                                 phase_times=buf[i], check=False, **src.kwargs())
+        return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
+                                 phase_times=buf[i], check=False, **kn, **src.kwargs())
 
     ms = time_stateful(torch, fn, restore, reps, warmup=warm)
     per, program = phase_summary(buf[warm:].cpu(), names)
-    row = dict(batch=R, B=B_c, misses_per_request=misses, phase_times=True, sweep=True,
+    row = dict(batch=R, B=B_c, misses_per_request=misses, phase_times=True, sweep=True, **(knobs or {}),
                us_median=statistics.median(ms) * 1e3, phase_us_slowest_request=per,
                program_us_median=program, timer="%globaltimer (ns; its update granularity bounds the resolution)")
-    log(f"  (c) phases batch {R:3d} (slowest request, us): "
+    log(f"  (c) phases batch {R:3d}{' ' + str(knobs) if knobs else ''} (slowest request, us): "
         + ", ".join(f"{n} {v:.1f}" for n, v in per.items())
         + f"; program {row['program_us_median']:.1f} of {row['us_median']:.1f} us per call")
     return row
@@ -874,6 +886,10 @@ def main() -> None:
     ap.add_argument("--sweep-prefetch", default="",
                     help="also time (c) with phase C prefetching each request's first N misses' host rows "
                          "into L2 (prefetch_rows; 0 = off), e.g. 0,64,128")
+    ap.add_argument("--sweep-early-copy", default="",
+                    help="also time (c) with early_copy at these copy programs per request, e.g. 2,4 (the "
+                         "copy programs read their first tile's host rows before the victims are known); "
+                         "with --phase-times, also split those calls by phase")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",

@@ -238,6 +238,11 @@ HOST_ROWS = False
 # 41.0 / 254.8. No gain: the copy's PCIe reads are not what phase V could hide. Off.
 # (4- and 6-bit digits over the register keys, same run: 43.9 / 225.2 and 42.7 / 232.1 us.)
 PREFETCH_ROWS = 0
+# With copy programs (S > 1) the copy can start before the victims are known: the resolver
+# publishes the miss list after phase C, each copy program reads its first tile's host rows into
+# registers (the PCIe round trip overlaps phase V), then stores them once the victims are
+# published; the resolver program itself copies nothing. Not yet measured: off.
+EARLY_COPY = False
 
 
 # phase boundaries written with ``phase_times`` (ns, the GPU's global timer), per request: the
@@ -503,13 +508,30 @@ if _HAVE_TRITON:
             tl.store(dbg_ptr + r64 * 8 + k, t)
 
     @triton.jit
-    def _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS: tl.constexpr):
-        """Hand this request's copy list (miss positions, victims, counts) to its copy programs."""
+    def _publish(meta_ptr, flags_ptr, r64, nv, ncopy, flag, USE_TICKETS: tl.constexpr):
+        """Hand this request's copy list (miss positions, counts, and with ``flag`` at stage 2 the
+        victims) to its copy programs. Flags only grow: launch ``e`` publishes ``2e + 1`` once the
+        miss list is known and ``2e + 2`` once the victims are (stage 1 is used by early_copy)."""
         tl.store(meta_ptr + r64 * 2, nv)
         tl.store(meta_ptr + r64 * 2 + 1, ncopy)
         tl.debug_barrier()
         if USE_TICKETS:
-            tl.atomic_xchg(flags_ptr + r64, epoch + 1, sem="release")
+            tl.atomic_xchg(flags_ptr + r64, flag, sem="release")
+
+    @triton.jit
+    def _wait_flag(flags_ptr, r64, target, SPIN_NS: tl.constexpr):
+        """Copy program: wait until its request's flag reaches ``target`` (acquire), then a CTA
+        barrier so every thread sees what the resolver published."""
+        f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+        while f < target:
+            if SPIN_NS > 0:
+                # back off between polls: spinning copy programs otherwise keep the L2
+                # busy with atomics while their resolver is still scanning
+                tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
+                                          [f.to(tl.int32) * 0 + SPIN_NS], dtype=tl.int32,
+                                          is_pure=False, pack=1)
+            f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+        tl.debug_barrier()
 
     @triton.jit(do_not_specialize=["stamp_arg"])
     def _resolver_kernel(
@@ -535,7 +557,7 @@ if _HAVE_TRITON:
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
         SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
-        PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr,
+        PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr, EARLY: tl.constexpr,
         dbg_ptr, TIMING: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
@@ -698,6 +720,8 @@ if _HAVE_TRITON:
                 else:
                     ncopy = nv
                 tl.debug_barrier()
+                if EARLY:  # copy programs start their host reads while the victims are chosen
+                    _publish(meta_ptr, flags_ptr, r64, nv, ncopy, 2 * epoch + 1, USE_TICKETS)
                 _stamp_phase(dbg_ptr, r64, 3, TIMING)
                 # -- phase V: victims = nv smallest keys, assigned in slot order -------
                 if nv > 0:
@@ -766,7 +790,7 @@ if _HAVE_TRITON:
                 _stamp_phase(dbg_ptr, r64, 4, TIMING)
                 # the copy needs only the miss list and the victims: the copy programs start
                 # now, while this program writes the locations and resets the scratch
-                _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS)
+                _publish(meta_ptr, flags_ptr, r64, nv, ncopy, 2 * epoch + 2, USE_TICKETS)
                 # -- phase D: locations in selection order ------------------------------
                 for q0 in range(0, QK, QBLK):
                     i = q0 + offs_q
@@ -818,20 +842,12 @@ if _HAVE_TRITON:
             tl.store(cbase + 3, c3)
             tl.store(overflow_ptr + r64, ovf)
             if n_pend == 0:  # nothing to copy: release the copy programs at once
-                _publish(meta_ptr, flags_ptr, r64, nv, ncopy, epoch, USE_TICKETS)
+                _publish(meta_ptr, flags_ptr, r64, nv, ncopy, 2 * epoch + 2, USE_TICKETS)
             _stamp_phase(dbg_ptr, r64, 6, TIMING)
         else:
             if USE_TICKETS:
-                f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
-                while f != epoch + 1:
-                    if SPIN_NS > 0:
-                        # back off between polls: spinning copy programs otherwise keep the L2
-                        # busy with atomics while their resolver is still scanning
-                        tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
-                                                  [f.to(tl.int32) * 0 + SPIN_NS], dtype=tl.int32,
-                                                  is_pure=False, pack=1)
-                    f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
-                tl.debug_barrier()
+                # EARLY: the miss list is enough to start reading host rows (stage 1)
+                _wait_flag(flags_ptr, r64, 2 * epoch + 2 - EARLY, SPIN_NS)
 
         # ======================= copy phase (every program) ===========================
         nv_c = tl.load(meta_ptr + r64 * 2, cache_modifier=".cg")
@@ -841,9 +857,36 @@ if _HAVE_TRITON:
         cols = tl.arange(0, WPAD)
         mc = cols < WORDS
         hpt_row = hpt_ptr + r64 * hpt_stride
+        if EARLY:
+            # the resolver program copies nothing; each copy program reads its first tile's host
+            # rows (PCIe) while the victims are still being chosen, then waits for them to store
+            t0 = share - 1
+            cstep = S - 1
+            if share > 0:
+                j = t0 * ROWS + rows
+                mj = j < nc
+                p = tl.load(mpos_row + j, mask=mj, other=0, cache_modifier=".cg")
+                hpage = tl.load(hpt_row + p // page_size, mask=mj, other=0)
+                hrow = hpage.to(tl.int64) * page_size + (p % page_size)
+                m2 = mj[:, None] & mc[None, :]
+                val0 = tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2)
+                _wait_flag(flags_ptr, r64, 2 * epoch + 2, SPIN_NS)
+                isv = j < nv_c
+                vs = tl.load(vic_row + j, mask=mj & isv, other=0, cache_modifier=".cg")
+                if HAS_STAGING:
+                    dst = tl.where(isv, hot_base + vs, stg_base + (j - nv_c))
+                else:
+                    dst = hot_base + vs
+                tl.store(kv_ptr + (dst.to(tl.int64)[:, None] * WORDS + cols[None, :]), val0, mask=m2)
+                t0 += cstep
+            else:
+                t0 = ntiles
+        else:
+            t0 = share
+            cstep = S
         # COPY_STAGES > 1 lets Triton's software pipeliner issue the next tile's loads (miss
         # list, page table, host rows) while this tile's stores drain; 1 is the plain loop
-        for t in tl.range(share, ntiles, S, num_stages=COPY_STAGES):
+        for t in tl.range(t0, ntiles, cstep, num_stages=COPY_STAGES):
             j = t * ROWS + rows
             mj = j < nc
             if HOST_ROWS:
@@ -1003,7 +1046,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    pending_bitmap: Optional[bool] = None, keys_from_state: Optional[bool] = None,
                    scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
                    prefetch_rows: Optional[int] = None, phase_times: Optional[torch.Tensor] = None,
-                   check: bool = True) -> ResolveResult:
+                   early_copy: Optional[bool] = None, check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -1022,7 +1065,10 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     copy, instead of the copy doing it per tile; ``prefetch_rows`` (default PREFETCH_ROWS, 0 = off;
     always off under the interpreter, which has no inline PTX) has phase C prefetch the host rows
     of each request's first ``prefetch_rows`` misses into L2 so the PCIe reads overlap the victim
-    selection; every choice gives the same result (the benchmark sweeps them). ``phase_times``
+    selection; ``early_copy`` (default EARLY_COPY, needs ``copy_programs_per_request >= 2``) has
+    the copy programs, and not the resolver program, copy the rows, each reading its first tile
+    from host memory as soon as the miss list is known (before the victims); every choice gives
+    the same result (the benchmark sweeps them). ``phase_times``
     (int64 [R, 8] on the device, GPU only) receives each request's phase boundaries in ns
     (PHASE_NAMES; benchmarks/bench_resolver.py --phase-times)."""
     if not _HAVE_TRITON:
@@ -1111,6 +1157,11 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
 
     S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q)
     S = max(1, S)
+    if early_copy is None:
+        early_copy = EARLY_COPY and S > 1
+    elif early_copy and S < 2:
+        raise ValueError("early_copy hands the copy to the copy programs: it needs "
+                         f"copy_programs_per_request >= 2, got {S}")
     dpt = direct_page_table if direct_page_table is not None else host_page_table
     stg = staging_loc_base if staging_loc_base is not None else hot_loc_base
 
@@ -1142,7 +1193,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap),
         KEYS_FROM_STATE=keys_from_state, SCAN_STAGES=scan_stages,
         SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
-        PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)),
+        PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)), EARLY=bool(early_copy),
         dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
         num_warps=num_warps,
     )
@@ -1166,7 +1217,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
              KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
-             LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False)
+             LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -409,6 +409,24 @@ def test_sequence_of_calls_state_evolves(copy_programs):
         _scratch_clean()
 
 
+@pytest.mark.parametrize("copy_programs,staging", [(2, False), (3, True)])
+def test_early_copy_matches_the_reference(copy_programs, staging):
+    """early_copy: the copy programs read their first tile of host rows before the victims are
+    published and the resolver program copies nothing; same locations, state and bytes as the
+    reference over a sequence of calls (more misses than one copy tile, overflow to staging)."""
+    s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
+              tail_lens=[1, 1, 1], seed=13, fill=0.5, staging=staging)
+    for step in range(3):
+        s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1, w_dup=0.2)
+        ref, tri = run_and_compare(s, stamp=700 + step, copy_programs=copy_programs, early_copy=True,
+                                   copy_rows=2)
+        assert int(tri.counters[:, 3].sum()) > 2 * copy_programs  # several tiles per copy program
+        _scratch_clean()
+    with pytest.raises(ValueError, match="early_copy"):
+        rv.resolve_triton(**s.args(True)[0], stamp=800, copy_programs_per_request=1, early_copy=True,
+                          **s.args(True)[1])
+
+
 def test_workspace_reuse_across_shapes():
     shapes = [(2, 1, 9, 8, 40), (5, 2, 5, 16, 200), (1, 3, 4, 4, 12)]
     for n, (R, Q, K, B, H) in enumerate(shapes):
@@ -604,7 +622,7 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False,
                  DIGIT=12, NBINS=4096),
             dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
                                     PREFETCH=128, HOST_ROWS=True),
-            dict(TIMING=True), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
+            dict(EARLY=True, SPIN_NS=100), dict(TIMING=True), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
                                     TIMING=True)]
 for v in variants:
     k = rv.aot_compile(90, **v)
