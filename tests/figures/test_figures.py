@@ -559,21 +559,21 @@ def test_fig10_with_replayed_graphs_does_not_split_what_the_trace_cannot(tmp_pat
     from figures import fig10
     from tests.figures.fixture import _config, _summary, _write_run
 
-    def build(root, graphs, sessions):
-        prof = {"step_ms": 40.0, "sessions_per_step": sessions,
+    def build(root, graphs, sessions, exp="fig10", run=True):
+        prof = {"step_ms": 40.0 if graphs else 52.0, "sessions_per_step": sessions,
                 "cache_kernel_ms": {"resolver": 3.0, "follower_copy": 0.0 if graphs else 9.0},
                 "partition_pct": {"expert matrix products": 0.0 if graphs else 38.0,
                                   "dense projections": 45.0 if graphs else 7.0,
                                   "indexing and attention": 6, "other model kernels": 8,
                                   "several families at once": 28, "cache kernels alone": 9, "no kernel running": 4}}
-        s = _summary("adaptive_hisparse", "glm53_mini", "fig10", 128, b_over_k=2)
+        s = _summary("adaptive_hisparse", "glm53_mini", exp, 128, b_over_k=2)
         s["point"] = {"concurrency": 128, "b_over_k": 2, "tag": "c128"}
         s["active_mean"] = 120.0
         cfg = {**_config("adaptive_hisparse", "glm53_mini"), "device": "cuda",
                "engine": {"disable_cuda_graph": not graphs}}
-        _write_run(root, "fig10", "adaptive_hisparse-glm53_mini-c128-x", s, cfg, None, None, prof)
+        _write_run(root, exp, "adaptive_hisparse-glm53_mini-c128-x", s, cfg, None, None, prof)
         return fig10.main(["--results", str(root), "--out", str(root.parent / f"out-{graphs}-{sessions}"),
-                           "--dpi", "30"])
+                           "--dpi", "30"]) if run else None
 
     rep = build(tmp_path / "graphs", True, 118.0)
     assert rep.value("glm.cache_ms.2") == pytest.approx(3.0)
@@ -585,6 +585,17 @@ def test_fig10_with_replayed_graphs_does_not_split_what_the_trace_cannot(tmp_pat
     rep = build(tmp_path / "eager", False, 118.0)
     assert rep.value("glm.copy_share") == pytest.approx(0.75)
     assert rep.value("glm.partition.expert matrix products") == pytest.approx(38.0)
+    # served (graph-replayed) profile in fig10 + an eager one in fig10_eager: cache work and step
+    # time from the first, the two splits from the second
+    build(tmp_path / "both", False, 118.0, exp="fig10_eager", run=False)
+    rep = build(tmp_path / "both", True, 118.0)
+    assert rep.value("glm.cache_ms.2") == pytest.approx(3.0)
+    assert rep.value("glm.step_ms") == pytest.approx(40.0)
+    assert rep.value("glm.copy_share") == pytest.approx(0.75)
+    assert rep.value("glm.partition.expert matrix products") == pytest.approx(38.0)
+    assert rep.value("glm.partition.dense projections") == pytest.approx(7.0)
+    assert rep.value("glm.partition.indexing and attention") == pytest.approx(6.0)
+    assert "CUDA graphs off" in (tmp_path / "out-True-118.0" / "fig10.md").read_text()
     rep = build(tmp_path / "warmup", True, 1.0)
     assert rep.value("glm.cache_ms.2") is None
     assert "covers steps carrying 1 request(s)" in (tmp_path / "out-True-1.0" / "fig10.md").read_text()
