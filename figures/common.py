@@ -928,6 +928,20 @@ def kernel_profile(run: "Run") -> dict | None:
             "source": "kernels/kernel_summary.json"}
 
 
+def graphs_replayed(run: "Run") -> bool:
+    """Whether the profiled steps replayed CUDA graphs: their kernels then carry only the ranges
+    around the graph launch, so expert and dense-projection matmuls (both "dense projections") and
+    a follower layer's copy (counted as resolver) cannot be told apart (docs/profiling.md)."""
+    cfg = run.config or {}
+    eng = cfg.get("engine") or {}
+    # a config that does not say (hand-written profile.json runs) is taken as eager
+    return "disable_cuda_graph" in eng and not eng["disable_cuda_graph"] and str(cfg.get("device")) == "cuda"
+
+
+# Fig. 10 families that replayed graphs fold into one (the expert matmuls run inside the graph)
+MERGED_UNDER_GRAPHS = ("expert matrix products", "dense projections")
+
+
 def profile_off_load(run: "Run", prof: dict | None) -> str | None:
     """Why a run's kernel profile does not describe the run's load, or None when it does (or cannot
     tell): the profiled steps carried under half the requests the run held (a schedule that fell

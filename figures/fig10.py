@@ -52,22 +52,12 @@ def profiles(results, skipped: list[str] | None = None) -> dict[tuple[str, float
                                    "sessions": C.as_float(prof.get("sessions_per_step"))
                                    or sp.run.num("active_mean"),
                                    "partition": prof.get("partition_pct") or {},
-                                   "graphs": graphs_replayed(sp.run),
+                                   "graphs": C.graphs_replayed(sp.run),
                                    "prov": C.provenance(sp.run)}
     return out
 
 
-def graphs_replayed(run: C.Run) -> bool:
-    """Whether the profiled steps replayed CUDA graphs: their kernels then carry only the ranges
-    around the graph launch, so expert and dense-projection matmuls (both "dense projections") and
-    a follower layer's copy (counted as resolver) cannot be told apart (docs/profiling.md)."""
-    cfg = run.config or {}
-    eng = cfg.get("engine") or {}
-    # a config that does not say (hand-written profile.json runs) is taken as eager
-    return "disable_cuda_graph" in eng and not eng["disable_cuda_graph"] and str(cfg.get("device")) == "cuda"
-
-
-MERGED_UNDER_GRAPHS = ("expert matrix products", "dense projections")
+MERGED_UNDER_GRAPHS = C.MERGED_UNDER_GRAPHS
 
 
 def eager_profiles(results, skipped: list[str]) -> dict[str, dict]:
@@ -79,7 +69,7 @@ def eager_profiles(results, skipped: list[str]) -> dict[str, dict]:
     for fam in ("glm", "deepseek"):
         for sp in select(sweep(results, ("fig10_eager", "fig10_dsv_eager")), fam, "adaptive_hisparse", 128):
             prof = C.kernel_profile(sp.run)
-            if not prof or abs(sp.bk - PAPER_BUDGET[fam]) > 1e-6 or graphs_replayed(sp.run):
+            if not prof or abs(sp.bk - PAPER_BUDGET[fam]) > 1e-6 or C.graphs_replayed(sp.run):
                 continue
             why = C.profile_off_load(sp.run, prof)
             if why:

@@ -627,6 +627,13 @@ def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
     assert rep.value("share.C16 drain") == pytest.approx(0.4)
     assert rep.value("share.C512 pressure") == pytest.approx(4.5)
     assert "our top load, C256" in (tmp_path / "out" / "fig11.md").read_text()
+    # all C admitted at once (full from the first cycle): the fill is the prefill-heavy lead cycles
+    d = next(r for r in C.load_runs(res, "fig11b") if r.concurrency == 16).path
+    (d / "kernels" / "kernel_summary.json").write_text(json.dumps({"cycles": [
+        {"num_steps": 4, "sessions_per_step": 16, "resolver_share_pct_mean": sh, "step_ms": ms}
+        for sh, ms in ((0.9, 300.0), (0.8, 70.0), (2.0, 20.0), (3.0, 21.0), (2.5, 19.0), (2.5, 22.0))]}))
+    ph = fig11.phase_shares(next(r for r in C.load_runs(res, "fig11b") if r.concurrency == 16))
+    assert ph["fill"] == pytest.approx(0.85) and ph["middle"] == pytest.approx(2.5) and "drain" not in ph
 
 
 def test_fig9_budget_spread_within_one_device_call():
