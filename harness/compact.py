@@ -9,7 +9,8 @@ in progress, or interrupted ones, are left alone: the load generator appends to 
 The request records are most of the bytes under ``results/`` (one JSON line per request with its
 token timestamps), and the GPU machine takes at most 64 MiB of working tree per call: xz at
 preset 9 keeps them about a third smaller than gzip did (1.10 against 1.55 MB for a Fig. 1 run of
-256 requests x 1,024 tokens).
+256 requests x 1,024 tokens). A finished run's ``server_metrics.jsonl`` (the /metrics samples as
+streamed during the run) goes once its ``server_metrics.parquet`` holds every sample.
 """
 
 from __future__ import annotations
@@ -61,6 +62,31 @@ def compact(results: Path, dry_run: bool = False) -> tuple[int, int, int]:
             after += _write_xz(lambda: open(rec, "rb"), xz)
         rec.unlink()
     return n, before, after
+
+
+def drop_streamed_metrics(results: Path, dry_run: bool = False) -> tuple[int, int]:
+    """Remove ``server_metrics.jsonl`` (the /metrics samples streamed during a run, so an interrupted
+    run keeps them) from finished runs whose ``server_metrics.parquet`` holds every one of its
+    samples (the form every reader takes). Returns (files removed, bytes)."""
+    import pandas as pd
+
+    n = size = 0
+    for js in sorted(results.rglob("server_metrics.jsonl")):
+        pq = js.parent / "server_metrics.parquet"
+        if not ((js.parent / "summary.json").is_file() and pq.is_file()):
+            continue
+        with open(js, "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+        try:
+            rows = len(pd.read_parquet(pq))
+        except Exception:  # an unreadable parquet: keep the samples it was made from
+            continue
+        if rows < lines:
+            continue
+        n, size = n + 1, size + js.stat().st_size
+        if not dry_run:
+            js.unlink()
+    return n, size
 
 
 # the result folders the figure scripts read (figures.common.load_runs), and only those: a run
@@ -182,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} {what}"
               + (f" ({size / 2**20:.1f} MiB)" if size is not None else "")
               + (f"; kept {len(kept)} that git does not hold unchanged (commit them first)" if kept else ""))
+    m, msize = drop_streamed_metrics(root, args.dry_run)
+    print(f"[compact] {'would remove' if args.dry_run else 'removed'} {m} streamed server_metrics.jsonl "
+          f"({msize / 2**20:.1f} MiB) whose samples server_metrics.parquet holds")
     n, before, after = compact(root, args.dry_run)
     if args.dry_run:
         print(f"[compact] would compress {n} records files ({before / 2**20:.1f} MiB)")

@@ -123,3 +123,29 @@ def test_prune_traces_keeps_what_the_figures_read(tmp_path, capsys):
     assert (k / "kernel_summary.json").exists()
     note = (k / TRACES_NOTE).read_text()
     assert "git checkout" in note and "results/fig10/run-a/kernels/trace_0.json.gz" in note
+
+
+def test_streamed_metrics_go_once_the_parquet_holds_every_sample(tmp_path, capsys):
+    """A finished run drops server_metrics.jsonl when its parquet holds every sample; a run in
+    progress, or one whose parquet holds fewer samples, keeps it."""
+    import pandas as pd
+
+    samples = [{"ts": float(i), "dhs_num_running_reqs": i} for i in range(6)]
+
+    def run(name, finished, parquet_rows):
+        d = tmp_path / "fig6" / name
+        d.mkdir(parents=True)
+        (d / "server_metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+        if parquet_rows is not None:
+            pd.DataFrame(samples[:parquet_rows]).to_parquet(d / "server_metrics.parquet")
+        if finished:
+            (d / "summary.json").write_text("{}")
+        return d / "server_metrics.jsonl"
+
+    gone = run("a", True, 6)
+    short = run("b", True, 4)
+    live = run("c", False, 6)
+    none = run("d", True, None)
+    assert main(["--results", str(tmp_path)]) == 0
+    assert "removed 1 streamed server_metrics.jsonl" in capsys.readouterr().out
+    assert not gone.exists() and short.exists() and live.exists() and none.exists()
