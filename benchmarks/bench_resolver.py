@@ -584,6 +584,18 @@ def fig8a(torch, rv, args, sz):
                 copy_programs_sweep=sweep)
 
 
+def early_knobs(args) -> list[tuple[dict, str]]:
+    """--sweep-early-copy values as resolver knobs: S > 1 = early_copy with S copy programs per
+    request; 1 = the plain path (no copy programs), whatever the defaults are."""
+    out = []
+    for x in args.sweep_early_copy.split(","):
+        if x:
+            S = int(x)
+            out.append((dict(early_copy=S > 1, copy_programs_per_request=S),
+                        f"early copy S={S}" if S > 1 else "plain S=1"))
+    return out
+
+
 def fig8bc(torch, rv, args, sz):
     ctx, k, misses, B_c = sz["ctx"], sz["k"], sz["misses"], sz["B_c"]
     log(f"== Fig. 8b/8c: single query, k={k}, ctx={ctx}, batches {sz['batches']}, B {sz['Bs']}")
@@ -610,10 +622,10 @@ def fig8bc(torch, rv, args, sz):
             if B == B_c:
                 out_c.append(dict(batch=R, B=B, misses_per_request=0, us_p10=q10 * 1e3, us_median=q50 * 1e3,
                                   us_p90=q90 * 1e3))
-                for knobs in scan_knobs(args.sweep_scan):
+                for knobs in scan_knobs(args.sweep_scan) + [k for k, _ in early_knobs(args)]:
                     def fn_t(knobs=knobs):
-                        return rv.resolve_triton(*src.args(src.sel), 5000, copy_programs_per_request=args.copy_programs,
-                                                 check=False, **knobs, **src.kwargs())
+                        kn = {"copy_programs_per_request": args.copy_programs, **knobs}
+                        return rv.resolve_triton(*src.args(src.sel), 5000, check=False, **kn, **src.kwargs())
                     t_us = statistics.median(time_stateful(torch, fn_t, lambda: None, 30 if DEV == "cuda" else 2)) * 1e3
                     out_b.append(dict(batch=R, B=B, path="scan", **knobs, sweep=True,
                                       us_median_events_guarded=t_us, us_median=t_us,
@@ -683,8 +695,7 @@ def fig8bc(torch, rv, args, sz):
         # phase C prefetching the misses' host rows into L2 (overlaps PCIe with the victim selection)
         sweeps_c += [(dict(prefetch_rows=int(x)), f"prefetch {x} rows") for x in args.sweep_prefetch.split(",") if x]
         # copy programs reading their first tile's host rows before the victims are known
-        sweeps_c += [(dict(early_copy=True, copy_programs_per_request=int(x)), f"early copy S={x}")
-                     for x in args.sweep_early_copy.split(",") if x]
+        sweeps_c += early_knobs(args)
         for knobs, label in sweeps_c:
             def fn_k(knobs=knobs):
                 stamp[0] += 1
@@ -703,10 +714,8 @@ def fig8bc(torch, rv, args, sz):
                               reps=_sweep_timing(sz)[0])
         if args.phase_times:
             out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz))
-            for x in args.sweep_early_copy.split(","):  # and where the early copy's time goes
-                if x:
-                    out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz,
-                                               knobs=dict(early_copy=True, copy_programs_per_request=int(x))))
+            for knobs, _ in early_knobs(args):  # and where the early copy's time goes
+                out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knobs=knobs))
         if args.sweep_radix:
             # victim selection: slots per radix tile x digit width (same result for every choice)
             for spec in args.sweep_radix.split(","):
@@ -887,9 +896,10 @@ def main() -> None:
                     help="also time (c) with phase C prefetching each request's first N misses' host rows "
                          "into L2 (prefetch_rows; 0 = off), e.g. 0,64,128")
     ap.add_argument("--sweep-early-copy", default="",
-                    help="also time (c) with early_copy at these copy programs per request, e.g. 2,4 (the "
-                         "copy programs read their first tile's host rows before the victims are known); "
-                         "with --phase-times, also split those calls by phase")
+                    help="also time (b) at B_c and (c) with early_copy at these copy programs per request, "
+                         "e.g. 1,2,4 (the copy programs read their first tile's host rows before the victims "
+                         "are known; 1 = the plain path, no copy programs); with --phase-times, also split "
+                         "those (c) calls by phase")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",

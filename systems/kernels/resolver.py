@@ -90,8 +90,9 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
 
 Launch
 ======
-ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``; default 1 for
-plain decode, ``clamp(ceil(64 / R), 1, 8)`` for verification, see ``default_copy_programs``).
+ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``; default 4 for
+plain decode with the early copy below, ``clamp(ceil(64 / R), 1, 8)`` for verification, see
+``default_copy_programs``).
 The first R programs to start (tickets from an atomic counter, so every request's resolver is
 resident before any helper can spin) are the per-request resolvers, each doing in order:
 (A) tail / direct-map resolution and dedup marks (``atomic_min`` of the flattened index on a
@@ -103,7 +104,11 @@ Phases are separated by CTA barriers. The other ``R * (S - 1)`` programs wait on
 flag (thread-0 release after a barrier / thread-0 acquire before a barrier, on a per-launch
 epoch; published as soon as the victims are known, so they copy while (D) runs; ``spin_ns``
 sleeps between polls) and copy their interleaved share of that request's miss rows, so the copy grid scales
-with the batch (paper: 4 to 32 thread blocks). With ``S == 1`` no ticket, flag or spin exists.
+with the batch (paper: 4 to 32 thread blocks). With ``early_copy`` (plain decode's default) the
+resolver also publishes after (C): each copy program then reads its first tile's host rows while
+(V) runs, and stores them once the victims are out; the resolver program copies nothing. Flags
+only grow (launch ``e`` publishes ``2e + 1`` and ``2e + 2``). With ``S == 1`` no ticket, flag or
+spin exists.
 The scratch is self-cleaning (entries a call touched are reset to the sentinel at its end), so
 it is never memset after creation. Compiled for sm_90a with 8 warps: 128 registers, no spills
 (``aot_compile`` compiles it without a GPU; the CPU tests do so).
@@ -241,8 +246,16 @@ PREFETCH_ROWS = 0
 # With copy programs (S > 1) the copy can start before the victims are known: the resolver
 # publishes the miss list after phase C, each copy program reads its first tile's host rows into
 # registers (the PCIe round trip overlaps phase V), then stores them once the victims are
-# published; the resolver program itself copies nothing. Not yet measured: off.
-EARLY_COPY = False
+# published; the resolver program itself copies nothing. Plain decode (Q = 1) then takes
+# DECODE_COPY_PROGRAMS programs per request. H200, B = 4096, 77 misses, batch 8 / 160
+# (bench_resolver --phase-times --sweep-early-copy 2,4,8, results/fig8/phase_times_62d731b-h200.json,
+# beside a serving lane): plain path (one program per request) 40.3 / 229.4 us; early copy S = 2
+# 44.1 / 241.7; S = 4 35.6 / 208.1; S = 8 35.1 / 210.8 (paper 29.3 / 243.3). The phase split of
+# the plain path at batch 8: scan 11.5 us, victim selection 9.2, the copy after them 14.1; with the
+# early copy the resolver program ends 22.8 us after it starts, the call 31.7 us.
+# Verification (Q > 1) keeps its copy grid (the resolver program copies too): not measured there.
+EARLY_COPY = True
+DECODE_COPY_PROGRAMS = 4
 
 
 # phase boundaries written with ``phase_times`` (ns, the GPU's global timer), per request: the
@@ -1000,11 +1013,12 @@ def _word_view(row_bytes: int, kv_pool: torch.Tensor, host_pool: torch.Tensor):
 
 def default_copy_programs(R: int, Q: int = 2) -> int:
     """Copy programs per request. Plain decode (Q == 1) moves few rows per request (the paper's
-    77 misses): one program per request, no helpers, no spinning. Verification (Q > 1) can
+    77 misses): with EARLY_COPY, DECODE_COPY_PROGRAMS programs that start reading host rows before
+    the victims are chosen, else one program per request (no helpers, no spinning). Verification (Q > 1) can
     move up to Q*k rows per request: about 64 copy programs per call, 1..8 per request (the
     paper's copy grid scales with the batch, 4 to 32 thread blocks)."""
     if Q <= 1:
-        return 1
+        return DECODE_COPY_PROGRAMS if EARLY_COPY else 1
     return max(1, min(8, -(-64 // max(1, R))))
 
 
@@ -1157,8 +1171,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
 
     S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q)
     S = max(1, S)
-    if early_copy is None:
-        early_copy = EARLY_COPY and S > 1
+    if early_copy is None:  # measured for plain decode only (see EARLY_COPY)
+        early_copy = EARLY_COPY and S > 1 and Q == 1
     elif early_copy and S < 2:
         raise ValueError("early_copy hands the copy to the copy programs: it needs "
                          f"copy_programs_per_request >= 2, got {S}")

@@ -673,3 +673,33 @@ def test_fig11b_a_lone_top_load_run_fills_no_low_load_row(tmp_path):
     rep = fig11.main(["--results", str(res), "--out", str(tmp_path / "out"), "--dpi", "30"])
     assert rep.value("share.C512 pressure") == pytest.approx(4.5)
     assert rep.value("share.C16 fill") is None and rep.value("share.C16 middle") is None
+
+
+def test_fig11a_splits_graph_replayed_model_kernels_by_the_eager_round(tmp_path):
+    """A Fig. 11a round profiled with CUDA graphs replayed has no expert-matmul split: its model
+    kernels are split in the proportion the same block's eager round (fig11_eager) shows; without
+    an eager round the expert row stays unmeasured and a note gives the sum."""
+    from figures import fig11
+    from tests.figures.fixture import _config, _summary, _write_run
+
+    def write(root, exp, graphs, expert, other):
+        prof = {"sessions_per_step": 64.0,
+                "round_ms": {"cache kernels alone": 2.0, "expert matrix products": expert,
+                             "other model kernels": other, "several families at once": 2.0,
+                             "no kernel coverage": 4.0, "total": 8.0 + expert + other}}
+        s = _summary("adaptive_dhisparse", "glm53_mini", exp, 64)
+        cfg = {**_config("adaptive_dhisparse", "glm53_mini", speculation={"block_size": 4}), "device": "cuda",
+               "engine": {"disable_cuda_graph": not graphs}}
+        _write_run(root, exp, f"adaptive_dhisparse-glm53_mini-c64-{exp}", s, cfg, None, None, prof)
+
+    res = tmp_path / "results"
+    write(res, "fig11", True, 0.0, 20.0)
+    rep = fig11.main(["--results", str(res), "--out", str(tmp_path / "o1"), "--dpi", "30"])
+    assert rep.value("b4.expert matrix products") is None
+    assert rep.value("b4.other model kernels") == pytest.approx(20.0)
+    write(res, "fig11_eager", False, 15.0, 5.0)
+    rep = fig11.main(["--results", str(res), "--out", str(tmp_path / "o2"), "--dpi", "30"])
+    assert rep.value("b4.expert matrix products") == pytest.approx(15.0)
+    assert rep.value("b4.other model kernels") == pytest.approx(5.0)
+    assert rep.value("b4.total") == pytest.approx(28.0)  # the served round's time, not the eager one's
+    assert "75% expert" in (tmp_path / "o2" / "fig11.md").read_text()
