@@ -66,6 +66,30 @@ def _bench_sweep(S: dict) -> list[dict]:
     return out
 
 
+def phase_notes(results) -> list[str]:
+    """Where a 77-miss call's time goes, by resolver phase (the kernel's %globaltimer stamps,
+    bench_resolver --phase-times), from the newest results/fig8/phase_times_*.json: one line per
+    batch and resolver variant, each phase the slowest request's (the call waits for it)."""
+    files = sorted((results / NAME).glob("phase_times_*.json"))
+    runs = [(d.get("date") or "", f.name, d) for f in files if (d := C.load_json(f))]
+    if not runs:
+        return []
+    _, name, d = max(runs)
+    out = []
+    for p in d.get("fig8c_points") or []:
+        per = p.get("phase_us_slowest_request")
+        if not p.get("phase_times") or not isinstance(per, dict):
+            continue
+        how = (f"early copy, {p.get('copy_programs_per_request')} copy programs per request" if p.get("early_copy")
+               else "one program per request" if p.get("copy_programs_per_request") in (None, 1) else
+               f"{p.get('copy_programs_per_request')} programs per request")
+        out.append(f"77 misses at batch {p.get('batch')}, {how}, by phase (slowest request, µs): "
+                   + ", ".join(f"{k} {C.fmt(v)}" for k, v in per.items())
+                   + f"; the resolver program {C.fmt(p.get('program_us_median'))} of {C.fmt(p.get('us_median'))} µs "
+                   f"per call ({name}, commit {d.get('commit', '?')}, {d.get('gpu', '?')}).")
+    return out
+
+
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     S = C.load_json(args.results / NAME / "summary.json") or {}
@@ -194,6 +218,8 @@ def main(argv=None) -> C.Report:
     for k in ("a_source", "bc_source", "host_path_line_note"):
         if S.get(k):  # where (b)/(c) came from; why the host path stops short of the bulk rate
             rep.note(str(S[k])[0].upper() + str(S[k])[1:].rstrip(".") + ".")
+    for line in phase_notes(args.results):
+        rep.note(line)
     rep.measured_with = prov
     return rep.finish(fig, args)
 

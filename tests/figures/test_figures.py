@@ -703,3 +703,25 @@ def test_fig11a_splits_graph_replayed_model_kernels_by_the_eager_round(tmp_path)
     assert rep.value("b4.other model kernels") == pytest.approx(5.0)
     assert rep.value("b4.total") == pytest.approx(28.0)  # the served round's time, not the eager one's
     assert "75% expert" in (tmp_path / "o2" / "fig11.md").read_text()
+
+
+def test_fig8_notes_the_phase_split_of_the_newest_phase_times_file(tmp_path):
+    """results/fig8/phase_times_*.json (bench_resolver --phase-times): the newest file's (c) rows
+    with a phase split become one note line each, naming the variant, file and commit."""
+    from figures import fig8
+
+    d = tmp_path / "fig8"
+    d.mkdir()
+    row = {"batch": 8, "phase_times": True, "us_median": 31.7, "program_us_median": 22.8,
+           "phase_us_slowest_request": {"B_scan": 7.7, "V_victims": 10.2}}
+    (d / "phase_times_old-h200.json").write_text(json.dumps({"date": "2026-01-01", "commit": "old",
+                                                             "fig8c_points": [dict(row, us_median=99.0)]}))
+    (d / "phase_times_new-h200.json").write_text(json.dumps({
+        "date": "2026-11-30", "commit": "abc1234", "gpu": "NVIDIA H200",
+        "fig8c_points": [{"batch": 8, "us_median": 40.0}, row,
+                         dict(row, early_copy=True, copy_programs_per_request=4)]}))
+    notes = fig8.phase_notes(tmp_path)
+    assert len(notes) == 2 and all("abc1234" in n for n in notes)
+    assert "one program per request" in notes[0] and "V_victims 10.2" in notes[0] and "of 31.7 µs" in notes[0]
+    assert "early copy, 4 copy programs per request" in notes[1]
+    assert fig8.phase_notes(tmp_path / "nothing") == []
