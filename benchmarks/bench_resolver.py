@@ -590,9 +590,17 @@ def early_knobs(args) -> list[tuple[dict, str]]:
     out = []
     for x in args.sweep_early_copy.split(","):
         if x:
-            S = int(x)
-            out.append((dict(early_copy=S > 1, copy_programs_per_request=S),
-                        f"early copy S={S}" if S > 1 else "plain S=1"))
+            # S[:spin ns][l] : l = the copy programs poll their flag with loads (poll_loads)
+            loads = x.endswith("l")
+            S, _, spin = x.rstrip("l").partition(":")
+            S = int(S)
+            kn = dict(early_copy=S > 1, copy_programs_per_request=S)
+            if spin:
+                kn["spin_ns"] = int(spin)
+            if loads:
+                kn["poll_loads"] = True
+            out.append((kn, (f"early copy S={S}" if S > 1 else "plain S=1")
+                        + (f" spin {spin} ns" if spin else "") + (" load polls" if loads else "")))
     return out
 
 
@@ -898,8 +906,9 @@ def main() -> None:
     ap.add_argument("--sweep-early-copy", default="",
                     help="also time (b) at B_c and (c) with early_copy at these copy programs per request, "
                          "e.g. 1,2,4 (the copy programs read their first tile's host rows before the victims "
-                         "are known; 1 = the plain path, no copy programs); with --phase-times, also split "
-                         "those (c) calls by phase")
+                         "are known; 1 = the plain path, no copy programs); S:NS adds a sleep of NS ns between "
+                         "the copy programs' polls, a trailing l polls with loads (poll_loads), e.g. 4:200l; "
+                         "with --phase-times, also split those (c) calls by phase")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",

@@ -256,6 +256,9 @@ PREFETCH_ROWS = 0
 # Verification (Q > 1) keeps its copy grid (the resolver program copies too): not measured there.
 EARLY_COPY = True
 DECODE_COPY_PROGRAMS = 4
+# Waiting copy programs poll their request's flag with volatile loads and take the acquire with one
+# atomic once it is set (POLL_LOADS), instead of an acquire atomic per poll. Not yet measured: off.
+POLL_LOADS = False
 
 
 # phase boundaries written with ``phase_times`` (ns, the GPU's global timer), per request: the
@@ -532,18 +535,31 @@ if _HAVE_TRITON:
             tl.atomic_xchg(flags_ptr + r64, flag, sem="release")
 
     @triton.jit
-    def _wait_flag(flags_ptr, r64, target, SPIN_NS: tl.constexpr):
+    def _wait_flag(flags_ptr, r64, target, SPIN_NS: tl.constexpr, POLL_LOADS: tl.constexpr):
         """Copy program: wait until its request's flag reaches ``target`` (acquire), then a CTA
-        barrier so every thread sees what the resolver published."""
-        f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+        barrier so every thread sees what the resolver published. POLL_LOADS polls with volatile
+        loads (L2 reads, which many programs can make at once) and acquires with one fence once
+        the flag is seen; else every poll is an acquire atomic on the flag's address."""
+        if POLL_LOADS:
+            f = tl.load(flags_ptr + r64, volatile=True)
+        else:
+            f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
         while f < target:
             if SPIN_NS > 0:
                 # back off between polls: spinning copy programs otherwise keep the L2
-                # busy with atomics while their resolver is still scanning
+                # busy while their resolver is still scanning
                 tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
                                           [f.to(tl.int32) * 0 + SPIN_NS], dtype=tl.int32,
                                           is_pure=False, pack=1)
-            f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+            if POLL_LOADS:
+                f = tl.load(flags_ptr + r64, volatile=True)
+            else:
+                f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+        if POLL_LOADS:
+            # a strong read that saw the release, then a fence: the PTX acquire pattern (an acquire
+            # atomic whose result goes unused would be dropped by the compiler)
+            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [f.to(tl.int32)],
+                                      dtype=tl.int32, is_pure=False, pack=1)
         tl.debug_barrier()
 
     @triton.jit(do_not_specialize=["stamp_arg"])
@@ -570,7 +586,7 @@ if _HAVE_TRITON:
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
         SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
-        PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr, EARLY: tl.constexpr,
+        PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr, EARLY: tl.constexpr, POLL_LOADS: tl.constexpr,
         dbg_ptr, TIMING: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
@@ -860,7 +876,7 @@ if _HAVE_TRITON:
         else:
             if USE_TICKETS:
                 # EARLY: the miss list is enough to start reading host rows (stage 1)
-                _wait_flag(flags_ptr, r64, 2 * epoch + 2 - EARLY, SPIN_NS)
+                _wait_flag(flags_ptr, r64, 2 * epoch + 2 - EARLY, SPIN_NS, POLL_LOADS)
 
         # ======================= copy phase (every program) ===========================
         nv_c = tl.load(meta_ptr + r64 * 2, cache_modifier=".cg")
@@ -883,7 +899,7 @@ if _HAVE_TRITON:
                 hrow = hpage.to(tl.int64) * page_size + (p % page_size)
                 m2 = mj[:, None] & mc[None, :]
                 val0 = tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2)
-                _wait_flag(flags_ptr, r64, 2 * epoch + 2, SPIN_NS)
+                _wait_flag(flags_ptr, r64, 2 * epoch + 2, SPIN_NS, POLL_LOADS)
                 isv = j < nv_c
                 vs = tl.load(vic_row + j, mask=mj & isv, other=0, cache_modifier=".cg")
                 if HAS_STAGING:
@@ -1060,7 +1076,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    pending_bitmap: Optional[bool] = None, keys_from_state: Optional[bool] = None,
                    scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
                    prefetch_rows: Optional[int] = None, phase_times: Optional[torch.Tensor] = None,
-                   early_copy: Optional[bool] = None, check: bool = True) -> ResolveResult:
+                   early_copy: Optional[bool] = None, poll_loads: Optional[bool] = None,
+                   check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -1082,7 +1099,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     selection; ``early_copy`` (default EARLY_COPY, needs ``copy_programs_per_request >= 2``) has
     the copy programs, and not the resolver program, copy the rows, each reading its first tile
     from host memory as soon as the miss list is known (before the victims); every choice gives
-    the same result (the benchmark sweeps them). ``phase_times``
+    the same result (the benchmark sweeps them); ``poll_loads`` (default POLL_LOADS; off under the
+    interpreter, which has no inline PTX) has waiting copy programs poll their flag with loads
+    instead of atomics. ``phase_times``
     (int64 [R, 8] on the device, GPU only) receives each request's phase boundaries in ns
     (PHASE_NAMES; benchmarks/bench_resolver.py --phase-times)."""
     if not _HAVE_TRITON:
@@ -1122,8 +1141,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     prefetch_rows = PREFETCH_ROWS if prefetch_rows is None else int(prefetch_rows)
     if not 0 <= prefetch_rows < _HIT:
         raise ValueError(f"prefetch_rows must be in 0..2**28 - 1, got {prefetch_rows}")
-    if interpret:  # a hint only: the interpreter cannot run inline PTX
-        prefetch_rows = 0
+    poll_loads = POLL_LOADS if poll_loads is None else bool(poll_loads)
+    if interpret:  # a hint only / the same handoff: the interpreter cannot run inline PTX
+        prefetch_rows, poll_loads = 0, False
     if phase_times is not None:
         if interpret:
             raise ValueError("phase_times reads the GPU's global timer: not available under TRITON_INTERPRET")
@@ -1208,7 +1228,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         KEYS_FROM_STATE=keys_from_state, SCAN_STAGES=scan_stages,
         SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
         PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)), EARLY=bool(early_copy),
-        dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
+        POLL_LOADS=poll_loads, dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -1231,7 +1251,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
              KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
-             LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False)
+             LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False, POLL_LOADS=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

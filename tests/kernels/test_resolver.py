@@ -409,8 +409,8 @@ def test_sequence_of_calls_state_evolves(copy_programs):
         _scratch_clean()
 
 
-@pytest.mark.parametrize("copy_programs,staging", [(2, False), (3, True)])
-def test_early_copy_matches_the_reference(copy_programs, staging):
+@pytest.mark.parametrize("copy_programs,staging,poll_loads", [(2, False, False), (3, True, True)])
+def test_early_copy_matches_the_reference(copy_programs, staging, poll_loads):
     """early_copy: the copy programs read their first tile of host rows before the victims are
     published and the resolver program copies nothing; same locations, state and bytes as the
     reference over a sequence of calls (more misses than one copy tile, overflow to staging)."""
@@ -419,7 +419,7 @@ def test_early_copy_matches_the_reference(copy_programs, staging):
     for step in range(3):
         s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1, w_dup=0.2)
         ref, tri = run_and_compare(s, stamp=700 + step, copy_programs=copy_programs, early_copy=True,
-                                   copy_rows=2)
+                                   copy_rows=2, poll_loads=poll_loads)
         assert int(tri.counters[:, 3].sum()) > 2 * copy_programs  # several tiles per copy program
         _scratch_clean()
     with pytest.raises(ValueError, match="early_copy"):
@@ -622,19 +622,23 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False,
                  DIGIT=12, NBINS=4096),
             dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
                                     PREFETCH=128, HOST_ROWS=True),
-            dict(EARLY=True, SPIN_NS=100), dict(TIMING=True), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
+            dict(EARLY=True, SPIN_NS=100), dict(EARLY=True, POLL_LOADS=True), dict(TIMING=True), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
                                     TIMING=True)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
     assert "bar.sync" in ptx and "atom.global" in ptx, v
     if v.get("USE_TICKETS", True):
-        assert "release" in ptx and "acquire" in ptx, "ticket/flag handoff must use release/acquire"
+        assert "release" in ptx, "the flag handoff must publish with release"
+        assert ("fence.acq_rel.gpu" if v.get("POLL_LOADS") else "acquire") in ptx, \
+            "copy programs must acquire their request's flag"
     if not v:
         assert "ld.global.v2.b64" in ptx, "row copy should use 16-byte loads"
     assert ("nanosleep" in ptx) == bool(v.get("SPIN_NS")), "copy programs sleep between polls only when asked"
     assert ("prefetch.global.L2" in ptx) == bool(v.get("PREFETCH")), "host rows are prefetched only when asked"
     assert ("globaltimer" in ptx) == bool(v.get("TIMING")), "phase times are read only when asked"
+    if v.get("POLL_LOADS"):
+        assert "ld.volatile" in ptx, "copy programs poll their flag with volatile loads"
 print("ok")
 """
 
