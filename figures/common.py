@@ -964,7 +964,6 @@ def profile_off_load(run: "Run", prof: dict | None) -> str | None:
 # A claim built from runs on both sides of one says so in its provenance.
 MEASUREMENT_CHANGES = (
     ("a5e1803", "kernel defaults: index-scan multiply-add form, resolver tiles and bitmap by batch"),
-    ("6b7c22a", "resolver default for plain decode: early copy by 4 copy programs per request"),
 )
 
 

@@ -90,8 +90,8 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
 
 Launch
 ======
-ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``; default 4 for
-plain decode with the early copy below, ``clamp(ceil(64 / R), 1, 8)`` for verification, see
+ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``; default 1 for
+plain decode (4 with EARLY_COPY), ``clamp(ceil(64 / R), 1, 8)`` for verification, see
 ``default_copy_programs``).
 The first R programs to start (tickets from an atomic counter, so every request's resolver is
 resident before any helper can spin) are the per-request resolvers, each doing in order:
@@ -104,7 +104,7 @@ Phases are separated by CTA barriers. The other ``R * (S - 1)`` programs wait on
 flag (thread-0 release after a barrier / thread-0 acquire before a barrier, on a per-launch
 epoch; published as soon as the victims are known, so they copy while (D) runs; ``spin_ns``
 sleeps between polls) and copy their interleaved share of that request's miss rows, so the copy grid scales
-with the batch (paper: 4 to 32 thread blocks). With ``early_copy`` (plain decode's default) the
+with the batch (paper: 4 to 32 thread blocks). With ``early_copy`` (plain decode only, off by default) the
 resolver also publishes after (C): each copy program then reads its first tile's host rows while
 (V) runs, and stores them once the victims are out; the resolver program copies nothing. Flags
 only grow (launch ``e`` publishes ``2e + 1`` and ``2e + 2``). With ``S == 1`` no ticket, flag or
@@ -253,8 +253,12 @@ PREFETCH_ROWS = 0
 # 44.1 / 241.7; S = 4 35.6 / 208.1; S = 8 35.1 / 210.8 (paper 29.3 / 243.3). The phase split of
 # the plain path at batch 8: scan 11.5 us, victim selection 9.2, the copy after them 14.1; with the
 # early copy the resolver program ends 22.8 us after it starts, the call 31.7 us.
+# But calls without a miss slow down: batch 8 / 160, no miss, 14.8 / 33.0 us plain against 23.1 /
+# 42.6 with S = 4 (results/fig8/phase_times_6b7c22a-h200.json, alone on the GPU; 77 misses there:
+# 39.6 / 219.8 plain, 34.8 / 201.1 early S = 4): the waiting copy programs' polls cost the resolver
+# more than the copy gains when there is nothing to copy. Off until that is fixed (POLL_LOADS, spin).
 # Verification (Q > 1) keeps its copy grid (the resolver program copies too): not measured there.
-EARLY_COPY = True
+EARLY_COPY = False
 DECODE_COPY_PROGRAMS = 4
 # Waiting copy programs poll their request's flag with volatile loads and take the acquire with one
 # atomic once it is set (POLL_LOADS), instead of an acquire atomic per poll. Not yet measured: off.
