@@ -206,6 +206,14 @@ def main(argv=None) -> C.Report:
         for famk, pv in P["partition_pct"][fam].items():
             v, pr = split_from.get(famk, (C.as_float(part.get(famk)), o.get("prov", "")))
             rep.compare(f"{fam}.partition.{famk}", f"{name} step share: {famk}", pv, v, "%", pr)
+    for fam in ("glm", "deepseek"):
+        o = prof.get((fam, PAPER_BUDGET[fam])) or {}
+        idle = C.as_float((o.get("partition") or {}).get("no kernel running"))
+        if idle is not None and idle > 10 and o.get("step_ms"):
+            rep.note(f"{'GLM' if fam == 'glm' else 'DeepSeek'}: no kernel runs for {C.fmt(idle)} % of a "
+                     f"{C.fmt(o['step_ms'])} ms step (paper {C.fmt(float(P['partition_pct'][fam]['no kernel running']))} %): the "
+                     "scaled presets' kernels are short, so the engine's host-side work between graph replays "
+                     "(scheduling, sampling, host backups, in Python) is a large part of each step here.")
     rep.note_reasons(skipped)
     rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))
     rep.note("Paper panel (b) labels are partly ambiguous in the flattened text; see "
