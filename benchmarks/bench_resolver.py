@@ -590,17 +590,21 @@ def early_knobs(args) -> list[tuple[dict, str]]:
     out = []
     for x in args.sweep_early_copy.split(","):
         if x:
-            # S[:spin ns][l] : l = the copy programs poll their flag with loads (poll_loads)
-            loads = x.endswith("l")
-            S, _, spin = x.rstrip("l").partition(":")
+            # S[:spin ns][l][e] : l = the copy programs poll their flag with loads (poll_loads);
+            # e (with S = 1) = the resolver program reads its first copy tile early (self_early)
+            loads, own = "l" in x, "e" in x
+            S, _, spin = x.rstrip("le").partition(":")
             S = int(S)
             kn = dict(early_copy=S > 1, copy_programs_per_request=S)
             if spin:
                 kn["spin_ns"] = int(spin)
             if loads:
                 kn["poll_loads"] = True
+            if own:
+                kn["self_early"] = True
             out.append((kn, (f"early copy S={S}" if S > 1 else "plain S=1")
-                        + (f" spin {spin} ns" if spin else "") + (" load polls" if loads else "")))
+                        + (f" spin {spin} ns" if spin else "") + (" load polls" if loads else "")
+                        + (" own first tile early" if own else "")))
     return out
 
 
@@ -907,7 +911,8 @@ def main() -> None:
                     help="also time (b) at B_c and (c) with early_copy at these copy programs per request, "
                          "e.g. 1,2,4 (the copy programs read their first tile's host rows before the victims "
                          "are known; 1 = the plain path, no copy programs); S:NS adds a sleep of NS ns between "
-                         "the copy programs' polls, a trailing l polls with loads (poll_loads), e.g. 4:200l; "
+                         "the copy programs' polls, a trailing l polls with loads (poll_loads), e.g. 4:200l; 1e has the "
+                         "resolver program read its own first copy tile early (self_early); "
                          "with --phase-times, also split those (c) calls by phase")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")

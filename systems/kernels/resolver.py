@@ -260,6 +260,10 @@ PREFETCH_ROWS = 0
 # Verification (Q > 1) keeps its copy grid (the resolver program copies too): not measured there.
 EARLY_COPY = False
 DECODE_COPY_PROGRAMS = 4
+# Without copy programs, the resolver program can read its own first copy tile's host rows after
+# phase C and store them after phase V (SELF_EARLY): the PCIe round trip overlaps the victim
+# selection at no cost to calls without a miss. Not yet measured: off.
+SELF_EARLY = False
 # Waiting copy programs poll their request's flag with volatile loads and take the acquire with one
 # atomic once it is set (POLL_LOADS), instead of an acquire atomic per poll. Not yet measured: off.
 POLL_LOADS = False
@@ -591,6 +595,7 @@ if _HAVE_TRITON:
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
         SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
         PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr, EARLY: tl.constexpr, POLL_LOADS: tl.constexpr,
+        SELF_EARLY: tl.constexpr,
         dbg_ptr, TIMING: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
@@ -631,6 +636,8 @@ if _HAVE_TRITON:
             else:
                 stamp = stamp_arg + tl.zeros([], tl.int64)
             ts = tl.load(tail_start_ptr + r64)
+            rows_e = tl.arange(0, ROWS)
+            cols_e = tl.arange(0, WPAD)
             offs_q = tl.arange(0, QBLK)
             offs_b = tl.arange(0, BBLK)
             n_pend = tl.zeros([], tl.int32)
@@ -755,6 +762,16 @@ if _HAVE_TRITON:
                 tl.debug_barrier()
                 if EARLY:  # copy programs start their host reads while the victims are chosen
                     _publish(meta_ptr, flags_ptr, r64, nv, ncopy, 2 * epoch + 1, USE_TICKETS)
+                if SELF_EARLY:
+                    # this program's first copy tile: its host rows are read now, so the PCIe round
+                    # trip overlaps phase V; stored once the victims are known (below)
+                    jx = rows_e
+                    mjx = jx < ncopy
+                    px = tl.load(mpos_row + jx, mask=mjx, other=0, cache_modifier=".cg")
+                    hpx = tl.load(hpt_ptr + r64 * hpt_stride + px // page_size, mask=mjx, other=0)
+                    hrx = hpx.to(tl.int64) * page_size + (px % page_size)
+                    m2x = mjx[:, None] & (cols_e < WORDS)[None, :]
+                    valx = tl.load(host_ptr + (hrx[:, None] * WORDS + cols_e[None, :]), mask=m2x)
                 _stamp_phase(dbg_ptr, r64, 3, TIMING)
                 # -- phase V: victims = nv smallest keys, assigned in slot order -------
                 if nv > 0:
@@ -820,6 +837,14 @@ if _HAVE_TRITON:
                         taken += tl.sum(ch32, 0)
                         eq_seen += tl.sum(eq.to(tl.int32), 0)
                 tl.debug_barrier()
+                if SELF_EARLY:
+                    isvx = jx < nv
+                    vsx = tl.load(vic_row + jx, mask=mjx & isvx, other=0, cache_modifier=".cg")
+                    if HAS_STAGING:
+                        dstx = tl.where(isvx, hot_base + vsx, stg_base + (jx - nv))
+                    else:
+                        dstx = hot_base + vsx
+                    tl.store(kv_ptr + (dstx.to(tl.int64)[:, None] * WORDS + cols_e[None, :]), valx, mask=m2x)
                 _stamp_phase(dbg_ptr, r64, 4, TIMING)
                 # the copy needs only the miss list and the victims: the copy programs start
                 # now, while this program writes the locations and resets the scratch
@@ -916,6 +941,9 @@ if _HAVE_TRITON:
                 t0 = ntiles
         else:
             t0 = share
+            if SELF_EARLY:
+                if share == 0:  # tile 0 was copied by the resolver phase itself
+                    t0 = S
             cstep = S
         # COPY_STAGES > 1 lets Triton's software pipeliner issue the next tile's loads (miss
         # list, page table, host rows) while this tile's stores drain; 1 is the plain loop
@@ -1081,7 +1109,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
                    prefetch_rows: Optional[int] = None, phase_times: Optional[torch.Tensor] = None,
                    early_copy: Optional[bool] = None, poll_loads: Optional[bool] = None,
-                   check: bool = True) -> ResolveResult:
+                   self_early: Optional[bool] = None, check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -1105,7 +1133,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     from host memory as soon as the miss list is known (before the victims); every choice gives
     the same result (the benchmark sweeps them); ``poll_loads`` (default POLL_LOADS; off under the
     interpreter, which has no inline PTX) has waiting copy programs poll their flag with loads
-    instead of atomics. ``phase_times``
+    instead of atomics; ``self_early`` (default SELF_EARLY; not with ``early_copy``) has the resolver
+    program read its own first copy tile's host rows after phase C and store them after phase V
+    (the PCIe round trip overlaps the victim selection, with no copy programs). ``phase_times``
     (int64 [R, 8] on the device, GPU only) receives each request's phase boundaries in ns
     (PHASE_NAMES; benchmarks/bench_resolver.py --phase-times)."""
     if not _HAVE_TRITON:
@@ -1200,6 +1230,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     elif early_copy and S < 2:
         raise ValueError("early_copy hands the copy to the copy programs: it needs "
                          f"copy_programs_per_request >= 2, got {S}")
+    self_early = (SELF_EARLY and not early_copy) if self_early is None else bool(self_early)
+    if self_early and early_copy:
+        raise ValueError("self_early and early_copy are two ways to start the copy early: pick one")
     dpt = direct_page_table if direct_page_table is not None else host_page_table
     stg = staging_loc_base if staging_loc_base is not None else hot_loc_base
 
@@ -1232,7 +1265,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         KEYS_FROM_STATE=keys_from_state, SCAN_STAGES=scan_stages,
         SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
         PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)), EARLY=bool(early_copy),
-        POLL_LOADS=poll_loads, dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
+        POLL_LOADS=poll_loads, SELF_EARLY=bool(self_early), dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -1255,7 +1288,8 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
              KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
-             LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False, POLL_LOADS=False)
+             LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False, POLL_LOADS=False,
+             SELF_EARLY=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

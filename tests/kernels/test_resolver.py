@@ -427,6 +427,24 @@ def test_early_copy_matches_the_reference(copy_programs, staging, poll_loads):
                           **s.args(True)[1])
 
 
+@pytest.mark.parametrize("copy_programs,staging", [(1, False), (1, True), (3, True)])
+def test_self_early_first_tile_matches_the_reference(copy_programs, staging):
+    """self_early: the resolver program reads its first copy tile's host rows before the victim
+    selection and stores them after it; the rest of the copy as usual (several tiles, overflow to
+    staging, with and without copy programs). Same results as the reference; early_copy with it is
+    an error."""
+    s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
+              tail_lens=[1, 1, 1], seed=17, fill=0.5, staging=staging)
+    for step in range(3):
+        s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1, w_dup=0.2)
+        ref, tri = run_and_compare(s, stamp=900 + step, copy_programs=copy_programs, self_early=True, copy_rows=2)
+        assert int(tri.counters[:, 3].sum()) > 2 * copy_programs
+        _scratch_clean()
+    with pytest.raises(ValueError, match="pick one"):
+        rv.resolve_triton(**s.args(True)[0], stamp=990, copy_programs_per_request=2, early_copy=True,
+                          self_early=True, **s.args(True)[1])
+
+
 def test_workspace_reuse_across_shapes():
     shapes = [(2, 1, 9, 8, 40), (5, 2, 5, 16, 200), (1, 3, 4, 4, 12)]
     for n, (R, Q, K, B, H) in enumerate(shapes):
@@ -622,7 +640,8 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False,
                  DIGIT=12, NBINS=4096),
             dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
                                     PREFETCH=128, HOST_ROWS=True),
-            dict(EARLY=True, SPIN_NS=100), dict(EARLY=True, POLL_LOADS=True), dict(TIMING=True), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
+            dict(EARLY=True, SPIN_NS=100), dict(EARLY=True, POLL_LOADS=True), dict(TIMING=True),
+            dict(SELF_EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
                                     TIMING=True)]
 for v in variants:
     k = rv.aot_compile(90, **v)
