@@ -261,8 +261,11 @@ PREFETCH_ROWS = 0
 EARLY_COPY = False
 DECODE_COPY_PROGRAMS = 4
 # Without copy programs, the resolver program can read its own first copy tile's host rows after
-# phase C and store them after phase V (SELF_EARLY): the PCIe round trip overlaps the victim
-# selection at no cost to calls without a miss. Not yet measured: off.
+# phase C and store them after phase V (SELF_EARLY), so the PCIe round trip overlaps the victim
+# selection. Measured worse (results/fig8/self_early_sweep_cc52935-h200.json, alone on the GPU),
+# batch 8 / 160: 77 misses 46.0 / 214.5 us against 39.6 / 220.6 plain, no miss 21.4 / 43.9 against
+# 15.0 / 33.5: the tile held in registers across phase V (32 x 128 words) costs the whole program
+# more than the overlap saves. Off.
 SELF_EARLY = False
 # Waiting copy programs poll their request's flag with volatile loads and take the acquire with one
 # atomic once it is set (POLL_LOADS), instead of an acquire atomic per poll. Not yet measured: off.
@@ -532,6 +535,26 @@ if _HAVE_TRITON:
             tl.store(dbg_ptr + r64 * 8 + k, t)
 
     @triton.jit
+    def _host_rows_of(mpos_row, hpt_row, j, mj, page_size):
+        """Host rows of the misses ``j`` of a request's miss list (page table -> row)."""
+        p = tl.load(mpos_row + j, mask=mj, other=0, cache_modifier=".cg")
+        hpage = tl.load(hpt_row + p // page_size, mask=mj, other=0)
+        return hpage.to(tl.int64) * page_size + (p % page_size)
+
+    @triton.jit
+    def _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv, val, m2, cols, WORDS: tl.constexpr,
+                    HAS_STAGING: tl.constexpr):
+        """Store a copy tile of miss rows ``j``: the j-th miss goes to its victim's slot (j < nv),
+        else to the staging arena."""
+        isv = j < nv
+        vs = tl.load(vic_row + j, mask=mj & isv, other=0, cache_modifier=".cg")
+        if HAS_STAGING:
+            dst = tl.where(isv, hot_base + vs, stg_base + (j - nv))
+        else:
+            dst = hot_base + vs
+        tl.store(kv_ptr + (dst.to(tl.int64)[:, None] * WORDS + cols[None, :]), val, mask=m2)
+
+    @triton.jit
     def _publish(meta_ptr, flags_ptr, r64, nv, ncopy, flag, USE_TICKETS: tl.constexpr):
         """Hand this request's copy list (miss positions, counts, and with ``flag`` at stage 2 the
         victims) to its copy programs. Flags only grow: launch ``e`` publishes ``2e + 1`` once the
@@ -767,9 +790,7 @@ if _HAVE_TRITON:
                     # trip overlaps phase V; stored once the victims are known (below)
                     jx = rows_e
                     mjx = jx < ncopy
-                    px = tl.load(mpos_row + jx, mask=mjx, other=0, cache_modifier=".cg")
-                    hpx = tl.load(hpt_ptr + r64 * hpt_stride + px // page_size, mask=mjx, other=0)
-                    hrx = hpx.to(tl.int64) * page_size + (px % page_size)
+                    hrx = _host_rows_of(mpos_row, hpt_ptr + r64 * hpt_stride, jx, mjx, page_size)
                     m2x = mjx[:, None] & (cols_e < WORDS)[None, :]
                     valx = tl.load(host_ptr + (hrx[:, None] * WORDS + cols_e[None, :]), mask=m2x)
                 _stamp_phase(dbg_ptr, r64, 3, TIMING)
@@ -838,13 +859,8 @@ if _HAVE_TRITON:
                         eq_seen += tl.sum(eq.to(tl.int32), 0)
                 tl.debug_barrier()
                 if SELF_EARLY:
-                    isvx = jx < nv
-                    vsx = tl.load(vic_row + jx, mask=mjx & isvx, other=0, cache_modifier=".cg")
-                    if HAS_STAGING:
-                        dstx = tl.where(isvx, hot_base + vsx, stg_base + (jx - nv))
-                    else:
-                        dstx = hot_base + vsx
-                    tl.store(kv_ptr + (dstx.to(tl.int64)[:, None] * WORDS + cols_e[None, :]), valx, mask=m2x)
+                    _store_tile(kv_ptr, vic_row, hot_base, stg_base, jx, mjx, nv, valx, m2x, cols_e, WORDS,
+                                HAS_STAGING)
                 _stamp_phase(dbg_ptr, r64, 4, TIMING)
                 # the copy needs only the miss list and the victims: the copy programs start
                 # now, while this program writes the locations and resets the scratch
@@ -923,19 +939,11 @@ if _HAVE_TRITON:
             if share > 0:
                 j = t0 * ROWS + rows
                 mj = j < nc
-                p = tl.load(mpos_row + j, mask=mj, other=0, cache_modifier=".cg")
-                hpage = tl.load(hpt_row + p // page_size, mask=mj, other=0)
-                hrow = hpage.to(tl.int64) * page_size + (p % page_size)
+                hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
                 m2 = mj[:, None] & mc[None, :]
                 val0 = tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2)
                 _wait_flag(flags_ptr, r64, 2 * epoch + 2, SPIN_NS, POLL_LOADS)
-                isv = j < nv_c
-                vs = tl.load(vic_row + j, mask=mj & isv, other=0, cache_modifier=".cg")
-                if HAS_STAGING:
-                    dst = tl.where(isv, hot_base + vs, stg_base + (j - nv_c))
-                else:
-                    dst = hot_base + vs
-                tl.store(kv_ptr + (dst.to(tl.int64)[:, None] * WORDS + cols[None, :]), val0, mask=m2)
+                _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val0, m2, cols, WORDS, HAS_STAGING)
                 t0 += cstep
             else:
                 t0 = ntiles
@@ -953,19 +961,10 @@ if _HAVE_TRITON:
             if HOST_ROWS:
                 hrow = tl.load(mrow_row + j, mask=mj, other=0, cache_modifier=".cg")
             else:
-                p = tl.load(mpos_row + j, mask=mj, other=0, cache_modifier=".cg")
-                hpage = tl.load(hpt_row + p // page_size, mask=mj, other=0)
-                hrow = hpage.to(tl.int64) * page_size + (p % page_size)
-            isv = j < nv_c
-            vs = tl.load(vic_row + j, mask=mj & isv, other=0, cache_modifier=".cg")
-            if HAS_STAGING:
-                dst = tl.where(isv, hot_base + vs, stg_base + (j - nv_c))
-            else:
-                dst = hot_base + vs
-            dst = dst.to(tl.int64)
+                hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
             m2 = mj[:, None] & mc[None, :]
             val = tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2)
-            tl.store(kv_ptr + (dst[:, None] * WORDS + cols[None, :]), val, mask=m2)
+            _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val, m2, cols, WORDS, HAS_STAGING)
         if share == 0:
             _stamp_phase(dbg_ptr, r64, 7, TIMING)
 
