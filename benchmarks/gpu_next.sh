@@ -1,40 +1,25 @@
 #!/usr/bin/env bash
 # Device calls, in parts of one call each (about 9 min apiece):
 #   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
-# Plan for the next session (written at the end of the 2026-11-30 evening session).
-#   State: Fig. 1 C8/C32/C128 (five systems), C64 for Resident + DFlash2; Fig. 4 C4-C256 (C128 six
-#   times for HiSparse / Adaptive / ADHS, three paired on one machine) and C8 for Table A3; Fig. 5
-#   C16-C256 + C128 + the context crossover (2K / 13K inputs); Fig. 6; Fig. 7; Fig. 8 a/b/c; Fig. 9
-#   C8/C128 both models (DSV HiSparse C128 all four budgets in one call).
-#   Every kernel profile so far (Fig. 11a, and Fig. 10's of 2026-11-30) fell on the load generator's
-#   warm-up request (batch 1): the figures leave them out (figures.common.profile_off_load), and
-#   fig10 / fig10_dsv / fig11 / fig11b now run with workload.warmup 0 (new run ids).
-#   The tracked tree is ~60 MB against the device's 64 MiB: `python -m harness.compact --prune-unused
+# Plan for the next session (written at the end of the 2026-11-30 late session).
+#   State: every number of REPRODUCTION.md is measured (kernel profiles at their runs' loads: Fig. 10
+#   GLM / DeepSeek C128 over the budgets and GLM C8 B/k 1, 8; Fig. 11a blocks 4 / 6; Fig. 11b C16 /
+#   C256; eager profiles for the splits graph replay folds: fig10_eager, fig10_dsv_eager, fig11_eager;
+#   Fig. 1 C64 for all five systems). Issue 8 is closed; issue 4's open targets are the resolver's.
+#   Only nvidia-h200 (one GPU) may be lent: L "<items>" "" runs one lane on GPU 0.
+#   The tracked tree is ~56 MB against the device's 64 MiB: `python -m harness.compact --prune-unused
 #   --prune-traces` (commit first) and `make compact` after every unpack.
-#   Serving output at one config moves by up to 40% between GPU machines (host side: prefill backups
-#   and the engine thread): compare systems within one call; the figures list per-call ratios.
-#   Time boxes: a profiled run takes ~60 s with its server; Fig. 1 C64 at the 1,024 cap ~100 s.
-#   1. x2, two calls (the profiles first; check sessions_per_step in kernels/kernel_summary.json):
-#      call a: L "fig10+point=c128:260 fig10+point=c8+where=b_over_k=1,8:100 fig11:130"
-#                "fig10_dsv+point=c128:180 fig11b+point=c16:150 fig11b+point=c256:150"
-#      call b: L "fig1+system=hisparse+ov=workload.concurrency=[64]:110
-#                 fig1+system=adaptive_dhisparse+ov=workload.concurrency=[64]:120"
-#                "fig1+system=resident+ov=workload.concurrency=[64]:100
-#                 fig1+system=adaptive_hisparse+ov=workload.concurrency=[64]:110"
-#      plus @bench_resolver with DHS_ARGS_bench_resolver="--skip a --phase-times" (item 3) in call b.
-#   2. Fig. 10 with CUDA graphs off for the two splits graph replay folds (follower-copy share,
-#      expert vs dense projections): an experiment of its own (fig10.yaml with
-#      engine.disable_cuda_graph: true, experiment_name fig10_eager) read for those splits only.
-#   3. issue 4, batch-8 miss path (40.8 us against 29.3): PCIe 7 us, a radix pass ~3 us; tried
-#      without gain: S > 1 copy programs, spin, host rows in phase C, 4/6/10/12-bit digits, copy
-#      rows / stages, L2 prefetch of the misses' host rows during phase V (prefetch_sweep-h200.json).
-#      Next: where the time goes, phase by phase, before more guessing: @bench_resolver with
-#      DHS_ARGS_bench_resolver="--skip a --phase-times" (~60 s; the kernel stamps %globaltimer at each
-#      phase boundary, resolver.PHASE_NAMES); then the victim assignment pass without the block-wide
-#      cumsum (warp-level ballots), if phase V dominates. Also Fig. 8a's no-miss point, 0.118 ms against
-#      the paper's 0.031 (32 requests x 8 queries x 2,048 selections): the resolver program walks its
-#      16,384 selections five times in 1,024-wide tiles while its copy programs wait; phases A, C, D
-#      and the reset could be shared with them.
+#   Issue 4, batch-8 call with 77 misses (39-40 us against 29.3): by phase (--phase-times,
+#   results/fig8/phase_times_6b7c22a-h200.json) direct map 1.3 us, scan 11.5, rank 2.0, victims 9.5,
+#   copy after them 13.6. Measured without gain or with a cost elsewhere: copy programs that start
+#   before the victims (early_copy: 35 us with misses, but calls without a miss 15 -> 23 us, whatever
+#   the polling), the resolver's own first tile early (self_early: slower both ways), L2 prefetch,
+#   4-12-bit digits, more copy programs, copy rows / stages. Next ideas: find why any extra live
+#   state or the ticket path slows a call without misses (ptxas -v spill counts on the H200; the
+#   early-copy variant's scan is 7.7 us against 11.5 plain: a code-generation difference worth
+#   reading in the SASS); a victim pass without the two block-wide cumsums over 4,096 slots.
+#   Host path 43.9 GB/s against 50: 656-byte rows read 704 bytes of 32-byte sectors at a 16-byte
+#   offset; a host store with a 672-byte row stride (sector-aligned) would read 672 (~+5%, not 50).
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
 #   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
