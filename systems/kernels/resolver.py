@@ -110,8 +110,11 @@ resolver also publishes after (C): each copy program then reads its first tile's
 only grow (launch ``e`` publishes ``2e + 1`` and ``2e + 2``). With ``S == 1`` no ticket, flag or
 spin exists.
 The scratch is self-cleaning (entries a call touched are reset to the sentinel at its end), so
-it is never memset after creation. Compiled for sm_90a with 8 warps: 128 registers, no spills
-(``aot_compile`` compiles it without a GPU; the CPU tests do so).
+it is never memset after creation. Compiled for sm_90a with 8 warps (``aot_compile`` compiles it
+without a GPU, and the CPU tests do so; Triton's bundled ``ptxas -v`` on its PTX, Triton 3.6): the
+multi-tile variant uses 128 registers with 20 bytes of spill stores, the plain-decode variant with
+its 4,096 victim keys in registers 232 registers and no spill (early_copy 238, no spill; self_early
+255 with 16 bytes of spill).
 
 Cost model: the scan is O(B) per request and runs only for requests with a pending
 selection; victim selection adds ``1 + ceil(bits(stamp range) / 8)`` read passes over the B
