@@ -608,6 +608,21 @@ def early_knobs(args) -> list[tuple[dict, str]]:
     return out
 
 
+def kw_knobs(args) -> list[tuple[dict, str]]:
+    """--sweep-kw values as resolver keyword arguments: "a=1+b=True,a=2" -> [{a: 1, b: True}, {a: 2}]."""
+    import ast
+
+    out = []
+    for spec in args.sweep_kw.split(","):
+        if spec:
+            kn = {}
+            for pair in spec.split("+"):
+                k, _, v = pair.partition("=")
+                kn[k.strip()] = ast.literal_eval(v.strip())
+            out.append((kn, spec))
+    return out
+
+
 def fig8bc(torch, rv, args, sz):
     ctx, k, misses, B_c = sz["ctx"], sz["k"], sz["misses"], sz["B_c"]
     log(f"== Fig. 8b/8c: single query, k={k}, ctx={ctx}, batches {sz['batches']}, B {sz['Bs']}")
@@ -634,7 +649,7 @@ def fig8bc(torch, rv, args, sz):
             if B == B_c:
                 out_c.append(dict(batch=R, B=B, misses_per_request=0, us_p10=q10 * 1e3, us_median=q50 * 1e3,
                                   us_p90=q90 * 1e3))
-                for knobs in scan_knobs(args.sweep_scan) + [k for k, _ in early_knobs(args)]:
+                for knobs in scan_knobs(args.sweep_scan) + [k for k, _ in early_knobs(args) + kw_knobs(args)]:
                     def fn_t(knobs=knobs):
                         kn = {"copy_programs_per_request": args.copy_programs, **knobs}
                         return rv.resolve_triton(*src.args(src.sel), 5000, check=False, **kn, **src.kwargs())
@@ -707,7 +722,7 @@ def fig8bc(torch, rv, args, sz):
         # phase C prefetching the misses' host rows into L2 (overlaps PCIe with the victim selection)
         sweeps_c += [(dict(prefetch_rows=int(x)), f"prefetch {x} rows") for x in args.sweep_prefetch.split(",") if x]
         # copy programs reading their first tile's host rows before the victims are known
-        sweeps_c += early_knobs(args)
+        sweeps_c += early_knobs(args) + kw_knobs(args)
         for knobs, label in sweeps_c:
             def fn_k(knobs=knobs):
                 stamp[0] += 1
@@ -726,7 +741,7 @@ def fig8bc(torch, rv, args, sz):
                               reps=_sweep_timing(sz)[0])
         if args.phase_times:
             out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz))
-            for knobs, _ in early_knobs(args):  # and where the early copy's time goes
+            for knobs, _ in early_knobs(args) + kw_knobs(args):  # and where those calls' time goes
                 out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knobs=knobs))
         if args.sweep_radix:
             # victim selection: slots per radix tile x digit width (same result for every choice)
@@ -914,6 +929,9 @@ def main() -> None:
                          "the copy programs' polls, a trailing l polls with loads (poll_loads), e.g. 4:200l; 1e has the "
                          "resolver program read its own first copy tile early (self_early); "
                          "with --phase-times, also split those (c) calls by phase")
+    ap.add_argument("--sweep-kw", default="",
+                    help="also time (b) at B_c and (c) with these resolver keyword arguments, comma-separated "
+                         "sets of name=value joined by +, e.g. packed_scans=False,packed_scans=True")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",

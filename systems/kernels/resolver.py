@@ -270,6 +270,11 @@ DECODE_COPY_PROGRAMS = 4
 # 15.0 / 33.5: the tile held in registers across phase V (32 x 128 words) costs the whole program
 # more than the overlap saves. Off.
 SELF_EARLY = False
+# The victim selection's block-wide prefix sums and reductions come in pairs (per radix pass: the
+# number of bins below the threshold digit and their count; per assignment tile: the ranks among
+# the keys below the threshold and among its ties): PACKED_SCANS packs each pair into one int64
+# reduction or scan. Not yet measured: off.
+PACKED_SCANS = False
 # Waiting copy programs poll their request's flag with volatile loads and take the acquire with one
 # atomic once it is set (POLL_LOADS), instead of an acquire atomic per poll. Not yet measured: off.
 POLL_LOADS = False
@@ -621,7 +626,7 @@ if _HAVE_TRITON:
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
         SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
         PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr, EARLY: tl.constexpr, POLL_LOADS: tl.constexpr,
-        SELF_EARLY: tl.constexpr,
+        SELF_EARLY: tl.constexpr, PACKED: tl.constexpr,
         dbg_ptr, TIMING: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
@@ -831,8 +836,15 @@ if _HAVE_TRITON:
                                 # a [RBLK, bins] one-hot: wide tiles and 256 bins stay cheap
                                 counts += tl.histogram(dig, NBINS, mask=match)
                         cum = tl.cumsum(counts, 0)
-                        dsel = tl.sum((cum < need).to(tl.int32), 0)
-                        below = tl.sum(tl.where(bins < dsel, counts, 0), 0)
+                        if PACKED:
+                            # the bins below the threshold digit are those with cum < need (cum
+                            # only grows): their number and their count from one reduction
+                            pk = tl.sum(tl.where(cum < need, (counts.to(tl.int64) << 32) + 1, 0), 0)
+                            dsel = (pk & 0xFFFFFFFF).to(tl.int32)
+                            below = (pk >> 32).to(tl.int32)
+                        else:
+                            dsel = tl.sum((cum < need).to(tl.int32), 0)
+                            below = tl.sum(tl.where(bins < dsel, counts, 0), 0)
                         need -= below
                         prefix += dsel.to(tl.int64) << shift
                         shift -= DIGIT
@@ -850,16 +862,30 @@ if _HAVE_TRITON:
                         c = ms & (key != 4611686018427387904)
                         lt = c & (key < thr)
                         eq = c & (key == thr)
-                        eqrank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
-                        chosen = lt | (eq & (eqrank < need))
-                        ch32 = chosen.to(tl.int32)
-                        v = taken + tl.cumsum(ch32, 0) - 1
+                        if PACKED:
+                            # one scan of (eq << 32) + lt gives both prefix counts: a slot is the
+                            # v-th victim with v = keys below the threshold before it + the first
+                            # `need` threshold ties before it (taken here counts the former only)
+                            x = lt.to(tl.int64) + (eq.to(tl.int64) << 32)
+                            cs = tl.cumsum(x, 0) - x  # exclusive
+                            lt_ex = (cs & 0xFFFFFFFF).to(tl.int32)
+                            eq_ex = (cs >> 32).to(tl.int32)
+                            chosen = lt | (eq & (eq_seen + eq_ex < need))
+                            v = taken + lt_ex + tl.minimum(eq_seen + eq_ex, need)
+                            tot = tl.sum(x, 0)
+                            taken += (tot & 0xFFFFFFFF).to(tl.int32)
+                            eq_seen += (tot >> 32).to(tl.int32)
+                        else:
+                            eqrank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
+                            chosen = lt | (eq & (eqrank < need))
+                            ch32 = chosen.to(tl.int32)
+                            v = taken + tl.cumsum(ch32, 0) - 1
+                            taken += tl.sum(ch32, 0)
+                            eq_seen += tl.sum(eq.to(tl.int32), 0)
                         tl.store(vic_row + v, s, mask=chosen)
                         newp = tl.load(mpos_row + v, mask=chosen, other=-1, cache_modifier=".cg")
                         tl.store(hp_row + s, newp, mask=chosen)
                         tl.store(hl_row + s, stamp + tl.zeros_like(key), mask=chosen)
-                        taken += tl.sum(ch32, 0)
-                        eq_seen += tl.sum(eq.to(tl.int32), 0)
                 tl.debug_barrier()
                 if SELF_EARLY:
                     _store_tile(kv_ptr, vic_row, hot_base, stg_base, jx, mjx, nv, valx, m2x, cols_e, WORDS,
@@ -1111,7 +1137,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
                    prefetch_rows: Optional[int] = None, phase_times: Optional[torch.Tensor] = None,
                    early_copy: Optional[bool] = None, poll_loads: Optional[bool] = None,
-                   self_early: Optional[bool] = None, check: bool = True) -> ResolveResult:
+                   self_early: Optional[bool] = None, packed_scans: Optional[bool] = None,
+                   check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -1137,7 +1164,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     interpreter, which has no inline PTX) has waiting copy programs poll their flag with loads
     instead of atomics; ``self_early`` (default SELF_EARLY; not with ``early_copy``) has the resolver
     program read its own first copy tile's host rows after phase C and store them after phase V
-    (the PCIe round trip overlaps the victim selection, with no copy programs). ``phase_times``
+    (the PCIe round trip overlaps the victim selection, with no copy programs); ``packed_scans``
+    (default PACKED_SCANS) packs the victim selection's paired prefix sums and reductions into one
+    each. ``phase_times``
     (int64 [R, 8] on the device, GPU only) receives each request's phase boundaries in ns
     (PHASE_NAMES; benchmarks/bench_resolver.py --phase-times)."""
     if not _HAVE_TRITON:
@@ -1267,7 +1296,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         KEYS_FROM_STATE=keys_from_state, SCAN_STAGES=scan_stages,
         SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
         PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)), EARLY=bool(early_copy),
-        POLL_LOADS=poll_loads, SELF_EARLY=bool(self_early), dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
+        POLL_LOADS=poll_loads, SELF_EARLY=bool(self_early),
+        PACKED=PACKED_SCANS if packed_scans is None else bool(packed_scans), dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -1291,7 +1321,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
              KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
              LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False, POLL_LOADS=False,
-             SELF_EARLY=False)
+             SELF_EARLY=False, PACKED=PACKED_SCANS)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -455,7 +455,8 @@ def test_workspace_reuse_across_shapes():
     _scratch_clean()
 
 
-def test_large_lru_values_many_radix_passes():
+@pytest.mark.parametrize("packed", [False, True])
+def test_large_lru_values_many_radix_passes(packed):
     s = State(R=2, Q=1, K=20, B=64, row_bytes=12, page_size=8, hist_lens=[300, 300],
               tail_lens=[1, 1], seed=12, fill=1.0)
     g = torch.Generator().manual_seed(3)
@@ -463,7 +464,7 @@ def test_large_lru_values_many_radix_passes():
     s.hot_lru[:, ::7] = 12345  # ties at a small value
     s.hot_lru[0, 5] = (1 << 59) - 2  # the largest lru below the largest allowed stamp
     s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
-    run_and_compare(s, stamp=(1 << 59) - 1)
+    run_and_compare(s, stamp=(1 << 59) - 1, packed_scans=packed)
 
 
 @pytest.mark.parametrize("tile,bits,scan,stages,regs,rows,hrows", [
@@ -481,8 +482,12 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
     s.hot_lru = torch.randint(0, 1 << 20, (2, 100), generator=g, dtype=torch.int64)
     s.hot_lru[:, ::5] = 777  # ties straddling the threshold
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
-    run_and_compare(s, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan,
-                    copy_stages=stages, keys_in_registers=regs, copy_rows=rows, host_rows=hrows)
+    for packed in (False, True):
+        s2 = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
+                   tail_lens=[1, 2], seed=31, fill=0.9)
+        s2.hot_lru, s2.selections = s.hot_lru.clone(), s.selections.clone()
+        run_and_compare(s2, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan, copy_stages=stages,
+                        keys_in_registers=regs, copy_rows=rows, host_rows=hrows, packed_scans=packed)
     with pytest.raises(ValueError, match="radix_bits"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=13, **s.args(True)[1])
     with pytest.raises(ValueError, match="copy_rows"):
@@ -641,6 +646,7 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False,
             dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
                                     PREFETCH=128, HOST_ROWS=True),
             dict(EARLY=True, SPIN_NS=100), dict(EARLY=True, POLL_LOADS=True), dict(TIMING=True),
+            dict(PACKED=True), dict(PACKED=True, REG_KEYS=True, BBLK=4096, QBLK=512, USE_TICKETS=False),
             dict(SELF_EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
                                     TIMING=True)]
 for v in variants:
