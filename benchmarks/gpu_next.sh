@@ -13,7 +13,8 @@
 #   results/fig8/phase_times_6b7c22a-h200.json) direct map 1.3 us, scan 11.5, rank 2.0, victims 9.5,
 #   copy after them 13.6. Measured without gain or with a cost elsewhere: copy programs that start
 #   before the victims (early_copy: 35 us with misses, but calls without a miss 15 -> 23 us, whatever
-#   the polling), the resolver's own first tile early (self_early: slower both ways), L2 prefetch,
+#   the polling), the resolver's own first tile early (self_early: slower both ways), one packed
+#   scan for the victim ranks (packed_scans: slower, and the scan it leaves alone slows too), L2 prefetch,
 #   4-12-bit digits, more copy programs, copy rows / stages. Next ideas: find why any extra live
 #   state or the ticket path slows a call without misses (ptxas -v spill counts on the H200; the
 #   early-copy variant's scan is 7.7 us against 11.5 plain: a code-generation difference worth
