@@ -15,10 +15,11 @@
 #   before the victims (early_copy: 35 us with misses, but calls without a miss 15 -> 23 us, whatever
 #   the polling), the resolver's own first tile early (self_early: slower both ways), one packed
 #   scan for the victim ranks (packed_scans: slower, and the scan it leaves alone slows too), L2 prefetch,
-#   4-12-bit digits, more copy programs, copy rows / stages. Next ideas: find why any extra live
-#   state or the ticket path slows a call without misses (ptxas -v spill counts on the H200; the
-#   early-copy variant's scan is 7.7 us against 11.5 plain: a code-generation difference worth
-#   reading in the SASS); a victim pass without the two block-wide cumsums over 4,096 slots.
+#   4-12-bit digits, more copy programs, copy rows / stages. Next: time the variants interleaved
+#   (ABAB, not one after the other): the phase-B scan measured 7.7 to 14.3 us across variants whose
+#   scan machine code is the same (nvdisasm of the segment between the timer reads), so part of
+#   each variant's difference is its place in the run; then why the ticket path slows a call
+#   without misses (15 -> 23 us with 4 copy programs).
 #   Host path 43.9 GB/s against 50: 656-byte rows read 704 bytes of 32-byte sectors at a 16-byte
 #   offset; a host store with a 672-byte row stride (sector-aligned) would read 672 (~+5%, not 50).
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
