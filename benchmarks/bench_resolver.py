@@ -251,6 +251,17 @@ def time_stateful(torch, fn, restore, reps, warmup=2, flush_bytes=256 << 20, gua
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def time_interleaved(torch, fns, restore, reps, warmup=2):
+    """time_stateful for several variants of one call, taken in turn (A B C A B C ...) so that a
+    drift over the run (clocks, host, L2 state) falls on every variant alike: {label: [ms]}."""
+    out = {label: [] for label, _ in fns}
+    for _ in range(reps):
+        for label, fn in fns:
+            out[label] += time_stateful(torch, fn, restore, 1, warmup=warmup)
+        warmup = 0
+    return out
+
+
 def bench_stateless(torch, fn):
     """(p10, p50, p90) in ms: triton.testing.do_bench on GPU."""
     if DEV == "cuda":
@@ -623,6 +634,32 @@ def kw_knobs(args) -> list[tuple[dict, str]]:
     return out
 
 
+def interleaved_rows(torch, rv, args, src, restore, stamp, R, B, misses) -> list:
+    """The defaults and every --sweep-early-copy / --sweep-kw variant of one call, timed in turn
+    (time_interleaved), one row each with interleaved=True. ``stamp``: an int (stateless calls) or
+    the (c) stamp list, advanced per call."""
+    variants = [({}, "defaults")] + early_knobs(args) + kw_knobs(args)
+    fns = []
+    for kn, label in variants:
+        def fn(kn=kn):
+            k = {"copy_programs_per_request": args.copy_programs, **kn}
+            if isinstance(stamp, list):
+                stamp[0] += 1
+            st = stamp[0] if isinstance(stamp, list) else stamp
+            return rv.resolve_triton(*src.args(src.sel), st, check=False, **k, **src.kwargs())
+        fns.append((label, fn))
+    reps = 1 if DEV == "cpu" else args.interleave
+    times = time_interleaved(torch, fns, restore, reps, warmup=0 if DEV == "cpu" else 2)
+    rows = []
+    for kn, label in variants:
+        med = statistics.median(times[label]) * 1e3
+        rows.append(dict(batch=R, B=B, misses_per_request=misses, **kn, sweep=True, interleaved=True,
+                         variant=label, us_median=med, us_p10=pct(times[label], 0.1) * 1e3,
+                         us_p90=pct(times[label], 0.9) * 1e3))
+        log(f"  ({'c' if misses else 'b'}) interleaved batch {R:3d} B {B:5d} {label}: {med:8.1f} us")
+    return rows
+
+
 def fig8bc(torch, rv, args, sz):
     ctx, k, misses, B_c = sz["ctx"], sz["k"], sz["misses"], sz["B_c"]
     log(f"== Fig. 8b/8c: single query, k={k}, ctx={ctx}, batches {sz['batches']}, B {sz['Bs']}")
@@ -649,6 +686,8 @@ def fig8bc(torch, rv, args, sz):
             if B == B_c:
                 out_c.append(dict(batch=R, B=B, misses_per_request=0, us_p10=q10 * 1e3, us_median=q50 * 1e3,
                                   us_p90=q90 * 1e3))
+                if args.interleave:
+                    out_b += interleaved_rows(torch, rv, args, src, lambda: None, 5000, R, B, 0)
                 for knobs in scan_knobs(args.sweep_scan) + [k for k, _ in early_knobs(args) + kw_knobs(args)]:
                     def fn_t(knobs=knobs):
                         kn = {"copy_programs_per_request": args.copy_programs, **knobs}
@@ -736,6 +775,8 @@ def fig8bc(torch, rv, args, sz):
                               settings=settings_of(rv, src, knobs),
                               us_median=statistics.median(ms_k) * 1e3))
             log(f"  (c) sweep batch {R:3d} {label}: {statistics.median(ms_k) * 1e3:8.1f} us")
+        if args.interleave:
+            out_c += interleaved_rows(torch, rv, args, src, restore, stamp, R, B_c, misses)
         if args.ablate_c:
             out_c += ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses,
                               reps=_sweep_timing(sz)[0])
@@ -932,6 +973,10 @@ def main() -> None:
     ap.add_argument("--sweep-kw", default="",
                     help="also time (b) at B_c and (c) with these resolver keyword arguments, comma-separated "
                          "sets of name=value joined by +, e.g. packed_scans=False,packed_scans=True")
+    ap.add_argument("--interleave", type=int, default=0, metavar="REPS",
+                    help="also time the defaults and every --sweep-early-copy / --sweep-kw variant in turn "
+                         "(A B C A B C ...), REPS timings each, for (b) at B_c and for (c): a drift over the run "
+                         "then falls on every variant alike")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",

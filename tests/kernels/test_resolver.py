@@ -700,6 +700,7 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
     res = subprocess.run([sys.executable, os.path.join(_ROOT, "benchmarks", "bench_resolver.py"), "--cpu-dry-run",
                           "--skip", "a", "--ablate-c", "--sweep-copy-programs", "--sweep-spin", "0",
                           "--sweep-scan", "64sbp2,64m", "--sweep-copy-rows", "32h", "--sweep-radix", "4096:12",
+                          "--interleave", "1", "--sweep-kw", "packed_scans=True",
                           "--out", str(out)], cwd=_ROOT, env=env,
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -712,6 +713,8 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
     assert {p.get("copy_programs_per_request") for p in pts} >= {1, 2, 4, 8}
     assert any(p.get("host_rows") and p.get("copy_rows") == 32 for p in pts)
     assert any(p.get("radix_bits") == 12 for p in pts)
+    inter = [p for p in pts if p.get("interleaved")]
+    assert {p["variant"] for p in inter} == {"defaults", "packed_scans=True"} and len({p["batch"] for p in inter}) == 2
     assert len({p["batch"] for p in rows}) == 2 and all(p["us_median"] > 0 for p in rows)
 
 
