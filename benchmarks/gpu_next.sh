@@ -15,11 +15,11 @@
 #   before the victims (early_copy: 35 us with misses, but calls without a miss 15 -> 23 us, whatever
 #   the polling), the resolver's own first tile early (self_early: slower both ways), one packed
 #   scan for the victim ranks (packed_scans: slower, and the scan it leaves alone slows too), L2 prefetch,
-#   4-12-bit digits, more copy programs, copy rows / stages. Next: time the variants interleaved
-#   (ABAB, not one after the other): the phase-B scan measured 7.7 to 14.3 us across variants whose
-#   scan machine code is the same (nvdisasm of the segment between the timer reads), so part of
-#   each variant's difference is its place in the run; then why the ticket path slows a call
-#   without misses (15 -> 23 us with 4 copy programs).
+#   4-12-bit digits, more copy programs, copy rows / stages. Timed in turn (--interleave 40,
+#   results/fig8/interleaved_ec00722-h200.json) the differences hold; the defaults' miss call is
+#   44 us when other kernels run between calls (its code fetched again) against 39 back to back.
+#   Next: why the ticket path slows a call without misses (15 -> 25 us with 4 copy programs), and a
+#   smaller miss path (fewer instructions to fetch: 5,776 in the batch-8 variant).
 #   Host path 43.9 GB/s against 50: 656-byte rows read 704 bytes of 32-byte sectors at a 16-byte
 #   offset; a host store with a 672-byte row stride (sector-aligned) would read 672 (~+5%, not 50).
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.

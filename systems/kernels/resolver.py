@@ -275,10 +275,11 @@ SELF_EARLY = False
 # the keys below the threshold and among its ties): PACKED_SCANS packs each pair into one int64
 # reduction or scan. Measured slower (results/fig8/packed_scans_sweep_5c216ca-h200.json, alone on the
 # GPU), batch 8 / 160: no miss 18.6 / 34.0 us against 14.7 / 33.4, 77 misses 41.8 / 244.0 against
-# 39.3 / 228.7; the batch-8 scan, which the knob does not touch, measured 14.3 against 11.8 us,
-# although its machine code is the same in every variant (nvdisasm of the phase-B segment between
-# the timer reads: 923-930 instructions, the same mix): the variants' differences include effects
-# of their order in the run, to be separated by interleaved timings. Off.
+# 39.3 / 228.7. Timed in turn with the defaults (bench_resolver --interleave 40,
+# results/fig8/interleaved_ec00722-h200.json): no miss 18.0 / 33.3 against 14.8 / 33.4, 77 misses
+# 44.4 / 220.9 against 44.2 / 220.1 -- neutral except the batch-8 call without a miss, 3 us slower
+# although phase B's machine code is the same in every variant (nvdisasm between the timer reads:
+# 923-930 instructions, the same mix). Off.
 PACKED_SCANS = False
 # Waiting copy programs poll their request's flag with volatile loads and take the acquire with one
 # atomic once it is set (POLL_LOADS), instead of an acquire atomic per poll. Not yet measured: off.
