@@ -842,7 +842,14 @@ def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knob
 
     ms = time_stateful(torch, fn, restore, reps, warmup=warm)
     per, program = phase_summary(buf[warm:].cpu(), names)
+    # what the call ran with, defaults resolved (a row without knobs is at the commit's defaults)
+    S_run = S or rv.default_copy_programs(R, 1)
+    early_run = kn.get("early_copy")
+    if early_run is None:
+        early_run = bool(getattr(rv, "EARLY_COPY", False)) and S_run > 1
     row = dict(batch=R, B=B_c, misses_per_request=misses, phase_times=True, sweep=True, **(knobs or {}),
+               resolved=dict(copy_programs_per_request=S_run, early_copy=bool(early_run),
+                             self_early=bool(kn.get("self_early", getattr(rv, "SELF_EARLY", False))) and not early_run),
                us_median=statistics.median(ms) * 1e3, phase_us_slowest_request=per,
                program_us_median=program, timer="%globaltimer (ns; its update granularity bounds the resolution)")
     log(f"  (c) phases batch {R:3d}{' ' + str(knobs) if knobs else ''} (slowest request, us): "

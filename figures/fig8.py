@@ -80,10 +80,20 @@ def phase_notes(results) -> list[str]:
         per = p.get("phase_us_slowest_request")
         if not p.get("phase_times") or not isinstance(per, dict):
             continue
-        how = (f"early copy, {p.get('copy_programs_per_request')} copy programs per request" if p.get("early_copy")
-               else "one program per request" if p.get("copy_programs_per_request") in (None, 1) else
-               f"{p.get('copy_programs_per_request')} programs per request")
-        out.append(f"77 misses at batch {p.get('batch')}, {how}, by phase (slowest request, µs): "
+        # the settings the call ran with: recorded (``resolved``), else the knobs the row names; a
+        # row of an older file without either ran at its commit's defaults, which it does not record
+        run = p.get("resolved") or {k: p[k] for k in ("copy_programs_per_request", "early_copy", "self_early")
+                                    if k in p}
+        S = run.get("copy_programs_per_request")
+        if not run:
+            how = f"the defaults of commit {d.get('commit', '?')}"
+        elif run.get("early_copy"):
+            how = f"early copy, {S} copy programs per request"
+        else:
+            how = ("one program per request" if S in (None, 1) else f"{S} programs per request") + (
+                ", its first tile read early" if run.get("self_early") else "")
+        out.append(f"{p.get('misses_per_request', '?')} misses at batch {p.get('batch')}, {how}, by phase "
+                   "(slowest request, µs): "
                    + ", ".join(f"{k} {C.fmt(v)}" for k, v in per.items())
                    + f"; the resolver program {C.fmt(p.get('program_us_median'))} of {C.fmt(p.get('us_median'))} µs "
                    f"per call ({name}, commit {d.get('commit', '?')}, {d.get('gpu', '?')}).")

@@ -413,7 +413,11 @@ def test_sequence_of_calls_state_evolves(copy_programs):
 def test_early_copy_matches_the_reference(copy_programs, staging, poll_loads):
     """early_copy: the copy programs read their first tile of host rows before the victims are
     published and the resolver program copies nothing; same locations, state and bytes as the
-    reference over a sequence of calls (more misses than one copy tile, overflow to staging)."""
+    reference over a sequence of calls (more misses than one copy tile, overflow to staging).
+    The interpreter runs programs one after another in ticket order, so this checks the tile split
+    and the results, not the flag ordering (the sm_90a compile test checks the release / acquire
+    instructions; bench_resolver --check and benchmarks/check_cuda_graph.py run it on the GPU).
+    poll_loads is off under the interpreter (no inline PTX): its case only checks the wrapper."""
     s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
               tail_lens=[1, 1, 1], seed=13, fill=0.5, staging=staging)
     for step in range(3):
