@@ -18,8 +18,13 @@
 #   4-12-bit digits, more copy programs, copy rows / stages. Timed in turn (--interleave 40,
 #   results/fig8/interleaved_ec00722-h200.json) the differences hold; the defaults' miss call is
 #   44 us when other kernels run between calls (its code fetched again) against 39 back to back.
-#   Next: why the ticket path slows a call without misses (15 -> 25 us with 4 copy programs), and a
-#   smaller miss path (fewer instructions to fetch: 5,776 in the batch-8 variant).
+#   Where the no-miss cost comes from, timed in turn (results/fig8/ticket_path_f73fa80-h200.json),
+#   batch 8 / 160 without a miss: plain 14.6 / 32.5 us; copy programs with tickets, no early copy,
+#   S = 2: 19.0 / 41.6, S = 4: 17.3 / 40.4; early copy S = 4: 24.2 / 41.6. So the ticket path (start
+#   tickets, end counter, waiting programs) costs 3-9 us and the early stage another ~7 at batch 8.
+#   Next: a launch without tickets (resolver = program id < R, copy programs only past the
+#   resident grid, or a second tiny kernel for the copy), and a smaller miss path (fewer
+#   instructions to fetch: 5,776 in the batch-8 variant).
 #   Host path 43.9 GB/s against 50: 656-byte rows read 704 bytes of 32-byte sectors at a 16-byte
 #   offset; a host store with a 672-byte row stride (sector-aligned) would read 672 (~+5%, not 50).
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
