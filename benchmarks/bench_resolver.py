@@ -595,6 +595,11 @@ def fig8a(torch, rv, args, sz):
                 copy_programs_sweep=sweep)
 
 
+def call_knobs(args, knobs) -> dict:
+    """A swept variant's resolver keywords, with --copy-programs where the variant names none."""
+    return {"copy_programs_per_request": args.copy_programs, **knobs}
+
+
 def early_knobs(args) -> list[tuple[dict, str]]:
     """--sweep-early-copy values as resolver knobs: S > 1 = early_copy with S copy programs per
     request; 1 = the plain path (no copy programs), whatever the defaults are."""
@@ -642,11 +647,10 @@ def interleaved_rows(torch, rv, args, src, restore, stamp, R, B, misses) -> list
     fns = []
     for kn, label in variants:
         def fn(kn=kn):
-            k = {"copy_programs_per_request": args.copy_programs, **kn}
             if isinstance(stamp, list):
                 stamp[0] += 1
             st = stamp[0] if isinstance(stamp, list) else stamp
-            return rv.resolve_triton(*src.args(src.sel), st, check=False, **k, **src.kwargs())
+            return rv.resolve_triton(*src.args(src.sel), st, check=False, **call_knobs(args, kn), **src.kwargs())
         fns.append((label, fn))
     reps = 1 if DEV == "cpu" else args.interleave
     times = time_interleaved(torch, fns, restore, reps, warmup=0 if DEV == "cpu" else 2)
@@ -690,8 +694,8 @@ def fig8bc(torch, rv, args, sz):
                     out_b += interleaved_rows(torch, rv, args, src, lambda: None, 5000, R, B, 0)
                 for knobs in scan_knobs(args.sweep_scan) + [k for k, _ in early_knobs(args) + kw_knobs(args)]:
                     def fn_t(knobs=knobs):
-                        kn = {"copy_programs_per_request": args.copy_programs, **knobs}
-                        return rv.resolve_triton(*src.args(src.sel), 5000, check=False, **kn, **src.kwargs())
+                        return rv.resolve_triton(*src.args(src.sel), 5000, check=False, **call_knobs(args, knobs),
+                                                 **src.kwargs())
                     t_us = statistics.median(time_stateful(torch, fn_t, lambda: None, 30 if DEV == "cuda" else 2)) * 1e3
                     out_b.append(dict(batch=R, B=B, path="scan", **knobs, sweep=True,
                                       us_median_events_guarded=t_us, us_median=t_us,
@@ -765,10 +769,8 @@ def fig8bc(torch, rv, args, sz):
         for knobs, label in sweeps_c:
             def fn_k(knobs=knobs):
                 stamp[0] += 1
-                kn = dict(knobs)
-                S = kn.pop("copy_programs_per_request", args.copy_programs)
-                return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
-                                         check=False, **kn, **src.kwargs())
+                return rv.resolve_triton(*src.args(src.sel), stamp[0], check=False, **call_knobs(args, knobs),
+                                         **src.kwargs())
 
             ms_k = time_stateful(torch, fn_k, restore, *_sweep_timing(sz))
             out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, **knobs, sweep=True,
@@ -807,8 +809,6 @@ def phase_summary(t, names) -> tuple[dict, float]:
     """Phase boundaries [timings, requests, phases] (ns) -> ({phase: median over timings of the
     slowest request's time in it, us}, median over timings of the slowest request's start-to-end
     time, us). A phase a request skipped (its boundaries equal) counts 0 for it."""
-    import statistics
-
     t = t.double()
     per = {}
     for j in range(1, len(names)):
@@ -823,33 +823,27 @@ def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knob
     phase boundary of every request's resolver program (resolver.PHASE_NAMES), under the same
     timing protocol (state restored, L2 flushed, launch queued ahead). Per phase: the median over
     timings of the slowest request's duration (the call waits for its slowest request)."""
-    import statistics
-
     reps, warm = _sweep_timing(sz)
     names = rv.PHASE_NAMES
     buf = torch.zeros((reps + warm, R, len(names)), dtype=torch.int64, device=DEV)
     k = [0]
 
-    kn = dict(knobs or {})
-    S = kn.pop("copy_programs_per_request", args.copy_programs)
+    kn = call_knobs(args, knobs or {})
 
     def fn():
         stamp[0] += 1
         i = min(k[0], buf.shape[0] - 1)
         k[0] += 1
-        return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
-                                 phase_times=buf[i], check=False, **kn, **src.kwargs())
+        return rv.resolve_triton(*src.args(src.sel), stamp[0], phase_times=buf[i], check=False, **kn,
+                                 **src.kwargs())
 
     ms = time_stateful(torch, fn, restore, reps, warmup=warm)
     per, program = phase_summary(buf[warm:].cpu(), names)
     # what the call ran with, defaults resolved (a row without knobs is at the commit's defaults)
-    S_run = S or rv.default_copy_programs(R, 1)
-    early_run = kn.get("early_copy")
-    if early_run is None:
-        early_run = bool(getattr(rv, "EARLY_COPY", False)) and S_run > 1
+    resolved = rv.copy_settings(R, 1, **{k: kn.get(k) for k in ("copy_programs_per_request", "early_copy",
+                                                                 "self_early")})
     row = dict(batch=R, B=B_c, misses_per_request=misses, phase_times=True, sweep=True, **(knobs or {}),
-               resolved=dict(copy_programs_per_request=S_run, early_copy=bool(early_run),
-                             self_early=bool(kn.get("self_early", getattr(rv, "SELF_EARLY", False))) and not early_run),
+               resolved=resolved,
                us_median=statistics.median(ms) * 1e3, phase_us_slowest_request=per,
                program_us_median=program, timer="%globaltimer (ns; its update granularity bounds the resolution)")
     log(f"  (c) phases batch {R:3d}{' ' + str(knobs) if knobs else ''} (slowest request, us): "

@@ -942,6 +942,17 @@ def graphs_replayed(run: "Run") -> bool:
 MERGED_UNDER_GRAPHS = ("expert matrix products", "dense projections")
 
 
+def profile_at_load(run: "Run", skipped: list[str]) -> dict | None:
+    """A run's kernel profile (kernel_profile) where it describes the run's load; None where the run
+    has none, or where it does not (the reason appended to ``skipped``, for the figure's notes)."""
+    prof = kernel_profile(run)
+    why = profile_off_load(run, prof)
+    if why:
+        skipped.append(why)
+        return None
+    return prof or None
+
+
 def profile_off_load(run: "Run", prof: dict | None) -> str | None:
     """Why a run's kernel profile does not describe the run's load, or None when it does (or cannot
     tell): the profiled steps carried under half the requests the run held (a schedule that fell

@@ -38,12 +38,10 @@ def profiles(results, skipped: list[str] | None = None) -> dict[tuple[str, float
     # the profiled runs of their own (results/fig10, fig10_dsv) first, then any fig9 run with a profile
     pts = sweep(results, ("fig10", "fig10_dsv")) + sweep(results)
     for sp in select(pts, "glm", "adaptive_hisparse", 128) + select(pts, "deepseek", "adaptive_hisparse", 128):
-        prof = C.kernel_profile(sp.run)
-        if not prof or (sp.family, sp.bk) in out:
+        if (sp.family, sp.bk) in out:
             continue
-        why = C.profile_off_load(sp.run, prof)
-        if why:
-            skipped.append(why)
+        prof = C.profile_at_load(sp.run, skipped)
+        if not prof:
             continue
         ck = prof.get("cache_kernel_ms") or {}
         out[(sp.family, sp.bk)] = {"resolver_ms": C.as_float(ck.get("resolver")),
@@ -68,12 +66,10 @@ def eager_profiles(results, skipped: list[str]) -> dict[str, dict]:
     out = {}
     for fam in ("glm", "deepseek"):
         for sp in select(sweep(results, ("fig10_eager", "fig10_dsv_eager")), fam, "adaptive_hisparse", 128):
-            prof = C.kernel_profile(sp.run)
-            if not prof or abs(sp.bk - PAPER_BUDGET[fam]) > 1e-6 or C.graphs_replayed(sp.run):
+            if abs(sp.bk - PAPER_BUDGET[fam]) > 1e-6 or C.graphs_replayed(sp.run):
                 continue
-            why = C.profile_off_load(sp.run, prof)
-            if why:
-                skipped.append(why)
+            prof = C.profile_at_load(sp.run, skipped)
+            if not prof:
                 continue
             out[fam] = {"partition": prof.get("partition_pct") or {},
                         "cache": prof.get("cache_kernel_ms") or {},

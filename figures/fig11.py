@@ -32,10 +32,8 @@ def collect(results):
     head = C.summary_provenance(S, "results/fig11/summary.json") if S else ""
     provs, skipped = [], []
     for r in C.load_runs(results, NAME):
-        prof = C.kernel_profile(r) or {}
-        why = C.profile_off_load(r, prof)
-        if why:
-            skipped.append(why)
+        prof = C.profile_at_load(r, skipped)
+        if not prof:
             continue
         if C.graphs_replayed(r) and prof.get("round_ms"):
             # replayed graphs fold the expert matmuls into "other model kernels": not a split to report
@@ -57,15 +55,14 @@ def collect(results):
     # rounds profiled with replayed graphs: their model kernels split into expert matmuls and the rest
     # in the proportion the same round shows with CUDA graphs off (conf/experiment/fig11_eager.yaml)
     for r in C.load_runs(results, NAME + "_eager"):
-        prof = C.kernel_profile(r) or {}
         b = r.cfg("block", "block_size")
-        part, e = rounds.get(str(int(b))) if b is not None else None, prof.get("round_ms") or {}
+        part = rounds.get(str(int(b))) if b is not None else None
         if not part or not part.get("graphs") or C.graphs_replayed(r):
             continue
-        why = C.profile_off_load(r, prof)
-        if why:
-            skipped.append(why)
+        prof = C.profile_at_load(r, skipped)
+        if not prof:
             continue
+        e = prof.get("round_ms") or {}
         ex, ot = C.as_float(e.get("expert matrix products")) or 0.0, C.as_float(e.get("other model kernels")) or 0.0
         model = C.as_float(part.get("other model kernels"))
         if ex + ot > 0 and model is not None:

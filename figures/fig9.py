@@ -131,11 +131,8 @@ def profile_of(p: SweepPoint | None, profiled: list[SweepPoint], skipped: list[s
     cands = [p] + [q for q in reversed(profiled) if (q.family, q.system, q.concurrency) ==
                    (p.family, p.system, p.concurrency) and abs(q.bk - p.bk) < 1e-6]
     for q in cands:
-        prof = C.kernel_profile(q.run)
-        why = C.profile_off_load(q.run, prof)
-        if why:
-            skipped.append(why)
-        elif prof:
+        prof = C.profile_at_load(q.run, skipped)
+        if prof:
             return prof, C.provenance(q.run) + ("" if q is p else " (kernel profile)")
     return {}, ""
 

@@ -556,6 +556,12 @@ if _HAVE_TRITON:
         return hpage.to(tl.int64) * page_size + (p % page_size)
 
     @triton.jit
+    def _load_tile(host_ptr, hrow, mj, cols, WORDS: tl.constexpr):
+        """Read a copy tile of host rows ``hrow`` (rows where ``mj``): (words, mask)."""
+        m2 = mj[:, None] & (cols < WORDS)[None, :]
+        return tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2), m2
+
+    @triton.jit
     def _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv, val, m2, cols, WORDS: tl.constexpr,
                     HAS_STAGING: tl.constexpr):
         """Store a copy tile of miss rows ``j``: the j-th miss goes to its victim's slot (j < nv),
@@ -805,8 +811,7 @@ if _HAVE_TRITON:
                     jx = rows_e
                     mjx = jx < ncopy
                     hrx = _host_rows_of(mpos_row, hpt_ptr + r64 * hpt_stride, jx, mjx, page_size)
-                    m2x = mjx[:, None] & (cols_e < WORDS)[None, :]
-                    valx = tl.load(host_ptr + (hrx[:, None] * WORDS + cols_e[None, :]), mask=m2x)
+                    valx, m2x = _load_tile(host_ptr, hrx, mjx, cols_e, WORDS)
                 _stamp_phase(dbg_ptr, r64, 3, TIMING)
                 # -- phase V: victims = nv smallest keys, assigned in slot order -------
                 if nv > 0:
@@ -964,7 +969,6 @@ if _HAVE_TRITON:
         ntiles = (nc + ROWS - 1) // ROWS
         rows = tl.arange(0, ROWS)
         cols = tl.arange(0, WPAD)
-        mc = cols < WORDS
         hpt_row = hpt_ptr + r64 * hpt_stride
         if EARLY:
             # the resolver program copies nothing; each copy program reads its first tile's host
@@ -975,8 +979,7 @@ if _HAVE_TRITON:
                 j = t0 * ROWS + rows
                 mj = j < nc
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-                m2 = mj[:, None] & mc[None, :]
-                val0 = tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2)
+                val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS)
                 _wait_flag(flags_ptr, r64, 2 * epoch + 2, SPIN_NS, POLL_LOADS)
                 _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val0, m2, cols, WORDS, HAS_STAGING)
                 t0 += cstep
@@ -997,8 +1000,7 @@ if _HAVE_TRITON:
                 hrow = tl.load(mrow_row + j, mask=mj, other=0, cache_modifier=".cg")
             else:
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-            m2 = mj[:, None] & mc[None, :]
-            val = tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2)
+            val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS)
             _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val, m2, cols, WORDS, HAS_STAGING)
         if share == 0:
             _stamp_phase(dbg_ptr, r64, 7, TIMING)
@@ -1131,6 +1133,24 @@ def scan_settings(R: int, B: int, W: int, *, scan_tile: Optional[int] = None,
                 host_rows=HOST_ROWS if host_rows is None else bool(host_rows))
 
 
+def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = None,
+                  early_copy: Optional[bool] = None, self_early: Optional[bool] = None) -> dict:
+    """How a call of R requests x Q queries copies its misses: each argument as given, or the
+    kernel's default (the benchmark records these beside scan_settings). Raises on a combination
+    the kernel cannot run."""
+    S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q)
+    S = max(1, S)
+    if early_copy is None:  # measured for plain decode only (see EARLY_COPY)
+        early_copy = EARLY_COPY and S > 1 and Q == 1
+    elif early_copy and S < 2:
+        raise ValueError("early_copy hands the copy to the copy programs: it needs "
+                         f"copy_programs_per_request >= 2, got {S}")
+    self_early = (SELF_EARLY and not early_copy) if self_early is None else bool(self_early)
+    if self_early and early_copy:
+        raise ValueError("self_early and early_copy are two ways to start the copy early: pick one")
+    return dict(copy_programs_per_request=S, early_copy=bool(early_copy), self_early=self_early)
+
+
 def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
                    host_page_table, kv_pool, host_pool, stamp, *, page_size,
                    direct_page_table=None, staging_loc_base=None, out=None,
@@ -1260,16 +1280,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         stamp_arg, stamp_is_ptr = int(stamp), False
         assert 0 <= stamp_arg < _MAX_STAMP, "stamp out of range"
 
-    S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q)
-    S = max(1, S)
-    if early_copy is None:  # measured for plain decode only (see EARLY_COPY)
-        early_copy = EARLY_COPY and S > 1 and Q == 1
-    elif early_copy and S < 2:
-        raise ValueError("early_copy hands the copy to the copy programs: it needs "
-                         f"copy_programs_per_request >= 2, got {S}")
-    self_early = (SELF_EARLY and not early_copy) if self_early is None else bool(self_early)
-    if self_early and early_copy:
-        raise ValueError("self_early and early_copy are two ways to start the copy early: pick one")
+    cs = copy_settings(R, Q, copy_programs_per_request=copy_programs_per_request, early_copy=early_copy,
+                       self_early=self_early)
+    S, early_copy, self_early = cs["copy_programs_per_request"], cs["early_copy"], cs["self_early"]
     dpt = direct_page_table if direct_page_table is not None else host_page_table
     stg = staging_loc_base if staging_loc_base is not None else hot_loc_base
 
