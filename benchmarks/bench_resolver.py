@@ -377,6 +377,10 @@ def run_check(torch, rv, sizes):
     src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
                          misses=c["misses"], host_gib=0.5, seed=12, write_rows=True)
     bad += _compare(torch, rv, "fig8c-misses", src, src.sel, 1007)
+    # copy programs with their roles by program id (no tickets), with and without the early copy
+    bad += _compare(torch, rv, "fig8c-misses-pid-roles", src, src.sel, 1011, copy_programs=3, pid_roles=True)
+    bad += _compare(torch, rv, "fig8c-misses-pid-roles-early", src, src.sel, 1012, copy_programs=4,
+                    pid_roles=True, early_copy=True)
     if not dry:  # the L2 prefetch of the misses' host rows is a hint: same result (GPU only)
         bad += _compare(torch, rv, "fig8c-misses-prefetch", src, src.sel, 1010, prefetch_rows=64)
     src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
@@ -841,7 +845,8 @@ def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knob
     per, program = phase_summary(buf[warm:].cpu(), names)
     # what the call ran with, defaults resolved (a row without knobs is at the commit's defaults)
     resolved = rv.copy_settings(R, 1, **{k: kn.get(k) for k in ("copy_programs_per_request", "early_copy",
-                                                                 "self_early")})
+                                                                 "self_early", "pid_roles")},
+                                num_sms=rv._num_sms(torch.device(DEV)))
     row = dict(batch=R, B=B_c, misses_per_request=misses, phase_times=True, sweep=True, **(knobs or {}),
                resolved=resolved,
                us_median=statistics.median(ms) * 1e3, phase_us_slowest_request=per,
@@ -905,8 +910,16 @@ def settings_of(rv, src, knobs=None) -> dict:
     """The scan settings a timed call ran with (given knobs, the rest the kernel's defaults for
     the shape): recorded in each row, so a row says what it measured when the defaults change."""
     knobs = knobs or {}
-    return rv.scan_settings(src.R, src.B, src.host_page_table.shape[1] * src.ps,
-                            **{k: knobs[k] for k in _SCAN_KEYS if k in knobs})
+    out = rv.scan_settings(src.R, src.B, src.host_page_table.shape[1] * src.ps,
+                           **{k: knobs[k] for k in _SCAN_KEYS if k in knobs})
+    # and how it copied (copy programs, early copy, roles by program id)
+    q = src.sel.shape[1] if getattr(src, "sel", None) is not None else 1
+    import torch
+
+    out.update(rv.copy_settings(src.R, q, **{k: knobs.get(k) for k in ("copy_programs_per_request", "early_copy",
+                                                                     "self_early", "pid_roles")},
+                                num_sms=rv._num_sms(torch.device(DEV))))
+    return out
 
 
 def scan_knobs(spec: str) -> list:

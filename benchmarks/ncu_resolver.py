@@ -40,6 +40,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=500_000)
     ap.add_argument("--calls", type=int, default=6, help="calls after the compile call")
     ap.add_argument("--kw", default="", help="resolver keyword arguments, e.g. early_copy=True+copy_programs_per_request=4")
+    ap.add_argument("--dump-cubin", default="", metavar="PATH",
+                    help="write the compiled kernel's cubin here (nvdisasm -g maps its instructions to source "
+                         "lines; benchmarks/ncu_lines.py joins that with ncu's per-instruction samples)")
     args = ap.parse_args()
     import torch
 
@@ -63,6 +66,11 @@ def main() -> None:
     copies = int(res.counters[:, 3].sum())
     if copies != args.batch * args.misses:
         sys.exit(f"ncu_resolver: expected {args.batch * args.misses} copies, got {copies}")
+    if args.dump_cubin:
+        kernels = [k for cache in rv._resolver_kernel.device_caches.values() for k in cache[0].values()]
+        if len(kernels) != 1:
+            sys.exit(f"ncu_resolver: expected one compiled variant, found {len(kernels)}")
+        Path(args.dump_cubin).write_bytes(kernels[0].asm["cubin"])
     print(f"ncu_resolver: batch {args.batch} B {args.B} misses {args.misses} {kw or 'defaults'}: "
           f"{1 + args.calls} calls, {copies} copies in the last")
 

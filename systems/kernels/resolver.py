@@ -284,6 +284,12 @@ PACKED_SCANS = False
 # Waiting copy programs poll their request's flag with volatile loads and take the acquire with one
 # atomic once it is set (POLL_LOADS), instead of an acquire atomic per poll. Not yet measured: off.
 POLL_LOADS = False
+# Copy programs take their role from the program id (programs 0..R-1 resolve, the rest copy), so
+# no program starts with two dependent atomics (ticket, epoch) and the launch ends without the
+# global done counter; each request's flag sits on its own 128-byte line and its last copy program
+# resets it. Only where R x (S - 1) waiting programs are fewer than the multiprocessors (a resolver
+# never waits, so one always finds a multiprocessor). Not yet measured: off.
+PID_ROLES = False
 
 
 # phase boundaries written with ``phase_times`` (ns, the GPU's global timer), per request: the
@@ -575,7 +581,7 @@ if _HAVE_TRITON:
         tl.store(kv_ptr + (dst.to(tl.int64)[:, None] * WORDS + cols[None, :]), val, mask=m2)
 
     @triton.jit
-    def _publish(meta_ptr, flags_ptr, r64, nv, ncopy, flag, USE_TICKETS: tl.constexpr):
+    def _publish(meta_ptr, flag_addr, r64, nv, ncopy, flag, USE_TICKETS: tl.constexpr):
         """Hand this request's copy list (miss positions, counts, and with ``flag`` at stage 2 the
         victims) to its copy programs. Flags only grow: launch ``e`` publishes ``2e + 1`` once the
         miss list is known and ``2e + 2`` once the victims are (stage 1 is used by early_copy)."""
@@ -583,18 +589,18 @@ if _HAVE_TRITON:
         tl.store(meta_ptr + r64 * 2 + 1, ncopy)
         tl.debug_barrier()
         if USE_TICKETS:
-            tl.atomic_xchg(flags_ptr + r64, flag, sem="release")
+            tl.atomic_xchg(flag_addr, flag, sem="release")
 
     @triton.jit
-    def _wait_flag(flags_ptr, r64, target, SPIN_NS: tl.constexpr, POLL_LOADS: tl.constexpr):
+    def _wait_flag(flag_addr, target, SPIN_NS: tl.constexpr, POLL_LOADS: tl.constexpr):
         """Copy program: wait until its request's flag reaches ``target`` (acquire), then a CTA
         barrier so every thread sees what the resolver published. POLL_LOADS polls with volatile
         loads (L2 reads, which many programs can make at once) and acquires with one fence once
         the flag is seen; else every poll is an acquire atomic on the flag's address."""
         if POLL_LOADS:
-            f = tl.load(flags_ptr + r64, volatile=True)
+            f = tl.load(flag_addr, volatile=True)
         else:
-            f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+            f = tl.atomic_add(flag_addr, 0, sem="acquire")
         while f < target:
             if SPIN_NS > 0:
                 # back off between polls: spinning copy programs otherwise keep the L2
@@ -603,9 +609,9 @@ if _HAVE_TRITON:
                                           [f.to(tl.int32) * 0 + SPIN_NS], dtype=tl.int32,
                                           is_pure=False, pack=1)
             if POLL_LOADS:
-                f = tl.load(flags_ptr + r64, volatile=True)
+                f = tl.load(flag_addr, volatile=True)
             else:
-                f = tl.atomic_add(flags_ptr + r64, 0, sem="acquire")
+                f = tl.atomic_add(flag_addr, 0, sem="acquire")
         if POLL_LOADS:
             # a strong read that saw the release, then a fence: the PTX acquire pattern (an acquire
             # atomic whose result goes unused would be dropped by the compiler)
@@ -628,7 +634,7 @@ if _HAVE_TRITON:
         bm_ptr, bm_stride,
         ekey_ptr, ekey_stride,
         mpos_ptr, vic_ptr, list_stride, mrow_ptr,
-        meta_ptr, flags_ptr, ctrl_ptr,
+        meta_ptr, flags_ptr, ctrl_ptr, pflags_ptr, pdone_ptr,
         R, QK, B, page_size, S,
         HAS_DIRECT: tl.constexpr, HAS_STAGING: tl.constexpr, STAMP_IS_PTR: tl.constexpr,
         ACCUM: tl.constexpr, USE_TICKETS: tl.constexpr,
@@ -638,22 +644,28 @@ if _HAVE_TRITON:
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
         SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
         PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr, EARLY: tl.constexpr, POLL_LOADS: tl.constexpr,
-        SELF_EARLY: tl.constexpr, PACKED: tl.constexpr,
+        SELF_EARLY: tl.constexpr, PACKED: tl.constexpr, PID_ROLES: tl.constexpr,
         dbg_ptr, TIMING: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
         #   PENDING location marker -3, KEY_NONE 1 << 62 = 4611686018427387904.
         # ---- role ---------------------------------------------------------------------
-        if USE_TICKETS:
+        if USE_TICKETS and not PID_ROLES:
             ticket = tl.atomic_add(ctrl_ptr, 1).to(tl.int64)  # ctrl = [ticket, done, epoch]
             epoch = tl.atomic_add(ctrl_ptr + 2, 0).to(tl.int64)
         else:
+            # PID_ROLES: programs 0..R-1 resolve, the rest copy; flags start at 0 every launch
+            # (the request's last copy program resets them), so the epoch is always 0
             ticket = tl.program_id(0).to(tl.int64)
             epoch = tl.zeros([], tl.int64)
         r64 = ticket % R
         r = r64.to(tl.int32)
         share = (ticket // R).to(tl.int32)
+        if PID_ROLES:
+            flag_addr = pflags_ptr + r64 * 16  # one 128-byte line per request's flag
+        else:
+            flag_addr = flags_ptr + r64
 
         sel_row = sel_ptr + r64 * QK
         loc_row = loc_ptr + r64 * QK
@@ -804,7 +816,7 @@ if _HAVE_TRITON:
                     ncopy = nv
                 tl.debug_barrier()
                 if EARLY:  # copy programs start their host reads while the victims are chosen
-                    _publish(meta_ptr, flags_ptr, r64, nv, ncopy, 2 * epoch + 1, USE_TICKETS)
+                    _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 1, USE_TICKETS)
                 if SELF_EARLY:
                     # this program's first copy tile: its host rows are read now, so the PCIe round
                     # trip overlaps phase V; stored once the victims are known (below)
@@ -904,7 +916,7 @@ if _HAVE_TRITON:
                 _stamp_phase(dbg_ptr, r64, 4, TIMING)
                 # the copy needs only the miss list and the victims: the copy programs start
                 # now, while this program writes the locations and resets the scratch
-                _publish(meta_ptr, flags_ptr, r64, nv, ncopy, 2 * epoch + 2, USE_TICKETS)
+                _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 2, USE_TICKETS)
                 # -- phase D: locations in selection order ------------------------------
                 for q0 in range(0, QK, QBLK):
                     i = q0 + offs_q
@@ -956,12 +968,12 @@ if _HAVE_TRITON:
             tl.store(cbase + 3, c3)
             tl.store(overflow_ptr + r64, ovf)
             if n_pend == 0:  # nothing to copy: release the copy programs at once
-                _publish(meta_ptr, flags_ptr, r64, nv, ncopy, 2 * epoch + 2, USE_TICKETS)
+                _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 2, USE_TICKETS)
             _stamp_phase(dbg_ptr, r64, 6, TIMING)
         else:
             if USE_TICKETS:
                 # EARLY: the miss list is enough to start reading host rows (stage 1)
-                _wait_flag(flags_ptr, r64, 2 * epoch + 2 - EARLY, SPIN_NS, POLL_LOADS)
+                _wait_flag(flag_addr, 2 * epoch + 2 - EARLY, SPIN_NS, POLL_LOADS)
 
         # ======================= copy phase (every program) ===========================
         nv_c = tl.load(meta_ptr + r64 * 2, cache_modifier=".cg")
@@ -980,7 +992,7 @@ if _HAVE_TRITON:
                 mj = j < nc
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
                 val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS)
-                _wait_flag(flags_ptr, r64, 2 * epoch + 2, SPIN_NS, POLL_LOADS)
+                _wait_flag(flag_addr, 2 * epoch + 2, SPIN_NS, POLL_LOADS)
                 _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val0, m2, cols, WORDS, HAS_STAGING)
                 t0 += cstep
             else:
@@ -1005,7 +1017,15 @@ if _HAVE_TRITON:
         if share == 0:
             _stamp_phase(dbg_ptr, r64, 7, TIMING)
 
-        if USE_TICKETS:
+        if USE_TICKETS and PID_ROLES:
+            if share > 0:
+                # the request's last copy program to finish re-arms its flag for the next launch
+                # (every copy program has passed its waits by then; the resolver wrote its last)
+                done = tl.atomic_add(pdone_ptr + r64 * 32, 1)
+                if done == S - 2:
+                    tl.atomic_xchg(flag_addr, 0)
+                    tl.atomic_xchg(pdone_ptr + r64 * 32, 0)
+        elif USE_TICKETS:
             done = tl.atomic_add(ctrl_ptr + 1, 1)
             if done == R * S - 1:
                 # last program of the launch: re-arm tickets, advance the epoch
@@ -1032,7 +1052,7 @@ class ResolverWorkspace:
         self.device = torch.device(device)
         self.R = self.W = self.B = self.QK = 0
         self.scratch = self.bitmap = self.ekey = self.mpos = self.victims = self.mrow = None
-        self.meta = self.flags = None
+        self.meta = self.flags = self.pflags = self.pdone = None
         # ctrl persists for the workspace's lifetime (epoch must never go back)
         self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.device)
 
@@ -1057,6 +1077,10 @@ class ResolverWorkspace:
             self.meta = torch.zeros((R, 2), dtype=torch.int32, device=dev)
             # flags start at 0 <= epoch: a helper only proceeds once its producer publishes
             self.flags = torch.zeros((R,), dtype=torch.int64, device=dev)
+            # pid_roles: a flag and a done counter per request, each on its own 128-byte line;
+            # zero between launches (each launch's last copy program of a request resets them)
+            self.pflags = torch.zeros((R * 16,), dtype=torch.int64, device=dev)
+            self.pdone = torch.zeros((R * 32,), dtype=torch.int32, device=dev)
             self.R = R
         if host_rows and self.mrow is None:  # host rows per miss, int64 [R, QK] like the lists
             self.mrow = torch.empty(self.mpos.shape, dtype=torch.int64, device=dev)
@@ -1064,7 +1088,7 @@ class ResolverWorkspace:
 
     def nbytes(self) -> int:
         ts = [self.scratch, self.bitmap, self.ekey, self.mpos, self.victims, self.mrow, self.meta, self.flags,
-              self.ctrl]
+              self.pflags, self.pdone, self.ctrl]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
@@ -1134,7 +1158,8 @@ def scan_settings(R: int, B: int, W: int, *, scan_tile: Optional[int] = None,
 
 
 def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = None,
-                  early_copy: Optional[bool] = None, self_early: Optional[bool] = None) -> dict:
+                  early_copy: Optional[bool] = None, self_early: Optional[bool] = None,
+                  pid_roles: Optional[bool] = None, num_sms: Optional[int] = None) -> dict:
     """How a call of R requests x Q queries copies its misses: each argument as given, or the
     kernel's default (the benchmark records these beside scan_settings). Raises on a combination
     the kernel cannot run."""
@@ -1148,7 +1173,27 @@ def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = 
     self_early = (SELF_EARLY and not early_copy) if self_early is None else bool(self_early)
     if self_early and early_copy:
         raise ValueError("self_early and early_copy are two ways to start the copy early: pick one")
-    return dict(copy_programs_per_request=S, early_copy=bool(early_copy), self_early=self_early)
+    # pid_roles: roles from the program id (no tickets) where that cannot deadlock: with fewer
+    # waiting copy programs than multiprocessors, a resolver (which never waits) always finds one
+    fits = num_sms is None or R * (S - 1) < num_sms
+    # (asked for where it does not fit, the call takes tickets: the returned settings say which)
+    pid_roles = (PID_ROLES if pid_roles is None else bool(pid_roles)) and S > 1 and fits
+    return dict(copy_programs_per_request=S, early_copy=bool(early_copy), self_early=self_early,
+                pid_roles=bool(pid_roles) and S > 1)
+
+
+_SM_COUNT: dict = {}
+
+
+def _num_sms(dev: torch.device) -> Optional[int]:
+    """Multiprocessors of a CUDA device (cached); None on CPU, where the interpreter runs the
+    programs one after another in program-id order (a resolver before its copy programs)."""
+    if dev.type != "cuda":
+        return None
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
 
 
 def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
@@ -1164,7 +1209,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
                    prefetch_rows: Optional[int] = None, phase_times: Optional[torch.Tensor] = None,
                    early_copy: Optional[bool] = None, poll_loads: Optional[bool] = None,
                    self_early: Optional[bool] = None, packed_scans: Optional[bool] = None,
-                   check: bool = True) -> ResolveResult:
+                   pid_roles: Optional[bool] = None, check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
     ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
     the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
@@ -1192,7 +1237,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     program read its own first copy tile's host rows after phase C and store them after phase V
     (the PCIe round trip overlaps the victim selection, with no copy programs); ``packed_scans``
     (default PACKED_SCANS) packs the victim selection's paired prefix sums and reductions into one
-    each. ``phase_times``
+    each; ``pid_roles`` (default PID_ROLES, where R x (S - 1) is below the multiprocessor count) gives
+    copy programs their role by program id instead of an atomic ticket (tickets where it is not
+    below). ``phase_times``
     (int64 [R, 8] on the device, GPU only) receives each request's phase boundaries in ns
     (PHASE_NAMES; benchmarks/bench_resolver.py --phase-times)."""
     if not _HAVE_TRITON:
@@ -1281,7 +1328,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         assert 0 <= stamp_arg < _MAX_STAMP, "stamp out of range"
 
     cs = copy_settings(R, Q, copy_programs_per_request=copy_programs_per_request, early_copy=early_copy,
-                       self_early=self_early)
+                       self_early=self_early, pid_roles=pid_roles, num_sms=_num_sms(dev))
     S, early_copy, self_early = cs["copy_programs_per_request"], cs["early_copy"], cs["self_early"]
     dpt = direct_page_table if direct_page_table is not None else host_page_table
     stg = staging_loc_base if staging_loc_base is not None else hot_loc_base
@@ -1301,7 +1348,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         ws.bitmap, ws.bitmap.stride(0),
         ws.ekey, ws.ekey.stride(0),
         ws.mpos, ws.victims, ws.mpos.stride(0), ws.mrow if host_rows else ws.mpos,
-        ws.meta, ws.flags, ws.ctrl,
+        ws.meta, ws.flags, ws.ctrl, ws.pflags, ws.pdone,
         R, QK, B, ps, S,
         HAS_DIRECT=direct_page_table is not None,
         HAS_STAGING=staging_loc_base is not None,
@@ -1316,7 +1363,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
         PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)), EARLY=bool(early_copy),
         POLL_LOADS=poll_loads, SELF_EARLY=bool(self_early),
-        PACKED=PACKED_SCANS if packed_scans is None else bool(packed_scans), dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
+        PACKED=PACKED_SCANS if packed_scans is None else bool(packed_scans), PID_ROLES=cs["pid_roles"],
+        dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -1333,14 +1381,14 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     fn = _resolver_kernel
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
-    ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr", "mrow_ptr", "dbg_ptr"}
+    ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr", "pflags_ptr", "mrow_ptr", "dbg_ptr"}
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
              KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
              LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False, POLL_LOADS=False,
-             SELF_EARLY=False, PACKED=PACKED_SCANS)
+             SELF_EARLY=False, PACKED=PACKED_SCANS, PID_ROLES=False)
     c.update(constexprs)
     for name in fn.arg_names:
         if name in c:

@@ -431,6 +431,30 @@ def test_early_copy_matches_the_reference(copy_programs, staging, poll_loads):
                           **s.args(True)[1])
 
 
+@pytest.mark.parametrize("copy_programs,early,staging", [(2, False, True), (4, False, False), (3, True, False),
+                                                       (4, True, True)])
+def test_pid_roles_match_the_reference_and_re_arm(copy_programs, early, staging):
+    """pid_roles: programs 0..R-1 resolve and the rest copy, with no ticket; each request's last copy
+    program resets its flag and done counter, so every call starts from zero. Same results as the
+    reference over a sequence of calls, and the per-request flags are zero after each call (a flag
+    left set would let the next call's copy programs run before their resolver)."""
+    s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
+              tail_lens=[1, 1, 1], seed=19, fill=0.5, staging=staging)
+    for step in range(3):
+        s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1, w_dup=0.2)
+        ref, tri = run_and_compare(s, stamp=950 + step, copy_programs=copy_programs, pid_roles=True,
+                                   early_copy=early, copy_rows=1)
+        assert int(tri.counters[:, 3].sum()) > copy_programs  # every copy program has rows to copy
+        _scratch_clean()
+        for ws in rv._WORKSPACES.values():
+            if ws.pflags is not None:
+                assert int(ws.pflags.abs().sum()) == 0 and int(ws.pdone.abs().sum()) == 0, "flags not re-armed"
+    # more waiting copy programs than multiprocessors could deadlock: such a call takes tickets
+    assert not rv.copy_settings(64, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)["pid_roles"]
+    assert rv.copy_settings(43, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)["pid_roles"]
+    assert not rv.copy_settings(8, 1, copy_programs_per_request=1, pid_roles=True)["pid_roles"]
+
+
 @pytest.mark.parametrize("copy_programs,staging", [(1, False), (1, True), (3, True)])
 def test_self_early_first_tile_matches_the_reference(copy_programs, staging):
     """self_early: the resolver program reads its first copy tile's host rows before the victim
@@ -652,7 +676,9 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False,
             dict(EARLY=True, SPIN_NS=100), dict(EARLY=True, POLL_LOADS=True), dict(TIMING=True),
             dict(PACKED=True), dict(PACKED=True, REG_KEYS=True, BBLK=4096, QBLK=512, USE_TICKETS=False),
             dict(SELF_EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
-                                    TIMING=True)]
+                                    TIMING=True),
+            dict(PID_ROLES=True), dict(PID_ROLES=True, EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512,
+                                       HAS_STAGING=False)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
