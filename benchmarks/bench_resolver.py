@@ -595,7 +595,8 @@ def fig8a(torch, rv, args, sz):
     return dict(points=points, host_path_gbps=gbps, fit_r2=r2, fit_intercept_ms=icpt,
                 copy_stages_sweep=stages_sweep, row_bytes_sweep=rows_sweep,
                 config=dict(R=R, Q=Q, k=K, B=B, row_bytes=rb, ctx=ctx, reps=reps, page_size=64,
-                            copy_programs_per_request=args.copy_programs or rv.default_copy_programs(R, Q)),
+                            copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
+                                R, Q, rv._num_sms(torch.device(DEV)))),
                 copy_programs_sweep=sweep)
 
 
@@ -1008,6 +1009,9 @@ def main() -> None:
                          "timer at each phase boundary; GPU only)")
     ap.add_argument("--num-warps", type=int, default=None,
                     help="warps per resolver program for every timed call (default: the kernel's 8)")
+    ap.add_argument("--batches", default="",
+                    help="batches of (b) and (c), comma-separated (default 8,160); the summary's batch-8 / "
+                         "batch-160 keys take the smallest / largest, e.g. 8,16,32,160")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: a, bc, or c (time (b) "
                     "only: it reads nothing from host memory)")
     ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the script on CPU (interpreter)")
@@ -1042,6 +1046,14 @@ def main() -> None:
         rv = _with_num_warps(rv, args.num_warps)
 
     sizes = SIZES["dry" if args.cpu_dry_run else "quick" if args.quick else "full"]
+    if args.batches:
+        try:
+            batches = tuple(sorted({int(x) for x in args.batches.split(",") if x}))
+        except ValueError:
+            ap.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
+        if len(batches) < 2 or batches[0] < 1:
+            ap.error("--batches: at least two positive batch sizes (the smallest and largest are the summary's)")
+        sizes = dict(sizes, bc=dict(sizes["bc"], batches=batches))
     out = args.out or (str(Path("/tmp") / "fig8_dry_run.json") if args.cpu_dry_run
                        else str(REPO / "results" / "fig8" / "summary.json"))
     gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run, interpreter)"
@@ -1082,7 +1094,7 @@ def main() -> None:
         summary["fig8c_points"] = c
         summary["fig8bc_config"] = dict(sz, row_bytes=656, page_size=64, selected_per_request=sz["k"],
                                         copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
-                                            sz["batches"][0], 1))
+                                            sz["batches"][0], 1, rv._num_sms(torch.device(DEV))))
 
         def pick(rows, **kv):
             # kernel time: CUDA events with the L2 flush and GPU spin of (a) and (c) where the
@@ -1092,7 +1104,7 @@ def main() -> None:
                     return r.get("us_median_events_guarded", r["us_median"])
             return None
 
-        lo_b, hi_b = sz["batches"]
+        lo_b, hi_b = min(sz["batches"]), max(sz["batches"])
         Bc = sz["B_c"]
         summary["nomiss_b4096_batch8_us"] = pick(b, batch=lo_b, B=Bc, path="scan")
         summary["nomiss_b4096_batch160_us"] = pick(b, batch=hi_b, B=Bc, path="scan")

@@ -90,25 +90,27 @@ Bytes the kernel must move (per call; Q*k = n selections per request)
 
 Launch
 ======
-ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``; default 1 for
-plain decode (4 with EARLY_COPY), ``clamp(ceil(64 / R), 1, 8)`` for verification, see
-``default_copy_programs``).
-The first R programs to start (tickets from an atomic counter, so every request's resolver is
-resident before any helper can spin) are the per-request resolvers, each doing in order:
+ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``; plain decode
+(Q = 1): 8 or 4 while the R x S programs fit the GPU's multiprocessors, else 1; verification
+``clamp(ceil(64 / R), 1, 8)``; see ``default_copy_programs``).
+The per-request resolvers are programs 0..R-1 (``pid_roles``, the default with the early copy) or
+the first R programs to start (tickets from an atomic counter, so every request's resolver is
+resident before any helper can spin), each doing in order:
 (A) tail / direct-map resolution and dedup marks (``atomic_min`` of the flattened index on a
 per-request position scratch), (B) the B-slot scan (hits, lru := stamp, victim keys),
 (C) first-occurrence ranks of the distinct misses (prefix sum), (V) a 256-way radix select of
 the victim threshold over the slot keys plus a prefix sum assigning victims in slot order,
 (D) locations in selection order, then the scratch reset and their share of the row copy.
 Phases are separated by CTA barriers. The other ``R * (S - 1)`` programs wait on the request's
-flag (thread-0 release after a barrier / thread-0 acquire before a barrier, on a per-launch
-epoch; published as soon as the victims are known, so they copy while (D) runs; ``spin_ns``
-sleeps between polls) and copy their interleaved share of that request's miss rows, so the copy grid scales
-with the batch (paper: 4 to 32 thread blocks). With ``early_copy`` (plain decode only, off by default) the
-resolver also publishes after (C): each copy program then reads its first tile's host rows while
-(V) runs, and stores them once the victims are out; the resolver program copies nothing. Flags
-only grow (launch ``e`` publishes ``2e + 1`` and ``2e + 2``). With ``S == 1`` no ticket, flag or
-spin exists.
+flag (thread-0 release after a barrier / thread-0 acquire before a barrier; published as soon as
+the victims are known, so they copy while (D) runs; ``spin_ns`` sleeps between polls) and copy
+their interleaved share of that request's miss rows, so the copy grid scales with the batch
+(paper: 4 to 32 thread blocks). With ``early_copy`` (plain decode, the default there with copy
+programs) the resolver also publishes after (C): each copy program then reads its first tile's
+host rows while (V) runs, and stores them once the victims are out; the resolver program copies
+nothing. With tickets, flags only grow (launch ``e`` of a per-launch epoch publishes ``2e + 1``
+and ``2e + 2``); with pid roles each request's flag (on its own 128-byte line) goes 0 -> 1 -> 2
+and its last copy program to finish resets it to 0. With ``S == 1`` no ticket, flag or spin exists.
 The scratch is self-cleaning (entries a call touched are reset to the sentinel at its end), so
 it is never memset after creation. Compiled for sm_90a with 8 warps (``aot_compile`` compiles it
 without a GPU, and the CPU tests do so; Triton's bundled ``ptxas -v`` on its PTX, Triton 3.6): the
@@ -259,10 +261,22 @@ PREFETCH_ROWS = 0
 # But calls without a miss slow down: batch 8 / 160, no miss, 14.8 / 33.0 us plain against 23.1 /
 # 42.6 with S = 4 (results/fig8/phase_times_6b7c22a-h200.json, alone on the GPU; 77 misses there:
 # 39.6 / 219.8 plain, 34.8 / 201.1 early S = 4): the waiting copy programs' polls cost the resolver
-# more than the copy gains when there is nothing to copy. Off until that is fixed (POLL_LOADS, spin).
+# more than the copy gains when there is nothing to copy (POLL_LOADS, spin: no fix).
+# Fixed by PID_ROLES (below): with the roles taken from the program id the early copy costs calls
+# without a miss little and the call with misses loses its ticket atomics. Timed in turn
+# (bench_resolver --interleave 40, results/fig8/pid_roles_2be2deb-h200.json, alone on the GPU),
+# batch 8, no miss / 77 misses: plain 14.7 / 43.6 us; early copy S = 4 with tickets 23.7 / 36.7;
+# S = 4 with pid roles 18.0 / 28.2; S = 8 with pid roles 16.4 / 28.2 (paper 18.7 / 29.3); back to
+# back 16.7 / 27.8 for S = 8 against 14.7 / 39.0 plain. So plain decode takes the early copy with
+# the first S of DECODE_COPY_PROGRAMS whose whole grid (R x S programs, one per multiprocessor at
+# this kernel's register use) fits the GPU, all of them resident at once; past that (batch 160:
+# plain 32.9 / 219 us, early copy with tickets 42.0 / 202) one program per request.
 # Verification (Q > 1) keeps its copy grid (the resolver program copies too): not measured there.
-EARLY_COPY = False
-DECODE_COPY_PROGRAMS = 4
+EARLY_COPY = True
+DECODE_COPY_PROGRAMS = (8, 4)
+# the copy grid a CPU (interpreter) run picks: the H200's multiprocessors, so CPU tests take the
+# GPU's path for the same batch
+_NOMINAL_SMS = 132
 # Without copy programs, the resolver program can read its own first copy tile's host rows after
 # phase C and store them after phase V (SELF_EARLY), so the PCIe round trip overlaps the victim
 # selection. Measured worse (results/fig8/self_early_sweep_cc52935-h200.json, alone on the GPU),
@@ -288,8 +302,10 @@ POLL_LOADS = False
 # no program starts with two dependent atomics (ticket, epoch) and the launch ends without the
 # global done counter; each request's flag sits on its own 128-byte line and its last copy program
 # resets it. Only where R x (S - 1) waiting programs are fewer than the multiprocessors (a resolver
-# never waits, so one always finds a multiprocessor). Not yet measured: off.
-PID_ROLES = False
+# never waits, so one always finds a multiprocessor). On with the early copy (measured there, see
+# EARLY_COPY); other copy grids keep their tickets unless asked (copy programs without the early
+# copy, batch 8: 20.7 us without a miss, against 17.3 with tickets in ticket_path_f73fa80).
+PID_ROLES = True
 
 
 # phase boundaries written with ``phase_times`` (ns, the GPU's global timer), per request: the
@@ -1119,14 +1135,16 @@ def _word_view(row_bytes: int, kv_pool: torch.Tensor, host_pool: torch.Tensor):
     raise AssertionError("unreachable")
 
 
-def default_copy_programs(R: int, Q: int = 2) -> int:
+def default_copy_programs(R: int, Q: int = 2, num_sms: Optional[int] = None) -> int:
     """Copy programs per request. Plain decode (Q == 1) moves few rows per request (the paper's
-    77 misses): with EARLY_COPY, DECODE_COPY_PROGRAMS programs that start reading host rows before
-    the victims are chosen, else one program per request (no helpers, no spinning). Verification (Q > 1) can
-    move up to Q*k rows per request: about 64 copy programs per call, 1..8 per request (the
-    paper's copy grid scales with the batch, 4 to 32 thread blocks)."""
+    77 misses): with EARLY_COPY, the first S of DECODE_COPY_PROGRAMS whose R x S programs fit the
+    ``num_sms`` multiprocessors (None: _NOMINAL_SMS), programs that start reading host rows before
+    the victims are chosen; else one program per request (no helpers, no spinning). Verification
+    (Q > 1) can move up to Q*k rows per request: about 64 copy programs per call, 1..8 per request
+    (the paper's copy grid scales with the batch, 4 to 32 thread blocks)."""
     if Q <= 1:
-        return DECODE_COPY_PROGRAMS if EARLY_COPY else 1
+        sms = num_sms or _NOMINAL_SMS
+        return next((S for S in DECODE_COPY_PROGRAMS if EARLY_COPY and R * S <= sms), 1)
     return max(1, min(8, -(-64 // max(1, R))))
 
 
@@ -1163,7 +1181,7 @@ def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = 
     """How a call of R requests x Q queries copies its misses: each argument as given, or the
     kernel's default (the benchmark records these beside scan_settings). Raises on a combination
     the kernel cannot run."""
-    S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q)
+    S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q, num_sms)
     S = max(1, S)
     if early_copy is None:  # measured for plain decode only (see EARLY_COPY)
         early_copy = EARLY_COPY and S > 1 and Q == 1
@@ -1177,7 +1195,7 @@ def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = 
     # waiting copy programs than multiprocessors, a resolver (which never waits) always finds one
     fits = num_sms is None or R * (S - 1) < num_sms
     # (asked for where it does not fit, the call takes tickets: the returned settings say which)
-    pid_roles = (PID_ROLES if pid_roles is None else bool(pid_roles)) and S > 1 and fits
+    pid_roles = (PID_ROLES and early_copy if pid_roles is None else bool(pid_roles)) and S > 1 and fits
     return dict(copy_programs_per_request=S, early_copy=bool(early_copy), self_early=self_early,
                 pid_roles=bool(pid_roles) and S > 1)
 
