@@ -16,7 +16,7 @@ for case in "$@"; do
   IFS='|' read -r name batch misses kw <<< "$case"
   echo "== $name: batch $batch, $misses misses, ${kw:-defaults}"
   d=$OUT/ncu/$name
-  timeout 240 $NCU --clock-control none --cache-control all --set full --import-source no --sampling-interval 0 \
+  timeout 240 $NCU --clock-control none --cache-control all --set full --import-source no --warp-sampling-interval 0 \
     --kernel-name regex:_resolver_kernel --launch-skip 2 --launch-count 3 -f -o $d \
     python3 benchmarks/ncu_resolver.py --batch $batch --misses $misses --calls 5 --kw "$kw" --dump-cubin $d.cubin \
     2>&1 | grep -v "^==PROF==" | grep -v "ctc__" | grep -v "^$" | tail -3

@@ -68,14 +68,16 @@ def _bench_sweep(S: dict) -> list[dict]:
 
 def phase_notes(results) -> list[str]:
     """Where a 77-miss call's time goes, by resolver phase (the kernel's %globaltimer stamps,
-    bench_resolver --phase-times), from the newest results/fig8/phase_times_*.json: one line per
-    batch and resolver variant, each phase the slowest request's (the call waits for it)."""
-    files = sorted((results / NAME).glob("phase_times_*.json"))
-    runs = [(d.get("date") or "", f.name, d) for f in files if (d := C.load_json(f))]
+    bench_resolver --phase-times), from the newest of results/fig8/phase_times_*.json and the record
+    (summary.json) that holds such rows: one line per batch and resolver variant, each phase the
+    slowest request's (the call waits for it)."""
+    files = sorted((results / NAME).glob("phase_times_*.json")) + [results / NAME / "summary.json"]
+    runs = [(d.get("date") or "", f.name, d) for f in files
+            if (d := C.load_json(f)) and any(p.get("phase_times") for p in d.get("fig8c_points") or [])]
     if not runs:
         return []
     _, name, d = max(runs)
-    out = []
+    out, seen = [], set()
     for p in d.get("fig8c_points") or []:
         per = p.get("phase_us_slowest_request")
         if not p.get("phase_times") or not isinstance(per, dict):
@@ -88,10 +90,14 @@ def phase_notes(results) -> list[str]:
         if not run:
             how = f"the defaults of commit {d.get('commit', '?')}"
         elif run.get("early_copy"):
-            how = f"early copy, {S} copy programs per request"
+            how = f"early copy, {S} copy programs per request" + (
+                " (roles by program id)" if run.get("pid_roles") else " (tickets)" if "pid_roles" in run else "")
         else:
             how = ("one program per request" if S in (None, 1) else f"{S} programs per request") + (
                 ", its first tile read early" if run.get("self_early") else "")
+        if (p.get("batch"), how) in seen:  # the defaults and a variant that resolves to them: one line
+            continue
+        seen.add((p.get("batch"), how))
         out.append(f"{p.get('misses_per_request', '?')} misses at batch {p.get('batch')}, {how}, by phase "
                    "(slowest request, µs): "
                    + ", ".join(f"{k} {C.fmt(v)}" for k, v in per.items())
