@@ -592,8 +592,31 @@ def fig8a(torch, rv, args, sz):
         log(f"  row-bytes sweep: {rb2} B rows: {med:.3f} ms = {mb / med:.1f} GB/s payload, "
             f"{mb / med * lines / rb2:.1f} GB/s of 128-byte lines ({lines:.0f} B per row)")
         del s2
+    stride_sweep = []
+    for hs in [int(x) for x in args.sweep_host_stride.split(",") if x]:
+        # the same largest point with the 656-byte rows padded to a host row stride of hs bytes
+        # (sector- or line-aligned layouts): fewer 32-byte sectors and PCIe read requests per row
+        P = (ctx + 64 + 63) // 64
+        n_rows = min(R * P, max(1, int(args.host_gib * 2**30) // (64 * hs))) * 64
+        hp = alloc_host_pool(torch, n_rows, hs)[:, :rb]
+        s3 = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb, page_size=64, ctx=ctx, staging=True,
+                    host_gib=args.host_gib, seed=3, host_pool=hp)
+        sel3, restore3 = cold_disjoint(s3)
+
+        def fn3(s3=s3, sel3=sel3):
+            return rv.resolve_triton(*s3.args(sel3), 50_000, check=False, **s3.kwargs())
+
+        med = statistics.median(time_stateful(torch, fn3, restore3, 5))
+        mb = R * Q * K * rb / 1e6
+        sectors = statistics.mean(((o % 32) + rb + 31) // 32 for o in range(0, 128 * hs, hs)) * 32
+        lines = statistics.mean(((o % 128) + rb + 127) // 128 for o in range(0, 128 * hs, hs))
+        stride_sweep.append(dict(host_stride=hs, row_bytes=rb, ms_median=med, gbps=mb / med,
+                                 sector_bytes_per_row=sectors, lines_per_row=lines))
+        log(f"  host-stride sweep: {rb} B rows {hs} B apart: {med:.3f} ms = {mb / med:.1f} GB/s payload "
+            f"({sectors:.0f} B of sectors, {lines:.2f} lines per row)")
+        del s3, hp
     return dict(points=points, host_path_gbps=gbps, fit_r2=r2, fit_intercept_ms=icpt,
-                copy_stages_sweep=stages_sweep, row_bytes_sweep=rows_sweep,
+                copy_stages_sweep=stages_sweep, row_bytes_sweep=rows_sweep, host_stride_sweep=stride_sweep,
                 config=dict(R=R, Q=Q, k=K, B=B, row_bytes=rb, ctx=ctx, reps=reps, page_size=64,
                             copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
                                 R, Q, rv._num_sms(torch.device(DEV)))),
@@ -992,6 +1015,9 @@ def main() -> None:
                     help="also time the defaults and every --sweep-early-copy / --sweep-kw variant in turn "
                          "(A B C A B C ...), REPS timings each, for (b) at B_c and for (c): a drift over the run "
                          "then falls on every variant alike")
+    ap.add_argument("--sweep-host-stride", default="",
+                    help="also time (a)'s largest point with the host store's rows padded to these strides "
+                         "(bytes, >= --row-bytes, multiples of 8), e.g. 656,672,768")
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",
@@ -1022,6 +1048,10 @@ def main() -> None:
         ap.error("--sweep-spin times the copy programs' polling: add --sweep-copy-programs")
     if any(x and not x.isdigit() for x in args.sweep_prefetch.split(",")):
         ap.error(f"--sweep-prefetch: expected non-negative integers, got {args.sweep_prefetch!r}")
+    bad_stride = [x for x in args.sweep_host_stride.split(",") if x and not (
+        x.isdigit() and int(x) >= args.row_bytes and int(x) % 8 == 0)]
+    if bad_stride:
+        ap.error(f"--sweep-host-stride: {bad_stride} (expected byte strides >= --row-bytes, multiples of 8)")
     bad_rows = [x for x in args.sweep_copy_rows.split(",") if x and not re.fullmatch(r"\d+h?", x)]
     if bad_rows:
         ap.error(f"--sweep-copy-rows: {bad_rows} (expected N or Nh, e.g. 32,64h)")

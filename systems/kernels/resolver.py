@@ -13,7 +13,9 @@ Contract
 Storage (per KV source)
     ``kv_pool``   uint8 [num_locations, row_bytes]   device pool; rows are opaque bytes.
     ``host_pool`` uint8 [num_host_rows, row_bytes]   host store; pinned CPU memory on GPU
-                                                     runs (read by the kernel through UVA).
+                                                     runs (read by the kernel through UVA); its
+                                                     rows may be padded (a column slice of a wider
+                                                     store: row stride >= row_bytes).
 Per request ``r`` of the call
     ``selections``        int32 [R, Q, k]  token positions, ``-1`` = padding; duplicates
                                            within and across queries allowed.
@@ -578,10 +580,11 @@ if _HAVE_TRITON:
         return hpage.to(tl.int64) * page_size + (p % page_size)
 
     @triton.jit
-    def _load_tile(host_ptr, hrow, mj, cols, WORDS: tl.constexpr):
-        """Read a copy tile of host rows ``hrow`` (rows where ``mj``): (words, mask)."""
+    def _load_tile(host_ptr, hrow, mj, cols, WORDS: tl.constexpr, host_stride):
+        """Read a copy tile of host rows ``hrow`` (rows where ``mj``, ``host_stride`` words apart):
+        (words, mask)."""
         m2 = mj[:, None] & (cols < WORDS)[None, :]
-        return tl.load(host_ptr + (hrow[:, None] * WORDS + cols[None, :]), mask=m2), m2
+        return tl.load(host_ptr + (hrow[:, None] * host_stride + cols[None, :]), mask=m2), m2
 
     @triton.jit
     def _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv, val, m2, cols, WORDS: tl.constexpr,
@@ -643,7 +646,7 @@ if _HAVE_TRITON:
         hpt_ptr, hpt_stride,
         hot_pos_ptr, hot_pos_stride, hot_lru_ptr, hot_lru_stride, hot_base_ptr,
         stg_base_ptr,
-        kv_ptr, host_ptr,
+        kv_ptr, host_ptr, host_stride,
         counters_ptr, overflow_ptr,
         stamp_arg,
         scr_ptr, scr_stride, W,
@@ -818,7 +821,7 @@ if _HAVE_TRITON:
                             pg_pf = hpg
                         else:
                             pg_pf = tl.load(hpt_ptr + r64 * hpt_stride + p // page_size, mask=pf, other=0)
-                        w0 = (pg_pf.to(tl.int64) * page_size + (p % page_size)) * WORDS
+                        w0 = (pg_pf.to(tl.int64) * page_size + (p % page_size)) * host_stride
                         for ln in tl.static_range(0, (WORDS + LINE_WORDS - 1) // LINE_WORDS + 1):
                             # every 128-byte line the row touches: line starts, then its last word
                             w = w0 + min(ln * LINE_WORDS, WORDS - 1)
@@ -839,7 +842,7 @@ if _HAVE_TRITON:
                     jx = rows_e
                     mjx = jx < ncopy
                     hrx = _host_rows_of(mpos_row, hpt_ptr + r64 * hpt_stride, jx, mjx, page_size)
-                    valx, m2x = _load_tile(host_ptr, hrx, mjx, cols_e, WORDS)
+                    valx, m2x = _load_tile(host_ptr, hrx, mjx, cols_e, WORDS, host_stride)
                 _stamp_phase(dbg_ptr, r64, 3, TIMING)
                 # -- phase V: victims = nv smallest keys, assigned in slot order -------
                 if nv > 0:
@@ -1007,7 +1010,7 @@ if _HAVE_TRITON:
                 j = t0 * ROWS + rows
                 mj = j < nc
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-                val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS)
+                val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, host_stride)
                 _wait_flag(flag_addr, 2 * epoch + 2, SPIN_NS, POLL_LOADS)
                 _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val0, m2, cols, WORDS, HAS_STAGING)
                 t0 += cstep
@@ -1028,7 +1031,7 @@ if _HAVE_TRITON:
                 hrow = tl.load(mrow_row + j, mask=mj, other=0, cache_modifier=".cg")
             else:
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-            val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS)
+            val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, host_stride)
             _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val, m2, cols, WORDS, HAS_STAGING)
         if share == 0:
             _stamp_phase(dbg_ptr, r64, 7, TIMING)
@@ -1130,7 +1133,7 @@ def _pow2(n: int, lo: int = 16, hi: Optional[int] = None) -> int:
 def _word_view(row_bytes: int, kv_pool: torch.Tensor, host_pool: torch.Tensor):
     for dt, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1)):
         if (row_bytes % size == 0 and kv_pool.data_ptr() % size == 0
-                and host_pool.data_ptr() % size == 0):
+                and host_pool.data_ptr() % size == 0 and host_pool.stride(0) % size == 0):
             return dt, row_bytes // size
     raise AssertionError("unreachable")
 
@@ -1328,8 +1331,11 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
             raise ValueError(f"{n} must have unit stride in its last dimension")
     if direct_page_table is not None and direct_page_table.stride(1) != 1:
         raise ValueError("direct_page_table must have unit stride in its last dimension")
-    if not (kv_pool.is_contiguous() and host_pool.is_contiguous()):
-        raise ValueError("kv_pool and host_pool must be contiguous")
+    if not kv_pool.is_contiguous():
+        raise ValueError("kv_pool must be contiguous")
+    if host_pool.stride(1) != 1 or host_pool.stride(0) < row_bytes:
+        raise ValueError("host_pool must be [rows, row_bytes] with unit stride in its last dimension "
+                         "(a row stride of row_bytes or more: a padded host store is a column slice)")
 
     wdt, words = _word_view(row_bytes, kv_pool, host_pool)
     kv_w = kv_pool.view(wdt)
@@ -1359,7 +1365,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         host_page_table, host_page_table.stride(0),
         hot_pos, hot_pos.stride(0), hot_lru, hot_lru.stride(0), hot_loc_base,
         stg,
-        kv_w, host_w,
+        kv_w, host_w, host_w.stride(0),
         counters, overflow,
         stamp_arg,
         ws.scratch, ws.scratch.stride(0), W,

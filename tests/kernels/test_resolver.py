@@ -193,7 +193,7 @@ class State:
             selections=self.selections.clone(), tail_start=self.tail_start.clone(),
             tail_loc=self.tail_loc.clone(), hot_pos=self.hot_pos.clone(), hot_lru=self.hot_lru.clone(),
             hot_loc_base=self.hot_loc_base.clone(), host_page_table=self.host_page_table.clone(),
-            kv_pool=self.kv_pool.clone(), host_pool=self.host_pool.clone(),
+            kv_pool=self.kv_pool.clone(), host_pool=self.host_pool,  # read only (and may be a padded view)
         ), dict(page_size=self.ps,
                 direct_page_table=self.direct_page_table.clone() if use_direct else None,
                 staging_loc_base=None if self.staging_loc_base is None else self.staging_loc_base.clone())
@@ -471,6 +471,26 @@ def test_self_early_first_tile_matches_the_reference(copy_programs, staging):
     with pytest.raises(ValueError, match="pick one"):
         rv.resolve_triton(**s.args(True)[0], stamp=990, copy_programs_per_request=2, early_copy=True,
                           self_early=True, **s.args(True)[1])
+
+
+@pytest.mark.parametrize("stride", [24, 32])
+def test_padded_host_store_rows(stride):
+    """A host store whose rows are padded (the 20-byte rows a column slice of a 24- or 32-byte wide
+    store, as a sector- or line-aligned host layout would be): same results and bytes as the
+    reference, which reads the same view; the padding is never copied."""
+    s = State(R=3, Q=2, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 80, 60],
+              tail_lens=[1, 1, 1], seed=23, fill=0.5)
+    wide = torch.full((s.host_pool.shape[0], stride), 0xEE, dtype=torch.uint8)
+    wide[:, :20] = s.host_pool
+    s.host_pool = wide[:, :20]
+    assert s.host_pool.stride(0) == stride and not s.host_pool.is_contiguous()
+    for step in range(2):
+        s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0.1, w_tail=0.1, w_pad=0.1, w_dup=0.2)
+        run_and_compare(s, stamp=60 + step, copy_programs=2, copy_rows=2)
+    bad = wide.clone()
+    bad = bad.as_strided((wide.shape[0], 20), (17, 1))  # rows closer than row_bytes: refused
+    with pytest.raises(ValueError, match="row stride"):
+        rv.resolve_triton(**dict(s.args(True)[0], host_pool=bad), stamp=70, **s.args(True)[1])
 
 
 def test_workspace_reuse_across_shapes():
