@@ -580,11 +580,12 @@ if _HAVE_TRITON:
         return hpage.to(tl.int64) * page_size + (p % page_size)
 
     @triton.jit
-    def _load_tile(host_ptr, hrow, mj, cols, WORDS: tl.constexpr, host_stride):
-        """Read a copy tile of host rows ``hrow`` (rows where ``mj``, ``host_stride`` words apart):
-        (words, mask)."""
+    def _load_tile(host_ptr, hrow, mj, cols, WORDS: tl.constexpr, HSTRIDE: tl.constexpr):
+        """Read a copy tile of host rows ``hrow`` (rows where ``mj``, ``HSTRIDE`` words apart; a
+        compile-time stride, so the compiler sees the rows' 16-byte alignment and keeps 16-byte
+        loads): (words, mask)."""
         m2 = mj[:, None] & (cols < WORDS)[None, :]
-        return tl.load(host_ptr + (hrow[:, None] * host_stride + cols[None, :]), mask=m2), m2
+        return tl.load(host_ptr + (hrow[:, None] * HSTRIDE + cols[None, :]), mask=m2), m2
 
     @triton.jit
     def _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv, val, m2, cols, WORDS: tl.constexpr,
@@ -646,7 +647,7 @@ if _HAVE_TRITON:
         hpt_ptr, hpt_stride,
         hot_pos_ptr, hot_pos_stride, hot_lru_ptr, hot_lru_stride, hot_base_ptr,
         stg_base_ptr,
-        kv_ptr, host_ptr, host_stride,
+        kv_ptr, host_ptr,
         counters_ptr, overflow_ptr,
         stamp_arg,
         scr_ptr, scr_stride, W,
@@ -657,7 +658,7 @@ if _HAVE_TRITON:
         R, QK, B, page_size, S,
         HAS_DIRECT: tl.constexpr, HAS_STAGING: tl.constexpr, STAMP_IS_PTR: tl.constexpr,
         ACCUM: tl.constexpr, USE_TICKETS: tl.constexpr,
-        WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr,
+        WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr, HSTRIDE: tl.constexpr,
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
         REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
@@ -821,7 +822,7 @@ if _HAVE_TRITON:
                             pg_pf = hpg
                         else:
                             pg_pf = tl.load(hpt_ptr + r64 * hpt_stride + p // page_size, mask=pf, other=0)
-                        w0 = (pg_pf.to(tl.int64) * page_size + (p % page_size)) * host_stride
+                        w0 = (pg_pf.to(tl.int64) * page_size + (p % page_size)) * HSTRIDE
                         for ln in tl.static_range(0, (WORDS + LINE_WORDS - 1) // LINE_WORDS + 1):
                             # every 128-byte line the row touches: line starts, then its last word
                             w = w0 + min(ln * LINE_WORDS, WORDS - 1)
@@ -842,7 +843,7 @@ if _HAVE_TRITON:
                     jx = rows_e
                     mjx = jx < ncopy
                     hrx = _host_rows_of(mpos_row, hpt_ptr + r64 * hpt_stride, jx, mjx, page_size)
-                    valx, m2x = _load_tile(host_ptr, hrx, mjx, cols_e, WORDS, host_stride)
+                    valx, m2x = _load_tile(host_ptr, hrx, mjx, cols_e, WORDS, HSTRIDE)
                 _stamp_phase(dbg_ptr, r64, 3, TIMING)
                 # -- phase V: victims = nv smallest keys, assigned in slot order -------
                 if nv > 0:
@@ -1010,7 +1011,7 @@ if _HAVE_TRITON:
                 j = t0 * ROWS + rows
                 mj = j < nc
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-                val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, host_stride)
+                val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
                 _wait_flag(flag_addr, 2 * epoch + 2, SPIN_NS, POLL_LOADS)
                 _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val0, m2, cols, WORDS, HAS_STAGING)
                 t0 += cstep
@@ -1031,7 +1032,7 @@ if _HAVE_TRITON:
                 hrow = tl.load(mrow_row + j, mask=mj, other=0, cache_modifier=".cg")
             else:
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-            val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, host_stride)
+            val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
             _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val, m2, cols, WORDS, HAS_STAGING)
         if share == 0:
             _stamp_phase(dbg_ptr, r64, 7, TIMING)
@@ -1365,7 +1366,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         host_page_table, host_page_table.stride(0),
         hot_pos, hot_pos.stride(0), hot_lru, hot_lru.stride(0), hot_loc_base,
         stg,
-        kv_w, host_w, host_w.stride(0),
+        kv_w, host_w,
         counters, overflow,
         stamp_arg,
         ws.scratch, ws.scratch.stride(0), W,
@@ -1379,7 +1380,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         STAMP_IS_PTR=stamp_is_ptr,
         ACCUM=bool(accumulate_counters),
         USE_TICKETS=S > 1,
-        WORDS=words, WPAD=wpad, ROWS=rows,
+        WORDS=words, WPAD=wpad, ROWS=rows, HSTRIDE=host_w.stride(0),
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
         DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
         REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap),
@@ -1414,6 +1415,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
              LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False, POLL_LOADS=False,
              SELF_EARLY=False, PACKED=PACKED_SCANS, PID_ROLES=False)
     c.update(constexprs)
+    c.setdefault("HSTRIDE", c["WORDS"])  # unpadded host rows unless asked
     for name in fn.arg_names:
         if name in c:
             sig[name] = "constexpr"
