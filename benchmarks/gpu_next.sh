@@ -1,32 +1,24 @@
 #!/usr/bin/env bash
 # Device calls, in parts of one call each (about 9 min apiece):
 #   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
-# Plan for the next session (written at the end of the 2026-11-30 late session).
-#   State: every number of REPRODUCTION.md is measured (kernel profiles at their runs' loads: Fig. 10
-#   GLM / DeepSeek C128 over the budgets and GLM C8 B/k 1, 8; Fig. 11a blocks 4 / 6; Fig. 11b C16 /
-#   C256; eager profiles for the splits graph replay folds: fig10_eager, fig10_dsv_eager, fig11_eager;
-#   Fig. 1 C64 for all five systems). Issue 8 is closed; issue 4's open targets are the resolver's.
+# Plan for the next session (written at the end of the 2026-11-30 evening session).
+#   State: every number of REPRODUCTION.md is measured; issue 8 is closed. Issue 4's resolver speed
+#   targets are met at the new defaults (results/fig8/summary.json, one run at f995b44): batch 8 / 160
+#   no miss 16.5 / 33.3 us, 77 misses 28.5 / 218.5 us (paper 18.7 / 36.9 / 29.3 / 243.3), with the
+#   early copy and roles by program id for small batches (results/fig8/pid_roles_2be2deb-h200.json).
+#   The host path (44.2 GB/s against 50) is out of this machine's reach for 656-byte rows: streaming
+#   pinned reads 50.7 GB/s, scattered whole-line rows 47.6-49.1, 656-byte rows 39.4-44.4 whatever the
+#   host row stride (results/fig8/host_stride_8755145-h200.json).
 #   Only nvidia-h200 (one GPU) may be lent: L "<items>" "" runs one lane on GPU 0.
-#   The tracked tree is ~56 MB against the device's 64 MiB: `python -m harness.compact --prune-unused
+#   The tracked tree is ~57 MB against the device's 64 MiB: `python -m harness.compact --prune-unused
 #   --prune-traces` (commit first) and `make compact` after every unpack.
-#   Issue 4, batch-8 call with 77 misses (39-40 us against 29.3): by phase (--phase-times,
-#   results/fig8/phase_times_6b7c22a-h200.json) direct map 1.3 us, scan 11.5, rank 2.0, victims 9.5,
-#   copy after them 13.6. Measured without gain or with a cost elsewhere: copy programs that start
-#   before the victims (early_copy: 35 us with misses, but calls without a miss 15 -> 23 us, whatever
-#   the polling), the resolver's own first tile early (self_early: slower both ways), one packed
-#   scan for the victim ranks (packed_scans: slower, and the scan it leaves alone slows too), L2 prefetch,
-#   4-12-bit digits, more copy programs, copy rows / stages. Timed in turn (--interleave 40,
-#   results/fig8/interleaved_ec00722-h200.json) the differences hold; the defaults' miss call is
-#   44 us when other kernels run between calls (its code fetched again) against 39 back to back.
-#   Where the no-miss cost comes from, timed in turn (results/fig8/ticket_path_f73fa80-h200.json),
-#   batch 8 / 160 without a miss: plain 14.6 / 32.5 us; copy programs with tickets, no early copy,
-#   S = 2: 19.0 / 41.6, S = 4: 17.3 / 40.4; early copy S = 4: 24.2 / 41.6. So the ticket path (start
-#   tickets, end counter, waiting programs) costs 3-9 us and the early stage another ~7 at batch 8.
-#   Next: a launch without tickets (resolver = program id < R, copy programs only past the
-#   resident grid, or a second tiny kernel for the copy), and a smaller miss path (fewer
-#   instructions to fetch: 5,776 in the batch-8 variant).
-#   Host path 43.9 GB/s against 50: 656-byte rows read 704 bytes of 32-byte sectors at a 16-byte
-#   offset; a host store with a 672-byte row stride (sector-aligned) would read 672 (~+5%, not 50).
+#   Observed once (results/hisparse_e2e/serving_check_34930eb-h200.log): the first serving run on a
+#   fresh machine ran at 587 tok/s where the same run a minute later gave 1,013 (cold Triton cache or
+#   lazy graph captures during the load?). Worth a warm-up that compiles and captures every batch
+#   bucket before the load, and a check of whether the figures' first runs per call were slowed.
+#   Tools: benchmarks/gpu_ncu.sh "name|batch|misses|kw" profiles resolver calls under Nsight Compute
+#   (per-source-line warp-stall samples; the copy programs' polling dominates the samples, so read
+#   the resolver's ranges relative to each other).
 #   Never pair a serving lane with bench_resolver's part (a) (host streaming): use --skip a there.
 #   The L part logs vmstat and nvidia-smi dmon (PCIe, SM, memory per GPU) to $OUT.
 # Parts: A: kernels + graph check + Fig. 8 copy-grid sweep + Fig. 6.  B: Fig. 6, 7, 11.  C: Fig. 4.
