@@ -572,21 +572,25 @@ def fig8a(torch, rv, args, sz):
             log(f"  copy-stages sweep: stages={stages}: {med:.3f} ms = {mb / med:.1f} GB/s"
                 f"{'' if same else '  RESULT DIFFERS from the first depth'}")
     del src
+    def time_largest(s, stamp):
+        """(a)'s largest point (disjoint selections, cold cache) on source ``s``: median ms."""
+        sel_s, restore_s = cold_disjoint(s)
+
+        def fn():
+            return rv.resolve_triton(*s.args(sel_s), stamp, check=False, **s.kwargs())
+
+        return statistics.median(time_stateful(torch, fn, restore_s, 5))
+
     rows_sweep = []
     for rb2 in [int(x) for x in args.sweep_row_bytes.split(",") if x]:
         # the same largest point with other row sizes: PCIe reads of host memory move whole
-        # 128-byte lines (a 656-byte row at a 16-byte offset spans six, 768 bytes), so the
-        # payload rate should track row_bytes / (bytes of the lines each row touches)
+        # 128-byte lines (a 656-byte row spans six, 768 bytes), so the payload rate should track
+        # row_bytes / (bytes of the lines each row touches)
         s2 = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb2, page_size=64, ctx=ctx, staging=True,
                     host_gib=args.host_gib, seed=2)
-        sel2, restore2 = cold_disjoint(s2)
-
-        def fn2(s2=s2, sel2=sel2):
-            return rv.resolve_triton(*s2.args(sel2), 40_000, check=False, **s2.kwargs())
-
-        med = statistics.median(time_stateful(torch, fn2, restore2, 5))
+        med = time_largest(s2, 40_000)
         mb = R * Q * K * rb2 / 1e6
-        lines = statistics.mean(((o % 128) + rb2 + 127) // 128 for o in range(0, 128 * rb2, rb2)) * 128
+        lines = touched(rb2, rb2, 128) * 128
         rows_sweep.append(dict(row_bytes=rb2, ms_median=med, gbps=mb / med, line_bytes_per_row=lines,
                                line_gbps=mb / med * lines / rb2))
         log(f"  row-bytes sweep: {rb2} B rows: {med:.3f} ms = {mb / med:.1f} GB/s payload, "
@@ -601,15 +605,10 @@ def fig8a(torch, rv, args, sz):
         hp = alloc_host_pool(torch, n_rows, hs)[:, :rb]
         s3 = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb, page_size=64, ctx=ctx, staging=True,
                     host_gib=args.host_gib, seed=3, host_pool=hp)
-        sel3, restore3 = cold_disjoint(s3)
-
-        def fn3(s3=s3, sel3=sel3):
-            return rv.resolve_triton(*s3.args(sel3), 50_000, check=False, **s3.kwargs())
-
-        med = statistics.median(time_stateful(torch, fn3, restore3, 5))
+        med = time_largest(s3, 50_000)
         mb = R * Q * K * rb / 1e6
-        sectors = statistics.mean(((o % 32) + rb + 31) // 32 for o in range(0, 128 * hs, hs)) * 32
-        lines = statistics.mean(((o % 128) + rb + 127) // 128 for o in range(0, 128 * hs, hs))
+        sectors = touched(rb, hs, 32) * 32
+        lines = touched(rb, hs, 128)
         stride_sweep.append(dict(host_stride=hs, row_bytes=rb, ms_median=med, gbps=mb / med,
                                  sector_bytes_per_row=sectors, lines_per_row=lines))
         log(f"  host-stride sweep: {rb} B rows {hs} B apart: {med:.3f} ms = {mb / med:.1f} GB/s payload "
@@ -621,6 +620,12 @@ def fig8a(torch, rv, args, sz):
                             copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
                                 R, Q, rv._num_sms(torch.device(DEV)))),
                 copy_programs_sweep=sweep)
+
+
+def touched(row_bytes: int, stride: int, unit: int) -> float:
+    """Mean number of ``unit``-byte blocks (32-byte sectors, 128-byte lines) a row of ``row_bytes``
+    touches when rows lie ``stride`` bytes apart from an aligned base."""
+    return statistics.mean(((o % unit) + row_bytes + unit - 1) // unit for o in range(0, 128 * stride, stride))
 
 
 def call_knobs(args, knobs) -> dict:
