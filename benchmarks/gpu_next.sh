@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device calls, in parts of one call each (about 9 min apiece):
-#   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl)
+#   DHS_GIT_COMMIT=<commit, a literal from this machine> bash benchmarks/gpu_next.sh <part> [overrides]   (carry .whl and .triton_cache)
 # Plan for the next session (written at the end of the 2026-11-30 evening session).
 #   State: every number of REPRODUCTION.md is measured; issue 8 is closed. Issue 4's resolver speed
 #   targets are met at the new defaults (results/fig8/summary.json, one run at f995b44): batch 8 / 160
@@ -12,10 +12,12 @@
 #   Only nvidia-h200 (one GPU) may be lent: L "<items>" "" runs one lane on GPU 0.
 #   The tracked tree is ~57 MB against the device's 64 MiB: `python -m harness.compact --prune-unused
 #   --prune-traces` (commit first) and `make compact` after every unpack.
-#   Observed once (results/hisparse_e2e/serving_check_34930eb-h200.log): the first serving run on a
-#   fresh machine ran at 587 tok/s where the same run a minute later gave 1,013 (cold Triton cache or
-#   lazy graph captures during the load?). Worth a warm-up that compiles and captures every batch
-#   bucket before the load, and a check of whether the figures' first runs per call were slowed.
+#   The first serving run on a fresh machine is slow (results/cold_cache/: 442-564 tok/s against
+#   1,000-1,230 for the same run a minute later; 736 with the Triton cache carried in). Each call now
+#   carries .triton_cache in and back ($OUT/triton_cache.tgz) and each lane of part L starts with a
+#   throwaway run. Runs committed before that which were the first of their (model, system) in their
+#   call are listed in results/cold_cache/first_runs.json (104 of 322): re-run the ones a claim
+#   rests on (Fig. 1 / Fig. 4 C128 ratios) in calls with the prewarm before trusting their spread.
 #   Tools: benchmarks/gpu_ncu.sh "name|batch|misses|kw" profiles resolver calls under Nsight Compute
 #   (per-source-line warp-stall samples; the copy programs' polling dominates the samples, so read
 #   the resolver's ranges relative to each other).
@@ -40,6 +42,12 @@ export PYTHONUNBUFFERED=1
 # every run of this call records it in env.json (device_call): the figures pair systems by it
 export DHS_DEVICE_CALL="${DHS_DEVICE_CALL:-$(date -u +%Y%m%dT%H%M%SZ)-$(hostname)}"
 mkdir -p $OUT
+# Triton's kernel cache travels from call to call (carry .triton_cache; unpack the returned
+# $OUT/triton_cache.tgz over the repo root here): every call starts on a fresh machine, and with
+# an empty cache the first run of each system compiles its kernels during its load
+# (results/cold_cache/: 564 against 1,229 tok/s for the same run a minute later)
+export TRITON_CACHE_DIR=$PWD/.triton_cache; mkdir -p $TRITON_CACHE_DIR
+echo "[gpu_next] Triton cache: $(ls $TRITON_CACHE_DIR | wc -l) compiled kernels carried in"
 MARK=$(mktemp)  # run directories newer than this come back (not whole experiment folders)
 PART="${1:-A}"; shift || true
 rep() {  # experiment, seconds
@@ -83,6 +91,15 @@ case "$PART" in
   F) rep fig5 540 "$@"; EXPS="fig5" ;;
   L) lane() {  # GPU index, "exp:seconds ..."
        local gpu=$1 item; shift
+       [ -z "${1// /}" ] && return 0
+       if [ "${DHS_PREWARM:-1}" = 1 ]; then
+         # a throwaway run first: the first serving run on a fresh machine is slow even with the
+         # Triton cache carried in (results/cold_cache/: 736 against 1,137 tok/s; 442-564 without
+         # the cache), so no measured run is a call's first (DHS_PREWARM=0 skips it, ~30 s)
+         CUDA_VISIBLE_DEVICES=$gpu timeout 120 python3 -m harness.run experiment=hisparse_e2e system=adaptive_dhisparse \
+           'workload.concurrency=[8]' workload.num_requests=16 +prewarm=1 results_dir=/tmp/prewarm$gpu \
+           hydra.run.dir=/tmp/prewarm_hydra$gpu 2>&1 | grep -A3 "^system" | tail -1 | sed "s/^/[gpu$gpu] prewarm: /"
+       fi
        for item in $1; do
          echo "[lane $gpu] ${item%%:*}"
          case "$item" in
@@ -127,4 +144,5 @@ NEW=$(find results -mindepth 2 -maxdepth 2 -type d -newer $MARK | sort)
 NEW="$NEW $(find results -mindepth 2 -maxdepth 3 -type f -newer $MARK \( -name server.log -o -name summary.json \) \
   | grep -v -F -f <(echo "$NEW" | sed '/^$/d;s|$|/|') | sort)"
 [ -n "${NEW//[[:space:]]/}" ] && tar czf $OUT/results.tgz $NEW && du -h $OUT/results.tgz
+tar czf $OUT/triton_cache.tgz .triton_cache && du -h $OUT/triton_cache.tgz
 ls -la $OUT
