@@ -1010,6 +1010,25 @@ def change_mix(runs: Iterable["Run"]) -> str:
     return "; ".join(notes)
 
 
+_FIRST_RUNS: dict = {}
+
+
+def first_run_count(runs: Iterable[Run]) -> tuple[int, int]:
+    """(runs among ``runs`` and their repeats that were the first of their (model, system) in a
+    device call, all of them): results/cold_cache/first_runs.json lists those, since a fresh
+    machine's first serving run measured up to 2x slower than the same run after it."""
+    runs = [x for r in runs for x in (r.repeats or [r])]
+    if not runs:
+        return 0, 0
+    root = runs[0].path.parent.parent
+    if root not in _FIRST_RUNS:
+        d = load_json(root / "cold_cache" / "first_runs.json") or {}
+        _FIRST_RUNS[root] = {str(x.get("run")) for x in d.get("runs") or []}
+    listed = _FIRST_RUNS[root]
+    n = sum(1 for r in runs if f"{r.path.parent.name}/{r.path.name}" in listed)
+    return n, len(runs)
+
+
 def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> str:
     """Where a measured number came from: scaled preset / calibrated input(s), device."""
     if runs is None:
@@ -1049,6 +1068,10 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
         elif dev == "cpu":
             add("CPU run")
     add(change_mix(runs))
+    n_first, n_all = first_run_count(runs)
+    if n_first:
+        add(f"{n_first} of {n_all} runs the first of their system in a fresh machine's device call "
+            f"(such a run measured up to 2x slower; results/cold_cache/)")
     if extra:
         add(extra)
     return "; ".join(tags)
