@@ -27,8 +27,9 @@ venv: $(STAMP)  ## create the environment in .venv/ (idempotent)
 run: $(STAMP)  ## the embedded default benchmark (tiny model on CPU, H200 preset on a GPU)
 	$(PY) -m harness.run experiment=$(DEFAULT_EXP) $(ARGS)
 
-test: $(STAMP)  ## the CPU test suite (what CI runs)
-	$(PY) -m pytest tests $(ARGS)
+TEST_WORKERS ?= 2
+test: $(STAMP)  ## the CPU test suite (what CI runs), in TEST_WORKERS processes (pytest-xdist)
+	$(PY) -m pytest -n $(TEST_WORKERS) tests $(ARGS)
 
 server: $(STAMP)  ## serve the bundled engine on 127.0.0.1:30000 (ARGS="system=... model=...")
 	$(PY) -m systems.engine.server --port 30000 $(ARGS)

@@ -276,8 +276,8 @@ PREFETCH_ROWS = 0
 # Verification (Q > 1) keeps its copy grid (the resolver program copies too): not measured there.
 EARLY_COPY = True
 DECODE_COPY_PROGRAMS = (8, 4)
-# the copy grid a CPU (interpreter) run picks: the H200's multiprocessors, so CPU tests take the
-# GPU's path for the same batch
+# the multiprocessors a CPU (interpreter) run assumes: the H200's, so CPU tests take the GPU's path
+# for the same batch (with the smallest copy grid of that path, see default_copy_programs)
 _NOMINAL_SMS = 132
 # Without copy programs, the resolver program can read its own first copy tile's host rows after
 # phase C and store them after phase V (SELF_EARLY), so the PCIe round trip overlaps the victim
@@ -1147,8 +1147,14 @@ def default_copy_programs(R: int, Q: int = 2, num_sms: Optional[int] = None) -> 
     (Q > 1) can move up to Q*k rows per request: about 64 copy programs per call, 1..8 per request
     (the paper's copy grid scales with the batch, 4 to 32 thread blocks)."""
     if Q <= 1:
-        sms = num_sms or _NOMINAL_SMS
-        return next((S for S in DECODE_COPY_PROGRAMS if EARLY_COPY and R * S <= sms), 1)
+        if not EARLY_COPY:
+            return 1
+        if num_sms is None:
+            # CPU: the interpreter runs the programs one after another, so the same path (early
+            # copy, roles by program id) with the smallest copy grid keeps the CPU tests short
+            S = min(DECODE_COPY_PROGRAMS)
+            return S if R * S <= _NOMINAL_SMS else 1
+        return next((S for S in DECODE_COPY_PROGRAMS if R * S <= num_sms), 1)
     return max(1, min(8, -(-64 // max(1, R))))
 
 

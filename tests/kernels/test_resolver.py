@@ -751,6 +751,9 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
                           "--skip", "a", "--ablate-c", "--sweep-copy-programs", "--sweep-spin", "0",
                           "--sweep-scan", "64sbp2,64m", "--sweep-copy-rows", "32h", "--sweep-radix", "4096:12",
                           "--interleave", "1", "--sweep-kw", "packed_scans=True",
+                          # one program per request where a variant names no copy grid: the sweeps'
+                          # machinery is under test here, and the interpreter runs programs in turn
+                          "--copy-programs", "1",
                           "--out", str(out)], cwd=_ROOT, env=env,
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
