@@ -132,7 +132,7 @@ case "$PART" in
          --event-loops asyncio --repeats 1 --quiet-wait-s 5 --out-dir $OUT/bench_client > $OUT/bench_client.log 2>&1
        tail -40 $OUT/bench_client.log; (cd $OUT && tar czf bench_client.tgz bench_client && rm -rf bench_client)
      fi
-     wait $L0 $L1; kill ${MON[*]} 2>/dev/null; cat $OUT/lane0.log $OUT/lane1.log ;;
+     wait $L0 $L1; kill ${MON[*]} 2>/dev/null; cat $OUT/lane0.log $OUT/lane1.log 2>/dev/null ;;
 esac
 python3 -m harness.summaries --results results >/dev/null 2>&1
 # only what this call wrote: its run directories (an experiment writes to results/<its
