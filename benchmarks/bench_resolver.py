@@ -619,7 +619,7 @@ def fig8a(torch, rv, args, sz):
                 copy_stages_sweep=stages_sweep, row_bytes_sweep=rows_sweep, host_stride_sweep=stride_sweep,
                 config=dict(R=R, Q=Q, k=K, B=B, row_bytes=rb, ctx=ctx, reps=reps, page_size=64,
                             copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
-                                R, Q, rv._num_sms(torch.device(DEV)))),
+                                R, Q, rv.num_sms(DEV))),
                 copy_programs_sweep=sweep)
 
 
@@ -658,19 +658,23 @@ def early_knobs(args) -> list[tuple[dict, str]]:
     return out
 
 
-def kw_knobs(args) -> list[tuple[dict, str]]:
-    """--sweep-kw values as resolver keyword arguments: "a=1+b=True,a=2" -> [{a: 1, b: True}, {a: 2}]."""
+def parse_kw(spec: str) -> dict:
+    """Resolver keyword arguments from ``a=1+b=True`` -> {"a": 1, "b": True} (values are Python
+    literals); also benchmarks/ncu_resolver.py's --kw."""
     import ast
 
-    out = []
-    for spec in args.sweep_kw.split(","):
-        if spec:
-            kn = {}
-            for pair in spec.split("+"):
-                k, _, v = pair.partition("=")
-                kn[k.strip()] = ast.literal_eval(v.strip())
-            out.append((kn, spec))
+    out = {}
+    for item in (x for x in spec.split("+") if x):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip().isidentifier():
+            raise SystemExit(f"expected name=value joined by +, got {item!r}")
+        out[name.strip()] = ast.literal_eval(value.strip())
     return out
+
+
+def kw_knobs(args) -> list[tuple[dict, str]]:
+    """--sweep-kw values as resolver keyword arguments: "a=1+b=True,a=2" -> [{a: 1, b: True}, {a: 2}]."""
+    return [(parse_kw(spec), spec) for spec in args.sweep_kw.split(",") if spec]
 
 
 def interleaved_rows(torch, rv, args, src, restore, stamp, R, B, misses) -> list:
@@ -874,9 +878,7 @@ def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knob
     ms = time_stateful(torch, fn, restore, reps, warmup=warm)
     per, program = phase_summary(buf[warm:].cpu(), names)
     # what the call ran with, defaults resolved (a row without knobs is at the commit's defaults)
-    resolved = rv.copy_settings(R, 1, **{k: kn.get(k) for k in ("copy_programs_per_request", "early_copy",
-                                                                 "self_early", "pid_roles")},
-                                num_sms=rv._num_sms(torch.device(DEV)))
+    resolved = copy_settings_of(rv, R, 1, kn)
     row = dict(batch=R, B=B_c, misses_per_request=misses, phase_times=True, sweep=True, **(knobs or {}),
                resolved=resolved,
                us_median=statistics.median(ms) * 1e3, phase_us_slowest_request=per,
@@ -943,13 +945,16 @@ def settings_of(rv, src, knobs=None) -> dict:
     out = rv.scan_settings(src.R, src.B, src.host_page_table.shape[1] * src.ps,
                            **{k: knobs[k] for k in _SCAN_KEYS if k in knobs})
     # and how it copied (copy programs, early copy, roles by program id)
-    q = src.sel.shape[1] if getattr(src, "sel", None) is not None else 1
-    import torch
-
-    out.update(rv.copy_settings(src.R, q, **{k: knobs.get(k) for k in ("copy_programs_per_request", "early_copy",
-                                                                     "self_early", "pid_roles")},
-                                num_sms=rv._num_sms(torch.device(DEV))))
+    out.update(copy_settings_of(rv, src.R, src.sel.shape[1] if getattr(src, "sel", None) is not None else 1, knobs))
     return out
+
+
+def copy_settings_of(rv, R: int, Q: int, knobs: dict) -> dict:
+    """The copy settings (resolver.copy_settings) a call of R requests x Q queries ran with: the
+    knobs it named, the kernel's defaults for this GPU for the rest."""
+    return rv.copy_settings(R, Q, **{k: knobs.get(k) for k in ("copy_programs_per_request", "early_copy",
+                                                               "self_early", "pid_roles")},
+                            num_sms=rv.num_sms(DEV))
 
 
 def scan_knobs(spec: str) -> list:
@@ -1130,7 +1135,7 @@ def main() -> None:
         summary["fig8c_points"] = c
         summary["fig8bc_config"] = dict(sz, row_bytes=656, page_size=64, selected_per_request=sz["k"],
                                         copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
-                                            sz["batches"][0], 1, rv._num_sms(torch.device(DEV))))
+                                            sz["batches"][0], 1, rv.num_sms(DEV)))
 
         def pick(rows, **kv):
             # kernel time: CUDA events with the L2 flush and GPU spin of (a) and (c) where the

@@ -12,23 +12,11 @@ several variants and writes per-source-line stall samples; this script alone onl
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def parse_kw(spec: str) -> dict:
-    """``a=1+b=True`` -> {"a": 1, "b": True} (values are Python literals)."""
-    out = {}
-    for item in (x for x in spec.split("+") if x):
-        name, eq, value = item.partition("=")
-        if not eq or not name.isidentifier():
-            raise SystemExit(f"--kw: expected name=value joined by +, got {item!r}")
-        out[name] = ast.literal_eval(value)
-    return out
 
 
 def main() -> None:
@@ -52,7 +40,7 @@ def main() -> None:
 
     from systems.kernels import resolver as rv
 
-    kw = parse_kw(args.kw)
+    kw = br.parse_kw(args.kw)
     src = br.make_ds_source(torch, R=args.batch, B=args.B, ctx=args.ctx, k=args.k, misses=args.misses,
                             host_gib=2.0, seed=200 + args.batch)
     saved = (src.hot_pos.clone(), src.hot_lru.clone())

@@ -938,10 +938,6 @@ def graphs_replayed(run: "Run") -> bool:
     return "disable_cuda_graph" in eng and not eng["disable_cuda_graph"] and str(cfg.get("device")) == "cuda"
 
 
-# Fig. 10 families that replayed graphs fold into one (the expert matmuls run inside the graph)
-MERGED_UNDER_GRAPHS = ("expert matrix products", "dense projections")
-
-
 def profile_at_load(run: "Run", skipped: list[str]) -> dict | None:
     """A run's kernel profile (kernel_profile) where it describes the run's load; None where the run
     has none, or where it does not (the reason appended to ``skipped``, for the figure's notes)."""

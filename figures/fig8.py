@@ -231,9 +231,8 @@ def main(argv=None) -> C.Report:
                     C.ratio(sweep_val(bs, 8192, batch), sweep_val(bs, 2048, batch)), "x", prov)
     rep.compare("direct_over_scan", "scan / direct path at B = 4,096, batch 8", P["direct_over_scan_B4096"],
                 C.ratio(sweep_val(bs, 4096, 8), sweep_val(bs, 4096, 8, 0, "direct")), "x", prov)
-    for k in ("a_source", "bc_source", "host_path_line_note"):
-        if S.get(k):  # where (b)/(c) came from; why the host path stops short of the bulk rate
-            rep.note(str(S[k])[0].upper() + str(S[k])[1:].rstrip(".") + ".")
+    # where (b)/(c) came from; why the host path stops short of the bulk rate
+    rep.note_reasons(str(S[k]) for k in ("a_source", "bc_source", "host_path_line_note") if S.get(k))
     for line in phase_notes(args.results):
         rep.note(line)
     rep.measured_with = prov

@@ -601,14 +601,14 @@ if _HAVE_TRITON:
         tl.store(kv_ptr + (dst.to(tl.int64)[:, None] * WORDS + cols[None, :]), val, mask=m2)
 
     @triton.jit
-    def _publish(meta_ptr, flag_addr, r64, nv, ncopy, flag, USE_TICKETS: tl.constexpr):
+    def _publish(meta_ptr, flag_addr, r64, nv, ncopy, flag, COPY_PROGRAMS: tl.constexpr):
         """Hand this request's copy list (miss positions, counts, and with ``flag`` at stage 2 the
         victims) to its copy programs. Flags only grow: launch ``e`` publishes ``2e + 1`` once the
         miss list is known and ``2e + 2`` once the victims are (stage 1 is used by early_copy)."""
         tl.store(meta_ptr + r64 * 2, nv)
         tl.store(meta_ptr + r64 * 2 + 1, ncopy)
         tl.debug_barrier()
-        if USE_TICKETS:
+        if COPY_PROGRAMS:
             tl.atomic_xchg(flag_addr, flag, sem="release")
 
     @triton.jit
@@ -657,7 +657,7 @@ if _HAVE_TRITON:
         meta_ptr, flags_ptr, ctrl_ptr, pflags_ptr, pdone_ptr,
         R, QK, B, page_size, S,
         HAS_DIRECT: tl.constexpr, HAS_STAGING: tl.constexpr, STAMP_IS_PTR: tl.constexpr,
-        ACCUM: tl.constexpr, USE_TICKETS: tl.constexpr,
+        ACCUM: tl.constexpr, COPY_PROGRAMS: tl.constexpr,
         WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr, HSTRIDE: tl.constexpr,
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
         DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
@@ -671,7 +671,9 @@ if _HAVE_TRITON:
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
         #   PENDING location marker -3, KEY_NONE 1 << 62 = 4611686018427387904.
         # ---- role ---------------------------------------------------------------------
-        if USE_TICKETS and not PID_ROLES:
+        # COPY_PROGRAMS: S > 1, copy programs beside the resolvers, handed their work through a flag;
+        # their roles come from tickets, or (PID_ROLES) from the program id
+        if COPY_PROGRAMS and not PID_ROLES:
             ticket = tl.atomic_add(ctrl_ptr, 1).to(tl.int64)  # ctrl = [ticket, done, epoch]
             epoch = tl.atomic_add(ctrl_ptr + 2, 0).to(tl.int64)
         else:
@@ -836,7 +838,7 @@ if _HAVE_TRITON:
                     ncopy = nv
                 tl.debug_barrier()
                 if EARLY:  # copy programs start their host reads while the victims are chosen
-                    _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 1, USE_TICKETS)
+                    _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 1, COPY_PROGRAMS)
                 if SELF_EARLY:
                     # this program's first copy tile: its host rows are read now, so the PCIe round
                     # trip overlaps phase V; stored once the victims are known (below)
@@ -936,7 +938,7 @@ if _HAVE_TRITON:
                 _stamp_phase(dbg_ptr, r64, 4, TIMING)
                 # the copy needs only the miss list and the victims: the copy programs start
                 # now, while this program writes the locations and resets the scratch
-                _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 2, USE_TICKETS)
+                _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 2, COPY_PROGRAMS)
                 # -- phase D: locations in selection order ------------------------------
                 for q0 in range(0, QK, QBLK):
                     i = q0 + offs_q
@@ -988,10 +990,10 @@ if _HAVE_TRITON:
             tl.store(cbase + 3, c3)
             tl.store(overflow_ptr + r64, ovf)
             if n_pend == 0:  # nothing to copy: release the copy programs at once
-                _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 2, USE_TICKETS)
+                _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 2, COPY_PROGRAMS)
             _stamp_phase(dbg_ptr, r64, 6, TIMING)
         else:
-            if USE_TICKETS:
+            if COPY_PROGRAMS:
                 # EARLY: the miss list is enough to start reading host rows (stage 1)
                 _wait_flag(flag_addr, 2 * epoch + 2 - EARLY, SPIN_NS, POLL_LOADS)
 
@@ -1037,7 +1039,7 @@ if _HAVE_TRITON:
         if share == 0:
             _stamp_phase(dbg_ptr, r64, 7, TIMING)
 
-        if USE_TICKETS and PID_ROLES:
+        if COPY_PROGRAMS and PID_ROLES:
             if share > 0:
                 # the request's last copy program to finish re-arms its flag for the next launch
                 # (every copy program has passed its waits by then; the resolver wrote its last)
@@ -1045,7 +1047,7 @@ if _HAVE_TRITON:
                 if done == S - 2:
                     tl.atomic_xchg(flag_addr, 0)
                     tl.atomic_xchg(pdone_ptr + r64 * 32, 0)
-        elif USE_TICKETS:
+        elif COPY_PROGRAMS:
             done = tl.atomic_add(ctrl_ptr + 1, 1)
             if done == R * S - 1:
                 # last program of the launch: re-arm tickets, advance the epoch
@@ -1213,9 +1215,11 @@ def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = 
 _SM_COUNT: dict = {}
 
 
-def _num_sms(dev: torch.device) -> Optional[int]:
-    """Multiprocessors of a CUDA device (cached); None on CPU, where the interpreter runs the
+def num_sms(dev) -> Optional[int]:
+    """Multiprocessors of a CUDA device (a torch.device or its name; cached): what
+    ``copy_settings`` / ``default_copy_programs`` take. None on CPU, where the interpreter runs the
     programs one after another in program-id order (a resolver before its copy programs)."""
+    dev = torch.device(dev)
     if dev.type != "cuda":
         return None
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -1359,7 +1363,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         assert 0 <= stamp_arg < _MAX_STAMP, "stamp out of range"
 
     cs = copy_settings(R, Q, copy_programs_per_request=copy_programs_per_request, early_copy=early_copy,
-                       self_early=self_early, pid_roles=pid_roles, num_sms=_num_sms(dev))
+                       self_early=self_early, pid_roles=pid_roles, num_sms=num_sms(dev))
     S, early_copy, self_early = cs["copy_programs_per_request"], cs["early_copy"], cs["self_early"]
     dpt = direct_page_table if direct_page_table is not None else host_page_table
     stg = staging_loc_base if staging_loc_base is not None else hot_loc_base
@@ -1385,7 +1389,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         HAS_STAGING=staging_loc_base is not None,
         STAMP_IS_PTR=stamp_is_ptr,
         ACCUM=bool(accumulate_counters),
-        USE_TICKETS=S > 1,
+        COPY_PROGRAMS=S > 1,
         WORDS=words, WPAD=wpad, ROWS=rows, HSTRIDE=host_w.stride(0),
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
         DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
@@ -1414,7 +1418,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr", "pflags_ptr", "mrow_ptr", "dbg_ptr"}
     sig = {}
-    c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, USE_TICKETS=True,
+    c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, COPY_PROGRAMS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
              DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
              KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,

@@ -257,6 +257,9 @@ def _scratch_clean():
         if ws.scratch is not None:
             assert bool((ws.scratch == 0x7FFFFFFF).all()), "scratch not reset"
         assert int(ws.ctrl[0]) == 0 and int(ws.ctrl[1]) == 0, "tickets not re-armed"
+        if ws.pflags is not None:  # pid roles: a flag left set would let the next call's copy
+            # programs run before their resolver
+            assert int(ws.pflags.abs().sum()) == 0 and int(ws.pdone.abs().sum()) == 0, "flags not re-armed"
 
 
 # ----------------------------------------------------------------------------------------
@@ -436,8 +439,7 @@ def test_early_copy_matches_the_reference(copy_programs, staging, poll_loads):
 def test_pid_roles_match_the_reference_and_re_arm(copy_programs, early, staging):
     """pid_roles: programs 0..R-1 resolve and the rest copy, with no ticket; each request's last copy
     program resets its flag and done counter, so every call starts from zero. Same results as the
-    reference over a sequence of calls, and the per-request flags are zero after each call (a flag
-    left set would let the next call's copy programs run before their resolver)."""
+    reference over a sequence of calls, and the per-request flags are zero after each call."""
     s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
               tail_lens=[1, 1, 1], seed=19, fill=0.5, staging=staging)
     for step in range(3):
@@ -445,10 +447,7 @@ def test_pid_roles_match_the_reference_and_re_arm(copy_programs, early, staging)
         ref, tri = run_and_compare(s, stamp=950 + step, copy_programs=copy_programs, pid_roles=True,
                                    early_copy=early, copy_rows=1)
         assert int(tri.counters[:, 3].sum()) > copy_programs  # every copy program has rows to copy
-        _scratch_clean()
-        for ws in rv._WORKSPACES.values():
-            if ws.pflags is not None:
-                assert int(ws.pflags.abs().sum()) == 0 and int(ws.pdone.abs().sum()) == 0, "flags not re-armed"
+        _scratch_clean()  # and the per-request flags are zero again
     # more waiting copy programs than multiprocessors could deadlock: such a call takes tickets
     assert not rv.copy_settings(64, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)["pid_roles"]
     assert rv.copy_settings(43, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)["pid_roles"]
@@ -684,18 +683,18 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _AOT = r"""
 import sys
 from systems.kernels import resolver as rv
-variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, USE_TICKETS=False, STAMP_IS_PTR=True, ACCUM=True),
+variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, COPY_PROGRAMS=False, STAMP_IS_PTR=True, ACCUM=True),
             dict(word_type="i32", WORDS=3, WPAD=4, ROWS=64, QBLK=16, BBLK=16, RBLK=16),
-            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False),
+            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False),
             dict(BITMAP=True), dict(BITMAP=True, REG_KEYS=True, BBLK=4096, QBLK=512),
             dict(KEYS_FROM_STATE=True, SCAN_STAGES=2, SPIN_NS=200, HOST_ROWS=True),
-            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False, HOST_ROWS=True,
+            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False, HOST_ROWS=True,
                  DIGIT=12, NBINS=4096),
-            dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
+            dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False,
                                     PREFETCH=128, HOST_ROWS=True),
             dict(EARLY=True, SPIN_NS=100), dict(EARLY=True, POLL_LOADS=True), dict(TIMING=True),
-            dict(PACKED=True), dict(PACKED=True, REG_KEYS=True, BBLK=4096, QBLK=512, USE_TICKETS=False),
-            dict(SELF_EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, USE_TICKETS=False,
+            dict(PACKED=True), dict(PACKED=True, REG_KEYS=True, BBLK=4096, QBLK=512, COPY_PROGRAMS=False),
+            dict(SELF_EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False,
                                     TIMING=True),
             dict(HSTRIDE=84), dict(PID_ROLES=True), dict(PID_ROLES=True, EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512,
                                        HAS_STAGING=False)]
@@ -703,7 +702,7 @@ for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
     assert "bar.sync" in ptx and "atom.global" in ptx, v
-    if v.get("USE_TICKETS", True):
+    if v.get("COPY_PROGRAMS", True):
         assert "release" in ptx, "the flag handoff must publish with release"
         assert ("fence.acq_rel.gpu" if v.get("POLL_LOADS") else "acquire") in ptx, \
             "copy programs must acquire their request's flag"
