@@ -13,6 +13,29 @@ depends on the batch's padded scan length L. Ranking by one 64-bit key per posit
 order-preserving integer image of the score in the high half and the complement of the position
 in the low half, makes every key distinct: the selection and its order are then a function of
 the query's own scores alone, whatever else runs in the batch.
+
+Scores are finite or +-inf; a NaN is ranked by its bits (the reference's order for a positive
+NaN; the kernel treats a negative NaN as -inf, never selected).
+
+The Triton kernel (``topk_positions_triton``) is a radix select, one program per query row, and
+returns exactly the reference's int32 tensor:
+    1. histogram of the top 8 bits of each visible score key (tl.histogram, 256 bins): how many
+       positions are selectable, and the bin d0 that holds the k-th largest key;
+    2. a second pass over the row writes the keys above bin d0 (all selected) to the row's
+       selection scratch and the keys inside bin d0 (the candidates, ascending position) to the
+       candidate scratch, each compacted with a prefix sum;
+    3. three more 8-bit histogram passes, over the candidates only, fix the full 32-bit threshold
+       score key T and how many keys equal to T to take: the lowest positions, since the
+       candidates are in ascending position order;
+    4. the winners, at most k, are sorted by the full 64-bit key (tl.sort on a power-of-two
+       block) and written out, -1 beyond them.
+A row with at most k selectable positions selects them all after pass 1 (d0 = -1: no candidates).
+
+Bytes moved: B*Q*L*4 (scores, read twice: the second pass mostly from L2) + B*Q*k*4 (out), plus
+scratch: 8 bytes per candidate written and read three or four times (usually a small share of L;
+all of L when every score is equal) and 8 bytes per winner. No host sync and no data-dependent
+allocation (the scratch is sized by the shapes), so it captures in a CUDA graph.
+Limits: k <= MAX_K (the final sort holds next_pow2(k) int64 keys in registers); L < 2**31.
 """
 
 from __future__ import annotations
@@ -20,7 +43,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+try:
+    import triton
+    import triton.language as tl
+    _HAVE_TRITON = True
+except Exception:  # pragma: no cover - triton is a dependency; keep the reference usable
+    _HAVE_TRITON = False
+
 _LOW = (1 << 32) - 1
+MAX_K = 4096
 
 
 def ordered_keys(scores: torch.Tensor) -> torch.Tensor:
@@ -46,3 +77,154 @@ def topk_positions_reference(scores: torch.Tensor, positions: torch.Tensor, k: i
     if kk < k:
         idx = F.pad(idx, (0, k - kk), value=-1)
     return idx
+
+
+if _HAVE_TRITON:
+    # 32-bit score keys, signed order = float order (ordered_keys' high half)
+    _KEY_INF = tl.constexpr(0x7F800000)        # +inf: the query's own position
+    _KEY_NEG_INF = tl.constexpr(-0x7F800001)   # -inf: never selected
+    _PAD = tl.constexpr(-(1 << 63))            # below every 64-bit key: sorts after the winners
+
+    @triton.jit
+    def _score_keys(srow, ll, n_vis, t):
+        """Signed 32-bit keys of positions ll, and which of them are selectable."""
+        vis = ll < n_vis
+        x = tl.load(srow + ll, mask=vis, other=float("-inf"))
+        bits = x.to(tl.int32, bitcast=True)
+        bits = tl.where(bits == -0x80000000, 0, bits)  # -0.0 -> +0.0, as ordered_keys does
+        ks = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        ks = tl.where(ll == t, _KEY_INF, ks)
+        return ks, vis & (ks > _KEY_NEG_INF)
+
+    @triton.jit
+    def _threshold_digit(hist, r):
+        """The bin holding the r-th largest key (r >= 1), and how many keys lie above it."""
+        bins = tl.arange(0, 256)
+        at_or_above = tl.cumsum(hist, 0, reverse=True)  # keys in bins >= d, non-increasing
+        d = tl.sum((at_or_above >= r).to(tl.int32)) - 1
+        return d, tl.sum(tl.where(bins > d, hist, 0))
+
+    @triton.jit
+    def _topk_kernel(scores_ptr, pos_ptr, out_ptr, cand_ptr, sel_ptr, L, K,
+                     BLOCK: tl.constexpr, KP: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)  # b * Q + q
+        t = tl.load(pos_ptr + row).to(tl.int32)
+        n_vis = tl.maximum(tl.minimum(t + 1, L), 0)  # positions 0 .. n_vis-1 are visible
+        srow = scores_ptr + row * L
+        crow = cand_ptr + row * L
+        wrow = sel_ptr + row * KP
+        ar = tl.arange(0, BLOCK)
+
+        # 1. top digit (sign and 7 exponent bits) of every selectable key
+        hist = tl.zeros([256], dtype=tl.int32)
+        for start in range(0, n_vis, BLOCK):
+            ks, ok = _score_keys(srow, start + ar, n_vis, t)
+            hist += tl.histogram(((ks >> 24) & 0xFF) ^ 0x80, 256, mask=ok)
+        n_ok = tl.sum(hist)
+        d0, above = _threshold_digit(hist, tl.minimum(K, n_ok))
+        d0 = tl.where(n_ok <= K, -1, d0)  # everything selectable fits: all are winners
+        above = tl.where(n_ok <= K, n_ok, above)
+        r = tl.minimum(K, n_ok) - above  # still to take from bin d0
+
+        # 2. keys above bin d0 -> winners; keys in bin d0 -> candidates (ascending position)
+        n_win = 0
+        n_cand = 0
+        for start in range(0, n_vis, BLOCK):
+            ll = start + ar
+            ks, ok = _score_keys(srow, ll, n_vis, t)
+            dig = ((ks >> 24) & 0xFF) ^ 0x80
+            key = (ks.to(tl.int64) << 32) + (4294967295 - ll.to(tl.int64))
+            win = ok & (dig > d0)
+            cand = ok & (dig == d0)
+            tl.store(wrow + n_win + tl.cumsum(win.to(tl.int32), 0) - 1, key, mask=win)
+            tl.store(crow + n_cand + tl.cumsum(cand.to(tl.int32), 0) - 1, key, mask=cand)
+            n_win += tl.sum(win.to(tl.int32))
+            n_cand += tl.sum(cand.to(tl.int32))
+        tl.debug_barrier()  # the candidates were written by other threads of this program
+
+        # 3. the remaining 24 bits of the threshold, 8 at a time, over the candidates; keys
+        # as unsigned u = ks + 2**31 in int64, so shifts and compares need no sign care
+        T = d0.to(tl.int64) << 24
+        for SH in tl.static_range(16, -1, -8):  # bits 23..16, 15..8, 7..0
+            hist = tl.zeros([256], dtype=tl.int32)
+            for start in range(0, n_cand, BLOCK):
+                ii = start + ar
+                m = ii < n_cand
+                u = (tl.load(crow + ii, mask=m, other=0) >> 32) + 2147483648
+                same = m & ((u >> (SH + 8)) == (T >> (SH + 8)))
+                hist += tl.histogram(((u >> SH) & 0xFF).to(tl.int32), 256, mask=same)
+            d, above = _threshold_digit(hist, r)
+            T += d.to(tl.int64) << SH
+            r -= above
+        # candidates above T are winners; of those equal to T, the first r (lowest positions)
+        n_eq = 0
+        for start in range(0, n_cand, BLOCK):
+            ii = start + ar
+            m = ii < n_cand
+            key = tl.load(crow + ii, mask=m, other=0)
+            u = (key >> 32) + 2147483648
+            eq = m & (u == T)
+            take = (m & (u > T)) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= r))
+            tl.store(wrow + n_win + tl.cumsum(take.to(tl.int32), 0) - 1, key, mask=take)
+            n_win += tl.sum(take.to(tl.int32))
+            n_eq += tl.sum(eq.to(tl.int32))
+        tl.debug_barrier()
+
+        # 4. the n_win = min(k, selectable) winners in full-key order, then -1
+        kk = tl.arange(0, KP)
+        keys = tl.sort(tl.load(wrow + kk, mask=kk < n_win, other=_PAD), descending=True)
+        picked = tl.where(kk < n_win, (4294967295 - (keys & 4294967295)).to(tl.int32), -1)
+        tl.store(out_ptr + row * K + kk, picked, mask=kk < K)
+
+
+def _p2(n: int) -> int:
+    return 1 << max(1, (int(n) - 1).bit_length())
+
+
+def topk_positions_triton(scores: torch.Tensor, positions: torch.Tensor, k: int,
+                          block: int = 2048, num_warps: int = 8) -> torch.Tensor:
+    """Radix-select top-k (see the module docstring); bit-identical to the reference."""
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton is not installed; use impl='reference'")
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"top-k needs 1 <= k <= {MAX_K}, got k={k}")
+    B, Q, L = scores.shape
+    assert positions.shape == (B, Q) and scores.dtype == torch.float32
+    out = torch.empty((B, Q, k), dtype=torch.int32, device=scores.device)
+    if B * Q == 0:
+        return out
+    kp = _p2(k)
+    cand = torch.empty((B * Q, max(L, 1)), dtype=torch.int64, device=scores.device)
+    sel = torch.empty((B * Q, kp), dtype=torch.int64, device=scores.device)
+    _topk_kernel[(B * Q,)](scores.contiguous(), positions.contiguous(), out, cand, sel, L, k,
+                           BLOCK=block, KP=kp, num_warps=num_warps)
+    return out
+
+
+def topk_positions(scores: torch.Tensor, positions: torch.Tensor, k: int,
+                   impl: str = "triton") -> torch.Tensor:
+    """int32 [B, Q, k] top-k positions of each query (see the module docstring)."""
+    if impl == "triton":
+        return topk_positions_triton(scores, positions, k)
+    if impl == "reference":
+        return topk_positions_reference(scores, positions, k)
+    raise ValueError(f"unknown top-k impl {impl!r}")
+
+
+def aot_compile(arch: int = 90, num_warps: int = 8, **constexprs):
+    """Compile for an NVIDIA target without a GPU (see resolver.aot_compile)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    fn = _topk_kernel
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
+    c = dict(BLOCK=2048, KP=512)
+    c.update(constexprs)
+    ptrs = {"scores_ptr": "*fp32", "pos_ptr": "*i64", "out_ptr": "*i32", "cand_ptr": "*i64",
+            "sel_ptr": "*i64"}
+    sig = {n: ("constexpr" if n in c else ptrs.get(n, "i32")) for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n].startswith("*")}
+    return triton.compile(ASTSource(fn, sig, c, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps))
