@@ -97,8 +97,14 @@ if _HAVE_TRITON:
         return ks, vis & (ks > _KEY_NEG_INF)
 
     @triton.jit
+    def _high16(ks):
+        """The top 16 bits of the key as unsigned, in [0, 65536): bins in float order."""
+        return ((ks >> 16) & 0xFFFF) ^ 0x8000
+
+    @triton.jit
     def _threshold_digit(hist, r):
-        """The bin holding the r-th largest key (r >= 1), and how many keys lie above it."""
+        """The bin holding the r-th largest key (r >= 1), and how many keys lie above it
+        (r = 0, nothing left to take: the top bin, nothing above)."""
         bins = tl.arange(0, 256)
         at_or_above = tl.cumsum(hist, 0, reverse=True)  # keys in bins >= d, non-increasing
         d = tl.sum((at_or_above >= r).to(tl.int32)) - 1
@@ -115,37 +121,50 @@ if _HAVE_TRITON:
         wrow = sel_ptr + row * KP
         ar = tl.arange(0, BLOCK)
 
-        # 1. top digit (sign and 7 exponent bits) of every selectable key
+        # 1. the top 16 bits of the threshold key, from two histogram passes over the row:
+        # p16 = the key's high half as unsigned (sign, exponent, 7 mantissa bits); a bin of
+        # the second pass spans 1/128 of an octave, so few positions share the threshold's
         hist = tl.zeros([256], dtype=tl.int32)
         for start in range(0, n_vis, BLOCK):
             ks, ok = _score_keys(srow, start + ar, n_vis, t)
-            hist += tl.histogram(((ks >> 24) & 0xFF) ^ 0x80, 256, mask=ok)
+            hist += tl.histogram(_high16(ks) >> 8, 256, mask=ok)
         n_ok = tl.sum(hist)
-        d0, above = _threshold_digit(hist, tl.minimum(K, n_ok))
-        d0 = tl.where(n_ok <= K, -1, d0)  # everything selectable fits: all are winners
-        above = tl.where(n_ok <= K, n_ok, above)
-        r = tl.minimum(K, n_ok) - above  # still to take from bin d0
+        T16 = n_ok * 0 - 1  # everything selectable fits in k: all are winners
+        r = n_ok * 0  # how many keys equal to the threshold still to take
+        if n_ok > K:
+            d0, above = _threshold_digit(hist, K)
+            r = K - above
+            hist = tl.zeros([256], dtype=tl.int32)
+            for start in range(0, n_vis, BLOCK):
+                ks, ok = _score_keys(srow, start + ar, n_vis, t)
+                p16 = _high16(ks)
+                hist += tl.histogram(p16 & 0xFF, 256, mask=ok & ((p16 >> 8) == d0))
+            d1, above = _threshold_digit(hist, r)
+            r -= above
+            T16 = d0 * 256 + d1
 
-        # 2. keys above bin d0 -> winners; keys in bin d0 -> candidates (ascending position)
-        n_win = 0
-        n_cand = 0
+        # 2. keys above the 16-bit threshold -> winners; keys on it -> candidates (ascending
+        # position); one prefix sum ranks both (winners in the low 16 bits, BLOCK < 2**16)
+        n_win = n_ok * 0
+        n_cand = n_ok * 0
         for start in range(0, n_vis, BLOCK):
             ll = start + ar
             ks, ok = _score_keys(srow, ll, n_vis, t)
-            dig = ((ks >> 24) & 0xFF) ^ 0x80
+            p16 = _high16(ks)
             key = (ks.to(tl.int64) << 32) + (4294967295 - ll.to(tl.int64))
-            win = ok & (dig > d0)
-            cand = ok & (dig == d0)
-            tl.store(wrow + n_win + tl.cumsum(win.to(tl.int32), 0) - 1, key, mask=win)
-            tl.store(crow + n_cand + tl.cumsum(cand.to(tl.int32), 0) - 1, key, mask=cand)
+            win = ok & (p16 > T16)
+            cand = ok & (p16 == T16)
+            rank = tl.cumsum(win.to(tl.int32) + (cand.to(tl.int32) << 16), 0)
+            tl.store(wrow + n_win + (rank & 0xFFFF) - 1, key, mask=win)
+            tl.store(crow + n_cand + (rank >> 16) - 1, key, mask=cand)
             n_win += tl.sum(win.to(tl.int32))
             n_cand += tl.sum(cand.to(tl.int32))
         tl.debug_barrier()  # the candidates were written by other threads of this program
 
-        # 3. the remaining 24 bits of the threshold, 8 at a time, over the candidates; keys
-        # as unsigned u = ks + 2**31 in int64, so shifts and compares need no sign care
-        T = d0.to(tl.int64) << 24
-        for SH in tl.static_range(16, -1, -8):  # bits 23..16, 15..8, 7..0
+        # 3. the low 16 bits of the threshold, 8 at a time, over the candidates only; keys as
+        # unsigned u = ks + 2**31 in int64, so shifts and compares need no sign care
+        T = T16.to(tl.int64) << 16
+        for SH in tl.static_range(8, -1, -8):  # bits 15..8, then 7..0
             hist = tl.zeros([256], dtype=tl.int32)
             for start in range(0, n_cand, BLOCK):
                 ii = start + ar
@@ -186,6 +205,7 @@ def topk_positions_triton(scores: torch.Tensor, positions: torch.Tensor, k: int,
     """Radix-select top-k (see the module docstring); bit-identical to the reference."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
+    assert block < 1 << 16  # the winners' prefix sum shares an int32 with the candidates'
     if not 1 <= k <= MAX_K:
         raise ValueError(f"top-k needs 1 <= k <= {MAX_K}, got k={k}")
     B, Q, L = scores.shape

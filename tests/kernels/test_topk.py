@@ -20,8 +20,8 @@ def _scores(kind: str, B: int, Q: int, L: int, g: torch.Generator) -> torch.Tens
     if kind == "few":  # exact ties everywhere, -0.0 beside +0.0, some -inf history
         vals = torch.tensor([-1.5, -0.0, 0.0, 0.25, 3.0, -INF])
         return vals[torch.randint(0, len(vals), (B, Q, L), generator=g)]
-    if kind == "near":  # one top byte for all: the threshold is found in the low bits, with ties
-        return 1.0 + torch.randint(0, 40, (B, Q, L), generator=g).float() * 2.0 ** -21
+    if kind == "near":  # one top 16 bits for all: the threshold is in the low bits, with ties
+        return 1.0 + torch.randint(0, 40, (B, Q, L), generator=g).float() * 2.0 ** -17
     return torch.randn(B, Q, L, generator=g) * 4.0  # both signs, several exponents, rare ties
 
 
