@@ -1,7 +1,8 @@
 """The indexer's top-k on the GPU: the sort-based reference against the Triton radix select.
 
     python benchmarks/bench_topk.py [--batch 1 8 32] [--context 2048 16384] [--k 512] [--q 1]
-                                    [--dist randn|ties] [--out results/topk/summary.json]
+                                    [--dist randn|ties] [--configs 4096x16 2048x8]
+                                    [--out results/topk/summary.json]
 
 One decode row per request (Q = 1 by default), each query at the end of its history (position
 L - 1: all L positions visible), float32 scores. Before timing, the Triton kernel is checked
@@ -9,10 +10,10 @@ against the reference on every shape (exit 1 on a mismatch). Per shape, median m
 per call:
     ref_us        topk_positions_reference (masking, 64-bit keys, torch.topk, gather), eager
     ref_graph_us  the same replayed from a CUDA graph (launch overhead excluded)
-    tri_us        topk_positions_triton, eager
-    tri_graph_us  the same from a CUDA graph
     torch_topk_us torch.topk on the raw float scores alone (no mask, no tie rule): a floor for
                   any sort-based path
+    tri_us        topk_positions_triton, eager, per --configs (block x warps)
+    tri_graph_us  the same from a CUDA graph
 and the Triton kernel's GB/s against the scores it must read, B*Q*L*4 bytes (graph timing).
 Timing: triton.testing.do_bench (flushes L2 before each call, so eager numbers read the
 scores from HBM) and do_bench_cudagraph (back-to-back replays, scores in L2, as in the model
@@ -39,6 +40,9 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=512)
     ap.add_argument("--q", type=int, default=1, help="queries per request (verification: 4-8)")
     ap.add_argument("--dist", choices=["randn", "ties"], default="randn")
+    ap.add_argument("--configs", nargs="+", default=None, metavar="BLOCKxWARPS",
+                    help="Triton block sizes and warps to compare, e.g. 4096x16 2048x8 "
+                         "(default: the kernel's defaults)")
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
 
@@ -56,8 +60,17 @@ def main() -> int:
     rows = []
     print(f"# {torch.cuda.get_device_name(dev)}, triton {triton.__version__}, torch "
           f"{torch.__version__}, k={args.k}, Q={args.q}, dist={args.dist}")
-    print(f"{'B':>4} {'L':>7} {'ref_us':>8} {'ref_graph_us':>12} {'tri_us':>8} "
-          f"{'tri_graph_us':>12} {'torch_topk_us':>13} {'tri_GB/s':>9}")
+    from systems.kernels import topk as tk
+
+    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs or
+               [f"{tk.BLOCK}x{tk.NUM_WARPS}"]]
+    print(f"{'B':>4} {'L':>7} {'ref_us':>8} {'ref_graph_us':>12} {'torch_topk_us':>13} "
+          f"{'config':>9} {'tri_us':>8} {'tri_graph_us':>12} {'tri_GB/s':>9}")
+
+    def us(fn, graph):
+        return 1e3 * (do_bench_cudagraph(fn, rep=50, return_mode="median") if graph else
+                      do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
     for L in args.context:
         for B in args.batch:
             shape = (B, args.q, L)
@@ -69,28 +82,26 @@ def main() -> int:
             positions = torch.full((B, args.q), L - 1, dtype=torch.long, device=dev)
             positions -= torch.arange(args.q, device=dev).flip(0)  # verification rows: L-Q..L-1
             k = args.k
-            ref = topk_positions_reference(scores, positions, k)
-            tri = topk_positions_triton(scores, positions, k)
-            if not torch.equal(ref, tri):
-                bad = (ref != tri).any(-1).nonzero()[:4].tolist()
-                print(f"MISMATCH at B={B} L={L}: rows {bad}", file=sys.stderr)
-                return 1
-
-            def us(fn, graph):
-                return 1e3 * (do_bench_cudagraph(fn, rep=50, return_mode="median") if graph else
-                              do_bench(fn, warmup=25, rep=200, return_mode="median"))
-
             ref_fn = partial(topk_positions_reference, scores, positions, k)
-            tri_fn = partial(topk_positions_triton, scores, positions, k)
-            row = {"B": B, "Q": args.q, "L": L, "k": k, "dist": args.dist,
-                   "ref_us": us(ref_fn, False), "ref_graph_us": us(ref_fn, True),
-                   "tri_us": us(tri_fn, False), "tri_graph_us": us(tri_fn, True),
-                   "torch_topk_us": us(partial(torch.topk, scores, min(k, L), dim=-1), False)}
-            row["tri_gbps"] = B * args.q * L * 4 / (row["tri_graph_us"] * 1e-6) / 1e9
-            rows.append(row)
-            print(f"{B:>4} {L:>7} {row['ref_us']:>8.1f} {row['ref_graph_us']:>12.1f} "
-                  f"{row['tri_us']:>8.1f} {row['tri_graph_us']:>12.1f} "
-                  f"{row['torch_topk_us']:>13.1f} {row['tri_gbps']:>9.1f}", flush=True)
+            ref = ref_fn()
+            base = {"B": B, "Q": args.q, "L": L, "k": k, "dist": args.dist,
+                    "ref_us": us(ref_fn, False), "ref_graph_us": us(ref_fn, True),
+                    "torch_topk_us": us(partial(torch.topk, scores, min(k, L), dim=-1), False)}
+            for block, warps in configs:
+                tri_fn = partial(topk_positions_triton, scores, positions, k, block=block,
+                                 num_warps=warps)
+                if not torch.equal(ref, tri_fn()):
+                    bad = (ref != tri_fn()).any(-1).nonzero()[:4].tolist()
+                    print(f"MISMATCH at B={B} L={L} {block}x{warps}: rows {bad}", file=sys.stderr)
+                    return 1
+                row = dict(base, block=block, num_warps=warps, tri_us=us(tri_fn, False),
+                           tri_graph_us=us(tri_fn, True))
+                row["tri_gbps"] = B * args.q * L * 4 / (row["tri_graph_us"] * 1e-6) / 1e9
+                rows.append(row)
+                print(f"{B:>4} {L:>7} {row['ref_us']:>8.1f} {row['ref_graph_us']:>12.1f} "
+                      f"{row['torch_topk_us']:>13.1f} {f'{block}x{warps}':>9} "
+                      f"{row['tri_us']:>8.1f} {row['tri_graph_us']:>12.1f} "
+                      f"{row['tri_gbps']:>9.1f}", flush=True)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

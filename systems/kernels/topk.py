@@ -52,6 +52,11 @@ except Exception:  # pragma: no cover - triton is a dependency; keep the referen
 
 _LOW = (1 << 32) - 1
 MAX_K = 4096
+# Positions per block and warps per row. Not yet measured on the GPU (benchmarks/bench_topk.py
+# --configs sweeps them): a large block means few serial HBM round trips when a batch-1 decode
+# row runs alone on one SM; 4096 x 16 warps compiles to 103 registers, no spills (sm90).
+BLOCK = 4096
+NUM_WARPS = 16
 
 
 def ordered_keys(scores: torch.Tensor) -> torch.Tensor:
@@ -88,8 +93,11 @@ if _HAVE_TRITON:
     @triton.jit
     def _score_keys(srow, ll, n_vis, t):
         """Signed 32-bit keys of positions ll, and which of them are selectable."""
+        return _keys(tl.load(srow + ll, mask=ll < n_vis, other=float("-inf")), ll, n_vis, t)
+
+    @triton.jit
+    def _keys(x, ll, n_vis, t):
         vis = ll < n_vis
-        x = tl.load(srow + ll, mask=vis, other=float("-inf"))
         bits = x.to(tl.int32, bitcast=True)
         bits = tl.where(bits == -0x80000000, 0, bits)  # -0.0 -> +0.0, as ordered_keys does
         ks = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
@@ -124,10 +132,16 @@ if _HAVE_TRITON:
         # 1. the top 16 bits of the threshold key, from two histogram passes over the row:
         # p16 = the key's high half as unsigned (sign, exponent, 7 mantissa bits); a bin of
         # the second pass spans 1/128 of an octave, so few positions share the threshold's
+        # (this pass reads the row from HBM, a round trip per block: the next block's load is
+        # issued before this one's histogram; the later passes find the row in L1 or L2)
         hist = tl.zeros([256], dtype=tl.int32)
+        x = tl.load(srow + ar, mask=ar < n_vis, other=float("-inf"))
         for start in range(0, n_vis, BLOCK):
-            ks, ok = _score_keys(srow, start + ar, n_vis, t)
+            nxt = start + BLOCK + ar
+            x_next = tl.load(srow + nxt, mask=nxt < n_vis, other=float("-inf"))
+            ks, ok = _keys(x, start + ar, n_vis, t)
             hist += tl.histogram(_high16(ks) >> 8, 256, mask=ok)
+            x = x_next
         n_ok = tl.sum(hist)
         T16 = n_ok * 0 - 1  # everything selectable fits in k: all are winners
         r = n_ok * 0  # how many keys equal to the threshold still to take
@@ -201,7 +215,7 @@ def _p2(n: int) -> int:
 
 
 def topk_positions_triton(scores: torch.Tensor, positions: torch.Tensor, k: int,
-                          block: int = 2048, num_warps: int = 8) -> torch.Tensor:
+                          block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """Radix-select top-k (see the module docstring); bit-identical to the reference."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
