@@ -102,3 +102,18 @@ print("ok")
 @needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
     run_compiled(_AOT)
+
+
+def test_auto_selfcheck_covers_topk(monkeypatch):
+    """A top-k kernel that differs from the reference sends model.attention_impl=auto to the
+    references, with the reason."""
+    from systems.kernels import selfcheck
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+    assert selfcheck.check_kernels(cpu) == (True, "ok")
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+    real = tk.topk_positions_triton
+    monkeypatch.setattr(tk, "topk_positions_triton", lambda s, p, k: real(s, p, k).flip(-1))
+    ok, why = selfcheck.check_kernels(cpu)
+    assert not ok and "top-k positions differ" in why
