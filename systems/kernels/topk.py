@@ -14,28 +14,29 @@ order-preserving integer image of the score in the high half and the complement 
 in the low half, makes every key distinct: the selection and its order are then a function of
 the query's own scores alone, whatever else runs in the batch.
 
-Scores are finite or +-inf; a NaN is ranked by its bits (the reference's order for a positive
-NaN; the kernel treats a negative NaN as -inf, never selected).
+Scores are finite or +-inf. NaN is outside the contract: a positive NaN ranks above +inf in
+both implementations; the kernel never selects a negative NaN (the reference may, after -1s).
 
-The Triton kernel (``topk_positions_triton``) is a radix select, one program per query row, and
-returns exactly the reference's int32 tensor:
-    1. histogram of the top 8 bits of each visible score key (tl.histogram, 256 bins): how many
-       positions are selectable, and the bin d0 that holds the k-th largest key;
-    2. a second pass over the row writes the keys above bin d0 (all selected) to the row's
-       selection scratch and the keys inside bin d0 (the candidates, ascending position) to the
-       candidate scratch, each compacted with a prefix sum;
-    3. three more 8-bit histogram passes, over the candidates only, fix the full 32-bit threshold
-       score key T and how many keys equal to T to take: the lowest positions, since the
-       candidates are in ascending position order;
-    4. the winners, at most k, are sorted by the full 64-bit key (tl.sort on a power-of-two
-       block) and written out, -1 beyond them.
-A row with at most k selectable positions selects them all after pass 1 (d0 = -1: no candidates).
+The Triton kernel (``topk_positions_triton``) is a radix select on the 32-bit score key, one
+program per query row, and returns exactly the reference's int32 tensor:
+    1. two 256-bin histogram passes over the row (tl.histogram) fix the top 16 bits of the k-th
+       largest key (sign, exponent, 7 mantissa bits: few positions share them) and count the
+       selectable positions; a row with at most k of them takes them all;
+    2. a third pass writes the keys above that 16-bit threshold (all selected) to the row's
+       winner scratch, and the positions on it (the candidates, ascending) to the candidate
+       scratch, each compacted with a prefix sum;
+    3. two more histogram passes, over the candidates only, fix the low 16 bits of the
+       threshold key T and how many keys equal to T to take: the lowest positions, since the
+       candidates are in ascending order; a last pass over them appends the winners;
+    4. the winners, min(k, selectable), are sorted by the full 64-bit key (tl.sort on a
+       power-of-two block) and written out, -1 after them.
 
-Bytes moved: B*Q*L*4 (scores, read twice: the second pass mostly from L2) + B*Q*k*4 (out), plus
-scratch: 8 bytes per candidate written and read three or four times (usually a small share of L;
-all of L when every score is equal) and 8 bytes per winner. No host sync and no data-dependent
-allocation (the scratch is sized by the shapes), so it captures in a CUDA graph.
-Limits: k <= MAX_K (the final sort holds next_pow2(k) int64 keys in registers); L < 2**31.
+Bytes moved: B*Q*L*4 (scores; the first pass reads them from HBM, the next two find the row in
+L1 or L2) + B*Q*k*4 (out), plus scratch: 4 bytes per candidate written, then read with its score
+three times (usually a small share of L; all of L when every score is equal), and 8 bytes per
+winner. Scratch is sized by the shapes (B*Q*L int32 candidates, B*Q*next_pow2(k) int64
+winners), never by the data, and the kernel makes no host sync: it captures in a CUDA graph.
+Limits: 1 <= k <= MAX_K (the sort holds next_pow2(k) int64 keys in registers); L < 2**31.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ _LOW = (1 << 32) - 1
 MAX_K = 4096
 # Positions per block and warps per row. Not yet measured on the GPU (benchmarks/bench_topk.py
 # --configs sweeps them): a large block means few serial HBM round trips when a batch-1 decode
-# row runs alone on one SM; 4096 x 16 warps compiles to 103 registers, no spills (sm90).
+# row runs alone on one SM; 4096 x 16 warps compiles to 102 registers, no spills (sm90).
 BLOCK = 4096
 NUM_WARPS = 16
 
@@ -103,6 +104,19 @@ if _HAVE_TRITON:
         ks = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
         ks = tl.where(ll == t, _KEY_INF, ks)
         return ks, vis & (ks > _KEY_NEG_INF)
+
+    @triton.jit
+    def _candidate_keys(srow, crow, ii, n_cand, n_vis, t):
+        """Keys and positions of candidates ii (a gather from the row, which sits in L1/L2)."""
+        m = ii < n_cand
+        ll = tl.load(crow + ii, mask=m, other=0)
+        ks, _ = _keys(tl.load(srow + ll, mask=m, other=0.0), ll, n_vis, t)
+        return ks, ll, m
+
+    @triton.jit
+    def _full_key(ks, ll):
+        """ordered_keys' 64-bit key: score key high, complement of the position low."""
+        return (ks.to(tl.int64) << 32) + (4294967295 - ll.to(tl.int64))
 
     @triton.jit
     def _high16(ks):
@@ -157,48 +171,47 @@ if _HAVE_TRITON:
             r -= above
             T16 = d0 * 256 + d1
 
-        # 2. keys above the 16-bit threshold -> winners; keys on it -> candidates (ascending
-        # position); one prefix sum ranks both (winners in the low 16 bits, BLOCK < 2**16)
+        # 2. keys above the 16-bit threshold -> winners (64-bit keys); keys on it -> candidates
+        # (positions, ascending); one prefix sum ranks both (winners in its low 16 bits)
         n_win = n_ok * 0
         n_cand = n_ok * 0
         for start in range(0, n_vis, BLOCK):
             ll = start + ar
             ks, ok = _score_keys(srow, ll, n_vis, t)
             p16 = _high16(ks)
-            key = (ks.to(tl.int64) << 32) + (4294967295 - ll.to(tl.int64))
             win = ok & (p16 > T16)
             cand = ok & (p16 == T16)
             rank = tl.cumsum(win.to(tl.int32) + (cand.to(tl.int32) << 16), 0)
-            tl.store(wrow + n_win + (rank & 0xFFFF) - 1, key, mask=win)
-            tl.store(crow + n_cand + (rank >> 16) - 1, key, mask=cand)
+            tl.store(wrow + n_win + (rank & 0xFFFF) - 1, _full_key(ks, ll), mask=win)
+            tl.store(crow + n_cand + (rank >> 16) - 1, ll, mask=cand)
             n_win += tl.sum(win.to(tl.int32))
             n_cand += tl.sum(cand.to(tl.int32))
         tl.debug_barrier()  # the candidates were written by other threads of this program
 
-        # 3. the low 16 bits of the threshold, 8 at a time, over the candidates only; keys as
-        # unsigned u = ks + 2**31 in int64, so shifts and compares need no sign care
-        T = T16.to(tl.int64) << 16
-        for SH in tl.static_range(8, -1, -8):  # bits 15..8, then 7..0
-            hist = tl.zeros([256], dtype=tl.int32)
-            for start in range(0, n_cand, BLOCK):
-                ii = start + ar
-                m = ii < n_cand
-                u = (tl.load(crow + ii, mask=m, other=0) >> 32) + 2147483648
-                same = m & ((u >> (SH + 8)) == (T >> (SH + 8)))
-                hist += tl.histogram(((u >> SH) & 0xFF).to(tl.int32), 256, mask=same)
-            d, above = _threshold_digit(hist, r)
-            T += d.to(tl.int64) << SH
-            r -= above
-        # candidates above T are winners; of those equal to T, the first r (lowest positions)
-        n_eq = 0
+        # 3. the low 16 bits of the threshold, 8 at a time, over the candidates only (all share
+        # the top 16 bits, so their low bits order them)
+        hist = tl.zeros([256], dtype=tl.int32)
         for start in range(0, n_cand, BLOCK):
-            ii = start + ar
-            m = ii < n_cand
-            key = tl.load(crow + ii, mask=m, other=0)
-            u = (key >> 32) + 2147483648
-            eq = m & (u == T)
-            take = (m & (u > T)) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= r))
-            tl.store(wrow + n_win + tl.cumsum(take.to(tl.int32), 0) - 1, key, mask=take)
+            ks, ll, m = _candidate_keys(srow, crow, start + ar, n_cand, n_vis, t)
+            hist += tl.histogram((ks >> 8) & 0xFF, 256, mask=m)
+        d2, above = _threshold_digit(hist, r)
+        r -= above
+        hist = tl.zeros([256], dtype=tl.int32)
+        for start in range(0, n_cand, BLOCK):
+            ks, ll, m = _candidate_keys(srow, crow, start + ar, n_cand, n_vis, t)
+            hist += tl.histogram(ks & 0xFF, 256, mask=m & (((ks >> 8) & 0xFF) == d2))
+        d3, above = _threshold_digit(hist, r)
+        r -= above
+        T_lo = d2 * 256 + d3
+        # candidates above the threshold are winners; of those on it, the first r (lowest
+        # positions)
+        n_eq = n_ok * 0
+        for start in range(0, n_cand, BLOCK):
+            ks, ll, m = _candidate_keys(srow, crow, start + ar, n_cand, n_vis, t)
+            eq = m & ((ks & 0xFFFF) == T_lo)
+            take = (m & ((ks & 0xFFFF) > T_lo)) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= r))
+            tl.store(wrow + n_win + tl.cumsum(take.to(tl.int32), 0) - 1, _full_key(ks, ll),
+                     mask=take)
             n_win += tl.sum(take.to(tl.int32))
             n_eq += tl.sum(eq.to(tl.int32))
         tl.debug_barrier()
@@ -228,7 +241,7 @@ def topk_positions_triton(scores: torch.Tensor, positions: torch.Tensor, k: int,
     if B * Q == 0:
         return out
     kp = _p2(k)
-    cand = torch.empty((B * Q, max(L, 1)), dtype=torch.int64, device=scores.device)
+    cand = torch.empty((B * Q, max(L, 1)), dtype=torch.int32, device=scores.device)
     sel = torch.empty((B * Q, kp), dtype=torch.int64, device=scores.device)
     _topk_kernel[(B * Q,)](scores.contiguous(), positions.contiguous(), out, cand, sel, L, k,
                            BLOCK=block, KP=kp, num_warps=num_warps)
@@ -255,7 +268,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, **constexprs):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     c = dict(BLOCK=2048, KP=512)
     c.update(constexprs)
-    ptrs = {"scores_ptr": "*fp32", "pos_ptr": "*i64", "out_ptr": "*i32", "cand_ptr": "*i64",
+    ptrs = {"scores_ptr": "*fp32", "pos_ptr": "*i64", "out_ptr": "*i32", "cand_ptr": "*i32",
             "sel_ptr": "*i64"}
     sig = {n: ("constexpr" if n in c else ptrs.get(n, "i32")) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
