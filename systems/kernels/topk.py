@@ -172,7 +172,8 @@ if _HAVE_TRITON:
             T16 = d0 * 256 + d1
 
         # 2. keys above the 16-bit threshold -> winners (64-bit keys); keys on it -> candidates
-        # (positions, ascending); one prefix sum ranks both (winners in its low 16 bits)
+        # (positions, ascending); one prefix sum ranks both (winners in its low 16 bits, so
+        # BLOCK < 2**15 keeps the candidates' count below the sign bit)
         n_win = n_ok * 0
         n_cand = n_ok * 0
         for start in range(0, n_vis, BLOCK):
@@ -232,7 +233,8 @@ def topk_positions_triton(scores: torch.Tensor, positions: torch.Tensor, k: int,
     """Radix-select top-k (see the module docstring); bit-identical to the reference."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
-    assert block < 1 << 16  # the winners' prefix sum shares an int32 with the candidates'
+    # pass 2 packs two prefix sums in one int32: winners below bit 16, candidates above
+    assert block < 1 << 15
     if not 1 <= k <= MAX_K:
         raise ValueError(f"top-k needs 1 <= k <= {MAX_K}, got k={k}")
     B, Q, L = scores.shape
