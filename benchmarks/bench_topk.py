@@ -6,8 +6,9 @@
 
 One decode row per request (Q = 1 by default), each query at the end of its history (position
 L - 1: all L positions visible), float32 scores. Before timing, the Triton kernel is checked
-against the reference on every shape (exit 1 on a mismatch). Per shape, median microseconds
-per call:
+against the reference, bit for bit, for every --configs entry: on odd shapes (random
+positions, some past L; tie-heavy and continuous scores; k above L) and on every timed shape;
+a mismatch exits 1. Per shape, median microseconds per call:
     ref_us        topk_positions_reference (masking, 64-bit keys, torch.topk, gather), eager
     ref_graph_us  the same replayed from a CUDA graph (launch overhead excluded)
     torch_topk_us torch.topk on the raw float scores alone (no mask, no tie rule): a floor for
@@ -31,6 +32,32 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+
+def check_odd_shapes(torch, dev, configs) -> str | None:
+    """The kernel against the reference, bit for bit, on the GPU: odd shapes, random positions
+    (some past L), tie-heavy and continuous scores, k above L. Returns a mismatch or None."""
+    from systems.kernels.topk import topk_positions_reference, topk_positions_triton
+
+    g = torch.Generator(device=dev).manual_seed(1)
+    vals = torch.tensor([-1.5, -0.0, 0.0, 0.25, 3.0, float("-inf")], device=dev)
+    for B, Q, L, k in [(3, 1, 1, 1), (3, 4, 9, 64), (3, 4, 41, 8), (3, 1, 341, 64),
+                       (5, 4, 1000, 512), (2, 8, 5000, 512), (3, 2, 16384, 2048),
+                       (1, 1, 70000, 512)]:
+        for dist in ("ties", "randn", "near"):
+            if dist == "ties":
+                s = vals[torch.randint(0, len(vals), (B, Q, L), device=dev, generator=g)]
+            elif dist == "near":
+                s = 1.0 + torch.randint(0, 300, (B, Q, L), device=dev, generator=g) * 2.0 ** -17
+            else:
+                s = torch.randn(B, Q, L, device=dev, generator=g)
+            pos = torch.randint(0, L + 2, (B, Q), device=dev, generator=g)
+            ref = topk_positions_reference(s, pos, k)
+            for block, warps in configs:
+                tri = topk_positions_triton(s, pos, k, block=block, num_warps=warps)
+                if not torch.equal(ref, tri):
+                    return f"B={B} Q={Q} L={L} k={k} {dist} {block}x{warps}"
+    return None
 
 
 def main() -> int:
@@ -64,6 +91,11 @@ def main() -> int:
 
     configs = [tuple(int(v) for v in c.split("x")) for c in args.configs or
                [f"{tk.BLOCK}x{tk.NUM_WARPS}"]]
+    bad = check_odd_shapes(torch, dev, configs)
+    if bad:
+        print(f"MISMATCH against the reference: {bad}", file=sys.stderr)
+        return 1
+    print(f"# checked against the reference on odd shapes: identical for {configs}")
     print(f"{'B':>4} {'L':>7} {'ref_us':>8} {'ref_graph_us':>12} {'torch_topk_us':>13} "
           f"{'config':>9} {'tri_us':>8} {'tri_graph_us':>12} {'tri_GB/s':>9}")
 
