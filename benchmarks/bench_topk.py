@@ -7,7 +7,8 @@
 One decode row per request (Q = 1 by default), each query at the end of its history (position
 L - 1: all L positions visible), float32 scores. Before timing, the Triton kernel is checked
 against the reference, bit for bit, for every --configs entry: on odd shapes (random
-positions, some past L; tie-heavy and continuous scores; k above L) and on every timed shape;
+positions, some past L; tie-heavy and continuous scores; k above L; replays of a captured
+CUDA graph on new data) and on every timed shape;
 a mismatch exits 1. Per shape, median microseconds per call:
     ref_us        topk_positions_reference (masking, 64-bit keys, torch.topk, gather), eager
     ref_graph_us  the same replayed from a CUDA graph (launch overhead excluded)
@@ -57,6 +58,20 @@ def check_odd_shapes(torch, dev, configs) -> str | None:
                 tri = topk_positions_triton(s, pos, k, block=block, num_warps=warps)
                 if not torch.equal(ref, tri):
                     return f"B={B} Q={Q} L={L} k={k} {dist} {block}x{warps}"
+    # captured once, replayed on new scores and positions: nothing depends on the first data
+    for block, warps in configs:
+        scores = torch.randn(4, 2, 3000, device=dev, generator=g)
+        pos = torch.randint(0, 3000, (4, 2), device=dev, generator=g)
+        topk_positions_triton(scores, pos, 512, block=block, num_warps=warps)  # compile
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = topk_positions_triton(scores, pos, 512, block=block, num_warps=warps)
+        for _ in range(3):
+            scores.copy_(vals[torch.randint(0, len(vals), scores.shape, device=dev, generator=g)])
+            pos.copy_(torch.randint(0, 3002, pos.shape, device=dev, generator=g))
+            graph.replay()
+            if not torch.equal(out, topk_positions_reference(scores, pos, 512)):
+                return f"CUDA graph replay {block}x{warps}"
     return None
 
 
