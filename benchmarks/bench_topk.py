@@ -6,10 +6,9 @@
 
 One decode row per request (Q = 1 by default), each query at the end of its history (position
 L - 1: all L positions visible), float32 scores. Before timing, the Triton kernel is checked
-against the reference, bit for bit, for every --configs entry: on odd shapes (random
-positions, some past L; tie-heavy and continuous scores; k above L; replays of a captured
-CUDA graph on new data) and on every timed shape;
-a mismatch exits 1. Per shape, median microseconds per call:
+against the reference, bit for bit, for every --configs entry: on odd shapes (random positions,
+some past L; tie-heavy and continuous scores; k above L), on replays of a captured CUDA graph on
+new data, and on every timed shape; a mismatch exits 1. Per shape, median microseconds per call:
     ref_us        topk_positions_reference (masking, 64-bit keys, torch.topk, gather), eager
     ref_graph_us  the same replayed from a CUDA graph (launch overhead excluded)
     torch_topk_us torch.topk on the raw float scores alone (no mask, no tie rule): a floor for
