@@ -52,6 +52,7 @@ from systems.engine.tokenizer import WordTokenizer
 log = logging.getLogger("dhs.server")
 
 MAX_BODY_BYTES = 16 << 20
+LINGER_S = 1.0
 
 
 @dataclass
@@ -800,9 +801,12 @@ async def start_server(app: web.Application, port: int = 0,
     loop = asyncio.get_running_loop()
     if not isinstance(loop.get_exception_handler(), _AcceptErrors):
         loop.set_exception_handler(_AcceptErrors())
+    # lingering_time: the unread body of a refused request (403 / 408 / 413 / 415) is read and
+    # dropped for at most this long before the close, so that the client, still sending, is not
+    # reset before it reads the answer (aiohttp's default of 10 s would hold a slow client on)
     runner = web.AppRunner(app, access_log=None, handle_signals=False,
                            handler_cancellation=True, keepalive_timeout=cfg.header_timeout_s,
-                           shutdown_timeout=10.0)
+                           lingering_time=LINGER_S, shutdown_timeout=10.0)
     await runner.setup()
     site = _CappedSite(runner, host or cfg.host, port, _fd_cap(cfg.max_connections))
     await site.start()
