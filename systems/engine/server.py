@@ -582,7 +582,7 @@ def _precheck(request: web.Request) -> web.Response | None:
     allowed = request.app[ALLOWED_HOSTS]
     if allowed is not None:
         host = _host_name(request.headers.get("Host", ""))
-        if not (allowed == "loopback" and _is_loopback(host)) and host.lower() not in allowed:
+        if not (_is_loopback(host) if allowed == LOOPBACK else host.lower() in allowed):
             return _refuse(403, f"Host {host!r} is not allowed: the server is bound to "
                            f"{cfg.host}; bind elsewhere (--host) or set server.allowed_hosts to "
                            "serve other names", "Host", "forbidden_host")
@@ -655,7 +655,8 @@ async def _errors(request: web.Request, handler):
 
 
 CONFIG = web.AppKey("server_config", ServerConfig)
-ALLOWED_HOSTS = web.AppKey("allowed_hosts", object)
+ALLOWED_HOSTS = web.AppKey("allowed_hosts", object)  # a set of names, LOOPBACK, or None: any
+LOOPBACK = "loopback names and addresses"
 
 
 def build_app(engine: Engine, model_name: str = "dhs-bundled",
@@ -667,7 +668,7 @@ def build_app(engine: Engine, model_name: str = "dhs-bundled",
     if cfg.allowed_hosts is not None:
         app[ALLOWED_HOSTS] = {_host_name(h).lower() for h in cfg.allowed_hosts}
     else:  # bound to loopback: loopback names only; bound elsewhere on purpose: any name
-        app[ALLOWED_HOSTS] = "loopback" if _is_loopback(cfg.host) else None
+        app[ALLOWED_HOSTS] = LOOPBACK if _is_loopback(cfg.host) else None
     app.router.add_post("/generate", srv.generate, expect_handler=_expect)
     app.router.add_post("/v1/completions", srv.completions, expect_handler=_expect)
     app.router.add_get("/metrics", srv.metrics)
