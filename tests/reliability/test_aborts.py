@@ -4,16 +4,61 @@ engine thread takes the abort in); an abort is bound to the request object, so a
 cannot touch a later request that reuses the id."""
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
+import urllib.request
 
 import aiohttp
+import pytest
 
+from harness.servers import free_port, stop_process, wait_healthy
 from systems.engine.engine import DuplicateRequest
 from systems.engine.request import Request, SamplingParams
 from tests.helpers import make_engine
-from tests.reliability.support import PROMPTS, assert_drained, served, wait_idle
+from tests.reliability.support import PROMPTS, assert_drained
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LONG = 500  # tokens a vanished client asked for: far more than it may cost
+
+
+@pytest.fixture(scope="module")
+def cli_server(tmp_path_factory):
+    """``python -m systems.engine.server`` as ``make server`` runs it (the test servers of
+    aiohttp cancel handlers on disconnect by default; the CLI's must do so itself). One request
+    runs at a time and four may wait."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("cli") / "server.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "systems.engine.server", "--port", str(port),
+             "--parent-pid", str(os.getpid()), "device=cpu", "hardware.kv_pool_gib=0.01",
+             "engine.max_new_tokens_cap=500", "hardware.max_running_requests=1",
+             "engine.max_waiting=4"], stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, 120, proc, log)
+        yield url
+    finally:
+        stop_process(proc, grace_s=10)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return {ln.split()[0]: float(ln.split()[1]) for ln in r.read().decode().splitlines()
+                if ln and not ln.startswith("#")}
+
+
+async def _settled(url: str, timeout: float = 60) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = await asyncio.to_thread(_metrics, url)
+        if m["dhs_num_running_reqs"] == 0 and m["dhs_num_waiting_reqs"] == 0:
+            return m
+        assert time.monotonic() < deadline, m
+        await asyncio.sleep(0.05)
 
 
 def _body(max_new: int, stream: bool = False) -> dict:
@@ -37,39 +82,37 @@ async def _vanish(base: str, body: dict, after_s: float, read_headers: bool) -> 
             pass
 
 
-async def test_non_streaming_disconnect_aborts_the_running_request():
-    async with served("hardware.kv_pool_gib=0.01", "engine.max_new_tokens_cap=500") as (
-            s, eng, base):
-        await asyncio.gather(*(_vanish(base, _body(LONG), 0.3, False) for _ in range(4)))
-        await wait_idle(eng)
-        assert eng.stats["aborted_total"] == 4 and eng.stats["finished_total"] == 0
-        # far fewer tokens than the 2,000 asked for: the work stopped with the clients
-        assert eng.stats["generated_tokens_total"] < 4 * LONG / 2
-        assert_drained(eng)
+async def test_non_streaming_disconnects_abort_running_and_queued_requests(cli_server):
+    before = await _settled(cli_server)
+    # one runs, three wait; all four clients leave after 0.3 s
+    await asyncio.gather(*(_vanish(cli_server, _body(LONG), 0.3, False) for _ in range(4)))
+    after = await _settled(cli_server)
+    delta = {k: after[k] - before[k] for k in ("dhs_aborted_total", "dhs_finished_total",
+                                               "dhs_generated_tokens_total")}
+    assert delta["dhs_aborted_total"] == 4 and delta["dhs_finished_total"] == 0, delta
+    # far fewer tokens than the 2,000 asked for: the work stopped with the clients
+    assert delta["dhs_generated_tokens_total"] < LONG, delta
 
 
-async def test_vanished_queued_clients_free_their_slots_at_once():
-    # one request runs at a time, four may wait: a long runner, then four waiting clients
-    # (two streaming, two not) that vanish
-    async with served("hardware.kv_pool_gib=0.01", "engine.max_new_tokens_cap=500",
-                      "hardware.max_running_requests=1", "engine.max_waiting=4") as (
-            s, eng, base):
+async def test_vanished_queued_clients_free_their_slots_at_once(cli_server):
+    before = await _settled(cli_server)
+    async with aiohttp.ClientSession(cli_server) as s:
         runner = asyncio.ensure_future(s.post("/generate", json=_body(LONG)))
-        while not eng.scheduler.running:
+        while (await asyncio.to_thread(_metrics, cli_server))["dhs_num_running_reqs"] < 1:
             await asyncio.sleep(0.01)
-        ghosts = [asyncio.ensure_future(_vanish(base, _body(8, stream=i % 2 == 0), 0.3,
-                                                read_headers=i % 2 == 0)) for i in range(4)]
-        await asyncio.gather(*ghosts)
+        # four waiting clients (two streaming, two not) fill the queue, then vanish
+        await asyncio.gather(*(_vanish(cli_server, _body(8, stream=i % 2 == 0), 0.3,
+                                       read_headers=i % 2 == 0) for i in range(4)))
         await asyncio.sleep(0.05)  # the server sees the four connections close
         # four new requests fit in the queue now, while the runner still decodes
-        assert eng.scheduler.running
+        assert (await asyncio.to_thread(_metrics, cli_server))["dhs_num_running_reqs"] == 1
         news = [asyncio.ensure_future(s.post("/generate", json=_body(2))) for _ in range(4)]
         statuses = [r.status for r in await asyncio.gather(*news)]
         assert statuses == [200] * 4, statuses
         assert (await runner).status == 200
-        await wait_idle(eng)
-        assert eng.stats["aborted_total"] == 4 and eng.stats["rejected_total"] == 0
-        assert_drained(eng)
+    after = await _settled(cli_server)
+    assert after["dhs_aborted_total"] - before["dhs_aborted_total"] == 4
+    assert after["dhs_rejected_total"] == before["dhs_rejected_total"]
 
 
 def test_a_stale_abort_cannot_touch_a_later_request_with_the_same_id():
