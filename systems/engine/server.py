@@ -230,11 +230,11 @@ class Server:
         return body
 
     @staticmethod
-    def _check_fields(body: dict, allowed: set[str], where: str) -> None:
+    def _check_fields(body: dict, allowed: set[str], where: str, prefix: str = "") -> None:
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise BadRequest(f"unknown field(s) {unknown} in {where}; allowed: {sorted(allowed)}",
-                             unknown[0] or '""')
+                             prefix + (unknown[0] or '""'))
 
     def _too_long(self, field: str) -> BadRequest:
         return BadRequest(f"{field} has more than {self.max_total} tokens, the context of this "
@@ -392,7 +392,7 @@ class Server:
             so = {}
         if not isinstance(so, dict):
             raise BadRequest("stream_options must be an object", "stream_options")
-        self._check_fields(so, {"include_usage"}, "stream_options")
+        self._check_fields(so, {"include_usage"}, "stream_options", "stream_options.")
         include_usage = _bool(so.get("include_usage", True), "stream_options.include_usage")
         return ids, params, stream, include_usage, False
 

@@ -292,12 +292,25 @@ PINNED = [
     (b'{"input_ids": [' + b"9" * 5000 + b"]}", "body"),  # int literal over the digit limit
     (b'{"": 1, "input_ids": [1]}', '""'),
     ('{"input_ids": [1]}'.encode("utf-16"), "body"),
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 1, "stop": "\\ud800"}}',
+     "sampling_params.stop"),  # a lone surrogate in a stop string
+]
+PINNED_COMPLETIONS = [  # an unknown key inside stream_options is named with its path
+    (b'{"prompt": [0], "max_tokens": 1, "stream_options": {"": null}}', 'stream_options.""'),
 ]
 
 
 @pytest.mark.parametrize("data, param", PINNED, ids=range(len(PINNED)))
 def test_pinned_bad_bodies(server, data, param):
     status, _, raw = _send(server, "/generate", data, {"Content-Type": "application/json"}, {})
+    assert status == 400, raw[:300]
+    assert json.loads(raw)["error"]["param"] == param
+
+
+@pytest.mark.parametrize("data, param", PINNED_COMPLETIONS, ids=range(len(PINNED_COMPLETIONS)))
+def test_pinned_bad_completions_bodies(server, data, param):
+    status, _, raw = _send(server, "/v1/completions", data, {"Content-Type": "application/json"},
+                           {})
     assert status == 400, raw[:300]
     assert json.loads(raw)["error"]["param"] == param
 

@@ -46,7 +46,7 @@ INVALID = [
     ("/v1/completions", {"user": 5}, "user"),
     ("/v1/completions", {"stream_options": {"include_usage": "yes"}},
      "stream_options.include_usage"),
-    ("/v1/completions", {"stream_options": {"x": 1}}, "x"),
+    ("/v1/completions", {"stream_options": {"x": 1}}, "stream_options.x"),
 ]
 
 

@@ -19,7 +19,7 @@ from tests.helpers import make_engine
 from tests.reliability.support import ThreadedServer, assert_drained, wait_idle_sync
 
 TIMEOUT = 1.0
-SLACK = 3.0  # scheduling on 2 shared cores; the defaults it stands for are 30-60 s
+SLACK = 5.0  # scheduling on 2 shared cores; the defaults it stands for are 30-60 s
 CFG = ServerConfig(header_timeout_s=TIMEOUT, body_timeout_s=TIMEOUT, write_timeout_s=TIMEOUT,
                    max_connections=400)
 PER_KIND = 16  # 5 kinds: 80 held connections
@@ -110,7 +110,8 @@ def test_held_connections_time_out_while_others_are_served():
 
 def test_write_timeout_drops_a_client_that_does_not_read_and_aborts_its_request():
     eng = make_engine("hardware.kv_pool_gib=0.01", "engine.max_new_tokens_cap=500")
-    with ThreadedServer(eng, CFG) as srv:
+    # short enough that the stream cannot finish while the write waits, on a fast CPU too
+    with ThreadedServer(eng, ServerConfig(write_timeout_s=0.3)) as srv:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
         s.connect(("127.0.0.1", srv.port))
