@@ -216,11 +216,11 @@ def bundled_server(cfg: DictConfig, workdir: Path):
 
 @contextlib.contextmanager
 def _inprocess(cfg: DictConfig, host: str, port: int):
-    from systems.engine.config import engine_config_from_cfg
+    from systems.engine.config import resolve_engine_config
     from systems.engine.engine import Engine
     from systems.engine.server import ServerConfig, build_app, start_server
 
-    engine = Engine(engine_config_from_cfg(cfg))
+    engine = Engine(resolve_engine_config(cfg))
     engine.start()
     loop = asyncio.new_event_loop()
     started = threading.Event()

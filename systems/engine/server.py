@@ -852,7 +852,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     from omegaconf import OmegaConf
 
-    from systems.engine.config import compose, engine_config_from_cfg
+    from systems.engine.config import compose, resolve_engine_config
 
     ap = argparse.ArgumentParser(description="Serve the bundled engine over HTTP.")
     ap.add_argument("--host", default="127.0.0.1",
@@ -869,7 +869,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = OmegaConf.load(args.config) if args.config else compose(args.overrides)
     if args.config and args.overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(args.overrides))
-    ecfg = engine_config_from_cfg(cfg)
+    ecfg = resolve_engine_config(cfg)
     scfg = ServerConfig.from_cfg(cfg.get("server"), host=args.host)
     engine = Engine(ecfg)
     engine.start()
