@@ -127,6 +127,28 @@ def server_profile_dir(workdir: Path) -> Path:
     return Path(workdir) / f"profile-{os.getpid()}"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_launch_configs(workdir: Path) -> list[Path]:
+    """Delete ``server_config-<pid>.yaml`` files whose harness process is gone (killed before
+    its ``finally`` ran); a live harness's file (the other lane's) stays."""
+    removed = []
+    for f in Path(workdir).glob("server_config-*.yaml"):
+        pid = f.stem.removeprefix("server_config-")
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            f.unlink(missing_ok=True)
+            removed.append(f)
+    return removed
+
+
 @contextlib.contextmanager
 def bundled_server(cfg: DictConfig, workdir: Path):
     """Yields the base URL of a server for ``cfg`` according to ``cfg.server.mode``."""
@@ -159,6 +181,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
         raise ValueError(f"server.mode must be subprocess, inprocess, attach or sglang, "
                          f"got {mode!r}")
     workdir.mkdir(parents=True, exist_ok=True)
+    remove_stale_launch_configs(workdir)
     cfg_path = workdir / "server_config.yaml"
     cfg = cfg.copy()
     with open_dict(cfg):
@@ -175,9 +198,11 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
+            # --parent-pid: the server dies with this process, even when it is SIGKILLed and
+            # nothing here runs (exit_on_sigterm covers SIGTERM only)
             [sys.executable, "-m", "systems.engine.server", "--host", host, "--port", str(port),
-             "--config", str(launch_cfg)], stdout=log, stderr=subprocess.STDOUT, env=env,
-            cwd=str(REPO))
+             "--config", str(launch_cfg), "--parent-pid", str(os.getpid())], stdout=log,
+            stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
     track(proc)
     try:
         wait_healthy(url, timeout, proc, log_path, "bundled server")
@@ -191,11 +216,9 @@ def bundled_server(cfg: DictConfig, workdir: Path):
 
 @contextlib.contextmanager
 def _inprocess(cfg: DictConfig, host: str, port: int):
-    from aiohttp import web
-
     from systems.engine.config import resolve_engine_config
     from systems.engine.engine import Engine
-    from systems.engine.server import build_app
+    from systems.engine.server import ServerConfig, build_app, start_server
 
     engine = Engine(resolve_engine_config(cfg))
     engine.start()
@@ -204,10 +227,8 @@ def _inprocess(cfg: DictConfig, host: str, port: int):
     state = {}
 
     async def serve():
-        runner = web.AppRunner(build_app(engine), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, host, port).start()
-        state["runner"] = runner
+        app = build_app(engine, config=ServerConfig.from_cfg(cfg.get("server"), host=host))
+        state["serving"] = await start_server(app, port)
         started.set()
 
     def target():
@@ -221,7 +242,7 @@ def _inprocess(cfg: DictConfig, host: str, port: int):
     try:
         yield engine
     finally:
-        fut = asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop)
+        fut = asyncio.run_coroutine_threadsafe(state["serving"].close(), loop)
         fut.result(30)
         loop.call_soon_threadsafe(loop.stop)
         t.join(30)
