@@ -114,10 +114,10 @@ def _run_cfg(overrides: list[str], results: str | None):
 def run_one(overrides: list[str], results: str | None, only_tags: list[str] | None = None) -> None:
     from harness.run import run
 
-    run(_run_cfg(overrides, results), only_tags=only_tags)
+    run(_run_cfg(overrides, results), only_tags=only_tags, reproduce_keys=True)
 
 
-def _duration_guide(exp_dir: Path, rid: str, cfg) -> str:
+def _duration_guide(exp_dir: Path, prefix: str, cfg) -> str:
     """The load time of the latest finished run of the same system, model and point, preferring
     one with the same output cap (a run's time scales with it)."""
     import json
@@ -125,7 +125,6 @@ def _duration_guide(exp_dir: Path, rid: str, cfg) -> str:
     from omegaconf import OmegaConf
 
     cap = cfg.workload.get("output_len")
-    prefix = rid.rsplit("-", 1)[0] + "-"  # system-model-tag-
     best = None
     for d in sorted(exp_dir.glob(prefix + "*"), key=lambda d: d.stat().st_mtime, reverse=True):
         try:
@@ -148,7 +147,7 @@ def show_plan(overrides: list[str], results: str | None, only_tags: list[str] | 
     wall time of the latest finished run of the same system and point in that experiment
     (any config: a guide for a time box, which adds a server start of 10-25 s on the H200).
     Returns the number of pending points."""
-    from harness.run import point_plan
+    from harness.run import legacy_run_id, point_plan
 
     cfg = _run_cfg(overrides, results)
     exp_dir, plan = point_plan(cfg, only_tags)
@@ -158,7 +157,8 @@ def show_plan(overrides: list[str], results: str | None, only_tags: list[str] | 
             print(f"    {p['tag']:>6s} {rid}: finished")
             continue
         pending += 1
-        print(f"    {p['tag']:>6s} {rid}: pending{_duration_guide(exp_dir, rid, cfg)}")
+        prefix = legacy_run_id(cfg, p).rsplit("-", 1)[0] + "-"  # system-model-tag-: any setting
+        print(f"    {p['tag']:>6s} {rid}: pending{_duration_guide(exp_dir, prefix, cfg)}")
     return pending
 
 

@@ -55,8 +55,31 @@ def num_requests(w: DictConfig, concurrency: int | None) -> int:
     return max(int(w.num_requests), int(w.get("min_waves") or 1) * (concurrency or 0))
 
 
-def run_id(cfg: DictConfig, point: dict) -> str:
-    """Stable id: what was measured, plus a hash of everything that could change the result."""
+def run_labels(cfg: DictConfig, point: dict) -> dict:
+    """The values an experiment sweeps, as they label a run: its load point, the hot-cache budget
+    B of a hierarchy backend, the speculation block size K, and residency when it is off. They
+    name the run directory and tag its W&B run, so that a sweep's directories say what each
+    measured without opening ``config.yaml``."""
+    from systems.engine.config import engine_config_from_cfg
+
+    labels = {"load": point["tag"]}
+    if str(cfg.system.kv_backend) != "resident":
+        # the resolved B (the engine's own rule for 0), read wherever the config keeps it
+        labels["hot_cache_rows"] = int(engine_config_from_cfg(cfg).kv.hot_cache_rows)
+    spec = cfg.system.get("speculation")
+    if spec and spec.get("block_size") is not None:
+        labels["block_size"] = int(spec.block_size)
+    kv = cfg.system.get("kv") or {}
+    if kv.get("optional_residency") is False:
+        labels["optional_residency"] = False
+    return labels
+
+
+_LABEL_PARTS = {"hot_cache_rows": "B{}", "block_size": "K{}",
+                "optional_residency": lambda v: "resoff"}
+
+
+def _config_hash(cfg: DictConfig, point: dict) -> str:
     material = OmegaConf.to_container(cfg, resolve=True)
     for volatile in ("server", "logger", "results_dir", "hydra"):
         material.pop(volatile, None)
@@ -64,9 +87,56 @@ def run_id(cfg: DictConfig, point: dict) -> str:
     # system configs interpolate it) and is hashed there; the others must keep their ids
     (material.get("reproduce") or {}).pop("speculation", None)
     material["point"] = point
-    h = hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
+    return hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def run_id(cfg: DictConfig, point: dict) -> str:
+    """Stable id: what was measured and the swept values (``run_labels``), plus a hash of
+    everything that could change the result, e.g. ``hisparse-glm53_mini-c32-B2048-1a2b3c4d``."""
     engine = "sglang-" if cfg.server.mode == "sglang" else ""  # never mistaken for a bundled run
-    return f"{engine}{cfg.system.name}-{cfg.model.name}-{point['tag']}-{h}"
+    parts = [f"{engine}{cfg.system.name}", str(cfg.model.name), point["tag"]]
+    for key, value in run_labels(cfg, point).items():
+        fmt = _LABEL_PARTS.get(key)
+        if fmt is not None:
+            parts.append(fmt(value) if callable(fmt) else fmt.format(value))
+    return "-".join(parts + [_config_hash(cfg, point)])
+
+
+def legacy_run_id(cfg: DictConfig, point: dict) -> str:
+    """The id runs had before the swept values joined it (same hash): committed results keep
+    those directory names, and a sweep resumes around them."""
+    engine = "sglang-" if cfg.server.mode == "sglang" else ""
+    return f"{engine}{cfg.system.name}-{cfg.model.name}-{point['tag']}-{_config_hash(cfg, point)}"
+
+
+# Keys a config may carry beyond conf/config.yaml's own: an experiment's ``reproduce`` block, the
+# markers ``+rerun=<tag>`` / ``+smoke=true``, and the collectors' folder the server launcher sets.
+_EXTRA_TOP_KEYS = {"reproduce", "rerun", "smoke", "profile_dir"}
+_EXTRA_WORKLOAD_KEYS = {"min_waves"}
+# Sweep keys that only harness.reproduce understands (it turns them into config values).
+REPRODUCE_KEYS = {"b_over_k": "model.hot_cache_rows=<B> (B = b_over_k x model.index_topk)"}
+
+
+def check_keys(cfg: DictConfig, reproduce_keys: bool = False) -> None:
+    """Unknown keys are errors, not silently ignored settings: a ``+key=...`` Hydra accepted at
+    the top level or under ``workload`` that nothing reads, or a harness.reproduce sweep key
+    (``+b_over_k``) given to harness.run."""
+    from systems.engine.config import compose
+
+    base = compose([])
+    for key in cfg:
+        if key in REPRODUCE_KEYS:
+            if not reproduce_keys:
+                raise ValueError(f"{key} is a sweep key of harness.reproduce (e.g. python -m "
+                                 f"harness.reproduce --only fig9 --where {key}=4); with "
+                                 f"harness.run set {REPRODUCE_KEYS[key]}")
+        elif key not in base and key not in _EXTRA_TOP_KEYS:
+            raise ValueError(f"unknown config key {key!r}; known top-level keys: "
+                             f"{sorted(set(base) | _EXTRA_TOP_KEYS)}")
+    unknown = sorted(set(cfg.workload) - set(base.workload) - _EXTRA_WORKLOAD_KEYS)
+    if unknown:
+        raise ValueError(f"unknown workload key(s) {unknown}; known: "
+                         f"{sorted(set(base.workload) | _EXTRA_WORKLOAD_KEYS)}")
 
 
 def _write_metrics(samples: list[dict], path: Path) -> None:
@@ -123,17 +193,23 @@ def point_plan(cfg: DictConfig, only_tags: list[str] | None = None
     out = []
     for p in points:
         rid = run_id(cfg, p)
+        old = legacy_run_id(cfg, p)
+        if not (exp_dir / rid / "summary.json").exists() and (exp_dir / old / "summary.json").exists():
+            rid = old  # finished under the id it had before the swept values joined it
         out.append((p, rid, (exp_dir / rid / "summary.json").exists()))
     return exp_dir, out
 
 
-def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
+def run(cfg: DictConfig, only_tags: list[str] | None = None,
+        reproduce_keys: bool = False) -> list[Path]:
     """Run every load point of ``cfg`` not finished earlier. ``only_tags`` (e.g. ["c128"])
     restricts this call to those points without touching the config, so the run ids stay
-    those of the full sweep and a later full call resumes around them."""
+    those of the full sweep and a later full call resumes around them. ``reproduce_keys``:
+    harness.reproduce's sweep keys are allowed (it has applied them)."""
     from harness.loadgen import LoadConfig, run_load_sync
     from systems.engine.config import engine_config_from_cfg
 
+    check_keys(cfg, reproduce_keys)
     ecfg = engine_config_from_cfg(cfg)  # fail fast on a bad config, before any server starts
     if cfg.server.mode == "sglang":
         from systems.sglang.adapter import check_supported
