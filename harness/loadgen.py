@@ -43,7 +43,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import aiohttp
 import numpy as np
@@ -478,8 +478,9 @@ def _parse_retry_after(v: str | None) -> float | None:
 
 
 class _Runner:
-    def __init__(self, cfg: LoadConfig):
+    def __init__(self, cfg: LoadConfig, observer: Callable[[dict, dict], None] | None = None):
         self.cfg = cfg
+        self.observer = observer
         self.mode = cfg.mode()
         self.phases_spec = parse_schedule(cfg.schedule) if self.mode == "schedule" else []
         if self.mode == "closed" and int(cfg.concurrency) < 1:
@@ -709,6 +710,14 @@ class _Runner:
         self.samples.append(sample)
         if self.metrics_writer is not None:
             self.metrics_writer.write(sample)
+        if self.observer is not None:  # live sinks (W&B): once per scrape, never per request
+            self.observer(sample, self.progress())
+
+    def progress(self) -> dict:
+        """Where the load stands: requests sent, finished (ok / failed), in flight."""
+        failed = sum(1 for r in self.records if not r.success)
+        return {"sent": self.n_sent, "completed": len(self.records) - failed, "errors": failed,
+                "in_flight": self.inflight, "phase": self.cur_phase}
 
     async def _scrape_loop(self, interval: float) -> None:
         # Stopped by a flag, not by cancel(): on Python 3.12 a cancel() that lands while the
@@ -905,15 +914,19 @@ def _raise_nofile_limit() -> None:
         pass
 
 
-async def run_load(cfg: LoadConfig | Mapping[str, Any]) -> LoadResult:
+async def run_load(cfg: LoadConfig | Mapping[str, Any],
+                   observer: Callable[[dict, dict], None] | None = None) -> LoadResult:
     """Run one load test; returns records, summary and scraped samples.
 
     Writes ``cfg.out`` (records JSONL, one line per finished request, flushed
     per line), ``cfg.metrics_out`` and ``cfg.summary_out`` (atomic) when set.
+    ``observer(sample, progress)`` is called on the event loop after each /metrics scrape
+    (once per ``metrics_interval``) with the sample and ``_Runner.progress()``; it must be quick
+    and must not raise.
     """
     if not isinstance(cfg, LoadConfig):
         cfg = LoadConfig.from_mapping(cfg)
-    return await _Runner(cfg).run()
+    return await _Runner(cfg, observer).run()
 
 
 def _loop_name(loop: asyncio.AbstractEventLoop) -> str:
@@ -942,7 +955,8 @@ def _loop_factory(choice: str) -> Any:
     return uvloop.new_event_loop
 
 
-def run_load_sync(cfg: LoadConfig | Mapping[str, Any]) -> LoadResult:
+def run_load_sync(cfg: LoadConfig | Mapping[str, Any],
+                  observer: Callable[[dict, dict], None] | None = None) -> LoadResult:
     """Blocking wrapper around :func:`run_load` on a new event loop: uvloop when
     importable (``cfg.event_loop="auto"``), else asyncio's default (as ``asyncio.run``)."""
     if not isinstance(cfg, LoadConfig):
@@ -950,7 +964,7 @@ def run_load_sync(cfg: LoadConfig | Mapping[str, Any]) -> LoadResult:
     # a loop factory, not a global policy: loops of other threads (e.g. an
     # in-process server) are left alone
     with asyncio.Runner(loop_factory=_loop_factory(cfg.event_loop)) as runner:
-        return runner.run(run_load(cfg))
+        return runner.run(run_load(cfg, observer))
 
 
 # --------------------------------------------------------------------------

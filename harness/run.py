@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.environment import REPO, environment
 from harness.records import atomic_write_json
 from harness.servers import bundled_server
-from harness.wandb_logger import make_logger
+from harness.wandb_logger import make_logger, run_config, tags
 
 
 def _load_points(cfg: DictConfig) -> list[dict]:
@@ -255,8 +255,16 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None,
                 metrics_out=str(d / "server_metrics.jsonl"), seed=int(cfg.seed),
                 num_gpus=int(cfg.hardware.get("num_gpus", 1)),
                 temperature=float(w.get("temperature", 0.0)), ignore_eos=True, quiet=True)
+            wb = None
+            if logger is not None:
+                wb = logger.start_run(
+                    rid, str(cfg.logger.get("group") or cfg.experiment_name),
+                    run_config(OmegaConf.to_container(cfg, resolve=True), run_labels(cfg, p)),
+                    tags({"system": cfg.system.name, "model": cfg.model.name,
+                          "experiment": cfg.experiment_name, "point": p,
+                          "git_commit": env["git_commit"], "gpu": env["gpu"]}), str(d))
             try:
-                res = run_load_sync(lcfg)
+                res = run_load_sync(lcfg, observer=wb.sample if wb is not None else None)
                 failure = _server_failure(url)
                 if failure is not None:
                     raise ServerFailed(f"{rid}: the server failed during the run ({failure}); "
@@ -267,14 +275,14 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None,
                            "model": cfg.model.name, "experiment": cfg.experiment_name,
                            "point": p, "device": ecfg.device, "gpu": env["gpu"],
                            "git_commit": env["git_commit"]}
-                if logger is not None:
-                    logger.log_run(rid, cfg.experiment_name,
-                                   {**OmegaConf.to_container(cfg, resolve=True), **p},
-                                   summary, res.samples, str(d))
-                atomic_write_json(d / "summary.json", summary)  # last: marks the run finished
+                atomic_write_json(d / "summary.json", summary)  # marks the run finished
             except BaseException as e:  # incl. KeyboardInterrupt: say why there is no summary
+                if wb is not None:
+                    wb.close()
                 _write_error(d, e, server_dir)
                 raise
+            if wb is not None:  # after the summary is on disk: W&B never costs a measurement
+                wb.finish(summary, res.records, res.samples)
             rows.append({**summary, "_dir": str(d)})
             print(f"[harness] {rid}: done -> {d.relative_to(REPO) if d.is_relative_to(REPO) else d}")
     _collect_profile(server_dir, [Path(r["_dir"]) for r in rows if r.get("_dir")])

@@ -40,22 +40,6 @@ def test_bad_config_fails_before_any_server_starts(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None,
-                    reason="wandb is installed: the missing-extra path does not apply")
-def test_wandb_logger_without_wandb_is_a_clear_message(tmp_path, capsys):
-    run(compose(BASE + [f"results_dir={tmp_path}", "logger=wandb"]))
-    assert "wandb is not installed" in capsys.readouterr().out
-
-
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
-                    reason="wandb not installed (optional extra: pip install '.[wandb]')")
-def test_wandb_logger_offline_writes_a_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    run(compose(BASE + [f"results_dir={tmp_path}", "logger=wandb"]))
-    assert list(tmp_path.rglob("offline-run-*")), "no offline W&B run directory"
-
-
 def test_profile_kernels_lands_in_the_run_directory(tmp_path):
     dirs = run(compose(BASE + [f"results_dir={tmp_path}", "profile=kernels",
                                "workload.num_requests=8", "profile.wait=1", "profile.active=3"]))
