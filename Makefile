@@ -8,7 +8,7 @@ DEFAULT_EXP := $(if $(HAS_GPU),default_h200,default_cpu)
 EXP ?=
 ARGS ?=
 
-.PHONY: help venv run test server figures reproduce compact clean test-sglang
+.PHONY: help venv run test server figures reproduce compact clean test-sglang dashboard
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
@@ -37,8 +37,13 @@ server: $(STAMP)  ## serve the bundled engine on 127.0.0.1:30000 (ARGS="system=.
 test-sglang: $(STAMP)  ## SGLang adapter tests; builds .venv-sglang (torch 2.14.1 + sglang 0.5.23, ~11 GB) on first use
 	bash scripts/sglang_env.sh $(ARGS)
 
-figures: $(STAMP)  ## draw every figure/table from results/ (CPU) and write REPRODUCTION.md
+WANDB ?=
+figures: $(STAMP)  ## draw every figure/table from results/ (CPU) and write REPRODUCTION.md; WANDB=1 also logs them to W&B
 	$(PY) -m figures.make_all
+	$(if $(WANDB),$(PY) -m harness.wandb_logger --attach-figures figures/out)
+
+dashboard: $(STAMP)  ## the W&B workspace + report (harness/dashboard.py): published with WANDB_MODE=online, else written to outputs/
+	$(PY) -m harness.dashboard $(ARGS)
 
 reproduce: $(STAMP)  ## run every experiment config on the GPU (EXP=fig9 for one), then the figures
 	$(PY) -m harness.reproduce $(if $(EXP),--only $(EXP))

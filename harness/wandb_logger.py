@@ -242,3 +242,53 @@ def make_logger(cfg) -> WandbLogger | None:
         print("[harness] logger=wandb but wandb is not installed (pip install -e .); "
               "continuing without W&B logging")
         return None
+
+
+def figure_tags(names: Iterable[str]) -> list[str]:
+    """The figures run carries the experiment tag of each figure it holds, so that it sits in
+    the dashboard's section of each (harness/dashboard.py filters sections by these tags)."""
+    return sorted({f"experiment:{n}" for n in names})
+
+
+def attach_figures(out_dir: str | Path, cfg=None) -> int:
+    """Log each ``<out_dir>/<name>.png`` (``make figures``' output) as the image
+    ``figures/<name>`` of one run of job type ``figures``. Returns the number attached."""
+    from harness.environment import REPO, environment
+
+    if cfg is None:
+        from systems.engine.config import compose
+
+        cfg = compose(["logger=wandb"]).logger
+    pngs = sorted(Path(out_dir).glob("*.png"))
+    logger = make_logger(cfg)
+    if logger is None or not pngs:
+        return 0
+    env = environment()
+    names = [p.stem for p in pngs]
+    run_dir = REPO / "outputs"  # ignored; W&B writes its wandb/ folder there
+    wb = logger.start_run(f"figures-{env.get('git_commit') or 'local'}", "figures",
+                          {"figures": names, "git_commit": env.get("git_commit")},
+                          figure_tags(names) + [f"commit:{env.get('git_commit')}"],
+                          str(run_dir), job_type=FIGURES_JOB_TYPE)
+    if wb.run is None:
+        return 0
+    try:
+        import wandb
+
+        wb.run.log({figure_key(p.stem): wandb.Image(str(p)) for p in pngs})
+    except Exception as e:
+        _warn_once("figures", f"attaching the figures failed ({type(e).__name__}: {e})")
+        return 0
+    finally:
+        wb.close()
+    print(f"[harness] W&B: {len(pngs)} figures attached ({logger.mode}) to the figures run "
+          f"tagged {', '.join(figure_tags(names))}")
+    return len(pngs)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Attach make figures' images to W&B.")
+    ap.add_argument("--attach-figures", metavar="DIR", default="figures/out")
+    attach_figures(ap.parse_args().attach_figures)
