@@ -115,7 +115,7 @@ def build_report(entity: str, project: str, offline: bool = False):
                          "(experiment:<name>); harness/dashboard.py defines it.")]
     for fam in FAMILIES:
         runset = wr.Runset(entity="" if offline else entity, project=project, name=fam.name,
-                           filters=[expr.Tags().isin(fam.tags())], groupby=["config.system.name"])
+                           filters=expr.And(expr.Tags().isin(fam.tags())), groupby=["config.system.name"])
         blocks += [wr.H1(fam.name), wr.P(fam.note),
                    wr.PanelGrid(runsets=[runset], panels=_panels(fam))]
     return wr.Report(entity=entity, project=project, title=REPORT_TITLE,
