@@ -8,7 +8,7 @@ DEFAULT_EXP := $(if $(HAS_GPU),default_h200,default_cpu)
 EXP ?=
 ARGS ?=
 
-.PHONY: help venv run test server figures reproduce compact clean test-sglang dashboard
+.PHONY: help venv run test server figures reproduce gpu-check compact clean test-sglang dashboard
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
@@ -45,10 +45,19 @@ figures: $(STAMP)  ## draw every figure/table from results/ (CPU) and write REPR
 dashboard: $(STAMP)  ## the W&B workspace + report (harness/dashboard.py): published with WANDB_MODE=online, else written to outputs/
 	$(PY) -m harness.dashboard $(ARGS)
 
-reproduce: $(STAMP)  ## run every experiment config on the GPU (EXP=fig9 for one), then the figures
-	$(PY) -m harness.reproduce $(if $(EXP),--only $(EXP))
+DRY ?=
+reproduce: gpu-check $(STAMP)  ## run every experiment on the GPU (EXP=fig9 for one), then the figures; DRY=1 lists the plan
+ifneq ($(DRY),)
+	$(PY) -m harness.reproduce --dry-run $(if $(EXP),--only $(EXP)) $(ARGS)
+else
+	$(PY) -m harness.reproduce $(if $(EXP),--only $(EXP)) $(ARGS)
 	$(PY) -m harness.compact --results results
 	$(PY) -m figures.make_all
+endif
+
+# before the venv is built: a machine without a GPU learns at once what reproduce needs
+gpu-check:
+	@$(if $(or $(HAS_GPU),$(DRY)),true,echo "make reproduce needs a CUDA GPU (one H200-class GPU, 80+ GB; up to 64 GiB of pinned host memory; README: GPU prerequisites) and nvidia-smi finds none. make reproduce DRY=1 lists the plan; .venv/bin/python -m harness.reproduce --smoke runs it small on CPU." && exit 2)
 
 compact: $(STAMP)  ## xz-compress the request records of finished runs under results/ (before a commit)
 	$(PY) -m harness.compact --results results

@@ -167,7 +167,9 @@ def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
     """error.txt: a clear first line, the traceback, and the server log's tail when there is one."""
     what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
     text = f"run failed: {what}\n\n" + "".join(traceback.format_exception(exc))
-    log = server_dir / "server.log"
+    from harness.servers import server_log
+
+    log = server_log(server_dir)
     if log.exists():
         text += f"\n--- tail of {log} ---\n" + log.read_text(errors="replace")[-5000:]
     tmp = d / ".error.txt.tmp"
