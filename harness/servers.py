@@ -123,8 +123,8 @@ _STARTED = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
 
 
 def server_log(workdir: Path) -> Path:
-    """The log of the bundled servers this harness process starts from ``workdir``: a new file
-    per process (ignored by git), never a log an earlier run wrote."""
+    """The log of the bundled servers this harness process starts from ``workdir``: a file of
+    this process (ignored by git), never one an earlier run wrote and a commit may hold."""
     return Path(workdir) / f"server-{_STARTED}.log"
 
 
@@ -168,15 +168,16 @@ def bundled_server(cfg: DictConfig, workdir: Path):
         raise ValueError(f"server.mode must be subprocess, inprocess, attach or sglang, "
                          f"got {mode!r}")
     workdir.mkdir(parents=True, exist_ok=True)
+    log_path = server_log(workdir)  # this process's own: earlier (committed) logs stay as they are
+    cfg_path = log_path.with_suffix(".yaml")
     cfg = cfg.copy()
     with open_dict(cfg):
         cfg.profile_dir = str(server_profile_dir(workdir))  # collectors of the server's engine
-    # the config this server reads, kept as its record beside its log; both named for this
-    # harness process (server_log), so that no run appends to a log or rewrites a config that
-    # an earlier run left (and a commit kept), and the other lane of a 2-GPU machine, serving
-    # the same experiment, system and model from this folder, never rewrites this one's
-    log_path = server_log(workdir)
-    launch_cfg = log_path.with_suffix(".yaml")
+    OmegaConf.save(cfg, cfg_path, resolve=True)  # the record of this server, beside its log
+    # the file this server reads: its own, because another harness (the other lane of a 2-GPU
+    # machine) may start a server of the same experiment, system and model from this folder and
+    # rewrite a shared config before this server has read it
+    launch_cfg = workdir / f"server_config-{os.getpid()}.yaml"
     OmegaConf.save(cfg, launch_cfg, resolve=True)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
@@ -194,6 +195,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
         yield url
     finally:
         stop_process(proc)
+        launch_cfg.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
