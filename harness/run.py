@@ -230,6 +230,7 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None,
     logger = make_logger(cfg.get("logger"))
     w = cfg.workload
     warn_profile_in_warmup(cfg)
+    warn_profile_skipped(cfg)
     env = environment()
     exp_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -308,6 +309,23 @@ def warn_profile_in_warmup(cfg) -> bool:
               f"not of the load. Set workload.warmup=0 or profile.wait above {steps}.", flush=True)
         return True
     return False
+
+
+def warn_profile_skipped(cfg) -> str | None:
+    """``profile=nsight`` is skipped inside the server when nsight-python, ``ncu`` or a GPU is
+    missing; say so on this console too, where the user is looking (the server's own message
+    goes to its log). Returns the reason, or None when the collector can run."""
+    prof = cfg.get("profile") or {}
+    if str(prof.get("name", "none")) != "nsight" or cfg.server.mode == "sglang":
+        return None
+    from profiling.nsight import nsight_available
+
+    ok, why = nsight_available()
+    if ok:
+        return None
+    print(f"[harness] profile=nsight will be skipped: {why}; the runs go ahead without it",
+          flush=True)
+    return why
 
 
 def _collect_profile(server_dir: Path, run_dirs: list[Path]) -> None:

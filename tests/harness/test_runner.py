@@ -84,3 +84,17 @@ def test_experiment_speculation_block_reaches_only_the_speculative_systems():
     # the ids of this session's H200 runs (hisparse before the block existed, ADHS after it)
     assert run_id(plain, point).endswith("-4d20f7cc")
     assert run_id(spec, point).endswith("-09332484")
+
+
+def test_a_skipped_nsight_profile_says_why_on_the_console(tmp_path, capsys):
+    """On a machine without nsight-python / ncu / a GPU the server skips profile=nsight; the
+    harness says so where the user looks, not only in the server's log."""
+    from profiling.nsight import nsight_available
+
+    ok, why = nsight_available()
+    if ok:
+        pytest.skip("nsight can run here")
+    run(compose(BASE + [f"results_dir={tmp_path}", "profile=nsight", "workload.num_requests=1",
+                        "workload.output_len=2"]))
+    out = capsys.readouterr().out
+    assert f"profile=nsight will be skipped: {why}" in out
