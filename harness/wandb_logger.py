@@ -265,7 +265,7 @@ def attach_figures(out_dir: str | Path, cfg=None) -> int:
         return 0
     env = environment()
     names = [p.stem for p in pngs]
-    run_dir = REPO / "outputs"  # ignored; W&B writes its wandb/ folder there
+    run_dir = Path(os.environ.get("WANDB_DIR") or REPO / "outputs")  # outputs/ is ignored
     wb = logger.start_run(f"figures-{env.get('git_commit') or 'local'}", "figures",
                           {"figures": names, "git_commit": env.get("git_commit")},
                           figure_tags(names) + [f"commit:{env.get('git_commit')}"],
