@@ -60,12 +60,13 @@ def run_labels(cfg: DictConfig, point: dict) -> dict:
     B of a hierarchy backend, the speculation block size K, and residency when it is off. They
     name the run directory and tag its W&B run, so that a sweep's directories say what each
     measured without opening ``config.yaml``."""
-    from systems.engine.config import engine_config_from_cfg
+    from systems.engine.config import kv_options_from, model_config_from, resolve_device
 
     labels = {"load": point["tag"]}
-    if str(cfg.system.kv_backend) != "resident":
-        # the resolved B (the engine's own rule for 0), read wherever the config keeps it
-        labels["hot_cache_rows"] = int(engine_config_from_cfg(cfg).kv.hot_cache_rows)
+    device = resolve_device(cfg.get("device", "auto"))
+    options = kv_options_from(cfg.system, model_config_from(cfg.model, device), device)
+    if getattr(options, "hot_cache_rows", None) is not None:
+        labels["hot_cache_rows"] = int(options.hot_cache_rows)  # resolved: 0 -> 2k
     spec = cfg.system.get("speculation")
     if spec and spec.get("block_size") is not None:
         labels["block_size"] = int(spec.block_size)
@@ -85,7 +86,8 @@ def _config_hash(cfg: DictConfig, point: dict) -> str:
         material.pop(volatile, None)
     # reproduce.speculation reaches the speculative systems through system.speculation (the
     # system configs interpolate it) and is hashed there; the others must keep their ids
-    (material.get("reproduce") or {}).pop("speculation", None)
+    for key in ("speculation", "kv"):  # likewise reproduce.kv through system.kv
+        (material.get("reproduce") or {}).pop(key, None)
     material["point"] = point
     return hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
 
@@ -114,7 +116,7 @@ def legacy_run_id(cfg: DictConfig, point: dict) -> str:
 _EXTRA_TOP_KEYS = {"reproduce", "rerun", "smoke", "profile_dir"}
 _EXTRA_WORKLOAD_KEYS = {"min_waves"}
 # Sweep keys that only harness.reproduce understands (it turns them into config values).
-REPRODUCE_KEYS = {"b_over_k": "model.hot_cache_rows=<B> (B = b_over_k x model.index_topk)"}
+REPRODUCE_KEYS = {"b_over_k": "system.kv.hot_cache_rows=<B> (B = b_over_k x model.index_topk)"}
 
 
 def check_keys(cfg: DictConfig, reproduce_keys: bool = False) -> None:
@@ -209,10 +211,10 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None,
     those of the full sweep and a later full call resumes around them. ``reproduce_keys``:
     harness.reproduce's sweep keys are allowed (it has applied them)."""
     from harness.loadgen import LoadConfig, run_load_sync
-    from systems.engine.config import engine_config_from_cfg
+    from systems.engine.config import resolve_engine_config
 
     check_keys(cfg, reproduce_keys)
-    ecfg = engine_config_from_cfg(cfg)  # fail fast on a bad config, before any server starts
+    ecfg = resolve_engine_config(cfg)  # fail fast on a bad config, before any server starts
     if cfg.server.mode == "sglang":
         from systems.sglang.adapter import check_supported
         check_supported(cfg)  # a clear error before anything launches
