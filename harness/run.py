@@ -60,13 +60,10 @@ def run_labels(cfg: DictConfig, point: dict) -> dict:
     B of a hierarchy backend, the speculation block size K, and residency when it is off. They
     name the run directory and tag its W&B run, so that a sweep's directories say what each
     measured without opening ``config.yaml``."""
-    from systems.engine.config import kv_options_from, model_config_from, resolve_device
-
     labels = {"load": point["tag"]}
-    device = resolve_device(cfg.get("device", "auto"))
-    options = kv_options_from(cfg.system, model_config_from(cfg.model, device), device)
-    if getattr(options, "hot_cache_rows", None) is not None:
-        labels["hot_cache_rows"] = int(options.hot_cache_rows)  # resolved: 0 -> 2k
+    b = hot_cache_rows(cfg)
+    if b is not None:
+        labels["hot_cache_rows"] = b
     spec = cfg.system.get("speculation")
     if spec and spec.get("block_size") is not None:
         labels["block_size"] = int(spec.block_size)
@@ -76,12 +73,46 @@ def run_labels(cfg: DictConfig, point: dict) -> dict:
     return labels
 
 
+def hot_cache_rows(cfg: DictConfig) -> int | None:
+    """The resolved hot-cache budget B of the system's backend (0 -> 2k there), None for a
+    backend without a hot cache."""
+    from systems.engine.config import kv_options_from, model_config_from, resolve_device
+
+    device = resolve_device(cfg.get("device", "auto"))
+    options = kv_options_from(cfg.system, model_config_from(cfg.model, device), device)
+    b = getattr(options, "hot_cache_rows", None)
+    return None if b is None else int(b)
+
+
+# The layout every committed run was hashed in, before B moved from model.hot_cache_rows to
+# system.kv.hot_cache_rows and the backends' implicit defaults were written into conf/system/:
+# run ids hash the config in that layout, so that the runs measured before keep their ids (and
+# a resumed sweep skips them). The models' B then, which resident runs carried unread:
+_MODEL_B_BEFORE = {"glm53_mini": 1024, "dsv41_mini": 2048, "tiny": 16, "tiny_dsv": 16}
+# system.kv keys whose defaults the backends applied without the configs naming them:
+_KV_IMPLICIT_BEFORE = {"cap_slots_to_pool": True, "tail_rows": 0}
+
+
+def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
+    kv = (material.get("system") or {}).get("kv")
+    model = material["model"]
+    if isinstance(kv, dict) and "hot_cache_rows" in kv:
+        del kv["hot_cache_rows"]
+        model["hot_cache_rows"] = hot_cache_rows(cfg)
+    elif model.get("name") in _MODEL_B_BEFORE:
+        model["hot_cache_rows"] = _MODEL_B_BEFORE[model["name"]]
+    for key, default in _KV_IMPLICIT_BEFORE.items():
+        if isinstance(kv, dict) and key in kv and kv[key] == default:
+            del kv[key]
+    return material
+
+
 _LABEL_PARTS = {"hot_cache_rows": "B{}", "block_size": "K{}",
                 "optional_residency": lambda v: "resoff"}
 
 
 def _config_hash(cfg: DictConfig, point: dict) -> str:
-    material = OmegaConf.to_container(cfg, resolve=True)
+    material = _hashed_layout(cfg, OmegaConf.to_container(cfg, resolve=True))
     for volatile in ("server", "logger", "results_dir", "hydra"):
         material.pop(volatile, None)
     # reproduce.speculation reaches the speculative systems through system.speculation (the
