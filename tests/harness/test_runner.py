@@ -81,7 +81,8 @@ def test_experiment_speculation_block_reaches_only_the_speculative_systems():
     bare = OmegaConf.to_container(plain, resolve=True)
     del bare["reproduce"]["speculation"]
     assert run_id(plain, point) == run_id(OmegaConf.create(bare), point)
-    # the ids of this session's H200 runs (hisparse before the block existed, ADHS after it)
+    # the ids of this session's H200 runs (hisparse before the block existed, ADHS after it),
+    # kept through the typed config's move of B to system.kv (harness.run._hashed_layout)
     assert run_id(plain, point).endswith("-4d20f7cc")
     assert run_id(spec, point).endswith("-09332484")
 
