@@ -21,7 +21,7 @@ from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
 from systems.models.config import LayerSpec, ModelConfig
 from systems.kernels.selfcheck import resolve_impl
 from systems.kernels.sparse_attention import sparse_attention
-from systems.kernels.topk import topk_positions_reference
+from systems.kernels.topk import topk_positions
 from systems.models.kv_format import decode_rows, encode_rows
 
 
@@ -65,6 +65,8 @@ class SparseModel(torch.nn.Module):
         # tokens are the reference's; backends agree bit for bit under either;
         # and fall back to the reference if the kernels fail a self-check on this GPU)
         self.attention_impl = resolve_impl(cfg.attention_impl, self.device)
+        # the indexer's top-k follows: the radix-select kernel wherever the kernels run
+        self.topk_impl = "triton" if self.attention_impl.startswith("triton") else "reference"
         g = torch.Generator().manual_seed(cfg.seed)  # CPU generator: same weights on every device
 
         def w(*shape, fan_in=None):
@@ -119,7 +121,7 @@ class SparseModel(torch.nn.Module):
         selection never depends on the batch (systems/kernels/topk.py). Entries beyond the
         visible history are -1.
         """
-        return topk_positions_reference(scores, positions, self.cfg.index_topk)
+        return topk_positions(scores, positions, self.cfg.index_topk, impl=self.topk_impl)
 
     def attend(self, q: torch.Tensor, rows: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
         """q (B,Qc,H,d), rows (B,Qc,k,d), sel (B,Qc,k) -> (B,Qc,H,d)."""
