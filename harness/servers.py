@@ -2,7 +2,7 @@
 
 - ``subprocess``: the bundled server in its own process (the default: the load generator never
   shares a process or a GIL with the engine), config passed as a resolved YAML file, logs to
-  ``server.log``.
+  ``server-<start time>-<pid>.log`` (``server_log``).
 - ``inprocess``: engine thread + aiohttp app on a background thread of this process (tests).
 - ``attach``: an already running endpoint at ``server.url`` (our server or SGLang).
 
@@ -119,6 +119,15 @@ def _stop(proc: subprocess.Popen, grace_s: float, group: bool) -> None:
             continue
 
 
+_STARTED = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+
+
+def server_log(workdir: Path) -> Path:
+    """The log of the bundled servers this harness process starts from ``workdir``: a file of
+    this process (ignored by git), never one an earlier run wrote and a commit may hold."""
+    return Path(workdir) / f"server-{_STARTED}.log"
+
+
 def server_profile_dir(workdir: Path) -> Path:
     """Where the collectors of a bundled server write until the harness moves their outputs into
     the run directory: one folder per harness process, because two harnesses (two lanes of one
@@ -182,17 +191,17 @@ def bundled_server(cfg: DictConfig, workdir: Path):
                          f"got {mode!r}")
     workdir.mkdir(parents=True, exist_ok=True)
     remove_stale_launch_configs(workdir)
-    cfg_path = workdir / "server_config.yaml"
+    log_path = server_log(workdir)  # this process's own: earlier (committed) logs stay as they are
+    cfg_path = log_path.with_suffix(".yaml")
     cfg = cfg.copy()
     with open_dict(cfg):
         cfg.profile_dir = str(server_profile_dir(workdir))  # collectors of the server's engine
-    OmegaConf.save(cfg, cfg_path, resolve=True)  # the record of the folder's latest server
+    OmegaConf.save(cfg, cfg_path, resolve=True)  # the record of this server, beside its log
     # the file this server reads: its own, because another harness (the other lane of a 2-GPU
     # machine) may start a server of the same experiment, system and model from this folder and
-    # rewrite server_config.yaml before this server has read it
+    # rewrite a shared config before this server has read it
     launch_cfg = workdir / f"server_config-{os.getpid()}.yaml"
     OmegaConf.save(cfg, launch_cfg, resolve=True)
-    log_path = workdir / "server.log"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
     t0 = time.monotonic()
@@ -206,7 +215,7 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     track(proc)
     try:
         wait_healthy(url, timeout, proc, log_path, "bundled server")
-        # paid once per system and setting: the engine's own phases are in server.log
+        # paid once per system and setting: the engine's own phases are in its log
         print(f"[harness] server up in {time.monotonic() - t0:.1f} s ({log_path})", flush=True)
         yield url
     finally:

@@ -555,8 +555,12 @@ class Server:
         return web.json_response({"status": "ok", "uptime_s": time.time() - self.started})
 
     async def models(self, request: web.Request) -> web.Response:
+        # max_model_len as vLLM names it; the load generator reads it and vocab_size to fit its
+        # random prompts to this server when it is not told their length and id range
         return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "owned_by": "dhs"}]})
+            {"id": self.model_name, "object": "model", "owned_by": "dhs",
+             "max_model_len": self.max_total, "vocab_size": self.engine.cfg.model.vocab_size,
+             "max_new_tokens_cap": self.engine.cfg.max_new_tokens_cap}]})
 
 
 def _sample(value: float) -> str:
