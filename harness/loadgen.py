@@ -518,10 +518,17 @@ class _Runner:
 
     # ---- one request -------------------------------------------------
 
+    def _tag(self, rec: RequestRecord) -> None:
+        rec.phase = self.cur_phase
+        rec.concurrency = (self.target or None) if self.mode == "open" else self.target
+
     async def _request(self, rec: RequestRecord, body: bytes) -> None:
         parser = self.parser_cls()
         rec.send_epoch = time.time()
         rec.send_mono = t_send = _perf()
+        # the phase is the one the request is sent in: a task launched just before a phase
+        # switch can start after it (a busy event loop), and its record belongs to the new one
+        self._tag(rec)
         try:
             # one timer per request; a ClientTimeout would arm a timer around every socket read
             async with asyncio.timeout(self.cfg.timeout), self.session.post(
@@ -583,12 +590,8 @@ class _Runner:
         i = self.n_sent
         self.n_sent += 1
         rid = f"{self.run_id}-{i}"
-        rec = RequestRecord(
-            rid=rid,
-            index=i,
-            phase=self.cur_phase,
-            concurrency=(self.target or None) if self.mode == "open" else self.target,
-        )
+        rec = RequestRecord(rid=rid, index=i)
+        self._tag(rec)
         body = self.bodies.body(i, rid)
         self.inflight += 1
         t = asyncio.create_task(self._measured(rec, body))
