@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 
+import seaborn as sns
 
 from figures import common as C
 from figures.paper_values import FIG11_FAMILIES, PAPER
@@ -143,7 +144,7 @@ def main(argv=None) -> C.Report:
     rep = C.Report(NAME, "Fig. 11 - Where step time goes (ours: scaled presets)")
     P = PAPER["fig11"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.0)
-    colors = dict(zip(FIG11_FAMILIES, C.sns.color_palette("Set2", len(FIG11_FAMILIES))))
+    colors = dict(zip(FIG11_FAMILIES, sns.color_palette("Set2", len(FIG11_FAMILIES))))
 
     ax = axes[0][0]
     bars = [("block 4 paper", P["round_ms"]["4"]), ("block 4 ours", rounds.get("4") or {}),

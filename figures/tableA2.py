@@ -62,7 +62,7 @@ def main(argv=None) -> C.Report:
                         continue
                     have |= off > 0
                     sh = 100.0 * v / tt
-                    ax.bar(j + off, sh, 0.38, bottom=bottom, color=C._PALETTE[n],
+                    ax.bar(j + off, sh, 0.38, bottom=bottom, color=C.PALETTE[n],
                            hatch="///" if off < 0 else None, edgecolor="white",
                            label=what if (j == 0 and off < 0) else None)
                     bottom += sh

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from figures import common as C
+from harness import results as R
 from figures import make_all
 from figures.paper_values import AMBIGUITIES, PAPER, PV, flatten, get
 from tests.figures.fixture import build
@@ -399,7 +400,7 @@ def test_provenance_names_repeat_commits_and_a_kernel_change_between_runs(tmp_pa
     assert runs[0].commit == "1ef6892"
     prov = C.provenance(runs)
     assert "median of 2 repeat runs (commits 1ef6892, 60e6be1)" in prov
-    if C._after_change("1ef6892", "a5e1803") is None:
+    if R._after_change("1ef6892", "a5e1803") is None:
         pytest.skip("git history not available here")
     assert "mixes runs from before a5e1803 (60e6be1) and after it (1ef6892)" in prov
     assert C.change_mix([C.Run(runs[0].path, runs[0].summary)]) == ""  # one side only
