@@ -29,8 +29,9 @@ from figures.notes import (Tracker, admission_experiment_note, admission_note,  
 from figures.plotting import (PALETTE, legend, mark_unmeasured, not_measured_panel,  # noqa: F401
                               panel_title, paper_vs_ours_bars, plot_system_curve,
                               serving_panels, subplots, system_color, system_label)
-from figures.report import (DEFAULT_OUT, NOT_MEASURED, Report, fmt, paper_number,  # noqa: F401
-                            paper_source, parse_args, parse_budget, pct_change, ratio)
+from figures.report import (DEFAULT_OUT, NOT_MEASURED, Footnotes, Report, fmt,  # noqa: F401
+                            paper_number, paper_source, parse_args, parse_budget, pct_change,
+                            ratio)
 from harness.results import (DEFAULT_RESULTS, REPO, SUPERSEDED, Run,  # noqa: F401
                              accepted_per_round, as_float, binned, binned_share, by_system,
                              canonical_system, change_mix, counter_share, curve,

@@ -133,12 +133,15 @@ def write_report(path: Path, reports: dict, failures: dict, claims: dict, out_di
              "## Headline claims", "",
              "| claim | paper | ours | holds | criterion | ours from | measured reason, where it does not hold |",
              "|---|---|---|---|---|---|---|"]
+    notes = C.Footnotes()
     for cid, c in claims.items():
         h = {True: "yes", False: "**no**", None: "—"}[c["holds"]]
         ours = C.fmt(c["ours"]) if c["ours"] is not None else f"*{C.NOT_MEASURED}*"
+        why = notes.cell(c["why_not"]) if c.get("why_not") else ""
         lines.append(f"| {c['claim']} | {C.fmt(c['paper'])} | {ours} | {h} | {c['criterion']} | "
-                     f"{c['provenance']} | {c.get('why_not', '')} |")
-    lines += ["", "## Index", "", "| figure / table | numbers measured | panels |", "|---|---|---|"]
+                     f"{notes.cell(c['provenance'])} | {why} |")
+    lines += [""] + notes.markdown()
+    lines += ["## Index", "", "| figure / table | numbers measured | panels |", "|---|---|---|"]
     for name, rep in reports.items():
         pan = ", ".join(f"{k}: {'yes' if C.NOT_MEASURED not in v else 'no'}" for k, v in rep.panels.items())
         lines.append(f"| [{rep.title}](#{name}) | {rep.n_measured} / {len(rep.rows)} | {pan} |")

@@ -283,7 +283,7 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
     add(change_mix(runs))
     n_first, n_all = first_run_count(runs)
     if n_first:
-        add(f"{n_first} of {n_all} runs the first of their system in a fresh machine's device call "
+        add(f"{n_first} of {n_all} runs the first of their system on a fresh machine "
             f"(such a run measured up to 2x slower; results/cold_cache/)")
     if extra:
         add(extra)

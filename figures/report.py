@@ -23,6 +23,67 @@ from harness.results import DEFAULT_RESULTS, REPO, SUPERSEDED, as_float  # noqa:
 
 DEFAULT_OUT = REPO / "figures" / "out"
 NOT_MEASURED = "not yet measured"
+# the longest text a table cell holds; longer provenance, run lists and explanations become
+# numbered notes under the table
+CELL_MAX = 120
+SHORT_MAX = 60
+
+
+class Footnotes:
+    """The numbered notes under one table. A text that does not fit a cell leaves its short label
+    (its first clause) and a note number in the cell; equal texts share one note."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def ref(self, text: str) -> str:
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"[{self.texts.index(text) + 1}]"
+
+    def cell(self, text: str, limit: int = SHORT_MAX) -> str:
+        """``text`` where it is at most ``limit`` characters, else its short label and a note."""
+        text = text.strip()
+        if len(text) <= limit:
+            return text
+        return f"{short_label(text)} {self.ref(text)}"
+
+    def sources(self, text: str) -> str:
+        """Note numbers for a provenance ('; '-separated tags): its short tags together in one
+        note, each long one (a run list, a mix of commits) in its own, so rows that share a tag
+        share its note."""
+        tags = split_tags(text)
+        short = "; ".join(t for t in tags if len(t) <= SHORT_MAX)
+        return "".join(self.ref(t) for t in ([short] if short else []) + [t for t in tags if len(t) > SHORT_MAX])
+
+    def markdown(self) -> list[str]:
+        """The notes as a numbered list (with a blank line after), or nothing."""
+        if not self.texts:
+            return []
+        return [f"{i}. {t}" for i, t in enumerate(self.texts, 1)] + [""]
+
+
+def split_tags(text: str) -> list[str]:
+    """``text`` split at '; ' outside parentheses."""
+    tags, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and text.startswith("; ", i):
+            tags.append(text[start:i])
+            start = i + 2
+    tags.append(text[start:])
+    return [t.strip() for t in tags if t.strip()]
+
+
+def short_label(text: str) -> str:
+    """The first clause of a provenance or explanation ("; " or ": " ends it), without a long
+    parenthesis, cut to SHORT_MAX characters at a word."""
+    head = re.split(r"; |: ", text, maxsplit=1)[0]
+    if len(head) > SHORT_MAX:
+        head = head.split(" (")[0]
+    if len(head) > SHORT_MAX:
+        head = head[:SHORT_MAX].rsplit(" ", 1)[0] + " ..."
+    return head
 
 
 NOT_MEASURED = "not yet measured"
@@ -158,23 +219,34 @@ class Report:
         out = [f"{h} {self.title}", ""]
         if image:
             out += [f"![{self.name}]({image})", ""]
+        notes = Footnotes()
         if self.measured_with:
-            out += [f"Measured with: {self.measured_with}", ""]
+            mw = self.measured_with
+            out += [f"Measured with: {mw if len(mw) <= CELL_MAX else notes.sources(mw)}", ""]
         if self.panels:
             out.append("Panels: " + "; ".join(f"**{k}** {v}" for k, v in self.panels.items()))
             out.append("")
         if self.rows:
-            out += [f"{h}# Paper vs ours", "",
-                    "| quantity | paper | ours | ours/paper | paper source | ours from |",
-                    "|---|---|---|---|---|---|"]
-            for r in self.rows:
+            sources = [paper_source(r.paper) for r in self.rows]
+            common = max(set(sources), key=sources.count)
+            out += [f"{h}# Paper vs ours", ""]
+            if common and sources.count(common) > 1:
+                out += [f"Paper values from {common} unless a row names another source.", ""]
+            out += ["| quantity | paper | ours | ours/paper | paper source; ours from |",
+                    "|---|---|---|---|---|"]
+            for r, src in zip(self.rows, sources):
                 u = f" {r.unit}" if r.unit else ""
                 ours = fmt(r.ours) + u if r.ours is not None else f"*{NOT_MEASURED}*"
                 ratio = fmt(r.ratio) if r.ratio is not None else "—"
                 q = r.quantity + (f" ({r.note})" if r.note else "")
+                if len(q) > CELL_MAX:
+                    q = f"{r.quantity} {notes.ref(r.note[0].upper() + r.note[1:])}"
+                src = "" if src == common and sources.count(common) > 1 else notes.cell(src, limit=30)
+                prov = r.prov if r.prov == NOT_MEASURED else notes.sources(r.prov)
                 out.append(f"| {q} | {fmt(r.paper)}{u if r.paper is not None else ''} | {ours} | "
-                           f"{ratio} | {paper_source(r.paper)} | {r.prov} |")
+                           f"{ratio} | {'; '.join(x for x in (src, prov) if x)} |")
             out.append("")
+        out += notes.markdown()
         for title, md in self.tables:
             out += [f"{h}# {title}", "", md, ""]
         missing = [r for r in self.rows if not r.measured]
