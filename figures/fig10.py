@@ -86,6 +86,7 @@ def main(argv=None) -> C.Report:
     eager = eager_profiles(args.results, skipped)
     rep = C.Report(NAME, "Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 "
                          "(ours: scaled presets)")
+    rep.loads = {128: 128}  # the Adaptive HiSparse C128 runs of Fig. 9's sweep and results/fig10*
     P = PAPER["fig10"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.2)
 

@@ -31,13 +31,16 @@ def main(argv=None) -> C.Report:
     cs = sorted({r.concurrency for r in runs if r.concurrency})
     top = 512 if 512 in cs else (cs[-1] if cs else 512)
     note_top = "" if top == 512 else f"our highest C is {top}"
+    rep.loads = {c: c for c in cs if c < 512} | ({512: top} if cs else {})
     o = lambda s, c: tr.val(s, c, OUT)  # noqa: E731
     tt = lambda s, c: tr.val(s, c, "ttft_ms_mean", 1e-3)  # noqa: E731
     tp = lambda s, c: tr.val(s, c, "tpot_ms_mean")  # noqa: E731
 
     rep.compare("adhs_vs_resident_dspark_C512", "ADHS / Resident + DSpark output at C512",
                 P["adhs_vs_resident_dspark_C512"],
-                C.ratio(o("adaptive_dhisparse", top), o("resident_dspark", top)), "x", tr.take(), note_top)
+                C.ratio(o("adaptive_dhisparse", top), o("resident_dspark", top)), "x", tr.take(), note_top,
+                stats=C.ratio_stats(C.pick(runs, "adaptive_dhisparse", top),
+                                    C.pick(runs, "resident_dspark", top), OUT))
     rep.compare("adhs_output_C512", "ADHS output at C512", P["adhs_output_C512"],
                 o("adaptive_dhisparse", top), "tok/s/GPU", tr.take(), note_top)
     rep.compare("adhs_ttft_lower_C512", "Resident + DSpark TTFT / ADHS TTFT at C512",
@@ -83,7 +86,13 @@ def main(argv=None) -> C.Report:
     why = C.diagnosis([r for r in runs if r.concurrency == top], top)
     if why:
         rep.note(why[0].upper() + why[1:] + ".")
-        rep.diagnose(("adhs_vs_resident_dspark_C512", "spec_return_C512", "adaptive_vs_resident_C512"), why)
+
+    for key, systems in (("adhs_vs_resident_dspark_C512", ("adaptive_dhisparse", "resident_dspark")),
+                         ("spec_return_C512", ("adaptive_dhisparse", "adaptive_hisparse")),
+                         ("adaptive_vs_resident_C512", ("adaptive_hisparse", "resident"))):
+        b = C.claim_breakdown(runs, systems, top)
+        if b:
+            rep.diagnose((key,), b)
 
     # context-length crossover at the top concurrency (runs with point.input_len)
     for ctx, pv in P["context_crossover_C512"].items():

@@ -21,6 +21,17 @@ NAME = "fig6"
 ARM_COLORS = {"on": C.PALETTE[2], "off": C.PALETTE[0]}
 
 
+def step_loads(runs) -> dict[int, int]:
+    """{paper C: ours C} of the load step (the paper's C16 -> C256 -> C16) from the runs'
+    schedule ("concurrency:seconds,..."), or {} without one."""
+    for r in runs:
+        sched = str((r.point or {}).get("schedule") or r.cfg("schedule") or "")
+        cs = [int(x.split(":")[0]) for x in sched.split(",") if ":" in x]
+        if cs:
+            return {16: cs[0], 256: max(cs)}
+    return {}
+
+
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     runs = C.load_runs(args.results, NAME)
@@ -28,6 +39,7 @@ def main(argv=None) -> C.Report:
     S = C.load_json(args.results / NAME / "summary.json") or {}
     rep = C.Report(NAME, "Fig. 6 - Residency under a load step (ours: GLM-like scaled preset, "
                          "time-scaled phases)")
+    rep.loads = step_loads(A.values())
     P = PAPER["fig6"]
     fig, axes = C.subplots(1, 3, width=3.8, height=2.9)
     specs = (("a", "dhs_num_allocated_slots", "Allocated request slots", 1.0, False),

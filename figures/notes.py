@@ -7,12 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from figures.paper_values import label
+from figures.stats import ratio_stats
 from harness.results import (Run, accepted_per_round, as_float, change_mix, decode_stall_share,
                              engine_time_split, find_key, first_run_count, graph_replay_share,
                              live_window, load_runs, pick, queries_per_round, step_cost,
-                             system_sort_key, values_by_device_call)
-import numpy as np
+                             system_sort_key, timing_split, values_by_run_group)
 
 
 def batch_scaling_note(runs: Iterable[Run], concurrency: int) -> str | None:
@@ -101,9 +103,9 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run], concurre
             continue
         mix = change_mix([a, base])
         caveat = f"; {mix}" if mix else ""
-        if a.device_call != base.device_call:
-            caveat += (f"; the two runs are from different device calls ({a.device_call or '?'}, "
-                       f"{base.device_call or '?'}), and one config's output moves by up to 40% between GPU machines")
+        if a.run_group != base.run_group:
+            caveat += (f"; the two runs are from different run groups ({a.run_group or '?'}, "
+                       f"{base.run_group or '?'}), and one config's output moves by up to 40% between GPU machines")
         parts.append(f"{label(a.system)} at C{a.concurrency} with {per_a} handoffs per step made "
                      f"{out_a:,.0f} tok/s{held(a)}, against {out_b:,.0f} tok/s{held(base)} with "
                      f"{per_b if per_b is not None else 'the default'} ({out_a / out_b:.2f}x; "
@@ -117,26 +119,34 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run], concurre
 
 def paired_ratio_note(runs: Iterable[Run], pairs: Sequence[tuple[str, str]], concurrency: int,
                       key: str = "output_tok_s") -> str | None:
-    """Where the points of a ratio are medians of repeats, the ratio of runs made in one device
-    call (one commit, one GPU machine) for each call that ran both systems. One config's output
-    moves by up to 40% between machines, so a ratio of medians over different machines can be
-    further from either machine's own ratio than the effect is large."""
+    """Where the points of a ratio are medians of repeats: the ratio within each run group (runs
+    measured together on one GPU machine) that ran both systems, of the medians of every run
+    each system has in that group; then the ratio of the medians over all repeats with its
+    bootstrap 90% interval. One config's output moves by up to 40% between machines, so a ratio
+    of medians over different machines can be further from either machine's own ratio than the
+    effect is large."""
     runs = list(runs)
     parts = []
     for a_sys, b_sys in pairs:
         a, b = pick(runs, a_sys, concurrency), pick(runs, b_sys, concurrency)
         if a is None or b is None or (len(a.repeats) < 2 and len(b.repeats) < 2):
             continue
-        by_call = values_by_device_call({"a": a, "b": b}, key)
-        ratios = [(c, d["a"] / d["b"]) for c, d in by_call.items() if {"a", "b"} <= set(d)]
+        by_group = values_by_run_group({"a": a, "b": b}, key)
+        ratios = [(g, float(np.median(d["a"]) / np.median(d["b"]))) for g, d in by_group.items()
+                  if d.get("a") and d.get("b")]
         if not ratios:
             continue
         vals = sorted(r for _, r in ratios)
-        parts.append(f"{label(a_sys)} / {label(b_sys)} " + ", ".join(f"{r:.2f} ({c})" for c, r in ratios)
-                     + (f", median {float(np.median(vals)):.2f}" if len(vals) > 1 else ""))
+        text = (f"{label(a_sys)} / {label(b_sys)} " + ", ".join(f"{r:.2f} ({g})" for g, r in ratios)
+                + (f", median {float(np.median(vals)):.2f}" if len(vals) > 1 else ""))
+        st = ratio_stats(a, b, key)
+        if st is not None and st.interval:
+            text += (f"; over all {st.runs[0]} and {st.runs[1]} runs {st.point:.2f}, "
+                     f"90% interval {st.lo:.2f}-{st.hi:.2f}")
+        parts.append(text)
     if not parts:
         return None
-    return (f"ratios at C{concurrency} within one device call (its id, or its commit): " + "; ".join(parts)
+    return (f"ratios at C{concurrency} within one run group (its id, or its commit): " + "; ".join(parts)
             + ". The figure's ratio is of the repeats' medians, which come from different GPU machines")
 
 
@@ -305,3 +315,45 @@ def summary_provenance(d: Mapping | None, kind: str) -> str:
     if d.get("gpu") or d.get("device"):
         parts.append(str(d.get("gpu") or d.get("device")))
     return "; ".join(parts)
+
+
+def breakdown(run: Run) -> str | None:
+    """What one run measured about where its time went, as numbers only: the decode step's cost
+    against the batch it carried (step_cost, over every repeat), the engine thread's time split
+    (engine_time_split), the requests running and waiting, and the mean time to first token split
+    into allocation wait, handoff and the rest (the request records)."""
+    parts = []
+    sc = step_cost(run)
+    if sc is not None:
+        parts.append(f"step {sc[0]:.1f} ms at {sc[1]:.0f} running")
+    w = live_window(run, {"dhs_num_waiting_reqs"})
+    if w is not None:
+        parts.append(f"{float(w[0]['dhs_num_waiting_reqs'].mean()):.0f} waiting")
+    split = engine_time_split(run)
+    if split:
+        parts.append("engine time " + " / ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))
+    tt = timing_split(run, post_wave=False) if run.records else {}
+    if tt.get("ttft_s") is not None and tt.get("handoff_s") is not None:
+        parts.append(f"TTFT {tt['ttft_s']:.2f} s = allocation wait {1e3 * (tt['alloc_wait_s'] or 0):.0f} ms"
+                     f" + handoff {1e3 * tt['handoff_s']:.0f} ms + other {tt['other_s'] or 0:.2f} s")
+    else:
+        h = as_float(run.summary.get("handoff_s_mean"))
+        if h is not None:
+            parts.append(f"handoff {1e3 * h:.0f} ms per request")
+    acc = accepted_per_round(run)
+    if acc is not None:
+        parts.append(f"{acc:.2f} drafts accepted per round")
+    return ", ".join(parts) if parts else None
+
+
+def claim_breakdown(runs: Iterable[Run], systems: Sequence[str], concurrency: int) -> str | None:
+    """The measured breakdown (``breakdown``) of each compared system's run at one load, for the
+    "why not" of a claim between them; None where no run has any of it."""
+    runs = list(runs)
+    parts = []
+    for s in systems:
+        r = pick(runs, s, concurrency)
+        b = breakdown(r) if r is not None else None
+        if b:
+            parts.append(f"{label(s)} at C{concurrency}: {b}")
+    return "; ".join(parts) if parts else None

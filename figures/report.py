@@ -19,6 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from figures.paper_values import PV  # noqa: E402
+from figures.stats import RatioStats  # noqa: E402
+from harness.load_mapping import loads_line  # noqa: E402
 from harness.results import DEFAULT_RESULTS, REPO, SUPERSEDED, as_float  # noqa: E402
 
 DEFAULT_OUT = REPO / "figures" / "out"
@@ -142,6 +144,16 @@ class Row:
     unit: str = ""
     prov: str = ""
     note: str = ""
+    # a ratio over repeat runs: its bootstrap interval, run counts and per-run-group ratios
+    stats: RatioStats | None = None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        return self.stats.interval if self.stats else None
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        return self.stats.spread if self.stats else None
 
     @property
     def ratio(self) -> float | None:
@@ -164,15 +176,18 @@ class Report:
     tables: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     why: dict[str, str] = field(default_factory=dict)  # row key -> measured reason it differs
+    # the compared loads, {paper C: ours C} (harness.load_mapping labels both)
+    loads: dict[int, int] = field(default_factory=dict)
     measured_with: str = ""
     png: Path | None = None
     md: Path | None = None
 
     # ------------------------------------------------------------------ collecting
     def compare(self, key: str, quantity: str, paper: Any, ours: Any, unit: str = "",
-                prov: str = "", note: str = "") -> Row:
+                prov: str = "", note: str = "", stats: RatioStats | None = None) -> Row:
         o = as_float(ours)
-        row = Row(key, quantity, paper, o, unit, prov if o is not None else NOT_MEASURED, note)
+        row = Row(key, quantity, paper, o, unit, prov if o is not None else NOT_MEASURED, note,
+                  stats if o is not None else None)
         self.rows.append(row)
         return row
 
@@ -220,6 +235,8 @@ class Report:
         if image:
             out += [f"![{self.name}]({image})", ""]
         notes = Footnotes()
+        if self.loads:
+            out += [f"Loads: {loads_line(self.loads)}.", ""]
         if self.measured_with:
             mw = self.measured_with
             out += [f"Measured with: {mw if len(mw) <= CELL_MAX else notes.sources(mw)}", ""]
@@ -237,6 +254,7 @@ class Report:
             for r, src in zip(self.rows, sources):
                 u = f" {r.unit}" if r.unit else ""
                 ours = fmt(r.ours) + u if r.ours is not None else f"*{NOT_MEASURED}*"
+                ours += interval_text(r)
                 ratio = fmt(r.ratio) if r.ratio is not None else "—"
                 q = r.quantity + (f" ({r.note})" if r.note else "")
                 if len(q) > CELL_MAX:
@@ -295,6 +313,16 @@ class Report:
         if not getattr(args, "quiet", False):
             self.print()
         return self
+
+
+def interval_text(r: Row) -> str:
+    """' (90% lo-hi; groups lo-hi)' for a row with a bootstrap interval, else ''."""
+    if r.interval is None:
+        return ""
+    text = f" (90% {fmt(r.interval[0])}–{fmt(r.interval[1])}"
+    if r.spread is not None and len(r.stats.group_ratios) > 1:
+        text += f"; run groups {fmt(r.spread[0])}–{fmt(r.spread[1])}"
+    return text + ")"
 
 
 def df_to_markdown(df: pd.DataFrame) -> str:

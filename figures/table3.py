@@ -57,6 +57,7 @@ def main(argv=None) -> C.Report:
 
     # measured: HiSparse at C128, smallest and largest budget
     pts = sweep(args.results)
+    rep.loads = {128: 128} if any(p.concurrency == 128 for p in pts) else {}
     meas = {}
     for fam in ("glm", "deepseek"):
         sel = select(pts, fam, "hisparse", 128)

@@ -9,6 +9,7 @@ count returned to 16; ours uses the whole third phase unless the harness provide
 from __future__ import annotations
 
 from figures import common as C
+from figures.fig6 import step_loads
 from harness.summaries import arm_of
 from figures.paper_values import PAPER, TABLEA1_PHASES
 
@@ -45,6 +46,7 @@ def main(argv=None) -> C.Report:
             A[a] = r
     rep = C.Report(NAME, "Table A1 - Load step, optional residency on / off (ours: GLM-like scaled "
                          "preset, time-scaled phases)")
+    rep.loads = step_loads(A.values())
     P = PAPER["tableA1"]
     ours = {arm: phase_rows(A.get(arm)) for arm in ("on", "off")}
     for i, ph in enumerate(TABLEA1_PHASES):

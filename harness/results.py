@@ -188,11 +188,12 @@ class Run:
         return c[:7] + ("-dirty" if c.endswith("-dirty") else "")
 
     @property
-    def device_call(self) -> str:
-        """The GPU-machine call the run was made in: env.json's device_call (set by
-        benchmarks/gpu_next.sh), else its commit (each call of this project's sessions so far
-        ran one commit), else ''."""
-        return str(self.env.get("device_call") or self.commit)
+    def run_group(self) -> str:
+        """Which runs were measured together, back to back on one GPU machine: env.json's
+        ``run_group`` (``device_call`` in runs recorded before the rename; set by the GPU batch
+        script), else its commit (each GPU call of this project's sessions so far ran one
+        commit), else ''."""
+        return str(self.env.get("run_group") or self.env.get("device_call") or self.commit)
 
     @property
     def calibrated_acceptance(self) -> bool:
@@ -276,8 +277,18 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
 
 def step_cost(run: Run, exclude_capture: bool = False) -> tuple[float, float] | None:
     """(ms per decode step, mean running requests) while requests were running, from the
-    server samples: the step's cost against the batch it carried. ``exclude_capture`` leaves out
-    the steps that recorded a CUDA graph (and their time), where the server counts them."""
+    server samples: the step's cost against the batch it carried. Over the run's repeats, the
+    median of each (every repeat that has samples counts, not only the newest).
+    ``exclude_capture`` leaves out the steps that recorded a CUDA graph (and their time), where
+    the server counts them."""
+    costs = [c for c in (_step_cost_of(x, exclude_capture) for x in (run.repeats or [run])) if c]
+    if not costs:
+        return None
+    return float(np.median([c[0] for c in costs])), float(np.median([c[1] for c in costs]))
+
+
+def _step_cost_of(run: Run, exclude_capture: bool) -> tuple[float, float] | None:
+    """step_cost of one run's own samples."""
     w = live_window(run, {"dhs_decode_seconds_total", "dhs_num_steps"})
     if w is None:
         return None
@@ -305,16 +316,17 @@ def live_window(run: Run, need: set, min_rows: int = 0):
     return live, live.iloc[0], live.iloc[-1]
 
 
-def values_by_device_call(points: dict, key: str) -> dict[str, dict]:
-    """{device call: {point: the summary's ``key``}} over each point's run and its repeats (a
-    point is any label: a system, a budget): which values one GPU machine measured together."""
-    by_call: dict[str, dict] = {}
+def values_by_run_group(points: dict, key: str) -> dict[str, dict[Any, list[float]]]:
+    """{run group: {point: the summary's ``key`` of each of the point's runs in that group}} over
+    each point's run and all its repeats (a point is any label: a system, a budget): which values
+    one GPU machine measured together. A group may hold several runs of one point."""
+    by_group: dict[str, dict[Any, list[float]]] = {}
     for label_, r in points.items():
         for x in (r.repeats or [r]):
             v = as_float(x.summary.get(key))
-            if x.device_call and v:
-                by_call.setdefault(x.device_call, {})[label_] = v
-    return by_call
+            if x.run_group and v:
+                by_group.setdefault(x.run_group, {}).setdefault(label_, []).append(v)
+    return by_group
 
 
 def counter_ratio(run: Run, num: str, den: str) -> float | None:

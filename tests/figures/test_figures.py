@@ -639,7 +639,7 @@ def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
     assert ph["fill"] == pytest.approx(0.85) and ph["middle"] == pytest.approx(2.5) and "drain" not in ph
 
 
-def test_fig9_budget_spread_within_one_device_call():
+def test_fig9_budget_spread_within_one_run_group():
     """Budget points that are medians of repeats from several machines: the spread is also given
     for each device call that ran every budget, and only for those."""
     from types import SimpleNamespace as NS
@@ -647,7 +647,7 @@ def test_fig9_budget_spread_within_one_device_call():
     from figures.fig9 import within_call_spread
 
     def run(call, out):
-        return NS(device_call=call, summary={"output_tok_s_per_gpu": out}, repeats=[])
+        return NS(run_group=call, summary={"output_tok_s_per_gpu": out}, repeats=[])
 
     def point(bk, *runs):
         return NS(bk=bk, run=NS(repeats=list(runs)))
