@@ -72,7 +72,7 @@ def _claims_table(claims: dict, kinds: set[str], notes: C.Footnotes) -> list[str
         load = (f"C{c['paper_concurrency']} / C{c['ours_concurrency']}" if c["ours_concurrency"]
                 else (f"C{c['paper_concurrency']} / —" if c["paper_concurrency"] else "—"))
         prov = c["provenance"] if c["provenance"] == C.NOT_MEASURED else notes.sources(c["provenance"])
-        why = notes.cell(c["why_not"]) if c.get("why_not") else ""
+        why = notes.sources(c["why_not"]) if c.get("why_not") else ""  # a note per system's breakdown
         # a magnitude row follows the direction row of its ratio
         text = "↳ by the paper's factor" if c["kind"] == MAGNITUDE else c["claim"]
         lines.append(f"| {text} | {load} | {C.fmt(c['paper'])} | {ours} | {h} | {c['criterion']} | "
