@@ -55,5 +55,6 @@ def loads_line(pairs: dict[int, int]) -> str:
         return f"{head} (every load as paper C / {PAPER_DECODE_GPUS})"
     span = (f"paper C{min(pairs)}-C{max(pairs)} as ours C{pairs[min(pairs)]}-C{pairs[max(pairs)]}, "
             if len(pairs) > 1 else "")
-    return (f"{head}; {span}{per_gpu:g}x the paper's per-GPU load (runs made before the one "
-            f"mapping, which runs paper C{p} as ours C{ours_concurrency(p)})")
+    mapped = (f", which runs paper C{p} as ours C{ours_concurrency(p)}"
+              if p % PAPER_DECODE_GPUS == 0 else "")
+    return f"{head}; {span}{per_gpu:g}x the paper's per-GPU load (runs made before the one mapping{mapped})"

@@ -154,3 +154,4 @@ def test_one_load_mapping_labels_both():
     assert "4x the paper's per-GPU load" in loads_line({c: c for c in (4, 32, 128, 256)})
     assert "2x the paper's per-GPU load" in loads_line({64: 32, 128: 64, 256: 128})
     assert loads_line({128: 32, 256: 64}).startswith("paper C128 = ours C32 on one H200")
+    assert "4x the paper's per-GPU load" in loads_line({2: 2, 3: 3})  # smoke loads, no multiple of 4
