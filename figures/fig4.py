@@ -105,7 +105,8 @@ def main(argv=None) -> C.Report:
                 stats=st("adaptive_dhisparse", "resident", 256))
     rep.compare("adhs_vs_resident_dflash2_C256", "ADHS / Resident + DFlash2 output at C256",
                 P["adhs_vs_resident_dflash2_C256"],
-                C.ratio(o("adaptive_dhisparse", 256), o("resident_dflash2", 256)), "x", tr.take())
+                C.ratio(o("adaptive_dhisparse", 256), o("resident_dflash2", 256)), "x", tr.take(),
+                stats=st("adaptive_dhisparse", "resident_dflash2", 256))
     below = [C.pct_change(o("adaptive_hisparse", c), o("resident", c)) for c in (4, 8, 16)]
     below = [-b for b in below if b is not None]
     rep.compare("adaptive_below_resident_C4_C16", "Adaptive HiSparse below Resident, C4-C16 (mean)",
@@ -121,7 +122,8 @@ def main(argv=None) -> C.Report:
                 P["adaptive_and_adhs_above_hisparse_C256_pct"], d, "%", tr.take())
     rep.compare("adhs_ttft_higher_C256", "ADHS TTFT / Adaptive HiSparse TTFT at C256",
                 P["adhs_ttft_higher_C256"],
-                C.ratio(tt("adaptive_dhisparse", 256), tt("adaptive_hisparse", 256)), "x", tr.take())
+                C.ratio(tt("adaptive_dhisparse", 256), tt("adaptive_hisparse", 256)), "x", tr.take(),
+                stats=st("adaptive_dhisparse", "adaptive_hisparse", 256, "ttft_ms_mean"))
 
     blocks = {r.concurrency: r.cfg("block", "block_size", "spec_block") for r in runs
               if r.system == "adaptive_dhisparse"}

@@ -35,6 +35,7 @@ def main(argv=None) -> C.Report:
     o = lambda s, c: tr.val(s, c, OUT)  # noqa: E731
     tt = lambda s, c: tr.val(s, c, "ttft_ms_mean", 1e-3)  # noqa: E731
     tp = lambda s, c: tr.val(s, c, "tpot_ms_mean")  # noqa: E731
+    st = lambda a, b, c: C.ratio_stats(C.pick(runs, a, c), C.pick(runs, b, c), OUT)  # noqa: E731
 
     rep.compare("adhs_vs_resident_dspark_C512", "ADHS / Resident + DSpark output at C512",
                 P["adhs_vs_resident_dspark_C512"],
@@ -50,9 +51,11 @@ def main(argv=None) -> C.Report:
                 P["adhs_tpot_higher_vs_resident_dspark_C512"],
                 C.ratio(tp("adaptive_dhisparse", top), tp("resident_dspark", top)), "x", tr.take(), note_top)
     rep.compare("spec_return_C128", "ADHS / Adaptive HiSparse output at C128", P["spec_return_C128"],
-                C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)), "x", tr.take())
+                C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)), "x", tr.take(),
+                stats=st("adaptive_dhisparse", "adaptive_hisparse", 128))
     rep.compare("spec_return_C512", "ADHS / Adaptive HiSparse output at C512", P["spec_return_C512"],
-                C.ratio(o("adaptive_dhisparse", top), o("adaptive_hisparse", top)), "x", tr.take(), note_top)
+                C.ratio(o("adaptive_dhisparse", top), o("adaptive_hisparse", top)), "x", tr.take(), note_top,
+                stats=st("adaptive_dhisparse", "adaptive_hisparse", top))
     res = [o("resident", c) for c in cs if c >= 128]
     res = [v for v in res if v is not None]
     rep.compare("resident_plateau", "Resident output plateau (mean from C128)",
@@ -63,10 +66,12 @@ def main(argv=None) -> C.Report:
                 tt("resident", top), "s", tr.take(), note_top)
     rep.compare("adaptive_vs_resident_C128", "Adaptive HiSparse / Resident output at C128",
                 P["adaptive_vs_resident_C128"],
-                C.ratio(o("adaptive_hisparse", 128), o("resident", 128)), "x", tr.take())
+                C.ratio(o("adaptive_hisparse", 128), o("resident", 128)), "x", tr.take(),
+                stats=st("adaptive_hisparse", "resident", 128))
     rep.compare("adaptive_vs_resident_C512", "Adaptive HiSparse / Resident output at C512",
                 P["adaptive_vs_resident_C512"],
-                C.ratio(o("adaptive_hisparse", top), o("resident", top)), "x", tr.take(), note_top)
+                C.ratio(o("adaptive_hisparse", top), o("resident", top)), "x", tr.take(), note_top,
+                stats=st("adaptive_hisparse", "resident", top))
     rep.compare("adaptive_output_C512", "Adaptive HiSparse output at C512", P["adaptive_output_C512"],
                 o("adaptive_hisparse", top), "tok/s/GPU", tr.take(), note_top)
     rep.compare("adaptive_ttft_lower_C512", "Resident TTFT / Adaptive HiSparse TTFT at C512",

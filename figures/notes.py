@@ -5,7 +5,7 @@ cost against batch, admission, acceptance, per-run-group ratios with their inter
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -317,30 +317,48 @@ def summary_provenance(d: Mapping | None, kind: str) -> str:
     return "; ".join(parts)
 
 
+def _median_over_repeats(run: Run, read) -> Any:
+    """``read`` of each of the run's repeats (the run alone without any), as their median: a
+    number's median, or a dict's median per key; None where no repeat has it."""
+    vals = [v for v in (read(x) for x in (run.repeats or [run])) if v is not None]
+    if not vals:
+        return None
+    if isinstance(vals[0], dict):
+        keys = [k for k in vals[0] if all(v.get(k) is not None for v in vals)]
+        return {k: float(np.median([v[k] for v in vals])) for k in keys}
+    return float(np.median(vals))
+
+
+def _waiting(run: Run) -> float | None:
+    w = live_window(run, {"dhs_num_waiting_reqs"})
+    return None if w is None else float(w[0]["dhs_num_waiting_reqs"].mean())
+
+
 def breakdown(run: Run) -> str | None:
-    """What one run measured about where its time went, as numbers only: the decode step's cost
-    against the batch it carried (step_cost, over every repeat), the engine thread's time split
-    (engine_time_split), the requests running and waiting, and the mean time to first token split
-    into allocation wait, handoff and the rest (the request records)."""
+    """What one run measured about where its time went, as numbers only, each the median over
+    the run's repeats: the decode step's cost against the batch it carried (step_cost), the
+    requests waiting, the engine thread's time split (engine_time_split), the mean time to first
+    token split into allocation wait, handoff and the rest (the request records, else the
+    summary's handoff), and accepted drafts per round."""
     parts = []
     sc = step_cost(run)
     if sc is not None:
         parts.append(f"step {sc[0]:.1f} ms at {sc[1]:.0f} running")
-    w = live_window(run, {"dhs_num_waiting_reqs"})
-    if w is not None:
-        parts.append(f"{float(w[0]['dhs_num_waiting_reqs'].mean()):.0f} waiting")
-    split = engine_time_split(run)
+    waiting = _median_over_repeats(run, _waiting)
+    if waiting is not None:
+        parts.append(f"{waiting:.0f} waiting")
+    split = _median_over_repeats(run, engine_time_split)
     if split:
         parts.append("engine time " + " / ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))
-    tt = timing_split(run, post_wave=False) if run.records else {}
-    if tt.get("ttft_s") is not None and tt.get("handoff_s") is not None:
-        parts.append(f"TTFT {tt['ttft_s']:.2f} s = allocation wait {1e3 * (tt['alloc_wait_s'] or 0):.0f} ms"
-                     f" + handoff {1e3 * tt['handoff_s']:.0f} ms + other {tt['other_s'] or 0:.2f} s")
+    tt = _median_over_repeats(run, lambda x: timing_split(x, post_wave=False) if x.records else None)
+    if tt and tt.get("ttft_s") is not None and tt.get("handoff_s") is not None:
+        parts.append(f"TTFT {tt['ttft_s']:.2f} s = allocation wait {1e3 * tt.get('alloc_wait_s', 0.0):.0f} ms"
+                     f" + handoff {1e3 * tt['handoff_s']:.0f} ms + other {tt.get('other_s', 0.0):.2f} s")
     else:
-        h = as_float(run.summary.get("handoff_s_mean"))
+        h = run.num("handoff_s_mean")
         if h is not None:
             parts.append(f"handoff {1e3 * h:.0f} ms per request")
-    acc = accepted_per_round(run)
+    acc = _median_over_repeats(run, accepted_per_round)
     if acc is not None:
         parts.append(f"{acc:.2f} drafts accepted per round")
     return ", ".join(parts) if parts else None

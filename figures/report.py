@@ -259,6 +259,7 @@ class Report:
                 q = r.quantity + (f" ({r.note})" if r.note else "")
                 if len(q) > CELL_MAX:
                     q = f"{r.quantity} {notes.ref(r.note[0].upper() + r.note[1:])}"
+                q = q.replace("|", "\\|")  # an absolute value's bars would end the cell
                 src = "" if src == common and sources.count(common) > 1 else notes.cell(src, limit=30)
                 prov = r.prov if r.prov == NOT_MEASURED else notes.sources(r.prov)
                 out.append(f"| {q} | {fmt(r.paper)}{u if r.paper is not None else ''} | {ours} | "
