@@ -329,24 +329,35 @@ def _median_over_repeats(run: Run, read) -> Any:
     return float(np.median(vals))
 
 
-def _waiting(run: Run) -> float | None:
-    w = live_window(run, {"dhs_num_waiting_reqs"})
-    return None if w is None else float(w[0]["dhs_num_waiting_reqs"].mean())
+def _admission(run: Run) -> dict | None:
+    """Requests waiting, slots, and decode steps per second (admission runs between steps) while
+    requests were running."""
+    w = live_window(run, {"dhs_num_waiting_reqs", "dhs_num_slots", "dhs_num_steps", "ts"})
+    if w is None:
+        return None
+    live, a, b = w
+    wall = float(b["ts"] - a["ts"])
+    steps = float(b["dhs_num_steps"] - a["dhs_num_steps"])
+    return {"waiting": float(live["dhs_num_waiting_reqs"].mean()),
+            "slots": float(live["dhs_num_slots"].max()),
+            "steps_per_s": steps / wall if wall > 0 else None}
 
 
 def breakdown(run: Run) -> str | None:
     """What one run measured about where its time went, as numbers only, each the median over
     the run's repeats: the decode step's cost against the batch it carried (step_cost), the
-    requests waiting, the engine thread's time split (engine_time_split), the mean time to first
+    requests waiting with the slots and steps per second that admit them, the engine thread's
+    time split (engine_time_split), the mean time to first
     token split into allocation wait, handoff and the rest (the request records, else the
     summary's handoff), and accepted drafts per round."""
     parts = []
     sc = step_cost(run)
     if sc is not None:
         parts.append(f"step {sc[0]:.1f} ms at {sc[1]:.0f} running")
-    waiting = _median_over_repeats(run, _waiting)
-    if waiting is not None:
-        parts.append(f"{waiting:.0f} waiting")
+    adm = _median_over_repeats(run, _admission)
+    if adm and "waiting" in adm:
+        parts.append(f"{adm['waiting']:.0f} waiting for {adm['slots']:.0f} slots"
+                     + (f" at {adm['steps_per_s']:.1f} steps/s" if adm.get("steps_per_s") else ""))
     split = _median_over_repeats(run, engine_time_split)
     if split:
         parts.append("engine time " + " / ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))

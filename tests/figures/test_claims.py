@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from figures.claims import DIRECTION, EQ13, GEOMETRY, MAGNITUDE, THRESHOLD, Claim, judge
-from figures.notes import paired_ratio_note
+from figures.notes import breakdown, paired_ratio_note
 from figures.report import Report
 from figures.stats import RatioStats, bootstrap_ratio, ratio_stats
 from harness.load_mapping import load_label, loads_line, ours_concurrency, paper_concurrency
@@ -140,6 +140,24 @@ def test_step_cost_takes_every_repeat(tmp_path):
     assert len(run.repeats) == 3
     ms, held = step_cost(run)
     assert ms == pytest.approx(30.0) and held == pytest.approx(100.0)  # medians, not the newest 40 / 90
+
+
+def test_breakdown_is_measured_numbers(tmp_path):
+    """A claim's why-not: the run's own step cost, queue, admission rate and engine time split,
+    the median over its repeats."""
+    n = 11
+    for i, (ms, waiting) in enumerate([(20.0, 4), (30.0, 8), (40.0, 30)]):
+        m = pd.DataFrame({"ts": np.arange(float(n)), "dhs_num_running_reqs": [100] * n,
+                          "dhs_num_waiting_reqs": [waiting] * n, "dhs_num_slots": [128] * n,
+                          "dhs_num_steps": np.arange(n) * 20.0,
+                          "dhs_decode_seconds_total": np.arange(n) * 20.0 * ms / 1e3,
+                          "dhs_admit_seconds_total": np.arange(n) * 0.1,
+                          "dhs_capture_step_seconds_total": np.zeros(n)})
+        _run(tmp_path, f"h{i}", "hisparse", f"2026-01-01T00:0{i}", 4000.0, metrics=m)
+    (run,) = load_runs(tmp_path, "fig4")
+    text = breakdown(run)
+    assert text.startswith("step 30.0 ms at 100 running, 8 waiting for 128 slots at 20.0 steps/s")
+    assert "engine time decode 60% / capture 0% / handoff 10% / other 30%" in text
 
 
 # ------------------------------------------------------------------------------- load mapping
