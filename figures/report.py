@@ -48,7 +48,7 @@ class Footnotes:
         text = text.strip()
         if len(text) <= limit:
             return text
-        return f"{short_label(text)} {self.ref(text)}"
+        return f"{short_label(text, limit)} {self.ref(text)}"
 
     def sources(self, text: str) -> str:
         """Note numbers for a provenance ('; '-separated tags): its short tags together in one
@@ -77,14 +77,14 @@ def split_tags(text: str) -> list[str]:
     return [t.strip() for t in tags if t.strip()]
 
 
-def short_label(text: str) -> str:
-    """The first clause of a provenance or explanation ("; " or ": " ends it), without a long
-    parenthesis, cut to SHORT_MAX characters at a word."""
+def short_label(text: str, limit: int = SHORT_MAX) -> str:
+    """The first clause of a provenance or explanation ("; " or ": " ends it), without a
+    parenthesis where longer than ``limit``, cut to ``limit`` characters at a word."""
     head = re.split(r"; |: ", text, maxsplit=1)[0]
-    if len(head) > SHORT_MAX:
+    if len(head) > limit:
         head = head.split(" (")[0]
-    if len(head) > SHORT_MAX:
-        head = head[:SHORT_MAX].rsplit(" ", 1)[0] + " ..."
+    if len(head) > limit:
+        head = head[:limit].rsplit(" ", 1)[0] + " ..."
     return head
 
 
