@@ -24,7 +24,7 @@ Scripts read only files under the results directory; nothing here touches a GPU.
 from __future__ import annotations
 
 from figures.notes import (Tracker, admission_experiment_note, admission_note,  # noqa: F401
-                           batch_scaling_note, breakdown, claim_breakdown, diagnosis,
+                           batch_scaling_note, claim_breakdown, diagnosis,
                            eager_note, paired_ratio_note,
                            provenance, stall_diagnosis, summary_provenance)
 from figures.plotting import (PALETTE, legend, mark_unmeasured, not_measured_panel,  # noqa: F401
@@ -33,11 +33,10 @@ from figures.plotting import (PALETTE, legend, mark_unmeasured, not_measured_pan
 from figures.report import (DEFAULT_OUT, NOT_MEASURED, Footnotes, Report, fmt,  # noqa: F401
                             paper_number, paper_source, parse_args, parse_budget, pct_change,
                             ratio)
-from figures.stats import RatioStats, ratio_stats  # noqa: F401
-from harness.load_mapping import load_label, ours_concurrency, paper_concurrency  # noqa: F401
+from figures.stats import ratio_stats  # noqa: F401
 from harness.results import (DEFAULT_RESULTS, REPO, SUPERSEDED, Run,  # noqa: F401
                              accepted_per_round, as_float, binned, binned_share, by_system,
                              canonical_system, change_mix, counter_share, curve,
                              engine_time_split, find_key, graph_replay_share, graphs_replayed,
                              load_json, load_runs, load_yaml, metric_col, pick, profile_at_load,
-                             step_cost, summary_value, timing_split, values_by_run_group)
+                             summary_value, timing_split, values_by_run_group)

@@ -63,7 +63,7 @@ def load_json(path: str | Path) -> dict | None:
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError) as e:
-        print(f"[figures] warning: cannot read {p}: {e}", file=sys.stderr)
+        print(f"[results] warning: cannot read {p}: {e}", file=sys.stderr)
         return None
 
 
@@ -75,7 +75,7 @@ def load_yaml(path: Path) -> dict:
 
         return yaml.safe_load(path.read_text()) or {}
     except Exception as e:  # noqa: BLE001 - tolerate anything a half-written file does
-        print(f"[figures] warning: cannot read {path}: {e}", file=sys.stderr)
+        print(f"[results] warning: cannot read {path}: {e}", file=sys.stderr)
         return {}
 
 
@@ -104,7 +104,7 @@ def _read_metrics(path: str, mtime_ns: int) -> pd.DataFrame | None:
     try:
         df = pd.read_parquet(path)
     except Exception as e:  # noqa: BLE001
-        print(f"[figures] warning: cannot read {path}: {e}", file=sys.stderr)
+        print(f"[results] warning: cannot read {path}: {e}", file=sys.stderr)
         return None
     if "ts" in df.columns:
         df = df.sort_values("ts").reset_index(drop=True)
@@ -212,7 +212,7 @@ class Run:
         except FileNotFoundError:
             note = self.path / "RECORDS_PRUNED.txt"  # harness.compact --prune-unused took them
             if note.is_file():
-                print(f"[figures] {self.path.name}: request records were pruned; "
+                print(f"[results] {self.path.name}: request records were pruned; "
                       f"{note.read_text().strip()}", file=sys.stderr)
             return []
 
