@@ -11,6 +11,7 @@ follower_copy_ms, step_ms, sessions_per_step, partition_pct}]}.
 from __future__ import annotations
 
 import numpy as np
+import seaborn as sns
 
 from figures import common as C
 from figures.fig9 import family, select, sweep
@@ -85,6 +86,7 @@ def main(argv=None) -> C.Report:
     eager = eager_profiles(args.results, skipped)
     rep = C.Report(NAME, "Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 "
                          "(ours: scaled presets)")
+    rep.loads = {128: 128}  # the Adaptive HiSparse C128 runs of Fig. 9's sweep and results/fig10*
     P = PAPER["fig10"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.2)
 
@@ -95,14 +97,14 @@ def main(argv=None) -> C.Report:
     for fam, budgets in (("glm", (1, 2, 4, 8)), ("deepseek", (2, 4, 8, 16))):
         for bk in budgets:
             pp = P["cache_ms_per_step"][fam][str(bk)]
-            ax.bar(x - 0.2, pp, 0.38, color="white", edgecolor=C._PALETTE[0], hatch="///",
+            ax.bar(x - 0.2, pp, 0.38, color="white", edgecolor=C.PALETTE[0], hatch="///",
                    label="paper (total)" if (fam, bk) == ("glm", 1) else None)
             o = prof.get((fam, float(bk)))
             if o and o["resolver_ms"] is not None:
                 drew = True
-                ax.bar(x + 0.2, o["resolver_ms"], 0.38, color=C._PALETTE[0],
+                ax.bar(x + 0.2, o["resolver_ms"], 0.38, color=C.PALETTE[0],
                        label="ours: resolver" if not labels else None)
-                ax.bar(x + 0.2, o["follower_copy_ms"], 0.38, bottom=o["resolver_ms"], color=C._PALETTE[1],
+                ax.bar(x + 0.2, o["follower_copy_ms"], 0.38, bottom=o["resolver_ms"], color=C.PALETTE[1],
                        label="ours: follower-layer copy" if not labels else None)
             ticks.append(x)
             labels.append(f"{'GLM' if fam == 'glm' else 'DS'} {bk}")
@@ -128,7 +130,7 @@ def main(argv=None) -> C.Report:
             cands = [k for k in prof if k[0] == fam]
             o = prof[min(cands, key=lambda k: abs(np.log2(k[1] / PAPER_BUDGET[fam])))] if cands else None
         bars.append((f"{'GLM' if fam == 'glm' else 'DeepSeek'} ours", (o or {}).get("partition") or {}))
-    colors = dict(zip(FIG10_FAMILIES, C.sns.color_palette("Set2", len(FIG10_FAMILIES))))
+    colors = dict(zip(FIG10_FAMILIES, sns.color_palette("Set2", len(FIG10_FAMILIES))))
     have_b = False
     for yi, (lab, part) in enumerate(bars):
         left = 0.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 
+import seaborn as sns
 
 from figures import common as C
 from figures.paper_values import FIG11_FAMILIES, PAPER
@@ -74,11 +75,7 @@ def collect(results):
     b_runs = [r for r in C.load_runs(results, "fig11b") if r.concurrency]
     note = ""
     if b_runs:
-        # the experiment's loads (its config), not the runs present: a lone top-load run must not
-        # fill the low-load rows
-        loads = sorted({int(c) for r in b_runs for c in ((r.config.get("workload") or {}).get("concurrency") or [])}
-                       or {r.concurrency for r in b_runs})
-        low, top = loads[0], loads[-1]
+        low, top = b_loads(b_runs)
         for r in b_runs:
             ph = phase_shares(r)
             if r.concurrency == low:
@@ -103,6 +100,14 @@ def collect(results):
 
 
 FILL_STEP_FACTOR = 3.0
+
+
+def b_loads(b_runs) -> tuple[int, int]:
+    """(low, top) load of Fig. 11b's runs: the experiment's loads (its config), not the runs
+    present, so a lone top-load run does not fill the low-load rows."""
+    loads = sorted({int(c) for r in b_runs for c in ((r.config.get("workload") or {}).get("concurrency") or [])}
+                   or {r.concurrency for r in b_runs})
+    return loads[0], loads[-1]
 
 
 def phase_shares(run) -> dict[str, float]:
@@ -141,9 +146,13 @@ def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     rounds, shares, prov, b_note, skipped = collect(args.results)
     rep = C.Report(NAME, "Fig. 11 - Where step time goes (ours: scaled presets)")
+    b_runs = [r for r in C.load_runs(args.results, "fig11b") if r.concurrency]
+    if b_runs:  # panel b: the paper's C16 phases and C512 under pressure
+        low, top = b_loads(b_runs)
+        rep.loads = {16: low, 512: top}
     P = PAPER["fig11"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.0)
-    colors = dict(zip(FIG11_FAMILIES, C.sns.color_palette("Set2", len(FIG11_FAMILIES))))
+    colors = dict(zip(FIG11_FAMILIES, sns.color_palette("Set2", len(FIG11_FAMILIES))))
 
     ax = axes[0][0]
     bars = [("block 4 paper", P["round_ms"]["4"]), ("block 4 ours", rounds.get("4") or {}),

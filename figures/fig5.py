@@ -31,13 +31,17 @@ def main(argv=None) -> C.Report:
     cs = sorted({r.concurrency for r in runs if r.concurrency})
     top = 512 if 512 in cs else (cs[-1] if cs else 512)
     note_top = "" if top == 512 else f"our highest C is {top}"
+    rep.loads = {c: c for c in cs if c < 512} | ({512: top} if cs else {})
     o = lambda s, c: tr.val(s, c, OUT)  # noqa: E731
     tt = lambda s, c: tr.val(s, c, "ttft_ms_mean", 1e-3)  # noqa: E731
     tp = lambda s, c: tr.val(s, c, "tpot_ms_mean")  # noqa: E731
+    st = lambda a, b, c: C.ratio_stats(C.pick(runs, a, c), C.pick(runs, b, c), OUT)  # noqa: E731
 
     rep.compare("adhs_vs_resident_dspark_C512", "ADHS / Resident + DSpark output at C512",
                 P["adhs_vs_resident_dspark_C512"],
-                C.ratio(o("adaptive_dhisparse", top), o("resident_dspark", top)), "x", tr.take(), note_top)
+                C.ratio(o("adaptive_dhisparse", top), o("resident_dspark", top)), "x", tr.take(), note_top,
+                stats=C.ratio_stats(C.pick(runs, "adaptive_dhisparse", top),
+                                    C.pick(runs, "resident_dspark", top), OUT))
     rep.compare("adhs_output_C512", "ADHS output at C512", P["adhs_output_C512"],
                 o("adaptive_dhisparse", top), "tok/s/GPU", tr.take(), note_top)
     rep.compare("adhs_ttft_lower_C512", "Resident + DSpark TTFT / ADHS TTFT at C512",
@@ -47,9 +51,11 @@ def main(argv=None) -> C.Report:
                 P["adhs_tpot_higher_vs_resident_dspark_C512"],
                 C.ratio(tp("adaptive_dhisparse", top), tp("resident_dspark", top)), "x", tr.take(), note_top)
     rep.compare("spec_return_C128", "ADHS / Adaptive HiSparse output at C128", P["spec_return_C128"],
-                C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)), "x", tr.take())
+                C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)), "x", tr.take(),
+                stats=st("adaptive_dhisparse", "adaptive_hisparse", 128))
     rep.compare("spec_return_C512", "ADHS / Adaptive HiSparse output at C512", P["spec_return_C512"],
-                C.ratio(o("adaptive_dhisparse", top), o("adaptive_hisparse", top)), "x", tr.take(), note_top)
+                C.ratio(o("adaptive_dhisparse", top), o("adaptive_hisparse", top)), "x", tr.take(), note_top,
+                stats=st("adaptive_dhisparse", "adaptive_hisparse", top))
     res = [o("resident", c) for c in cs if c >= 128]
     res = [v for v in res if v is not None]
     rep.compare("resident_plateau", "Resident output plateau (mean from C128)",
@@ -60,10 +66,12 @@ def main(argv=None) -> C.Report:
                 tt("resident", top), "s", tr.take(), note_top)
     rep.compare("adaptive_vs_resident_C128", "Adaptive HiSparse / Resident output at C128",
                 P["adaptive_vs_resident_C128"],
-                C.ratio(o("adaptive_hisparse", 128), o("resident", 128)), "x", tr.take())
+                C.ratio(o("adaptive_hisparse", 128), o("resident", 128)), "x", tr.take(),
+                stats=st("adaptive_hisparse", "resident", 128))
     rep.compare("adaptive_vs_resident_C512", "Adaptive HiSparse / Resident output at C512",
                 P["adaptive_vs_resident_C512"],
-                C.ratio(o("adaptive_hisparse", top), o("resident", top)), "x", tr.take(), note_top)
+                C.ratio(o("adaptive_hisparse", top), o("resident", top)), "x", tr.take(), note_top,
+                stats=st("adaptive_hisparse", "resident", top))
     rep.compare("adaptive_output_C512", "Adaptive HiSparse output at C512", P["adaptive_output_C512"],
                 o("adaptive_hisparse", top), "tok/s/GPU", tr.take(), note_top)
     rep.compare("adaptive_ttft_lower_C512", "Resident TTFT / Adaptive HiSparse TTFT at C512",
@@ -83,7 +91,13 @@ def main(argv=None) -> C.Report:
     why = C.diagnosis([r for r in runs if r.concurrency == top], top)
     if why:
         rep.note(why[0].upper() + why[1:] + ".")
-        rep.diagnose(("adhs_vs_resident_dspark_C512", "spec_return_C512", "adaptive_vs_resident_C512"), why)
+
+    for key, systems in (("adhs_vs_resident_dspark_C512", ("adaptive_dhisparse", "resident_dspark")),
+                         ("spec_return_C512", ("adaptive_dhisparse", "adaptive_hisparse")),
+                         ("adaptive_vs_resident_C512", ("adaptive_hisparse", "resident"))):
+        b = C.claim_breakdown(runs, systems, top)
+        if b:
+            rep.diagnose((key,), b)
 
     # context-length crossover at the top concurrency (runs with point.input_len)
     for ctx, pv in P["context_crossover_C512"].items():

@@ -15,80 +15,21 @@ from __future__ import annotations
 
 from figures import common as C
 from figures.paper_values import PAPER
+from harness.summaries import arms, derived, phase_bounds
 
 NAME = "fig6"
-ARM_COLORS = {"on": C._PALETTE[2], "off": C._PALETTE[0]}
+ARM_COLORS = {"on": C.PALETTE[2], "off": C.PALETTE[0]}
 
 
-def arm_of(run: C.Run) -> str | None:
-    v = run.cfg("optional_residency")
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, str) and v.lower() in ("true", "false", "on", "off"):
-        return "on" if v.lower() in ("true", "on") else "off"
-    text = f"{run.tag} {run.raw_system} {run.path.name}".lower()
-    if "off" in text or "noopt" in text:
-        return "off"
-    if "on" in text.replace("step", ""):
-        return "on"
-    return None
-
-
-def arms(runs) -> dict[str, C.Run]:
-    out = {}
+def step_loads(runs) -> dict[int, int]:
+    """{paper C: ours C} of the load step (the paper's C16 -> C256 -> C16) from the runs'
+    schedule ("concurrency:seconds,..."), or {} without one."""
     for r in runs:
-        a = arm_of(r)
-        if a and r.metrics is not None:
-            out[a] = r
-    return out
-
-
-def phase_bounds(run: C.Run, t0: float) -> list[tuple[float, float, int | None]]:
-    """(start_s, end_s, concurrency) relative to the first metrics sample."""
-    out, t = [], 0.0
-    for ph in run.summary.get("phases") or []:
-        d = C.as_float(ph.get("duration_s")) or 0.0
-        out.append((t, t + d, ph.get("concurrency")))
-        t += d
-    return out
-
-
-def derived(run: C.Run) -> dict[str, float | None]:
-    """Headline numbers of one arm recomputed from its counters."""
-    df = run.metrics
-    t0 = float(df["ts"].iloc[0])
-    ph = phase_bounds(run, t0)
-    res: dict[str, float | None] = {}
-    if len(ph) < 3:
-        return res
-    (a0, a1, _), (b0, b1, _), (c0, c1, _) = ph[:3]
-    res["host_low"] = C.counter_share(df, t0=t0 + a0, t1=t0 + a1)
-    cov = C.metric_col(df, "dhs_ready_optional_coverage")
-    if cov:
-        t = df["ts"] - t0
-        low = df[(t >= (a0 + a1) / 2) & (t < a1)][cov]
-        res["coverage_low"] = float(low.mean()) if len(low) else None
-        opt = C.metric_col(df, "dhs_optional_pages")
-        if opt:  # ready optional pages and the eligible ones they cover, late in the low phase
-            lw = df[(t >= (a0 + a1) / 2) & (t < a1) & (df[cov] > 0)]
-            if len(lw):
-                res["optional_pages_low"] = float(lw[opt].median())
-                res["eligible_pages_low"] = float((lw[opt] / lw[cov]).median())
-                # ready pages held level while requests came and went: memory, not population
-                res["optional_pages_flat"] = float(lw[opt].quantile(0.9) - lw[opt].quantile(0.1)) \
-                    <= 0.1 * max(1.0, float(lw[opt].median()))
-        after = df[(t >= b0) & (df[cov] < 0.01)]
-        res["below_1pct_s"] = float(after["ts"].iloc[0] - t0 - b0) if len(after) else None
-        rec = df[(t >= c0) & (df[cov] > 0.5)]
-        res["above_50pct_s"] = float(rec["ts"].iloc[0] - t0 - c0) if len(rec) else None
-    sl = C.metric_col(df, "dhs_num_allocated_slots")
-    if sl:
-        t = df["ts"] - t0
-        cap = C.metric_col(df, "dhs_num_slots")
-        top = float(df[cap].max()) if cap else float(df[(t >= b0) & (t < b1)][sl].max())
-        full = df[(t >= b0) & (t < b1) & (df[sl] >= 0.98 * top)]
-        res["fill_s"] = float(full["ts"].iloc[0] - t0 - b0) if len(full) else None
-    return res
+        sched = str((r.point or {}).get("schedule") or r.cfg("schedule") or "")
+        cs = [int(x.split(":")[0]) for x in sched.split(",") if ":" in x]
+        if cs:
+            return {16: cs[0], 256: max(cs)}
+    return {}
 
 
 def main(argv=None) -> C.Report:
@@ -98,6 +39,7 @@ def main(argv=None) -> C.Report:
     S = C.load_json(args.results / NAME / "summary.json") or {}
     rep = C.Report(NAME, "Fig. 6 - Residency under a load step (ours: GLM-like scaled preset, "
                          "time-scaled phases)")
+    rep.loads = step_loads(A.values())
     P = PAPER["fig6"]
     fig, axes = C.subplots(1, 3, width=3.8, height=2.9)
     specs = (("a", "dhs_num_allocated_slots", "Allocated request slots", 1.0, False),

@@ -125,7 +125,7 @@ def main(argv=None) -> C.Report:
             mk = CASE_MARKERS.get(str(p.get("case")), "^")
             cold = str(p.get("cache", "cold")) == "cold"
             ax.scatter(p["unique_miss_bytes"] / 1e6, p["time_ms"], marker=mk, s=28,
-                       facecolors=C._PALETTE[0] if cold else "white", edgecolors=C._PALETTE[0],
+                       facecolors=C.PALETTE[0] if cold else "white", edgecolors=C.PALETTE[0],
                        label=f"{p.get('case')} ({p.get('cache', 'cold')})")
         if f:
             xs = np.linspace(0, max(p["unique_miss_bytes"] for p in pts) / 1e6, 50)
@@ -144,14 +144,14 @@ def main(argv=None) -> C.Report:
     ax = axes[0][1]
     nomiss = [e for e in bs if int(e.get("misses", 0)) == 0 and not e.get("path")]
     if nomiss:
-        for batch, col in ((8, C._PALETTE[0]), (160, C._PALETTE[1])):
+        for batch, col in ((8, C.PALETTE[0]), (160, C.PALETTE[1])):
             es = sorted((e for e in nomiss if int(e["batch"]) == batch), key=lambda e: e["B"])
             if es:
                 ax.plot([e["B"] for e in es], [e["time_us"] for e in es], marker="o", color=col,
                         label=f"batch {batch}")
         d = sweep_val(bs, 4096, 8, 0, "direct")
         if d is not None:
-            ax.axhline(d, linestyle=":", color=C._PALETTE[0], label="direct path, batch 8")
+            ax.axhline(d, linestyle=":", color=C.PALETTE[0], label="direct path, batch 8")
         ax.set_xscale("log", base=2)
         Bs = sorted({int(e["B"]) for e in nomiss})
         ax.set_xticks(Bs)
@@ -177,7 +177,7 @@ def main(argv=None) -> C.Report:
         x = np.arange(2)
         for j, (m, lab) in enumerate(((0, "no host miss"), (77, "77 host misses"))):
             ys = [vals[(b, m)] if vals[(b, m)] is not None else np.nan for b in (8, 160)]
-            bars = ax.bar(x + (j - 0.5) * 0.38, ys, 0.38, color=C._PALETTE[j], label=lab)
+            bars = ax.bar(x + (j - 0.5) * 0.38, ys, 0.38, color=C.PALETTE[j], label=lab)
             for rect, y in zip(bars, ys):
                 if not np.isnan(y):
                     ax.text(rect.get_x() + rect.get_width() / 2, y, C.fmt(y), ha="center",

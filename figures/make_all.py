@@ -5,8 +5,8 @@ results/claims.json.
 
 Each script runs in this process (none touches a GPU); a script that fails is reported in
 REPRODUCTION.md and the others still run. claims.json has one entry per headline claim with the
-paper's value, ours (null when not measured), whether the claim holds in our runs (null when not
-measured) and the criterion used.
+paper's value, ours (null when not measured) with its bootstrap 90% interval, whether the claim
+holds in our runs (null when not measured or untested) and the criterion used (figures/claims.py).
 """
 
 from __future__ import annotations
@@ -21,108 +21,71 @@ import traceback
 from pathlib import Path
 
 from figures import common as C
-from figures.paper_values import PAPER
+from figures.claims import (CLAIMS, DIRECTION, EQ13, GEOMETRY, MAGNITUDE, MAGNITUDE_TOLERANCE,
+                            THRESHOLD, criterion_text, judge)
+from harness.load_mapping import PAPER_DECODE_GPUS
 
 SCRIPTS = ("table1", "fig1", "fig4", "table2", "tableA2", "tableA3", "fig5", "fig6", "tableA1",
            "fig7", "fig8", "fig9", "table3", "fig10", "fig11")
 
-# claim id -> (statement, report, row key, paper value, criterion)
-#   criteria: "gt1" ours > 1; "gt0" ours > 0; "lt:<key>" ours < the row <key> of the same report;
-#   "eq" ours == paper; "within:<f>" |ours / paper - 1| <= f; "ge:<x>" ours >= x; "le:<x>" ours <= x
-CLAIMS = {
-    "glm_c128_adhs_vs_hisparse": ("ADHS delivers more output than HiSparse at C128 (GLM, 100K)",
-                                  "fig4", "adhs_vs_hisparse_C128", PAPER["headline"]["glm_c128_adhs_vs_hisparse"], "gt1"),
-    "glm_c128_adhs_vs_adaptive": ("speculation adds output over non-speculative adaptive serving at C128",
-                                  "fig4", "adhs_vs_adaptive_C128", PAPER["headline"]["glm_c128_adhs_vs_adaptive"], "gt1"),
-    "glm_c128_adaptive_vs_hisparse": ("Adaptive HiSparse beats HiSparse at C128",
-                                      "fig4", "adaptive_vs_hisparse_C128", PAPER["fig4"]["adaptive_vs_hisparse_C128"], "gt1"),
-    "glm_c128_ttft_vs_hisparse": ("ADHS mean TTFT is lower than HiSparse's at C128",
-                                  "fig4", "adhs_ttft_lower_C128", PAPER["headline"]["glm_c128_ttft_vs_hisparse"], "gt1"),
-    "glm_c256_adhs_vs_resident": ("ADHS output is a multiple of resident serving's at C256",
-                                  "fig4", "adhs_vs_resident_C256", PAPER["fig4"]["adhs_vs_resident_C256"], "gt1"),
-    "glm_latency_bound_concurrency": ("under p99 TTFT <= 10 s and TPOT <= 40 ms ADHS sustains more concurrency than HiSparse",
-                                      "tableA3", "bound_a.concurrency_ratio", PAPER["headline"]["glm_latency_bound_concurrency"], "gt1"),
-    "glm_latency_bound_output": ("under the same bounds ADHS sustains more output than HiSparse",
-                                 "tableA3", "bound_a.output_ratio", PAPER["latency_bounds"]["bound_a"]["output_ratio"], "gt1"),
-    "eq13_c128": ("eq. 13 predicts the C128 speculative gain within 10%",
-                  "table2", "eq13.C128.predicted", PAPER["eq13"]["C128"]["predicted"], "within_row:eq13.C128.measured:0.10"),
-    "eq13_c256": ("eq. 13 predicts the C256 speculative ratio within 10%",
-                  "table2", "eq13.C256.predicted", PAPER["eq13"]["C256"]["predicted"], "within_row:eq13.C256.measured:0.10"),
-    "spec_stops_paying_c256": ("speculation stops paying at C256 once both configurations fill their slots "
-                               "(ADHS / Adaptive HiSparse output <= 1.05)",
-                               "table2", "eq13.C256.measured", PAPER["eq13"]["C256"]["measured"], "le:1.05"),
-    "fig1_c128_adhs_vs_hisparse": ("at 32K/8K ADHS beats HiSparse at C128",
-                                   "fig1", "adhs_vs_hisparse_C128", PAPER["fig1"]["adhs_vs_hisparse_C128"], "gt1"),
-    "dsv_c512_adhs_vs_resident_dspark": ("DeepSeek-like: ADHS beats Resident + DSpark at the top load",
-                                         "fig5", "adhs_vs_resident_dspark_C512", PAPER["headline"]["dsv_c512_adhs_vs_resident_dspark"], "gt1"),
-    "loadstep_host_share_reduction": ("optional residency cuts host-fetched selections at low load",
-                                      "fig6", "host_low_reduction", PAPER["fig6"]["host_share_low_reduction"], "gt1"),
-    "spec_state_per_session": ("ring + staging add 0.060 GiB per GLM session (paper geometry, computed)",
-                               "table1", "spec_state", PAPER["headline"]["spec_state_gib_per_session"], "within:0.02"),
-    "table1_resident_over_adaptive": ("adaptive needs ~10.3x less GPU memory per session than resident at 100K (computed)",
-                                      "table1", "resident_over_adaptive", PAPER["table1"]["text"]["resident_over_adaptive_100k"], "within:0.02"),
-    "preset_resident_over_adaptive": ("our GLM-like preset keeps the ~10x resident/offloaded memory ratio (computed)",
-                                      "table1", "glm53_mini.resident_over_adaptive", PAPER["table1"]["text"]["resident_over_adaptive_100k"], "within:0.5"),
-    "resolver_time_follows_bytes": ("resolver time is linear in unique host-miss bytes (R^2 >= 0.99)",
-                                    "fig8", "fit_r2", PAPER["fig8"]["fit_r2"], "ge:0.99"),
-    "shared_retrieval_dedups": ("shared retrieval copies each missing row once (> 1 missing selection per fetched row)",
-                                "fig7", "missing_per_row", PAPER["fig7"]["missing_selections_per_distinct_host_row"], "gt1"),
-    "glm_best_block_c128": ("at C128 the narrowest block (4) gives the most output",
-                            "fig7", "C128.best", PAPER["fig7"]["best_block"]["C128"], "eq"),
-    "glm_best_budget_c128": ("at C128 HiSparse output peaks at B = 2k",
-                             "fig9", "glm128.best.hisparse", PAPER["fig9"]["glm_C128"]["best_budget"], "eq"),
-    "dsv_flat_budget_c128": ("DeepSeek-like: HiSparse output is flat in B at C128 (spread over B/k <= 10%)",
-                             "fig9", "ds128.spread.hisparse", PAPER["fig9"]["deepseek_C128"]["output_spread_within_pct"],
-                             "le:10"),
-}
-
-
-def judge(criterion: str, ours: float | None, paper: float | None, rep: C.Report | None) -> bool | None:
-    if ours is None:
-        return None
-    if criterion == "gt1":
-        return ours > 1.0
-    if criterion == "gt0":
-        return ours > 0.0
-    if criterion == "eq":
-        return paper is not None and abs(ours - paper) < 1e-9
-    if criterion.startswith("within:"):
-        f = float(criterion.split(":")[1])
-        return paper is not None and abs(ours / paper - 1.0) <= f
-    if criterion.startswith("ge:"):
-        return ours >= float(criterion.split(":")[1])
-    if criterion.startswith("le:"):
-        return ours <= float(criterion.split(":")[1])
-    if criterion.startswith("within_row:"):
-        _, key, f = criterion.split(":")
-        other = rep.value(key) if rep else None
-        return None if not other else abs(ours / other - 1.0) <= float(f)
-    raise ValueError(f"unknown criterion {criterion!r}")
-
-
 def build_claims(reports: dict[str, C.Report]) -> dict:
     out = {}
-    for cid, (text, rname, key, pv, crit) in CLAIMS.items():
-        rep = reports.get(rname)
-        row = rep.row(key) if rep else None
+    for cid, cl in CLAIMS.items():
+        rep = reports.get(cl.report)
+        row = rep.row(cl.key) if rep else None
         ours = row.ours if row else None
-        p = C.paper_number(pv)
+        p = C.paper_number(cl.paper)
+        holds, untested = judge(cl, row, rep)
+        ours_c = rep.loads.get(cl.paper_c) if rep and cl.paper_c else None
         out[cid] = {
-            "claim": text, "paper": p, "ours": ours,
-            "holds": judge(crit, ours, p, rep), "criterion": crit,
+            "claim": cl.text, "kind": cl.kind, "paper": p, "ours": ours,
+            "interval_90": list(row.interval) if row is not None and row.interval else None,
+            "run_group_ratios": list(row.stats.group_ratios) if row is not None and row.stats else None,
+            "holds": holds, "criterion": criterion_text(cl),
+            "paper_concurrency": cl.paper_c, "ours_concurrency": ours_c,
             "ratio": (ours / p) if (ours is not None and p) else None,
-            "source": f"figures/{rname}.py ({key})",
-            "paper_source": C.paper_source(pv),
+            "source": f"figures/{cl.report}.py ({cl.key})",
+            "paper_source": C.paper_source(cl.paper),
             "provenance": row.prov if row and row.measured else C.NOT_MEASURED,
         }
-        why = rep.why.get(key) if rep else None
-        if why and out[cid]["holds"] is False:
+        why = rep.why.get(cl.key) if rep else None
+        if untested:
+            out[cid]["why_not"] = untested + (f"; {why}" if why else "")
+        elif why and holds is False:
             out[cid]["why_not"] = why
     return out
 
 
+def _claims_table(claims: dict, kinds: set[str], notes: C.Footnotes) -> list[str]:
+    lines = ["| claim | load: paper / ours on one H200 | paper | ours (90% interval) | holds | criterion "
+             "| ours from | measured reason, where it does not hold |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in claims.values():
+        if c["kind"] not in kinds:
+            continue
+        h = {True: "yes", False: "**no**", None: "—"}[c["holds"]]
+        if c["holds"] is None and c["ours"] is not None:
+            h = "untested"
+        ours = C.fmt(c["ours"]) if c["ours"] is not None else f"*{C.NOT_MEASURED}*"
+        if c["interval_90"]:
+            ours += f" ({C.fmt(c['interval_90'][0])}–{C.fmt(c['interval_90'][1])})"
+        load = (f"C{c['paper_concurrency']} / C{c['ours_concurrency']}" if c["ours_concurrency"]
+                else (f"C{c['paper_concurrency']} / —" if c["paper_concurrency"] else "—"))
+        prov = c["provenance"] if c["provenance"] == C.NOT_MEASURED else notes.sources(c["provenance"])
+        why = notes.sources(c["why_not"]) if c.get("why_not") else ""  # a note per system's breakdown
+        # a magnitude row follows the direction row of its ratio
+        text = "↳ by the paper's factor" if c["kind"] == MAGNITUDE else c["claim"]
+        lines.append(f"| {text} | {load} | {C.fmt(c['paper'])} | {ours} | {h} | {c['criterion']} | "
+                     f"{prov} | {why} |")
+    return lines
+
+
 def write_report(path: Path, reports: dict, failures: dict, claims: dict, out_dir: Path,
                  results: Path) -> None:
+    measured = [c for c in claims.values() if c["kind"] != GEOMETRY]
+    held = sum(1 for c in measured if c["holds"] is True)
+    failed = sum(1 for c in measured if c["holds"] is False)
+    untested = sum(1 for c in measured if c["holds"] is None and c["ours"] is not None)
     lines = ["# Reproduction of *Adaptive DHiSparse* - paper vs ours", "",
              "Generated by `python -m figures.make_all` from the files under "
              f"`{os.path.relpath(results, path.parent)}/`; every script reads results only (no GPU). "
@@ -131,14 +94,20 @@ def write_report(path: Path, reports: dict, failures: dict, claims: dict, out_di
              "(selection locality, acceptance) was involved. Missing numbers are marked "
              f"*{C.NOT_MEASURED}*; nothing is filled in.", "",
              "## Headline claims", "",
-             "| claim | paper | ours | holds | criterion | ours from | measured reason, where it does not hold |",
-             "|---|---|---|---|---|---|---|"]
-    for cid, c in claims.items():
-        h = {True: "yes", False: "**no**", None: "—"}[c["holds"]]
-        ours = C.fmt(c["ours"]) if c["ours"] is not None else f"*{C.NOT_MEASURED}*"
-        lines.append(f"| {c['claim']} | {C.fmt(c['paper'])} | {ours} | {h} | {c['criterion']} | "
-                     f"{c['provenance']} | {c.get('why_not', '')} |")
-    lines += ["", "## Index", "", "| figure / table | numbers measured | panels |", "|---|---|---|"]
+             f"{held} of {len(measured)} measured claims hold, {failed} do not, {untested} are untested "
+             "(no interval). A ratio the paper reports is two claims: its direction holds when the "
+             "whole bootstrap 90% interval over the repeat runs is on the paper's side of 1, its "
+             f"magnitude when ours is within ±{MAGNITUDE_TOLERANCE:.0%} of the paper's. Loads: one H200 "
+             f"stands for one of the paper's {PAPER_DECODE_GPUS} decode GPUs (paper C128 = ours C32 "
+             "on one H200); the load column gives the paper's C and the one our runs used, which "
+             "were made before that mapping (ours C128 on one H200 = paper C512 per decode GPU).", ""]
+    notes = C.Footnotes()
+    lines += _claims_table(claims, {DIRECTION, MAGNITUDE, EQ13, THRESHOLD}, notes) + [""]
+    lines += notes.markdown()
+    notes = C.Footnotes()
+    lines += ["### Arithmetic on the paper's geometry (computed, not measured)", ""]
+    lines += _claims_table(claims, {GEOMETRY}, notes) + [""] + notes.markdown()
+    lines += ["## Index", "", "| figure / table | numbers measured | panels |", "|---|---|---|"]
     for name, rep in reports.items():
         pan = ", ".join(f"{k}: {'yes' if C.NOT_MEASURED not in v else 'no'}" for k, v in rep.panels.items())
         lines.append(f"| [{rep.title}](#{name}) | {rep.n_measured} / {len(rep.rows)} | {pan} |")

@@ -669,7 +669,7 @@ AMBIGUITIES = {
                                      "and for GLM HiSparse (B = 2k -> 8k); both recorded as printed.",
     "row bytes": "capacity arithmetic (Table 1, eq. 11, Table 3 hot cache, Fig. 8a 37.75 MB) uses "
                  "576 B per KV row; Table 3's 2.4-2.5 KB per missed selection matches 3.71 x 656 B "
-                 "(the FP8 row with scales and bf16 rope). See systems/kv/capacity.py.",
+                 "(the FP8 row with scales and bf16 rope). See figures/capacity.py.",
 }
 
 

@@ -1,6 +1,6 @@
 """Table 1 - memory per session (GPU required at two contexts, host backup), computed.
 
-Reads nothing under results/: every value comes from systems/kv/capacity.py, for the paper's
+Reads nothing under results/: every value comes from figures/capacity.py, for the paper's
 GLM-5.3 geometry (compared cell by cell with the paper) and for our scaled presets
 (conf/model/glm53_mini.yaml, dsv41_mini.yaml; pool size from conf/hardware/h200.yaml).
 """
@@ -13,7 +13,7 @@ import pandas as pd
 
 from figures import common as C
 from figures.paper_values import PAPER, SYSTEM_LABELS
-from systems.kv import capacity as cap
+from figures import capacity as cap
 
 NAME = "table1"
 METHOD_TO_SYSTEM = {"resident": "resident", "hisparse": "hisparse",
@@ -33,14 +33,14 @@ def preset_contexts(cfg) -> dict[str, int]:
 
 def hardware_pool_gib(name: str = "h200") -> float | None:
     p = C.REPO / "conf" / "hardware" / f"{name}.yaml"
-    d = C._load_yaml(p)
+    d = C.load_yaml(p)
     return C.as_float(d.get("kv_pool_gib"))
 
 
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     rep = C.Report(NAME, "Table 1 - Memory per session (GLM-5.3 geometry and our presets)")
-    rep.measured_with = "systems/kv/capacity.py (computed; no GPU run involved)"
+    rep.measured_with = "figures/capacity.py (computed; no GPU run involved)"
     g = cap.paper_glm53_geometry()
     t1 = cap.table1(g)
     paper = PAPER["table1"]
@@ -102,7 +102,7 @@ def main(argv=None) -> C.Report:
     rep.note("Paper geometry: d_KV = 576 B (the paper's accounting; 656 B is the stored FP8 row), "
              "21 x 132 B index keys per token, histories page-rounded to 64, '100K' = 100,000 and "
              "'32K' = 32,768 tokens of context (output excluded). Derivation in the docstring of "
-             "systems/kv/capacity.py.")
+             "figures/capacity.py.")
 
     # ---------------------------------------------------------------- our presets
     pool_gib = hardware_pool_gib("h200")

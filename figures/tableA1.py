@@ -9,7 +9,8 @@ count returned to 16; ours uses the whole third phase unless the harness provide
 from __future__ import annotations
 
 from figures import common as C
-from figures.fig6 import arm_of
+from figures.fig6 import step_loads
+from harness.summaries import arm_of
 from figures.paper_values import PAPER, TABLEA1_PHASES
 
 NAME = "tableA1"
@@ -45,6 +46,7 @@ def main(argv=None) -> C.Report:
             A[a] = r
     rep = C.Report(NAME, "Table A1 - Load step, optional residency on / off (ours: GLM-like scaled "
                          "preset, time-scaled phases)")
+    rep.loads = step_loads(A.values())
     P = PAPER["tableA1"]
     ours = {arm: phase_rows(A.get(arm)) for arm in ("on", "off")}
     for i, ph in enumerate(TABLEA1_PHASES):
@@ -63,7 +65,7 @@ def main(argv=None) -> C.Report:
 
     fig, axes = C.subplots(1, 4, width=3.0, height=2.8)
     cats = [f"{PHASE_LABEL[ph]}\n{arm}" for ph in TABLEA1_PHASES for arm in ("on", "off")]
-    colors = [C._PALETTE[2] if arm == "on" else C._PALETTE[0] for _ in TABLEA1_PHASES for arm in ("on", "off")]
+    colors = [C.PALETTE[2] if arm == "on" else C.PALETTE[0] for _ in TABLEA1_PHASES for arm in ("on", "off")]
     for ax, (pk, ok, sc, unit, title), lt in zip(axes[0], (COLS[1], COLS[2], COLS[4], COLS[5]), "abcd"):
         pv = [P[ph][arm][pk] for ph in TABLEA1_PHASES for arm in ("on", "off")]
         ov = []

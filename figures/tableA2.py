@@ -33,6 +33,7 @@ def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     runs = C.load_runs(args.results, "fig4")
     rep = C.Report(NAME, "Table A2 - TTFT split at C128 / C256 (ours: GLM-like scaled preset)")
+    rep.loads = {c: c for c in (128, 256) if any(r.concurrency == c for r in runs)}
     P = PAPER["tableA2"]
     fig, axes = C.subplots(1, 2, width=5.0, height=3.2)
     shares_ours: dict = {}
@@ -62,7 +63,7 @@ def main(argv=None) -> C.Report:
                         continue
                     have |= off > 0
                     sh = 100.0 * v / tt
-                    ax.bar(j + off, sh, 0.38, bottom=bottom, color=C._PALETTE[n],
+                    ax.bar(j + off, sh, 0.38, bottom=bottom, color=C.PALETTE[n],
                            hatch="///" if off < 0 else None, edgecolor="white",
                            label=what if (j == 0 and off < 0) else None)
                     bottom += sh

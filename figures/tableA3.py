@@ -64,6 +64,7 @@ def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, rest)
     runs = C.load_runs(args.results, "fig4")
     rep = C.Report(NAME, "Table A3 - latency at every load (ours: GLM-like scaled preset)")
+    rep.loads = {c: c for c in sorted({r.concurrency for r in runs if r.concurrency})}
     P = PAPER["tableA3"]
     prov_all = C.provenance(runs)
     for sys_ in SYSTEMS:
@@ -150,9 +151,7 @@ def main(argv=None) -> C.Report:
     if margins:
         rep.note(f"Under the first bound (p99 post-wave TTFT <= {tb:g} s, TPOT <= {pb:g} ms): "
                  + "; ".join(margins) + ".")
-    why = C.stall_diagnosis(runs, 128)
-    if why:
-        reasons.append(why + "; the hierarchy's TPOT and TTFT at C64-C128 include those stalls")
+        reasons.append(f"under p99 post-wave TTFT <= {tb:g} s and TPOT <= {pb:g} ms: " + "; ".join(margins))
     if reasons:
         rep.diagnose(("bound_a.concurrency_ratio", "bound_a.output_ratio"), "; ".join(reasons))
     return rep.finish(fig, args)

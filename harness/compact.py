@@ -89,7 +89,7 @@ def drop_streamed_metrics(results: Path, dry_run: bool = False) -> tuple[int, in
     return n, size
 
 
-# the result folders the figure scripts read (figures.common.load_runs), and only those: a run
+# the result folders the figure scripts read (harness.results.load_runs), and only those: a run
 # elsewhere (a benchmark's own folder, lane_interference/) is never pruned
 FIGURE_EXPERIMENTS = ("fig1", "fig4", "fig5", "fig6", "fig7", "fig9", "fig9_dsv", "fig11", "admission")
 PRUNED_NOTE = "RECORDS_PRUNED.txt"
@@ -115,7 +115,7 @@ def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list
     cap, a setting re-measured since), where git keeps their bytes at HEAD; each such run keeps
     its summary, config and env, and a RECORDS_PRUNED.txt naming the commit to restore from.
     Returns (pruned record files, record files kept because git does not hold them unchanged)."""
-    from figures.common import caps_newest_first, finished_runs, load_runs, output_cap
+    from harness.results import caps_newest_first, finished_runs, load_runs, output_cap
 
     head, top = _git_head(results)
     pruned, kept = [], []

@@ -19,20 +19,89 @@ from pathlib import Path
 
 from harness.environment import REPO
 from harness.records import atomic_write_json
+from harness.results import Run, as_float, counter_share, load_runs, metric_col, step_cost
 
 
 def _pct(x):
     return None if x is None else 100.0 * x
 
 
-def fig6(results: Path) -> dict | None:
-    from figures import common as C
-    from figures import fig6 as F
+def arm_of(run: Run) -> str | None:
+    v = run.cfg("optional_residency")
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, str) and v.lower() in ("true", "false", "on", "off"):
+        return "on" if v.lower() in ("true", "on") else "off"
+    text = f"{run.tag} {run.raw_system} {run.path.name}".lower()
+    if "off" in text or "noopt" in text:
+        return "off"
+    if "on" in text.replace("step", ""):
+        return "on"
+    return None
 
-    arms = F.arms(C.load_runs(results, "fig6"))
-    if not arms:
+
+def arms(runs) -> dict[str, Run]:
+    out = {}
+    for r in runs:
+        a = arm_of(r)
+        if a and r.metrics is not None:
+            out[a] = r
+    return out
+
+
+def phase_bounds(run: Run, t0: float) -> list[tuple[float, float, int | None]]:
+    """(start_s, end_s, concurrency) relative to the first metrics sample."""
+    out, t = [], 0.0
+    for ph in run.summary.get("phases") or []:
+        d = as_float(ph.get("duration_s")) or 0.0
+        out.append((t, t + d, ph.get("concurrency")))
+        t += d
+    return out
+
+
+def derived(run: Run) -> dict[str, float | None]:
+    """Headline numbers of one arm recomputed from its counters."""
+    df = run.metrics
+    t0 = float(df["ts"].iloc[0])
+    ph = phase_bounds(run, t0)
+    res: dict[str, float | None] = {}
+    if len(ph) < 3:
+        return res
+    (a0, a1, _), (b0, b1, _), (c0, c1, _) = ph[:3]
+    res["host_low"] = counter_share(df, t0=t0 + a0, t1=t0 + a1)
+    cov = metric_col(df, "dhs_ready_optional_coverage")
+    if cov:
+        t = df["ts"] - t0
+        low = df[(t >= (a0 + a1) / 2) & (t < a1)][cov]
+        res["coverage_low"] = float(low.mean()) if len(low) else None
+        opt = metric_col(df, "dhs_optional_pages")
+        if opt:  # ready optional pages and the eligible ones they cover, late in the low phase
+            lw = df[(t >= (a0 + a1) / 2) & (t < a1) & (df[cov] > 0)]
+            if len(lw):
+                res["optional_pages_low"] = float(lw[opt].median())
+                res["eligible_pages_low"] = float((lw[opt] / lw[cov]).median())
+                # ready pages held level while requests came and went: memory, not population
+                res["optional_pages_flat"] = float(lw[opt].quantile(0.9) - lw[opt].quantile(0.1)) \
+                    <= 0.1 * max(1.0, float(lw[opt].median()))
+        after = df[(t >= b0) & (df[cov] < 0.01)]
+        res["below_1pct_s"] = float(after["ts"].iloc[0] - t0 - b0) if len(after) else None
+        rec = df[(t >= c0) & (df[cov] > 0.5)]
+        res["above_50pct_s"] = float(rec["ts"].iloc[0] - t0 - c0) if len(rec) else None
+    sl = metric_col(df, "dhs_num_allocated_slots")
+    if sl:
+        t = df["ts"] - t0
+        cap = metric_col(df, "dhs_num_slots")
+        top = float(df[cap].max()) if cap else float(df[(t >= b0) & (t < b1)][sl].max())
+        full = df[(t >= b0) & (t < b1) & (df[sl] >= 0.98 * top)]
+        res["fill_s"] = float(full["ts"].iloc[0] - t0 - b0) if len(full) else None
+    return res
+
+
+def fig6(results: Path) -> dict | None:
+    by_arm = arms(load_runs(results, "fig6"))
+    if not by_arm:
         return None
-    d = {a: F.derived(r) for a, r in arms.items()}
+    d = {a: derived(r) for a, r in by_arm.items()}
     on, off = d.get("on", {}), d.get("off", {})
     out = {
         "host_fetch_share_low_on": _pct(on.get("host_low")),
@@ -42,7 +111,7 @@ def fig6(results: Path) -> dict | None:
         "seconds_to_coverage_above_50pct_after_drop": on.get("above_50pct_s"),
         "slots_fill_s_on": on.get("fill_s"),
         "slots_fill_s_off": off.get("fill_s"),
-        "runs": {a: str(r.path.relative_to(results)) for a, r in arms.items()},
+        "runs": {a: str(r.path.relative_to(results)) for a, r in by_arm.items()},
         "note": "scaled preset and time-scaled phases; see the runs' config.yaml",
     }
     atomic_write_json(results / "fig6" / "summary.json", out)
@@ -50,17 +119,15 @@ def fig6(results: Path) -> dict | None:
 
 
 def fig7(results: Path) -> dict | None:
-    from figures import common as C
-
     newest = {}  # (block, concurrency) -> run; load_runs is oldest first, so a rerun wins
-    for r in C.load_runs(results, "fig7"):
+    for r in load_runs(results, "fig7"):
         if r.cfg("block_size") is not None and r.metrics is not None:
             newest[(int(r.cfg("block_size")), r.concurrency)] = r
     points, miss_sel, miss_rows = [], 0.0, 0.0
     for (block, _), r in newest.items():
         st = r.metrics
-        rounds = C.metric_col(st, "dhs_spec_rounds_total")
-        emitted = C.metric_col(st, "dhs_spec_emitted_total")
+        rounds = metric_col(st, "dhs_spec_rounds_total")
+        emitted = metric_col(st, "dhs_spec_emitted_total")
         ept = None
         if rounds and emitted:
             dr = float(st[rounds].iloc[-1] - st[rounds].iloc[0])
@@ -69,13 +136,13 @@ def fig7(results: Path) -> dict | None:
         got = {}
         for col, acc in (("dhs_selected_rows_from_host_total", "sel"),
                          ("dhs_host_rows_copied_total", "rows")):
-            c = C.metric_col(st, col)
+            c = metric_col(st, col)
             if c:
                 got[acc] = float(st[c].iloc[-1] - st[c].iloc[0])
         miss_sel += got.get("sel", 0.0)
         miss_rows += got.get("rows", 0.0)
         # one engine step is one speculative round (draft + verify); graph-capture steps left out
-        sc = C.step_cost(r, exclude_capture=True)
+        sc = step_cost(r, exclude_capture=True)
         points.append({"block": int(block), "concurrency": r.concurrency,
                        "emitted_tokens_per_round": ept,
                        "round_ms": sc[0] if sc else None,

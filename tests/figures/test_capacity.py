@@ -1,4 +1,4 @@
-"""Capacity accounting (systems/kv/capacity.py): Table 1 of the paper from its GLM-5.3 geometry,
+"""Capacity accounting (figures/capacity.py): Table 1 of the paper from its GLM-5.3 geometry,
 eqs. (9)-(11), pool arithmetic, and the geometry of our presets.
 
 With the derivation in the module docstring (576-byte accounting rows, 21 x 132-byte index keys,
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from figures.paper_values import PAPER
-from systems.kv import capacity as cap
+from figures import capacity as cap
 from systems.models.config import ModelConfig
 
 GIB = cap.GIB

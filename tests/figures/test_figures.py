@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from figures import common as C
+from harness import results as R
 from figures import make_all
 from figures.paper_values import AMBIGUITIES, PAPER, PV, flatten, get
 from tests.figures.fixture import build
@@ -399,7 +400,7 @@ def test_provenance_names_repeat_commits_and_a_kernel_change_between_runs(tmp_pa
     assert runs[0].commit == "1ef6892"
     prov = C.provenance(runs)
     assert "median of 2 repeat runs (commits 1ef6892, 60e6be1)" in prov
-    if C._after_change("1ef6892", "a5e1803") is None:
+    if R._after_change("1ef6892", "a5e1803") is None:
         pytest.skip("git history not available here")
     assert "mixes runs from before a5e1803 (60e6be1) and after it (1ef6892)" in prov
     assert C.change_mix([C.Run(runs[0].path, runs[0].summary)]) == ""  # one side only
@@ -638,7 +639,7 @@ def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
     assert ph["fill"] == pytest.approx(0.85) and ph["middle"] == pytest.approx(2.5) and "drain" not in ph
 
 
-def test_fig9_budget_spread_within_one_device_call():
+def test_fig9_budget_spread_within_one_run_group():
     """Budget points that are medians of repeats from several machines: the spread is also given
     for each device call that ran every budget, and only for those."""
     from types import SimpleNamespace as NS
@@ -646,7 +647,7 @@ def test_fig9_budget_spread_within_one_device_call():
     from figures.fig9 import within_call_spread
 
     def run(call, out):
-        return NS(device_call=call, summary={"output_tok_s_per_gpu": out}, repeats=[])
+        return NS(run_group=call, summary={"output_tok_s_per_gpu": out}, repeats=[])
 
     def point(bk, *runs):
         return NS(bk=bk, run=NS(repeats=list(runs)))

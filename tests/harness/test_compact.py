@@ -4,7 +4,7 @@ reader still sees the same rows."""
 import gzip
 import json
 
-from figures.common import Run
+from harness.results import Run
 from harness.compact import main
 from harness.records import read_jsonl
 

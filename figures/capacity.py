@@ -400,7 +400,7 @@ def load_model_config(name_or_path: str):
 
     p = Path(name_or_path)
     if not p.suffix:
-        p = Path(__file__).resolve().parents[2] / "conf" / "model" / f"{name_or_path}.yaml"
+        p = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name_or_path}.yaml"
     data = yaml.safe_load(p.read_text()) or {}
     known = set(ModelConfig.__dataclass_fields__)  # type: ignore[attr-defined]
     return ModelConfig(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,60 @@
+"""The one load mapping between the paper's concurrency and ours.
+
+The paper serves on four prefill and four decode GPUs, so at its concurrency C each decode GPU
+carries about C/4 requests (Table 2: 121-125 active at C128, about 31 per decode GPU). One H200
+here stands for one of those decode GPUs: the paper's C runs as C/4 on one GPU. Experiments are
+written in the paper's C and mapped here, in one place; every figure and table labels both.
+
+Runs made before this mapping ran other loads (Fig. 4 at ours C = paper C, Fig. 7 at half):
+``load_label`` says what such a run is in the paper's terms rather than what it was compared
+with.
+"""
+
+from __future__ import annotations
+
+# decode GPUs in the paper's deployment (4 prefill + 4 decode); one H200 stands for one of them
+PAPER_DECODE_GPUS = 4
+
+
+def ours_concurrency(paper_c: int) -> int:
+    """Our concurrency on one H200 for the paper's concurrency ``paper_c`` (C -> C/4)."""
+    if paper_c <= 0 or paper_c % PAPER_DECODE_GPUS:
+        raise ValueError(f"paper concurrency {paper_c} is not a positive multiple of "
+                         f"{PAPER_DECODE_GPUS} decode GPUs")
+    return paper_c // PAPER_DECODE_GPUS
+
+
+def paper_concurrency(ours_c: int) -> int:
+    """The paper's concurrency whose per-decode-GPU load equals ours C on one H200."""
+    return ours_c * PAPER_DECODE_GPUS
+
+
+def load_label(paper_c: int, ours_c: int) -> str:
+    """Both loads of one compared point: 'paper C128 = ours C32 on one H200' where the point
+    follows the mapping; where it does not (runs made before it), what our run is in the paper's
+    terms: 'paper C128: ours C128 on one H200 = paper C512 per decode GPU'."""
+    if paper_c % PAPER_DECODE_GPUS == 0 and ours_c == ours_concurrency(paper_c):
+        return f"paper C{paper_c} = ours C{ours_c} on one H200"
+    return (f"paper C{paper_c}: ours C{ours_c} on one H200 = paper C{paper_concurrency(ours_c)} "
+            "per decode GPU")
+
+
+def loads_line(pairs: dict[int, int]) -> str:
+    """One line for a figure's compared loads {paper C: ours C}: the headline load (C128 where
+    compared) labelled both ways, and the factor of the per-GPU load where every point shares
+    one; else every point labelled."""
+    if not pairs:
+        return ""
+    factors = {ours / paper for paper, ours in pairs.items()}
+    if len(factors) > 1:
+        return "; ".join(load_label(p, o) for p, o in sorted(pairs.items()))
+    p = 128 if 128 in pairs else max(pairs)
+    head = load_label(p, pairs[p])
+    per_gpu = factors.pop() * PAPER_DECODE_GPUS  # ours per GPU over the paper's per decode GPU
+    if abs(per_gpu - 1.0) < 1e-9:
+        return f"{head} (every load as paper C / {PAPER_DECODE_GPUS})"
+    span = (f"paper C{min(pairs)}-C{max(pairs)} as ours C{pairs[min(pairs)]}-C{pairs[max(pairs)]}, "
+            if len(pairs) > 1 else "")
+    mapped = (f", which runs paper C{p} as ours C{ours_concurrency(p)}"
+              if p % PAPER_DECODE_GPUS == 0 else "")
+    return f"{head}; {span}{per_gpu:g}x the paper's per-GPU load (runs made before the one mapping{mapped})"
