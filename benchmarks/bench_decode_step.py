@@ -7,7 +7,7 @@ Byte floor of one decode step = bytes it must read once: all weights (bf16) + th
 rows (B x layers x k x row_bytes). We also report the floor including the indexer's scan of
 every visible index key (B x selecting layers x L x index_row_bytes), which a DSA-style indexer
 pays per token. Time is the median of engine steps (schedule + forward + sample + postprocess,
-synchronized) after warm-up; floors use the measured 4.22 TB/s device copy rate (DESIGN.md sec. 4).
+synchronized) after warm-up; floors use the measured 4.22 TB/s device copy rate (docs/design.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 ``model.attention_impl: auto`` picks the Triton kernels (fused sparse attention, indexer scores)
 on a GPU; for attention the all-heads tensor-core kernel (``triton_mma``), which the H200
-measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (results/attention/). Before the first use in a process, both kernels run on a small random case and are
+measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (docs/design.md). Before the
+first use in a process, both kernels run on a small random case and are
 compared with their PyTorch references; if either raises or disagrees, ``auto`` falls back to the
 references for the whole process with a warning naming why, so a kernel that misbehaves on some
 GPU or Triton build costs speed, never tokens. ``triton`` or ``reference`` skip the check.

@@ -155,7 +155,7 @@ class HiSparseBackend(KVBackend):
         # to the largest call here: a captured graph holds their addresses, so they never move.
         self._ws = self._ws_side = None
         if self.resolver_impl == "triton":
-            grow = (ns, self.max_host_pages * G, B, self.q_max * m.index_topk)
+            grow = (ns, self.max_host_pages * G, self.q_max * m.index_topk)
             self._ws = ResolverWorkspace(dev).ensure(*grow)
             self._ws_side = ResolverWorkspace(dev).ensure(*grow)
 

@@ -53,7 +53,7 @@ class ModelConfig:
     attention_impl: str = "auto"
     index_dim: int = 16
     index_topk: int = 8  # k
-    # Selection locality (the one calibrated input, DESIGN.md sec. 3): the indexer query is
+    # Selection locality (the one calibrated input, docs/design.md): the indexer query is
     # blended with a fixed per-layer direction, q' = (1 - lam) * q + lam * w. lam = 0 gives the
     # random model's nearly independent selections; lam -> 1 makes consecutive selections overlap.
     selection_locality: float = 0.0
