@@ -223,10 +223,10 @@ class Run:
 
     @property
     def device_call(self) -> str:
-        """The GPU-machine call the run was made in: env.json's device_call (set by
-        benchmarks/gpu_next.sh), else its commit (each call of this project's sessions so far
-        ran one commit), else ''."""
-        return str(self.env.get("device_call") or self.commit)
+        """The runs this one was measured with: env.json's run_group (set by benchmarks/gpu_batch.sh;
+        device_call in records written before the rename), else its commit (each GPU-machine call
+        of this project's sessions so far ran one commit), else ''."""
+        return str(self.env.get("run_group") or self.env.get("device_call") or self.commit)
 
     @property
     def calibrated_acceptance(self) -> bool:
