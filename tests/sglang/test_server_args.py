@@ -24,7 +24,7 @@ pytest.importorskip("sglang", reason="sglang is not importable here: these tests
 server_args_mod = pytest.importorskip("sglang.srt.server_args")
 
 from systems.sglang import adapter  # noqa: E402
-from systems.sglang.launch import sglang_server  # noqa: E402
+from harness.sglang_launch import sglang_server  # noqa: E402
 from tests.sglang.common import (DRAFT_PATH, MODEL_PATH, conf_names,  # noqa: E402
                                    sglang_cfg)
 

@@ -2,7 +2,7 @@
 
 The runner's hook (harness/servers.py, ``server.mode == "sglang"``)::
 
-    from systems.sglang.launch import sglang_server
+    from harness.sglang_launch import sglang_server
     with sglang_server(cfg, workdir) as url:
         ...  # the same load generator, against url
 
@@ -19,9 +19,9 @@ SGLang equivalent raises ``ValueError`` here.
 
 Stand-alone, with the same Hydra overrides as the runner::
 
-    python -m systems.sglang.launch --dry-run server=sglang system=hisparse model=glm53_mini \\
+    python -m harness.sglang_launch --dry-run server=sglang system=hisparse model=glm53_mini \\
         server.sglang.model_path=/models/GLM-5.3-FP8      # print the commands
-    python -m systems.sglang.launch server=sglang ...      # start them, serve until Ctrl-C
+    python -m harness.sglang_launch server=sglang ...      # start them, serve until Ctrl-C
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any, Iterator
 from harness.servers import free_port, stop_process, track, wait_healthy  # noqa: F401 (re-exported)
 from systems.sglang.adapter import LaunchPlan, _plain, build_plan, settings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 
 
