@@ -42,7 +42,7 @@ def main() -> None:
     import torch
 
     from harness.environment import environment
-    from systems.engine.config import compose, engine_config_from_cfg
+    from systems.engine.config import compose, resolve_engine_config
     from systems.engine.engine import Engine
     from systems.engine.request import Request, SamplingParams
 
@@ -54,7 +54,7 @@ def main() -> None:
                    f"hardware.max_running_requests={max(batches)}",
                    f"workload.input_len={args.context}", f"workload.output_len={new_tokens}",
                    *args.overrides])
-    ecfg = engine_config_from_cfg(cfg)
+    ecfg = resolve_engine_config(cfg)
     m = ecfg.model
     rows = []
     for B in batches:

@@ -28,7 +28,7 @@ PAPER = {1: 33.0, 8: 3.9}  # Fig. 9e, HiSparse at C128: % of selected rows fetch
 def measure(lam: float, b_over_k: int, args) -> dict:
     import torch
 
-    from systems.engine.config import compose, engine_config_from_cfg
+    from systems.engine.config import compose, resolve_engine_config
     from systems.engine.engine import Engine
     from systems.engine.request import Request, SamplingParams
 
@@ -38,8 +38,8 @@ def measure(lam: float, b_over_k: int, args) -> dict:
                    f"hardware.max_running_requests={args.requests}",
                    f"model.max_context_len={args.context + args.steps + 64}",
                    f"workload.input_len={args.context}", f"workload.output_len={args.steps + 8}"])
-    ecfg = engine_config_from_cfg(cfg)
-    ecfg.kv.hot_cache_rows = b_over_k * ecfg.model.index_topk
+    cfg.system.kv.hot_cache_rows = b_over_k * cfg.model.index_topk
+    ecfg = resolve_engine_config(cfg)
     eng = Engine(ecfg)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, ecfg.model.vocab_size, (args.context,), generator=g).tolist()

@@ -29,11 +29,11 @@ def _serve(overrides, prompts, new_tokens, warmup):
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
-    from systems.engine.config import compose, engine_config_from_cfg
+    from systems.engine.config import compose, resolve_engine_config
     from systems.engine.engine import Engine
     from systems.engine.request import Request, SamplingParams
 
-    eng = Engine(engine_config_from_cfg(compose(overrides)))
+    eng = Engine(resolve_engine_config(compose(overrides)))
     reqs = [Request(eng.new_rid(), p, SamplingParams(max_new_tokens=new_tokens)) for p in prompts]
     for r in reqs:
         eng.submit(r)
@@ -96,7 +96,7 @@ def main() -> None:
     base = [*dev, f"model={args.model}", "hardware.kv_pool_gib=8", "hardware.host_pool_gib=4",
             f"hardware.max_running_requests={args.batch}",
             f"model.max_context_len={args.context + 8 * args.batch + args.new_tokens + 16}",
-            f"model.hot_cache_rows={args.hot_cache_rows}",
+            f"+reproduce.kv.hot_cache_rows={args.hot_cache_rows}",  # the hierarchy systems read it
             f"workload.input_len={args.context}", f"workload.output_len={args.new_tokens}"]
     rows, bad = [], 0
     for system in args.systems.split(","):

@@ -2,7 +2,7 @@
 (a-d) output per GPU and (e-h) share of selected rows fetched from host, for HiSparse and
 Adaptive HiSparse, GLM-like and DeepSeek-like presets at C8 and C128.
 
-Reads results/fig9/<run>/ (GLM-like) and results/fig9_dsv/<run>/ (DeepSeek-like): summary.json (point.concurrency, point.b_over_k or model.hot_cache_rows
+Reads results/fig9/<run>/ (GLM-like) and results/fig9_dsv/<run>/ (DeepSeek-like): summary.json (point.concurrency, point.b_over_k or system.kv.hot_cache_rows
 / model.index_topk in config.yaml or a 'B2k' tag; output_tok_s_per_gpu, tpot_ms_mean,
 ttft_ms_mean, optional host_fetched_share) and server_metrics.parquet (host-fetch counters;
 the census counters dhs_selected_rows_direct_total / _hot_total for sec. 3.2), profile.json for
@@ -35,7 +35,9 @@ def budget(run: C.Run) -> float | None:
     v = C.as_float(run.point.get("b_over_k")) or C.as_float(run.summary.get("b_over_k"))
     if v:
         return v
-    hc = C.as_float(((run.config.get("model") or {}).get("hot_cache_rows")))
+    kv = (run.config.get("system") or {}).get("kv") or {}
+    # B: system.kv since the typed config; older runs recorded it under model
+    hc = C.as_float(kv.get("hot_cache_rows") or (run.config.get("model") or {}).get("hot_cache_rows"))
     k = C.as_float(((run.config.get("model") or {}).get("index_topk")))
     if hc and k:
         return hc / k

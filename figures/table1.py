@@ -114,7 +114,7 @@ def main(argv=None) -> C.Report:
         except Exception as e:  # noqa: BLE001 - a preset being edited must not break the table
             rep.note(f"preset {name} could not be loaded: {e}")
             continue
-        pg = cap.geometry_from_model(mcfg)
+        pg = cap.preset_geometry(name)
         ctx = preset_contexts(mcfg)
         tab = cap.table1(pg, ctx)
         preset_tables[name] = (ctx, tab)

@@ -7,7 +7,7 @@
     python -m harness.reproduce --only fig9 --system hisparse --where b_over_k=4,8 --point c128
 
 An experiment config lists what it runs under ``reproduce``: ``systems`` (conf/system names) and
-``sweep`` (override -> values, crossed; ``b_over_k`` sets model.hot_cache_rows = value * k).
+``sweep`` (override -> values, crossed; ``b_over_k`` sets system.kv.hot_cache_rows = value * k).
 Each combination is one ``harness.run`` over the workload's load points; finished runs are
 skipped (results are append-only), so an interrupted reproduction resumes where it stopped.
 ``--system``, ``--where`` and ``--point`` pick a subset of the plan (the runs with the most weight
@@ -105,7 +105,10 @@ def _run_cfg(overrides: list[str], results: str | None):
         overrides = overrides + [f"results_dir={results}"]
     cfg = compose(overrides)
     if cfg.get("b_over_k"):
-        cfg.model.hot_cache_rows = int(cfg.b_over_k) * int(cfg.model.index_topk)
+        if "hot_cache_rows" not in (cfg.system.get("kv") or {}):
+            raise ValueError(f"b_over_k: system {cfg.system.name!r} has no hot cache "
+                             "(system.kv.hot_cache_rows)")
+        cfg.system.kv.hot_cache_rows = int(cfg.b_over_k) * int(cfg.model.index_topk)
     if cfg.system.get("speculation") and "+smoke=true" in overrides:
         cfg.system.speculation.window = 64
     return cfg

@@ -63,7 +63,8 @@ def run_id(cfg: DictConfig, point: dict) -> str:
         material.pop(volatile, None)
     # reproduce.speculation reaches the speculative systems through system.speculation (the
     # system configs interpolate it) and is hashed there; the others must keep their ids
-    (material.get("reproduce") or {}).pop("speculation", None)
+    for key in ("speculation", "kv"):  # likewise reproduce.kv through system.kv
+        (material.get("reproduce") or {}).pop(key, None)
     material["point"] = point
     h = hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
     engine = "sglang-" if cfg.server.mode == "sglang" else ""  # never mistaken for a bundled run
@@ -133,9 +134,9 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
     restricts this call to those points without touching the config, so the run ids stay
     those of the full sweep and a later full call resumes around them."""
     from harness.loadgen import LoadConfig, run_load_sync
-    from systems.engine.config import engine_config_from_cfg
+    from systems.engine.config import resolve_engine_config
 
-    ecfg = engine_config_from_cfg(cfg)  # fail fast on a bad config, before any server starts
+    ecfg = resolve_engine_config(cfg)  # fail fast on a bad config, before any server starts
     if cfg.server.mode == "sglang":
         from systems.sglang.adapter import check_supported
         check_supported(cfg)  # a clear error before anything launches

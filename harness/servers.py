@@ -189,11 +189,11 @@ def bundled_server(cfg: DictConfig, workdir: Path):
 def _inprocess(cfg: DictConfig, host: str, port: int):
     from aiohttp import web
 
-    from systems.engine.config import engine_config_from_cfg
+    from systems.engine.config import resolve_engine_config
     from systems.engine.engine import Engine
     from systems.engine.server import build_app
 
-    engine = Engine(engine_config_from_cfg(cfg))
+    engine = Engine(resolve_engine_config(cfg))
     engine.start()
     loop = asyncio.new_event_loop()
     started = threading.Event()

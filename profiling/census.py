@@ -71,9 +71,9 @@ class RetrievalGeometry:
         return asdict(self)
 
 
-def retrieval_geometry(model_cfg: Any, hot_cache_rows: int | None = None) -> RetrievalGeometry:
+def retrieval_geometry(model_cfg: Any, hot_cache_rows: int) -> RetrievalGeometry:
     """From a ``systems.models.config.ModelConfig`` (anything with ``layers`` of LayerSpec,
-    ``index_topk``, ``num_sources``, ``row_bytes``, ``hot_cache_rows``)."""
+    ``index_topk``, ``num_sources``, ``row_bytes``) and the resolved B (``system.kv``)."""
     layers = list(model_cfg.layers)
     k = int(model_cfg.index_topk)
     selecting = [l for l in layers if l.selects]
@@ -89,7 +89,7 @@ def retrieval_geometry(model_cfg: Any, hot_cache_rows: int | None = None) -> Ret
         elif cur is not None:
             cur.add(l.source)
     mean_srcs = sum(len(s) for s in srcs_per_sel) / len(srcs_per_sel) if srcs_per_sel else 0.0
-    B = int(hot_cache_rows or getattr(model_cfg, "hot_cache_rows", 0) or 2 * k)
+    B = int(hot_cache_rows)
     rb = int(model_cfg.row_bytes)
     S = int(model_cfg.num_sources)
     return RetrievalGeometry(

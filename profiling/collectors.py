@@ -69,8 +69,8 @@ def maybe_profile(cfg: Any, *, out_dir: str | Path | None = None,
 
         geom = None
         model_cfg = getattr(getattr(source, "cfg", None), "model", None)
-        if model_cfg is not None and hasattr(model_cfg, "layers"):
-            hot = getattr(getattr(source, "backend", None), "B", None)
+        hot = getattr(getattr(source, "backend", None), "B", None)  # resolved B; None: no cache
+        if model_cfg is not None and hasattr(model_cfg, "layers") and hot:
             geom = retrieval_geometry(model_cfg, hot)
         col = CensusCollector(source, geometry=geom,
                               interval_s=float(_opt(cfg, "interval_s", 1.0)))

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from systems.engine.config import compose, engine_config_from_cfg
+from systems.engine.config import compose, resolve_engine_config
 from systems.engine.engine import Engine
 from systems.engine.request import Request, SamplingParams
 
@@ -15,7 +15,7 @@ GOLDEN_PROMPT_LENS = (5, 23, 40, 77, 130)
 
 def make_engine(*overrides: str) -> Engine:
     cfg = compose(["device=cpu", *overrides])
-    return Engine(engine_config_from_cfg(cfg))
+    return Engine(resolve_engine_config(cfg))
 
 
 def golden_prompts(vocab: int = 512, seed: int = 1234) -> list[list[int]]:

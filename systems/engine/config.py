@@ -1,22 +1,35 @@
-"""From a composed Hydra config (conf/) to the engine's typed configs.
+"""From a composed Hydra config (conf/) to the engine's typed config, resolved once.
 
-Typed dataclasses are the schema: an unknown or ill-typed field fails here at start-up with a
-ValueError naming it, before any memory is allocated.
+``resolve_engine_config`` is the one place where ``auto`` and derived defaults become values: the
+device, the compute dtype, the KV backend's options (B = 0 means 2k, the tail length, the
+resolver implementation) and the speculative decoder's (calibrated acceptance, DSpark's
+confidence). The engine, the census, the capacity accounting and the SGLang adapter all read its
+result. Defaults live in the dataclasses; the YAML files list the same values so that every knob
+is visible (a test keeps the two equal). Typed
+dataclasses are the schema: an unknown or ill-typed field fails here at start-up with a
+ValueError naming it and the allowed ones, before any memory is allocated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from systems.engine.engine import EngineConfig
-from systems.kv.base import KVConfig
+from systems.kv.base import KVConfig, KVOptions
+from systems.kv.registry import options_from
 from systems.models.config import ModelConfig
+from systems.spec.config import SpeculationConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+log = logging.getLogger("dhs.config")
+
+# EngineConfig fields that come from elsewhere than the ``engine:`` section
+_NOT_ENGINE_KEYS = {"model", "kv", "device", "seed", "speculation", "profile", "profile_dir"}
 
 
 def resolve_device(device: str) -> str:
@@ -26,8 +39,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _typed(cls, data: dict[str, Any], where: str):
-    names = {f.name for f in dataclasses.fields(cls)}
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def _typed(cls, data: dict[str, Any], where: str, exclude: set[str] = frozenset()):
+    names = {f.name for f in dataclasses.fields(cls)} - set(exclude)
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(names)}")
@@ -35,58 +52,57 @@ def _typed(cls, data: dict[str, Any], where: str):
 
 
 def model_config_from(cfg: DictConfig | dict, device: str) -> ModelConfig:
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    data = dict(_plain(cfg))
+    if "hot_cache_rows" in data:
+        raise ValueError("model.hot_cache_rows: B is a KV-policy knob now; set "
+                         "system.kv.hot_cache_rows instead")
     if data.get("dtype", "auto") == "auto":
         data["dtype"] = "bfloat16" if device.startswith("cuda") else "float32"
     return _typed(ModelConfig, data, "model")
 
 
-def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
+def speculation_from(node: Any, model: ModelConfig) -> SpeculationConfig | None:
+    data = _plain(node)
+    if not data:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError(f"system.speculation: must be a mapping or null, got {data!r}")
+    return _typed(SpeculationConfig, data, "system.speculation").resolved(model.max_context_len)
+
+
+def kv_options_from(system: Any, model: ModelConfig, device: str,
+                    max_queries_per_step: int = 1) -> KVOptions:
+    """The backend's resolved options from ``system`` (``kv_backend`` and ``kv``)."""
+    return options_from(str(system["kv_backend"]), _plain(system.get("kv"))).resolved(
+        model, device, max_queries_per_step)
+
+
+def resolve_engine_config(cfg: DictConfig) -> EngineConfig:
     device = resolve_device(cfg.get("device", "auto"))
-    mcfg = model_config_from(cfg.model, device)
-    hw = cfg.hardware
+    model = model_config_from(cfg.model, device)
     system = cfg.system
-    extra = system.get("kv")
-    extra = OmegaConf.to_container(extra, resolve=True) if extra is not None else {}
-    max_total = int(cfg.workload.input_len) + int(cfg.workload.output_len) \
-        if "workload" in cfg else 0
-    kv = KVConfig(
-        backend=str(system.kv_backend),
-        kv_pool_gib=float(hw.kv_pool_gib),
-        max_running_requests=int(hw.max_running_requests),
-        max_total_tokens=0,
-        hot_cache_rows=int(mcfg.hot_cache_rows or 2 * mcfg.index_topk),
-        host_pool_gib=float(hw.get("host_pool_gib", 1.0)),
-        extra=extra,
-    )
-    if max_total > mcfg.max_context_len:
-        raise ValueError(f"workload.input_len + workload.output_len = {max_total} exceeds "
-                         f"model.max_context_len = {mcfg.max_context_len}")
-    eng = cfg.get("engine", {}) or {}
-    return EngineConfig(model=mcfg, kv=kv, device=device,
-                        max_waiting=int(eng.get("max_waiting", 4096)),
-                        max_new_tokens_cap=int(eng.get("max_new_tokens_cap", 8192)),
-                        prefix_cache_entries=int(eng.get("prefix_cache_entries", 16)),
-                        max_handoffs_per_step=int(eng.get("max_handoffs_per_step", 0)),
-                        seed=int(cfg.get("seed", 0)),
-                        speculation=OmegaConf.to_container(system.speculation, resolve=True)
-                        if system.get("speculation") else None,
-                        profile=_profile(cfg), profile_dir=cfg.get("profile_dir"),
-                        **_graph_options(eng))
-
-
-_GRAPH_KEYS = ("disable_cuda_graph", "cuda_graph_max_bs", "cuda_graph_scan_step",
-               "cuda_graph_max_graphs", "cuda_graph_emulate", "cuda_graph_capture_after")
-
-
-def _graph_options(eng) -> dict:
-    unknown = sorted(set(eng) - {"max_waiting", "max_new_tokens_cap", "prefix_cache_entries",
-                                 "max_handoffs_per_step", *_GRAPH_KEYS})
-    if unknown:
-        raise ValueError(f"engine: unknown field(s) {unknown}")
-    types = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
-    return {k: (bool(eng[k]) if types[k] in (bool, "bool") else int(eng[k]))
-            for k in _GRAPH_KEYS if k in eng}
+    spec = speculation_from(system.get("speculation"), model)
+    q_max = spec.k_max if spec else 1
+    hw = cfg.hardware
+    kv = KVConfig(backend=str(system.kv_backend), kv_pool_gib=float(hw.kv_pool_gib),
+                  max_running_requests=int(hw.max_running_requests),
+                  max_queries_per_step=q_max,
+                  options=kv_options_from(system, model, device, q_max))
+    if hw.get("host_pool_gib") is not None:
+        kv.host_pool_gib = float(hw.host_pool_gib)
+    if "workload" in cfg:
+        max_total = int(cfg.workload.input_len) + int(cfg.workload.output_len)
+        if max_total > model.max_context_len:
+            raise ValueError(f"workload.input_len + workload.output_len = {max_total} exceeds "
+                             f"model.max_context_len = {model.max_context_len}")
+    engine = dict(_plain(cfg.get("engine")) or {})
+    ecfg = _typed(EngineConfig, engine, "engine", exclude=_NOT_ENGINE_KEYS)
+    ecfg = dataclasses.replace(ecfg, model=model, kv=kv, device=device,
+                               seed=int(cfg.get("seed", 0)), speculation=spec,
+                               profile=_profile(cfg), profile_dir=cfg.get("profile_dir"))
+    log.info("resolved config: device=%s model=%s backend=%s kv=%s speculation=%s", device,
+             model.name, kv.backend, kv.options, spec)
+    return ecfg
 
 
 def _profile(cfg: DictConfig) -> dict | None:
@@ -110,4 +126,4 @@ def compose_engine_config(overrides: list[str] | None = None,
     cfg = OmegaConf.load(config_path) if config_path else compose(overrides)
     if config_path and overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
-    return engine_config_from_cfg(cfg)
+    return resolve_engine_config(cfg)

@@ -33,6 +33,7 @@ from systems.kv.base import KVConfig
 from systems.kv.registry import create_backend
 from systems.models.config import ModelConfig
 from systems.models.sparse_model import SparseModel
+from systems.spec.config import SpeculationConfig
 from systems.spec.decoder import PlainDecoder, SpeculativeDecoder
 
 log = logging.getLogger("dhs.engine")
@@ -52,14 +53,14 @@ class EngineConfig:
     kv: KVConfig = field(default_factory=KVConfig)
     device: str = "cpu"
     max_waiting: int = 4096  # bounded queue: past it, 503 + Retry-After
-    max_new_tokens_cap: int = 4096
+    max_new_tokens_cap: int = 8192
     prefix_cache_entries: int = 16
     # handoffs (admissions) per scheduling round, 0 = all that fit: a wave of arrivals then joins
     # over several decode steps instead of stalling the running batch for all of its handoffs
     # (SGLang's decode side likewise merges transferred requests between decode iterations)
     max_handoffs_per_step: int = 0
     seed: int = 0
-    speculation: dict | None = None  # system.speculation: drafter, block_size, k_max, ...
+    speculation: SpeculationConfig | None = None  # system.speculation
     profile: dict | None = None  # conf/profile/<name>.yaml; None or name=none: off
     profile_dir: str | None = None  # where collectors write (the runner sets it)
     # CUDA graphs for the target forward (systems/engine/cuda_graph.py), SGLang's names
@@ -86,12 +87,16 @@ class Engine:
             # the drafter's fixed allocations (weights + ring) come out of the KV pools, and the
             # backend must take blocks of k_max queries (sec. 3.4, "capacity accounting")
             self.decoder = SpeculativeDecoder(self, cfg.speculation, kv.max_running_requests)
-            kv = dataclasses.replace(kv, extra={**kv.extra,
-                                                "max_queries_per_step": self.decoder.k_max})
-            kv.kv_pool_gib -= self.decoder.drafter.fixed_bytes / (1 << 30)
+            kv = dataclasses.replace(
+                kv, max_queries_per_step=self.decoder.k_max,
+                kv_pool_gib=kv.kv_pool_gib - self.decoder.drafter.fixed_bytes / (1 << 30))
             if kv.kv_pool_gib <= 0:
-                raise ValueError("hardware.kv_pool_gib cannot hold the drafter's fixed "
-                                 f"allocations ({self.decoder.drafter.fixed_bytes} bytes)")
+                raise ValueError(
+                    f"hardware.kv_pool_gib={cfg.kv.kv_pool_gib} cannot hold the drafter's fixed "
+                    f"allocations ({self.decoder.drafter.fixed_bytes / 2**20:.1f} MiB: weights "
+                    f"and a ring of W={self.decoder.window} positions for "
+                    f"{cfg.kv.max_running_requests} slots); raise hardware.kv_pool_gib or lower "
+                    "system.speculation.window / hardware.max_running_requests")
         else:
             self.decoder = PlainDecoder(self)
         self.startup_s["decoder"] = time.perf_counter() - t0 - self.startup_s["model"]

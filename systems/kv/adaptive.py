@@ -32,7 +32,7 @@ import torch
 
 from profiling.ranges import BOOKKEEPING, POPULATE, nvtx_range
 from systems.kv.base import MemoryReport, PrefixKV
-from systems.kv.hisparse import HiSparseBackend
+from systems.kv.hisparse import HiSparseBackend, HiSparseOptions
 from systems.kv.registry import register
 
 
@@ -50,18 +50,37 @@ class _Residency:
         return sum(1 for p in self.page if p >= 0)
 
 
-@register("adaptive_hisparse")
+RECLAIM_ORDERS = ("newest_first", "oldest_first", "largest_first")
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions(HiSparseOptions):
+    """``system.kv`` of adaptive residency: HiSparse's knobs plus the residency policy."""
+
+    optional_residency: bool = True  # false: the same build with residency off (Fig. 6)
+    admission_reserve_pages: int = 1  # M_res, in payload pages
+    populate_pages_per_step: int = 4  # bounded population work per engine step
+    reclaim_order: str = "newest_first"  # eq. 4's order over admitted requests
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reclaim_order not in RECLAIM_ORDERS:
+            raise ValueError(f"system.kv.reclaim_order: must be one of {RECLAIM_ORDERS}, got "
+                             f"{self.reclaim_order!r}")
+        for f in ("admission_reserve_pages", "populate_pages_per_step"):
+            if int(getattr(self, f)) < 0:
+                raise ValueError(f"system.kv.{f}: must be >= 0, got {getattr(self, f)}")
+
+
+@register("adaptive_hisparse", options=AdaptiveOptions)
 class AdaptiveBackend(HiSparseBackend):
     def __init__(self, model_cfg, kv_cfg, device):
         super().__init__(model_cfg, kv_cfg, device)
-        ex = kv_cfg.extra
-        self.optional_on = bool(ex.get("optional_residency", True))
-        self.reserve_pages = int(ex.get("admission_reserve_pages", 1))
-        self.populate_pages_per_step = int(ex.get("populate_pages_per_step", 4))
-        self.reclaim_order = str(ex.get("reclaim_order", "newest_first"))
-        if self.reclaim_order not in ("newest_first", "oldest_first", "largest_first"):
-            raise ValueError("system.kv.reclaim_order must be newest_first, oldest_first or "
-                             f"largest_first, got {self.reclaim_order!r}")
+        opt = self.opt
+        self.optional_on = opt.optional_residency
+        self.reserve_pages = int(opt.admission_reserve_pages)
+        self.populate_pages_per_step = int(opt.populate_pages_per_step)
+        self.reclaim_order = opt.reclaim_order
         self.direct_table = torch.full((self.num_slots, self.max_host_pages), -1,
                                        dtype=torch.int32, device=self.device)
         self.res: dict[int, _Residency] = {}

@@ -34,15 +34,28 @@ from systems.models.config import LayerSpec, ModelConfig
 GiB = 1 << 30
 
 
+@dataclass(frozen=True)
+class KVOptions:
+    """A backend's own knobs (``system.kv``). Backends subclass it next to their ``@register``;
+    the resident backend has none. ``resolved`` turns ``auto`` / 0-means-derived values into
+    concrete ones; it is called once, by ``systems.engine.config.resolve``."""
+
+    def resolved(self, model: ModelConfig, device: str, max_queries_per_step: int) -> "KVOptions":
+        return self
+
+
 @dataclass
 class KVConfig:
+    """What every backend is sized by (the deployment), plus the backend's own options."""
+
     backend: str = "resident"
     kv_pool_gib: float = 0.05  # M: capacity of the KV pools (payload + index) on the device
     max_running_requests: int = 64  # request slots (SGLang --max-running-requests)
     max_total_tokens: int = 0  # per request: prompt + output cap; 0 = model.max_context_len
-    hot_cache_rows: int = 0  # B (HiSparse family); 0 = 2k
     host_pool_gib: float = 1.0  # host budget for the pinned backing store
-    extra: dict[str, Any] = field(default_factory=dict)
+    # queries per step: 1, or K_max with speculation (a block is written past the frontier)
+    max_queries_per_step: int = 1
+    options: KVOptions = field(default_factory=KVOptions)
 
 
 @dataclass
@@ -133,8 +146,7 @@ class KVBackend(ABC):
             raise ValueError(f"kv.kv_pool_gib must be > 0, got {kv_cfg.kv_pool_gib}")
         self.capacity = int(kv_cfg.kv_pool_gib * GiB)
         self.num_slots = kv_cfg.max_running_requests
-        # queries per step: 1, or K_max with speculation (a block is written past the frontier)
-        self.q_max = int(kv_cfg.extra.get("max_queries_per_step", 1))
+        self.q_max = int(kv_cfg.max_queries_per_step)
         self.max_pages_per_req = math.ceil((self.max_total_tokens + self.q_max) / self.P)
         self.index_src_ids = {s: i for i, s in enumerate(model_cfg.index_sources)}
         # the indexer's scan follows model.attention_impl (auto: the kernel on a GPU)

@@ -351,17 +351,17 @@ def _live_sources(layers) -> int:
     return best
 
 
-def geometry_from_model(cfg, draft: DraftSpec | None = None, *, tail_rows: int | None = None,
-                        metadata_bytes: int = 0, slots_per_gpu: int | None = None,
-                        name: str | None = None) -> KVGeometry:
+def geometry_from_model(cfg, draft: DraftSpec | None = None, *, hot_cache_rows: int,
+                        tail_rows: int | None = None, metadata_bytes: int = 0,
+                        slots_per_gpu: int | None = None, name: str | None = None) -> KVGeometry:
     """Geometry of a :class:`systems.models.config.ModelConfig` (our presets).
 
     Uses the engine's real row format (``cfg.row_bytes``: 656 B for the FP8 576-dim row) for both
-    accounting and transfers, ``cfg.hot_cache_rows`` (0 means 2k) for every payload source, and
+    accounting and transfers, ``hot_cache_rows`` (the resolved B) for every payload source, and
     ``chi`` = the most payload sources that consume one selection. ``draft`` defaults to
     :func:`default_draft_for`.
     """
-    b = int(cfg.hot_cache_rows) or 2 * int(cfg.index_topk)
+    b = int(hot_cache_rows)
     layers = cfg.layers
     followers = sum(1 for l in layers if l.role == "follower")
     return KVGeometry(
@@ -406,7 +406,20 @@ def load_model_config(name_or_path: str):
     return ModelConfig(**{k: v for k, v in data.items() if k in known})
 
 
+# the experiment whose hierarchy runs use a preset: it sets the preset's B (system.kv)
+PRESET_EXPERIMENT = {"glm53_mini": "fig4", "dsv41_mini": "fig5"}
+
+
+def preset_hot_cache_rows(name: str) -> int:
+    """The resolved B that the preset's experiment gives the HiSparse family."""
+    from systems.engine.config import compose, kv_options_from
+
+    cfg = compose([f"experiment={PRESET_EXPERIMENT[name]}", "system=hisparse"])
+    return kv_options_from(cfg.system, load_model_config(name), "cpu").hot_cache_rows
+
+
 def preset_geometry(name: str, **kw) -> KVGeometry:
+    kw.setdefault("hot_cache_rows", preset_hot_cache_rows(name))
     return geometry_from_model(load_model_config(name), **kw)
 
 

@@ -23,9 +23,11 @@ resolve a fresh top-k against the same state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 
@@ -33,30 +35,66 @@ from systems.kernels.resolver import (COUNTER_DIRECT, COUNTER_HOST_COPIES, COUNT
                                       COUNTER_HOT_HIT, ResolverWorkspace, resolve)
 from systems.engine.cuda_graph import allow_host_sync
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
-from systems.kv.base import GiB, KVBackend, MemoryReport, PagePool, PrefixKV
+from systems.kv.base import GiB, KVBackend, KVOptions, MemoryReport, PagePool, PrefixKV
 from systems.kv.host_memory import host_empty
 from systems.kv.registry import register
 
 log = logging.getLogger("dhs.kv")
 
 
-@register("hisparse")
+RESOLVER_IMPLS = ("auto", "triton", "reference")
+
+
+@dataclass(frozen=True)
+class HiSparseOptions(KVOptions):
+    """``system.kv`` of the HiSparse family."""
+
+    hot_cache_rows: int = 0  # B, per request and KV source; 0: 2k (the paper's GLM setting)
+    tail_rows: int = 0  # T, the tail ring per request and source; 0: max(2 x queries, 16)
+    resolver_impl: str = "auto"  # auto: the Triton kernel on a GPU, the PyTorch reference else
+    prefetch_followers: bool = True  # GLM-like: a producer's selection starts follower copies
+    verify_rows: bool = False  # debug: compare every resolved row with its host copy
+    # false keeps every slot past what the pool holds (admission then waits for hot caches
+    # instead of slots: the fault tests build that over-subscribed state)
+    cap_slots_to_pool: bool = True
+
+    def __post_init__(self) -> None:
+        for f in ("hot_cache_rows", "tail_rows"):
+            if int(getattr(self, f)) < 0:
+                raise ValueError(f"system.kv.{f}: must be >= 0, got {getattr(self, f)}")
+        if self.resolver_impl not in RESOLVER_IMPLS:
+            raise ValueError(f"system.kv.resolver_impl: must be one of {RESOLVER_IMPLS}, got "
+                             f"{self.resolver_impl!r}")
+
+    def resolved(self, model, device, max_queries_per_step):
+        B = int(self.hot_cache_rows) or 2 * model.index_topk
+        if B < model.index_topk:
+            raise ValueError(f"system.kv.hot_cache_rows={B} must be >= k = model.index_topk="
+                             f"{model.index_topk} (one query's selection must fit the hot cache)")
+        impl = self.resolver_impl
+        if impl == "auto":
+            impl = "triton" if str(device).startswith("cuda") else "reference"
+        return dataclasses.replace(
+            self, hot_cache_rows=B, resolver_impl=impl,
+            tail_rows=int(self.tail_rows) or max(2 * max_queries_per_step, 16))
+
+
+@register("hisparse", options=HiSparseOptions)
 class HiSparseBackend(KVBackend):
     def __init__(self, model_cfg, kv_cfg, device):
         super().__init__(model_cfg, kv_cfg, device)
         m = model_cfg
         self.S = S = m.num_sources
-        self.B = B = kv_cfg.hot_cache_rows or 2 * m.index_topk
-        if B < m.index_topk:
-            raise ValueError(f"model.hot_cache_rows={B} must be >= k = model.index_topk="
-                             f"{m.index_topk} (one query's selection must fit the hot cache)")
-        self.T = T = int(kv_cfg.extra.get("tail_rows", max(2 * self.q_max, 16)))
+        opt = kv_cfg.options.resolved(m, str(device), self.q_max)  # idempotent once resolved
+        self.opt = opt
+        self.B = B = opt.hot_cache_rows
+        self.T = T = opt.tail_rows
         self.G = G = B + T
         rb = m.row_bytes
         self.payload_page_bytes = S * G * rb
         self._followers = self._follower_map(m)
         self.chi = 1 + max([len(v) for v in self._followers.values()] + [0]) \
-            if kv_cfg.extra.get("prefetch_followers", True) else 1
+            if opt.prefetch_followers else 1
         # max_running_requests is a cap, as in SGLang: a session needs its index history, its
         # share of the verification staging and one hot cache, so past what the pool holds the
         # slot count is lowered rather than sizing the index store for sessions that could
@@ -66,9 +104,7 @@ class HiSparseBackend(KVBackend):
         per_slot = (self.max_pages_per_req * self.index_page_bytes + self.payload_page_bytes
                     + self.chi * stage_rows_per_slot * rb)
         fit = self.capacity // per_slot
-        # system.kv.cap_slots_to_pool=false keeps every slot (admission then waits for hot
-        # caches instead of slots: the fault tests build that over-subscribed state)
-        if 1 <= fit < self.num_slots and kv_cfg.extra.get("cap_slots_to_pool", True):
+        if 1 <= fit < self.num_slots and opt.cap_slots_to_pool:
             log.warning("kv.kv_pool_gib=%s holds %d sessions of %d tokens (index history, "
                         "staging and one hot cache each): running requests capped at %d, not "
                         "max_running_requests=%d", kv_cfg.kv_pool_gib, fit, self.max_total_tokens,
@@ -139,12 +175,10 @@ class HiSparseBackend(KVBackend):
         self.overflow_dev = torch.zeros((), dtype=torch.int64, device=dev)
         self.calls_dev = torch.zeros((), dtype=torch.int64, device=dev)
         self.backup_rows = 0
-        impl = kv_cfg.extra.get("resolver_impl", "auto")
-        self.resolver_impl = ("triton" if dev.type == "cuda" else "reference") \
-            if impl == "auto" else impl
-        self.verify = bool(kv_cfg.extra.get("verify_rows", False))
+        self.resolver_impl = opt.resolver_impl
+        self.verify = opt.verify_rows
         self._shadow: dict[int, torch.Tensor] = {}
-        self.prefetch = bool(kv_cfg.extra.get("prefetch_followers", True))
+        self.prefetch = opt.prefetch_followers
         self._arena = {}  # layer index -> staging arena (its position in its live group)
         for prod, fols in self._followers.items():
             for a, f in enumerate(fols, start=1):
@@ -293,7 +327,7 @@ class HiSparseBackend(KVBackend):
         pos = st["positions"]
         Q = pos.shape[1]
         if Q > self.q_max:
-            raise ValueError(f"{Q} queries per step exceed kv.extra.max_queries_per_step="
+            raise ValueError(f"{Q} queries per step exceed kv.max_queries_per_step="
                              f"{self.q_max}")
         dev = self.device
         sl = st["slots"].long()

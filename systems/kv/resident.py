@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from systems.kv.base import KVBackend, MemoryReport, PrefixKV
+from systems.kv.base import KVBackend, KVOptions, MemoryReport, PrefixKV
 from systems.kv.registry import register
 
 
-@register("resident")
+@register("resident", options=KVOptions)  # no knobs of its own
 class ResidentBackend(KVBackend):
     def __init__(self, model_cfg, kv_cfg, device):
         super().__init__(model_cfg, kv_cfg, device)

@@ -13,7 +13,7 @@ What maps where::
                                        --hisparse-config {"top_k", "device_buffer_size",
                                                           "host_to_device_ratio"}
       model.index_topk (k)             top_k
-      model.hot_cache_rows (B)         device_buffer_size
+      system.kv.hot_cache_rows (B)     device_buffer_size
       hardware.host_pool_gib /
         hardware.kv_pool_gib           host_to_device_ratio (floored, >= 1)
     speculation.drafter dflash2        --speculative-algorithm DFLASH (DFlash2 checkpoints load
@@ -311,9 +311,12 @@ def hisparse_config(cfg: Any) -> dict | None:
         raise ValueError("HiSparse needs k: set model.index_topk or server.sglang.hisparse.top_k")
     top_k = _int(top_k, "hisparse top_k (model.index_topk)")
     buf = h.get("device_buffer_size")
-    if buf is None:
-        buf = model.get("hot_cache_rows") or 2 * top_k  # our engine's rule: 0 means B = 2k
-    buf = _int(buf, "hisparse device_buffer_size (model.hot_cache_rows)")
+    if buf is None:  # the bundled engine's resolved B (system.kv.hot_cache_rows) at SGLang's k
+        from systems.engine.config import kv_options_from, model_config_from
+
+        mcfg = model_config_from({**model, "index_topk": top_k}, "cpu")
+        buf = kv_options_from(root["system"], mcfg, "cpu").hot_cache_rows
+    buf = _int(buf, "hisparse device_buffer_size (system.kv.hot_cache_rows)")
     if buf < top_k:
         raise ValueError(f"HiSparse device_buffer_size B={buf} must be >= top_k k={top_k} "
                          "(SGLang rejects it; so does the paper's B >= k)")

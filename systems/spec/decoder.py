@@ -14,8 +14,8 @@ import time
 import torch
 
 from systems.engine.sampler import sample
-from systems.spec.acceptance import (PAPER_EMITTED_PER_ROUND, accept_calibrated, accept_exact,
-                                     calibrated_alpha)
+from systems.spec.acceptance import accept_calibrated, accept_exact, calibrated_alpha
+from systems.spec.config import SpeculationConfig
 
 
 class PhaseTimer:
@@ -69,42 +69,31 @@ class PlainDecoder:
 class SpeculativeDecoder:
     """Draft, verify K_r queries in one target pass, accept, commit."""
 
-    def __init__(self, engine, spec_cfg: dict, num_slots: int):
+    def __init__(self, engine, spec: SpeculationConfig, num_slots: int):
         from systems.models.drafters import DRAFTERS
 
         self.e = engine
-        cfg = dict(spec_cfg)
-        self.kind = cfg.get("drafter", "dflash2")
-        if self.kind not in DRAFTERS:
-            raise ValueError(f"system.speculation.drafter must be one of {sorted(DRAFTERS)}, "
-                             f"got {self.kind!r}")
-        self.block = int(cfg.get("block_size", 4))
-        self.k_max = int(cfg.get("k_max", 8))
-        if not 2 <= self.block <= self.k_max:
-            raise ValueError(f"system.speculation.block_size={self.block} must be in "
-                             f"[2, k_max={self.k_max}]")
+        self.cfg = spec
+        self.kind = spec.drafter
+        self.block = int(spec.block_size)
+        self.k_max = int(spec.k_max)
         self.max_queries = self.k_max
-        self.mode = cfg.get("acceptance", "exact")
-        if self.mode not in ("exact", "calibrated"):
-            raise ValueError("system.speculation.acceptance must be exact or calibrated")
-        emitted = cfg.get("calibrated_emitted_per_round") or \
-            PAPER_EMITTED_PER_ROUND.get(self.block, 2.88)
+        self.mode = spec.acceptance
+        emitted = spec.calibrated_emitted_per_round
+        if emitted is None:  # not resolved (a test building the decoder directly)
+            spec = spec.resolved(engine.cfg.model.max_context_len)
+            emitted = spec.calibrated_emitted_per_round
         self.alpha = calibrated_alpha(self.block, float(emitted))
-        conf = cfg.get("scheduler_confidence", "auto")
-        if conf not in ("auto", "drafter", "calibrated"):
-            raise ValueError("system.speculation.scheduler_confidence must be auto, drafter or calibrated, "
-                             f"got {conf!r}")
         # DSpark's prefix choice: the drafter's confidences, or the calibrated acceptance
-        self.calibrated_confidence = conf == "calibrated" or (conf == "auto" and self.mode == "calibrated")
+        self.calibrated_confidence = spec.scheduler_confidence == "calibrated"
         # DSpark's scheduler: expected emitted tokens per unit of profiled engine cost
-        self.cost0 = float(cfg.get("cost_base", 1.0))
-        self.cost_per_query = float(cfg.get("cost_per_query", 0.15))
-        self.window = int(cfg.get("window", 2048))
+        self.cost0 = float(spec.cost_base)
+        self.cost_per_query = float(spec.cost_per_query)
+        self.window = int(spec.window)
         mcfg = engine.cfg.model
         self.drafter = DRAFTERS[self.kind](
-            engine.model, num_layers=int(cfg.get("draft_layers", 2)),
-            dim=int(cfg.get("draft_dim", 64)), window=self.window,
-            num_slots=num_slots, page=mcfg.page_size, k_max=self.k_max,
+            engine.model, num_layers=int(spec.draft_layers), dim=int(spec.draft_dim),
+            window=self.window, num_slots=num_slots, page=mcfg.page_size, k_max=self.k_max,
             seed=mcfg.seed)
         self._round_ms: dict[int, float] = {}  # verification width -> EMA of round time
         self.phase_timer: PhaseTimer | None = None  # set by benchmarks (bench_decode_step --phases)

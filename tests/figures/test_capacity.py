@@ -140,9 +140,9 @@ def test_retrieval_volume_table3():
 
 def test_geometry_from_model_config():
     cfg = ModelConfig()  # tiny: full, follower, full, follower; bf16 rows of 64 bytes
-    g = cap.geometry_from_model(cfg)
+    g = cap.geometry_from_model(cfg, hot_cache_rows=16)
     assert (g.payload_sources, g.index_producers, g.row_bytes, g.index_row_bytes) == (4, 2, 64, 32)
-    assert g.hot_cache_rows == (2 * cfg.index_topk,) * 4  # hot_cache_rows = 0 means 2k
+    assert g.hot_cache_rows == (16,) * 4
     assert g.chi == 2
     t = 500
     rows = math.ceil(t / cfg.page_size) * cfg.page_size
@@ -159,8 +159,10 @@ def test_presets_keep_the_paper_ratio():
     r = (cap.session_memory(g, "resident", 32_768).gpu_required
          / cap.session_memory(g, "adaptive_hisparse", 32_768).gpu_required)
     assert 5 < r < 20  # docs/design.md: about 10x, as Table 1
+    assert g.hot_cache_rows[0] == 2 * 512  # fig4's B: 2k
     d = cap.preset_geometry("dsv41_mini")
     assert d.payload_sources == 4 and d.chi == 1
+    assert d.hot_cache_rows[0] == 16 * 128  # fig5's B: 16k
 
 
 def test_bad_input():

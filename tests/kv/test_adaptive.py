@@ -11,7 +11,7 @@ GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").
 
 
 def _engine(*extra, pool="0.01"):
-    return make_engine("system=adaptive_hisparse", "model.hot_cache_rows=8",
+    return make_engine("system=adaptive_hisparse", "system.kv.hot_cache_rows=8",
                        f"hardware.kv_pool_gib={pool}", "system.kv.verify_rows=true", *extra)
 
 
@@ -153,7 +153,7 @@ def test_random_operation_sequences_keep_the_invariants(ops):
 @pytest.mark.parametrize("system", ["hisparse", "adaptive_hisparse"])
 @pytest.mark.parametrize("fail_at", ["_backup", "_import_index"])
 def test_a_failing_admission_returns_everything(system, fail_at):
-    eng = make_engine(f"system={system}", "model.hot_cache_rows=8", "hardware.kv_pool_gib=0.01")
+    eng = make_engine(f"system={system}", "system.kv.hot_cache_rows=8", "hardware.kv_pool_gib=0.01")
     be = eng.backend
     entry, _ = eng.prefixes.get(GOLDEN["prompts"][4])
 

@@ -9,7 +9,7 @@ GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").
 
 
 def _engine(model, B, impl="reference", *extra):
-    return make_engine(f"model={model}", "system=hisparse", f"model.hot_cache_rows={B}",
+    return make_engine(f"model={model}", "system=hisparse", f"system.kv.hot_cache_rows={B}",
                        "hardware.kv_pool_gib=0.01", f"system.kv.resolver_impl={impl}",
                        "system.kv.verify_rows=true", *extra)
 
@@ -61,7 +61,7 @@ def test_tail_rows_are_backed_up_and_stay_exact():
 def test_admission_waits_when_the_pool_holds_fewer_sessions_than_slots():
     """A pool of fewer sessions than max_running_requests: the slot count is capped at what
     fits (a hot cache for each), and the other requests wait for a slot, then finish."""
-    eng = make_engine("system=hisparse", "hardware.kv_pool_gib=0.0001", "model.hot_cache_rows=64",
+    eng = make_engine("system=hisparse", "hardware.kv_pool_gib=0.0001", "system.kv.hot_cache_rows=64",
                       "hardware.max_running_requests=4", "model.max_context_len=256")
     n = eng.backend.num_slots
     assert 1 <= n < 4 and eng.backend.payload_pages.num_pages >= n
@@ -163,7 +163,7 @@ def test_running_requests_are_capped_at_what_the_pool_holds(system, pool, ctx):
     history, staging, one hot cache), the slot count comes down to what fits instead of the
     backend refusing to start or starving the hot caches; the engine still serves exactly."""
     big = make_engine("model=tiny", f"system={system}", f"hardware.kv_pool_gib={pool}",
-                      "hardware.max_running_requests=40", "model.hot_cache_rows=16",
+                      "hardware.max_running_requests=40", "system.kv.hot_cache_rows=16",
                       f"model.max_context_len={ctx}")
     b = big.backend
     assert 1 <= b.num_slots < 40 and len(b.free_slots) == b.num_slots

@@ -71,7 +71,7 @@ def dsv_like():
 
 
 def test_geometry_glm_like():
-    g = C.retrieval_geometry(glm_like())
+    g = C.retrieval_geometry(glm_like(), hot_cache_rows=16)
     assert g.selecting_layers == 2 and g.selections_per_token == 16
     assert g.kv_sources == 5 and g.follower_layers == 3
     assert g.sources_per_selection == pytest.approx(2.5)  # (1+2) and (1+1) sources
@@ -89,7 +89,7 @@ def test_geometry_deepseek_like():
 
 
 def test_geometry_scales_lookups_to_producer_selections():
-    g = C.retrieval_geometry(glm_like())
+    g = C.retrieval_geometry(glm_like(), hot_cache_rows=16)
     # per token every resolver call (2 producers + 3 followers) looks up k = 8 rows
     a = snap()
     b = snap(**{C.SELECTED: 10 * 5 * 8, C.DIRECT: 400, C.RESOLVER_CALLS: 50, C.TOKENS: 10,
@@ -102,7 +102,7 @@ def test_geometry_scales_lookups_to_producer_selections():
 
 
 def test_follower_counter_wins_over_geometry():
-    g = C.retrieval_geometry(glm_like())
+    g = C.retrieval_geometry(glm_like(), hot_cache_rows=16)
     b = snap(**{C.RESOLVER_CALLS: 50, C.FOLLOWER_COPIES: 20, C.STEPS: 10})
     c = C.census(snap(**{C.FOLLOWER_COPIES: 0}), b, geometry=g)
     assert c.follower_split == "counter"

@@ -20,7 +20,7 @@ PROMPTS = golden_prompts()  # lengths 5, 23, 40, 77, 130
 
 # The speculative system of the storm/fault tests, sized for the CPU pools: a short drafter window
 # keeps the draft ring (a fixed allocation taken out of the KV pool) small.
-SPEC = ("system=adaptive_dhisparse", "model.hot_cache_rows=16", "system.speculation.window=64",
+SPEC = ("system=adaptive_dhisparse", "system.kv.hot_cache_rows=16", "system.speculation.window=64",
         "hardware.kv_pool_gib=0.01")
 
 SYSTEMS = {

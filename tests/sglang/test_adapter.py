@@ -28,7 +28,7 @@ def test_hisparse_maps_k_b_and_host_ratio():
 
 
 def test_zero_hot_cache_rows_means_two_k():
-    cfg = sglang_cfg("system=hisparse", "model=tiny", "model.hot_cache_rows=0", "server.port=1")
+    cfg = sglang_cfg("system=hisparse", "model=tiny", "system.kv.hot_cache_rows=0", "server.port=1")
     assert adapter.hisparse_config(cfg)["device_buffer_size"] == 2 * 8
 
 
@@ -100,8 +100,8 @@ def test_describe_prints_runnable_commands():
 
 
 def test_plain_dicts_work_without_hydra():
-    cfg = {"system": {"name": "hisparse", "kv_backend": "hisparse"},
-           "model": {"index_topk": 64, "hot_cache_rows": 256, "kv_format": "bf16"},
+    cfg = {"system": {"name": "hisparse", "kv_backend": "hisparse", "kv": {"hot_cache_rows": 256}},
+           "model": {"index_topk": 64, "kv_format": "bf16"},
            "hardware": {"kv_pool_gib": 2, "host_pool_gib": 7, "max_running_requests": 8},
            "server": {"port": 40000, "sglang": {"model_path": "m"}}}
     args = adapter.build_plan(cfg).servers[0].args

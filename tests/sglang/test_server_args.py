@@ -90,7 +90,8 @@ def check_server(sa, cfg, role: str, port: int) -> None:
     if hisparse:
         h = json.loads(sa.hisparse_config)
         assert h == {"top_k": model["index_topk"],
-                     "device_buffer_size": model["hot_cache_rows"] or 2 * model["index_topk"],
+                     "device_buffer_size": (system.get("kv") or {}).get("hot_cache_rows")
+                     or 2 * model["index_topk"],
                      "host_to_device_ratio": max(1, int(hw["host_pool_gib"] //
                                                         hw["kv_pool_gib"]))}
         parsed = sglang_sparse_config(sa.hisparse_config)

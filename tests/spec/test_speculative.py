@@ -54,7 +54,7 @@ def _spec_engine(system, model, block, scripted=True, *extra):
 @pytest.mark.parametrize("system", ["resident_dflash2", "adaptive_dhisparse"])
 @pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
 def test_greedy_speculation_reproduces_golden_tokens(system, model, block):
-    extra = ["model.hot_cache_rows=8", "system.kv.verify_rows=true"] \
+    extra = ["system.kv.hot_cache_rows=8", "system.kv.verify_rows=true"] \
         if "adaptive" in system else []
     eng = _spec_engine(system, model, block, True, *extra)
     outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
@@ -69,7 +69,7 @@ def test_greedy_speculation_reproduces_golden_tokens(system, model, block):
 def test_verification_through_the_graph_protocol_is_exact(system):
     """Verification passes (Q = K queries) through the emulated CUDA-graph runner: golden
     tokens, graphs keyed by the pass width, the verification staging path inside the region."""
-    extra = ["model.hot_cache_rows=8"] if "adaptive" in system else []
+    extra = ["system.kv.hot_cache_rows=8"] if "adaptive" in system else []
     eng = _spec_engine(system, "tiny", 4, True, "+engine.cuda_graph_emulate=true",
                        "engine.cuda_graph_scan_step=16", *extra)
     outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
@@ -131,7 +131,7 @@ def test_dspark_under_calibrated_acceptance_verifies_drafts():
 def test_union_resolution_copies_each_distinct_miss_once():
     # B == k and a block of 8 queries: the union of selections overflows the hot cache, so the
     # staging arena is used; every distinct missing row is copied once per call
-    eng = _spec_engine("adaptive_dhisparse", "tiny", 8, True, "model.hot_cache_rows=8",
+    eng = _spec_engine("adaptive_dhisparse", "tiny", 8, True, "system.kv.hot_cache_rows=8",
                        "system.kv.optional_residency=false", "system.kv.verify_rows=true")
     outs = run_greedy(eng, GOLDEN["prompts"][3:], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"]["tiny"][3:]
