@@ -57,8 +57,11 @@ def main() -> None:
     import torch
 
     from harness.records import finish_benchmark
-    from systems.kernels.sparse_attention import (sparse_attention, sparse_attention_triton,
-                                                   split_count)
+    from systems.kernels.sparse_attention import (
+        sparse_attention,
+        sparse_attention_triton,
+        split_count,
+    )
     from systems.models.config import ModelConfig
     from systems.models.kv_format import encode_rows
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 
-
 from figures import common as C
 from figures.paper_values import FIG11_FAMILIES, PAPER
 

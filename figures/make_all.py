@@ -133,7 +133,7 @@ def write_report(path: Path, reports: dict, failures: dict, claims: dict, out_di
              "## Headline claims", "",
              "| claim | paper | ours | holds | criterion | ours from | measured reason, where it does not hold |",
              "|---|---|---|---|---|---|---|"]
-    for cid, c in claims.items():
+    for c in claims.values():
         h = {True: "yes", False: "**no**", None: "—"}[c["holds"]]
         ours = C.fmt(c["ours"]) if c["ours"] is not None else f"*{C.NOT_MEASURED}*"
         lines.append(f"| {c['claim']} | {C.fmt(c['paper'])} | {ours} | {h} | {c['criterion']} | "

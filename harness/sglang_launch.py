@@ -32,8 +32,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from harness.servers import free_port, stop_process, track, wait_healthy  # noqa: F401 (re-exported)
 from systems.sglang.adapter import LaunchPlan, _plain, build_plan, settings
@@ -115,7 +116,8 @@ def sglang_server(cfg: Any, workdir: Path | str) -> Iterator[str]:
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hcompose, initialize_config_dir
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()

@@ -90,19 +90,19 @@ class Server:
         except web.RequestPayloadError as e:  # e.g. a body that does not match its encoding
             cause = e.__cause__ or e
             msg = getattr(cause, "message", None) or str(cause)
-            raise BadRequest(f"request body could not be read: {msg}".strip(), "body")
+            raise BadRequest(f"request body could not be read: {msg}".strip(), "body") from None
         try:
             # JSON between systems is UTF-8 (RFC 8259): a charset parameter is not honoured, so
             # an unknown or hostile one cannot change how the body is read
             body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            raise BadRequest("body is not UTF-8 JSON", "body")
+            raise BadRequest("body is not UTF-8 JSON", "body") from None
         except json.JSONDecodeError as e:
-            raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}", "body")
+            raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}", "body") from None
         except RecursionError:
-            raise BadRequest("malformed JSON body: nested too deeply", "body")
+            raise BadRequest("malformed JSON body: nested too deeply", "body") from None
         except ValueError as e:  # e.g. an integer literal longer than Python converts
-            raise BadRequest(f"malformed JSON body: {e}", "body")
+            raise BadRequest(f"malformed JSON body: {e}", "body") from None
         if not isinstance(body, dict):
             raise BadRequest("body must be a JSON object", "body")
         return body
@@ -126,7 +126,7 @@ class Server:
             try:
                 ids = self.tok.encode(value)
             except UnicodeEncodeError:
-                raise BadRequest(f"{field} is not valid Unicode (lone surrogate)", field)
+                raise BadRequest(f"{field} is not valid Unicode (lone surrogate)", field) from None
         elif isinstance(value, list) and len(value) > self.max_total:
             raise self._too_long(field)
         elif isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool)

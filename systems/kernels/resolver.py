@@ -138,7 +138,7 @@ R = 160 at 50K positions, 320 MB at 500K).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -871,7 +871,7 @@ class ResolverWorkspace:
         # ctrl persists for the workspace's lifetime (epoch must never go back)
         self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.device)
 
-    def ensure(self, R: int, W: int, QK: int) -> "ResolverWorkspace":
+    def ensure(self, R: int, W: int, QK: int) -> ResolverWorkspace:
         """Grow to R requests, W positions and QK selections per request."""
         dev = self.device
         if R > self.R or W > self.W:
@@ -915,7 +915,7 @@ def _default_workspace(device: torch.device) -> ResolverWorkspace:
     return ws
 
 
-def _pow2(n: int, lo: int = 16, hi: Optional[int] = None) -> int:
+def _pow2(n: int, lo: int = 16, hi: int | None = None) -> int:
     v = max(lo, 1 << max(0, (int(n) - 1).bit_length()))
     return min(v, hi) if hi is not None else v
 
@@ -928,7 +928,7 @@ def _word_view(row_bytes: int, kv_pool: torch.Tensor, host_pool: torch.Tensor):
     raise AssertionError("unreachable")
 
 
-def default_copy_programs(R: int, Q: int = 2, num_sms: Optional[int] = None) -> int:
+def default_copy_programs(R: int, Q: int = 2, num_sms: int | None = None) -> int:
     """Copy programs per request. Plain decode (Q == 1) moves few rows per request (the paper's
     77 misses): with EARLY_COPY, the first S of DECODE_COPY_PROGRAMS whose R x S programs fit the
     ``num_sms`` multiprocessors (None: _NOMINAL_SMS), programs that start reading host rows before
@@ -947,9 +947,9 @@ def default_copy_programs(R: int, Q: int = 2, num_sms: Optional[int] = None) -> 
     return max(1, min(8, -(-64 // max(1, R))))
 
 
-def scan_settings(R: int, B: int, W: int, *, scan_tile: Optional[int] = None,
-                  keys_in_registers: Optional[bool] = None, pending_bitmap: Optional[bool] = None,
-                  scan_stages: Optional[int] = None) -> dict:
+def scan_settings(R: int, B: int, W: int, *, scan_tile: int | None = None,
+                  keys_in_registers: bool | None = None, pending_bitmap: bool | None = None,
+                  scan_stages: int | None = None) -> dict:
     """The scan / victim-selection settings a call of R requests, B slots and W positions runs
     with: each argument as given, or the kernel's default for that shape (the benchmark records
     these, so a sweep row says what it measured whatever the defaults are when it ran)."""
@@ -971,9 +971,9 @@ def scan_settings(R: int, B: int, W: int, *, scan_tile: Optional[int] = None,
                 scan_stages=int(scan_stages))
 
 
-def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = None,
-                  early_copy: Optional[bool] = None, pid_roles: Optional[bool] = None,
-                  num_sms: Optional[int] = None) -> dict:
+def copy_settings(R: int, Q: int, *, copy_programs_per_request: int | None = None,
+                  early_copy: bool | None = None, pid_roles: bool | None = None,
+                  num_sms: int | None = None) -> dict:
     """How a call of R requests x Q queries copies its misses: each argument as given, or the
     kernel's default (the benchmark records these beside scan_settings). Raises on a combination
     the kernel cannot run."""
@@ -995,7 +995,7 @@ def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = 
 _SM_COUNT: dict = {}
 
 
-def num_sms(dev) -> Optional[int]:
+def num_sms(dev) -> int | None:
     """Multiprocessors of a CUDA device (a torch.device or its name; cached): what
     ``copy_settings`` / ``default_copy_programs`` take. None on CPU, where the interpreter runs the
     programs one after another in program-id order (a resolver before its copy programs)."""
@@ -1011,13 +1011,13 @@ def num_sms(dev) -> Optional[int]:
 def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
                    host_page_table, kv_pool, host_pool, stamp, *, page_size,
                    direct_page_table=None, staging_loc_base=None, out=None,
-                   accumulate_counters=False, workspace: Optional[ResolverWorkspace] = None,
-                   copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
+                   accumulate_counters=False, workspace: ResolverWorkspace | None = None,
+                   copy_programs_per_request: int | None = None, num_warps: int = 8,
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
-                   scan_tile: Optional[int] = None, keys_in_registers: Optional[bool] = None,
-                   copy_rows: Optional[int] = None, pending_bitmap: Optional[bool] = None,
-                   scan_stages: Optional[int] = None, early_copy: Optional[bool] = None,
-                   pid_roles: Optional[bool] = None, phase_times: Optional[torch.Tensor] = None,
+                   scan_tile: int | None = None, keys_in_registers: bool | None = None,
+                   copy_rows: int | None = None, pending_bitmap: bool | None = None,
+                   scan_stages: int | None = None, early_copy: bool | None = None,
+                   pid_roles: bool | None = None, phase_times: torch.Tensor | None = None,
                    check: bool = True) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``;
     every tuning argument gives the same result (the benchmark sweeps them), None takes the
@@ -1192,8 +1192,8 @@ def resolve(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
             host_page_table, kv_pool, host_pool, stamp, *, page_size,
             direct_page_table=None, staging_loc_base=None, impl: str = "triton",
             out=None, accumulate_counters: bool = False,
-            workspace: Optional[ResolverWorkspace] = None,
-            copy_programs_per_request: Optional[int] = None) -> ResolveResult:
+            workspace: ResolverWorkspace | None = None,
+            copy_programs_per_request: int | None = None) -> ResolveResult:
     """Resolve selected positions to device locations (see the module docstring).
 
     Args (R requests, Q queries, k selections per query, B hot slots, T tail rows,

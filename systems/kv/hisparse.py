@@ -31,10 +31,16 @@ from dataclasses import dataclass
 
 import torch
 
-from systems.kernels.resolver import (COUNTER_DIRECT, COUNTER_HOST_COPIES, COUNTER_HOST_SEL,
-                                      COUNTER_HOT_HIT, ResolverWorkspace, resolve)
-from systems.engine.cuda_graph import allow_host_sync
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
+from systems.engine.cuda_graph import allow_host_sync
+from systems.kernels.resolver import (
+    COUNTER_DIRECT,
+    COUNTER_HOST_COPIES,
+    COUNTER_HOST_SEL,
+    COUNTER_HOT_HIT,
+    ResolverWorkspace,
+    resolve,
+)
 from systems.kv.base import GiB, KVBackend, KVOptions, MemoryReport, PagePool, PrefixKV
 from systems.kv.host_memory import host_empty
 from systems.kv.registry import register
@@ -180,7 +186,7 @@ class HiSparseBackend(KVBackend):
         self._shadow: dict[int, torch.Tensor] = {}
         self.prefetch = opt.prefetch_followers
         self._arena = {}  # layer index -> staging arena (its position in its live group)
-        for prod, fols in self._followers.items():
+        for fols in self._followers.values():
             for a, f in enumerate(fols, start=1):
                 self._arena[f.index] = a if self.chi > 1 else 0
         self._side = torch.cuda.Stream(dev) if dev.type == "cuda" else None

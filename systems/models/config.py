@@ -105,7 +105,7 @@ class ModelConfig:
                 raise bad("layer_roles", f"layer {i} has role {r!r}; allowed: {ROLES}")
         if self.layer_roles[0] != "full":
             raise bad("layer_roles", "layer 0 must be 'full' (no earlier layer to select or write)")
-        self.layers  # builds and checks sources
+        self.layers  # noqa: B018 (builds and checks sources)
 
     # ------------------------------------------------------------------ derived geometry
     @property

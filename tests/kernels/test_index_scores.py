@@ -13,7 +13,6 @@ import torch  # noqa: E402
 from systems.kernels import index_scores as ix  # noqa: E402
 from tests.kernels.support import interpreted, needs_nvidia_backend, run_compiled  # noqa: E402
 
-
 pytestmark = interpreted(ix._index_scores_kernel)
 
 
