@@ -8,7 +8,7 @@ DEFAULT_EXP := $(if $(HAS_GPU),default_h200,default_cpu)
 EXP ?=
 ARGS ?=
 
-.PHONY: help venv run test lint server figures reproduce compact clean test-sglang
+.PHONY: help venv run test lint server figures reproduce gpu-check compact clean test-sglang dashboard
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
@@ -42,13 +42,27 @@ server: $(STAMP)  ## serve the bundled engine on 127.0.0.1:30000 (ARGS="system=.
 test-sglang: $(STAMP)  ## SGLang adapter tests; builds .venv-sglang (torch 2.14.1 + sglang 0.5.23, ~11 GB) on first use
 	bash scripts/sglang_env.sh $(ARGS)
 
-figures: $(STAMP)  ## draw every figure/table from results/ (CPU) and write REPRODUCTION.md
+WANDB ?=
+figures: $(STAMP)  ## draw every figure/table from results/ (CPU) and write REPRODUCTION.md; WANDB=1 also logs them to W&B
 	$(PY) -m figures.make_all
+	$(if $(WANDB),$(PY) -m harness.wandb_logger --attach-figures figures/out)
 
-reproduce: $(STAMP)  ## run every experiment config on the GPU (EXP=fig9 for one), then the figures
-	$(PY) -m harness.reproduce $(if $(EXP),--only $(EXP))
+dashboard: $(STAMP)  ## the W&B workspace + report (harness/dashboard.py): published with WANDB_MODE=online, else written to outputs/
+	$(PY) -m harness.dashboard $(ARGS)
+
+DRY ?=
+reproduce: gpu-check $(STAMP)  ## run every experiment on the GPU (EXP=fig9 for one), then the figures; DRY=1 lists the plan
+ifneq ($(DRY),)
+	$(PY) -m harness.reproduce --dry-run $(if $(EXP),--only $(EXP)) $(ARGS)
+else
+	$(PY) -m harness.reproduce $(if $(EXP),--only $(EXP)) $(ARGS)
 	$(PY) -m harness.compact --results results
 	$(PY) -m figures.make_all
+endif
+
+# before the venv is built: a machine without a GPU learns at once what reproduce needs
+gpu-check:
+	@$(if $(or $(HAS_GPU),$(DRY)),true,echo "make reproduce needs a CUDA GPU (one H200-class GPU, 80+ GB; up to 64 GiB of pinned host memory; README: GPU prerequisites) and nvidia-smi finds none. make reproduce DRY=1 lists the plan; .venv/bin/python -m harness.reproduce --smoke runs it small on CPU." && exit 2)
 
 compact: $(STAMP)  ## xz-compress the request records of finished runs under results/ (before a commit)
 	$(PY) -m harness.compact --results results

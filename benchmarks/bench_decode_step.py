@@ -1,21 +1,33 @@
-"""Decode step time of the bundled engine against its byte floor (issue: engine foundation).
+"""Decode step of the bundled engine against its byte floor, with the GPU's busy share.
 
-    python benchmarks/bench_decode_step.py model=glm53_mini system=resident --batches 1,16,64 \
-        --context 8192
+    python benchmarks/bench_decode_step.py --models glm53_mini,glm53_probe \
+        --systems hisparse,adaptive_hisparse,adaptive_dhisparse --batches 1,8,32 --context 16384
 
-Byte floor of one decode step = bytes it must read once: all weights (bf16) + the selected KV
-rows (B x layers x k x row_bytes). We also report the floor including the indexer's scan of
-every visible index key (B x selecting layers x L x index_row_bytes), which a DSA-style indexer
-pays per token. Time is the median of engine steps (schedule + forward + sample + postprocess,
-synchronized) after warm-up; floors use the measured 4.22 TB/s device copy rate (docs/design.md).
+Per (model, system, batch) row:
+- ``step_ms``: median wall time of an engine step (schedule + forward + sample + postprocess;
+  for a speculative system one round), synchronized before and after, after warm-up.
+- ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
+  docs/design.md): all weights in bf16 + the selected KV rows (B x layers x k x row bytes) + the
+  indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
+  speculative round's floor counts its K queries' rows and scans.
+- ``busy_share``: union of the GPU's kernel / copy intervals over the wall time of the profiled
+  steps (torch.profiler's CUDA activity, after the timed steps), and ``kernels_per_step``.
+- ``round_over_step``: a speculative round's time over the plain hisparse step of the same
+  model and batch (the paper's block-4 round costs 2.2x a step); null for other systems.
+Speculative systems verify with calibrated acceptance (random-weight drafters accept nothing).
+Rows go to results/engine_step/summary.json: {"gpu", "commit", "rows": [...]} (merged by
+(model, system, batch, context) with the rows already there).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,20 +35,117 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 HBM_BPS = 4.22e12
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+STEP_RANGE = "bench_decode_step"
+
+
+def union_ms(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (microseconds in, milliseconds out)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total / 1e3
+
+
+def trace_activity(trace: dict) -> dict:
+    """Busy share and kernel count of the step ranges in a chrome trace (torch.profiler)."""
+    ev = trace.get("traceEvents", [])
+    steps = [e for e in ev if e.get("name") == STEP_RANGE and e.get("ph") == "X"
+             and e.get("cat") in ("user_annotation", "cpu_op")]
+    if not steps:
+        return {"busy_share": None, "kernels_per_step": None}
+    t0 = min(e["ts"] for e in steps)
+    gpu = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in ev
+           if e.get("cat") in GPU_CATS and e.get("ph") == "X" and e["ts"] >= t0]
+    if not gpu:
+        return {"busy_share": None, "kernels_per_step": None}
+    # the window: the first step's launch to the GPU's last interval (the last step's end)
+    t1 = max(max(e["ts"] + e["dur"] for e in steps), max(b for _, b in gpu))
+    kernels = sum(1 for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X"
+                  and e["ts"] >= t0)
+    return {"busy_share": union_ms(gpu) / ((t1 - t0) / 1e3),
+            "kernels_per_step": kernels / len(steps)}
+
+
+def floor_bytes(m, batch: int, context: int, queries: int) -> dict:
+    w = m.weight_bytes(2)
+    kv = batch * queries * m.num_layers * m.index_topk * m.row_bytes
+    idx = batch * queries * m.num_selecting_layers * context * m.index_row_bytes
+    return {"weight_bytes": w, "selected_kv_bytes": kv, "index_scan_bytes": idx,
+            "floor_ms": (w + kv + idx) / HBM_BPS * 1e3}
+
+
+def measure(eng, m, batch: int, args, torch) -> dict:
+    """Fill ``batch`` requests, time steps, profile a few, let the batch finish."""
+    from systems.engine.request import Request, SamplingParams
+    from systems.spec.decoder import PhaseTimer
+
+    spec = eng.cfg.speculation
+    rounds = args.warmup + args.steps + args.profile_steps + 2
+    new_tokens = rounds * (spec.k_max if spec else 1)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(2, m.vocab_size, (args.context,), generator=g).tolist()
+    reqs = [Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=new_tokens))
+            for _ in range(batch)]
+    for r in reqs:
+        eng.submit(r)
+    while len(eng.scheduler.running) < batch:  # admission (prefill once, handoffs)
+        eng.step()
+    times, timer = [], None
+    for i in range(args.warmup + args.steps):
+        if spec and i == args.warmup:
+            timer = eng.decoder.phase_timer = PhaseTimer(eng.device)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        eng.step()
+        torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    row = {"step_ms": statistics.median(times) * 1e3,
+           "step_ms_p10": statistics.quantiles(times, n=10)[0] * 1e3,
+           "step_ms_p90": statistics.quantiles(times, n=10)[-1] * 1e3}
+    if timer is not None:
+        torch.cuda.synchronize()
+        row["phases_ms"] = {p: statistics.median(v) for p, v in timer.ms().items() if v}
+        eng.decoder.phase_timer = None
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.profile_steps):
+            with record_function(STEP_RANGE):
+                eng.step()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        row.update(trace_activity(json.loads(Path(path).read_text())))
+    for r in reqs:
+        eng.abort(r.rid)
+    eng.run_until_idle()
+    row["cuda_graph"] = eng.graph_runner is not None and not eng.graph_runner.broken
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--batches", default="1,16,64")
-    ap.add_argument("--context", type=int, default=8192, help="prompt length per request")
+    ap.add_argument("--models", default="glm53_mini")
+    ap.add_argument("--systems", default="hisparse,adaptive_hisparse,adaptive_dhisparse")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--context", type=int, default=16384, help="prompt length per request")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--kv-pool-gib", type=float, default=40.0)
-    ap.add_argument("--phases", action="store_true",
-                    help="speculative systems: time the round's phases (propose, verify, "
-                         "accept+commit, catch-up, emit) with CUDA events")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--kv-pool-gib", type=float, default=24.0)
+    ap.add_argument("--out", default=str(REPO / "results" / "engine_step" / "summary.json"))
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every engine")
     args = ap.parse_args()
 
     import torch
@@ -44,77 +153,52 @@ def main() -> None:
     from harness.environment import environment
     from systems.engine.config import compose, resolve_engine_config
     from systems.engine.engine import Engine
-    from systems.engine.request import Request, SamplingParams
 
     if not torch.cuda.is_available():
         sys.exit("bench_decode_step: no CUDA device here; run it on the GPU machine")
     batches = [int(b) for b in args.batches.split(",")]
-    new_tokens = args.warmup + args.steps + 2
-    cfg = compose(["device=cuda", f"hardware.kv_pool_gib={args.kv_pool_gib}",
-                   f"hardware.max_running_requests={max(batches)}",
-                   f"workload.input_len={args.context}", f"workload.output_len={new_tokens}",
-                   *args.overrides])
-    ecfg = resolve_engine_config(cfg)
-    m = ecfg.model
     rows = []
-    for B in batches:
-        eng = Engine(ecfg)
-        g = torch.Generator().manual_seed(0)
-        prompt = torch.randint(2, m.vocab_size, (args.context,), generator=g).tolist()
-        reqs = [Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=new_tokens))
-                for _ in range(B)]
-        for r in reqs:
-            eng.submit(r)
-        eng.step()  # prefill once, admit all (handoffs), first decode step
-        assert len(eng.scheduler.running) == B, (len(eng.scheduler.running), B)
-        times = []
-        timer = None
-        for i in range(args.warmup + args.steps):
-            if args.phases and i == args.warmup and hasattr(eng.decoder, "phase_timer"):
-                from systems.spec.decoder import PhaseTimer
-                timer = eng.decoder.phase_timer = PhaseTimer(eng.device)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            eng.step()
-            torch.cuda.synchronize()
-            if i >= args.warmup:
-                times.append(time.perf_counter() - t0)
-        step_s = statistics.median(times)
-        w_bytes = m.weight_bytes(2)
-        kv_bytes = B * m.num_layers * m.index_topk * m.row_bytes
-        idx_bytes = B * m.num_selecting_layers * (args.context + args.warmup) * m.index_row_bytes
-        floor = (w_bytes + kv_bytes) / HBM_BPS
-        floor_idx = (w_bytes + kv_bytes + idx_bytes) / HBM_BPS
-        row = {"batch": B, "context": args.context, "step_ms_median": step_s * 1e3,
-               "step_ms_p10": statistics.quantiles(times, n=10)[0] * 1e3,
-               "step_ms_p90": statistics.quantiles(times, n=10)[-1] * 1e3,
-               "weight_bytes": w_bytes, "selected_kv_bytes": kv_bytes,
-               "index_scan_bytes": idx_bytes, "floor_ms": floor * 1e3,
-               "floor_with_index_ms": floor_idx * 1e3, "ratio_to_floor": step_s / floor,
-               "ratio_to_floor_with_index": step_s / floor_idx,
-               # graphs on unless engine.disable_cuda_graph=true or a capture failed
-               "cuda_graph": eng.graph_runner is not None and not eng.graph_runner.broken,
-               "graph_stats": dict(eng.graph_runner.stats) if eng.graph_runner else None}
-        if timer is not None:
-            torch.cuda.synchronize()
-            row["phases_ms_median"] = {p: statistics.median(v) for p, v in timer.ms().items() if v}
-            eng.decoder.phase_timer = None
-        rows.append(row)
-        if "phases_ms_median" in row:
-            print(f"B={B:4d} round phases (ms): " + ", ".join(
-                f"{p} {v:.2f}" for p, v in row["phases_ms_median"].items()), flush=True)
-        print(f"B={B:4d} step {row['step_ms_median']:8.3f} ms  floor {row['floor_ms']:7.3f} ms "
-              f"(x{row['ratio_to_floor']:.1f})  floor+index {row['floor_with_index_ms']:7.3f} ms "
-              f"(x{row['ratio_to_floor_with_index']:.1f})", flush=True)
-        del eng
-        torch.cuda.empty_cache()
+    for model in args.models.split(","):
+        for system in args.systems.split(","):
+            rounds = args.warmup + args.steps + args.profile_steps + 2
+            cfg = compose(["device=cuda", "hardware=h200", f"model={model}", f"system={system}",
+                           f"hardware.kv_pool_gib={args.kv_pool_gib}",
+                           f"hardware.max_running_requests={max(batches)}",
+                           f"workload.input_len={args.context}",
+                           f"workload.output_len={rounds * 8}",
+                           "+reproduce.speculation.acceptance=calibrated", *args.overrides])
+            ecfg = resolve_engine_config(cfg)
+            m = ecfg.model
+            eng = Engine(ecfg)
+            queries = ecfg.speculation.block_size if ecfg.speculation else 1
+            for B in batches:
+                row = {"model": model, "system": system, "batch": B, "context": args.context,
+                       **measure(eng, m, B, args, torch),
+                       **floor_bytes(m, B, args.context, queries)}
+                rows.append(row)
+                print(f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  floor "
+                      f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f}  kernels "
+                      f"{row['kernels_per_step'] or 0:6.0f}"
+                      + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
+                      flush=True)
+            del eng
+            gc.collect()
+            torch.cuda.empty_cache()
+    plain = {(r["model"], r["batch"]): r["step_ms"] for r in rows if r["system"] == "hisparse"}
+    for r in rows:
+        base = plain.get((r["model"], r["batch"]))
+        r["round_over_step"] = (r["step_ms"] / base if "phases_ms" in r and base else None)
     env = environment()
-    rec = {"benchmark": "decode_step", "model": m.name, "system": cfg.system.name,
-           "overrides": args.overrides, "hbm_bytes_per_s": HBM_BPS, "rows": rows, "env": env,
-           "model_config": {k: getattr(m, k) for k in ("num_layers", "index_topk", "row_bytes",
-                                                        "hidden_size", "kv_dim", "index_dim")}}
-    out = Path(args.out) if args.out else REPO / "results" / "engine_step" / \
-        f"{m.name}-{cfg.system.name}-{env['git_commit'][:8]}.json"
+    out = Path(args.out)
+    old = json.loads(out.read_text()).get("rows", []) if out.exists() else []
+    key = lambda r: (r["model"], r["system"], r["batch"], r["context"])  # noqa: E731
+    new_keys = {key(r) for r in rows}
+    for r in rows:
+        r["commit"] = env.get("git_commit")
+    rec = {"gpu": env.get("gpu") or torch.cuda.get_device_name(),
+           "commit": env.get("git_commit"), "hbm_bytes_per_s": HBM_BPS,
+           "overrides": args.overrides,
+           "rows": [r for r in old if key(r) not in new_keys] + rows}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1) + "\n")
     print(f"wrote {out}")

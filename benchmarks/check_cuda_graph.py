@@ -9,7 +9,9 @@ The tokens must be identical (a replay must reproduce the eager step bit for bit
 selections, the same hot-cache decisions, the same bytes). The hot cache is kept small
 (``--hot-cache-rows``) so that host misses, victims and the follower prefetch all happen inside
 the graphs. Step times are medians of the decode steps after the first ``--warmup`` ones
-(synchronized). Exits 1 on any token mismatch.
+(synchronized). Batch invariance under graphs: a prompt of repeated tokens (bit-equal indexer
+scores) is served alone and beside the longer prompts; its greedy tokens must be the same.
+Exits 1 on any token mismatch.
 """
 
 from __future__ import annotations
@@ -107,8 +109,12 @@ def main() -> None:
                        args.warmup)
         graph = _serve(ov, prompts, args.new_tokens, args.warmup)
         same = eager["tokens"] == graph["tokens"]
-        bad += not same
-        row = {"system": system, "tokens_identical": same,
+        rep = ([7, 11, 13, 17, 19, 23] * (args.context // 6 + 1))[:args.context]
+        alone = _serve(ov, [rep], args.new_tokens, args.warmup)["tokens"][0]
+        beside = _serve(ov, [*prompts, rep], args.new_tokens, args.warmup)["tokens"][-1]
+        invariant = alone == beside
+        bad += (not same) + (not invariant)
+        row = {"system": system, "tokens_identical": same, "batch_invariant": invariant,
                "eager_step_ms": eager["step_ms_median"], "graph_step_ms": graph["step_ms_median"],
                "speedup": eager["step_ms_median"] / graph["step_ms_median"],
                "graph_stats": graph.get("graph_stats"),
@@ -116,7 +122,7 @@ def main() -> None:
                "failed": [eager["failed"], graph["failed"]],
                "host_rows_copied": [eager["host_rows_copied"], graph["host_rows_copied"]]}
         rows.append(row)
-        print(f"[cuda_graph] {system:22s} identical={same} eager {row['eager_step_ms']:.2f} ms "
+        print(f"[cuda_graph] {system:22s} identical={same} batch_invariant={invariant} eager {row['eager_step_ms']:.2f} ms "
               f"graph {row['graph_step_ms']:.2f} ms ({row['speedup']:.1f}x) "
               f"{row['graph_stats']}", flush=True)
     finish_benchmark(args.out, {"benchmark": "check_cuda_graph", "args": vars(args), "rows": rows},

@@ -39,14 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from harness.records import atomic_write_json  # noqa: E402
-from systems.engine.server import build_app  # noqa: E402
+from systems.engine.server import build_app, start_server  # noqa: E402
 from systems.kv.base import PagePool  # noqa: E402
 
 
@@ -259,11 +258,8 @@ async def run_soak(cfg: SoakConfig, engine=None, progress=print) -> dict:
     ecfg = eng.cfg
     load = _Load(cfg, ecfg.model.vocab_size, eng.backend.max_total_tokens)
     eng.start()
-    runner = web.AppRunner(build_app(eng), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    serving = await start_server(build_app(eng))
+    port = serving.port
     window_s = cfg.duration_s / cfg.windows
     windows: list[dict] = []
     t_start = time.time()
@@ -292,7 +288,7 @@ async def run_soak(cfg: SoakConfig, engine=None, progress=print) -> dict:
                          f"{ar['leaked_pages']} rss {ar['rss_mib']:.0f} MiB objects "
                          f"{ar['py_objects']}")
     finally:
-        await runner.cleanup()
+        await serving.close()
         if engine is None:
             eng.stop()
         if cfg.trace_malloc:

@@ -42,7 +42,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,10 +82,10 @@ class LoadConfig:
     request_rate: float | None = None  # open loop (Poisson); inf = all at once
     schedule: Any = None  # "C:s,C:s" string or [(C, s), ...]
     num_requests: int | None = None
-    input_len: int = 1024
+    input_len: int | None = None  # None: 1024, or less to fit the server's context (server_limits)
     output_len: int = 128
     prefixes: int | None = None  # N shared prompts; None = a fresh prompt per request
-    vocab_size: int = 1000
+    vocab_size: int | None = None  # None: the server's vocabulary (server_limits), else 1000
     warmup: int = 0
     out: str | None = None  # records JSONL
     summary_out: str | None = None
@@ -479,8 +479,9 @@ def _parse_retry_after(v: str | None) -> float | None:
 
 
 class _Runner:
-    def __init__(self, cfg: LoadConfig):
+    def __init__(self, cfg: LoadConfig, observer: Callable[[dict, dict], None] | None = None):
         self.cfg = cfg
+        self.observer = observer
         self.mode = cfg.mode()
         self.phases_spec = parse_schedule(cfg.schedule) if self.mode == "schedule" else []
         if self.mode == "closed" and int(cfg.concurrency) < 1:
@@ -710,6 +711,14 @@ class _Runner:
         self.samples.append(sample)
         if self.metrics_writer is not None:
             self.metrics_writer.write(sample)
+        if self.observer is not None:  # live sinks (W&B): once per scrape, never per request
+            self.observer(sample, self.progress())
+
+    def progress(self) -> dict:
+        """Where the load stands: requests sent, finished (ok / failed), in flight."""
+        failed = sum(1 for r in self.records if not r.success)
+        return {"sent": self.n_sent, "completed": len(self.records) - failed, "errors": failed,
+                "in_flight": self.inflight, "phase": self.cur_phase}
 
     async def _scrape_loop(self, interval: float) -> None:
         # Stopped by a flag, not by cancel(): on Python 3.12 a cancel() that lands while the
@@ -906,15 +915,62 @@ def _raise_nofile_limit() -> None:
         pass
 
 
-async def run_load(cfg: LoadConfig | Mapping[str, Any]) -> LoadResult:
+DEFAULT_INPUT_LEN = 1024
+DEFAULT_VOCAB = 1000  # ids every real vocabulary has, for a server that does not say its own
+
+
+async def server_limits(url: str) -> dict:
+    """The served model's ``max_model_len`` and ``vocab_size`` from ``GET /v1/models`` (the
+    bundled server and vLLM report the first; the bundled server the second), or {} when the
+    server does not say (SGLang) or cannot be asked."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+            async with s.get(url.rstrip("/") + "/v1/models") as r:
+                if r.status != 200:
+                    return {}
+                model = ((await r.json()).get("data") or [{}])[0]
+    except Exception:
+        return {}
+    return {k: model[k] for k in ("max_model_len", "vocab_size") if isinstance(model.get(k), int)}
+
+
+async def fit_to_server(cfg: LoadConfig) -> LoadConfig:
+    """Fill the prompt length and id range the caller left open from the server's limits: the
+    vocabulary it reports (else ids below 1000), and 1024 tokens or what its context leaves
+    after the output cap. A length given explicitly that exceeds the context is an error here,
+    not a 400 for every request."""
+    if cfg.input_len is not None and cfg.vocab_size is not None:
+        return cfg
+    lim = await server_limits(cfg.url)
+    vocab = cfg.vocab_size if cfg.vocab_size is not None else lim.get("vocab_size", DEFAULT_VOCAB)
+    ctx = lim.get("max_model_len")
+    input_len = cfg.input_len
+    if input_len is None:
+        input_len = DEFAULT_INPUT_LEN if ctx is None else min(DEFAULT_INPUT_LEN, ctx - int(cfg.output_len))
+        if input_len < 1:
+            raise ValueError(f"output_len={cfg.output_len} leaves no room for a prompt in the "
+                             f"server's context of {ctx} tokens")
+        if input_len != DEFAULT_INPUT_LEN:
+            _log.warning("loadgen: input_len=%d to fit the server's context of %s tokens", input_len, ctx)
+    elif ctx is not None and input_len + int(cfg.output_len) > ctx:
+        raise ValueError(f"input_len + output_len = {input_len + int(cfg.output_len)} exceeds the "
+                         f"server's context of {ctx} tokens (GET /v1/models max_model_len)")
+    return dataclasses.replace(cfg, input_len=int(input_len), vocab_size=int(vocab))
+
+
+async def run_load(cfg: LoadConfig | Mapping[str, Any],
+                   observer: Callable[[dict, dict], None] | None = None) -> LoadResult:
     """Run one load test; returns records, summary and scraped samples.
 
     Writes ``cfg.out`` (records JSONL, one line per finished request, flushed
     per line), ``cfg.metrics_out`` and ``cfg.summary_out`` (atomic) when set.
+    ``observer(sample, progress)`` is called on the event loop after each /metrics scrape
+    (once per ``metrics_interval``) with the sample and ``_Runner.progress()``; it must be quick
+    and must not raise.
     """
     if not isinstance(cfg, LoadConfig):
         cfg = LoadConfig.from_mapping(cfg)
-    return await _Runner(cfg).run()
+    return await _Runner(await fit_to_server(cfg), observer).run()
 
 
 def _loop_name(loop: asyncio.AbstractEventLoop) -> str:
@@ -943,7 +999,8 @@ def _loop_factory(choice: str) -> Any:
     return uvloop.new_event_loop
 
 
-def run_load_sync(cfg: LoadConfig | Mapping[str, Any]) -> LoadResult:
+def run_load_sync(cfg: LoadConfig | Mapping[str, Any],
+                  observer: Callable[[dict, dict], None] | None = None) -> LoadResult:
     """Blocking wrapper around :func:`run_load` on a new event loop: uvloop when
     importable (``cfg.event_loop="auto"``), else asyncio's default (as ``asyncio.run``)."""
     if not isinstance(cfg, LoadConfig):
@@ -951,7 +1008,7 @@ def run_load_sync(cfg: LoadConfig | Mapping[str, Any]) -> LoadResult:
     # a loop factory, not a global policy: loops of other threads (e.g. an
     # in-process server) are left alone
     with asyncio.Runner(loop_factory=_loop_factory(cfg.event_loop)) as runner:
-        return runner.run(run_load(cfg))
+        return runner.run(run_load(cfg, observer))
 
 
 # --------------------------------------------------------------------------
@@ -976,10 +1033,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     g.add_argument("--request-rate", type=float, default=None, help="open loop Poisson rate (req/s); inf = all at once")
     g.add_argument("--schedule", default=None, help='phases "C:SECONDS,C:SECONDS,..." (closed loop, switches on time)')
     p.add_argument("--num-requests", type=int, default=None, help="total measured requests (ignored with --schedule)")
-    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--input-len", type=int, default=None,
+                   help="prompt tokens (default 1024, or what the server's context leaves after --output-len)")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--prefixes", type=int, default=None, help="N shared random prompts; request i uses prompt i %% N")
-    p.add_argument("--vocab-size", type=int, default=1000)
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="prompt ids are drawn below this (default: the server's vocabulary, else 1000)")
     p.add_argument("--warmup", type=int, default=0, help="requests sent and awaited before measuring (not recorded)")
     p.add_argument("--out", default=None, help="per-request records JSONL")
     p.add_argument("--summary-out", default=None, help="summary JSON (written atomically)")
@@ -1051,6 +1110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         res = run_load_sync(cfg)
+    except ValueError as e:  # a load that cannot fit the server: say so before sending anything
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted; partial records/summary written", file=sys.stderr)
         return 130

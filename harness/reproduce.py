@@ -20,6 +20,7 @@ a scratch results directory unless ``--results`` is given.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import sys
 import time
@@ -99,6 +100,8 @@ def select(runs: list[list[str]], systems: list[str] | None, where: list[str] | 
 
 
 def _run_cfg(overrides: list[str], results: str | None):
+    from omegaconf import open_dict
+
     from systems.engine.config import compose
 
     if results:
@@ -111,16 +114,45 @@ def _run_cfg(overrides: list[str], results: str | None):
         cfg.system.kv.hot_cache_rows = int(cfg.b_over_k) * int(cfg.model.index_topk)
     if cfg.system.get("speculation") and "+smoke=true" in overrides:
         cfg.system.speculation.window = 64
+    rep = cfg.get("reproduce")
+    if rep is not None and "skip_points" in rep:
+        # read by skipped_points and dropped here: which points the plan leaves out is no part
+        # of what a run measures (its config.yaml, its id, the figures' repeat folding)
+        with open_dict(cfg):
+            del cfg.reproduce["skip_points"]
     return cfg
+
+
+@functools.cache
+def _skip_entries(exp: str) -> tuple:
+    from systems.engine.config import compose
+
+    rep = compose([f"experiment={exp}"]).get("reproduce") or {}
+    entries = rep.get("skip_points")
+    return tuple(OmegaConf.to_container(entries, resolve=True)) if entries is not None else ()
+
+
+def skipped_points(overrides: list[str]) -> list[str]:
+    """The load points the experiment's ``reproduce.skip_points`` leaves out of this run of its
+    plan: entries ``{point: c8, <sweep key>: value, ...}`` whose sweep values all match the
+    run's (points no figure reads)."""
+    exp = next(o.split("=", 1)[1] for o in overrides if o.startswith("experiment="))
+    out = []
+    for entry in _skip_entries(exp):
+        entry = dict(entry)
+        tag = str(entry.pop("point"))
+        if select([overrides], None, [f"{k}={_value(v)}" for k, v in entry.items()]):
+            out.append(tag)
+    return out
 
 
 def run_one(overrides: list[str], results: str | None, only_tags: list[str] | None = None) -> None:
     from harness.run import run
 
-    run(_run_cfg(overrides, results), only_tags=only_tags)
+    run(_run_cfg(overrides, results), only_tags=only_tags, reproduce_keys=True)
 
 
-def _duration_guide(exp_dir: Path, rid: str, cfg) -> str:
+def _duration_guide(exp_dir: Path, prefix: str, cfg) -> str:
     """The load time of the latest finished run of the same system, model and point, preferring
     one with the same output cap (a run's time scales with it)."""
     import json
@@ -128,7 +160,6 @@ def _duration_guide(exp_dir: Path, rid: str, cfg) -> str:
     from omegaconf import OmegaConf
 
     cap = cfg.workload.get("output_len")
-    prefix = rid.rsplit("-", 1)[0] + "-"  # system-model-tag-
     best = None
     for d in sorted(exp_dir.glob(prefix + "*"), key=lambda d: d.stat().st_mtime, reverse=True):
         try:
@@ -146,23 +177,53 @@ def _duration_guide(exp_dir: Path, rid: str, cfg) -> str:
     return f" (a finished run of this point took {best[0]:.0f} s{note}: {best[1]})"
 
 
-def show_plan(overrides: list[str], results: str | None, only_tags: list[str] | None = None) -> int:
+def show_plan(overrides: list[str], results: str | None, only_tags: list[str] | None = None,
+              skip: list[str] = ()) -> tuple[int, int]:
     """--dry-run: each load point's run id, whether it finished, and for a pending one the
     wall time of the latest finished run of the same system and point in that experiment
     (any config: a guide for a time box, which adds a server start of 10-25 s on the H200).
-    Returns the number of pending points."""
-    from harness.run import point_plan
+    Returns the numbers of finished and pending points (``skip``ped ones are neither)."""
+    from harness.run import legacy_run_id, point_plan
 
     cfg = _run_cfg(overrides, results)
     exp_dir, plan = point_plan(cfg, only_tags)
-    pending = 0
+    done = pending = 0
     for p, rid, finished in plan:
+        if p["tag"] in skip:
+            print(f"    {p['tag']:>6s} {rid}: not in the plan (reproduce.skip_points: no figure "
+                  f"reads it){', finished earlier' if finished else ''}")
+            continue
         if finished:
+            done += 1
             print(f"    {p['tag']:>6s} {rid}: finished")
             continue
         pending += 1
-        print(f"    {p['tag']:>6s} {rid}: pending{_duration_guide(exp_dir, rid, cfg)}")
-    return pending
+        prefix = legacy_run_id(cfg, p).rsplit("-", 1)[0] + "-"  # system-model-tag-: any setting
+        print(f"    {p['tag']:>6s} {rid}: pending{_duration_guide(exp_dir, prefix, cfg)}")
+    return done, pending
+
+
+def _points_to_run(overrides: list[str], point: list[str] | None) -> list[str] | None:
+    """--point's tags less the skipped ones; None: every point; []: none."""
+    skip = skipped_points(overrides)
+    if not skip:
+        return point
+    from harness.run import _load_points
+
+    tags = point or [p["tag"] for p in _load_points(_run_cfg(overrides, None))]
+    return [t for t in tags if t not in skip]
+
+
+NO_GPU = ("[reproduce] harness.reproduce needs a CUDA GPU (one H200-class GPU, 80+ GB; up to 64 "
+          "GiB of pinned host memory; README: GPU prerequisites) and torch sees none here. "
+          "make reproduce DRY=1 lists the plan; python -m harness.reproduce --smoke runs it "
+          "small on CPU.")
+
+
+def has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,10 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(experiments()))
     if unknown:
         ap.error(f"unknown experiment(s) {unknown}; available: {experiments()}")
+    if not (args.dry_run or args.smoke) and not has_gpu():
+        print(NO_GPU, flush=True)
+        return 2
     results = args.results
     if args.smoke and results is None:
         results = str(Path("/tmp") / f"dhs-smoke-{int(time.time())}")
     failed = []
+    totals: dict[str, list[int]] = {}
     for exp in names:
         runs = plan(exp, args.smoke)
         chosen = select(runs, args.system, args.where)
@@ -198,16 +263,26 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{exp}: --system / --where select none of its {len(runs)} runs")
         for ov in chosen:
             ov = ov + list(args.overrides)
-            print("[reproduce]", " ".join(ov), *(["points", *args.point] if args.point else []), flush=True)
+            tags = _points_to_run(ov, args.point)
+            print("[reproduce]", " ".join(ov), *(["points", *tags] if tags is not None else []),
+                  flush=True)
             if args.dry_run:
-                show_plan(ov, results, args.point)
+                counts = show_plan(ov, results, args.point, skipped_points(ov))
+                totals[exp] = [a + b for a, b in zip(totals.get(exp, [0, 0]), counts)]
+                continue
+            if tags == []:
+                print("    every point of this run is left out (reproduce.skip_points)")
                 continue
             try:
-                run_one(ov, results, args.point)
+                run_one(ov, results, tags)
             except Exception as e:  # keep going: one failed run must not lose the others
                 print(f"[reproduce] FAILED: {e!r}", flush=True)
                 failed.append((exp, ov, repr(e)))
-    if not args.dry_run:
+    if args.dry_run:
+        print("\n[reproduce] the plan per experiment (load points):")
+        for exp, (done, pending) in totals.items():
+            print(f"  {exp:<16s} {done:>4d} done {pending:>4d} pending")
+    else:
         from harness.summaries import write_all
         write_all(Path(results) if results else REPO / "results")
     if failed:

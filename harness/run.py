@@ -32,7 +32,7 @@ from harness.environment import REPO, environment
 from harness.records import atomic_write_json
 from harness.servers import bundled_server
 from harness.sglang_launch import sglang_server
-from harness.wandb_logger import make_logger
+from harness.wandb_logger import make_logger, run_config, tags
 
 
 def _load_points(cfg: DictConfig) -> list[dict]:
@@ -56,9 +56,64 @@ def num_requests(w: DictConfig, concurrency: int | None) -> int:
     return max(int(w.num_requests), int(w.get("min_waves") or 1) * (concurrency or 0))
 
 
-def run_id(cfg: DictConfig, point: dict) -> str:
-    """Stable id: what was measured, plus a hash of everything that could change the result."""
-    material = OmegaConf.to_container(cfg, resolve=True)
+def run_labels(cfg: DictConfig, point: dict) -> dict:
+    """The values an experiment sweeps, as they label a run: its load point, the hot-cache budget
+    B of a hierarchy backend, the speculation block size K, and residency when it is off. They
+    name the run directory and tag its W&B run, so that a sweep's directories say what each
+    measured without opening ``config.yaml``."""
+    labels = {"load": point["tag"]}
+    b = hot_cache_rows(cfg)
+    if b is not None:
+        labels["hot_cache_rows"] = b
+    spec = cfg.system.get("speculation")
+    if spec and spec.get("block_size") is not None:
+        labels["block_size"] = int(spec.block_size)
+    kv = cfg.system.get("kv") or {}
+    if kv.get("optional_residency") is False:
+        labels["optional_residency"] = False
+    return labels
+
+
+def hot_cache_rows(cfg: DictConfig) -> int | None:
+    """The resolved hot-cache budget B of the system's backend (0 -> 2k there), None for a
+    backend without a hot cache."""
+    from systems.engine.config import kv_options_from, model_config_from, resolve_device
+
+    device = resolve_device(cfg.get("device", "auto"))
+    options = kv_options_from(cfg.system, model_config_from(cfg.model, device), device)
+    b = getattr(options, "hot_cache_rows", None)
+    return None if b is None else int(b)
+
+
+# The layout every committed run was hashed in, before B moved from model.hot_cache_rows to
+# system.kv.hot_cache_rows and the backends' implicit defaults were written into conf/system/:
+# run ids hash the config in that layout, so that the runs measured before keep their ids (and
+# a resumed sweep skips them). The models' B then, which resident runs carried unread:
+_MODEL_B_BEFORE = {"glm53_mini": 1024, "dsv41_mini": 2048, "tiny": 16, "tiny_dsv": 16}
+# system.kv keys whose defaults the backends applied without the configs naming them:
+_KV_IMPLICIT_BEFORE = {"cap_slots_to_pool": True, "tail_rows": 0}
+
+
+def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
+    kv = (material.get("system") or {}).get("kv")
+    model = material["model"]
+    if isinstance(kv, dict) and "hot_cache_rows" in kv:
+        del kv["hot_cache_rows"]
+        model["hot_cache_rows"] = hot_cache_rows(cfg)
+    elif model.get("name") in _MODEL_B_BEFORE:
+        model["hot_cache_rows"] = _MODEL_B_BEFORE[model["name"]]
+    for key, default in _KV_IMPLICIT_BEFORE.items():
+        if isinstance(kv, dict) and key in kv and kv[key] == default:
+            del kv[key]
+    return material
+
+
+_LABEL_PARTS = {"hot_cache_rows": "B{}", "block_size": "K{}",
+                "optional_residency": lambda v: "resoff"}
+
+
+def _config_hash(cfg: DictConfig, point: dict) -> str:
+    material = _hashed_layout(cfg, OmegaConf.to_container(cfg, resolve=True))
     for volatile in ("server", "logger", "results_dir", "hydra"):
         material.pop(volatile, None)
     # reproduce.speculation reaches the speculative systems through system.speculation (the
@@ -66,9 +121,56 @@ def run_id(cfg: DictConfig, point: dict) -> str:
     for key in ("speculation", "kv"):  # likewise reproduce.kv through system.kv
         (material.get("reproduce") or {}).pop(key, None)
     material["point"] = point
-    h = hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
+    return hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def run_id(cfg: DictConfig, point: dict) -> str:
+    """Stable id: what was measured and the swept values (``run_labels``), plus a hash of
+    everything that could change the result, e.g. ``hisparse-glm53_mini-c32-B2048-1a2b3c4d``."""
     engine = "sglang-" if cfg.server.mode == "sglang" else ""  # never mistaken for a bundled run
-    return f"{engine}{cfg.system.name}-{cfg.model.name}-{point['tag']}-{h}"
+    parts = [f"{engine}{cfg.system.name}", str(cfg.model.name), point["tag"]]
+    for key, value in run_labels(cfg, point).items():
+        fmt = _LABEL_PARTS.get(key)
+        if fmt is not None:
+            parts.append(fmt(value) if callable(fmt) else fmt.format(value))
+    return "-".join(parts + [_config_hash(cfg, point)])
+
+
+def legacy_run_id(cfg: DictConfig, point: dict) -> str:
+    """The id runs had before the swept values joined it (same hash): committed results keep
+    those directory names, and a sweep resumes around them."""
+    engine = "sglang-" if cfg.server.mode == "sglang" else ""
+    return f"{engine}{cfg.system.name}-{cfg.model.name}-{point['tag']}-{_config_hash(cfg, point)}"
+
+
+# Keys a config may carry beyond conf/config.yaml's own: an experiment's ``reproduce`` block, the
+# markers ``+rerun=<tag>`` / ``+smoke=true``, and the collectors' folder the server launcher sets.
+_EXTRA_TOP_KEYS = {"reproduce", "rerun", "smoke", "profile_dir"}
+_EXTRA_WORKLOAD_KEYS = {"min_waves"}
+# Sweep keys that only harness.reproduce understands (it turns them into config values).
+REPRODUCE_KEYS = {"b_over_k": "system.kv.hot_cache_rows=<B> (B = b_over_k x model.index_topk)"}
+
+
+def check_keys(cfg: DictConfig, reproduce_keys: bool = False) -> None:
+    """Unknown keys are errors, not silently ignored settings: a ``+key=...`` Hydra accepted at
+    the top level or under ``workload`` that nothing reads, or a harness.reproduce sweep key
+    (``+b_over_k``) given to harness.run."""
+    from systems.engine.config import compose
+
+    base = compose([])
+    for key in cfg:
+        if key in REPRODUCE_KEYS:
+            if not reproduce_keys:
+                raise ValueError(f"{key} is a sweep key of harness.reproduce (e.g. python -m "
+                                 f"harness.reproduce --only fig9 --where {key}=4); with "
+                                 f"harness.run set {REPRODUCE_KEYS[key]}")
+        elif key not in base and key not in _EXTRA_TOP_KEYS:
+            raise ValueError(f"unknown config key {key!r}; known top-level keys: "
+                             f"{sorted(set(base) | _EXTRA_TOP_KEYS)}")
+    unknown = sorted(set(cfg.workload) - set(base.workload) - _EXTRA_WORKLOAD_KEYS)
+    if unknown:
+        raise ValueError(f"unknown workload key(s) {unknown}; known: "
+                         f"{sorted(set(base.workload) | _EXTRA_WORKLOAD_KEYS)}")
 
 
 def _write_metrics(samples: list[dict], path: Path) -> None:
@@ -99,7 +201,9 @@ def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
     """error.txt: a clear first line, the traceback, and the server log's tail when there is one."""
     what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
     text = f"run failed: {what}\n\n" + "".join(traceback.format_exception(exc))
-    log = server_dir / "server.log"
+    from harness.servers import server_log
+
+    log = server_log(server_dir)
     if log.exists():
         text += f"\n--- tail of {log} ---\n" + log.read_text(errors="replace")[-5000:]
     tmp = d / ".error.txt.tmp"
@@ -125,17 +229,23 @@ def point_plan(cfg: DictConfig, only_tags: list[str] | None = None
     out = []
     for p in points:
         rid = run_id(cfg, p)
+        old = legacy_run_id(cfg, p)
+        if not (exp_dir / rid / "summary.json").exists() and (exp_dir / old / "summary.json").exists():
+            rid = old  # finished under the id it had before the swept values joined it
         out.append((p, rid, (exp_dir / rid / "summary.json").exists()))
     return exp_dir, out
 
 
-def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
+def run(cfg: DictConfig, only_tags: list[str] | None = None,
+        reproduce_keys: bool = False) -> list[Path]:
     """Run every load point of ``cfg`` not finished earlier. ``only_tags`` (e.g. ["c128"])
     restricts this call to those points without touching the config, so the run ids stay
-    those of the full sweep and a later full call resumes around them."""
+    those of the full sweep and a later full call resumes around them. ``reproduce_keys``:
+    harness.reproduce's sweep keys are allowed (it has applied them)."""
     from harness.loadgen import LoadConfig, run_load_sync
     from systems.engine.config import resolve_engine_config
 
+    check_keys(cfg, reproduce_keys)
     ecfg = resolve_engine_config(cfg)  # fail fast on a bad config, before any server starts
     if cfg.server.mode == "sglang":
         from systems.sglang.adapter import check_supported
@@ -154,6 +264,7 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
     logger = make_logger(cfg.get("logger"))
     w = cfg.workload
     warn_profile_in_warmup(cfg)
+    warn_profile_skipped(cfg)
     env = environment()
     exp_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -182,8 +293,16 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
                 metrics_out=str(d / "server_metrics.jsonl"), seed=int(cfg.seed),
                 num_gpus=int(cfg.hardware.get("num_gpus", 1)),
                 temperature=float(w.get("temperature", 0.0)), ignore_eos=True, quiet=True)
+            wb = None
+            if logger is not None:
+                wb = logger.start_run(
+                    rid, str(cfg.logger.get("group") or cfg.experiment_name),
+                    run_config(OmegaConf.to_container(cfg, resolve=True), run_labels(cfg, p)),
+                    tags({"system": cfg.system.name, "model": cfg.model.name,
+                          "experiment": cfg.experiment_name, "point": p,
+                          "git_commit": env["git_commit"], "gpu": env["gpu"]}), str(d))
             try:
-                res = run_load_sync(lcfg)
+                res = run_load_sync(lcfg, observer=wb.sample if wb is not None else None)
                 failure = _server_failure(url)
                 if failure is not None:
                     raise ServerFailed(f"{rid}: the server failed during the run ({failure}); "
@@ -194,14 +313,14 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None) -> list[Path]:
                            "model": cfg.model.name, "experiment": cfg.experiment_name,
                            "point": p, "device": ecfg.device, "gpu": env["gpu"],
                            "git_commit": env["git_commit"]}
-                if logger is not None:
-                    logger.log_run(rid, cfg.experiment_name,
-                                   {**OmegaConf.to_container(cfg, resolve=True), **p},
-                                   summary, res.samples, str(d))
-                atomic_write_json(d / "summary.json", summary)  # last: marks the run finished
+                atomic_write_json(d / "summary.json", summary)  # marks the run finished
             except BaseException as e:  # incl. KeyboardInterrupt: say why there is no summary
+                if wb is not None:
+                    wb.close()
                 _write_error(d, e, server_dir)
                 raise
+            if wb is not None:  # after the summary is on disk: W&B never costs a measurement
+                wb.finish(summary, res.records, res.samples)
             rows.append({**summary, "_dir": str(d)})
             print(f"[harness] {rid}: done -> {d.relative_to(REPO) if d.is_relative_to(REPO) else d}")
     _collect_profile(server_dir, [Path(r["_dir"]) for r in rows if r.get("_dir")])
@@ -225,6 +344,23 @@ def warn_profile_in_warmup(cfg) -> bool:
               f"not of the load. Set workload.warmup=0 or profile.wait above {steps}.", flush=True)
         return True
     return False
+
+
+def warn_profile_skipped(cfg) -> str | None:
+    """``profile=nsight`` is skipped inside the server when nsight-python, ``ncu`` or a GPU is
+    missing; say so on this console too, where the user is looking (the server's own message
+    goes to its log). Returns the reason, or None when the collector can run."""
+    prof = cfg.get("profile") or {}
+    if str(prof.get("name", "none")) != "nsight" or cfg.server.mode == "sglang":
+        return None
+    from profiling.nsight import nsight_available
+
+    ok, why = nsight_available()
+    if ok:
+        return None
+    print(f"[harness] profile=nsight will be skipped: {why}; the runs go ahead without it",
+          flush=True)
+    return why
 
 
 def _collect_profile(server_dir: Path, run_dirs: list[Path]) -> None:

@@ -2,7 +2,7 @@
 
 - ``subprocess``: the bundled server in its own process (the default: the load generator never
   shares a process or a GIL with the engine), config passed as a resolved YAML file, logs to
-  ``server.log``.
+  ``server-<start time>-<pid>.log`` (``server_log``).
 - ``inprocess``: engine thread + aiohttp app on a background thread of this process (tests).
 - ``attach``: an already running endpoint at ``server.url`` (our server or SGLang).
 
@@ -119,12 +119,43 @@ def _stop(proc: subprocess.Popen, grace_s: float, group: bool) -> None:
             continue
 
 
+_STARTED = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+
+
+def server_log(workdir: Path) -> Path:
+    """The log of the bundled servers this harness process starts from ``workdir``: a file of
+    this process (ignored by git), never one an earlier run wrote and a commit may hold."""
+    return Path(workdir) / f"server-{_STARTED}.log"
+
+
 def server_profile_dir(workdir: Path) -> Path:
     """Where the collectors of a bundled server write until the harness moves their outputs into
     the run directory: one folder per harness process, because two harnesses (two lanes of one
     machine) can serve the same experiment, system and model at once from one server folder, and
     one collector's files must never be read back mid-write by the other's."""
     return Path(workdir) / f"profile-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_launch_configs(workdir: Path) -> list[Path]:
+    """Delete ``server_config-<pid>.yaml`` files whose harness process is gone (killed before
+    its ``finally`` ran); a live harness's file (the other lane's) stays."""
+    removed = []
+    for f in Path(workdir).glob("server_config-*.yaml"):
+        pid = f.stem.removeprefix("server_config-")
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            f.unlink(missing_ok=True)
+            removed.append(f)
+    return removed
 
 
 @contextlib.contextmanager
@@ -155,29 +186,32 @@ def bundled_server(cfg: DictConfig, workdir: Path):
         raise ValueError(f"server.mode must be subprocess, inprocess or attach here "
                          f"(sglang: harness.sglang_launch), got {mode!r}")
     workdir.mkdir(parents=True, exist_ok=True)
-    cfg_path = workdir / "server_config.yaml"
+    remove_stale_launch_configs(workdir)
+    log_path = server_log(workdir)  # this process's own: earlier (committed) logs stay as they are
+    cfg_path = log_path.with_suffix(".yaml")
     cfg = cfg.copy()
     with open_dict(cfg):
         cfg.profile_dir = str(server_profile_dir(workdir))  # collectors of the server's engine
-    OmegaConf.save(cfg, cfg_path, resolve=True)  # the record of the folder's latest server
+    OmegaConf.save(cfg, cfg_path, resolve=True)  # the record of this server, beside its log
     # the file this server reads: its own, because another harness (the other lane of a 2-GPU
     # machine) may start a server of the same experiment, system and model from this folder and
-    # rewrite server_config.yaml before this server has read it
+    # rewrite a shared config before this server has read it
     launch_cfg = workdir / f"server_config-{os.getpid()}.yaml"
     OmegaConf.save(cfg, launch_cfg, resolve=True)
-    log_path = workdir / "server.log"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
+            # --parent-pid: the server dies with this process, even when it is SIGKILLed and
+            # nothing here runs (exit_on_sigterm covers SIGTERM only)
             [sys.executable, "-m", "systems.engine.server", "--host", host, "--port", str(port),
-             "--config", str(launch_cfg)], stdout=log, stderr=subprocess.STDOUT, env=env,
-            cwd=str(REPO))
+             "--config", str(launch_cfg), "--parent-pid", str(os.getpid())], stdout=log,
+            stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
     track(proc)
     try:
         wait_healthy(url, timeout, proc, log_path, "bundled server")
-        # paid once per system and setting: the engine's own phases are in server.log
+        # paid once per system and setting: the engine's own phases are in its log
         print(f"[harness] server up in {time.monotonic() - t0:.1f} s ({log_path})", flush=True)
         yield url
     finally:
@@ -187,11 +221,9 @@ def bundled_server(cfg: DictConfig, workdir: Path):
 
 @contextlib.contextmanager
 def _inprocess(cfg: DictConfig, host: str, port: int):
-    from aiohttp import web
-
     from systems.engine.config import resolve_engine_config
     from systems.engine.engine import Engine
-    from systems.engine.server import build_app
+    from systems.engine.server import ServerConfig, build_app, start_server
 
     engine = Engine(resolve_engine_config(cfg))
     engine.start()
@@ -200,10 +232,8 @@ def _inprocess(cfg: DictConfig, host: str, port: int):
     state = {}
 
     async def serve():
-        runner = web.AppRunner(build_app(engine), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, host, port).start()
-        state["runner"] = runner
+        app = build_app(engine, config=ServerConfig.from_cfg(cfg.get("server"), host=host))
+        state["serving"] = await start_server(app, port)
         started.set()
 
     def target():
@@ -217,7 +247,7 @@ def _inprocess(cfg: DictConfig, host: str, port: int):
     try:
         yield engine
     finally:
-        fut = asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop)
+        fut = asyncio.run_coroutine_threadsafe(state["serving"].close(), loop)
         fut.result(30)
         loop.call_soon_threadsafe(loop.stop)
         t.join(30)

@@ -58,7 +58,7 @@ class InProcessClient:
                 _, finished = await q.get()
         finally:
             if not finished:
-                self.server.engine.abort(req.rid)
+                self.server.engine.abort(req)
         if _failed(req):
             raise ClientError(500, req.finish_reason.get("message") or "request failed", None,
                               "engine_error")
@@ -78,7 +78,7 @@ class InProcessClient:
                 yield json.loads(fmt(req, new_ids, finished, parsed)[len(b"data: "):])
         finally:
             if not finished:  # the caller stopped iterating: abort, as a disconnect would
-                self.server.engine.abort(req.rid)
+                self.server.engine.abort(req)
 
     async def generate(self, body: dict) -> dict:
         """POST /generate without streaming."""

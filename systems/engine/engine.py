@@ -123,6 +123,7 @@ class Engine:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._pending = 0  # submitted but not yet seen by the scheduler
+        self._aborted_queued = 0  # aborted while waiting, abort not yet taken in (_intake)
         self.requests: dict[str, Request] = {}
         self._live: set[str] = set()  # rids submitted and not finished (duplicates refused)
         self.stats = {"num_steps": 0, "generated_tokens_total": 0, "finished_total": 0,
@@ -154,7 +155,8 @@ class Engine:
                 raise EngineStopped(f"engine stopped: {self.error!r}")
             if req.rid in self._live:
                 raise DuplicateRequest(f"request id {req.rid!r} is already in flight")
-            if len(self.scheduler.waiting) + self._pending >= self.cfg.max_waiting:
+            queued = len(self.scheduler.waiting) + self._pending - self._aborted_queued
+            if queued >= self.cfg.max_waiting:
                 self.stats["rejected_total"] += 1
                 raise QueueFull(f"waiting queue is full ({self.cfg.max_waiting} requests)")
             self._pending += 1
@@ -162,8 +164,18 @@ class Engine:
             self._inbox.put(req)  # under the lock: a crash drains the inbox after setting error
         self._wake.set()
 
-    def abort(self, rid: str) -> None:
-        self._aborts.put(rid)
+    def abort(self, req: Request) -> None:
+        """Abort this request object (not an id: a stale abort must not reach a later request
+        that reuses the id). A queued request stops counting against ``max_waiting`` at once,
+        before the engine thread gets to it."""
+        with self._lock:
+            if req.aborted or req.status != ReqStatus.WAITING or req.finish_reason is not None:
+                queued = False
+            else:
+                queued = True
+                self._aborted_queued += 1
+            req.aborted = True
+        self._aborts.put((req, queued))
         self._wake.set()
 
     # ------------------------------------------------------------------ loop
@@ -275,6 +287,14 @@ class Engine:
 
     # ------------------------------------------------------------------ phases
     def _intake(self) -> None:
+        # aborts first taken, then submissions: an abort follows its request's submit, so every
+        # request aborted here is in the inbox drained below or already in the engine's books
+        aborts = []
+        while True:
+            try:
+                aborts.append(self._aborts.get_nowait())
+            except queue.Empty:
+                break
         while True:
             try:
                 req = self._inbox.get_nowait()
@@ -284,14 +304,12 @@ class Engine:
                 self._pending -= 1
             self.requests[req.rid] = req
             self.scheduler.waiting.append(req)
-        while True:
-            try:
-                rid = self._aborts.get_nowait()
-            except queue.Empty:
-                break
-            req = self.requests.get(rid)
-            if req is None or req.status == ReqStatus.FINISHED:
-                continue
+        for req, queued in aborts:
+            if queued:
+                with self._lock:
+                    self._aborted_queued -= 1
+            if req.status == ReqStatus.FINISHED or self.requests.get(req.rid) is not req:
+                continue  # finished meanwhile: the abort is stale
             if req.status == ReqStatus.WAITING:
                 self.scheduler.remove_waiting(req)
                 req.status = ReqStatus.FINISHED
@@ -300,8 +318,9 @@ class Engine:
             req.finish_reason = {"type": "abort"}
             req.finish_ts = time.time()
             self.stats["aborted_total"] += 1
-            self.requests.pop(rid, None)
-            self._live.discard(rid)
+            self.requests.pop(req.rid, None)
+            self._live.discard(req.rid)
+            self._notify(req, [], True)  # whoever still waits on it learns it ended
 
     def run_target(self, slots: list[int], tokens: torch.Tensor, positions: torch.Tensor,
                    max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -359,7 +378,7 @@ class Engine:
         request, which frees its memory at the next intake."""
         log.exception("output callback of %s failed", req.rid)
         if not done:
-            self.abort(req.rid)
+            self.abort(req)
 
     def _fail(self, req: Request, exc: BaseException) -> None:
         """Finish one request with an error. Its memory must already be released."""
@@ -430,9 +449,15 @@ class Engine:
             if len(req.output_ids) >= req.params.max_new_tokens:
                 req.finish_reason = {"type": "length", "length": len(req.output_ids)}
                 break
-            if not req.params.ignore_eos and t == self.cfg.model.eos_token_id:
+            if not req.params.ignore_eos and (t == self.cfg.model.eos_token_id
+                                              or t in req.params.stop_token_ids):
                 req.finish_reason = {"type": "stop", "matched": t}
                 break
+            if req.params.stop is not None:
+                matched = req.params.stop(req.output_ids)
+                if matched is not None:
+                    req.finish_reason = {"type": "stop", "matched": matched}
+                    break
         if req.first_token_ts is None:
             req.first_token_ts = now
         self.stats["generated_tokens_total"] += len(emitted)

@@ -13,6 +13,12 @@ class SamplingParams:
     max_new_tokens: int = 16
     temperature: float = 0.0  # 0 = greedy
     ignore_eos: bool = True
+    # SGLang's semantics: a token of stop_token_ids finishes like EOS (and, like EOS, not under
+    # ignore_eos); a stop string finishes whatever ignore_eos says. The engine has no tokenizer:
+    # ``stop`` is the server's matcher, called with the output ids after every new token, and
+    # returns the stop string the decoded output now contains (or None).
+    stop_token_ids: frozenset[int] = frozenset()
+    stop: Callable[[list[int]], str | None] | None = None
 
 
 class ReqStatus(str, Enum):
@@ -42,6 +48,8 @@ class Request:
     prefill_s: float = 0.0
     token_ts: list[float] = field(default_factory=list)
     wait_reason: str = ""
+    # set by Engine.abort; a waiting request so marked no longer counts against max_waiting
+    aborted: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -7,21 +7,39 @@ Endpoints, all bound to 127.0.0.1 unless ``--host`` says otherwise:
 - ``GET /health``          200 while the engine thread is alive
 - ``GET /v1/models``
 
-Every client error is a 400 with ``{"error": {"message", "type", "param"}}`` naming the field; a
-full waiting queue is a 503 with Retry-After; a client that disconnects mid-stream aborts its
-request, which frees its memory. A request the engine fails (an isolated fault in its handoff or
-decode step) is a 500 with the error's message, or, once a stream has started, a final
-``data: {"error": {...}}`` event before ``[DONE]``. No request field reaches config loading or
-the filesystem: bodies are parsed into plain values and checked against fixed field sets.
+Every client error is a 4xx with ``{"error": {"message", "type", "param"}}``; a 400 names the
+field. Every request field is checked and either applied or refused (400 saying it is
+unsupported), never silently ignored. A full waiting queue is a 503 with Retry-After; a client
+that disconnects (streaming or not, queued or running) aborts its request, which frees its queue
+slot and memory. A request the engine fails (an isolated fault in its handoff or decode step) is
+a 500 with the error's message, or, once a stream has started, a final ``data: {"error": {...}}``
+event before ``[DONE]``. No request field reaches config loading or the filesystem: bodies are
+parsed into plain values and checked against fixed field sets.
+
+Slow and idle clients are bounded (``ServerConfig``): complete headers within
+``header_timeout_s`` of connecting or of the previous response (also the keep-alive idle
+timeout), the body within ``body_timeout_s`` (408), every write within ``write_timeout_s`` (the
+connection is dropped and its request aborted); at most ``max_connections`` connections, past it
+a 503 and close. Local-only by default: POST bodies must be ``application/json`` (415), and while
+bound to a loopback address the Host header must name one (403), against DNS rebinding and
+cross-site form posts. Serve the app with ``start_server`` / ``serve_forever``: they carry the
+timeouts, the cap and the disconnect handling that a plain ``web.AppRunner`` lacks.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import errno
+import ipaddress
 import json
 import logging
+import math
+import resource
+import signal
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -34,23 +52,104 @@ from systems.engine.tokenizer import WordTokenizer
 log = logging.getLogger("dhs.server")
 
 MAX_BODY_BYTES = 16 << 20
-# Fields SGLang clients (bench_serving) send that do not change our output; accepted, ignored.
-_GENERATE_IGNORED = {"return_logprob", "logprob_start_len", "top_logprobs_num", "lora_path",
-                     "return_text_in_logprobs", "modalities", "image_data", "custom_logit_processor",
-                     "return_routed_experts"}
-_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid"} | _GENERATE_IGNORED
+LINGER_S = 1.0
+
+
+@dataclass
+class ServerConfig:
+    """The server's own limits (``server.*`` in conf/server/default.yaml)."""
+    host: str = "127.0.0.1"  # the bind address; a loopback one turns the Host check on
+    header_timeout_s: float = 30.0  # connect (or previous response) -> complete headers
+    body_timeout_s: float = 30.0  # headers -> complete body
+    write_timeout_s: float = 60.0  # longest a single write may wait on a client not reading
+    max_connections: int = 1024  # open connections; past it a 503 and close
+    # Host header names accepted; None: loopback names when bound to loopback, any otherwise
+    allowed_hosts: list[str] | None = None
+
+    @classmethod
+    def from_cfg(cls, server: Any, host: str | None = None) -> ServerConfig:
+        """From a composed config's ``server`` section (keys this class does not have, such as
+        ``mode`` or ``port``, belong to the harness)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        data = {k: server[k] for k in (server or {}) if k in names}
+        if data.get("allowed_hosts") is not None:
+            data["allowed_hosts"] = [str(h) for h in data["allowed_hosts"]]
+        if host is not None:
+            data["host"] = host
+        return cls(**data)
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str:
+    """The host of a Host header, without its port: ``[::1]:80`` -> ``::1``."""
+    h = header.strip()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+# Fields SGLang clients (bench_serving) send. Each is validated; the ones that would change the
+# answer in a way this engine cannot (logprobs, LoRA, images, ...) are refused unless neutral.
+_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid", "return_logprob",
+                    "logprob_start_len", "top_logprobs_num", "lora_path",
+                    "return_text_in_logprobs", "modalities", "image_data",
+                    "custom_logit_processor", "return_routed_experts"}
 _SAMPLING_FIELDS = {"max_new_tokens", "temperature", "ignore_eos", "top_p", "top_k", "min_p",
                     "stop", "skip_special_tokens", "n", "spaces_between_special_tokens",
                     "no_stop_trim", "stop_token_ids"}
 _OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "stream", "ignore_eos",
                   "stream_options", "n", "top_p", "top_k", "logprobs", "echo", "stop", "user",
                   "seed", "best_of", "presence_penalty", "frequency_penalty"}
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
 
 
 class BadRequest(Exception):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class BodyTimeout(Exception):
+    """The body did not arrive within body_timeout_s (408, connection closed)."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(v: Any, field: str, lo: int | None, hi: int | None) -> int:
+    if not _is_int(v):
+        raise BadRequest(f"{field} must be an integer", field)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise BadRequest(f"{field}={v} outside [{'-inf' if lo is None else lo}, "
+                         f"{'inf' if hi is None else hi}]", field)
+    return v
+
+
+def _number(v: Any, field: str, lo: float, hi: float, lo_open: bool = False) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) \
+            or (isinstance(v, float) and not math.isfinite(v)) \
+            or not (lo < v if lo_open else lo <= v) or not v <= hi:  # ints compare exactly
+        raise BadRequest(f"{field} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}]",
+                         field)
+    return float(v)
+
+
+def _bool(v: Any, field: str) -> bool:
+    if not isinstance(v, bool):
+        raise BadRequest(f"{field} must be a boolean", field)
+    return v
 
 
 def _error(status: int, message: str, param: str | None = None,
@@ -74,19 +173,42 @@ def _error_event(req: Request) -> bytes:
     return b"data: " + json.dumps(out).encode() + b"\n\n"
 
 
+class _StopStrings:
+    """The engine's stop matcher for stop strings: called after every new output token, returns
+    the stop string the output text now contains. The word tokenizer decodes every token to at
+    least 3 characters (`` w0``), so the last ``len // 3 + 2`` tokens hold any occurrence that
+    ends in the newest one (earlier ones were seen at their own token)."""
+
+    def __init__(self, tok: WordTokenizer, stops: list[str]):
+        self.tok = tok
+        self.stops = stops
+        self.tail = max(len(x) for x in stops) // 3 + 2
+
+    def __call__(self, output_ids: list[int]) -> str | None:
+        text = self.tok.decode(output_ids[-self.tail:])
+        for x in self.stops:
+            if x in text:
+                return x
+        return None
+
+
 class Server:
     def __init__(self, engine: Engine, model_name: str = "dhs-bundled"):
         self.engine = engine
         self.model_name = model_name
         mcfg = engine.cfg.model
         self.tok = WordTokenizer(mcfg.vocab_size)
+        self.vocab_size = mcfg.vocab_size
         self.max_total = engine.backend.max_total_tokens
         self.started = time.time()
 
     # ------------------------------------------------------------------ validation
-    async def _json(self, request: web.Request) -> dict:
+    async def _json(self, request: web.Request, timeout_s: float) -> dict:
         try:
-            raw = await request.read()  # over MAX_BODY_BYTES (after any Content-Encoding): 413
+            async with asyncio.timeout(timeout_s):
+                raw = await request.read()  # over MAX_BODY_BYTES (after Content-Encoding): 413
+        except TimeoutError:
+            raise BodyTimeout(f"request body not received within {timeout_s:g} s") from None
         except web.RequestPayloadError as e:  # e.g. a body that does not match its encoding
             cause = e.__cause__ or e
             msg = getattr(cause, "message", None) or str(cause)
@@ -108,19 +230,19 @@ class Server:
         return body
 
     @staticmethod
-    def _check_fields(body: dict, allowed: set[str], where: str) -> None:
+    def _check_fields(body: dict, allowed: set[str], where: str, prefix: str = "") -> None:
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise BadRequest(f"unknown field(s) {unknown} in {where}; allowed: {sorted(allowed)}",
-                             unknown[0] or '""')
+                             prefix + (unknown[0] or '""'))
 
     def _too_long(self, field: str) -> BadRequest:
         return BadRequest(f"{field} has more than {self.max_total} tokens, the context of this "
                           "server", field)
 
-    def _prompt_ids(self, value: Any, field: str) -> list[int]:
+    def _prompt_ids(self, value: Any, field: str, text_ok: bool = True) -> list[int]:
         # the context bounds the prompt before any per-token work is done on it
-        if isinstance(value, str):
+        if isinstance(value, str) and text_ok:
             if len(value.split(None, self.max_total)) > self.max_total:
                 raise self._too_long(field)
             try:
@@ -129,68 +251,115 @@ class Server:
                 raise BadRequest(f"{field} is not valid Unicode (lone surrogate)", field) from None
         elif isinstance(value, list) and len(value) > self.max_total:
             raise self._too_long(field)
-        elif isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool)
-                                             for t in value):
+        elif isinstance(value, list) and all(_is_int(t) for t in value):
             ids = value
-            V = self.engine.cfg.model.vocab_size
+            V = self.vocab_size
             bad = [t for t in ids if not 0 <= t < V]
             if bad:
                 raise BadRequest(f"{field}: token id {bad[0]} outside [0, {V})", field)
-        else:
+        elif text_ok:
             raise BadRequest(f"{field} must be a string or a list of integer token ids", field)
+        else:
+            raise BadRequest(f"{field} must be a list of integer token ids", field)
         if not ids:
             raise BadRequest(f"{field} is empty", field)
         return ids
 
     def _check_lengths(self, ids: list[int], max_new: Any, field: str, mfield: str) -> int:
-        if not isinstance(max_new, int) or isinstance(max_new, bool):
-            raise BadRequest(f"{mfield} must be an integer", mfield)
         cap = self.engine.cfg.max_new_tokens_cap
-        if not 1 <= max_new <= cap:
-            raise BadRequest(f"{mfield}={max_new} outside [1, {cap}]", mfield)
+        max_new = _int(max_new, mfield, 1, cap)
         if len(ids) + max_new > self.max_total:
             raise BadRequest(f"{field} has {len(ids)} tokens; with {mfield}={max_new} it exceeds "
                              f"the context of {self.max_total} tokens", field)
         return max_new
 
-    @staticmethod
-    def _temperature(v: Any, field: str) -> float:
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 100:
-            raise BadRequest(f"{field} must be a number in [0, 100]", field)
-        return float(v)
+    def _sampling(self, get, prefix: str, temperature_default: float,
+                  ignore_eos_default: bool, ids: list[int], field: str, mfield: str,
+                  max_new_default: int, max_stops: int) -> SamplingParams:
+        """The sampling fields both APIs share, read with ``get(name, default)``; ``prefix``
+        names them in errors (``sampling_params.`` for /generate)."""
+        max_new = self._check_lengths(ids, get(mfield.removeprefix(prefix), max_new_default),
+                                      field, mfield)
+        temperature = _number(get("temperature", temperature_default), prefix + "temperature",
+                              0, 100)
+        top_p = _number(get("top_p", 1.0), prefix + "top_p", 0, 1, lo_open=True)
+        top_k = _int(get("top_k", -1), prefix + "top_k", -1, None)
+        if top_k == 0:
+            raise BadRequest(f"{prefix}top_k must be -1 (all tokens) or >= 1", prefix + "top_k")
+        min_p = _number(get("min_p", 0.0), prefix + "min_p", 0, 1)
+        # the sampler draws from the whole distribution: a filter that would change a draw is
+        # refused; greedy decoding (temperature 0) is the same under every filter
+        if temperature > 0:
+            for name, neutral in (("top_p", top_p == 1), ("min_p", min_p == 0),
+                                  ("top_k", top_k == -1 or top_k >= self.vocab_size)):
+                if not neutral:
+                    raise BadRequest(f"{prefix}{name} is not supported with temperature > 0 "
+                                     "(the sampler draws from the full distribution); use its "
+                                     "neutral value or temperature 0", prefix + name)
+        stops = get("stop", None)
+        if stops is not None:
+            stops = [stops] if isinstance(stops, str) else stops
+            if (not isinstance(stops, list) or not all(isinstance(x, str) for x in stops)
+                    or len(stops) > max_stops
+                    or not all(0 < len(x) <= MAX_STOP_CHARS for x in stops)):
+                raise BadRequest(f"{prefix}stop must be a string or a list of at most "
+                                 f"{max_stops} strings, each of 1 to {MAX_STOP_CHARS} characters",
+                                 prefix + "stop")
+            if any("\ud800" <= c <= "\udfff" for x in stops for c in x):
+                raise BadRequest(f"{prefix}stop is not valid Unicode (lone surrogate)",
+                                 prefix + "stop")
+        return SamplingParams(
+            max_new_tokens=max_new, temperature=temperature,
+            ignore_eos=_bool(get("ignore_eos", ignore_eos_default), prefix + "ignore_eos"),
+            stop=_StopStrings(self.tok, stops) if stops else None)
 
-    @staticmethod
-    def _bool(v: Any, field: str) -> bool:
-        if not isinstance(v, bool):
-            raise BadRequest(f"{field} must be a boolean", field)
-        return v
-
-    def _parse_generate(self, body: dict) -> tuple[list[int], SamplingParams, bool, str | None]:
+    def _parse_generate(self, body: dict) -> tuple:
         self._check_fields(body, _GENERATE_FIELDS, "the request")
         if ("text" in body) == ("input_ids" in body):
             raise BadRequest("exactly one of text / input_ids is required", "text")
         field = "text" if "text" in body else "input_ids"
-        ids = self._prompt_ids(body[field], field)
-        sp = body.get("sampling_params", {}) or {}
+        ids = self._prompt_ids(body[field], field, text_ok=field == "text")
+        sp = body.get("sampling_params", {})
+        if sp is None:
+            sp = {}
         if not isinstance(sp, dict):
             raise BadRequest("sampling_params must be an object", "sampling_params")
         self._check_fields(sp, _SAMPLING_FIELDS, "sampling_params")
-        if sp.get("n", 1) != 1:
-            raise BadRequest("sampling_params.n must be 1", "sampling_params.n")
-        max_new = self._check_lengths(ids, sp.get("max_new_tokens", 128), field,
-                                      "sampling_params.max_new_tokens")
-        params = SamplingParams(
-            max_new_tokens=max_new,
-            temperature=self._temperature(sp.get("temperature", 1.0),
-                                          "sampling_params.temperature"),
-            ignore_eos=self._bool(sp.get("ignore_eos", False), "sampling_params.ignore_eos"))
-        stream = self._bool(body.get("stream", False), "stream")
+        P = "sampling_params."
+        if _int(sp.get("n", 1), P + "n", None, None) != 1:
+            raise BadRequest("sampling_params.n must be 1", P + "n")
+        params = self._sampling(sp.get, P, 1.0, False, ids, field, P + "max_new_tokens", 128,
+                                MAX_STOP_STRINGS)
+        stop_ids = sp.get("stop_token_ids")
+        if stop_ids is not None:
+            if (not isinstance(stop_ids, list) or len(stop_ids) > MAX_STOP_TOKEN_IDS
+                    or not all(_is_int(t) and 0 <= t < self.vocab_size for t in stop_ids)):
+                raise BadRequest(f"sampling_params.stop_token_ids must be a list of at most "
+                                 f"{MAX_STOP_TOKEN_IDS} token ids in [0, {self.vocab_size})",
+                                 P + "stop_token_ids")
+            params.stop_token_ids = frozenset(stop_ids)
+        # the word tokenizer has no special-token text: these two cannot change the output
+        for f in ("skip_special_tokens", "spaces_between_special_tokens"):
+            _bool(sp.get(f, True), P + f)
+        no_stop_trim = _bool(sp.get("no_stop_trim", False), P + "no_stop_trim")
+        stream = _bool(body.get("stream", False), "stream")
         rid = body.get("rid")
         if rid is not None and (not isinstance(rid, str) or not 0 < len(rid) <= 128):
             raise BadRequest("rid must be a non-empty string of at most 128 characters", "rid")
-        return ids, params, stream, rid
+        # SGLang request fields this engine cannot honour: accepted only at their neutral value
+        if _bool(body.get("return_logprob", False), "return_logprob"):
+            raise BadRequest("return_logprob is not supported", "return_logprob")
+        _int(body.get("logprob_start_len", -1), "logprob_start_len", -1, None)
+        _int(body.get("top_logprobs_num", 0), "top_logprobs_num", 0, None)
+        _bool(body.get("return_text_in_logprobs", False), "return_text_in_logprobs")
+        if _bool(body.get("return_routed_experts", False), "return_routed_experts"):
+            raise BadRequest("return_routed_experts is not supported", "return_routed_experts")
+        for f in ("lora_path", "modalities", "image_data", "custom_logit_processor"):
+            if body.get(f) not in (None, "", [], {}):
+                raise BadRequest(f"{f} is not supported", f)
+        return ids, params, stream, rid, no_stop_trim
 
-    def _parse_openai(self, body: dict) -> tuple[list[int], SamplingParams, bool, bool]:
+    def _parse_openai(self, body: dict) -> tuple:
         self._check_fields(body, _OPENAI_FIELDS, "the request")
         if "prompt" not in body:
             raise BadRequest("prompt is required", "prompt")
@@ -198,23 +367,34 @@ class Server:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one
         ids = self._prompt_ids(prompt, "prompt")
-        for f, ok in (("n", 1), ("best_of", 1)):
-            if body.get(f, ok) not in (ok, None):
+        for f in ("model", "user"):
+            if body.get(f) is not None and not isinstance(body[f], str):
+                raise BadRequest(f"{f} must be a string", f)
+        for f in ("n", "best_of"):
+            if body.get(f) is not None and _int(body[f], f, None, None) != 1:
                 raise BadRequest(f"{f} must be 1", f)
-        if body.get("echo"):
+        if _bool(body.get("echo", False), "echo"):
             raise BadRequest("echo is not supported", "echo")
-        if body.get("logprobs") not in (None, 0, False):
+        if body.get("logprobs") is not None and _int(body["logprobs"], "logprobs", 0, 5):
             raise BadRequest("logprobs is not supported", "logprobs")
-        max_new = self._check_lengths(ids, body.get("max_tokens", 16), "prompt", "max_tokens")
-        params = SamplingParams(
-            max_new_tokens=max_new,
-            temperature=self._temperature(body.get("temperature", 1.0), "temperature"),
-            ignore_eos=self._bool(body.get("ignore_eos", False), "ignore_eos"))
-        stream = self._bool(body.get("stream", False), "stream")
-        so = body.get("stream_options") or {}
+        if body.get("seed") is not None:
+            _int(body["seed"], "seed", None, None)
+            raise BadRequest("seed is not supported: sampling draws from the engine's shared "
+                             "generator, so a seed cannot make one request reproducible; use "
+                             "temperature 0 for reproducible output", "seed")
+        for f in ("presence_penalty", "frequency_penalty"):
+            if body.get(f) is not None and _number(body[f], f, -2, 2) != 0:
+                raise BadRequest(f"{f} is not supported (only 0)", f)
+        params = self._sampling(body.get, "", 1.0, False, ids, "prompt", "max_tokens", 16, 4)
+        stream = _bool(body.get("stream", False), "stream")
+        so = body.get("stream_options")
+        if so is None:
+            so = {}
         if not isinstance(so, dict):
             raise BadRequest("stream_options must be an object", "stream_options")
-        return ids, params, stream, bool(so.get("include_usage", True))
+        self._check_fields(so, {"include_usage"}, "stream_options", "stream_options.")
+        include_usage = _bool(so.get("include_usage", True), "stream_options.include_usage")
+        return ids, params, stream, include_usage, False
 
     # ------------------------------------------------------------------ engine bridge
     def _submit(self, ids: list[int], params: SamplingParams, rid: str | None):
@@ -231,11 +411,16 @@ class Server:
         return req, q
 
     async def _run(self, request: web.Request, parse, respond_stream, respond_full):
+        cfg: ServerConfig = request.app[CONFIG]
         try:
-            body = await self._json(request)
+            body = await self._json(request, cfg.body_timeout_s)
             parsed = parse(body)
         except BadRequest as e:
             return _error(400, str(e), e.param)
+        except BodyTimeout as e:
+            resp = _error(408, str(e), "body", "request_timeout")
+            resp.force_close()
+            return resp
         ids, params, stream = parsed[0], parsed[1], parsed[2]
         try:
             req, q = self._submit(ids, params, parsed[3] if parse == self._parse_generate else None)
@@ -247,19 +432,22 @@ class Server:
             return _error(503, str(e), None, "engine_error")
         finished = False
         try:
+            # A disconnect cancels this handler (the runner's handler_cancellation) wherever it
+            # waits, queued or running, streaming or not: the finally below aborts the request.
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
                 try:
-                    await resp.prepare(request)
+                    await _bounded_write(request, cfg, resp.prepare(request))
                     while not finished:
                         new_ids, finished = await q.get()
                         if finished and _failed(req):
-                            await resp.write(_error_event(req))
+                            data = _error_event(req)
                         else:
-                            await resp.write(respond_stream(req, new_ids, finished, parsed))
-                    await resp.write(b"data: [DONE]\n\n")
-                    await resp.write_eof()
+                            data = respond_stream(req, new_ids, finished, parsed)
+                        await _bounded_write(request, cfg, resp.write(data))
+                    await _bounded_write(request, cfg, resp.write(b"data: [DONE]\n\n"))
+                    await _bounded_write(request, cfg, resp.write_eof())
                 except ConnectionResetError:  # the client left: abort below, nothing to log
                     pass
                 return resp
@@ -271,7 +459,16 @@ class Server:
             return web.json_response(respond_full(req, parsed))
         finally:
             if not finished:  # client went away (or we were cancelled): free its memory now
-                self.engine.abort(req.rid)
+                self.engine.abort(req)
+
+    def _text(self, req: Request, parsed) -> str:
+        """The output text; a matched stop string and what follows it are cut unless
+        ``no_stop_trim`` (SGLang; OpenAI never returns the stop sequence)."""
+        text = self.tok.decode(req.output_ids)
+        matched = (req.finish_reason or {}).get("matched")
+        if isinstance(matched, str) and not parsed[4]:
+            text = text[:text.find(matched)]
+        return text
 
     # ------------------------------------------------------------------ /generate
     def _meta(self, req: Request, finished: bool) -> dict:
@@ -283,12 +480,13 @@ class Server:
         return meta
 
     def _generate_chunk(self, req, new_ids, finished, parsed) -> bytes:
-        out = {"text": self.tok.decode(req.output_ids), "output_ids": new_ids,
+        text = self._text(req, parsed) if finished else self.tok.decode(req.output_ids)
+        out = {"text": text, "output_ids": new_ids,
                "meta_info": self._meta(req, finished)}
         return b"data: " + json.dumps(out).encode() + b"\n\n"
 
     def _generate_full(self, req, parsed) -> dict:
-        return {"text": self.tok.decode(req.output_ids), "output_ids": req.output_ids,
+        return {"text": self._text(req, parsed), "output_ids": req.output_ids,
                 "meta_info": self._meta(req, True)}
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -310,9 +508,14 @@ class Server:
 
     def _openai_chunk(self, req, new_ids, finished, parsed) -> bytes:
         include_usage = parsed[3]
+        text = self.tok.decode(new_ids)
+        if finished and isinstance(req.finish_reason.get("matched"), str):
+            # the last chunk ends where the stop string starts; text already sent stays sent
+            sent = len(self.tok.decode(req.output_ids[:len(req.output_ids) - len(new_ids)]))
+            text = self._text(req, parsed)[sent:]
         out = {"id": req.rid, "object": "text_completion", "created": int(req.arrival_ts),
                "model": self.model_name,
-               "choices": [{"index": 0, "text": self.tok.decode(new_ids),
+               "choices": [{"index": 0, "text": text,
                             "num_tokens": len(new_ids),
                             "finish_reason": self._finish(req) if finished else None}],
                "usage": None}
@@ -324,7 +527,7 @@ class Server:
     def _openai_full(self, req, parsed) -> dict:
         return {"id": req.rid, "object": "text_completion", "created": int(req.arrival_ts),
                 "model": self.model_name,
-                "choices": [{"index": 0, "text": self.tok.decode(req.output_ids),
+                "choices": [{"index": 0, "text": self._text(req, parsed),
                              "finish_reason": self._finish(req), "logprobs": None}],
                 "usage": self._usage(req), "timing": req.timing()}
 
@@ -334,12 +537,14 @@ class Server:
 
     # ------------------------------------------------------------------ observability
     async def metrics(self, request: web.Request) -> web.Response:
-        lines = []
+        # the text format wants one TYPE line per metric family, its samples right below it
+        families: dict[str, list[str]] = {}
         for name, value in self.engine.metrics().items():
-            base = name.split("{", 1)[0]
-            kind = "counter" if base.endswith("_total") else "gauge"
-            lines.append(f"# TYPE {base} {kind}")
-            lines.append(f"{name} {float(value):.6g}")
+            families.setdefault(name.split("{", 1)[0], []).append(f"{name} {_sample(value)}")
+        lines = []
+        for base, samples in families.items():
+            lines.append(f"# TYPE {base} {'counter' if base.endswith('_total') else 'gauge'}")
+            lines.extend(samples)
         return web.Response(text="\n".join(lines) + "\n",
                             content_type="text/plain", charset="utf-8")
 
@@ -350,8 +555,90 @@ class Server:
         return web.json_response({"status": "ok", "uptime_s": time.time() - self.started})
 
     async def models(self, request: web.Request) -> web.Response:
+        # max_model_len as vLLM names it; the load generator reads it and vocab_size to fit its
+        # random prompts to this server when it is not told their length and id range
         return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "owned_by": "dhs"}]})
+            {"id": self.model_name, "object": "model", "owned_by": "dhs",
+             "max_model_len": self.max_total, "vocab_size": self.engine.cfg.model.vocab_size,
+             "max_new_tokens_cap": self.engine.cfg.max_new_tokens_cap}]})
+
+
+def _sample(value: float) -> str:
+    v = float(value)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(v)  # exact: a counter past 1e6 keeps its last digits
+
+
+def _refuse(status: int, message: str, param: str | None, etype: str) -> web.Response:
+    """A refusal before the body is read: the connection closes instead of draining it."""
+    resp = _error(status, message, param, etype)
+    resp.force_close()
+    return resp
+
+
+def _precheck(request: web.Request) -> web.Response | None:
+    """What is refused before a body is read: a Host that is not allowed, a declared body over
+    the cap, a body that is not JSON. Also answers ``Expect: 100-continue`` (no 100 for them)."""
+    cfg: ServerConfig = request.app[CONFIG]
+    allowed = request.app[ALLOWED_HOSTS]
+    if allowed is not None:
+        host = _host_name(request.headers.get("Host", ""))
+        if not (_is_loopback(host) if allowed == LOOPBACK else host.lower() in allowed):
+            return _refuse(403, f"Host {host!r} is not allowed: the server is bound to "
+                           f"{cfg.host}; bind elsewhere (--host) or set server.allowed_hosts to "
+                           "serve other names", "Host", "forbidden_host")
+    if request.method == "POST":
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            return _refuse(413, f"request body exceeds {MAX_BODY_BYTES} bytes", "body",
+                           "invalid_request_error")
+        mime = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        if mime != "application/json":
+            # a browser may post text/plain or a form to any address without a CORS preflight
+            return _refuse(415, f"Content-Type must be application/json, got {mime!r}",
+                           "Content-Type", "unsupported_media_type")
+    return None
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue``: refuse at once instead of inviting a body we would refuse."""
+    refusal = _precheck(request)
+    if refusal is not None:
+        return refusal
+    expect = request.headers.get("Expect", "").lower()
+    if expect != "100-continue":
+        return _refuse(417, f"unknown Expect: {expect!r}", "Expect", "invalid_request_error")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # as aiohttp's own handler: the 100 is not the response
+    return None
+
+
+async def _bounded_write(request: web.Request, cfg: ServerConfig, write) -> None:
+    """One write (or prepare / write_eof) that may wait on the client at most write_timeout_s;
+    past it the connection is dropped (ConnectionResetError), which aborts the request."""
+    try:
+        async with asyncio.timeout(cfg.write_timeout_s):
+            await write
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError(f"client did not read for {cfg.write_timeout_s:g} s") from None
+
+
+@web.middleware
+async def _guard(request: web.Request, handler):
+    """Outermost: refusals before the body, and the write timeout for whole responses."""
+    refusal = _precheck(request)
+    if refusal is not None:
+        return refusal
+    resp = await handler(request)
+    if not resp.prepared:
+        cfg: ServerConfig = request.app[CONFIG]
+        await _bounded_write(request, cfg, resp.prepare(request))
+        await _bounded_write(request, cfg, resp.write_eof())
+    return resp
 
 
 @web.middleware
@@ -371,37 +658,230 @@ async def _errors(request: web.Request, handler):
         return _error(500, f"internal error: {type(e).__name__}: {e}", None, "internal_error")
 
 
-def build_app(engine: Engine, model_name: str = "dhs-bundled") -> web.Application:
+CONFIG = web.AppKey("server_config", ServerConfig)
+ALLOWED_HOSTS = web.AppKey("allowed_hosts", object)  # a set of names, LOOPBACK, or None: any
+LOOPBACK = "loopback names and addresses"
+
+
+def build_app(engine: Engine, model_name: str = "dhs-bundled",
+              config: ServerConfig | None = None) -> web.Application:
+    cfg = config or ServerConfig()
     srv = Server(engine, model_name)
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
-    app.router.add_post("/generate", srv.generate)
-    app.router.add_post("/v1/completions", srv.completions)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_guard, _errors])
+    app[CONFIG] = cfg
+    if cfg.allowed_hosts is not None:
+        app[ALLOWED_HOSTS] = {_host_name(h).lower() for h in cfg.allowed_hosts}
+    else:  # bound to loopback: loopback names only; bound elsewhere on purpose: any name
+        app[ALLOWED_HOSTS] = LOOPBACK if _is_loopback(cfg.host) else None
+    app.router.add_post("/generate", srv.generate, expect_handler=_expect)
+    app.router.add_post("/v1/completions", srv.completions, expect_handler=_expect)
     app.router.add_get("/metrics", srv.metrics)
     app.router.add_get("/health", srv.health)
     app.router.add_get("/v1/models", srv.models)
     return app
 
 
+# ---------------------------------------------------------------------- serving
+class _Refusal(asyncio.Protocol):
+    """A connection over the cap: a 503 with Retry-After, then close. The client's request is
+    read and dropped until it half-closes or for a second, so the close does not reset the
+    connection before the client has read the answer."""
+
+    def __init__(self, cap: int):
+        body = json.dumps({"error": {
+            "message": f"too many connections (server.max_connections={cap})",
+            "type": "server_overloaded", "param": None}}).encode()
+        self.response = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
+                         b"\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        transport.write(self.response)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(1.0, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # close
+
+    def connection_lost(self, exc) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class _CappedSite(web.TCPSite):
+    """A TCP site whose protocol factory refuses connections past ``max_connections``."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, cap: int):
+        super().__init__(runner, host, port, backlog=1024)
+        self.cap = cap
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+
+        def factory():
+            if len(server.connections) >= self.cap:
+                return _Refusal(self.cap)
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            factory, self._host, self._port, backlog=self._backlog, reuse_address=True)
+        self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+class _AcceptErrors:
+    """Event-loop exception handler: out of file descriptors, every failed ``accept()`` is an
+    error with a traceback (a flood of them filled a log by 142 MB in a minute). One line per
+    ``interval_s`` with a count instead; every other error goes to the default handler."""
+
+    RESOURCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+    def __init__(self, interval_s: float = 10.0):
+        self.interval_s = interval_s
+        self.last = -math.inf
+        self.suppressed = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        exc = context.get("exception")
+        if not ("accept" in str(context.get("message", ""))
+                or (isinstance(exc, OSError) and exc.errno in self.RESOURCE)):
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self.last < self.interval_s:
+            self.suppressed += 1
+            return
+        log.error("%s: %r (%d more like it in the last %.0f s)", context.get("message"), exc,
+                  self.suppressed, now - self.last if self.suppressed else 0)
+        self.last = now
+        self.suppressed = 0
+
+
+def _fd_cap(cap: int) -> int:
+    """The connection cap must leave file descriptors for the engine, logs and the listener:
+    raise the soft limit if it is too low for the cap, else lower the cap."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = cap + 256
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+        if soft < need:
+            log.warning("max_connections %d lowered to %d: file-descriptor limit %d", cap,
+                        max(1, soft - 256), soft)
+            return max(1, soft - 256)
+    return cap
+
+
+class Serving:
+    """The app on a listening socket of the running loop, with its limits."""
+
+    def __init__(self, runner: web.AppRunner, site: _CappedSite):
+        self.runner = runner
+        self.site = site
+
+    @property
+    def port(self) -> int:
+        return self.site.port
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_server(app: web.Application, port: int = 0,
+                       host: str | None = None) -> Serving:
+    """Serve ``app`` (from ``build_app``) on ``host`` (default: the config's) and ``port``
+    (0: a free one) with the config's header timeout and connection cap. A lost connection
+    cancels its handler (handler_cancellation), which is how a disconnect aborts a request
+    that is not streaming or still queued."""
+    cfg: ServerConfig = app[CONFIG]
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop.get_exception_handler(), _AcceptErrors):
+        loop.set_exception_handler(_AcceptErrors())
+    # lingering_time: the unread body of a refused request (403 / 408 / 413 / 415) is read and
+    # dropped for at most this long before the close, so that the client, still sending, is not
+    # reset before it reads the answer (aiohttp's default of 10 s would hold a slow client on)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                           handler_cancellation=True, keepalive_timeout=cfg.header_timeout_s,
+                           lingering_time=LINGER_S, shutdown_timeout=10.0)
+    await runner.setup()
+    site = _CappedSite(runner, host or cfg.host, port, _fd_cap(cfg.max_connections))
+    await site.start()
+    return Serving(runner, site)
+
+
+def serve_forever(app: web.Application, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    async def run():
+        serving = await start_server(app, port, host)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("serving on http://%s:%d", host, serving.port)
+        try:
+            await stop.wait()
+        finally:
+            await serving.close()
+
+    asyncio.run(run())
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: SIGTERM this process when the process that started it dies, even by SIGKILL
+    (PR_SET_PDEATHSIG); a parent already gone means exit now. Elsewhere a no-op."""
+    import ctypes
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return
+    if os.getppid() != parent_pid:  # it died before the prctl
+        sys.exit(f"parent {parent_pid} is gone")
+
+
 def main(argv: list[str] | None = None) -> None:
-    from systems.engine.config import compose_engine_config
+    from omegaconf import OmegaConf
+
+    from systems.engine.config import compose, resolve_engine_config
 
     ap = argparse.ArgumentParser(description="Serve the bundled engine over HTTP.")
     ap.add_argument("--host", default="127.0.0.1",
                     help="bind address (default 127.0.0.1; use 0.0.0.0 only on trusted networks)")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--config", help="a resolved config YAML written by the runner")
+    ap.add_argument("--parent-pid", type=int,
+                    help="exit when this process (the runner that started us) dies")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. system=hisparse model=tiny")
     args = ap.parse_args(argv)
+    if args.parent_pid:
+        _die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    ecfg = compose_engine_config(args.overrides, config_path=args.config)
+    cfg = OmegaConf.load(args.config) if args.config else compose(args.overrides)
+    if args.config and args.overrides:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(args.overrides))
+    ecfg = resolve_engine_config(cfg)
+    scfg = ServerConfig.from_cfg(cfg.get("server"), host=args.host)
     engine = Engine(ecfg)
     engine.start()
     log.info("engine up: backend=%s model=%s device=%s; start-up %s", ecfg.kv.backend,
              ecfg.model.name, ecfg.device,
              ", ".join(f"{k} {v:.1f} s" for k, v in engine.startup_s.items()))
     try:
-        web.run_app(build_app(engine), host=args.host, port=args.port, print=None,
-                    access_log=None)
+        serve_forever(build_app(engine, config=scfg), args.host, args.port)
     finally:
         engine.stop()
 

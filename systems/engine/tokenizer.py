@@ -16,13 +16,16 @@ class WordTokenizer:
     def __init__(self, vocab_size: int, num_special: int = 2):
         self.vocab_size = vocab_size
         self.num_special = num_special
+        self._max_digits = len(str(vocab_size - 1))
 
     def encode(self, text: str) -> list[int]:
         ids = []
         for word in text.split():
             m = _WORD.match(word)
-            if m and int(m.group(1)) < self.vocab_size:
-                ids.append(int(m.group(1)))
+            # digits are measured before int(): Python refuses to convert over 4,300 of them
+            digits = m.group(1).lstrip("0") or "0" if m else ""
+            if m and len(digits) <= self._max_digits and int(digits) < self.vocab_size:
+                ids.append(int(digits))
             else:
                 span = self.vocab_size - self.num_special
                 ids.append(self.num_special + zlib.crc32(word.encode()) % span)

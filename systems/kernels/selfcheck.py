@@ -2,11 +2,12 @@
 
 ``model.attention_impl: auto`` picks the Triton kernels (fused sparse attention, indexer scores)
 on a GPU; for attention the all-heads tensor-core kernel (``triton_mma``), which the H200
-measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (docs/design.md). Before the
-first use in a process, both kernels run on a small random case and are
-compared with their PyTorch references; if either raises or disagrees, ``auto`` falls back to the
-references for the whole process with a warning naming why, so a kernel that misbehaves on some
-GPU or Triton build costs speed, never tokens. ``triton`` or ``reference`` skip the check.
+measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (docs/design.md).
+Before the first use in a process, the kernels (attention, indexer scores, top-k) run on a small
+random case and are compared with their PyTorch references; if any raises or disagrees,
+``auto`` falls back to the references for the whole process with a warning naming why, so a
+kernel that misbehaves on some GPU or Triton build costs speed, never tokens. ``triton`` or
+``reference`` skip the check.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def check_kernels(device: torch.device) -> tuple[bool, str]:
 def _run(device: torch.device) -> tuple[bool, str]:
     from systems.kernels.index_scores import index_scores
     from systems.kernels.sparse_attention import sparse_attention
+    from systems.kernels.topk import topk_positions
     from systems.models.config import ModelConfig
     from systems.models.kv_format import encode_rows
 
@@ -69,6 +71,12 @@ def _run(device: torch.device) -> tuple[bool, str]:
     b = index_scores(iq, pool, table, slots, 50, 16, impl="reference")
     if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
         return False, f"index scores differ by {(a - b).abs().max().item():.3g}"
+    # the top-k must agree bit for bit: ties (a few distinct scores) broken by position
+    scores = torch.randint(0, 4, (2, 3, 50), generator=g).float().to(device)
+    positions = torch.tensor([[49, 20, 0], [60, 33, 7]], device=device)
+    a = topk_positions(scores, positions, 12, impl="triton")
+    if not torch.equal(a, topk_positions(scores, positions, 12, impl="reference")):
+        return False, "top-k positions differ from the reference"
     return True, "ok"
 
 

@@ -33,6 +33,7 @@ import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
 from systems.engine.cuda_graph import allow_host_sync
+from systems.kernels.backup import backup_rows
 from systems.kernels.resolver import (
     COUNTER_DIRECT,
     COUNTER_HOST_COPIES,
@@ -182,6 +183,8 @@ class HiSparseBackend(KVBackend):
         self.calls_dev = torch.zeros((), dtype=torch.int64, device=dev)
         self.backup_rows = 0
         self.resolver_impl = opt.resolver_impl
+        # commit's tail backups: the kernel writes the pinned store through UVA on a GPU
+        self.backup_impl = "triton" if dev.type == "cuda" else "reference"
         self.verify = opt.verify_rows
         self._shadow: dict[int, torch.Tensor] = {}
         self.prefetch = opt.prefetch_followers
@@ -319,10 +322,6 @@ class HiSparseBackend(KVBackend):
         self.tail_start[slot] = n
         self.tail_start_dev[slot] = n
 
-    def _tail_locs(self, slot: int, positions: torch.Tensor) -> torch.Tensor:
-        page = self._slot_pages[slot][0]
-        return page * self.G + self.B + positions % self.T
-
     # ------------------------------------------------------------------ step
     def _prepare_step(self):
         with nvtx_range(BOOKKEEPING):
@@ -454,15 +453,35 @@ class HiSparseBackend(KVBackend):
             selections.record_stream(self._side)
 
     def commit(self, slots, lengths):
-        """Committed rows are immutable: back up what the tail cannot keep for the next block."""
+        """Committed rows are immutable: back up what the tail cannot keep for the next block,
+        for every request of the batch in one kernel launch (systems/kernels/backup.py)."""
+        G, B, T = self.G, self.B, self.T
+        dev_rows: list[int] = []
+        host_rows: list[int] = []
+        moved: dict[int, int] = {}  # slot -> new tail_start
         for s, n in zip(slots, lengths):
             self.slot_len[s] = n
             t0 = self.tail_start[s]
-            if n - t0 + self.q_max > self.T:
-                pos = torch.arange(t0, n, device=self.device)
-                rows = self.kv_pool[:, self._tail_locs(s, pos)]
-                self._backup(s, t0, n, rows)
-                self._set_tail_start(s, n)
+            if n - t0 + self.q_max > T:
+                page = self._slot_pages[s][0]
+                for a, b, h in self._host_segments(s, t0, n):
+                    dev_rows.extend(page * G + B + p % T for p in range(a, b))
+                    host_rows.extend(range(h, h + b - a))
+                self.backup_rows += n - t0
+                self.tail_start[s] = n
+                moved[s] = n
+        if not moved:
+            return
+        with nvtx_range(BACKUP):
+            # one pinned host->device copy of the row lists and of the new tail starts
+            meta = torch.tensor([*dev_rows, *host_rows, *moved, *moved.values()],
+                                dtype=torch.int64)
+            if self.device.type == "cuda":
+                meta = meta.pin_memory().to(self.device, non_blocking=True)
+            N, M = len(dev_rows), len(moved)
+            backup_rows(self.kv_pool, self.host_pool, meta[:N], meta[N:2 * N],
+                        self.backup_impl)
+            self.tail_start_dev[meta[2 * N:2 * N + M]] = meta[2 * N + M:].to(torch.int32)
 
     def finish_forward(self) -> None:
         # Join the prefetch stream (inside a capture too), but only after this step forked it:

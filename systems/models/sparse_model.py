@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
 from systems.kernels.selfcheck import resolve_impl
 from systems.kernels.sparse_attention import sparse_attention
+from systems.kernels.topk import topk_positions
 from systems.models.config import LayerSpec, ModelConfig
 from systems.models.kv_format import decode_rows, encode_rows
 
@@ -64,6 +65,8 @@ class SparseModel(torch.nn.Module):
         # tokens are the reference's; backends agree bit for bit under either;
         # and fall back to the reference if the kernels fail a self-check on this GPU)
         self.attention_impl = resolve_impl(cfg.attention_impl, self.device)
+        # the indexer's top-k follows: the radix-select kernel wherever the kernels run
+        self.topk_impl = "triton" if self.attention_impl.startswith("triton") else "reference"
         g = torch.Generator().manual_seed(cfg.seed)  # CPU generator: same weights on every device
 
         def w(*shape, fan_in=None):
@@ -114,22 +117,11 @@ class SparseModel(torch.nn.Module):
         """scores (B,Qc,L) float32, positions (B,Qc) -> top-k positions (B,Qc,k).
 
         Query at position t sees positions 0..t; it always selects itself (the current row,
-        like the local branch of DSA). Ties between equal scores follow torch.topk; with
-        continuous random weights they have probability zero. Entries beyond the visible
-        history are -1.
+        like the local branch of DSA). Equal scores (repeated tokens) rank by position, so the
+        selection never depends on the batch (systems/kernels/topk.py). Entries beyond the
+        visible history are -1.
         """
-        cfg = self.cfg
-        L = scores.shape[-1]
-        ar = torch.arange(L, device=scores.device)
-        pos = positions.unsqueeze(-1)
-        scores = scores.masked_fill(ar > pos, float("-inf"))
-        scores = scores.masked_fill(ar == pos, float("inf"))
-        kk = min(cfg.index_topk, L)
-        vals, idx = scores.topk(kk, dim=-1)
-        idx = torch.where(vals == float("-inf"), -1, idx).to(torch.int32)
-        if kk < cfg.index_topk:
-            idx = F.pad(idx, (0, cfg.index_topk - kk), value=-1)
-        return idx
+        return topk_positions(scores, positions, self.cfg.index_topk, impl=self.topk_impl)
 
     def attend(self, q: torch.Tensor, rows: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
         """q (B,Qc,H,d), rows (B,Qc,k,d), sel (B,Qc,k) -> (B,Qc,H,d)."""

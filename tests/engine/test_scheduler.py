@@ -107,8 +107,8 @@ def test_abort_frees_pages_running_and_waiting():
     eng.step()
     eng.step()
     assert a.slot in eng.scheduler.running and b in eng.scheduler.waiting
-    eng.abort(a.rid)
-    eng.abort(b.rid)
+    eng.abort(a)
+    eng.abort(b)
     eng.step()
     assert a.finish_reason == {"type": "abort"} and b.finish_reason == {"type": "abort"}
     eng.backend.check_integrity()

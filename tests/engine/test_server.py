@@ -5,9 +5,8 @@ import time
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from systems.engine.server import build_app
+from systems.engine.server import build_app, start_server
 from tests.helpers import golden_prompts, make_engine, read_sse
 
 
@@ -15,9 +14,8 @@ from tests.helpers import golden_prompts, make_engine, read_sse
 async def server():
     eng = make_engine("hardware.kv_pool_gib=0.01", "engine.max_new_tokens_cap=256")
     eng.start()
-    srv = TestServer(build_app(eng), host="127.0.0.1")
-    await srv.start_server()
-    async with aiohttp.ClientSession(base_url=str(srv.make_url(""))) as s:
+    srv = await start_server(build_app(eng))
+    async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{srv.port}") as s:
         yield s, eng
     await srv.close()
     eng.stop()

@@ -111,7 +111,7 @@ def test_dry_run_lists_each_point_finished_or_pending(tmp_path, capsys):
     res = tmp_path / "results"
     assert reproduce_main(["--only", "fig7", "--smoke", "--dry-run", "--results", str(res)]) == 0
     out = capsys.readouterr().out
-    rids = re.findall(r"(adaptive_dhisparse-tiny-c\d+-[0-9a-f]{8}): pending", out)
+    rids = re.findall(r"(adaptive_dhisparse-tiny-c\d+-B\d+-K\d+-[0-9a-f]{8}): pending", out)
     assert len(rids) == 3 and "finished" not in out  # three blocks, one smoke load each
     done = res / "fig7" / rids[0]
     done.mkdir(parents=True)

@@ -119,7 +119,7 @@ def test_population_refills_after_load_falls():
     assert all(r.finish_reason for r in fillers)
     assert be.stats_adaptive["populated_pages_total"] > 0
     assert be.res[a.slot].num_complete and be.coverage() > low
-    eng.abort(a.rid)
+    eng.abort(a)
     eng.step()
     be.check_integrity()
     assert be.is_empty
@@ -140,7 +140,7 @@ def test_random_operation_sequences_keep_the_invariants(ops):
             eng.submit(r)
             live.append(r)
         elif op == "abort" and live:
-            eng.abort(live[i % len(live)].rid)
+            eng.abort(live[i % len(live)])
         eng.step()
         be.check_integrity()
         used = set(be.payload_pages._used)

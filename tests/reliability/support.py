@@ -8,11 +8,9 @@ import contextlib
 import threading
 
 import aiohttp
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from systems.engine.engine import Engine
-from systems.engine.server import build_app
+from systems.engine.server import ServerConfig, build_app, start_server
 from systems.kv.base import PagePool
 from tests.helpers import golden_prompts, make_engine, read_sse  # noqa: F401 (re-exported)
 
@@ -71,14 +69,16 @@ def assert_drained(eng: Engine) -> None:
 
 
 @contextlib.asynccontextmanager
-async def served(*overrides: str, engine: Engine | None = None):
-    """An engine on its own thread behind the real app, on a loopback port of this loop.
-    Yields (session, engine, base_url). The session has no connection limit."""
+async def served(*overrides: str, engine: Engine | None = None,
+                 config: ServerConfig | None = None):
+    """An engine on its own thread behind the real app, served as ``python -m
+    systems.engine.server`` serves it (timeouts, connection cap, disconnect handling), on a
+    loopback port of this loop. Yields (session, engine, base_url). The session has no
+    connection limit."""
     eng = engine or make_engine(*overrides)
     eng.start()
-    srv = TestServer(build_app(eng), host="127.0.0.1")
-    await srv.start_server()
-    base = str(srv.make_url("")).rstrip("/")
+    srv = await start_server(build_app(eng, config=config))
+    base = f"http://127.0.0.1:{srv.port}"
     conn = aiohttp.TCPConnector(limit=0)
     try:
         async with aiohttp.ClientSession(base_url=base, connector=conn) as s:
@@ -91,8 +91,9 @@ async def served(*overrides: str, engine: Engine | None = None):
 class ThreadedServer:
     """The app on a background event loop (for synchronous clients: http.client, subprocesses)."""
 
-    def __init__(self, eng: Engine):
+    def __init__(self, eng: Engine, config: ServerConfig | None = None):
         self.engine = eng
+        self.config = config
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reliability-server", daemon=True)
@@ -102,11 +103,8 @@ class ThreadedServer:
         asyncio.set_event_loop(self.loop)
 
         async def start():
-            self.runner = web.AppRunner(build_app(self.engine), access_log=None)
-            await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]
+            self.serving = await start_server(build_app(self.engine, config=self.config))
+            self.port = self.serving.port
             self._ready.set()
 
         self.loop.run_until_complete(start())
@@ -123,7 +121,7 @@ class ThreadedServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        asyncio.run_coroutine_threadsafe(self.serving.close(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
         self.engine.stop()

@@ -84,7 +84,7 @@ def test_reclaim_that_cannot_cover_the_deficit_waits_not_fails():
     # 16 slots over 4 hot caches: the slot count is kept (not capped at the pool's sessions),
     # so admissions wait for pages and long prompts' optional history must be reclaimed
     base = ("system=adaptive_hisparse", "system.kv.admission_reserve_pages=0",
-            "hardware.max_running_requests=16", "+system.kv.cap_slots_to_pool=false")
+            "hardware.max_running_requests=16", "system.kv.cap_slots_to_pool=false")
     probe = make_engine(*base).backend
     hot_pages = 4  # room for 4 hot/tail pages: long prompts' optional history must be reclaimed
     pool = (probe.index_pages.num_pages * probe.index_page_bytes

@@ -64,24 +64,33 @@ temperature = st.one_of(st.floats(-1, 3), st.integers(-1, 200), anything)
 extra_keys = st.dictionaries(st.sampled_from(["_target_", "hydra", "config", "path", "", "x",
                                               "__class__", "model_path"]), anything, max_size=2)
 
+stop = st.one_of(st.sampled_from(["w1", " w7", "w", "", "\ud800"]),
+                 st.lists(st.sampled_from(["w1", "w5", " w", "x"]), max_size=5), anything)
 sampling = st.one_of(st.fixed_dictionaries({}, optional={
     "max_new_tokens": small_int, "temperature": temperature, "ignore_eos": anything,
-    "n": st.one_of(st.just(1), anything), "stop": anything, "top_p": anything,
-    "_target_": st.just("os.system")}), anything)
+    "n": st.one_of(st.just(1), anything), "stop": stop, "top_p": anything, "top_k": anything,
+    "min_p": anything, "stop_token_ids": st.one_of(ids, anything), "no_stop_trim": anything,
+    "skip_special_tokens": anything, "_target_": st.just("os.system")}), anything)
 
 valid_ids = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10)
 valid_text = st.lists(st.sampled_from(["w1", "w7", "hello", "\u00e9", "/etc/passwd"]), min_size=1,
                       max_size=6).map(" ".join)
+valid_stop = st.one_of(st.sampled_from(["w1", " w7", "w"]),
+                       st.lists(st.sampled_from(["w1", "w5", " w3"]), min_size=1, max_size=4))
 valid_sampling = st.fixed_dictionaries({"max_new_tokens": st.integers(1, CAP)}, optional={
-    "temperature": st.floats(0, 2), "ignore_eos": st.booleans(), "top_p": st.floats(0, 1)})
+    "temperature": st.one_of(st.just(0), st.floats(0, 2)), "ignore_eos": st.booleans(),
+    "top_p": st.floats(0.01, 1), "top_k": st.sampled_from([-1, 1, 5, 600]),
+    "min_p": st.floats(0, 1), "stop": valid_stop, "no_stop_trim": st.booleans(),
+    "stop_token_ids": st.lists(st.integers(0, VOCAB - 1), max_size=4)})
 valid_generate = st.tuples(st.sampled_from(["input_ids", "text"]), valid_ids, valid_text,
                            valid_sampling, st.booleans()).map(
     lambda t: {t[0]: t[1] if t[0] == "input_ids" else t[2], "sampling_params": t[3],
                "stream": t[4]})
 valid_openai = st.tuples(st.one_of(valid_ids, valid_text, valid_ids.map(lambda x: [x])),
-                         st.integers(1, CAP), st.floats(0, 2), st.booleans()).map(
+                         st.integers(1, CAP), st.one_of(st.just(0), st.floats(0, 2)),
+                         st.booleans(), st.one_of(st.none(), valid_stop)).map(
     lambda t: {"prompt": t[0], "max_tokens": t[1], "temperature": t[2], "stream": t[3],
-               "model": "anything"})
+               "model": "anything", **({"stop": t[4]} if t[4] is not None else {})})
 
 
 def mutated(valid, fields):
@@ -95,7 +104,8 @@ def mutated(valid, fields):
 hostile_generate = st.tuples(st.fixed_dictionaries({}, optional={
     "text": prompt, "input_ids": prompt, "sampling_params": sampling,
     "stream": st.one_of(st.booleans(), anything), "rid": st.one_of(st.text(max_size=8), anything),
-    "return_logprob": anything}), extra_keys).map(lambda t: {**t[0], **t[1]})
+    "return_logprob": anything, "lora_path": anything, "top_logprobs_num": anything,
+    "image_data": anything}), extra_keys).map(lambda t: {**t[0], **t[1]})
 
 hostile_openai = st.tuples(st.fixed_dictionaries({}, optional={
     "prompt": prompt, "max_tokens": small_int, "temperature": temperature,
@@ -103,24 +113,33 @@ hostile_openai = st.tuples(st.fixed_dictionaries({}, optional={
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": anything}), anything),
     "n": st.one_of(st.just(1), anything), "best_of": anything, "echo": anything,
     "logprobs": anything, "model": st.one_of(st.just("/etc/passwd"), st.text(max_size=8)),
-    "seed": anything}), extra_keys).map(lambda t: {**t[0], **t[1]})
+    "seed": anything, "stop": stop, "top_p": anything, "top_k": anything,
+    "presence_penalty": anything, "frequency_penalty": anything, "user": anything}),
+    extra_keys).map(lambda t: {**t[0], **t[1]})
 
 generate_body = st.one_of(
     valid_generate, hostile_generate,
     mutated(valid_generate, ["input_ids", "text", "stream", "rid", "sampling_params",
                              "sampling_params.max_new_tokens", "sampling_params.temperature",
-                             "sampling_params.ignore_eos", "sampling_params.n", "_target_"]))
+                             "sampling_params.ignore_eos", "sampling_params.n",
+                             "sampling_params.top_p", "sampling_params.top_k",
+                             "sampling_params.min_p", "sampling_params.stop",
+                             "sampling_params.stop_token_ids", "sampling_params.no_stop_trim",
+                             "return_logprob", "logprob_start_len", "_target_"]))
 openai_body = st.one_of(
     valid_openai, hostile_openai,
     mutated(valid_openai, ["prompt", "max_tokens", "temperature", "stream", "ignore_eos", "n",
-                           "stream_options", "echo", "logprobs", "best_of", "_target_"]))
+                           "stream_options", "echo", "logprobs", "best_of", "stop", "seed",
+                           "top_p", "top_k", "presence_penalty", "frequency_penalty", "user",
+                           "model", "_target_"]))
 
-content_type = st.one_of(st.sampled_from([
-    None, "application/json", "application/json; charset=utf-8", "application/json; charset=bogus",
-    "application/json; charset=utf-16", "text/plain", "application/x-www-form-urlencoded",
-    "multipart/form-data; boundary=x", "", "*/*"]), st.text(st.characters(min_codepoint=32,
-                                                                        max_codepoint=126),
-                                                        max_size=30))
+# mostly JSON (the body is what is fuzzed); anything else must be a 415 before the body is read
+json_ctype = st.sampled_from(["application/json", "application/json; charset=utf-8",
+                              "Application/JSON", "application/json; charset=bogus"])
+content_type = st.one_of(json_ctype, json_ctype, json_ctype, st.sampled_from([
+    None, "application/json; charset=utf-16", "text/plain", "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x", "", "*/*", "application/jsonx", "text/json"]),
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30))
 header_name = st.sampled_from(["X-Request-Id", "Accept", "Accept-Encoding", "User-Agent",
                                "Authorization", "Cookie", "X-Forwarded-For", "Origin", "Range",
                                "If-None-Match", "X-Config", "X-Hydra-Override"])
@@ -164,9 +183,11 @@ def _send(srv, path, data: bytes, headers: dict, q: dict) -> tuple[int, dict, by
         c.close()
 
 
-def _check(path: str, body, status: int, headers: dict, raw: bytes) -> None:
+def _check(path: str, body, status: int, headers: dict, raw: bytes, json_ct: bool = True) -> None:
     assert status < 500, f"{status} for a client request: {raw[:500]!r}"
-    assert status in (200, 400, 413), (status, raw[:300])
+    # a body that is not declared application/json is a 415 before it is read, and only then
+    assert (status == 415) == (not json_ct), (status, raw[:300])
+    assert status in (200, 400, 413, 415), (status, raw[:300])
     if status != 200:
         err = json.loads(raw)["error"]
         assert isinstance(err["message"], str) and err["message"].strip()
@@ -198,7 +219,17 @@ def _check(path: str, body, status: int, headers: dict, raw: bytes) -> None:
     out = json.loads(raw)
     if path == "/generate":
         assert 1 <= len(out["output_ids"]) <= CAP
-        assert out["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+        fr = out["meta_info"]["finish_reason"]
+        assert fr["type"] in ("length", "stop")
+        sp = body.get("sampling_params") or {}
+        if isinstance(fr.get("matched"), str):  # a stop string: it ends the text (trimmed)
+            assert fr["matched"] in (sp["stop"] if isinstance(sp["stop"], list) else [sp["stop"]])
+            full = "".join(f" w{i}" for i in out["output_ids"])
+            assert fr["matched"] in full
+            if not sp.get("no_stop_trim"):
+                assert out["text"] == full[:full.find(fr["matched"])]
+        elif fr["type"] == "stop":  # a token: EOS or one of stop_token_ids, never under ignore_eos
+            assert not sp.get("ignore_eos") and out["output_ids"][-1] == fr["matched"]
     else:
         assert 1 <= out["usage"]["completion_tokens"] <= CAP
         assert out["choices"][0]["finish_reason"] in ("length", "stop")
@@ -212,9 +243,10 @@ def _fuzz_one(srv, path, body, how, ctype, extra, q):
     if enc:
         headers["Content-Encoding"] = enc
     status, rh, raw = _send(srv, path, data, headers, q)
+    json_ct = (ctype or "").split(";", 1)[0].strip().lower() == "application/json"
     event(f"HTTP {status}" + (" stream" if rh.get("content-type", "").startswith(
         "text/event-stream") else ""))
-    if how in ("truncate", "bad_gzip") and status != 413:
+    if how in ("truncate", "bad_gzip") and status not in (413, 415):
         assert status == 400 and json.loads(raw)["error"]["param"] == "body", raw[:300]
     if how == "latin1":
         # unicode_escape doubles the backslashes of json.dumps' \uXXXX escapes: the server
@@ -223,7 +255,7 @@ def _fuzz_one(srv, path, body, how, ctype, extra, q):
             body = json.loads(data)
         except ValueError:
             pass
-    _check(path, body, status, rh, raw)
+    _check(path, body, status, rh, raw, json_ct)
 
 
 @FUZZ
@@ -261,6 +293,11 @@ PINNED = [
     (b'{"input_ids": [' + b"9" * 5000 + b"]}", "body"),  # int literal over the digit limit
     (b'{"": 1, "input_ids": [1]}', '""'),
     ('{"input_ids": [1]}'.encode("utf-16"), "body"),
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 1, "stop": "\\ud800"}}',
+     "sampling_params.stop"),  # a lone surrogate in a stop string
+]
+PINNED_COMPLETIONS = [  # an unknown key inside stream_options is named with its path
+    (b'{"prompt": [0], "max_tokens": 1, "stream_options": {"": null}}', 'stream_options.""'),
 ]
 
 
@@ -271,10 +308,18 @@ def test_pinned_bad_bodies(server, data, param):
     assert json.loads(raw)["error"]["param"] == param
 
 
+@pytest.mark.parametrize("data, param", PINNED_COMPLETIONS, ids=range(len(PINNED_COMPLETIONS)))
+def test_pinned_bad_completions_bodies(server, data, param):
+    status, _, raw = _send(server, "/v1/completions", data, {"Content-Type": "application/json"},
+                           {})
+    assert status == 400, raw[:300]
+    assert json.loads(raw)["error"]["param"] == param
+
+
 def test_bad_content_encoding_is_a_400_naming_the_body(server):
     for enc in ("gzip", "deflate"):
         status, _, raw = _send(server, "/generate", b'{"input_ids": [1]}',
-                               {"Content-Encoding": enc}, {})
+                               {"Content-Encoding": enc, "Content-Type": "application/json"}, {})
         assert status == 400
         err = json.loads(raw)["error"]
         assert err["param"] == "body" and "content-encoding" in err["message"]

@@ -185,7 +185,7 @@ def test_a_server_that_dies_mid_run_leaves_records_and_error_txt(tmp_path, monke
 def test_an_interrupted_run_says_so_in_error_txt(tmp_path, monkeypatch):
     import harness.loadgen as lg
 
-    def interrupted(cfg):
+    def interrupted(cfg, observer=None):
         Path(cfg.out).write_text('{"rid": "x", "index": 0, "success": true}\n')
         raise KeyboardInterrupt
 

@@ -29,10 +29,10 @@ from tests.reliability.support import (
 def test_cli_binds_loopback_by_default(monkeypatch):
     seen = {}
 
-    def fake_run_app(app, host=None, port=None, **kw):
+    def fake_serve_forever(app, host=None, port=None, **kw):
         seen.update(host=host, port=port)
 
-    monkeypatch.setattr(server_mod.web, "run_app", fake_run_app)
+    monkeypatch.setattr(server_mod, "serve_forever", fake_serve_forever)
     server_mod.main(["device=cpu"])
     assert seen == {"host": "127.0.0.1", "port": 30000}
     server_mod.main(["--host", "0.0.0.0", "--port", "31000", "device=cpu"])  # only when told
@@ -72,7 +72,7 @@ HOSTILE = [
     ("/generate", {"input_ids": [1, 2], "hydra": {"run": {"dir": "/tmp/pwned"}}}, 400, "hydra"),
     ("/generate", {"input_ids": [1, 2], "config": "/etc/passwd"}, 400, "config"),
     ("/generate", {"input_ids": [1, 2], "lora_path": "/etc/passwd",
-                   "sampling_params": {"max_new_tokens": 2}}, 200, None),  # accepted, ignored
+                   "sampling_params": {"max_new_tokens": 2}}, 400, "lora_path"),  # unsupported
     ("/generate", {"text": "/etc/passwd ../../x ${oc.env:HOME} ${now:%H}",
                    "rid": "../../../tmp/pwned-rid", "sampling_params": {"max_new_tokens": 2}},
      200, None),

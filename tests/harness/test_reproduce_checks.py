@@ -1,0 +1,80 @@
+"""`make reproduce` checks before it runs: no GPU is one clear line, the dry run lists done and
+pending points per experiment, skipped points keep every run id, and runs leave committed logs
+alone."""
+
+import subprocess
+
+import pytest
+
+import harness.reproduce as rp
+from harness.environment import REPO
+from harness.run import point_plan, run
+from systems.engine.config import compose
+
+
+def test_without_a_gpu_it_stops_at_once_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(rp, "has_gpu", lambda: False)
+    monkeypatch.setattr(rp, "run_one", lambda *a, **k: pytest.fail("started a run without a GPU"))
+    assert rp.main(["--only", "fig9"]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "needs a CUDA GPU" in out[0] and "DRY=1" in out[0] and "--smoke" in out[0]
+
+
+def test_make_reproduce_without_a_gpu_is_one_line_before_any_set_up():
+    if subprocess.run("command -v nvidia-smi", shell=True).returncode == 0:
+        pytest.skip("this machine has nvidia-smi")
+    r = subprocess.run(["make", "-s", "reproduce"], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0
+    assert r.stdout.strip().count("\n") == 0 and "needs a CUDA GPU" in r.stdout
+    assert "creating .venv" not in r.stdout
+
+
+def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
+    assert rp.main(["--dry-run", "--only", "fig10", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # nothing measured under tmp_path: every planned point is pending; c8 at B/k 2 and 4 is
+    # left out of the plan (no figure reads it)
+    assert out.count("not in the plan (reproduce.skip_points") == 2
+    assert "fig10               0 done    6 pending" in out
+
+
+def test_the_committed_plan_has_nothing_pending():
+    """Every point of every experiment's plan is measured in results/ (REPRODUCTION.md says so);
+    points no figure reads are out of the plan, not pending."""
+    pending = []
+    for exp in rp.experiments():
+        for ov in rp.plan(exp, smoke=False):
+            skip = rp.skipped_points(ov)
+            _, plan = point_plan(rp._run_cfg(ov, None))
+            pending += [rid for p, rid, done in plan if not done and p["tag"] not in skip]
+    assert not pending, pending
+
+
+def test_skip_points_changes_no_run_id():
+    ov = ["experiment=fig10", "system=adaptive_hisparse", "+b_over_k=2"]
+    cfg = rp._run_cfg(ov, None)
+    assert "skip_points" not in cfg.reproduce  # not in config.yaml nor in the hash
+    assert rp.skipped_points(ov) == ["c8"] and rp.skipped_points(ov[:2] + ["+b_over_k=1"]) == []
+    _, plan = point_plan(cfg)
+    assert [rid for _, rid, _ in plan] == ["adaptive_hisparse-glm53_mini-c8-B1024-e624a6ba",
+                                           "adaptive_hisparse-glm53_mini-c128-828b96ed"]
+
+
+def test_a_run_never_appends_to_an_earlier_server_log(tmp_path):
+    """A bundled server logs to a file of its own harness process, so a committed server.log of
+    an earlier run stays as it was."""
+    cfg = compose(["experiment=default_cpu", "workload.concurrency=[1]", "workload.num_requests=1",
+                   "workload.output_len=2", "workload.warmup=0", f"results_dir={tmp_path}"])
+    server_dir = tmp_path / "default_cpu" / ".server-resident-tiny"
+    server_dir.mkdir(parents=True)
+    (server_dir / "server.log").write_text("an earlier run\n")
+    (server_dir / "server_config.yaml").write_text("earlier: true\n")
+    run(cfg)
+    assert (server_dir / "server.log").read_text() == "an earlier run\n"
+    assert (server_dir / "server_config.yaml").read_text() == "earlier: true\n"
+    logs = list(server_dir.glob("server-*.log"))
+    assert len(logs) == 1 and logs[0].stat().st_size > 0
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index",
+                              f"results/fig9/.server-x/{logs[0].name}"], cwd=REPO)
+    assert ignored.returncode == 0, "new server logs must be ignored by git"
