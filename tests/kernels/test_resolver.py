@@ -682,12 +682,14 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
     """Compile the real kernel for Hopper in a non-interpreter process."""
     run_compiled(_AOT, timeout=240)
 
 
+@pytest.mark.slow
 def test_bench_script_cpu_dry_run(tmp_path):
     """benchmarks/bench_resolver.py end to end at toy sizes on CPU (--check included)."""
     out = tmp_path / "fig8.json"
@@ -706,6 +708,7 @@ def test_bench_script_cpu_dry_run(tmp_path):
     assert len(summary["fig8a"]["points"]) == 6
 
 
+@pytest.mark.slow
 def test_bench_script_ablation_of_the_miss_path(tmp_path):
     """--ablate-c times (c) with the host store in device memory and with one and three radix
     passes, each checked to copy every miss (toy sizes on CPU; the GPU run gives the times)."""

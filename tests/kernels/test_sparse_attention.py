@@ -142,6 +142,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
     """Compile the real kernel for Hopper in a process without TRITON_INTERPRET."""
