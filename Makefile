@@ -8,7 +8,7 @@ DEFAULT_EXP := $(if $(HAS_GPU),default_h200,default_cpu)
 EXP ?=
 ARGS ?=
 
-.PHONY: help venv run test server figures reproduce gpu-check compact clean test-sglang dashboard
+.PHONY: help venv run test lint server figures reproduce gpu-check compact clean test-sglang dashboard
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,8 +28,13 @@ run: $(STAMP)  ## the embedded default benchmark (tiny model on CPU, H200 preset
 	$(PY) -m harness.run experiment=$(DEFAULT_EXP) $(ARGS)
 
 TEST_WORKERS ?= 2
-test: $(STAMP)  ## the CPU test suite (what CI runs), in TEST_WORKERS processes (pytest-xdist)
+test: $(STAMP)  ## ruff check, then the CPU test suite (what CI runs) in TEST_WORKERS processes
+	$(PY) -m ruff check .
 	$(PY) -m pytest -n $(TEST_WORKERS) tests $(ARGS)
+
+lint: $(STAMP)  ## ruff check and ruff format --check (configured in pyproject.toml)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 server: $(STAMP)  ## serve the bundled engine on 127.0.0.1:30000 (ARGS="system=... model=...")
 	$(PY) -m systems.engine.server --port 30000 $(ARGS)

@@ -7,7 +7,7 @@ For the glm53_mini geometry (H = 4, kv_dim 576, FP8 656-byte rows, k = 512) at N
 layer call (decode batches, and verification passes of K = 4 at C64), it times one layer's
 attention four ways (reference; the per-head kernel unsplit and with its default split-K; the all-heads tensor-core kernel) (CUDA events, median of --reps after warm-up, a 256 MB L2 flush and a GPU spin before each)
 and reports the difference of the outputs, the kernel's effective bandwidth over the bytes it
-must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (DESIGN.md sec. 4), and the
+must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (docs/design.md), and the
 speed-up. Exits 1 if the outputs disagree beyond float32 rounding.
 """
 
@@ -57,8 +57,11 @@ def main() -> None:
     import torch
 
     from harness.records import finish_benchmark
-    from systems.kernels.sparse_attention import (sparse_attention, sparse_attention_triton,
-                                                   split_count)
+    from systems.kernels.sparse_attention import (
+        sparse_attention,
+        sparse_attention_triton,
+        split_count,
+    )
     from systems.models.config import ModelConfig
     from systems.models.kv_format import encode_rows
 

@@ -816,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
     for loop, text in v["issue_point"].items():
         print(f"  [{loop}] " + text)
 
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     rec = {
         "benchmark": "bench_client",
         "timestamp_utc": stamp,

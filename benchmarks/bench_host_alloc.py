@@ -29,11 +29,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
-
-    from systems.kv.host_memory import pinned_empty
-
     import triton
     import triton.language as tl
+
+    from systems.kv.host_memory import pinned_empty
 
     @triton.jit
     def uva_read(src, dst, n, BLOCK: tl.constexpr):

@@ -382,8 +382,6 @@ def run_check(torch, rv, sizes):
         bad += _compare(torch, rv, "fig8c-misses-pid-roles", src, src.sel, 1011, copy_programs=3, pid_roles=True)
         bad += _compare(torch, rv, "fig8c-misses-pid-roles-early", src, src.sel, 1012, copy_programs=8,
                         pid_roles=True, early_copy=True)
-    if not dry:  # the L2 prefetch of the misses' host rows is a hint: same result (GPU only)
-        bad += _compare(torch, rv, "fig8c-misses-prefetch", src, src.sel, 1010, prefetch_rows=64)
     src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
                          misses=0, host_gib=0.5, seed=13, direct=True)
     bad += _compare(torch, rv, "fig8b-direct", src, src.sel, 1008)
@@ -393,7 +391,7 @@ def run_check(torch, rv, sizes):
         src = make_ds_source(torch, R=64, B=2048, ctx=20000, k=64, misses=16, host_gib=0.5, seed=14,
                              write_rows=True)
         st = settings_of(rv, src)
-        assert not st["keys_in_registers"] and st["keys_from_state"] and st["scan_stages"] > 1, st
+        assert not st["keys_in_registers"] and st["scan_stages"] > 1, st
         bad += _compare(torch, rv, "wide-batch-keys-from-state", src, src.sel, 1009)
     # 4. CUDA graph capture / replay with a device stamp
     if DEV == "cuda":
@@ -548,31 +546,7 @@ def fig8a(torch, rv, args, sz):
             mb = R * Q * K * rb / 1e6
             sweep.append(dict(copy_programs_per_request=S, grid=R * S, ms_median=med, gbps=mb / med))
             log(f"  copy-grid sweep: S={S} grid={R * S}: {med:.3f} ms = {mb / med:.1f} GB/s")
-    stages_sweep = []
-    if args.sweep_copy_stages:
-        # software pipelining of the copy loop; each setting must leave the same locations and
-        # pool bytes as the plain loop
-        sel, restore = cold_disjoint(src)
-        base = None
-        for stages in [int(x) for x in args.sweep_copy_stages.split(",")]:
-            def fn(stages=stages):
-                return rv.resolve_triton(*src.args(sel), 30_000, copy_stages=stages, check=False,
-                                         **src.kwargs())
-
-            restore()
-            src.kv_pool.zero_()
-            res = fn()
-            sync(torch)
-            got = (res.locations.clone(), src.kv_pool.clone())
-            if base is None:  # the first depth listed is the reference for the others
-                base = got
-            same = torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])
-            med = statistics.median(time_stateful(torch, fn, restore, 5))
-            mb = R * Q * K * rb / 1e6
-            stages_sweep.append(dict(copy_stages=stages, ms_median=med, gbps=mb / med, same_result=same))
-            log(f"  copy-stages sweep: stages={stages}: {med:.3f} ms = {mb / med:.1f} GB/s"
-                f"{'' if same else '  RESULT DIFFERS from the first depth'}")
-    del src
+    src = None  # frees the pinned host store before the next one is allocated
     def time_largest(s, stamp):
         """(a)'s largest point (disjoint selections, cold cache) on source ``s``: median ms."""
         sel_s, restore_s = cold_disjoint(s)
@@ -616,7 +590,7 @@ def fig8a(torch, rv, args, sz):
             f"({sectors:.0f} B of sectors, {lines:.2f} lines per row)")
         del s3, hp
     return dict(points=points, host_path_gbps=gbps, fit_r2=r2, fit_intercept_ms=icpt,
-                copy_stages_sweep=stages_sweep, row_bytes_sweep=rows_sweep, host_stride_sweep=stride_sweep,
+                row_bytes_sweep=rows_sweep, host_stride_sweep=stride_sweep,
                 config=dict(R=R, Q=Q, k=K, B=B, row_bytes=rb, ctx=ctx, reps=reps, page_size=64,
                             copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
                                 R, Q, rv.num_sms(DEV))),
@@ -638,23 +612,9 @@ def early_knobs(args) -> list[tuple[dict, str]]:
     """--sweep-early-copy values as resolver knobs: S > 1 = early_copy with S copy programs per
     request; 1 = the plain path (no copy programs), whatever the defaults are."""
     out = []
-    for x in args.sweep_early_copy.split(","):
-        if x:
-            # S[:spin ns][l][e] : l = the copy programs poll their flag with loads (poll_loads);
-            # e (with S = 1) = the resolver program reads its first copy tile early (self_early)
-            loads, own = "l" in x, "e" in x
-            S, _, spin = x.rstrip("le").partition(":")
-            S = int(S)
-            kn = dict(early_copy=S > 1, copy_programs_per_request=S)
-            if spin:
-                kn["spin_ns"] = int(spin)
-            if loads:
-                kn["poll_loads"] = True
-            if own:
-                kn["self_early"] = True
-            out.append((kn, (f"early copy S={S}" if S > 1 else "plain S=1")
-                        + (f" spin {spin} ns" if spin else "") + (" load polls" if loads else "")
-                        + (" own first tile early" if own else "")))
+    for S in (int(x) for x in args.sweep_early_copy.split(",") if x):
+        kn = dict(early_copy=S > 1, copy_programs_per_request=S)
+        out.append((kn, f"early copy S={S}" if S > 1 else "plain S=1"))
     return out
 
 
@@ -739,7 +699,7 @@ def fig8bc(torch, rv, args, sz):
                                       us_median_events_guarded=t_us, us_median=t_us,
                                       settings=settings_of(rv, src, knobs)))
                     log(f"  (b) scan sweep batch {R:3d} B {B:5d} {knobs}: {t_us:8.1f} us")
-            del src
+            src = None  # frees the pinned host store before the next one is allocated
         # direct path: every selected row in ready optional history -> scan skipped
         src = make_ds_source(torch, R=R, B=B_c, ctx=ctx, k=k, misses=0, host_gib=args.host_gib, seed=7 + R,
                              direct=True, host_pool=host_pool)
@@ -751,7 +711,7 @@ def fig8bc(torch, rv, args, sz):
         out_b.append(dict(batch=R, B=B_c, path="direct", us_p10=q10 * 1e3, us_median=q50 * 1e3, us_p90=q90 * 1e3,
                           us_median_events_guarded=guarded * 1e3))
         log(f"  (b) batch {R:3d} B {B_c:5d} direct path: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]")
-        del src
+        src = None  # frees the pinned host store before the next one is allocated
         if "c" in args.skip.split(","):  # (b) alone: no host reads beside a serving lane
             continue
         # (c): `misses` host misses per request at B_c (state restored before each timing)
@@ -781,27 +741,20 @@ def fig8bc(torch, rv, args, sz):
         if args.sweep_copy_programs:
             # plain decode uses one program per request by default: does a wider copy grid
             # fetch the misses sooner? (the same state restore before every timing)
-            # (spin_ns: the waiting copy programs sleep between polls of their request's flag)
-            spins = [int(x) for x in args.sweep_spin.split(",") if x] or [0]
-            for S, spin in [(1, 0)] + [(S, sp) for S in (2, 4, 8) for sp in spins]:
-                def fn_s(S=S, spin=spin):
+            for S in (1, 2, 4, 8):
+                def fn_s(S=S):
                     stamp[0] += 1
                     return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
-                                             spin_ns=spin, check=False, **src.kwargs())
+                                             check=False, **src.kwargs())
 
                 ms_s = time_stateful(torch, fn_s, restore, *_sweep_timing(sz))
                 out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, copy_programs_per_request=S,
-                                  spin_ns=spin, sweep=True, us_median=statistics.median(ms_s) * 1e3))
-                log(f"  (c) sweep batch {R:3d} S={S} spin {spin} ns: {statistics.median(ms_s) * 1e3:8.1f} us")
-        # the scan tile (and keys in registers) and the copy pipelining on the miss path too
+                                  sweep=True, us_median=statistics.median(ms_s) * 1e3))
+                log(f"  (c) sweep batch {R:3d} S={S}: {statistics.median(ms_s) * 1e3:8.1f} us")
+        # the scan tile (and keys in registers) on the miss path too
         sweeps_c = [(k, f"scan {k}") for k in scan_knobs(args.sweep_scan)]
-        sweeps_c += [(dict(copy_stages=int(x)), f"copy stages {x}") for x in args.sweep_copy_stages.split(",") if x]
         # rows per copy tile: 77 misses are three dependent host-load rounds at 32 rows
-        # (suffix h: the host rows looked up in phase C, host_rows=True)
-        sweeps_c += [(dict(copy_rows=int(x.rstrip("h")), **({"host_rows": True} if x.endswith("h") else {})),
-                      f"copy rows {x}") for x in args.sweep_copy_rows.split(",") if x]
-        # phase C prefetching the misses' host rows into L2 (overlaps PCIe with the victim selection)
-        sweeps_c += [(dict(prefetch_rows=int(x)), f"prefetch {x} rows") for x in args.sweep_prefetch.split(",") if x]
+        sweeps_c += [(dict(copy_rows=int(x)), f"copy rows {x}") for x in args.sweep_copy_rows.split(",") if x]
         # copy programs reading their first tile's host rows before the victims are known
         sweeps_c += early_knobs(args) + kw_knobs(args)
         for knobs, label in sweeps_c:
@@ -839,7 +792,7 @@ def fig8bc(torch, rv, args, sz):
                                   sweep=True, us_median=statistics.median(ms_r) * 1e3))
                 log(f"  (c) radix sweep batch {R:3d} tile {tile} bits {bits}: "
                     f"{statistics.median(ms_r) * 1e3:8.1f} us")
-        del src
+        src = None  # frees the pinned host store before the next one is allocated
     return out_b, out_c
 
 
@@ -935,7 +888,7 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
     return rows
 
 
-_SCAN_KEYS = ("scan_tile", "keys_in_registers", "pending_bitmap", "keys_from_state", "scan_stages", "host_rows")
+_SCAN_KEYS = ("scan_tile", "keys_in_registers", "pending_bitmap", "scan_stages")
 
 
 def settings_of(rv, src, knobs=None) -> dict:
@@ -953,17 +906,16 @@ def copy_settings_of(rv, R: int, Q: int, knobs: dict) -> dict:
     """The copy settings (resolver.copy_settings) a call of R requests x Q queries ran with: the
     knobs it named, the kernel's defaults for this GPU for the rest."""
     return rv.copy_settings(R, Q, **{k: knobs.get(k) for k in ("copy_programs_per_request", "early_copy",
-                                                               "self_early", "pid_roles")},
+                                                               "pid_roles")},
                             num_sms=rv.num_sms(DEV))
 
 
 def scan_knobs(spec: str) -> list:
-    """--sweep-scan entries: TILE (victim keys in registers when B fits one tile), TILEm (keys
-    in the workspace), TILEs (keys rebuilt from the slot state in the victim selection, nothing
-    stored by the scan), TILEb / TILEg (the scan's membership test by the pending-position
-    bitmap / by gathering the position scratch; default: the kernel's choice by batch and scratch
-    size), TILEpN (the scan loop software-pipelined N deep), suffixes combined (TILEmb, TILEsbp2),
-    any with :WARPS, e.g. 1024,4096m,4096b,4096g,1024sb,1024bp2,4096:16."""
+    """--sweep-scan entries: TILE (victim keys in registers when B fits one tile), TILEs (keys
+    rebuilt from the slot state in each radix pass), TILEb / TILEg (the scan's membership test by
+    the pending-position bitmap / by gathering the position scratch; default: the kernel's choice
+    by batch and scratch size), TILEpN (the scan loop software-pipelined N deep), suffixes combined
+    (TILEsb, TILEsbp2), any with :WARPS, e.g. 1024,4096s,4096b,4096g,1024sbp2,4096:16."""
     out = []
     for item in (x for x in spec.split(",") if x):
         tile, _, warps = item.partition(":")
@@ -973,13 +925,11 @@ def scan_knobs(spec: str) -> list:
         if stages:
             knobs["scan_stages"] = int(stages.group(1))
             flags = flags[:stages.start()]
-        if set(flags) - set("mbgs") or {"b", "g"} <= set(flags) or {"m", "s"} <= set(flags):
-            raise SystemExit(f"--sweep-scan: bad suffix in {item!r} (m: keys in memory, s: keys "
-                             f"rebuilt from the slot state, b: pending bitmap, g: position-scratch "
-                             f"gather, pN: N pipeline stages)")
-        if "m" in flags or "s" in flags:
+        if set(flags) - set("bgs") or {"b", "g"} <= set(flags):
+            raise SystemExit(f"--sweep-scan: bad suffix in {item!r} (s: keys rebuilt from the slot "
+                             f"state, b: pending bitmap, g: position-scratch gather, pN: N pipeline stages)")
+        if "s" in flags:
             knobs["keys_in_registers"] = False
-            knobs["keys_from_state"] = "s" in flags
         if "b" in flags or "g" in flags:
             knobs["pending_bitmap"] = "b" in flags
         if warps:
@@ -1001,27 +951,16 @@ def main() -> None:
                     help="copy programs per request (default: the resolver's choice)")
     ap.add_argument("--sweep-copy-programs", action="store_true",
                     help="also sweep the copy grid (programs per request) on (a) and (c)")
-    ap.add_argument("--sweep-spin", default="",
-                    help="with --sweep-copy-programs: also these sleeps (ns) between the copy programs' "
-                         "polls, e.g. 0,200,1000")
-    ap.add_argument("--sweep-copy-stages", default="",
-                    help="also time (a)'s largest point and (c) with these copy-loop pipelining depths, e.g. 1,2,3")
     ap.add_argument("--sweep-copy-rows", default="",
-                    help="also time (c) with these rows per copy tile, e.g. 32,64,128; suffix h looks the "
-                         "host rows up in phase C (host_rows), e.g. 32h,64h")
-    ap.add_argument("--sweep-prefetch", default="",
-                    help="also time (c) with phase C prefetching each request's first N misses' host rows "
-                         "into L2 (prefetch_rows; 0 = off), e.g. 0,64,128")
+                    help="also time (c) with these rows per copy tile, e.g. 32,64,128")
     ap.add_argument("--sweep-early-copy", default="",
                     help="also time (b) at B_c and (c) with early_copy at these copy programs per request, "
                          "e.g. 1,2,4 (the copy programs read their first tile's host rows before the victims "
-                         "are known; 1 = the plain path, no copy programs); S:NS adds a sleep of NS ns between "
-                         "the copy programs' polls, a trailing l polls with loads (poll_loads), e.g. 4:200l; 1e has the "
-                         "resolver program read its own first copy tile early (self_early); "
+                         "are known; 1 = the plain path, no copy programs); "
                          "with --phase-times, also split those (c) calls by phase")
     ap.add_argument("--sweep-kw", default="",
                     help="also time (b) at B_c and (c) with these resolver keyword arguments, comma-separated "
-                         "sets of name=value joined by +, e.g. packed_scans=False,packed_scans=True")
+                         "sets of name=value joined by +, e.g. scan_tile=1024+pending_bitmap=True,copy_rows=64")
     ap.add_argument("--interleave", type=int, default=0, metavar="REPS",
                     help="also time the defaults and every --sweep-early-copy / --sweep-kw variant in turn "
                          "(A B C A B C ...), REPS timings each, for (b) at B_c and for (c): a drift over the run "
@@ -1032,9 +971,10 @@ def main() -> None:
     ap.add_argument("--sweep-row-bytes", default="",
                     help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
     ap.add_argument("--sweep-scan", default="",
-                    help="also time (b) and (c) at B_c with these scan tiles: TILE, TILEm (victim keys in "
-                         "memory instead of registers), TILEb / TILEg (pending bitmap / position-scratch "
-                         "gather), optional :WARPS; e.g. 1024,4096m,4096b,4096g,4096:16")
+                    help="also time (b) and (c) at B_c with these scan tiles: TILE, TILEs (victim keys "
+                         "rebuilt from the slot state instead of kept in registers), TILEb / TILEg (pending "
+                         "bitmap / position-scratch gather), TILEpN (N pipeline stages), optional :WARPS; "
+                         "e.g. 1024,4096s,4096b,4096g,4096:16")
     ap.add_argument("--sweep-radix", default="",
                     help="also time (c) with these victim-selection settings, tile:bits,... "
                          "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)")
@@ -1055,17 +995,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.phase_times and args.cpu_dry_run:
         ap.error("--phase-times reads the GPU's global timer: not available in a CPU dry run")
-    if args.sweep_spin and not args.sweep_copy_programs:
-        ap.error("--sweep-spin times the copy programs' polling: add --sweep-copy-programs")
-    if any(x and not x.isdigit() for x in args.sweep_prefetch.split(",")):
-        ap.error(f"--sweep-prefetch: expected non-negative integers, got {args.sweep_prefetch!r}")
     bad_stride = [x for x in args.sweep_host_stride.split(",") if x and not (
         x.isdigit() and int(x) >= args.row_bytes and int(x) % 8 == 0)]
     if bad_stride:
         ap.error(f"--sweep-host-stride: {bad_stride} (expected byte strides >= --row-bytes, multiples of 8)")
-    bad_rows = [x for x in args.sweep_copy_rows.split(",") if x and not re.fullmatch(r"\d+h?", x)]
+    bad_rows = [x for x in args.sweep_copy_rows.split(",") if x and not x.isdigit()]
     if bad_rows:
-        ap.error(f"--sweep-copy-rows: {bad_rows} (expected N or Nh, e.g. 32,64h)")
+        ap.error(f"--sweep-copy-rows: {bad_rows} (expected row counts, e.g. 32,64)")
 
     if args.cpu_dry_run:
         DEV = "cpu"

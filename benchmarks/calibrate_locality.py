@@ -1,4 +1,4 @@
-"""Calibrate the indexer's selection-locality knob (the one calibrated input, DESIGN.md sec. 3).
+"""Calibrate the indexer's selection-locality knob (the one calibrated input, docs/design.md).
 
 On glm53_mini at a high load, HiSparse's share of selected rows fetched from host against B/k in
 {1, 2, 4, 8} should follow the paper's Fig. 9e (33% at B = k falling to 3.9% at B = 8k). For each

@@ -25,7 +25,7 @@ for case in "$@"; do
   rm -f $d.ncu-rep
   grep -E '"(Duration|Registers Per Thread)"' ${d}_details.csv | cut -d, -f1,12- | head -6
   python3 benchmarks/ncu_lines.py ${d}_sass.csv $d.cubin --top 45 \
-    --ranges "role=650:699,A=700:734,B=735:775,C=776:827,V=828:919,D=920:944,reset=945:974,wait=975:977,copy=978:1019,end=1020:1036,helpers=515:630" \
+    --ranges phases \
     > $OUT/ncu_${name}_lines.txt 2>&1
   head -1 $OUT/ncu_${name}_lines.txt; grep "^range" $OUT/ncu_${name}_lines.txt
 done

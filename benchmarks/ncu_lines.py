@@ -6,7 +6,8 @@ CASE_sass.csv is ``ncu -i CASE.ncu-rep --page source --csv --print-source sass``
 writes it); CASE.cubin is the profiled kernel (ncu_resolver.py --dump-cubin). ``nvdisasm -g`` gives each
 instruction offset's source line; the samples of every profiled launch are summed per line and per
 stall reason. Prints the lines with the most samples and the share of each contiguous line range
-named in --ranges (e.g. phases: A=688:719,B=720:762).
+named in --ranges (e.g. A=688:719,B=720:762), or with ``--ranges phases`` of the resolver kernel's
+phases, found from the phase comments in its source.
 """
 
 from __future__ import annotations
@@ -68,6 +69,24 @@ def kernels(path: str):
     return header, out
 
 
+# the comments that open each part of systems/kernels/resolver.py's kernel, in source order
+PHASE_MARKERS = (("helpers", "def _victim_key("), ("role", "# ---- role"), ("A", "-- phase A"),
+                 ("B", "-- phase B"), ("C", "-- phase C"), ("V", "-- phase V"), ("D", "-- phase D"),
+                 ("reset", "-- reset the scratch"), ("copy", "copy phase (every program)"),
+                 ("end", "if COPY_PROGRAMS and PID_ROLES:"), (None, "# Workspace"))
+
+
+def phase_ranges(src: dict[int, str]) -> str:
+    """--ranges for the resolver kernel's parts: each from its marker line to the next one's."""
+    at = []
+    for name, marker in PHASE_MARKERS:
+        line = next((n for n, text in sorted(src.items()) if marker in text and (not at or n > at[-1][1])), None)
+        if line is None:
+            sys.exit(f"ncu_lines: marker {marker!r} not found in the kernel source")
+        at.append((name, line))
+    return ",".join(f"{name}={lo}:{hi - 1}" for (name, lo), (_, hi) in zip(at, at[1:]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("sass_csv")
@@ -103,7 +122,8 @@ def main() -> None:
         top = ", ".join(f"{k} {v / max(1, c['samples']) * 100:.0f}%" for k, v in
                         sorted(((k, v) for k, v in c.items() if k not in ("samples", "executed")), key=lambda kv: -kv[1])[:3])
         print(f"{line:5d} {c['samples'] / max(1, total) * 100:5.1f}%  [{top}]  {src.get(line, '').strip()[:70]}")
-    for item in (x for x in args.ranges.split(",") if x):
+    ranges = phase_ranges(src) if args.ranges == "phases" else args.ranges
+    for item in (x for x in ranges.split(",") if x):
         name, _, span = item.partition("=")
         lo, _, hi = span.partition(":")
         n = sum(c["samples"] for line, c in per_line.items() if int(lo) <= line <= int(hi))

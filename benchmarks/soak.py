@@ -181,7 +181,7 @@ async def _one(s: aiohttp.ClientSession, body: dict, vanish_after: int | None) -
             if vanish_after is None and rec["error"] is None and \
                     rec["tokens"] != body["sampling_params"]["max_new_tokens"]:
                 rec["error"] = f"short stream: {rec['tokens']} tokens"
-    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as e:
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"
     return rec
 

@@ -69,8 +69,8 @@ Equations implemented here: draft ring size (9) :func:`ring_rows`, ring address 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Sequence
 
 GIB = float(1 << 30)
 
@@ -174,7 +174,7 @@ class KVGeometry:
     def bytes_per_token_resident(self) -> int:
         return self.payload_sources * self.row_bytes + self.index_producers * self.index_row_bytes
 
-    def with_(self, **kw) -> "KVGeometry":
+    def with_(self, **kw) -> KVGeometry:
         return replace(self, **kw)
 
 

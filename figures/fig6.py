@@ -12,7 +12,6 @@ fetched from host, in five-second bins.
 
 from __future__ import annotations
 
-
 from figures import common as C
 from figures.paper_values import PAPER
 from harness.summaries import arms, derived, phase_bounds

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 
-
 from figures import common as C
 from figures.paper_values import PAPER
 

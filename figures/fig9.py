@@ -38,7 +38,7 @@ def budget(run: C.Run) -> float | None:
     kv = (run.config.get("system") or {}).get("kv") or {}
     # B: system.kv since the typed config; older runs recorded it under model
     hc = C.as_float(kv.get("hot_cache_rows") or (run.config.get("model") or {}).get("hot_cache_rows"))
-    k = C.as_float(((run.config.get("model") or {}).get("index_topk")))
+    k = C.as_float((run.config.get("model") or {}).get("index_topk"))
     if hc and k:
         return hc / k
     return C.parse_budget(run.tag)

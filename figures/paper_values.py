@@ -25,7 +25,8 @@ Fig. 11b bar order); see also ``AMBIGUITIES`` at the end of this module.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 class PV(float):
@@ -35,7 +36,7 @@ class PV(float):
     unit: str
     note: str
 
-    def __new__(cls, value: float, source: str, unit: str = "", note: str = "") -> "PV":
+    def __new__(cls, value: float, source: str, unit: str = "", note: str = "") -> PV:
         obj = super().__new__(cls, value)
         obj.source = source
         obj.unit = unit

@@ -8,7 +8,6 @@ relative to HiSparse at the same load, for the paper and for us (the comparable 
 
 from __future__ import annotations
 
-
 from figures import common as C
 from figures.paper_values import PAPER, label
 
@@ -65,7 +64,7 @@ def main(argv=None) -> C.Report:
             rep.compare(f"{cl}.{sys_}.slots", f"{cl} {label(sys_)}: slots", P[cl][sys_]["slots"],
                         slots(r), "", prov)
         # figure: metric relative to HiSparse at the same load
-        for j, (pk, ok, sc, unit, title) in enumerate((METRICS[0], METRICS[1], METRICS[4])):
+        for j, (pk, ok, _sc, _unit, title) in enumerate((METRICS[0], METRICS[1], METRICS[4])):
             ax = axes[i][j]
             pv = [P[cl][s][pk] / P[cl]["hisparse"][pk] for s in SYSTEMS]
             b = base.num(ok) if base else None

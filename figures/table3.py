@@ -44,7 +44,7 @@ def main(argv=None) -> C.Report:
             rep.compare(f"{fam}.{pk}", f"{'GLM-5.3' if fam == 'glm' else 'DeepSeek'}: {title}",
                         P[fam][pk], rv[k] * sc, unit, "computed (capacity.py, paper geometry)")
     # our presets (computed)
-    for fam, name in PRESET_FOR.items():
+    for name in PRESET_FOR.values():
         try:
             pg = cap.preset_geometry(name)
         except Exception as e:  # noqa: BLE001
@@ -108,7 +108,7 @@ def main(argv=None) -> C.Report:
     cats, pv, ov = [], [], []
     for fam, g in geoms.items():
         rv = cap.retrieval_volume(g)
-        for k, pk, sc, unit, title in (GEOM_ROWS[2], GEOM_ROWS[4], GEOM_ROWS[5]):
+        for k, pk, sc, _unit, title in (GEOM_ROWS[2], GEOM_ROWS[4], GEOM_ROWS[5]):
             cats.append(f"{'GLM' if fam == 'glm' else 'DS'}: {title}")
             pv.append(C.paper_number(P[fam][pk]))
             ov.append(rv[k] * sc)

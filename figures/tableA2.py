@@ -8,7 +8,6 @@ post-wave split).
 
 from __future__ import annotations
 
-
 from figures import common as C
 from figures.paper_values import PAPER, label
 

@@ -57,9 +57,9 @@ def compact(results: Path, dry_run: bool = False) -> tuple[int, int, int]:
         if dry_run:
             continue
         if rec.suffix == ".gz":
-            after += _write_xz(lambda: gzip.open(rec, "rb"), xz)
+            after += _write_xz(lambda rec=rec: gzip.open(rec, "rb"), xz)
         else:
-            after += _write_xz(lambda: open(rec, "rb"), xz)
+            after += _write_xz(lambda rec=rec: open(rec, "rb"), xz)
         rec.unlink()
     return n, before, after
 

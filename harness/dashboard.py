@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.environment import REPO
-from harness.wandb_logger import FIGURE, LOAD, SERVER, STEP, SUMMARY, figure_key
+from harness.wandb_logger import LOAD, SERVER, STEP, SUMMARY, figure_key
 
 WORKSPACE_NAME = "Adaptive DHiSparse reproduction"
 REPORT_TITLE = "Adaptive DHiSparse: reproduction on the scaled presets"

@@ -50,9 +50,9 @@ def environment() -> dict:
         "git_commit": git_commit(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
-        # one id per GPU-machine call (benchmarks/gpu_next.sh sets it): runs that share it ran on
-        # one machine, which is what a ratio between systems must hold fixed
-        "device_call": os.environ.get("DHS_DEVICE_CALL") or None,
+        # which runs were measured together (benchmarks/gpu_batch.sh sets one id per batch): runs
+        # that share it ran on one machine, which is what a ratio between systems must hold fixed
+        "run_group": os.environ.get("DHS_RUN_GROUP") or None,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cuda": torch.version.cuda,
     }

@@ -42,8 +42,9 @@ import math
 import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -107,7 +108,7 @@ class LoadConfig:
     event_loop: str = "auto"
 
     @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> "LoadConfig":
+    def from_mapping(cls, m: Mapping[str, Any]) -> LoadConfig:
         """Build from a dict / OmegaConf mapping; ``-`` in keys is accepted as ``_``.
         Unknown keys raise ``TypeError``."""
         known = {f.name for f in dataclasses.fields(cls)}
@@ -562,7 +563,7 @@ class _Runner:
                     rec.error = parser.error
         except asyncio.CancelledError:
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             rec.error = f"timeout after {_perf() - t_send:.1f}s"
         except Exception as e:  # aiohttp.ClientError, OSError, ...
             rec.error = f"{type(e).__name__}: {e}"
@@ -733,7 +734,7 @@ class _Runner:
                 break
             try:
                 await asyncio.wait_for(ev.wait(), timeout=interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             ev.clear()
 

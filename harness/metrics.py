@@ -10,7 +10,8 @@ See ``docs/metrics.md`` for the definitions.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -23,9 +23,10 @@ import lzma
 import math
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 __all__ = [
     "RequestRecord",
@@ -71,7 +72,7 @@ class RequestRecord:
         return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=True)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RequestRecord":
+    def from_dict(cls, d: dict) -> RequestRecord:
         known = {f for f in cls.__dataclass_fields__}  # type: ignore[attr-defined]
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -112,7 +113,7 @@ class JsonlWriter:
             self._f.flush()
             self._f.close()
 
-    def __enter__(self) -> "JsonlWriter":
+    def __enter__(self) -> JsonlWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:

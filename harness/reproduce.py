@@ -123,7 +123,7 @@ def _run_cfg(overrides: list[str], results: str | None):
     return cfg
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _skip_entries(exp: str) -> tuple:
     from systems.engine.config import compose
 

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.environment import REPO, environment
 from harness.records import atomic_write_json
 from harness.servers import bundled_server
+from harness.sglang_launch import sglang_server
 from harness.wandb_logger import make_logger, run_config, tags
 
 
@@ -268,7 +269,8 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None,
     exp_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     server_dir = exp_dir / f".server-{cfg.system.name}-{cfg.model.name}"
-    with bundled_server(cfg, server_dir) as server:
+    serve = sglang_server if cfg.server.mode == "sglang" else bundled_server
+    with serve(cfg, server_dir) as server:
         url = server if isinstance(server, str) else None
         if url is None:
             url = f"http://{cfg.server.host}:{cfg.server.port}"

@@ -160,15 +160,11 @@ def remove_stale_launch_configs(workdir: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def bundled_server(cfg: DictConfig, workdir: Path):
-    """Yields the base URL of a server for ``cfg`` according to ``cfg.server.mode``."""
+    """Yields the base URL of a server for ``cfg`` according to ``cfg.server.mode`` (SGLang
+    deployments: harness.sglang_launch.sglang_server)."""
     mode = cfg.server.mode
     host = cfg.server.host
     timeout = float(cfg.server.startup_timeout_s)
-    if mode == "sglang":
-        from systems.sglang.launch import sglang_server  # lazy: needs no sglang import
-        with sglang_server(cfg, workdir) as url:
-            yield url
-        return
     if mode == "attach":
         if not cfg.server.url:
             raise ValueError("server.url is required with server.mode=attach")
@@ -187,8 +183,8 @@ def bundled_server(cfg: DictConfig, workdir: Path):
             yield url
         return
     if mode != "subprocess":
-        raise ValueError(f"server.mode must be subprocess, inprocess, attach or sglang, "
-                         f"got {mode!r}")
+        raise ValueError(f"server.mode must be subprocess, inprocess or attach here "
+                         f"(sglang: harness.sglang_launch), got {mode!r}")
     workdir.mkdir(parents=True, exist_ok=True)
     remove_stale_launch_configs(workdir)
     log_path = server_log(workdir)  # this process's own: earlier (committed) logs stay as they are

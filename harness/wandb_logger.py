@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 JOB_TYPE = "serve"
 FIGURES_JOB_TYPE = "figures"
@@ -128,7 +129,7 @@ class WandbRun:
     event loop once a second); ``finish`` logs the summary and the request table. No method
     raises: a failure warns once and the rest goes to an offline run."""
 
-    def __init__(self, logger: "WandbLogger", init_kw: dict):
+    def __init__(self, logger: WandbLogger, init_kw: dict):
         self.logger = logger
         self.init_kw = init_kw
         self.run = logger._init(init_kw)

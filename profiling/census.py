@@ -23,8 +23,9 @@ Counting conventions of the bundled engine (document them beside any number show
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 # counter names (backend.metrics() / engine.metrics())
 SELECTED = "dhs_selected_rows_total"

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from profiling.kernel_timeline import _opt, maybe_profile_kernels
 

@@ -43,9 +43,10 @@ import re
 import threading
 import warnings
 from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from profiling import ranges as R
 
@@ -360,7 +361,7 @@ def kernel_events(trace: str | os.PathLike | Mapping, step_range: str | None = R
                     end = max(end, s + float(e["dur"]))
 
     by_thread: dict[Any, list[int]] = defaultdict(list)
-    for i, (thr, t, _) in enumerate(issued):
+    for i, (thr, _t, _) in enumerate(issued):
         by_thread[thr].append(i)
     encl: list[list[_Range]] = [[] for _ in issued]
     for thr, idxs in by_thread.items():

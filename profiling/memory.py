@@ -14,8 +14,9 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 GiB = float(1 << 30)
 

@@ -23,9 +23,10 @@ import importlib.util
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 DEFAULT_METRICS = ("gpu__time_duration.sum",
                    "dram__throughput.avg.pct_of_peak_sustained_elapsed")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import ContextManager
 
 import torch
 
@@ -119,7 +118,7 @@ class _Range:
         return False
 
 
-def nvtx_range(name: str) -> ContextManager:
+def nvtx_range(name: str) -> contextlib.AbstractContextManager:
     """A profiler range named ``name`` (use the constants above); a shared no-op when ranges are
     off. Safe inside CUDA-graph capture: record_function and NVTX issue no device work."""
     if not _enabled:

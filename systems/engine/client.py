@@ -14,7 +14,7 @@ the JSON error body the server would have sent.
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from systems.engine.engine import DuplicateRequest, Engine, EngineStopped
 from systems.engine.scheduler import QueueFull

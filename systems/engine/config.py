@@ -113,7 +113,8 @@ def _profile(cfg: DictConfig) -> dict | None:
 
 
 def compose(overrides: list[str] | None = None) -> DictConfig:
-    from hydra import compose as hcompose, initialize_config_dir
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()

@@ -1,7 +1,7 @@
 """CUDA graphs for the target forward of a step (SGLang's CudaGraphRunner, vLLM's cudagraphs).
 
 Why: the eager step of the mini presets is bound by Python and kernel launches (about 40 ms for
-26 layers on the H200 against a byte floor under 1 ms, results/engine_step/). A graph replays the
+26 layers on the H200 against a byte floor under 1 ms; docs/design.md). A graph replays the
 whole device side of a step with one launch: the KV backend's device preparation, every layer,
 the resolver launches and the follower prefetch on its side stream.
 

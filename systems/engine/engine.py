@@ -26,7 +26,7 @@ import torch
 
 from profiling.ranges import STEP, nvtx_range
 from systems.engine.prefill import PrefixStore
-from systems.engine.request import Request, ReqStatus
+from systems.engine.request import ReqStatus, Request
 from systems.engine.sampler import sample
 from systems.engine.scheduler import QueueFull, Scheduler
 from systems.kv.base import KVConfig

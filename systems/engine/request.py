@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     # on_output(req, new_token_ids, finished) runs on the engine thread after every step
-    on_output: Callable[["Request", list[int], bool], None] | None = None
+    on_output: Callable[[Request, list[int], bool], None] | None = None
     status: ReqStatus = ReqStatus.WAITING
     slot: int = -1
     output_ids: list[int] = field(default_factory=list)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from systems.engine.prefill import PrefixStore
-from systems.engine.request import Request, ReqStatus
+from systems.engine.request import ReqStatus, Request
 from systems.kv.base import KVBackend
 
 

@@ -67,7 +67,7 @@ class ServerConfig:
     allowed_hosts: list[str] | None = None
 
     @classmethod
-    def from_cfg(cls, server: Any, host: str | None = None) -> "ServerConfig":
+    def from_cfg(cls, server: Any, host: str | None = None) -> ServerConfig:
         """From a composed config's ``server`` section (keys this class does not have, such as
         ``mode`` or ``port``, belong to the harness)."""
         names = {f.name for f in dataclasses.fields(cls)}
@@ -208,23 +208,23 @@ class Server:
             async with asyncio.timeout(timeout_s):
                 raw = await request.read()  # over MAX_BODY_BYTES (after Content-Encoding): 413
         except TimeoutError:
-            raise BodyTimeout(f"request body not received within {timeout_s:g} s")
+            raise BodyTimeout(f"request body not received within {timeout_s:g} s") from None
         except web.RequestPayloadError as e:  # e.g. a body that does not match its encoding
             cause = e.__cause__ or e
             msg = getattr(cause, "message", None) or str(cause)
-            raise BadRequest(f"request body could not be read: {msg}".strip(), "body")
+            raise BadRequest(f"request body could not be read: {msg}".strip(), "body") from None
         try:
             # JSON between systems is UTF-8 (RFC 8259): a charset parameter is not honoured, so
             # an unknown or hostile one cannot change how the body is read
             body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            raise BadRequest("body is not UTF-8 JSON", "body")
+            raise BadRequest("body is not UTF-8 JSON", "body") from None
         except json.JSONDecodeError as e:
-            raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}", "body")
+            raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}", "body") from None
         except RecursionError:
-            raise BadRequest("malformed JSON body: nested too deeply", "body")
+            raise BadRequest("malformed JSON body: nested too deeply", "body") from None
         except ValueError as e:  # e.g. an integer literal longer than Python converts
-            raise BadRequest(f"malformed JSON body: {e}", "body")
+            raise BadRequest(f"malformed JSON body: {e}", "body") from None
         if not isinstance(body, dict):
             raise BadRequest("body must be a JSON object", "body")
         return body
@@ -248,7 +248,7 @@ class Server:
             try:
                 ids = self.tok.encode(value)
             except UnicodeEncodeError:
-                raise BadRequest(f"{field} is not valid Unicode (lone surrogate)", field)
+                raise BadRequest(f"{field} is not valid Unicode (lone surrogate)", field) from None
         elif isinstance(value, list) and len(value) > self.max_total:
             raise self._too_long(field)
         elif isinstance(value, list) and all(_is_int(t) for t in value):
@@ -624,7 +624,7 @@ async def _bounded_write(request: web.Request, cfg: ServerConfig, write) -> None
     except TimeoutError:
         if request.transport is not None:
             request.transport.abort()
-        raise ConnectionResetError(f"client did not read for {cfg.write_timeout_s:g} s")
+        raise ConnectionResetError(f"client did not read for {cfg.write_timeout_s:g} s") from None
 
 
 @web.middleware

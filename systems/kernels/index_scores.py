@@ -86,7 +86,7 @@ def _p2(n: int, lo: int = 16) -> int:
 # Queries per program of the multiply-add form; more queries per call take more programs.
 FMA_MAX_QUERIES = 8
 # The default form. H200, 128 requests x 16,384 positions, block_l 128, 4 warps
-# (bench_attention, results/attention/h200-index-form.json): one query 75 us (3.6 TB/s of keys,
+# (bench_attention, docs/design.md): one query 75 us (3.6 TB/s of keys,
 # the HBM copy rate is 4.22) with "fma" against 616 us with "dot"; four queries 105 against
 # 622 us. A float32 tl.dot without TF32 runs on the CUDA cores with both operands staged
 # through shared memory, padded to 16 query rows.

@@ -2,11 +2,14 @@
 
 One call resolves the top-k selections of ``Q`` queries (``Q = 1`` plain decode, up to
 ``K_max`` for verification) of ``R`` requests against ONE KV source, and returns a device
-location for every selection. This module holds three things with identical semantics:
+location for every selection. Three implementations of one semantics:
 
 * ``_resolver_kernel`` -- the Triton kernel (one launch per call, see "Launch" below);
 * ``resolve_reference`` -- a plain-PyTorch reference (slow, obviously correct);
 * ``resolve(..., impl="triton" | "reference")`` -- the dispatcher the engine calls.
+
+Why each default is what it is, what else was tried and what it measured:
+docs/kernels/resolver.md.
 
 Contract
 ========
@@ -59,8 +62,8 @@ Resolution, per request (Fig. 2)
 Overflow (only possible with Q > 1)
     Misses with rank ``j >= nv`` overflow; ``overflow[r] = m - nv``. Without staging their
     locations are ``-2`` (a later staging arena handles them). With ``staging_loc_base``
-    (extension used by the Fig. 8a benchmark, where disjoint verification selections fetch
-    8 x k rows per request through a B = 2k cache) they are copied from host to
+    (used by the Fig. 8a benchmark, where disjoint verification selections fetch 8 x k rows
+    per request through a B = 2k cache) they are copied from host to
     ``staging_loc_base[r] + (j - nv)`` (staging needs ``Q * k`` rows per request) and
     resolve there. Overflow rows never enter the hot cache.
 
@@ -72,58 +75,45 @@ Outputs
     included), distinct rows copied from host by this call); ``overflow`` int32 [R].
     ``host_bytes_moved(counters, row_bytes)`` = copies * row_bytes.
 
-Bytes the kernel must move (per call; Q*k = n selections per request)
-    host -> HBM payload (PCIe, the term that sets Fig. 8a's slope):
-        copies * row_bytes read from pinned host memory + the same written into kv_pool.
-    metadata (HBM/L2): selections 4n read, locations 4n written, one 4-byte tail or
-        direct-page-table entry per selection; when the scan runs: hot_pos 4B + hot_lru 8B
-        read and an 8-byte victim key per slot, kept in registers when B fits one scan tile
-        (else rebuilt from hot_pos / hot_lru, 12 bytes re-read, or with keys_from_state=False
-        written and re-read, once per radix pass, 1 + ceil(log256(stamp range of the
-        candidates)) passes, plus one final pass), a 4-byte gather of the position scratch per
-        slot, or (wide batches whose scratch outgrows L2, see PENDING_BITMAP_BYTES) one bit
-        test per slot against a bitmap of the pending positions (W / 8 bytes per request, set
-        and cleared by the pending selections, L2-resident where the W x 4-byte scratch, 320 MB
-        at batch 160 and 500K positions, is gathered from HBM), atomics / gathers on the
-        position scratch for the pending selections, and 8B lru / 4B pos written for hit and
-        victim slots.
+Bytes moved per call (n = Q*k selections per request)
+    host -> HBM payload (PCIe, the term that sets Fig. 8a's slope): copies * row_bytes read
+        from pinned host memory with 16-byte loads, and the same written into kv_pool.
+    metadata (HBM / L2): selections 4n read, locations 4n written, one 4-byte tail or
+        direct-page-table entry per selection. Only for a request with a pending selection: the
+        scan reads hot_pos 4 B + hot_lru 8 B per slot and tests each slot's position against the
+        pending set (a 4-byte gather of the position scratch, or on wide batches one bit of a
+        W / 8-byte bitmap); hit and victim slots write lru 8 B / pos 4 B. Only for a request with
+        misses: victim selection takes 1 + ceil(bits(stamp range) / 8) radix passes over the B
+        keys plus one assignment pass; the keys stay in registers when B fits one scan tile, else
+        each pass rebuilds them from hot_pos / hot_lru (12 bytes per slot and pass).
     Nothing else: no host sync, no host-side gather, no per-call allocation once the
     workspace has grown to the largest shapes.
 
 Launch
 ======
-ONE launch per call, grid ``R * S`` programs (``S = copy_programs_per_request``; plain decode
-(Q = 1): 8 or 4 while the R x S programs fit the GPU's multiprocessors, else 1; verification
-``clamp(ceil(64 / R), 1, 8)``; see ``default_copy_programs``).
-The per-request resolvers are programs 0..R-1 (``pid_roles``, the default with the early copy) or
-the first R programs to start (tickets from an atomic counter, so every request's resolver is
-resident before any helper can spin), each doing in order:
+ONE launch per call, grid ``R * S`` programs (``S`` copy programs per request, see
+``default_copy_programs``: plain decode 8 or 4 while the R x S programs fit the GPU's
+multiprocessors, else 1; verification ``clamp(ceil(64 / R), 1, 8)``). Each request's resolver
+program runs, separated by CTA barriers:
 (A) tail / direct-map resolution and dedup marks (``atomic_min`` of the flattened index on a
 per-request position scratch), (B) the B-slot scan (hits, lru := stamp, victim keys),
 (C) first-occurrence ranks of the distinct misses (prefix sum), (V) a 256-way radix select of
 the victim threshold over the slot keys plus a prefix sum assigning victims in slot order,
-(D) locations in selection order, then the scratch reset and their share of the row copy.
-Phases are separated by CTA barriers. The other ``R * (S - 1)`` programs wait on the request's
-flag (thread-0 release after a barrier / thread-0 acquire before a barrier; published as soon as
-the victims are known, so they copy while (D) runs; ``spin_ns`` sleeps between polls) and copy
-their interleaved share of that request's miss rows, so the copy grid scales with the batch
-(paper: 4 to 32 thread blocks). With ``early_copy`` (plain decode, the default there with copy
-programs) the resolver also publishes after (C): each copy program then reads its first tile's
-host rows while (V) runs, and stores them once the victims are out; the resolver program copies
-nothing. With tickets, flags only grow (launch ``e`` of a per-launch epoch publishes ``2e + 1``
-and ``2e + 2``); with pid roles each request's flag (on its own 128-byte line) goes 0 -> 1 -> 2
-and its last copy program to finish resets it to 0. With ``S == 1`` no ticket, flag or spin exists.
-The scratch is self-cleaning (entries a call touched are reset to the sentinel at its end), so
-it is never memset after creation. Compiled for sm_90a with 8 warps (``aot_compile`` compiles it
-without a GPU, and the CPU tests do so; Triton's bundled ``ptxas -v`` on its PTX, Triton 3.6): the
-multi-tile variant uses 128 registers with 20 bytes of spill stores, the plain-decode variant with
-its 4,096 victim keys in registers 232 registers and no spill (early_copy 238, no spill; self_early
-255 with 16 bytes of spill).
+(D) locations in selection order, then the scratch reset. The other ``R * (S - 1)`` programs
+wait on their request's flag (release / acquire, published as soon as the victims are known, so
+the copy runs beside (D)) and copy an interleaved share of that request's miss rows: the copy
+grid scales with the batch (paper: 4 to 32 thread blocks). With ``S == 1`` the resolver program
+copies its rows itself and no flag exists.
 
-Cost model: the scan is O(B) per request and runs only for requests with a pending
-selection; victim selection adds ``1 + ceil(bits(stamp range) / 8)`` read passes over the B
-keys, only when a request has misses; the copy is ``copies * row_bytes`` over PCIe with
-16-byte loads (``ld.global.v2.b64`` for 656-byte rows).
+Two ways to hand out roles: plain decode (``early_copy``, ``pid_roles``) takes programs 0..R-1
+as resolvers, publishes the miss list after (C) so each copy program reads its first tile of host
+rows while (V) runs, and each request's last copy program re-arms its flag (one 128-byte line per
+request). Verification takes tickets from an atomic counter, so every request's resolver is
+resident before any copy program can wait; flags only grow there (launch ``e`` of a per-launch
+epoch publishes ``2e + 1`` and ``2e + 2``). The scratch is self-cleaning (entries a call touched
+are reset at its end), so it is never memset after creation.
+
+Compiled for sm_90a with 8 warps (``aot_compile`` compiles without a GPU; the CPU tests do).
 
 CUDA-graph safety: the wrapper performs no host sync and no data-dependent shape work. Not
 graph-safe: (a) the first call with a new largest shape (grows the workspace: warm up with
@@ -136,10 +126,10 @@ share one workspace).
 
 Pinned host memory in Triton 3.6: the pinned CPU tensor itself is passed as the pointer
 argument. Triton's CUDA launcher calls ``cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_POINTER)``
-on ``data_ptr()``, which succeeds for page-locked memory and yields its UVA device address
-(equal to the host address), so loads from it are PCIe reads (bit-exact, 49-51 GB/s measured on
-the H200 machine, DESIGN.md sec. 4). A pageable CPU tensor fails there ("cannot be accessed
-from Triton (cpu tensor?)"); the wrapper rejects it earlier with a clear message.
+on ``data_ptr()``, which succeeds for page-locked memory and yields its UVA device address, so
+loads from it are PCIe reads (bit-exact; docs/design.md has the bandwidth measured). A pageable
+CPU tensor fails there ("cannot be accessed from Triton (cpu tensor?)"); the wrapper rejects it
+earlier with a clear message.
 
 CPU: the Triton kernel runs under ``TRITON_INTERPRET=1`` (which must be set before triton is
 imported). Memory: the position scratch is ``R * P * page_size`` int32 (e.g. 32 MB for
@@ -148,7 +138,7 @@ R = 160 at 50K positions, 320 MB at 500K).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -190,124 +180,28 @@ _MISS = 0x20000000  # scratch entry = _MISS | miss rank after dedup
 _IDX = 0x0FFFFFFF
 _KEY_NONE = 1 << 62  # victim key of a protected slot
 _MAX_STAMP = 1 << 59
-# Victim selection is a radix select over the B slot keys. Each pass reads the keys once (an
-# L2 read per RBLK-slot tile, the tiles serial, so a pass costs about one L2 latency per tile).
-# The earlier 4-bit digits over 256-slot tiles needed 3 passes x 16 serial tiles at B = 4096
-# with 1000 distinct stamps (Fig. 8c, 70 us against the paper's 29.3 us at batch 8); 8-bit
-# digits over 2048-slot tiles make that 2 passes of 2 tiles. H200, 77 misses at B = 4096
-# (bench_resolver --sweep-radix, results/fig8/radix_sweep-h200.json), batch 8 / 160:
-# 256 slots x 4 bits 56.2 / 262.8 us; 1024 x 8: 51.8 / 255.4; 2048 x 8: 49.5 / 235.2;
-# 4096 x 8: 49.2 / 256.9 (4096 spills 44 bytes of registers at 8 warps, 2048 12 bytes).
+# Tuned on the H200 (docs/kernels/resolver.md has each measurement):
+# victim selection: 8-bit radix digits over 2048-slot tiles (2 passes of 2 tiles at B = 4096)
 RADIX_DIGIT_BITS = 8
 RADIX_TILE = 2048
-# The B-slot scan (hits, victim keys) walks the slots in tiles of SCAN_TILE, one dependent
-# gather per tile; when B fits one tile the victim keys stay in registers for the victim
-# selection (no workspace store and re-read per radix pass). H200, B = 4096, CUDA events
-# (bench_resolver --sweep-scan, results/fig8/regkeys_sweep-h200.json), batch 8 / 160:
-#   1024-slot tiles:             no miss 20.2 / 44.1 us, 77 misses 50.2 / 230.4 us
-#   4096, keys in the workspace: no miss 21.2 / 54.7 us, 77 misses 48.7 / 238.0 us
-#   4096, keys in registers:     no miss 15.9 / 46.8 us, 77 misses 40.7 / 223.3 us (default)
-# (paper: 18.7 / 36.9 and 29.3 / 243.3 us). A larger B takes SCAN_TILE_MULTI-slot tiles with the
-# keys in the workspace (4096-slot tiles were the slowest there).
+# scan: one 4096-slot tile keeps the victim keys in registers (no store and re-read per pass);
+# from SCAN_WIDE_BATCH requests up, or past one tile, 1024-slot tiles (occupancy), pipelined
+# SCAN_STAGES_MULTI deep, with the keys rebuilt from the slot state in each pass
 SCAN_TILE = 4096
 SCAN_TILE_MULTI = 1024
-# The scan's membership test: a bit per pending position, or a gather of the 4-byte position
-# scratch. The gather is the faster while the batch's scratch rows stay in L2; past that, every
-# slot's test is an HBM sector read and the bitmap (W / 8 bytes per request) wins. H200,
-# B = 4096, 500K positions, no miss (bench_resolver --sweep-scan 4096b,4096g,1024b,1024g,
-# results/fig8/bitmap_sweep-h200.json), batch 8 / 160:
-#   4096-slot tile: gather 15.5 / 46.1 us, bitmap 22.1 / 48.9 us
-#   1024-slot tile: gather 19.8 / 44.9 us, bitmap 21.1 / 37.7 us
-# (paper 18.7 / 36.9). So: SCAN_TILE_MULTI-slot tiles from SCAN_WIDE_BATCH requests up (one
-# 4096-slot tile with its keys in registers costs occupancy once the batch fills the GPU: 132
-# SMs), and with them the bitmap once R x W x 4 bytes of scratch pass PENDING_BITMAP_BYTES
-# (8 x 2 MB = 16 MB stays in the 50 MB L2; 160 x 2 MB does not). The bitmap lost with
-# 4096-slot tiles at both batches, so it is not taken with them.
-PENDING_BITMAP_BYTES = 32 << 20
 SCAN_WIDE_BATCH = 64
-# With the keys not in registers (multi-tile scans, B > one tile or wide batches), phase V can
-# rebuild each slot's key from hot_pos / hot_lru (12 bytes read per slot and pass) instead of
-# the scan storing 8-byte keys that V reads back: a call without misses then writes no keys.
-# With it the multi-tile scan is also software-pipelined (the next tile's hot_pos / hot_lru loads
-# issued before this tile's membership gathers). H200, B = 4096, batch 160, 1024-slot tiles with
-# the bitmap (results/fig8/keys_state_sweep-h200.json, measured at afa3d84 where the defaults were
-# stored keys and one stage, so --sweep-scan 1024b,1024sb,1024bp2,1024sbp2 meant these four; name
-# both knobs now: 1024mbp1,1024sbp1,1024mbp2,1024sbp2), no miss / 77 misses:
-#   keys stored, 1 stage 37.2 / 218.9 us; rebuilt 35.2 / 221.5; 2 stages 34.6 / 215.2;
-#   rebuilt + 2 stages 32.9 / 218.1 (default; paper 36.9 / 243.3).
-# Batch 8 takes one 4096-slot tile with the keys in registers, which neither knob touches.
-KEYS_FROM_STATE = True
 SCAN_STAGES_MULTI = 2
-# Phase C can look up the misses' host rows (HOST_ROWS) so that each copy tile's chain is miss list ->
-# host row instead of miss list -> host page table (HBM) -> host row. Not yet measured: off.
-HOST_ROWS = False
-# Phase C can start the misses' host rows streaming into L2 (``prefetch.global.L2`` on every
-# 128-byte line of the first PREFETCH_ROWS misses of a request) so the PCIe reads overlap the
-# victim selection instead of following it; the copy then reads those lines from L2. A pure hint:
-# same result with any value, and skipped under the interpreter. 0 = off. H200, B = 4096, 77 misses,
-# batch 8 / 160 (bench_resolver --sweep-prefetch, results/fig8/prefetch_sweep-h200.json, beside a
-# serving lane): off 40.8 / 226.5 us; 64 rows 40.4 / 239.5; 128 rows 40.7 / 231.1; 512 rows
-# 41.0 / 254.8. No gain: the copy's PCIe reads are not what phase V could hide. Off.
-# (4- and 6-bit digits over the register keys, same run: 43.9 / 225.2 and 42.7 / 232.1 us.)
-PREFETCH_ROWS = 0
-# With copy programs (S > 1) the copy can start before the victims are known: the resolver
-# publishes the miss list after phase C, each copy program reads its first tile's host rows into
-# registers (the PCIe round trip overlaps phase V), then stores them once the victims are
-# published; the resolver program itself copies nothing. Plain decode (Q = 1) then takes
-# DECODE_COPY_PROGRAMS programs per request. H200, B = 4096, 77 misses, batch 8 / 160
-# (bench_resolver --phase-times --sweep-early-copy 2,4,8, results/fig8/phase_times_62d731b-h200.json,
-# beside a serving lane): plain path (one program per request) 40.3 / 229.4 us; early copy S = 2
-# 44.1 / 241.7; S = 4 35.6 / 208.1; S = 8 35.1 / 210.8 (paper 29.3 / 243.3). The phase split of
-# the plain path at batch 8: scan 11.5 us, victim selection 9.2, the copy after them 14.1; with the
-# early copy the resolver program ends 22.8 us after it starts, the call 31.7 us.
-# But calls without a miss slow down: batch 8 / 160, no miss, 14.8 / 33.0 us plain against 23.1 /
-# 42.6 with S = 4 (results/fig8/phase_times_6b7c22a-h200.json, alone on the GPU; 77 misses there:
-# 39.6 / 219.8 plain, 34.8 / 201.1 early S = 4): the waiting copy programs' polls cost the resolver
-# more than the copy gains when there is nothing to copy (POLL_LOADS, spin: no fix).
-# Fixed by PID_ROLES (below): with the roles taken from the program id the early copy costs calls
-# without a miss little and the call with misses loses its ticket atomics. Timed in turn
-# (bench_resolver --interleave 40, results/fig8/pid_roles_2be2deb-h200.json, alone on the GPU),
-# batch 8, no miss / 77 misses: plain 14.7 / 43.6 us; early copy S = 4 with tickets 23.7 / 36.7;
-# S = 4 with pid roles 18.0 / 28.2; S = 8 with pid roles 16.4 / 28.2 (paper 18.7 / 29.3); back to
-# back 16.7 / 27.8 for S = 8 against 14.7 / 39.0 plain. So plain decode takes the early copy with
-# the first S of DECODE_COPY_PROGRAMS whose whole grid (R x S programs, one per multiprocessor at
-# this kernel's register use) fits the GPU, all of them resident at once; past that (batch 160:
-# plain 32.9 / 219 us, early copy with tickets 42.0 / 202) one program per request.
-# Verification (Q > 1) keeps its copy grid (the resolver program copies too): not measured there.
+# membership test: a bit per pending position once the batch's 4-byte position scratch outgrows
+# L2 (the gather then reads HBM); below that the scratch gather is faster
+PENDING_BITMAP_BYTES = 32 << 20
+# plain decode: copy programs start reading host rows before the victims are known (early copy),
+# with roles by program id; the first S that keeps the whole grid resident, else 1 program
 EARLY_COPY = True
 DECODE_COPY_PROGRAMS = (8, 4)
+PID_ROLES = True
 # the multiprocessors a CPU (interpreter) run assumes: the H200's, so CPU tests take the GPU's path
 # for the same batch (with the smallest copy grid of that path, see default_copy_programs)
 _NOMINAL_SMS = 132
-# Without copy programs, the resolver program can read its own first copy tile's host rows after
-# phase C and store them after phase V (SELF_EARLY), so the PCIe round trip overlaps the victim
-# selection. Measured worse (results/fig8/self_early_sweep_cc52935-h200.json, alone on the GPU),
-# batch 8 / 160: 77 misses 46.0 / 214.5 us against 39.6 / 220.6 plain, no miss 21.4 / 43.9 against
-# 15.0 / 33.5: the tile held in registers across phase V (32 x 128 words) costs the whole program
-# more than the overlap saves. Off.
-SELF_EARLY = False
-# The victim selection's block-wide prefix sums and reductions come in pairs (per radix pass: the
-# number of bins below the threshold digit and their count; per assignment tile: the ranks among
-# the keys below the threshold and among its ties): PACKED_SCANS packs each pair into one int64
-# reduction or scan. Measured slower (results/fig8/packed_scans_sweep_5c216ca-h200.json, alone on the
-# GPU), batch 8 / 160: no miss 18.6 / 34.0 us against 14.7 / 33.4, 77 misses 41.8 / 244.0 against
-# 39.3 / 228.7. Timed in turn with the defaults (bench_resolver --interleave 40,
-# results/fig8/interleaved_ec00722-h200.json): no miss 18.0 / 33.3 against 14.8 / 33.4, 77 misses
-# 44.4 / 220.9 against 44.2 / 220.1 -- neutral except the batch-8 call without a miss, 3 us slower
-# although phase B's machine code is the same in every variant (nvdisasm between the timer reads:
-# 923-930 instructions, the same mix). Off.
-PACKED_SCANS = False
-# Waiting copy programs poll their request's flag with volatile loads and take the acquire with one
-# atomic once it is set (POLL_LOADS), instead of an acquire atomic per poll. Not yet measured: off.
-POLL_LOADS = False
-# Copy programs take their role from the program id (programs 0..R-1 resolve, the rest copy), so
-# no program starts with two dependent atomics (ticket, epoch) and the launch ends without the
-# global done counter; each request's flag sits on its own 128-byte line and its last copy program
-# resets it. Only where R x (S - 1) waiting programs are fewer than the multiprocessors (a resolver
-# never waits, so one always finds a multiprocessor). On with the early copy (measured there, see
-# EARLY_COPY); other copy grids keep their tickets unless asked (copy programs without the early
-# copy, batch 8: 20.7 us without a miss, against 17.3 with tickets in ticket_path_f73fa80).
-PID_ROLES = True
 
 
 # phase boundaries written with ``phase_times`` (ns, the GPU's global timer), per request: the
@@ -536,32 +430,21 @@ def resolve_reference(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_lo
 if _HAVE_TRITON:
 
     @triton.jit
-    def _victim_key(ekey_row, hp_row, hl_row, scr_row, W, s, ms, stamp, n_stale, FROM_STATE: tl.constexpr):
-        """The victim keys of slots ``s``: read back from the workspace, or rebuilt from the
-        slot state after the scan. A slot the scan hit holds ``lru == stamp``; where no other
-        slot did before the call (``n_stale == 0``, always so when stamps only grow) that
-        equality is the protection mark, else the position scratch says which of them this call
-        hit (``HIT | slot``, kept until the scratch reset)."""
-        if FROM_STATE:
-            q = tl.load(hp_row + s, mask=ms, other=-1, cache_modifier=".cg")
-            lru = tl.load(hl_row + s, mask=ms, other=0, cache_modifier=".cg")
-            key = tl.where(q < 0, tl.zeros_like(lru), lru + 1)
-            tie = ms & (lru == stamp)
-            sc = tl.load(scr_row + q, mask=tie & (n_stale > 0) & (q >= 0) & (q < W), other=0,
-                         cache_modifier=".cg")
-            hit = tie & ((n_stale == 0) | (sc == (s | 0x10000000)))
-            key = tl.where(ms & ~hit, key, 4611686018427387904)
-        else:
-            key = tl.load(ekey_row + s, mask=ms, other=4611686018427387904, cache_modifier=".cg")
-        return key
-
-    @triton.jit
-    def _prefetch_l2(addr, pred):
-        """``prefetch.global.L2`` of the byte address ``addr`` (int64) where ``pred`` (int32) != 0:
-        a hint with no result; for pinned host memory it starts the PCIe read into L2."""
-        tl.inline_asm_elementwise(
-            "{ .reg .pred pf; setp.ne.b32 pf, $2, 0; @pf prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, pred], dtype=tl.int32, is_pure=False, pack=1)
+    def _victim_key(hp_row, hl_row, scr_row, W, s, ms, stamp, n_stale):
+        """The victim keys of slots ``s``, rebuilt from the slot state after the scan (keys not in
+        registers): 12 bytes read per slot instead of an 8-byte key stored by the scan and read
+        back, so a call without misses writes no keys. A slot the scan hit holds ``lru == stamp``;
+        where no other slot did before the call (``n_stale == 0``, always so when stamps only grow)
+        that equality is the protection mark, else the position scratch says which of them this
+        call hit (``HIT | slot``, kept until the scratch reset)."""
+        q = tl.load(hp_row + s, mask=ms, other=-1, cache_modifier=".cg")
+        lru = tl.load(hl_row + s, mask=ms, other=0, cache_modifier=".cg")
+        key = tl.where(q < 0, tl.zeros_like(lru), lru + 1)
+        tie = ms & (lru == stamp)
+        sc = tl.load(scr_row + q, mask=tie & (n_stale > 0) & (q >= 0) & (q < W), other=0,
+                     cache_modifier=".cg")
+        hit = tie & ((n_stale == 0) | (sc == (s | 0x10000000)))
+        return tl.where(ms & ~hit, key, 4611686018427387904)
 
     @triton.jit
     def _stamp_phase(dbg_ptr, r64, k: tl.constexpr, TIMING: tl.constexpr):
@@ -603,8 +486,8 @@ if _HAVE_TRITON:
     @triton.jit
     def _publish(meta_ptr, flag_addr, r64, nv, ncopy, flag, COPY_PROGRAMS: tl.constexpr):
         """Hand this request's copy list (miss positions, counts, and with ``flag`` at stage 2 the
-        victims) to its copy programs. Flags only grow: launch ``e`` publishes ``2e + 1`` once the
-        miss list is known and ``2e + 2`` once the victims are (stage 1 is used by early_copy)."""
+        victims) to its copy programs: stage 1 (``2e + 1``) once the miss list is known (early
+        copy), stage 2 (``2e + 2``) once the victims are."""
         tl.store(meta_ptr + r64 * 2, nv)
         tl.store(meta_ptr + r64 * 2 + 1, ncopy)
         tl.debug_barrier()
@@ -612,31 +495,12 @@ if _HAVE_TRITON:
             tl.atomic_xchg(flag_addr, flag, sem="release")
 
     @triton.jit
-    def _wait_flag(flag_addr, target, SPIN_NS: tl.constexpr, POLL_LOADS: tl.constexpr):
-        """Copy program: wait until its request's flag reaches ``target`` (acquire), then a CTA
-        barrier so every thread sees what the resolver published. POLL_LOADS polls with volatile
-        loads (L2 reads, which many programs can make at once) and acquires with one fence once
-        the flag is seen; else every poll is an acquire atomic on the flag's address."""
-        if POLL_LOADS:
-            f = tl.load(flag_addr, volatile=True)
-        else:
-            f = tl.atomic_add(flag_addr, 0, sem="acquire")
+    def _wait_flag(flag_addr, target):
+        """Copy program: wait until its request's flag reaches ``target`` (an acquire atomic per
+        poll), then a CTA barrier so every thread sees what the resolver published."""
+        f = tl.atomic_add(flag_addr, 0, sem="acquire")
         while f < target:
-            if SPIN_NS > 0:
-                # back off between polls: spinning copy programs otherwise keep the L2
-                # busy while their resolver is still scanning
-                tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
-                                          [f.to(tl.int32) * 0 + SPIN_NS], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-            if POLL_LOADS:
-                f = tl.load(flag_addr, volatile=True)
-            else:
-                f = tl.atomic_add(flag_addr, 0, sem="acquire")
-        if POLL_LOADS:
-            # a strong read that saw the release, then a fence: the PTX acquire pattern (an acquire
-            # atomic whose result goes unused would be dropped by the compiler)
-            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [f.to(tl.int32)],
-                                      dtype=tl.int32, is_pure=False, pack=1)
+            f = tl.atomic_add(flag_addr, 0, sem="acquire")
         tl.debug_barrier()
 
     @triton.jit(do_not_specialize=["stamp_arg"])
@@ -652,19 +516,16 @@ if _HAVE_TRITON:
         stamp_arg,
         scr_ptr, scr_stride, W,
         bm_ptr, bm_stride,
-        ekey_ptr, ekey_stride,
-        mpos_ptr, vic_ptr, list_stride, mrow_ptr,
+        mpos_ptr, vic_ptr, list_stride,
         meta_ptr, flags_ptr, ctrl_ptr, pflags_ptr, pdone_ptr,
         R, QK, B, page_size, S,
         HAS_DIRECT: tl.constexpr, HAS_STAGING: tl.constexpr, STAMP_IS_PTR: tl.constexpr,
         ACCUM: tl.constexpr, COPY_PROGRAMS: tl.constexpr,
         WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr, HSTRIDE: tl.constexpr,
         QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
-        DIGIT: tl.constexpr, NBINS: tl.constexpr, COPY_STAGES: tl.constexpr,
-        REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, KEYS_FROM_STATE: tl.constexpr,
-        SCAN_STAGES: tl.constexpr, SPIN_NS: tl.constexpr, HOST_ROWS: tl.constexpr,
-        PREFETCH: tl.constexpr, LINE_WORDS: tl.constexpr, EARLY: tl.constexpr, POLL_LOADS: tl.constexpr,
-        SELF_EARLY: tl.constexpr, PACKED: tl.constexpr, PID_ROLES: tl.constexpr,
+        DIGIT: tl.constexpr, NBINS: tl.constexpr,
+        REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, SCAN_STAGES: tl.constexpr,
+        EARLY: tl.constexpr, PID_ROLES: tl.constexpr,
         dbg_ptr, TIMING: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
@@ -682,7 +543,6 @@ if _HAVE_TRITON:
             ticket = tl.program_id(0).to(tl.int64)
             epoch = tl.zeros([], tl.int64)
         r64 = ticket % R
-        r = r64.to(tl.int32)
         share = (ticket // R).to(tl.int32)
         if PID_ROLES:
             flag_addr = pflags_ptr + r64 * 16  # one 128-byte line per request's flag
@@ -693,10 +553,8 @@ if _HAVE_TRITON:
         loc_row = loc_ptr + r64 * QK
         scr_row = scr_ptr + r64 * scr_stride
         bm_row = bm_ptr + r64 * bm_stride
-        ekey_row = ekey_ptr + r64 * ekey_stride
         mpos_row = mpos_ptr + r64 * list_stride
         vic_row = vic_ptr + r64 * list_stride
-        mrow_row = mrow_ptr + r64 * list_stride
         hp_row = hot_pos_ptr + r64 * hot_pos_stride
         hl_row = hot_lru_ptr + r64 * hot_lru_stride
         hot_base = tl.load(hot_base_ptr + r64)
@@ -713,8 +571,6 @@ if _HAVE_TRITON:
             else:
                 stamp = stamp_arg + tl.zeros([], tl.int64)
             ts = tl.load(tail_start_ptr + r64)
-            rows_e = tl.arange(0, ROWS)
-            cols_e = tl.arange(0, WPAD)
             offs_q = tl.arange(0, QBLK)
             offs_b = tl.arange(0, BBLK)
             n_pend = tl.zeros([], tl.int32)
@@ -758,11 +614,11 @@ if _HAVE_TRITON:
                 n_hit = tl.zeros([], tl.int32)
                 lo = tl.full([], 4611686018427387904, tl.int64)
                 hi = tl.zeros([], tl.int64)
-                # REG_KEYS (B fits one scan tile): the victim keys stay in registers for
-                # phase V instead of a store + one L2 re-read per radix pass and per tile
+                # REG_KEYS (B fits one scan tile): the victim keys stay in registers for phase V;
+                # else phase V rebuilds them from hot_pos / hot_lru (_victim_key)
                 kreg = tl.zeros([BBLK], tl.int64)
                 # slots that already held lru == stamp before this call, not hit by it: they make
-                # the rebuilt keys (KEYS_FROM_STATE) consult the scratch for protection
+                # the rebuilt keys consult the scratch for protection
                 n_stale = tl.zeros([], tl.int32)
                 for b0 in tl.range(0, B, BBLK, num_stages=SCAN_STAGES):
                     s = b0 + offs_b
@@ -783,14 +639,9 @@ if _HAVE_TRITON:
                     key = tl.where(cand, key, 4611686018427387904)
                     if REG_KEYS:
                         kreg = key
-                    elif not KEYS_FROM_STATE:
-                        # KEYS_FROM_STATE: phase V rebuilds the key from hot_pos / hot_lru
-                        # instead (a hit slot is the one whose lru now equals the stamp), so a
-                        # call without misses writes no keys at all
-                        tl.store(ekey_row + s, key, mask=ms)
-                    n_hit += tl.sum(hit.to(tl.int32), 0)
-                    if KEYS_FROM_STATE:
+                    else:
                         n_stale += tl.sum((cand & (lru == stamp)).to(tl.int32), 0)
+                    n_hit += tl.sum(hit.to(tl.int32), 0)
                     lo = tl.minimum(lo, tl.min(key, 0))
                     hi = tl.maximum(hi, tl.max(tl.where(cand, key, 0), 0))
                 tl.debug_barrier()
@@ -804,31 +655,11 @@ if _HAVE_TRITON:
                     pend = mi & (loc == -3)
                     p = tl.load(sel_row + i, mask=pend, other=0)
                     sc = tl.load(scr_row + p, mask=pend, other=-1, cache_modifier=".cg")
-                    if HOST_ROWS:
-                        # the host page-table lookup, issued beside the scratch gather (not
-                        # after it), so the copy's per-tile chain loses its HBM hop
-                        hpg = tl.load(hpt_ptr + r64 * hpt_stride + p // page_size, mask=pend, other=0)
                     first = pend & (sc == i)
                     f32 = first.to(tl.int32)
                     rank = m + tl.cumsum(f32, 0) - 1
                     tl.store(scr_row + p, rank | 0x20000000, mask=first)
                     tl.store(mpos_row + rank, p, mask=first)
-                    if HOST_ROWS:
-                        tl.store(mrow_row + rank, hpg.to(tl.int64) * page_size + (p % page_size),
-                                 mask=first)
-                    if PREFETCH > 0:
-                        # start this miss's host row on its way to L2 now: phase V (the victim
-                        # selection) runs while the PCIe reads are in flight
-                        pf = first & (rank < PREFETCH)
-                        if HOST_ROWS:
-                            pg_pf = hpg
-                        else:
-                            pg_pf = tl.load(hpt_ptr + r64 * hpt_stride + p // page_size, mask=pf, other=0)
-                        w0 = (pg_pf.to(tl.int64) * page_size + (p % page_size)) * HSTRIDE
-                        for ln in tl.static_range(0, (WORDS + LINE_WORDS - 1) // LINE_WORDS + 1):
-                            # every 128-byte line the row touches: line starts, then its last word
-                            w = w0 + min(ln * LINE_WORDS, WORDS - 1)
-                            _prefetch_l2((host_ptr + w).to(tl.int64, bitcast=True), pf.to(tl.int32))
                     m += tl.sum(f32, 0)
                 nv = tl.minimum(m, B - n_hit)
                 ovf = m - nv
@@ -839,13 +670,6 @@ if _HAVE_TRITON:
                 tl.debug_barrier()
                 if EARLY:  # copy programs start their host reads while the victims are chosen
                     _publish(meta_ptr, flag_addr, r64, nv, ncopy, 2 * epoch + 1, COPY_PROGRAMS)
-                if SELF_EARLY:
-                    # this program's first copy tile: its host rows are read now, so the PCIe round
-                    # trip overlaps phase V; stored once the victims are known (below)
-                    jx = rows_e
-                    mjx = jx < ncopy
-                    hrx = _host_rows_of(mpos_row, hpt_ptr + r64 * hpt_stride, jx, mjx, page_size)
-                    valx, m2x = _load_tile(host_ptr, hrx, mjx, cols_e, WORDS, HSTRIDE)
                 _stamp_phase(dbg_ptr, r64, 3, TIMING)
                 # -- phase V: victims = nv smallest keys, assigned in slot order -------
                 if nv > 0:
@@ -871,8 +695,7 @@ if _HAVE_TRITON:
                             for b0 in range(0, B, RBLK):
                                 s = b0 + offs_r
                                 ms = s < B
-                                key = _victim_key(ekey_row, hp_row, hl_row, scr_row, W, s, ms, stamp,
-                                                  n_stale, KEYS_FROM_STATE)
+                                key = _victim_key(hp_row, hl_row, scr_row, W, s, ms, stamp, n_stale)
                                 c = ms & (key != 4611686018427387904)
                                 x = key - lo
                                 match = c & ((x >> hs) == (prefix >> hs))
@@ -881,15 +704,8 @@ if _HAVE_TRITON:
                                 # a [RBLK, bins] one-hot: wide tiles and 256 bins stay cheap
                                 counts += tl.histogram(dig, NBINS, mask=match)
                         cum = tl.cumsum(counts, 0)
-                        if PACKED:
-                            # the bins below the threshold digit are those with cum < need (cum
-                            # only grows): their number and their count from one reduction
-                            pk = tl.sum(tl.where(cum < need, (counts.to(tl.int64) << 32) + 1, 0), 0)
-                            dsel = (pk & 0xFFFFFFFF).to(tl.int32)
-                            below = (pk >> 32).to(tl.int32)
-                        else:
-                            dsel = tl.sum((cum < need).to(tl.int32), 0)
-                            below = tl.sum(tl.where(bins < dsel, counts, 0), 0)
+                        dsel = tl.sum((cum < need).to(tl.int32), 0)
+                        below = tl.sum(tl.where(bins < dsel, counts, 0), 0)
                         need -= below
                         prefix += dsel.to(tl.int64) << shift
                         shift -= DIGIT
@@ -902,39 +718,23 @@ if _HAVE_TRITON:
                         if REG_KEYS:
                             key = kreg
                         else:
-                            key = _victim_key(ekey_row, hp_row, hl_row, scr_row, W, s, ms, stamp,
-                                              n_stale, KEYS_FROM_STATE)
+                            key = _victim_key(hp_row, hl_row, scr_row, W, s, ms, stamp, n_stale)
                         c = ms & (key != 4611686018427387904)
                         lt = c & (key < thr)
                         eq = c & (key == thr)
-                        if PACKED:
-                            # one scan of (eq << 32) + lt gives both prefix counts: a slot is the
-                            # v-th victim with v = keys below the threshold before it + the first
-                            # `need` threshold ties before it (taken here counts the former only)
-                            x = lt.to(tl.int64) + (eq.to(tl.int64) << 32)
-                            cs = tl.cumsum(x, 0) - x  # exclusive
-                            lt_ex = (cs & 0xFFFFFFFF).to(tl.int32)
-                            eq_ex = (cs >> 32).to(tl.int32)
-                            chosen = lt | (eq & (eq_seen + eq_ex < need))
-                            v = taken + lt_ex + tl.minimum(eq_seen + eq_ex, need)
-                            tot = tl.sum(x, 0)
-                            taken += (tot & 0xFFFFFFFF).to(tl.int32)
-                            eq_seen += (tot >> 32).to(tl.int32)
-                        else:
-                            eqrank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
-                            chosen = lt | (eq & (eqrank < need))
-                            ch32 = chosen.to(tl.int32)
-                            v = taken + tl.cumsum(ch32, 0) - 1
-                            taken += tl.sum(ch32, 0)
-                            eq_seen += tl.sum(eq.to(tl.int32), 0)
+                        # the v-th victim: keys below the threshold before it + the first `need`
+                        # threshold ties
+                        eqrank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
+                        chosen = lt | (eq & (eqrank < need))
+                        ch32 = chosen.to(tl.int32)
+                        v = taken + tl.cumsum(ch32, 0) - 1
+                        taken += tl.sum(ch32, 0)
+                        eq_seen += tl.sum(eq.to(tl.int32), 0)
                         tl.store(vic_row + v, s, mask=chosen)
                         newp = tl.load(mpos_row + v, mask=chosen, other=-1, cache_modifier=".cg")
                         tl.store(hp_row + s, newp, mask=chosen)
                         tl.store(hl_row + s, stamp + tl.zeros_like(key), mask=chosen)
                 tl.debug_barrier()
-                if SELF_EARLY:
-                    _store_tile(kv_ptr, vic_row, hot_base, stg_base, jx, mjx, nv, valx, m2x, cols_e, WORDS,
-                                HAS_STAGING)
                 _stamp_phase(dbg_ptr, r64, 4, TIMING)
                 # the copy needs only the miss list and the victims: the copy programs start
                 # now, while this program writes the locations and resets the scratch
@@ -995,7 +795,7 @@ if _HAVE_TRITON:
         else:
             if COPY_PROGRAMS:
                 # EARLY: the miss list is enough to start reading host rows (stage 1)
-                _wait_flag(flag_addr, 2 * epoch + 2 - EARLY, SPIN_NS, POLL_LOADS)
+                _wait_flag(flag_addr, 2 * epoch + 2 - EARLY)
 
         # ======================= copy phase (every program) ===========================
         nv_c = tl.load(meta_ptr + r64 * 2, cache_modifier=".cg")
@@ -1014,26 +814,19 @@ if _HAVE_TRITON:
                 mj = j < nc
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
                 val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
-                _wait_flag(flag_addr, 2 * epoch + 2, SPIN_NS, POLL_LOADS)
+                _wait_flag(flag_addr, 2 * epoch + 2)
                 _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val0, m2, cols, WORDS, HAS_STAGING)
                 t0 += cstep
             else:
                 t0 = ntiles
         else:
             t0 = share
-            if SELF_EARLY:
-                if share == 0:  # tile 0 was copied by the resolver phase itself
-                    t0 = S
             cstep = S
-        # COPY_STAGES > 1 lets Triton's software pipeliner issue the next tile's loads (miss
-        # list, page table, host rows) while this tile's stores drain; 1 is the plain loop
-        for t in tl.range(t0, ntiles, cstep, num_stages=COPY_STAGES):
+        # num_stages=1: software pipelining of the copy loop measured slower
+        for t in tl.range(t0, ntiles, cstep, num_stages=1):
             j = t * ROWS + rows
             mj = j < nc
-            if HOST_ROWS:
-                hrow = tl.load(mrow_row + j, mask=mj, other=0, cache_modifier=".cg")
-            else:
-                hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
+            hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
             val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
             _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val, m2, cols, WORDS, HAS_STAGING)
         if share == 0:
@@ -1056,6 +849,7 @@ if _HAVE_TRITON:
                 tl.atomic_add(ctrl_ptr + 2, 1)
 
 
+
 # --------------------------------------------------------------------------------------
 # Workspace
 # --------------------------------------------------------------------------------------
@@ -1065,35 +859,30 @@ class ResolverWorkspace:
     """Device scratch reused across calls (grown, never shrunk; never memset after growth).
 
     scratch int32 [R, W] (sentinel-filled, self-cleaning), bitmap int32 [R, ceil(W / 32)] (zero,
-    self-cleaning), ekey int64 [R, B],
-    mpos / victims int32 [R, QK], mrow int64 [R, QK] (host_rows only), meta int32 [R, 2], flags int64 [R],
-    ctrl int64 [3].
+    self-cleaning), mpos / victims int32 [R, QK], meta int32 [R, 2], flags int64 [R],
+    pflags int64 [R * 16] / pdone int32 [R * 32] (one 128-byte line per request), ctrl int64 [3].
     One workspace must not be used by two calls that may run concurrently."""
 
     def __init__(self, device):
         self.device = torch.device(device)
-        self.R = self.W = self.B = self.QK = 0
-        self.scratch = self.bitmap = self.ekey = self.mpos = self.victims = self.mrow = None
+        self.R = self.W = self.QK = 0
+        self.scratch = self.bitmap = self.mpos = self.victims = None
         self.meta = self.flags = self.pflags = self.pdone = None
         # ctrl persists for the workspace's lifetime (epoch must never go back)
         self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.device)
 
-    def ensure(self, R: int, W: int, B: int, QK: int, host_rows: bool = False) -> "ResolverWorkspace":
+    def ensure(self, R: int, W: int, QK: int) -> ResolverWorkspace:
+        """Grow to R requests, W positions and QK selections per request."""
         dev = self.device
         if R > self.R or W > self.W:
             nR, nW = max(R, self.R), max(W, self.W)
             self.scratch = torch.full((nR, nW), _SENT, dtype=torch.int32, device=dev)
             self.bitmap = torch.zeros((nR, (nW + 31) // 32), dtype=torch.int32, device=dev)
             self.W = nW
-        if R > self.R or B > self.B:
-            nR, nB = max(R, self.R), max(B, self.B)
-            self.ekey = torch.empty((nR, nB), dtype=torch.int64, device=dev)
-            self.B = nB
         if R > self.R or QK > self.QK:
             nR, nQ = max(R, self.R), max(QK, self.QK)
             self.mpos = torch.empty((nR, nQ), dtype=torch.int32, device=dev)
             self.victims = torch.empty((nR, nQ), dtype=torch.int32, device=dev)
-            self.mrow = None  # regrown below, with the lists' shape, when host_rows asks for it
             self.QK = nQ
         if R > self.R:
             self.meta = torch.zeros((R, 2), dtype=torch.int32, device=dev)
@@ -1104,12 +893,10 @@ class ResolverWorkspace:
             self.pflags = torch.zeros((R * 16,), dtype=torch.int64, device=dev)
             self.pdone = torch.zeros((R * 32,), dtype=torch.int32, device=dev)
             self.R = R
-        if host_rows and self.mrow is None:  # host rows per miss, int64 [R, QK] like the lists
-            self.mrow = torch.empty(self.mpos.shape, dtype=torch.int64, device=dev)
         return self
 
     def nbytes(self) -> int:
-        ts = [self.scratch, self.bitmap, self.ekey, self.mpos, self.victims, self.mrow, self.meta, self.flags,
+        ts = [self.scratch, self.bitmap, self.mpos, self.victims, self.meta, self.flags,
               self.pflags, self.pdone, self.ctrl]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
@@ -1128,7 +915,7 @@ def _default_workspace(device: torch.device) -> ResolverWorkspace:
     return ws
 
 
-def _pow2(n: int, lo: int = 16, hi: Optional[int] = None) -> int:
+def _pow2(n: int, lo: int = 16, hi: int | None = None) -> int:
     v = max(lo, 1 << max(0, (int(n) - 1).bit_length()))
     return min(v, hi) if hi is not None else v
 
@@ -1141,7 +928,7 @@ def _word_view(row_bytes: int, kv_pool: torch.Tensor, host_pool: torch.Tensor):
     raise AssertionError("unreachable")
 
 
-def default_copy_programs(R: int, Q: int = 2, num_sms: Optional[int] = None) -> int:
+def default_copy_programs(R: int, Q: int = 2, num_sms: int | None = None) -> int:
     """Copy programs per request. Plain decode (Q == 1) moves few rows per request (the paper's
     77 misses): with EARLY_COPY, the first S of DECODE_COPY_PROGRAMS whose R x S programs fit the
     ``num_sms`` multiprocessors (None: _NOMINAL_SMS), programs that start reading host rows before
@@ -1160,10 +947,9 @@ def default_copy_programs(R: int, Q: int = 2, num_sms: Optional[int] = None) -> 
     return max(1, min(8, -(-64 // max(1, R))))
 
 
-def scan_settings(R: int, B: int, W: int, *, scan_tile: Optional[int] = None,
-                  keys_in_registers: Optional[bool] = None, pending_bitmap: Optional[bool] = None,
-                  keys_from_state: Optional[bool] = None, scan_stages: Optional[int] = None,
-                  host_rows: Optional[bool] = None) -> dict:
+def scan_settings(R: int, B: int, W: int, *, scan_tile: int | None = None,
+                  keys_in_registers: bool | None = None, pending_bitmap: bool | None = None,
+                  scan_stages: int | None = None) -> dict:
     """The scan / victim-selection settings a call of R requests, B slots and W positions runs
     with: each argument as given, or the kernel's default for that shape (the benchmark records
     these, so a sweep row says what it measured whatever the defaults are when it ran)."""
@@ -1177,45 +963,39 @@ def scan_settings(R: int, B: int, W: int, *, scan_tile: Optional[int] = None,
                          f"scan_tile = {scan_tile}")
     if pending_bitmap is None:
         pending_bitmap = R >= SCAN_WIDE_BATCH and R * W * 4 > PENDING_BITMAP_BYTES
-    from_state = (KEYS_FROM_STATE if keys_from_state is None else bool(keys_from_state)) and not reg_keys
     if scan_stages is None:  # pipelining needs more than one scan tile
         scan_stages = SCAN_STAGES_MULTI if B > scan_tile else 1
     if int(scan_stages) < 1:
         raise ValueError(f"scan_stages must be >= 1, got {scan_stages}")
     return dict(scan_tile=int(scan_tile), keys_in_registers=bool(reg_keys), pending_bitmap=bool(pending_bitmap),
-                keys_from_state=bool(from_state), scan_stages=int(scan_stages),
-                host_rows=HOST_ROWS if host_rows is None else bool(host_rows))
+                scan_stages=int(scan_stages))
 
 
-def copy_settings(R: int, Q: int, *, copy_programs_per_request: Optional[int] = None,
-                  early_copy: Optional[bool] = None, self_early: Optional[bool] = None,
-                  pid_roles: Optional[bool] = None, num_sms: Optional[int] = None) -> dict:
+def copy_settings(R: int, Q: int, *, copy_programs_per_request: int | None = None,
+                  early_copy: bool | None = None, pid_roles: bool | None = None,
+                  num_sms: int | None = None) -> dict:
     """How a call of R requests x Q queries copies its misses: each argument as given, or the
     kernel's default (the benchmark records these beside scan_settings). Raises on a combination
     the kernel cannot run."""
     S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q, num_sms)
     S = max(1, S)
-    if early_copy is None:  # measured for plain decode only (see EARLY_COPY)
+    if early_copy is None:  # measured for plain decode only
         early_copy = EARLY_COPY and S > 1 and Q == 1
     elif early_copy and S < 2:
         raise ValueError("early_copy hands the copy to the copy programs: it needs "
                          f"copy_programs_per_request >= 2, got {S}")
-    self_early = (SELF_EARLY and not early_copy) if self_early is None else bool(self_early)
-    if self_early and early_copy:
-        raise ValueError("self_early and early_copy are two ways to start the copy early: pick one")
     # pid_roles: roles from the program id (no tickets) where that cannot deadlock: with fewer
     # waiting copy programs than multiprocessors, a resolver (which never waits) always finds one
     fits = num_sms is None or R * (S - 1) < num_sms
     # (asked for where it does not fit, the call takes tickets: the returned settings say which)
     pid_roles = (PID_ROLES and early_copy if pid_roles is None else bool(pid_roles)) and S > 1 and fits
-    return dict(copy_programs_per_request=S, early_copy=bool(early_copy), self_early=self_early,
-                pid_roles=bool(pid_roles) and S > 1)
+    return dict(copy_programs_per_request=S, early_copy=bool(early_copy), pid_roles=bool(pid_roles) and S > 1)
 
 
 _SM_COUNT: dict = {}
 
 
-def num_sms(dev) -> Optional[int]:
+def num_sms(dev) -> int | None:
     """Multiprocessors of a CUDA device (a torch.device or its name; cached): what
     ``copy_settings`` / ``default_copy_programs`` take. None on CPU, where the interpreter runs the
     programs one after another in program-id order (a resolver before its copy programs)."""
@@ -1231,49 +1011,30 @@ def num_sms(dev) -> Optional[int]:
 def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
                    host_page_table, kv_pool, host_pool, stamp, *, page_size,
                    direct_page_table=None, staging_loc_base=None, out=None,
-                   accumulate_counters=False, workspace: Optional[ResolverWorkspace] = None,
-                   copy_programs_per_request: Optional[int] = None, num_warps: int = 8,
+                   accumulate_counters=False, workspace: ResolverWorkspace | None = None,
+                   copy_programs_per_request: int | None = None, num_warps: int = 8,
                    radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
-                   scan_tile: Optional[int] = None, copy_stages: int = 1,
-                   keys_in_registers: Optional[bool] = None, copy_rows: Optional[int] = None,
-                   pending_bitmap: Optional[bool] = None, keys_from_state: Optional[bool] = None,
-                   scan_stages: Optional[int] = None, spin_ns: int = 0, host_rows: Optional[bool] = None,
-                   prefetch_rows: Optional[int] = None, phase_times: Optional[torch.Tensor] = None,
-                   early_copy: Optional[bool] = None, poll_loads: Optional[bool] = None,
-                   self_early: Optional[bool] = None, packed_scans: Optional[bool] = None,
-                   pid_roles: Optional[bool] = None, check: bool = True) -> ResolveResult:
-    """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``.
-    ``radix_tile`` (slots per tile, a power of two) and ``radix_bits`` (digit width, 1..12) tune
-    the victim selection, ``scan_tile`` (slots per tile of the B-slot scan and the victim
-    assignment, a power of two) the scan, ``copy_stages`` (software-pipelining depth of the
-    row copy loop, 1 = none) the copy; ``keys_in_registers`` (default: when B fits one scan
-    tile) keeps the victim keys in registers between the scan and the victim selection;
-    ``copy_rows`` (rows per copy tile, a power of two; default 4096 words' worth) sets how many
-    host rows one dependent load round brings in; ``pending_bitmap`` (default: once the batch's
-    position scratch, R x W x 4 bytes, passes PENDING_BITMAP_BYTES) has the scan
-    test slot positions against a bit per pending position instead of the position scratch;
-    ``keys_from_state`` (keys not in registers only; default KEYS_FROM_STATE) has the victim
-    selection rebuild each slot's key from hot_pos / hot_lru instead of storing the keys during
-    the scan; ``scan_stages`` software-pipelines the multi-tile scan; ``spin_ns`` makes waiting
-    copy programs sleep between polls of their request's flag (``copy_programs_per_request > 1``);
-    ``host_rows`` has phase C look up the misses' host rows (beside its scratch gather) for the
-    copy, instead of the copy doing it per tile; ``prefetch_rows`` (default PREFETCH_ROWS, 0 = off;
-    always off under the interpreter, which has no inline PTX) has phase C prefetch the host rows
-    of each request's first ``prefetch_rows`` misses into L2 so the PCIe reads overlap the victim
-    selection; ``early_copy`` (default EARLY_COPY, needs ``copy_programs_per_request >= 2``) has
-    the copy programs, and not the resolver program, copy the rows, each reading its first tile
-    from host memory as soon as the miss list is known (before the victims); every choice gives
-    the same result (the benchmark sweeps them); ``poll_loads`` (default POLL_LOADS; off under the
-    interpreter, which has no inline PTX) has waiting copy programs poll their flag with loads
-    instead of atomics; ``self_early`` (default SELF_EARLY; not with ``early_copy``) has the resolver
-    program read its own first copy tile's host rows after phase C and store them after phase V
-    (the PCIe round trip overlaps the victim selection, with no copy programs); ``packed_scans``
-    (default PACKED_SCANS) packs the victim selection's paired prefix sums and reductions into one
-    each; ``pid_roles`` (default PID_ROLES, where R x (S - 1) is below the multiprocessor count) gives
-    copy programs their role by program id instead of an atomic ticket (tickets where it is not
-    below). ``phase_times``
-    (int64 [R, 8] on the device, GPU only) receives each request's phase boundaries in ns
-    (PHASE_NAMES; benchmarks/bench_resolver.py --phase-times)."""
+                   scan_tile: int | None = None, keys_in_registers: bool | None = None,
+                   copy_rows: int | None = None, pending_bitmap: bool | None = None,
+                   scan_stages: int | None = None, early_copy: bool | None = None,
+                   pid_roles: bool | None = None, phase_times: torch.Tensor | None = None,
+                   check: bool = True) -> ResolveResult:
+    """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``;
+    every tuning argument gives the same result (the benchmark sweeps them), None takes the
+    default for the call's shape:
+    ``radix_tile`` / ``radix_bits`` -- slots per tile (a power of two) and digit width (1..12) of
+    the victim selection; ``scan_tile`` -- slots per tile of the B-slot scan and the victim
+    assignment (a power of two); ``keys_in_registers`` -- keep the victim keys in registers between
+    the scan and the victim selection (needs B <= scan_tile), else rebuild them from the slot
+    state; ``pending_bitmap`` -- test slot positions against a bit per pending position instead of
+    the position scratch; ``scan_stages`` -- software-pipelining depth of the multi-tile scan;
+    ``copy_rows`` -- host rows per copy tile (a power of two; default 4096 words' worth);
+    ``copy_programs_per_request`` / ``early_copy`` / ``pid_roles`` -- the copy grid, whether its
+    copy programs read their first tile before the victims are known (needs >= 2 programs per
+    request), and whether roles come from the program id (only where R x (S - 1) is below the
+    multiprocessor count; tickets otherwise). ``phase_times`` (int64 [R, 8] on the device, GPU
+    only) receives each request's phase boundaries in ns (PHASE_NAMES;
+    benchmarks/bench_resolver.py --phase-times)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
@@ -1299,21 +1060,12 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     row_bytes = kv_pool.shape[1]
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
     st = scan_settings(R, B, W, scan_tile=scan_tile, keys_in_registers=keys_in_registers,
-                       pending_bitmap=pending_bitmap, keys_from_state=keys_from_state,
-                       scan_stages=scan_stages, host_rows=host_rows)
+                       pending_bitmap=pending_bitmap, scan_stages=scan_stages)
     scan_tile, reg_keys, pending_bitmap = st["scan_tile"], st["keys_in_registers"], st["pending_bitmap"]
-    keys_from_state, scan_stages, host_rows = st["keys_from_state"], st["scan_stages"], st["host_rows"]
+    scan_stages = st["scan_stages"]
     if not (1 <= radix_bits <= 12 and radix_tile >= 16 and radix_tile & (radix_tile - 1) == 0):
         raise ValueError(f"radix_bits must be 1..12 and radix_tile a power of two >= 16, "
                          f"got {radix_bits}, {radix_tile}")
-    if int(spin_ns) < 0 or int(spin_ns) > 1_000_000:
-        raise ValueError(f"spin_ns must be in 0..1e6, got {spin_ns}")
-    prefetch_rows = PREFETCH_ROWS if prefetch_rows is None else int(prefetch_rows)
-    if not 0 <= prefetch_rows < _HIT:
-        raise ValueError(f"prefetch_rows must be in 0..2**28 - 1, got {prefetch_rows}")
-    poll_loads = POLL_LOADS if poll_loads is None else bool(poll_loads)
-    if interpret:  # a hint only / the same handoff: the interpreter cannot run inline PTX
-        prefetch_rows, poll_loads = 0, False
     if phase_times is not None:
         if interpret:
             raise ValueError("phase_times reads the GPU's global timer: not available under TRITON_INTERPRET")
@@ -1332,7 +1084,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         return ResolveResult(locations, counters, overflow)
 
     ws = workspace if workspace is not None else _default_workspace(dev)
-    ws.ensure(R, W, B, QK, host_rows=host_rows)
+    ws.ensure(R, W, QK)
 
     sel = selections if selections.is_contiguous() else selections.contiguous()
 
@@ -1363,8 +1115,8 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         assert 0 <= stamp_arg < _MAX_STAMP, "stamp out of range"
 
     cs = copy_settings(R, Q, copy_programs_per_request=copy_programs_per_request, early_copy=early_copy,
-                       self_early=self_early, pid_roles=pid_roles, num_sms=num_sms(dev))
-    S, early_copy, self_early = cs["copy_programs_per_request"], cs["early_copy"], cs["self_early"]
+                       pid_roles=pid_roles, num_sms=num_sms(dev))
+    S, early_copy = cs["copy_programs_per_request"], cs["early_copy"]
     dpt = direct_page_table if direct_page_table is not None else host_page_table
     stg = staging_loc_base if staging_loc_base is not None else hot_loc_base
 
@@ -1381,8 +1133,7 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         stamp_arg,
         ws.scratch, ws.scratch.stride(0), W,
         ws.bitmap, ws.bitmap.stride(0),
-        ws.ekey, ws.ekey.stride(0),
-        ws.mpos, ws.victims, ws.mpos.stride(0), ws.mrow if host_rows else ws.mpos,
+        ws.mpos, ws.victims, ws.mpos.stride(0),
         ws.meta, ws.flags, ws.ctrl, ws.pflags, ws.pdone,
         R, QK, B, ps, S,
         HAS_DIRECT=direct_page_table is not None,
@@ -1392,13 +1143,9 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         COPY_PROGRAMS=S > 1,
         WORDS=words, WPAD=wpad, ROWS=rows, HSTRIDE=host_w.stride(0),
         QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
-        DIGIT=radix_bits, NBINS=1 << radix_bits, COPY_STAGES=int(copy_stages),
-        REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap),
-        KEYS_FROM_STATE=keys_from_state, SCAN_STAGES=scan_stages,
-        SPIN_NS=int(spin_ns) if S > 1 else 0, HOST_ROWS=host_rows,
-        PREFETCH=prefetch_rows, LINE_WORDS=max(1, 128 // (row_bytes // words)), EARLY=bool(early_copy),
-        POLL_LOADS=poll_loads, SELF_EARLY=bool(self_early),
-        PACKED=PACKED_SCANS if packed_scans is None else bool(packed_scans), PID_ROLES=cs["pid_roles"],
+        DIGIT=radix_bits, NBINS=1 << radix_bits,
+        REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap), SCAN_STAGES=scan_stages,
+        EARLY=bool(early_copy), PID_ROLES=cs["pid_roles"],
         dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
         num_warps=num_warps,
     )
@@ -1416,14 +1163,12 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     fn = _resolver_kernel
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
-    ptr64 = {"hot_lru_ptr", "counters_ptr", "ekey_ptr", "flags_ptr", "ctrl_ptr", "pflags_ptr", "mrow_ptr", "dbg_ptr"}
+    ptr64 = {"hot_lru_ptr", "counters_ptr", "flags_ptr", "ctrl_ptr", "pflags_ptr", "dbg_ptr"}
     sig = {}
     c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, COPY_PROGRAMS=True,
              WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
-             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, COPY_STAGES=1, REG_KEYS=False, BITMAP=False,
-             KEYS_FROM_STATE=False, SCAN_STAGES=1, SPIN_NS=0, HOST_ROWS=False, PREFETCH=0,
-             LINE_WORDS=128 // {"i64": 8, "i32": 4, "i16": 2, "i8": 1}[word_type], TIMING=False, EARLY=False, POLL_LOADS=False,
-             SELF_EARLY=False, PACKED=PACKED_SCANS, PID_ROLES=False)
+             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, REG_KEYS=False, BITMAP=False,
+             SCAN_STAGES=1, TIMING=False, EARLY=False, PID_ROLES=False)
     c.update(constexprs)
     c.setdefault("HSTRIDE", c["WORDS"])  # unpadded host rows unless asked
     for name in fn.arg_names:
@@ -1447,8 +1192,8 @@ def resolve(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
             host_page_table, kv_pool, host_pool, stamp, *, page_size,
             direct_page_table=None, staging_loc_base=None, impl: str = "triton",
             out=None, accumulate_counters: bool = False,
-            workspace: Optional[ResolverWorkspace] = None,
-            copy_programs_per_request: Optional[int] = None) -> ResolveResult:
+            workspace: ResolverWorkspace | None = None,
+            copy_programs_per_request: int | None = None) -> ResolveResult:
     """Resolve selected positions to device locations (see the module docstring).
 
     Args (R requests, Q queries, k selections per query, B hot slots, T tail rows,

@@ -2,7 +2,7 @@
 
 ``model.attention_impl: auto`` picks the Triton kernels (fused sparse attention, indexer scores)
 on a GPU; for attention the all-heads tensor-core kernel (``triton_mma``), which the H200
-measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (results/attention/).
+measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (docs/design.md).
 Before the first use in a process, the kernels (attention, indexer scores, top-k) run on a small
 random case and are compared with their PyTorch references; if any raises or disagrees,
 ``auto`` falls back to the references for the whole process with a warning naming why, so a

@@ -115,7 +115,7 @@ if _HAVE_TRITON:
             NOPE_P: tl.constexpr, ROPE_P: tl.constexpr, SPLIT: tl.constexpr):
         # one program per (query, head, chunk of CHUNK selections): heads are few (4 here), so a
         # dot product over padded heads would waste most of its multiplies (an all-heads variant
-        # with float32 dots measured 10x slower, results/attention/h200-gpu-time.log); the head
+        # with float32 dots measured 10x slower, docs/design.md); the head
         # programs of one query meet the same rows in L2. Chunks (split-K) give a small batch
         # enough programs to fill the GPU; with SPLIT they leave their online-softmax state for
         # _combine_kernel, else the single chunk writes the output.
@@ -313,7 +313,7 @@ def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_
     # the mma kernel's float32 dots (non-bf16 inputs) need ~234 KB of shared memory per program
     # on sm_90 (limit 227 KB): they are for the interpreter; a GPU takes the per-head kernel
     mma = kernel == "mma" and (bf16 or not q.is_cuda)
-    if block_k is None:  # H200 tile sweep (results/attention/h200-mma.json): mma 16 rows, per-head 32
+    if block_k is None:  # H200 tile sweep (docs/design.md): mma 16 rows, per-head 32
         block_k = 16 if mma else 32
     ns = int(splits) if splits else split_count(N, 1 if mma else H, K, block_k)
     chunk = -(-max(K, 1) // ns)

@@ -290,7 +290,7 @@ class AdaptiveBackend(HiSparseBackend):
                     assert r is not None and j < r.num_complete and r.ready[j] and \
                         r.page[j] == v, f"direct table publishes slot {s} page {j} not ready"
         # the base checks use HiSparse's page count: hot/tail pages only
-        super(AdaptiveBackend, self).check_integrity_base()
+        super().check_integrity_base()
 
     def metrics(self) -> dict[str, float]:
         m = super().metrics()

@@ -1,5 +1,7 @@
 """Imports every bundled backend so that its @register line runs. Add new backends here."""
 
-from systems.kv import resident  # noqa: F401
-from systems.kv import hisparse  # noqa: F401
-from systems.kv import adaptive  # noqa: F401
+from systems.kv import (
+    adaptive,  # noqa: F401
+    hisparse,  # noqa: F401
+    resident,  # noqa: F401
+)

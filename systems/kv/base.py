@@ -40,7 +40,7 @@ class KVOptions:
     the resident backend has none. ``resolved`` turns ``auto`` / 0-means-derived values into
     concrete ones; it is called once, by ``systems.engine.config.resolve``."""
 
-    def resolved(self, model: ModelConfig, device: str, max_queries_per_step: int) -> "KVOptions":
+    def resolved(self, model: ModelConfig, device: str, max_queries_per_step: int) -> KVOptions:
         return self
 
 

@@ -31,11 +31,17 @@ from dataclasses import dataclass
 
 import torch
 
-from systems.kernels.backup import backup_rows
-from systems.kernels.resolver import (COUNTER_DIRECT, COUNTER_HOST_COPIES, COUNTER_HOST_SEL,
-                                      COUNTER_HOT_HIT, ResolverWorkspace, resolve)
-from systems.engine.cuda_graph import allow_host_sync
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
+from systems.engine.cuda_graph import allow_host_sync
+from systems.kernels.backup import backup_rows
+from systems.kernels.resolver import (
+    COUNTER_DIRECT,
+    COUNTER_HOST_COPIES,
+    COUNTER_HOST_SEL,
+    COUNTER_HOT_HIT,
+    ResolverWorkspace,
+    resolve,
+)
 from systems.kv.base import GiB, KVBackend, KVOptions, MemoryReport, PagePool, PrefixKV
 from systems.kv.host_memory import host_empty
 from systems.kv.registry import register
@@ -183,7 +189,7 @@ class HiSparseBackend(KVBackend):
         self._shadow: dict[int, torch.Tensor] = {}
         self.prefetch = opt.prefetch_followers
         self._arena = {}  # layer index -> staging arena (its position in its live group)
-        for prod, fols in self._followers.items():
+        for fols in self._followers.values():
             for a, f in enumerate(fols, start=1):
                 self._arena[f.index] = a if self.chi > 1 else 0
         self._side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
@@ -192,7 +198,7 @@ class HiSparseBackend(KVBackend):
         # to the largest call here: a captured graph holds their addresses, so they never move.
         self._ws = self._ws_side = None
         if self.resolver_impl == "triton":
-            grow = (ns, self.max_host_pages * G, B, self.q_max * m.index_topk)
+            grow = (ns, self.max_host_pages * G, self.q_max * m.index_topk)
             self._ws = ResolverWorkspace(dev).ensure(*grow)
             self._ws_side = ResolverWorkspace(dev).ensure(*grow)
 

@@ -22,7 +22,7 @@ import mmap
 import os
 import time
 import warnings
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -39,7 +39,7 @@ class _RegisteredMap(mmap.mmap):
     it; ``__del__`` then runs before the mapping is unmapped (a subclass finalizer runs ahead of
     the base type's deallocation). Nothing else may hold or ``close()`` it."""
 
-    unregister: Optional[Callable[[int], None]] = None
+    unregister: Callable[[int], None] | None = None
     address: int = 0
 
     def __del__(self):

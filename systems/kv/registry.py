@@ -8,7 +8,8 @@ naming the key and the allowed ones.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _REGISTRY: dict[str, Callable] = {}
 _OPTIONS: dict[str, type] = {}

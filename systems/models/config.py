@@ -53,7 +53,7 @@ class ModelConfig:
     attention_impl: str = "auto"
     index_dim: int = 16
     index_topk: int = 8  # k
-    # Selection locality (the one calibrated input, DESIGN.md sec. 3): the indexer query is
+    # Selection locality (the one calibrated input, docs/design.md): the indexer query is
     # blended with a fixed per-layer direction, q' = (1 - lam) * q + lam * w. lam = 0 gives the
     # random model's nearly independent selections; lam -> 1 makes consecutive selections overlap.
     selection_locality: float = 0.0
@@ -105,7 +105,7 @@ class ModelConfig:
                 raise bad("layer_roles", f"layer {i} has role {r!r}; allowed: {ROLES}")
         if self.layer_roles[0] != "full":
             raise bad("layer_roles", "layer 0 must be 'full' (no earlier layer to select or write)")
-        self.layers  # builds and checks sources
+        self.layers  # noqa: B018 (builds and checks sources)
 
     # ------------------------------------------------------------------ derived geometry
     @property

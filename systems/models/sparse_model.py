@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
-from systems.models.config import LayerSpec, ModelConfig
 from systems.kernels.selfcheck import resolve_impl
 from systems.kernels.sparse_attention import sparse_attention
 from systems.kernels.topk import topk_positions
+from systems.models.config import LayerSpec, ModelConfig
 from systems.models.kv_format import decode_rows, encode_rows
 
 

@@ -42,8 +42,9 @@ import copy
 import json
 import math
 import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 SGLANG_VERSION = "0.5.23"
 ROUTER_VERSION = "0.3.2"

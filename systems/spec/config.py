@@ -52,7 +52,7 @@ class SpeculationConfig:
             raise bad("calibrated_emitted_per_round", f"must be in [1, block_size="
                       f"{self.block_size}], got {e}")
 
-    def resolved(self, max_context_len: int) -> "SpeculationConfig":
+    def resolved(self, max_context_len: int) -> SpeculationConfig:
         from systems.spec.acceptance import PAPER_EMITTED_PER_ROUND
 
         emitted = self.calibrated_emitted_per_round

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from systems.kv.registry import available, create_backend  # noqa: F401
 import systems.kv.backends  # noqa: F401
+from systems.kv.registry import available, create_backend  # noqa: F401
 from tests.helpers import make_engine, run_greedy
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").read_text())
@@ -53,8 +53,9 @@ def test_fused_attention_kernel_reproduces_golden_tokens(backend, impl):
     """model.attention_impl=triton (the GPU default; here under TRITON_INTERPRET=1): the indexer's
     scores over paged keys and the attention over rows read in place by location give the
     reference's tokens, prefill and decode, through a backend."""
-    from systems.kernels.sparse_attention import _sparse_attention_kernel
     from triton.runtime.interpreter import InterpretedFunction
+
+    from systems.kernels.sparse_attention import _sparse_attention_kernel
     if not isinstance(_sparse_attention_kernel, InterpretedFunction):
         pytest.skip("triton imported without TRITON_INTERPRET=1 in this process")
     eng = make_engine("model=tiny", f"system.kv_backend={backend}", "hardware.kv_pool_gib=0.01",

@@ -199,7 +199,7 @@ def build(root: Path) -> Path:
         "gpu": "NVIDIA H200"}))
 
     # ---------------------------------------------------------------- fig9 (+ fig10 profiles)
-    for model, budgets, k in (("glm53_mini", (1, 2, 4, 8), 512), ("dsv41_mini", (2, 4, 8, 16), 128)):
+    for model, budgets, _k in (("glm53_mini", (1, 2, 4, 8), 512), ("dsv41_mini", (2, 4, 8, 16), 128)):
         for sys_ in ("hisparse", "adaptive_hisparse"):
             for c in (8, 128):
                 for bk in budgets:

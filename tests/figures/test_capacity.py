@@ -158,7 +158,7 @@ def test_presets_keep_the_paper_ratio():
     assert g.row_bytes == 656 and g.payload_sources == 26 and g.index_producers == 7 and g.chi == 4
     r = (cap.session_memory(g, "resident", 32_768).gpu_required
          / cap.session_memory(g, "adaptive_hisparse", 32_768).gpu_required)
-    assert 5 < r < 20  # DESIGN.md: about 10x, as Table 1
+    assert 5 < r < 20  # docs/design.md: about 10x, as Table 1
     assert g.hot_cache_rows[0] == 2 * 512  # fig4's B: 2k
     d = cap.preset_geometry("dsv41_mini")
     assert d.payload_sources == 4 and d.chi == 1

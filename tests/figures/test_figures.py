@@ -463,6 +463,13 @@ def test_paired_ratio_note_pairs_repeats_by_device_call(tmp_path):
         (tmp_path / "fig4" / name / "env.json").write_text(json.dumps({**env, "device_call": "call-9"}))
     note = C.paired_ratio_note(C.load_runs(tmp_path, "fig4"), (("adaptive_dhisparse", "hisparse"),), 128)
     assert "0.79 (ccccccc)" in note and "1.25 (call-9)" in note
+    # records written since name it run_group (benchmarks/gpu_batch.sh), read the same way
+    for name in ("adhs9", "hs9"):
+        env = json.loads((tmp_path / "fig4" / name / "env.json").read_text())
+        env.pop("device_call")
+        (tmp_path / "fig4" / name / "env.json").write_text(json.dumps({**env, "run_group": "batch-9"}))
+    note = C.paired_ratio_note(C.load_runs(tmp_path, "fig4"), (("adaptive_dhisparse", "hisparse"),), 128)
+    assert "1.25 (batch-9)" in note
 
 
 def test_batch_scaling_note_compares_like_with_like(tmp_path):

@@ -3,7 +3,8 @@ scripts draw from what it produced."""
 
 import json
 
-from harness.reproduce import experiments, main as reproduce_main, plan
+from harness.reproduce import experiments, plan
+from harness.reproduce import main as reproduce_main
 
 
 def test_every_experiment_has_a_plan():
@@ -52,6 +53,7 @@ def test_smoke_reproduction_then_figures(tmp_path):
                for p in f7["points"])
     # a rerun of a point (a later run of the same block and load) replaces it in the summary
     import shutil
+
     from harness.summaries import fig7 as fig7_summary
     src = res / f7["points"][0]["run"]
     dup = src.with_name(src.name + "-rerun")

@@ -527,7 +527,7 @@ class ServerProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,6 +1,5 @@
 """The Hydra runner end to end on CPU: results layout, resumability, optional W&B."""
 
-import importlib.util
 import json
 
 import pytest

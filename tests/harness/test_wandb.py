@@ -2,7 +2,6 @@
 default, and W&B failures that never cost a measurement."""
 
 import json
-import os
 
 import pytest
 

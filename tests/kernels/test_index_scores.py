@@ -13,7 +13,6 @@ import torch  # noqa: E402
 from systems.kernels import index_scores as ix  # noqa: E402
 from tests.kernels.support import interpreted, needs_nvidia_backend, run_compiled  # noqa: E402
 
-
 pytestmark = interpreted(ix._index_scores_kernel)
 
 
@@ -55,6 +54,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
     run_compiled(_AOT)

@@ -412,21 +412,20 @@ def test_sequence_of_calls_state_evolves(copy_programs):
         _scratch_clean()
 
 
-@pytest.mark.parametrize("copy_programs,staging,poll_loads", [(2, False, False), (3, True, True)])
-def test_early_copy_matches_the_reference(copy_programs, staging, poll_loads):
+@pytest.mark.parametrize("copy_programs,staging", [(2, False), (3, True)])
+def test_early_copy_matches_the_reference(copy_programs, staging):
     """early_copy: the copy programs read their first tile of host rows before the victims are
     published and the resolver program copies nothing; same locations, state and bytes as the
     reference over a sequence of calls (more misses than one copy tile, overflow to staging).
     The interpreter runs programs one after another in ticket order, so this checks the tile split
     and the results, not the flag ordering (the sm_90a compile test checks the release / acquire
-    instructions; bench_resolver --check and benchmarks/check_cuda_graph.py run it on the GPU).
-    poll_loads is off under the interpreter (no inline PTX): its case only checks the wrapper."""
+    instructions; bench_resolver --check and benchmarks/check_cuda_graph.py run it on the GPU)."""
     s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
               tail_lens=[1, 1, 1], seed=13, fill=0.5, staging=staging)
     for step in range(3):
         s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1, w_dup=0.2)
         ref, tri = run_and_compare(s, stamp=700 + step, copy_programs=copy_programs, early_copy=True,
-                                   copy_rows=2, poll_loads=poll_loads)
+                                   copy_rows=2)
         assert int(tri.counters[:, 3].sum()) > 2 * copy_programs  # several tiles per copy program
         _scratch_clean()
     with pytest.raises(ValueError, match="early_copy"):
@@ -452,24 +451,6 @@ def test_pid_roles_match_the_reference_and_re_arm(copy_programs, early, staging)
     assert not rv.copy_settings(64, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)["pid_roles"]
     assert rv.copy_settings(43, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)["pid_roles"]
     assert not rv.copy_settings(8, 1, copy_programs_per_request=1, pid_roles=True)["pid_roles"]
-
-
-@pytest.mark.parametrize("copy_programs,staging", [(1, False), (1, True), (3, True)])
-def test_self_early_first_tile_matches_the_reference(copy_programs, staging):
-    """self_early: the resolver program reads its first copy tile's host rows before the victim
-    selection and stores them after it; the rest of the copy as usual (several tiles, overflow to
-    staging, with and without copy programs). Same results as the reference; early_copy with it is
-    an error."""
-    s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
-              tail_lens=[1, 1, 1], seed=17, fill=0.5, staging=staging)
-    for step in range(3):
-        s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1, w_dup=0.2)
-        ref, tri = run_and_compare(s, stamp=900 + step, copy_programs=copy_programs, self_early=True, copy_rows=2)
-        assert int(tri.counters[:, 3].sum()) > 2 * copy_programs
-        _scratch_clean()
-    with pytest.raises(ValueError, match="pick one"):
-        rv.resolve_triton(**s.args(True)[0], stamp=990, copy_programs_per_request=2, early_copy=True,
-                          self_early=True, **s.args(True)[1])
 
 
 @pytest.mark.parametrize("stride", [24, 32])
@@ -502,8 +483,7 @@ def test_workspace_reuse_across_shapes():
     _scratch_clean()
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_large_lru_values_many_radix_passes(packed):
+def test_large_lru_values_many_radix_passes():
     s = State(R=2, Q=1, K=20, B=64, row_bytes=12, page_size=8, hist_lens=[300, 300],
               tail_lens=[1, 1], seed=12, fill=1.0)
     g = torch.Generator().manual_seed(3)
@@ -511,14 +491,14 @@ def test_large_lru_values_many_radix_passes(packed):
     s.hot_lru[:, ::7] = 12345  # ties at a small value
     s.hot_lru[0, 5] = (1 << 59) - 2  # the largest lru below the largest allowed stamp
     s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
-    run_and_compare(s, stamp=(1 << 59) - 1, packed_scans=packed)
+    run_and_compare(s, stamp=(1 << 59) - 1)
 
 
-@pytest.mark.parametrize("tile,bits,scan,stages,regs,rows,hrows", [
-    (16, 1, 16, 1, None, None, False), (16, 3, 32, 2, None, 1, True), (32, 8, 1024, 3, None, 4, False),
-    (256, 4, 64, 1, None, None, True), (16, 3, 128, 1, True, 128, False), (16, 3, 128, 1, False, 2, True),
-    (16, 12, 128, 1, True, 32, True), (32, 11, 16, 1, None, None, False)])
-def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stages, regs, rows, hrows):
+@pytest.mark.parametrize("tile,bits,scan,regs,rows", [
+    (16, 1, 16, None, None), (16, 3, 32, None, 1), (32, 8, 1024, None, 4),
+    (256, 4, 64, None, None), (16, 3, 128, True, 128), (16, 3, 128, False, 2),
+    (16, 12, 128, True, 32), (32, 11, 16, None, None)])
+def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, regs, rows):
     """Victim selection with several tiles per pass (B = 100 > tile), odd digit widths, ties
     and a wide stamp range: the same victims as the reference for every setting, with the
     victim keys in registers (B fits one scan tile: scan >= 128, the default there) or in
@@ -529,12 +509,11 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
     s.hot_lru = torch.randint(0, 1 << 20, (2, 100), generator=g, dtype=torch.int64)
     s.hot_lru[:, ::5] = 777  # ties straddling the threshold
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
-    for packed in (False, True):
-        s2 = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
-                   tail_lens=[1, 2], seed=31, fill=0.9)
-        s2.hot_lru, s2.selections = s.hot_lru.clone(), s.selections.clone()
-        run_and_compare(s2, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan, copy_stages=stages,
-                        keys_in_registers=regs, copy_rows=rows, host_rows=hrows, packed_scans=packed)
+    s2 = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
+               tail_lens=[1, 2], seed=31, fill=0.9)
+    s2.hot_lru, s2.selections = s.hot_lru.clone(), s.selections.clone()
+    run_and_compare(s2, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan,
+                    keys_in_registers=regs, copy_rows=rows)
     with pytest.raises(ValueError, match="radix_bits"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=13, **s.args(True)[1])
     with pytest.raises(ValueError, match="copy_rows"):
@@ -544,8 +523,7 @@ def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, stag
                           **s.args(True)[1])
 
 
-@pytest.mark.parametrize("from_state", [False, True])
-def test_slots_already_stamped_with_the_calls_stamp(from_state):
+def test_slots_already_stamped_with_the_calls_stamp():
     """Slots that hold lru == stamp before the call (stamps need not exceed every old lru) are
     candidate victims like any other: the keys rebuilt from the slot state must not take them for
     this call's hits (the scratch decides then), with the oldest stamps tied at the threshold."""
@@ -555,14 +533,12 @@ def test_slots_already_stamped_with_the_calls_stamp(from_state):
     s.hot_lru[:, ::5] = 7  # the oldest slots, so the victims: unless mistaken for this call's hits
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
     for step in range(3):  # stamp 7, then again 7 (every hit slot now holds it), then 8
-        run_and_compare(s, stamp=7 + step // 2, scan_tile=16, keys_in_registers=False,
-                        keys_from_state=from_state)
+        run_and_compare(s, stamp=7 + step // 2, scan_tile=16, keys_in_registers=False)
         s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
 
 
-@pytest.mark.parametrize("scan,regs,from_state,stages", [(128, None, False, 1), (16, False, False, 1),
-                                                         (16, False, True, 2), (32, False, True, 1)])
-def test_scan_by_position_scratch_matches_the_bitmap(scan, regs, from_state, stages):
+@pytest.mark.parametrize("scan,regs,stages", [(128, None, 1), (16, False, 1), (16, False, 2), (32, False, 1)])
+def test_scan_by_position_scratch_matches_the_bitmap(scan, regs, stages):
     """The scan's membership test either reads a bit per pending position or gathers the
     position scratch (the default below SCAN_WIDE_BATCH): the same locations and state as the
     reference either way, with
@@ -572,7 +548,7 @@ def test_scan_by_position_scratch_matches_the_bitmap(scan, regs, from_state, sta
     s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
     for bitmap in (False, True):
         run_and_compare(s, stamp=1 << 21, scan_tile=scan, keys_in_registers=regs,
-                        pending_bitmap=bitmap, keys_from_state=from_state, scan_stages=stages)
+                        pending_bitmap=bitmap, scan_stages=stages)
 
 
 def test_default_scan_tile_for_a_cache_larger_than_one_tile(monkeypatch):
@@ -686,43 +662,34 @@ from systems.kernels import resolver as rv
 variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, COPY_PROGRAMS=False, STAMP_IS_PTR=True, ACCUM=True),
             dict(word_type="i32", WORDS=3, WPAD=4, ROWS=64, QBLK=16, BBLK=16, RBLK=16),
             dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False),
-            dict(BITMAP=True), dict(BITMAP=True, REG_KEYS=True, BBLK=4096, QBLK=512),
-            dict(KEYS_FROM_STATE=True, SCAN_STAGES=2, SPIN_NS=200, HOST_ROWS=True),
-            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False, HOST_ROWS=True,
-                 DIGIT=12, NBINS=4096),
-            dict(PREFETCH=64), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False,
-                                    PREFETCH=128, HOST_ROWS=True),
-            dict(EARLY=True, SPIN_NS=100), dict(EARLY=True, POLL_LOADS=True), dict(TIMING=True),
-            dict(PACKED=True), dict(PACKED=True, REG_KEYS=True, BBLK=4096, QBLK=512, COPY_PROGRAMS=False),
-            dict(SELF_EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False), dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False,
-                                    TIMING=True),
-            dict(HSTRIDE=84), dict(PID_ROLES=True), dict(PID_ROLES=True, EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512,
-                                       HAS_STAGING=False)]
+            dict(BITMAP=True), dict(BITMAP=True, REG_KEYS=True, BBLK=4096, QBLK=512), dict(SCAN_STAGES=2),
+            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False, DIGIT=12, NBINS=4096),
+            dict(EARLY=True), dict(TIMING=True),
+            dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False, TIMING=True),
+            dict(HSTRIDE=84), dict(PID_ROLES=True),
+            dict(PID_ROLES=True, EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
     assert "bar.sync" in ptx and "atom.global" in ptx, v
     if v.get("COPY_PROGRAMS", True):
         assert "release" in ptx, "the flag handoff must publish with release"
-        assert ("fence.acq_rel.gpu" if v.get("POLL_LOADS") else "acquire") in ptx, \
-            "copy programs must acquire their request's flag"
+        assert "acquire" in ptx, "copy programs must acquire their request's flag"
     if not v or v == dict(HSTRIDE=84):  # 656-byte rows, unpadded or 672 bytes apart
         assert "ld.global.v2.b64" in ptx, "row copy should use 16-byte loads"
-    assert ("nanosleep" in ptx) == bool(v.get("SPIN_NS")), "copy programs sleep between polls only when asked"
-    assert ("prefetch.global.L2" in ptx) == bool(v.get("PREFETCH")), "host rows are prefetched only when asked"
     assert ("globaltimer" in ptx) == bool(v.get("TIMING")), "phase times are read only when asked"
-    if v.get("POLL_LOADS"):
-        assert "ld.volatile" in ptx, "copy programs poll their flag with volatile loads"
 print("ok")
 """
 
 
+@pytest.mark.slow
 @needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
     """Compile the real kernel for Hopper in a non-interpreter process."""
     run_compiled(_AOT, timeout=240)
 
 
+@pytest.mark.slow
 def test_bench_script_cpu_dry_run(tmp_path):
     """benchmarks/bench_resolver.py end to end at toy sizes on CPU (--check included)."""
     out = tmp_path / "fig8.json"
@@ -741,15 +708,16 @@ def test_bench_script_cpu_dry_run(tmp_path):
     assert len(summary["fig8a"]["points"]) == 6
 
 
+@pytest.mark.slow
 def test_bench_script_ablation_of_the_miss_path(tmp_path):
     """--ablate-c times (c) with the host store in device memory and with one and three radix
     passes, each checked to copy every miss (toy sizes on CPU; the GPU run gives the times)."""
     out = tmp_path / "fig8.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     res = subprocess.run([sys.executable, os.path.join(_ROOT, "benchmarks", "bench_resolver.py"), "--cpu-dry-run",
-                          "--skip", "a", "--ablate-c", "--sweep-copy-programs", "--sweep-spin", "0",
-                          "--sweep-scan", "64sbp2,64m", "--sweep-copy-rows", "32h", "--sweep-radix", "4096:12",
-                          "--interleave", "1", "--sweep-kw", "packed_scans=True",
+                          "--skip", "a", "--ablate-c", "--sweep-copy-programs",
+                          "--sweep-scan", "64sbp2,64g", "--sweep-copy-rows", "32", "--sweep-radix", "4096:12",
+                          "--interleave", "1", "--sweep-kw", "copy_rows=2",
                           # one program per request where a variant names no copy grid: the sweeps'
                           # machinery is under test here, and the interpreter runs programs in turn
                           "--copy-programs", "1",
@@ -761,12 +729,12 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
     rows = [p for p in json.loads(out.read_text())["fig8c_points"] if p.get("ablate")]
     assert {p["ablate"] for p in rows} == {"baseline", "host_in_hbm", "stamps_1pass", "stamps_3pass", "l2_warm"}
     pts = json.loads(out.read_text())["fig8c_points"]
-    assert any(p.get("keys_from_state") and p.get("scan_stages") == 2 for p in pts)
+    assert any(p.get("keys_in_registers") is False and p.get("scan_stages") == 2 for p in pts)
     assert {p.get("copy_programs_per_request") for p in pts} >= {1, 2, 4, 8}
-    assert any(p.get("host_rows") and p.get("copy_rows") == 32 for p in pts)
+    assert any(p.get("copy_rows") == 32 for p in pts)
     assert any(p.get("radix_bits") == 12 for p in pts)
     inter = [p for p in pts if p.get("interleaved")]
-    assert {p["variant"] for p in inter} == {"defaults", "packed_scans=True"} and len({p["batch"] for p in inter}) == 2
+    assert {p["variant"] for p in inter} == {"defaults", "copy_rows=2"} and len({p["batch"] for p in inter}) == 2
     assert len({p["batch"] for p in rows}) == 2 and all(p["us_median"] > 0 for p in rows)
 
 

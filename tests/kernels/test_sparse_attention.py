@@ -15,7 +15,6 @@ from systems.models.config import ModelConfig  # noqa: E402
 from systems.models.kv_format import encode_rows  # noqa: E402
 from tests.kernels.support import interpreted, needs_nvidia_backend, run_compiled  # noqa: E402
 
-
 pytestmark = interpreted(sa._sparse_attention_kernel)
 
 
@@ -143,6 +142,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
     """Compile the real kernel for Hopper in a process without TRITON_INTERPRET."""

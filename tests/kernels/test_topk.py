@@ -99,6 +99,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @needs_nvidia_backend
 def test_kernel_compiles_for_sm90_without_gpu():
     run_compiled(_AOT)

@@ -2,10 +2,11 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from systems.engine.request import Request, SamplingParams
-from tests.helpers import make_engine, run_greedy
+from tests.helpers import make_engine
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").read_text())
 
@@ -34,7 +35,7 @@ def test_golden_tokens_with_reclaim_mid_decode(model, residency):
                   pool=_tight_pool(model))
     # first two requests take the spare pages as optional history; later ones force reclaim
     reqs = []
-    for i, p in enumerate(GOLDEN["prompts"]):
+    for p in GOLDEN["prompts"]:
         r = Request(eng.new_rid(), p, SamplingParams(max_new_tokens=GOLDEN["max_new_tokens"]))
         reqs.append(r)
     for r in reqs[:2][::-1]:

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from profiling import ranges as R
-from profiling.kernel_timeline import (analyze_trace, classify, classify_name, family_from_ranges,
-                                       kernel_events, step_windows)
+from profiling.kernel_timeline import (
+    analyze_trace,
+    classify,
+    classify_name,
+    family_from_ranges,
+    kernel_events,
+    step_windows,
+)
 
 
 @pytest.mark.parametrize("name,family", [

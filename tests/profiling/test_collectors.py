@@ -142,8 +142,12 @@ def test_nsight_skips_without_ncu(tmp_path, capsys):
 def test_resolver_case_builder_counts(case_kw):
     """The synthetic call resolves as designed: exactly the planned host rows are copied."""
     from profiling import nsight as N
-    from systems.kernels.resolver import (COUNTER_DIRECT, COUNTER_HOST_COPIES,
-                                          COUNTER_HOST_SEL, COUNTER_HOT_HIT)
+    from systems.kernels.resolver import (
+        COUNTER_DIRECT,
+        COUNTER_HOST_COPIES,
+        COUNTER_HOST_SEL,
+        COUNTER_HOT_HIT,
+    )
     case = N.ResolverCase(page_size=16, row_bytes=32, **case_kw)
     call = N.warm(N.build_call(case, "cpu"), impl="reference")
     Q, k, m, d = case.queries, case.k, case.misses, case.direct

@@ -110,7 +110,7 @@ class ThreadedServer:
         self.loop.run_until_complete(start())
         self.loop.run_forever()
 
-    def __enter__(self) -> "ThreadedServer":
+    def __enter__(self) -> ThreadedServer:
         self.engine.start()
         self._thread.start()
         assert self._ready.wait(30), "server did not start"

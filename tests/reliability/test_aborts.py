@@ -78,7 +78,7 @@ async def _vanish(base: str, body: dict, after_s: float, read_headers: bool) -> 
             return
         try:
             await asyncio.wait_for(s.post("/generate", json=body), after_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 

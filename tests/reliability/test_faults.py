@@ -8,11 +8,10 @@ import threading
 import pytest
 
 from harness.loadgen import GenerateStreamParser, OpenAIStreamParser
-from systems.engine.request import Request, ReqStatus, SamplingParams
+from systems.engine.request import ReqStatus, Request, SamplingParams
 from systems.kv.base import GiB
 from tests.helpers import make_engine
-from tests.reliability.support import (PROMPTS, SPEC, assert_drained, read_sse, served,
-                                       wait_idle)
+from tests.reliability.support import PROMPTS, SPEC, assert_drained, read_sse, served, wait_idle
 
 INJECTED = "injected fault: host copy failed"
 POISON = PROMPTS[3]  # 77 tokens; no other prompt here has that length

@@ -20,7 +20,8 @@ import urllib.parse
 import zlib
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from tests.helpers import make_engine
 from tests.reliability.support import ThreadedServer, assert_drained, wait_idle_sync

@@ -52,7 +52,7 @@ async def test_only_json_bodies_are_accepted():
 def test_host_must_be_loopback_while_bound_to_loopback():
     with ThreadedServer(make_engine("hardware.kv_pool_gib=0.01")) as srv:
         port = srv.port
-        for host in ("evil.example", "evil.example:%d" % port, "10.0.0.1", "127.0.0.1.evil.net",
+        for host in ("evil.example", f"evil.example:{port}", "10.0.0.1", "127.0.0.1.evil.net",
                      "localhost.evil.net", ""):
             for method, path, body in (("POST", "/generate", BODY), ("GET", "/metrics", None),
                                        ("GET", "/health", None)):

@@ -16,8 +16,13 @@ from omegaconf import OmegaConf
 from systems.engine import server as server_mod
 from systems.engine.config import compose
 from tests.helpers import make_engine
-from tests.reliability.support import (PROMPTS, ThreadedServer, assert_drained, served,
-                                       wait_idle_sync)
+from tests.reliability.support import (
+    PROMPTS,
+    ThreadedServer,
+    assert_drained,
+    served,
+    wait_idle_sync,
+)
 
 
 # ---------------------------------------------------------------- binding
@@ -121,7 +126,7 @@ def test_no_request_field_reaches_config_or_filesystem(tmp_path, monkeypatch):
             _AUDIT["on"] = False
         wait_idle_sync(eng)
         assert_drained(eng)
-    for (path, body, status, param), (got, out) in zip(HOSTILE, results):
+    for (_path, body, status, param), (got, out) in zip(HOSTILE, results):
         assert got == status, (body, out)
         if status == 400:
             assert out["error"]["param"] == param and param in out["error"]["message"]

@@ -59,8 +59,8 @@ def _read_to_eof(s: socket.socket, deadline: float) -> tuple[bytes, float]:
             chunk = s.recv(65536)
         except ConnectionResetError:
             return got, time.monotonic()
-        except socket.timeout:
-            raise AssertionError(f"not closed by the server in time; got {got[:120]!r}")
+        except TimeoutError:
+            raise AssertionError(f"not closed by the server in time; got {got[:120]!r}") from None
         if not chunk:
             return got, time.monotonic()
         got += chunk

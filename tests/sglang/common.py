@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from systems.sglang.launch import compose
+from harness.sglang_launch import compose
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"

@@ -1,4 +1,4 @@
-"""Start / attach / stop logic of systems.sglang.launch, in the main environment.
+"""Start / attach / stop logic of harness.sglang_launch, in the main environment.
 
 The bundled server stands in for SGLang: attached to directly, or started through the launcher
 by tests/sglang/fake_sglang.py, which accepts SGLang's and the router's command lines, records
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from omegaconf import open_dict
 
-from systems.sglang import launch
-from systems.sglang.launch import free_port, sglang_server
+from harness import sglang_launch as launch
+from harness.sglang_launch import free_port, sglang_server
 from tests.sglang.common import FAKE_SGLANG, REPO, repo_env, sglang_cfg
 
 

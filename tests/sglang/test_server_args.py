@@ -23,10 +23,9 @@ pytest.importorskip("sglang", reason="sglang is not importable here: these tests
                     ".venv-sglang (bash scripts/sglang_env.sh, or make test-sglang)")
 server_args_mod = pytest.importorskip("sglang.srt.server_args")
 
+from harness.sglang_launch import sglang_server  # noqa: E402
 from systems.sglang import adapter  # noqa: E402
-from systems.sglang.launch import sglang_server  # noqa: E402
-from tests.sglang.common import (DRAFT_PATH, MODEL_PATH, conf_names,  # noqa: E402
-                                   sglang_cfg)
+from tests.sglang.common import DRAFT_PATH, MODEL_PATH, conf_names, sglang_cfg  # noqa: E402
 
 SYSTEMS = conf_names("system")
 MODELS = conf_names("model")

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from systems.models.drafters import DFlash2Drafter
 from systems.spec import acceptance

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Run a batch of experiments on a GPU machine, one lane per GPU, and pack what the batch wrote.
+#
+#   bash benchmarks/gpu_batch.sh "<lane 0 items>" ["<lane 1 items>" ...] [-- <override> ...]
+#
+# e.g. bash benchmarks/gpu_batch.sh "fig6:150 fig7:380" "fig4:560"
+#      bash benchmarks/gpu_batch.sh "fig9+system=hisparse+where=b_over_k=4,8+point=c128:300 @bench_resolver:120"
+#
+# Lane i runs on GPU i (its own server and port; the lanes share the host), its items in order,
+# each in a time box of its own (seconds after the last colon; default 540):
+#   EXP[:SECS]                      python -m harness.reproduce --only EXP
+#   EXP+system=S+where=k=v1,v2+point=c128[:SECS]
+#                                   the same for a subset (--system / --where / --point)
+#   EXP+ov=^rerun=2[:SECS]          adds a Hydra override to this item only; ^ stands for Hydra's +
+#                                   (+ separates fields here): a new key, so new run ids
+#   @NAME[:SECS]                    python benchmarks/NAME.py --out $OUT/NAME.json $DHS_ARGS_NAME
+# Overrides after -- go to every harness run of the batch.
+#
+# Before the lanes start, once per batch:
+# - the wheels in .whl/ (what the GPU machine lacks, built here with e.g.
+#   `pip wheel -w .whl hydra-core==1.3.2 "omegaconf>=2.3,<2.4" antlr4-python3-runtime==4.9.3`)
+#   are installed into /tmp/site, so the machine's own CUDA torch is used;
+# - Triton's kernel cache comes in from .triton_cache/ (unpack the $OUT/triton_cache.tgz the
+#   previous batch returned over the repository root): with an empty cache each system's first run
+#   compiles its kernels during its load and measures 2x slow (results/cold_cache/);
+# - each lane makes one throwaway serving run (DHS_PREWARM=0 skips it, about 30 s): a fresh
+#   machine's first run is slow even with the cache carried in.
+# Every run of the batch records one id (env.json's run_group; DHS_RUN_GROUP, default the time and
+# host): the figures pair systems measured together by it. vmstat and nvidia-smi dmon log the host
+# and each GPU's PCIe / SM / memory use to $OUT, so a lane slowed by another shows why.
+# DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
+#
+# Runs go to the repository's results/ (finished runs are skipped, so an item cut by its time box
+# resumes in the next batch). What comes back in $OUT: results.tgz (the run directories this batch
+# wrote, plus the server logs and experiment summaries it changed; unpack over the repository root,
+# then `make compact`), triton_cache.tgz, lane<i>.log, vmstat.log, dmon.log.
+# Do not pair a serving lane with bench_resolver's part (a), which streams host memory: pass
+# DHS_ARGS_bench_resolver="--skip a" there.
+set -uo pipefail
+: "${OUT:?set OUT to the folder that comes back}"
+LANES=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do LANES+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+[ ${#LANES[@]} -gt 0 ] || { sed -n '2,40p' "$0"; exit 2; }
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1
+export DHS_RUN_GROUP="${DHS_RUN_GROUP:-$(date -u +%Y%m%dT%H%M%SZ)-$(hostname)}"
+export TRITON_CACHE_DIR=$PWD/.triton_cache; mkdir -p "$TRITON_CACHE_DIR" "$OUT"
+echo "[gpu_batch] run group $DHS_RUN_GROUP; Triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) compiled kernels carried in"
+MARK=$(mktemp)  # run directories newer than this come back (not whole experiment folders)
+
+rep() {  # experiment, seconds, harness.reproduce arguments
+  timeout "$2" python3 -m harness.reproduce --only "$1" --results results "${@:3}" 2>&1 \
+    | grep -v Warn | grep -v "^\[20" | tail -40
+}
+
+lane() {  # GPU index, "items", overrides
+  local gpu=$1 items=$2 item spec exp secs b a o x
+  shift 2
+  if [ "${DHS_PREWARM:-1}" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=$gpu timeout 120 python3 -m harness.run experiment=hisparse_e2e system=adaptive_dhisparse \
+      'workload.concurrency=[8]' workload.num_requests=16 +prewarm=1 results_dir=/tmp/prewarm$gpu \
+      hydra.run.dir=/tmp/prewarm_hydra$gpu 2>&1 | grep -A3 "^system" | tail -1 | sed "s/^/[gpu$gpu] prewarm: /"
+  fi
+  for item in $items; do
+    spec=${item%:*}; secs=${item##*:}
+    if [ "$spec" = "$item" ]; then secs=540; fi  # no :SECS
+    echo "[lane $gpu] ${spec}"
+    case "$spec" in
+      @*) b=${spec#@}; a="DHS_ARGS_$b"
+          CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 benchmarks/$b.py --out $OUT/$b.json ${!a:-} 2>&1 \
+            | grep -v Warn | tail -40 | sed "s/^/[gpu$gpu] /" ;;
+      *)  exp=${spec%%+*}; local sel=() ovs=() kv=()
+          IFS=+ read -ra kv <<< "${spec#"$exp"}"
+          for x in "${kv[@]}"; do
+            case "$x" in "") ;; ov=*) o=${x#ov=}; ovs+=("${o//^/+}") ;; *) sel+=("--${x%%=*}" "${x#*=}") ;; esac
+          done
+          CUDA_VISIBLE_DEVICES=$gpu rep "$exp" "$secs" ${sel[@]+"${sel[@]}"} ${ovs[@]+"${ovs[@]}"} "$@" 2>&1 \
+            | sed "s/^/[gpu$gpu] /" ;;
+    esac
+  done > $OUT/lane$gpu.log
+}
+
+vmstat -t 2 > $OUT/vmstat.log 2>&1 & MON=($!)
+nvidia-smi dmon -s putm -d 2 -o T > $OUT/dmon.log 2>&1 & MON+=($!)
+trap 'kill ${MON[*]} 2>/dev/null' EXIT  # also when the machine's time limit ends the script
+PIDS=()
+for i in "${!LANES[@]}"; do
+  [ -z "${LANES[$i]// /}" ] && continue
+  lane "$i" "${LANES[$i]}" "$@" & PIDS+=($!)
+done
+if [ "${DHS_BENCH_CLIENT:-0}" = 1 ]; then
+  n=$(nproc); timeout 240 python3 benchmarks/bench_client.py --client-cpu $((n-1)) --server-cpu $((n-2)) \
+    --event-loops asyncio --repeats 1 --quiet-wait-s 5 --out-dir $OUT/bench_client > $OUT/bench_client.log 2>&1
+  tail -40 $OUT/bench_client.log; (cd $OUT && tar czf bench_client.tgz bench_client && rm -rf bench_client)
+fi
+wait "${PIDS[@]}"; kill ${MON[*]} 2>/dev/null
+for i in "${!LANES[@]}"; do cat $OUT/lane$i.log 2>/dev/null; done
+
+python3 -m harness.summaries --results results >/dev/null 2>&1
+# only what this batch wrote: its run directories (an experiment writes to results/<its
+# experiment_name>, fig4_more to results/fig4), and inside folders that already existed the server
+# logs (a server that failed to start leaves no run directory) and the experiments' summaries;
+# whole experiment folders would pass the 16 MB a returned file may have
+NEW=$(find results -mindepth 2 -maxdepth 2 -type d -newer $MARK | sort)
+NEW="$NEW $(find results -mindepth 2 -maxdepth 3 -type f -newer $MARK \( -name server.log -o -name summary.json \) \
+  | grep -v -F -f <(echo "$NEW" | sed '/^$/d;s|$|/|') | sort)"
+[ -n "${NEW//[[:space:]]/}" ] && tar czf $OUT/results.tgz $NEW && du -h $OUT/results.tgz
+tar czf $OUT/triton_cache.tgz .triton_cache && du -h $OUT/triton_cache.tgz
+ls -la $OUT

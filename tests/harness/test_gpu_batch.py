@@ -1,0 +1,86 @@
+"""benchmarks/gpu_batch.sh, the GPU batch driver, run on CPU with stub commands: a lane item
+becomes the right harness.reproduce or benchmark command on its lane's GPU, and the archive that
+comes back holds what the batch wrote, not the folders that were already there. (A mistake here
+costs device time: one batch's archive of whole folders passed the 16 MB a returned file may
+have, and its runs were lost.)"""
+
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+STUB_PY = r"""#!/usr/bin/env bash
+# python3 stand-in: log the call, and act like harness.reproduce / a benchmark on disk
+echo "GPU=${CUDA_VISIBLE_DEVICES:-none} $*" >> "$STUB_LOG"
+if [ "$1" = "-m" ] && [ "$2" = "harness.reproduce" ]; then
+  exp="$4"; d="results/$exp/stub-$exp-$RANDOM$RANDOM"
+  mkdir -p "$d" && echo '{}' > "$d/summary.json"
+  echo "appended" >> "results/$exp/.server-stub/server.log"
+elif [ "${1##*/}" = "bench_resolver.py" ]; then
+  echo '{}' > "$3"
+fi
+exit 0
+"""
+
+STUB_IDLE = "#!/usr/bin/env bash\nexec sleep 30\n"
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None or shutil.which("tar") is None,
+                    reason="needs coreutils timeout and tar")
+def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
+    work = tmp_path / "repo"
+    (work / "benchmarks").mkdir(parents=True)
+    shutil.copy(REPO / "benchmarks" / "gpu_batch.sh", work / "benchmarks")
+    shutil.copytree(REPO / "conf" / "experiment", work / "conf" / "experiment")
+    (work / ".whl").mkdir()
+    old = work / "results" / "fig9" / "old-run"
+    old.mkdir(parents=True)
+    (old / "summary.json").write_text("{}")
+    log_dir = work / "results" / "fig9" / ".server-stub"
+    log_dir.mkdir()
+    (log_dir / "server.log").write_text("old\n")
+    untouched = work / "results" / "fig5" / ".server-quiet"
+    untouched.mkdir(parents=True)
+    (untouched / "server.log").write_text("old\n")
+    past = time.time() - 3600
+    for p in (old, old / "summary.json", log_dir, log_dir / "server.log", untouched / "server.log"):
+        os.utime(p, (past, past))
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3", STUB_PY), ("nvidia-smi", STUB_IDLE), ("vmstat", STUB_IDLE)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    stub_log = tmp_path / "calls.log"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out),
+               STUB_LOG=str(stub_log), DHS_ARGS_bench_resolver="--skip a,c")
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu_batch.sh",
+         "fig4_more+system=hisparse+point=c256+ov=^rerun=2:20 @bench_resolver:20",
+         "fig9+where=b_over_k=4,8+system=hisparse fig5:20", "--", "engine.disable_cuda_graph=true"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls = stub_log.read_text().splitlines()
+    assert ("GPU=0 -m harness.reproduce --only fig4_more --results results --system hisparse "
+            "--point c256 +rerun=2 engine.disable_cuda_graph=true") in calls
+    assert ("GPU=1 -m harness.reproduce --only fig9 --results results --where b_over_k=4,8 "
+            "--system hisparse engine.disable_cuda_graph=true") in calls
+    assert "GPU=1 -m harness.reproduce --only fig5 --results results engine.disable_cuda_graph=true" in calls
+    # one throwaway serving run per lane, before its items, all in one run group
+    assert sum("+prewarm=1" in c for c in calls) == 2
+    assert proc.stdout.count("[gpu_batch] run group ") == 1
+    assert f"GPU=0 benchmarks/bench_resolver.py --out {out}/bench_resolver.json --skip a,c" in calls
+    assert (out / "lane0.log").read_text().startswith("[lane 0] fig4_more")
+    with tarfile.open(out / "results.tgz") as tar:
+        names = tar.getnames()
+    new_runs = {n.split("/")[2] for n in names if n.count("/") == 2 and "/stub-" in n}
+    assert len(new_runs) == 3  # one per harness call, from both lanes
+    assert "results/fig9/.server-stub/server.log" in names  # changed inside an old folder
+    assert not any("old-run" in n or ".server-quiet" in n for n in names)
