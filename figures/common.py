@@ -23,20 +23,71 @@ Scripts read only files under the results directory; nothing here touches a GPU.
 
 from __future__ import annotations
 
-from figures.notes import (Tracker, admission_experiment_note, admission_note,  # noqa: F401
-                           batch_scaling_note, claim_breakdown, diagnosis,
-                           eager_note, paired_ratio_note,
-                           provenance, stall_diagnosis, summary_provenance)
-from figures.plotting import (PALETTE, legend, mark_unmeasured, not_measured_panel,  # noqa: F401
-                              panel_title, paper_vs_ours_bars, plot_system_curve,
-                              serving_panels, subplots, system_color, system_label)
-from figures.report import (DEFAULT_OUT, NOT_MEASURED, Footnotes, Report, fmt,  # noqa: F401
-                            paper_number, paper_source, parse_args, parse_budget, pct_change,
-                            ratio)
+from figures.notes import (  # noqa: F401
+                           Tracker,
+                           admission_experiment_note,
+                           admission_note,
+                           batch_scaling_note,
+                           claim_breakdown,
+                           diagnosis,
+                           eager_note,
+                           paired_ratio_note,
+                           provenance,
+                           stall_diagnosis,
+                           summary_provenance,
+)
+from figures.plotting import (  # noqa: F401
+                           PALETTE,
+                           legend,
+                           mark_unmeasured,
+                           not_measured_panel,
+                           panel_title,
+                           paper_vs_ours_bars,
+                           plot_system_curve,
+                           serving_panels,
+                           subplots,
+                           system_color,
+                           system_label,
+)
+from figures.report import (  # noqa: F401
+                           DEFAULT_OUT,
+                           NOT_MEASURED,
+                           Footnotes,
+                           Report,
+                           fmt,
+                           paper_number,
+                           paper_source,
+                           parse_args,
+                           parse_budget,
+                           pct_change,
+                           ratio,
+)
 from figures.stats import ratio_stats  # noqa: F401
-from harness.results import (DEFAULT_RESULTS, REPO, SUPERSEDED, Run,  # noqa: F401
-                             accepted_per_round, as_float, binned, binned_share, by_system,
-                             canonical_system, change_mix, counter_share, curve,
-                             engine_time_split, find_key, graph_replay_share, graphs_replayed,
-                             load_json, load_runs, load_yaml, metric_col, pick, profile_at_load,
-                             summary_value, timing_split, values_by_run_group)
+from harness.results import (  # noqa: F401
+                           DEFAULT_RESULTS,
+                           REPO,
+                           SUPERSEDED,
+                           Run,
+                           accepted_per_round,
+                           as_float,
+                           binned,
+                           binned_share,
+                           by_system,
+                           canonical_system,
+                           change_mix,
+                           counter_share,
+                           curve,
+                           engine_time_split,
+                           find_key,
+                           graph_replay_share,
+                           graphs_replayed,
+                           load_json,
+                           load_runs,
+                           load_yaml,
+                           metric_col,
+                           pick,
+                           profile_at_load,
+                           summary_value,
+                           timing_split,
+                           values_by_run_group,
+)

@@ -21,8 +21,17 @@ import traceback
 from pathlib import Path
 
 from figures import common as C
-from figures.claims import (CLAIMS, DIRECTION, EQ13, GEOMETRY, MAGNITUDE, MAGNITUDE_TOLERANCE,
-                            THRESHOLD, criterion_text, judge)
+from figures.claims import (
+    CLAIMS,
+    DIRECTION,
+    EQ13,
+    GEOMETRY,
+    MAGNITUDE,
+    MAGNITUDE_TOLERANCE,
+    THRESHOLD,
+    criterion_text,
+    judge,
+)
 from harness.load_mapping import PAPER_DECODE_GPUS
 
 SCRIPTS = ("table1", "fig1", "fig4", "table2", "tableA2", "tableA3", "fig5", "fig6", "tableA1",

@@ -4,17 +4,33 @@ cost against batch, admission, acceptance, per-run-group ratios with their inter
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from figures.paper_values import label
 from figures.stats import ratio_stats
-from harness.results import (Run, accepted_per_round, as_float, change_mix, decode_stall_share,
-                             engine_time_split, find_key, first_run_count, graph_replay_share,
-                             live_window, load_runs, pick, queries_per_round, step_cost,
-                             system_sort_key, timing_split, values_by_run_group)
+from harness.results import (
+    Run,
+    accepted_per_round,
+    as_float,
+    change_mix,
+    decode_stall_share,
+    engine_time_split,
+    find_key,
+    first_run_count,
+    graph_replay_share,
+    live_window,
+    load_runs,
+    pick,
+    queries_per_round,
+    step_cost,
+    system_sort_key,
+    timing_split,
+    values_by_run_group,
+)
 
 
 def batch_scaling_note(runs: Iterable[Run], concurrency: int) -> str | None:

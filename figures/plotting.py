@@ -4,7 +4,7 @@ say plainly that nothing was measured."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib
 
@@ -17,7 +17,6 @@ from figures.notes import provenance  # noqa: E402
 from figures.paper_values import SYSTEM_LABELS  # noqa: E402
 from figures.report import NOT_MEASURED, Report  # noqa: E402
 from harness.results import SPECULATIVE, Run, by_system, canonical_system  # noqa: E402
-
 
 PALETTE = sns.color_palette("colorblind", 8)
 

@@ -8,9 +8,10 @@ import argparse
 import math
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -302,7 +303,7 @@ class Report:
         if self.png:
             print(f"  -> {self.png}  {self.md}")
 
-    def finish(self, fig, args) -> "Report":
+    def finish(self, fig, args) -> Report:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         self.png = out / f"{self.name}.png"

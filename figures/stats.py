@@ -11,8 +11,8 @@ seeded so that a report regenerates byte for byte.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

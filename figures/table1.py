@@ -11,9 +11,9 @@ import math
 
 import pandas as pd
 
+from figures import capacity as cap
 from figures import common as C
 from figures.paper_values import PAPER, SYSTEM_LABELS
-from figures import capacity as cap
 
 NAME = "table1"
 METHOD_TO_SYSTEM = {"resident": "resident", "hisparse": "hisparse",

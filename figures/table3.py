@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from figures import capacity as cap
 from figures import common as C
 from figures.fig9 import select, sweep
 from figures.paper_values import PAPER
-from figures import capacity as cap
 
 NAME = "table3"
 PRESET_FOR = {"glm": "glm53_mini", "deepseek": "dsv41_mini"}

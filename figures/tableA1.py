@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from figures import common as C
 from figures.fig6 import step_loads
-from harness.summaries import arm_of
 from figures.paper_values import PAPER, TABLEA1_PHASES
+from harness.summaries import arm_of
 
 NAME = "tableA1"
 COLS = (  # paper key, our phase key, scale, unit, title

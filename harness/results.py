@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cache, cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -628,7 +629,7 @@ def _merge_cycles(cycles: list[dict]) -> dict:
     return out
 
 
-def kernel_profile(run: "Run") -> dict | None:
+def kernel_profile(run: Run) -> dict | None:
     """A run's kernel profile in one shape, from ``profile.json`` (used as is) or from the
     profiler's ``kernels/kernel_summary.json`` (profiling/kernel_timeline.py), mapped to the
     paper's categories: {step_ms, sessions_per_step, cache_kernel_ms {resolver, follower_copy},
@@ -663,7 +664,7 @@ def kernel_profile(run: "Run") -> dict | None:
             "source": "kernels/kernel_summary.json"}
 
 
-def graphs_replayed(run: "Run") -> bool:
+def graphs_replayed(run: Run) -> bool:
     """Whether the profiled steps replayed CUDA graphs: their kernels then carry only the ranges
     around the graph launch, so expert and dense-projection matmuls (both "dense projections") and
     a follower layer's copy (counted as resolver) cannot be told apart (docs/profiling.md)."""
@@ -673,7 +674,7 @@ def graphs_replayed(run: "Run") -> bool:
     return "disable_cuda_graph" in eng and not eng["disable_cuda_graph"] and str(cfg.get("device")) == "cuda"
 
 
-def profile_at_load(run: "Run", skipped: list[str]) -> dict | None:
+def profile_at_load(run: Run, skipped: list[str]) -> dict | None:
     """A run's kernel profile (kernel_profile) where it describes the run's load; None where the run
     has none, or where it does not (the reason appended to ``skipped``, for the figure's notes)."""
     prof = kernel_profile(run)
@@ -684,7 +685,7 @@ def profile_at_load(run: "Run", skipped: list[str]) -> dict | None:
     return prof or None
 
 
-def profile_off_load(run: "Run", prof: dict | None) -> str | None:
+def profile_off_load(run: Run, prof: dict | None) -> str | None:
     """Why a run's kernel profile does not describe the run's load, or None when it does (or cannot
     tell): the profiled steps carried under half the requests the run held (a schedule that fell
     on the load generator's warm-up request profiles batch 1 at any offered load)."""
@@ -706,7 +707,7 @@ MEASUREMENT_CHANGES = (
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _after_change(commit: str, change: str) -> bool | None:
     """Whether ``commit`` contains ``change`` (git ancestry); None where git cannot tell (no
     repository, a shallow clone, a commit made on another checkout and never pushed)."""
@@ -720,7 +721,7 @@ def _after_change(commit: str, change: str) -> bool | None:
     return {0: True, 1: False}.get(res.returncode)
 
 
-def change_mix(runs: Iterable["Run"]) -> str:
+def change_mix(runs: Iterable[Run]) -> str:
     """A provenance note when ``runs`` straddle a MEASUREMENT_CHANGES commit, else ''."""
     commits = set()
     for r in runs:

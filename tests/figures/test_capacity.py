@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from figures.paper_values import PAPER
 from figures import capacity as cap
+from figures.paper_values import PAPER
 from systems.models.config import ModelConfig
 
 GIB = cap.GIB

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from figures import common as C
-from harness import results as R
 from figures import make_all
 from figures.paper_values import AMBIGUITIES, PAPER, PV, flatten, get
+from harness import results as R
 from tests.figures.fixture import build
 
 REPO = Path(__file__).resolve().parents[2]

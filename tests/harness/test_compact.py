@@ -4,9 +4,9 @@ reader still sees the same rows."""
 import gzip
 import json
 
-from harness.results import Run
 from harness.compact import main
 from harness.records import read_jsonl
+from harness.results import Run
 
 
 def _run_dir(root, name, finished):
