@@ -36,6 +36,8 @@
 # then `make compact`), triton_cache.tgz, lane<i>.log, vmstat.log, dmon.log.
 # Do not pair a serving lane with bench_resolver's part (a), which streams host memory: pass
 # DHS_ARGS_bench_resolver="--skip a" there.
+# The GPU machine's copy of the tree may carry a stale git HEAD: pass the commit the runs measure,
+# e.g. DHS_GIT_COMMIT=$(git rev-parse HEAD) in the command, or env.json records the stale one.
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 LANES=()

@@ -107,7 +107,9 @@ def run_command(cmd: str, tmp: Path) -> None:
     if words[0] == "make":
         target = words[1]
         if target == "test":
-            assert make_expansion(words, env) == [["pytest", "-n", "2", "tests"]]
+            assert make_expansion(words, env) == [["ruff", "check", "."],
+                                                  ["ruff", "format", "--check", "."],
+                                                  ["pytest", "-n", "2", "tests"]]
             return  # this very suite
         if target == "reproduce" and "DRY=1" not in words and not _has_gpu():
             r = subprocess.run(["make", "-s", *words[1:]], cwd=REPO, capture_output=True,

@@ -41,41 +41,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from systems.host_sync import no_host_sync
 
 log = logging.getLogger("dhs.cuda_graph")
-
-# aten ops that read device data on the host (or build tensors from host data): illegal while a
-# stream is capturing. ``allow_host_sync`` lets the CPU reference resolver use them knowingly.
-_SYNC_OPS = {"aten._local_scalar_dense", "aten.nonzero", "aten.lift_fresh", "aten.item",
-             "aten.equal", "aten.is_nonzero", "aten.masked_select", "aten.unique_consecutive",
-             "aten._unique2", "aten.repeat_interleave"}
-_allow_depth = 0
-
-
-@contextlib.contextmanager
-def allow_host_sync():
-    """Code that syncs on purpose (the CPU reference resolver) inside an emulated capture."""
-    global _allow_depth
-    _allow_depth += 1
-    try:
-        yield
-    finally:
-        _allow_depth -= 1
-
-
-class HostSyncInCapture(RuntimeError):
-    """A captured region read device data on the host; a real capture would fail or bake it."""
-
-
-class no_host_sync(TorchDispatchMode):
-    """Raise on any op in ``_SYNC_OPS`` (outside ``allow_host_sync``)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _allow_depth == 0 and str(func.overloadpacket) in _SYNC_OPS:
-            raise HostSyncInCapture(f"{func} inside a captured step")
-        return func(*args, **(kwargs or {}))
-
 
 @dataclass
 class _Graph:

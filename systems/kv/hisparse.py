@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
-from systems.engine.cuda_graph import allow_host_sync
+from systems.host_sync import allow_host_sync
 from systems.kernels.backup import backup_rows
 from systems.kernels.resolver import (
     COUNTER_DIRECT,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from systems.engine.cuda_graph import HostSyncInCapture, allow_host_sync, no_host_sync
+from systems.host_sync import HostSyncInCapture, allow_host_sync, no_host_sync
 from tests.helpers import make_engine, run_greedy
 
 

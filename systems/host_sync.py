@@ -1,0 +1,44 @@
+"""The guard of a captured region: no op may read device data on the host there.
+
+A CUDA graph capture fails (or bakes a stale value) when captured work syncs with the host. On a
+machine without CUDA the engine's emulated capture runs the step under ``no_host_sync``, which
+raises on such ops; code that syncs on purpose (the CPU reference resolver) says so with
+``allow_host_sync``. It lives below both the engine and the KV backends, which use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# aten ops that read device data on the host (or build tensors from host data): illegal while a
+# stream is capturing. ``allow_host_sync`` lets the CPU reference resolver use them knowingly.
+_SYNC_OPS = {"aten._local_scalar_dense", "aten.nonzero", "aten.lift_fresh", "aten.item",
+             "aten.equal", "aten.is_nonzero", "aten.masked_select", "aten.unique_consecutive",
+             "aten._unique2", "aten.repeat_interleave"}
+_allow_depth = 0
+
+
+@contextlib.contextmanager
+def allow_host_sync():
+    """Code that syncs on purpose (the CPU reference resolver) inside an emulated capture."""
+    global _allow_depth
+    _allow_depth += 1
+    try:
+        yield
+    finally:
+        _allow_depth -= 1
+
+
+class HostSyncInCapture(RuntimeError):
+    """A captured region read device data on the host; a real capture would fail or bake it."""
+
+
+class no_host_sync(TorchDispatchMode):
+    """Raise on any op in ``_SYNC_OPS`` (outside ``allow_host_sync``)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _allow_depth == 0 and str(func.overloadpacket) in _SYNC_OPS:
+            raise HostSyncInCapture(f"{func} inside a captured step")
+        return func(*args, **(kwargs or {}))
