@@ -80,34 +80,50 @@ def main() -> None:
         sel = loc.clone()
         sel[:, -7:] = -1  # some padding, as short histories have
         out = {}
-        fns = {"reference": lambda: sparse_attention(q, kv, sel, loc, impl="reference", **kw),
-               "unsplit": lambda: sparse_attention_triton(q, kv, sel, loc, splits=1, **kw),
-               "triton": lambda: sparse_attention_triton(q, kv, sel, loc, **kw),
-               "mma": lambda: sparse_attention_triton(q, kv, sel, loc, kernel="mma", **kw)}
+        fns = {
+            "reference": lambda: sparse_attention(q, kv, sel, loc, impl="reference", **kw),
+            "unsplit": lambda: sparse_attention_triton(q, kv, sel, loc, splits=1, **kw),
+            "triton": lambda: sparse_attention_triton(q, kv, sel, loc, **kw),
+            "mma": lambda: sparse_attention_triton(q, kv, sel, loc, kernel="mma", **kw),
+        }
         for impl, fn in fns.items():
             out[impl] = (fn().float(), _median_us(torch, fn, flush, args.reps))
         scale = out["reference"][0].abs().max().item()
         need = N * args.k * kv.shape[1]
-        row = {"queries": N, "k": args.k, "reference_us": out["reference"][1],
-               "splits": split_count(N, 4, args.k, 32), "row_bytes_read": need,
-               "max_abs_out": scale}
+        row = {
+            "queries": N,
+            "k": args.k,
+            "reference_us": out["reference"][1],
+            "splits": split_count(N, 4, args.k, 32),
+            "row_bytes_read": need,
+            "max_abs_out": scale,
+        }
         for impl in ("unsplit", "triton", "mma"):
             diff = (out[impl][0] - out["reference"][0]).abs().max().item()
             ok = diff <= 2e-2 * max(scale, 1e-6)  # bf16 output: one or two ulps
             bad += not ok
             us = out[impl][1]
-            row.update({f"{impl}_us": us, f"{impl}_speedup": out["reference"][1] / us,
-                        f"{impl}_gbps": need / us / 1e3,
-                        f"{impl}_fraction_of_hbm": need / (us * 1e-6) / HBM_BPS,
-                        f"{impl}_max_abs_diff": diff, f"{impl}_agree": ok})
+            row.update(
+                {
+                    f"{impl}_us": us,
+                    f"{impl}_speedup": out["reference"][1] / us,
+                    f"{impl}_gbps": need / us / 1e3,
+                    f"{impl}_fraction_of_hbm": need / (us * 1e-6) / HBM_BPS,
+                    f"{impl}_max_abs_diff": diff,
+                    f"{impl}_agree": ok,
+                }
+            )
         rows.append(row)
-        print(f"[attention] N={N:5d} reference {row['reference_us']:8.1f} us | unsplit "
-              f"{row['unsplit_us']:8.1f} us x{row['unsplit_speedup']:.2f} | split-K "
-              f"({row['splits']:2d} chunks) {row['triton_us']:8.1f} us x{row['triton_speedup']:.2f} "
-              f"{row['triton_gbps']:6.0f} GB/s ({100 * row['triton_fraction_of_hbm']:.0f}% of HBM)  "
-              f"| mma {row['mma_us']:8.1f} us x{row['mma_speedup']:.2f} {row['mma_gbps']:6.0f} GB/s  "
-              f"max|diff| {row['unsplit_max_abs_diff']:.1e} / {row['triton_max_abs_diff']:.1e} / "
-              f"{row['mma_max_abs_diff']:.1e}", flush=True)
+        print(
+            f"[attention] N={N:5d} reference {row['reference_us']:8.1f} us | unsplit "
+            f"{row['unsplit_us']:8.1f} us x{row['unsplit_speedup']:.2f} | split-K "
+            f"({row['splits']:2d} chunks) {row['triton_us']:8.1f} us x{row['triton_speedup']:.2f} "
+            f"{row['triton_gbps']:6.0f} GB/s ({100 * row['triton_fraction_of_hbm']:.0f}% of HBM)  "
+            f"| mma {row['mma_us']:8.1f} us x{row['mma_speedup']:.2f} {row['mma_gbps']:6.0f} GB/s  "
+            f"max|diff| {row['unsplit_max_abs_diff']:.1e} / {row['triton_max_abs_diff']:.1e} / "
+            f"{row['mma_max_abs_diff']:.1e}",
+            flush=True,
+        )
     # chunk-count sweep at small batches, where split-K matters
     sweep = []
     for N in (1, 16):
@@ -116,30 +132,54 @@ def main() -> None:
         for ns in (1, 2, 4, 8, 16):
             fn = lambda: sparse_attention_triton(q, kv, loc, loc, splits=ns, **kw)  # noqa: E731
             us = _median_us(torch, fn, flush, args.reps)
-            sweep.append({"queries": N, "splits": ns, "us": us,
-                          "gbps": N * args.k * kv.shape[1] / us / 1e3})
-            print(f"[attention] sweep N={N:3d} splits={ns:2d}: {us:8.1f} us "
-                  f"({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
+            sweep.append(
+                {"queries": N, "splits": ns, "us": us, "gbps": N * args.k * kv.shape[1] / us / 1e3}
+            )
+            print(
+                f"[attention] sweep N={N:3d} splits={ns:2d}: {us:8.1f} us "
+                f"({sweep[-1]['gbps']:.0f} GB/s)",
+                flush=True,
+            )
 
     # the all-heads tensor-core kernel's launch shape, at a decode batch and a verification call
     for N in (64, 512):
         q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
         loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
         for bk, nw in ((16, 4), (32, 4), (64, 4), (32, 8), (64, 8)):
-            fn = lambda: sparse_attention_triton(q, kv, loc, loc, kernel="mma", block_k=bk,  # noqa: E731
-                                                 num_warps=nw, **kw)
+            fn = lambda: sparse_attention_triton(  # noqa: E731
+                q,
+                kv,
+                loc,
+                loc,
+                kernel="mma",
+                block_k=bk,
+                num_warps=nw,
+                **kw,
+            )
             try:
                 us = _median_us(torch, fn, flush, args.reps)
             except Exception as e:  # e.g. out of shared memory for the larger tiles
                 print(f"[attention] mma N={N} block_k={bk} num_warps={nw}: {type(e).__name__}")
                 continue
-            sweep.append({"kernel": "mma", "queries": N, "block_k": bk, "num_warps": nw, "us": us,
-                          "gbps": N * args.k * kv.shape[1] / us / 1e3})
-            print(f"[attention] mma N={N:4d} block_k={bk:3d} num_warps={nw}: {us:8.1f} us "
-                  f"({sweep[-1]['gbps']:.0f} GB/s)", flush=True)
+            sweep.append(
+                {
+                    "kernel": "mma",
+                    "queries": N,
+                    "block_k": bk,
+                    "num_warps": nw,
+                    "us": us,
+                    "gbps": N * args.k * kv.shape[1] / us / 1e3,
+                }
+            )
+            print(
+                f"[attention] mma N={N:4d} block_k={bk:3d} num_warps={nw}: {us:8.1f} us "
+                f"({sweep[-1]['gbps']:.0f} GB/s)",
+                flush=True,
+            )
 
     # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)
     from systems.kernels.index_scores import index_scores
+
     P, di, L = 64, 64, args.history
     scan = []
     for B, Q in ((1, 1), (16, 1), (64, 1), (64, 4), (128, 4)):
@@ -156,17 +196,29 @@ def main() -> None:
         ok = diff <= 1e-3 * max(out["reference"][0].abs().max().item(), 1e-6)
         bad += not ok
         need = B * L * di * 2
-        r = {"requests": B, "queries": Q, "history": L, "reference_us": out["reference"][1],
-             "triton_us": out["triton"][1], "speedup": out["reference"][1] / out["triton"][1],
-             "key_bytes_read": need, "triton_gbps": need / out["triton"][1] / 1e3,
-             "max_abs_diff": diff, "agree": ok}
+        r = {
+            "requests": B,
+            "queries": Q,
+            "history": L,
+            "reference_us": out["reference"][1],
+            "triton_us": out["triton"][1],
+            "speedup": out["reference"][1] / out["triton"][1],
+            "key_bytes_read": need,
+            "triton_gbps": need / out["triton"][1] / 1e3,
+            "max_abs_diff": diff,
+            "agree": ok,
+        }
         scan.append(r)
-        print(f"[index]     B={B:4d} Q={Q} L={L} reference {r['reference_us']:9.1f} us  triton "
-              f"{r['triton_us']:9.1f} us  x{r['speedup']:.2f}  {r['triton_gbps']:7.1f} GB/s  "
-              f"max|diff| {diff:.2e}", flush=True)
+        print(
+            f"[index]     B={B:4d} Q={Q} L={L} reference {r['reference_us']:9.1f} us  triton "
+            f"{r['triton_us']:9.1f} us  x{r['speedup']:.2f}  {r['triton_gbps']:7.1f} GB/s  "
+            f"max|diff| {diff:.2e}",
+            flush=True,
+        )
     # tile sweep of the scan at a high load (the decode step of the hierarchy at C128): rows of
     # history per program x warps (default 128 x 4)
     from systems.kernels.index_scores import index_scores_triton
+
     index_sweep = []
     B = 128
     pages = -(-L // P)
@@ -178,22 +230,60 @@ def main() -> None:
         ref = index_scores(iq, pool, table, slots, L, P, impl="triton")
         # tiles that compile without register spills at sm_90 (ptxas -v): 256 x 4 and 512 x 8 spill
         # and the multiply-add form (a float32 row per query, no 16-row padding of the dot)
-        for block_l, warps, form in ((64, 4, "dot"), (128, 4, "dot"), (64, 2, "dot"), (128, 8, "dot"),
-                                     (256, 8, "dot"), (64, 4, "fma"), (128, 4, "fma"), (256, 8, "fma"),
-                                     (512, 8, "fma")):
-            fn = lambda: index_scores_triton(iq, pool, table, slots, L, P, block_l=block_l,  # noqa: E731
-                                             num_warps=warps, form=form)
+        for block_l, warps, form in (
+            (64, 4, "dot"),
+            (128, 4, "dot"),
+            (64, 2, "dot"),
+            (128, 8, "dot"),
+            (256, 8, "dot"),
+            (64, 4, "fma"),
+            (128, 4, "fma"),
+            (256, 8, "fma"),
+            (512, 8, "fma"),
+        ):
+            fn = lambda: index_scores_triton(  # noqa: E731
+                iq,
+                pool,
+                table,
+                slots,
+                L,
+                P,
+                block_l=block_l,
+                num_warps=warps,
+                form=form,
+            )
             diff = (fn() - ref).abs().max().item()
             us = _median_us(torch, fn, flush, args.reps)
-            index_sweep.append({"requests": B, "queries": Q, "block_l": block_l, "num_warps": warps,
-                                "form": form, "us": us, "gbps": B * L * di * 2 / us / 1e3,
-                                "max_abs_diff_vs_default": diff})
-            print(f"[index]     sweep B={B} Q={Q} {form} block_l={block_l:5d} warps={warps}: {us:8.1f} us "
-                  f"({index_sweep[-1]['gbps']:.0f} GB/s)  max|diff| {diff:.1e}", flush=True)
-    finish_benchmark(args.out, {"benchmark": "sparse_attention",
-                                "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
-                                "args": vars(args), "rows": rows, "split_sweep": sweep,
-                                "index_scan": scan, "index_sweep": index_sweep}, bool(bad))
+            index_sweep.append(
+                {
+                    "requests": B,
+                    "queries": Q,
+                    "block_l": block_l,
+                    "num_warps": warps,
+                    "form": form,
+                    "us": us,
+                    "gbps": B * L * di * 2 / us / 1e3,
+                    "max_abs_diff_vs_default": diff,
+                }
+            )
+            print(
+                f"[index]     sweep B={B} Q={Q} {form} block_l={block_l:5d} warps={warps}: {us:8.1f} us "
+                f"({index_sweep[-1]['gbps']:.0f} GB/s)  max|diff| {diff:.1e}",
+                flush=True,
+            )
+    finish_benchmark(
+        args.out,
+        {
+            "benchmark": "sparse_attention",
+            "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
+            "args": vars(args),
+            "rows": rows,
+            "split_sweep": sweep,
+            "index_scan": scan,
+            "index_sweep": index_sweep,
+        },
+        bool(bad),
+    )
 
 
 if __name__ == "__main__":

@@ -106,7 +106,9 @@ def host_info() -> dict:
         info["uvloop"] = None
     try:
         txt = Path("/proc/cpuinfo").read_text()
-        models = [ln.split(":", 1)[1].strip() for ln in txt.splitlines() if ln.startswith("model name")]
+        models = [
+            ln.split(":", 1)[1].strip() for ln in txt.splitlines() if ln.startswith("model name")
+        ]
         mhz = [float(ln.split(":", 1)[1]) for ln in txt.splitlines() if ln.startswith("cpu MHz")]
         flags = next((ln for ln in txt.splitlines() if ln.startswith("flags")), "")
         info["cpu_model"] = models[0] if models else platform.processor()
@@ -136,7 +138,11 @@ def _cpu_times() -> tuple[float, float] | None:
 def _pct(v: np.ndarray) -> dict:
     if v.size == 0:
         return {"mean": None, "p50": None, "p99": None}
-    return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99))}
+    return {
+        "mean": float(v.mean()),
+        "p50": float(np.percentile(v, 50)),
+        "p99": float(np.percentile(v, 99)),
+    }
 
 
 def background_cpus(window_s: float = 1.0) -> float | None:
@@ -164,7 +170,9 @@ def wait_quiet(max_wait_s: float, threshold_cpus: float) -> float | None:
     return bg
 
 
-def offered_rates(streams: int, itl_ms: float, ttft_ms: float, output_len: int, tokens_per_chunk: int) -> dict:
+def offered_rates(
+    streams: int, itl_ms: float, ttft_ms: float, output_len: int, tokens_per_chunk: int
+) -> dict:
     """Tokens/s the server is programmed to emit.
 
     ``peak``: every stream decoding (C / token gap).  ``closed_loop``: averaged
@@ -173,7 +181,11 @@ def offered_rates(streams: int, itl_ms: float, ttft_ms: float, output_len: int, 
     """
     k = max(1, tokens_per_chunk)
     life_ms = ttft_ms + (math.ceil(output_len / k) - 1) * k * itl_ms  # send -> last event
-    return {"peak": streams * 1e3 / itl_ms, "closed_loop": streams * output_len * 1e3 / life_ms, "life_ms": life_ms}
+    return {
+        "peak": streams * 1e3 / itl_ms,
+        "closed_loop": streams * output_len * 1e3 / life_ms,
+        "life_ms": life_ms,
+    }
 
 
 class WriteStamps:
@@ -251,8 +263,15 @@ def _ttft_error_block(err, srv_late, req_path, delivery, pre_send=None) -> dict:
     return out
 
 
-def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, args: argparse.Namespace,
-              stagger: bool = False, event_loop: str = "auto") -> dict:
+def run_point(
+    regime: str,
+    streams: int,
+    itl_ms: float,
+    tokens_per_chunk: int,
+    args: argparse.Namespace,
+    stagger: bool = False,
+    event_loop: str = "auto",
+) -> dict:
     """One closed loop of ``streams`` streams.
 
     ``stagger=False``: all C streams start at once and, since every request has
@@ -337,7 +356,9 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
         t_a, t_b = hold["start_mono"], hold["end_mono"]
         tok_s = sum(n for r in ok for t, n in r.chunks if t_a <= t < t_b) / (t_b - t_a)
     else:
-        tok_s = s["output_tok_s"]  # a closed loop of whole waves: all tokens over first send -> last read
+        tok_s = s[
+            "output_tok_s"
+        ]  # a closed loop of whole waves: all tokens over first send -> last read
     srv_cpu = s1["cpu_s"] - s0["cpu_s"]
     srv_writes = s1["writes"] - s0["writes"]
     srv_events = s1["events_emitted"] - s0["events_emitted"]
@@ -358,9 +379,14 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
         "streams": streams,
         "staggered": stagger,
         "tokens_per_chunk": tokens_per_chunk,
-        "programmed": {"ttft_ms": args.ttft_ms, "token_gap_ms": itl_ms, "chunk_gap_ms": chunk_gap_s * 1e3,
-                       "output_len": args.output_len, "offered_tok_s": offered["peak"],
-                       "offered_tok_s_closed_loop": offered["closed_loop"]},
+        "programmed": {
+            "ttft_ms": args.ttft_ms,
+            "token_gap_ms": itl_ms,
+            "chunk_gap_ms": chunk_gap_s * 1e3,
+            "output_len": args.output_len,
+            "offered_tok_s": offered["peak"],
+            "offered_tok_s_closed_loop": offered["closed_loop"],
+        },
         "requests": len(res.records),
         "post_wave_requests": int(post.sum()),
         "errors": s["errors"],
@@ -372,10 +398,14 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
             "events_s": n_events / dur,
             "reads_s": n_reads / dur,
             "events_per_read": n_events / max(n_reads, 1),
-            "cpu_us_per_read": s["client_cpu_s"] / max(n_reads, 1) * 1e6,  # incl. its events' parsing
+            "cpu_us_per_read": s["client_cpu_s"]
+            / max(n_reads, 1)
+            * 1e6,  # incl. its events' parsing
             "cpu_s": s["client_cpu_s"],
             "cpu_util": s["client_cpu_util"],
-            "tok_per_cpu_s": (s["total_output_tokens"] / s["client_cpu_s"]) if s["client_cpu_s"] else None,
+            "tok_per_cpu_s": (s["total_output_tokens"] / s["client_cpu_s"])
+            if s["client_cpu_s"]
+            else None,
             "events_per_cpu_s": (n_events / s["client_cpu_s"]) if s["client_cpu_s"] else None,
         },
         "server": {
@@ -389,8 +419,13 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
         "ttft_ms": {"all": _pct(ttft), "post_wave": _pct(ttft[post])},
         "ttft_error_ms": {
             "all": _ttft_error_block(err, srv_late, req_path, delivery, pre_send),
-            "post_wave": _ttft_error_block(err[post], srv_late[post], req_path[post], delivery[post],
-                                           None if pre_send is None else pre_send[post]),
+            "post_wave": _ttft_error_block(
+                err[post],
+                srv_late[post],
+                req_path[post],
+                delivery[post],
+                None if pre_send is None else pre_send[post],
+            ),
         },
         "machine_during_run": machine,
         "itl_per_token_ms_mean": s["itl_per_token_ms_mean"],
@@ -410,8 +445,14 @@ def run_point(regime: str, streams: int, itl_ms: float, tokens_per_chunk: int, a
     return out
 
 
-def asyncio_read_floor(n_conns: int = 1000, gap_s: float = 0.04, seconds: float = 4.0,
-                       client_cpu: int | None = 0, server_cpu: int | None = 1, event_loop: str = "asyncio") -> dict:
+def asyncio_read_floor(
+    n_conns: int = 1000,
+    gap_s: float = 0.04,
+    seconds: float = 4.0,
+    client_cpu: int | None = 0,
+    server_cpu: int | None = 1,
+    event_loop: str = "asyncio",
+) -> dict:
     """CPU cost of one socket read for a do-nothing asyncio Protocol on this host
     (on ``event_loop``: "asyncio" or "uvloop").
 
@@ -468,8 +509,14 @@ def asyncio_read_floor(n_conns: int = 1000, gap_s: float = 0.04, seconds: float 
         n0, c0, t0 = P.n, time.process_time(), time.perf_counter()
         await asyncio.sleep(seconds)
         n, c, t = P.n - n0, time.process_time() - c0, time.perf_counter() - t0
-        return {"event_loop": event_loop, "conns": n_conns, "msg_gap_ms": gap_s * 1e3, "reads_s": n / t,
-                "cpu_util": c / t, "us_per_read": c / n * 1e6 if n else None}
+        return {
+            "event_loop": event_loop,
+            "conns": n_conns,
+            "msg_gap_ms": gap_s * 1e3,
+            "reads_s": n / t,
+            "cpu_util": c / t,
+            "us_per_read": c / n * 1e6 if n else None,
+        }
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
@@ -487,10 +534,14 @@ def fmt(p: dict) -> str:
     def parts(b: dict) -> str:
         split = ""
         if b["request_path_client_pre_send"] is not None:
-            split = (f" (client pre-send {b['request_path_client_pre_send']['mean']:.1f} + server pick-up "
-                     f"{b['request_path_server_pickup']['mean']:.1f})")
-        return (f"{b['total']['mean']:.1f} ms = server late {b['server_lateness']['mean']:.1f} + request path "
-                f"{b['request_path']['mean']:.1f}{split} + delivery {b['delivery']['mean']:.1f}")
+            split = (
+                f" (client pre-send {b['request_path_client_pre_send']['mean']:.1f} + server pick-up "
+                f"{b['request_path_server_pickup']['mean']:.1f})"
+            )
+        return (
+            f"{b['total']['mean']:.1f} ms = server late {b['server_lateness']['mean']:.1f} + request path "
+            f"{b['request_path']['mean']:.1f}{split} + delivery {b['delivery']['mean']:.1f}"
+        )
 
     return (
         f"{p['event_loop']:<7} streams={p['streams']:>5} gap={prog['token_gap_ms']:g} ms tok/chunk={p['tokens_per_chunk']} | offered "
@@ -498,14 +549,20 @@ def fmt(p: dict) -> str:
         f"{c['tok_s']:,.0f} tok/s, {c['events_per_read']:.1f} ev/read, cpu {c['cpu_util']:.2f}, "
         f"{c['tok_per_cpu_s']:,.0f} tok/cpu-s | server cpu {p['server']['cpu_util']:.2f}, "
         f"{p['server']['events_per_write']:.1f} ev/write | TTFT err all {parts(a)} | post-wave {parts(w)}"
-        + (f" | other load ~{p['machine_during_run']['other_load_cpus']:.2f} CPUs" if p["machine_during_run"] else "")
+        + (
+            f" | other load ~{p['machine_during_run']['other_load_cpus']:.2f} CPUs"
+            if p["machine_during_run"]
+            else ""
+        )
     )
 
 
 def label(p: dict) -> str:
     start = "staggered" if p["staggered"] else "burst"
-    return (f"{p['streams']} streams @ {p['programmed']['token_gap_ms']:g} ms, "
-            f"{p['tokens_per_chunk']} tok/event, {start} start, {p['event_loop']}")
+    return (
+        f"{p['streams']} streams @ {p['programmed']['token_gap_ms']:g} ms, "
+        f"{p['tokens_per_chunk']} tok/event, {start} start, {p['event_loop']}"
+    )
 
 
 def table_rows(points: list[dict], other_load_flag: float) -> list[dict]:
@@ -516,40 +573,46 @@ def table_rows(points: list[dict], other_load_flag: float) -> list[dict]:
         other = (p["machine_during_run"] or {}).get("other_load_cpus")
         pre = e["post_wave"]["request_path_client_pre_send"]
         pick = e["post_wave"]["request_path_server_pickup"]
-        rows.append({
-            "event_loop": p["event_loop"],
-            "regime": p["regime"],
-            "start": "staggered" if p["staggered"] else "burst",
-            "streams": p["streams"],
-            "token_gap_ms": p["programmed"]["token_gap_ms"],
-            "tokens_per_event": p["tokens_per_chunk"],
-            "offered_tok_s": p["programmed"]["offered_tok_s"],
-            "offered_tok_s_closed_loop": p["programmed"]["offered_tok_s_closed_loop"],
-            "sustained_tok_s": p["client"]["tok_s"],
-            "client_cpu_util": p["client"]["cpu_util"],
-            "tok_per_client_cpu_s": p["client"]["tok_per_cpu_s"],
-            "events_per_read": p["client"]["events_per_read"],
-            "ttft_error_all_ms": e["all"]["total"]["mean"],
-            "ttft_error_all_client_added_ms": e["all"]["client_added"]["mean"],
-            "ttft_error_post_wave_ms": e["post_wave"]["total"]["mean"],
-            "ttft_error_post_wave_client_added_ms": e["post_wave"]["client_added"]["mean"],
-            "ttft_error_post_wave_client_added_p99_ms": e["post_wave"]["client_added"]["p99"],
-            # diagnostic split of the post-wave client-added mean (None if unavailable)
-            "post_wave_request_path_ms": e["post_wave"]["request_path"]["mean"],
-            "post_wave_client_pre_send_ms": pre["mean"] if pre else None,
-            "post_wave_server_pickup_ms": pick["mean"] if pick else None,
-            "post_wave_delivery_ms": e["post_wave"]["delivery"]["mean"],
-            "target_met": t["met"] if t["applies"] else None,  # None: the target is not stated at this C
-            "other_load_cpus": other,
-            "other_load_flag": other is not None and other >= other_load_flag,
-        })
+        rows.append(
+            {
+                "event_loop": p["event_loop"],
+                "regime": p["regime"],
+                "start": "staggered" if p["staggered"] else "burst",
+                "streams": p["streams"],
+                "token_gap_ms": p["programmed"]["token_gap_ms"],
+                "tokens_per_event": p["tokens_per_chunk"],
+                "offered_tok_s": p["programmed"]["offered_tok_s"],
+                "offered_tok_s_closed_loop": p["programmed"]["offered_tok_s_closed_loop"],
+                "sustained_tok_s": p["client"]["tok_s"],
+                "client_cpu_util": p["client"]["cpu_util"],
+                "tok_per_client_cpu_s": p["client"]["tok_per_cpu_s"],
+                "events_per_read": p["client"]["events_per_read"],
+                "ttft_error_all_ms": e["all"]["total"]["mean"],
+                "ttft_error_all_client_added_ms": e["all"]["client_added"]["mean"],
+                "ttft_error_post_wave_ms": e["post_wave"]["total"]["mean"],
+                "ttft_error_post_wave_client_added_ms": e["post_wave"]["client_added"]["mean"],
+                "ttft_error_post_wave_client_added_p99_ms": e["post_wave"]["client_added"]["p99"],
+                # diagnostic split of the post-wave client-added mean (None if unavailable)
+                "post_wave_request_path_ms": e["post_wave"]["request_path"]["mean"],
+                "post_wave_client_pre_send_ms": pre["mean"] if pre else None,
+                "post_wave_server_pickup_ms": pick["mean"] if pick else None,
+                "post_wave_delivery_ms": e["post_wave"]["delivery"]["mean"],
+                "target_met": t["met"]
+                if t["applies"]
+                else None,  # None: the target is not stated at this C
+                "other_load_cpus": other,
+                "other_load_flag": other is not None and other >= other_load_flag,
+            }
+        )
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'loop':<8}{'regime':<9}{'start':<10}{'streams':>7}{'gap':>6}{'tok/ev':>7}{'offered tok/s':>14}{'closed loop':>12}"
-            f"{'sustained':>11}{'cli cpu':>8}{'ev/read':>8}  {'TTFT err all (client)':>22}"
-            f"  {'post-wave (client, p99)':>27}  target  {'pre-send/pick-up/delivery':>25}")
+    head = (
+        f"{'loop':<8}{'regime':<9}{'start':<10}{'streams':>7}{'gap':>6}{'tok/ev':>7}{'offered tok/s':>14}{'closed loop':>12}"
+        f"{'sustained':>11}{'cli cpu':>8}{'ev/read':>8}  {'TTFT err all (client)':>22}"
+        f"  {'post-wave (client, p99)':>27}  target  {'pre-send/pick-up/delivery':>25}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         met = "n/a" if r["target_met"] is None else ("yes" if r["target_met"] else "no")
@@ -560,8 +623,12 @@ def format_table(rows: list[dict]) -> str:
             f"  {r['ttft_error_all_ms']:>8.1f} ({r['ttft_error_all_client_added_ms']:>6.1f}) ms"
             f"  {r['ttft_error_post_wave_ms']:>8.1f} ({r['ttft_error_post_wave_client_added_ms']:>6.1f}, "
             f"{r['ttft_error_post_wave_client_added_p99_ms']:>6.1f}) ms  {met:<6}"
-            + (f"  {r['post_wave_client_pre_send_ms']:>7.1f} /{r['post_wave_server_pickup_ms']:>7.1f} /"
-               f"{r['post_wave_delivery_ms']:>7.1f} ms" if r["post_wave_client_pre_send_ms"] is not None else "")
+            + (
+                f"  {r['post_wave_client_pre_send_ms']:>7.1f} /{r['post_wave_server_pickup_ms']:>7.1f} /"
+                f"{r['post_wave_delivery_ms']:>7.1f} ms"
+                if r["post_wave_client_pre_send_ms"] is not None
+                else ""
+            )
             + (f"  [other load {r['other_load_cpus']:.2f} CPU]" if r["other_load_flag"] else "")
         )
     lines += [
@@ -582,29 +649,40 @@ def _failed_on(p: dict) -> list[str]:
     t, e = p["target"], p["ttft_error_ms"]["post_wave"]
     why = []
     if not t["sustained_tok_s_ge_100k"]:
-        why.append(f"sustained {p['client']['tok_s']:,.0f} tok/s < {TARGET_TOK_S:,}"
-                   + ("" if t["offered_closed_loop_ge_100k"] else
-                      f" (the closed loop only offers {p['programmed']['offered_tok_s_closed_loop']:,.0f})"))
+        why.append(
+            f"sustained {p['client']['tok_s']:,.0f} tok/s < {TARGET_TOK_S:,}"
+            + (
+                ""
+                if t["offered_closed_loop_ge_100k"]
+                else f" (the closed loop only offers {p['programmed']['offered_tok_s_closed_loop']:,.0f})"
+            )
+        )
     if not t["post_wave_client_added_ttft_error_lt_5ms"]:
         split = own = ""
         if e["request_path_client_pre_send"] is not None:
             pre = e["request_path_client_pre_send"]["mean"]
             split = f" = client pre-send {pre:.1f} + server pick-up {e['request_path_server_pickup']['mean']:.1f}"
             own = f"; client's own part (pre-send + delivery) {pre + e['delivery']['mean']:.1f} ms"
-        why.append(f"post-wave client-added TTFT error {e['client_added']['mean']:.1f} ms "
-                   f"(request path {e['request_path']['mean']:.1f}{split}; delivery {e['delivery']['mean']:.1f}{own}; "
-                   f"client CPU {p['client']['cpu_util']:.2f}, {p['client']['events_per_read']:.1f} events/read)")
+        why.append(
+            f"post-wave client-added TTFT error {e['client_added']['mean']:.1f} ms "
+            f"(request path {e['request_path']['mean']:.1f}{split}; delivery {e['delivery']['mean']:.1f}{own}; "
+            f"client CPU {p['client']['cpu_util']:.2f}, {p['client']['events_per_read']:.1f} events/read)"
+        )
     return why
 
 
 def _server_note(p: dict) -> str:
     """The fake server's share at a saturated point (its core cannot emit 1M events/s either)."""
     e = p["ttft_error_ms"]["post_wave"]
-    note = (f" The fake server is saturated as well: post-wave it writes first tokens "
-            f"{e['server_lateness']['mean']:.0f} ms late (not counted as client-added)")
+    note = (
+        f" The fake server is saturated as well: post-wave it writes first tokens "
+        f"{e['server_lateness']['mean']:.0f} ms late (not counted as client-added)"
+    )
     if e["request_path_server_pickup"] is not None:
-        note += (f", and {e['request_path_server_pickup']['mean']:.0f} of the {e['request_path']['mean']:.0f} ms "
-                 f"request path pass between the client's write and the server's handler start")
+        note += (
+            f", and {e['request_path_server_pickup']['mean']:.0f} of the {e['request_path']['mean']:.0f} ms "
+            f"request path pass between the client's write and the server's handler start"
+        )
     return note + "."
 
 
@@ -613,8 +691,13 @@ def _issue_point(points: list[dict], issue: dict, issue_itl_ms: float) -> tuple[
     # one core's receive capacity at one token per event: the best tokens per client
     # CPU-second of any such point on this loop (more events per socket read -> cheaper
     # tokens, so it comes from the saturated points, where events pile up in the sockets)
-    caps = [(p["client"]["tok_per_cpu_s"], p) for p in points
-            if p["tokens_per_chunk"] == 1 and p["client"]["tok_per_cpu_s"] and p["event_loop"] == issue["event_loop"]]
+    caps = [
+        (p["client"]["tok_per_cpu_s"], p)
+        for p in points
+        if p["tokens_per_chunk"] == 1
+        and p["client"]["tok_per_cpu_s"]
+        and p["event_loop"] == issue["event_loop"]
+    ]
     capacity, cap_p = max(caps, key=lambda c: c[0])
     offered = issue["programmed"]["offered_tok_s"]
     pw = issue["ttft_error_ms"]["post_wave"]["client_added"]["mean"]
@@ -627,9 +710,14 @@ def _issue_point(points: list[dict], issue: dict, issue_itl_ms: float) -> tuple[
             f"here on {issue['event_loop']} (at {cap_p['client']['events_per_read']:.0f} events per socket read, i.e. "
             f"while already behind), so the client is saturated by construction: it reads "
             f"{issue['client']['tok_s']:,.0f} tok/s, the rest queues in the sockets, and the post-wave client-added "
-            f"TTFT error is {pw:.0f} ms." + _server_note(issue)), capacity
-    return (f"{label(issue)} offers {offered:,.0f} tok/s, within the measured capacity of {capacity:,.0f} "
-            f"tokens per client CPU-second, but misses the target: " + "; ".join(_failed_on(issue)) + "."), capacity
+            f"TTFT error is {pw:.0f} ms." + _server_note(issue)
+        ), capacity
+    return (
+        f"{label(issue)} offers {offered:,.0f} tok/s, within the measured capacity of {capacity:,.0f} "
+        f"tokens per client CPU-second, but misses the target: "
+        + "; ".join(_failed_on(issue))
+        + "."
+    ), capacity
 
 
 def verdict(points: list[dict], issue_itl_ms: float) -> dict:
@@ -639,7 +727,7 @@ def verdict(points: list[dict], issue_itl_ms: float) -> dict:
     loops = list(dict.fromkeys(p["event_loop"] for p in points))
     out: dict = {
         "target": f"at {TARGET_STREAMS} streams: sustained >= {TARGET_TOK_S:,} tok/s and post-wave client-added "
-                  f"TTFT error mean < {TARGET_TTFT_ERR_MS:g} ms",
+        f"TTFT error mean < {TARGET_TTFT_ERR_MS:g} ms",
         "event_loops": loops,
         "configurations_meeting_target": [label(p) for p in at_target if p["target"]["met"]],
         "per_configuration": {},
@@ -650,10 +738,15 @@ def verdict(points: list[dict], issue_itl_ms: float) -> dict:
             out["per_configuration"][label(p)]["repeats"] = p["repeats"]
 
     met = out["configurations_meeting_target"]
-    out["met_by_event_loop"] = {lp: [label(p) for p in at_target if p["target"]["met"] and p["event_loop"] == lp]
-                                for lp in loops}
-    out["summary"] = (f"Met by: {', '.join(met)}." if met else
-                      f"No configuration at {TARGET_STREAMS} streams meets the target on this host.")
+    out["met_by_event_loop"] = {
+        lp: [label(p) for p in at_target if p["target"]["met"] and p["event_loop"] == lp]
+        for lp in loops
+    }
+    out["summary"] = (
+        f"Met by: {', '.join(met)}."
+        if met
+        else f"No configuration at {TARGET_STREAMS} streams meets the target on this host."
+    )
     fast = [p for p in at_target if p["target"]["sustained_tok_s_ge_100k"]]
     out["lowest_client_added_at_100k"] = {}
     for loop in loops:
@@ -662,58 +755,114 @@ def verdict(points: list[dict], issue_itl_ms: float) -> dict:
             best = min(mine, key=lambda p: p["ttft_error_ms"]["post_wave"]["client_added"]["mean"])
             out["lowest_client_added_at_100k"][loop] = {
                 "configuration": label(best),
-                "post_wave_client_added_ms": best["ttft_error_ms"]["post_wave"]["client_added"]["mean"],
+                "post_wave_client_added_ms": best["ttft_error_ms"]["post_wave"]["client_added"][
+                    "mean"
+                ],
                 "sustained_tok_s": best["client"]["tok_s"],
             }
 
     out["issue_point"], out["client_capacity_tok_per_cpu_s"] = {}, {}
     for loop in loops:
-        issue = next((p for p in at_target if p["regime"] == "issue" and p["event_loop"] == loop
-                      and p["programmed"]["token_gap_ms"] == issue_itl_ms
-                      and p["tokens_per_chunk"] == 1 and not p["staggered"]), None)
+        issue = next(
+            (
+                p
+                for p in at_target
+                if p["regime"] == "issue"
+                and p["event_loop"] == loop
+                and p["programmed"]["token_gap_ms"] == issue_itl_ms
+                and p["tokens_per_chunk"] == 1
+                and not p["staggered"]
+            ),
+            None,
+        )
         if issue is not None:
             out["issue_point"][loop], out["client_capacity_tok_per_cpu_s"][loop] = _issue_point(
-                points, issue, issue_itl_ms)
+                points, issue, issue_itl_ms
+            )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--streams", default="1000,4000", help="issue regime: comma-separated concurrency levels")
-    ap.add_argument("--tokens-per-chunk", default="1", help="issue regime, comma-separated; token gap stays --itl-ms")
-    ap.add_argument("--itl-ms", type=float, default=1.0, help="issue regime: programmed gap between tokens")
+    ap.add_argument(
+        "--streams", default="1000,4000", help="issue regime: comma-separated concurrency levels"
+    )
+    ap.add_argument(
+        "--tokens-per-chunk",
+        default="1",
+        help="issue regime, comma-separated; token gap stays --itl-ms",
+    )
+    ap.add_argument(
+        "--itl-ms", type=float, default=1.0, help="issue regime: programmed gap between tokens"
+    )
     # 4 ms and 8 ms offer 250k and 125k tok/s (229k / 120k averaged over the closed loop).
     # Not 10 ms: with TTFT 100 ms and 256 tokens its closed loop offers only 96.6k tok/s,
     # so it could not reach the 100k target even with a perfect client.
-    ap.add_argument("--capacity-itl-ms", default="4,8",
-                    help="capacity regime: comma-separated token gaps at --capacity-streams")
+    ap.add_argument(
+        "--capacity-itl-ms",
+        default="4,8",
+        help="capacity regime: comma-separated token gaps at --capacity-streams",
+    )
     ap.add_argument("--capacity-streams", type=int, default=TARGET_STREAMS)
     # 1 token per event is the issue's case; 8 shows the cost is per event/read, not per token
-    ap.add_argument("--capacity-tokens-per-chunk", default="1,8", help="capacity regime, comma-separated")
-    ap.add_argument("--capacity-starts", default="burst,staggered",
-                    help="capacity regime: burst (all C start together) and/or staggered (ramp over one lifetime)")
+    ap.add_argument(
+        "--capacity-tokens-per-chunk", default="1,8", help="capacity regime, comma-separated"
+    )
+    ap.add_argument(
+        "--capacity-starts",
+        default="burst,staggered",
+        help="capacity regime: burst (all C start together) and/or staggered (ramp over one lifetime)",
+    )
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity regime")
     ap.add_argument("--ttft-ms", type=float, default=100.0)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--waves", type=int, default=3,
-                    help="closed-loop lifetimes measured: burst: waves x C requests; staggered: ramp + waves-1 held")
-    ap.add_argument("--stagger-steps", type=int, default=100, help="steps of the ramp of a staggered loop")
+    ap.add_argument(
+        "--waves",
+        type=int,
+        default=3,
+        help="closed-loop lifetimes measured: burst: waves x C requests; staggered: ramp + waves-1 held",
+    )
+    ap.add_argument(
+        "--stagger-steps", type=int, default=100, help="steps of the ramp of a staggered loop"
+    )
     ap.add_argument("--api", default="generate", choices=["generate", "openai"])
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--no-pin", action="store_true")
-    ap.add_argument("--no-floor", action="store_true", help="skip the raw asyncio read-cost measurement")
-    ap.add_argument("--quiet-cpus", type=float, default=0.25,
-                    help="before each point wait until other processes use less CPU than this")
-    ap.add_argument("--quiet-wait-s", type=float, default=300.0, help="longest wait for a quiet machine per point")
-    ap.add_argument("--retries", type=int, default=2,
-                    help="re-run a point that shared the machine with >= --quiet-cpus of other load; keep the cleanest")
-    ap.add_argument("--event-loops", default="auto",
-                    help="comma-separated: auto (what harness.loadgen picks: uvloop if installed), asyncio, uvloop")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="runs per configuration and loop (interleaved); the table keeps the median run by post-wave "
-                         "client-added error (upper median if even) and the record lists every run")
+    ap.add_argument(
+        "--no-floor", action="store_true", help="skip the raw asyncio read-cost measurement"
+    )
+    ap.add_argument(
+        "--quiet-cpus",
+        type=float,
+        default=0.25,
+        help="before each point wait until other processes use less CPU than this",
+    )
+    ap.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=300.0,
+        help="longest wait for a quiet machine per point",
+    )
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="re-run a point that shared the machine with >= --quiet-cpus of other load; keep the cleanest",
+    )
+    ap.add_argument(
+        "--event-loops",
+        default="auto",
+        help="comma-separated: auto (what harness.loadgen picks: uvloop if installed), asyncio, uvloop",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per configuration and loop (interleaved); the table keeps the median run by post-wave "
+        "client-added error (upper median if even) and the record lists every run",
+    )
     ap.add_argument("--out-dir", default=str(REPO / "results" / "bench_client"))
     args = ap.parse_args(argv)
     loops = [x.strip() for x in args.event_loops.split(",") if x.strip()]
@@ -736,14 +885,21 @@ def main(argv: list[str] | None = None) -> int:
     def floor() -> None:
         if args.no_floor:
             return
-        for loop in dict.fromkeys("asyncio" if lp == "asyncio" or _loop_factory(lp) is None else "uvloop"
-                                  for lp in loops):
+        for loop in dict.fromkeys(
+            "asyncio" if lp == "asyncio" or _loop_factory(lp) is None else "uvloop" for lp in loops
+        ):
             wait_quiet(args.quiet_wait_s, args.quiet_cpus)
-            f = asyncio_read_floor(client_cpu=args.client_cpu if pin else None,
-                                   server_cpu=args.server_cpu if pin else None, event_loop=loop)
+            f = asyncio_read_floor(
+                client_cpu=args.client_cpu if pin else None,
+                server_cpu=args.server_cpu if pin else None,
+                event_loop=loop,
+            )
             floors.append(f)
-            print(f"{loop} floor: {f['us_per_read']:.1f} us CPU per socket read "
-                  f"({f['reads_s']:,.0f} reads/s at {f['cpu_util']:.2f} CPU, do-nothing Protocol)", flush=True)
+            print(
+                f"{loop} floor: {f['us_per_read']:.1f} us CPU per socket read "
+                f"({f['reads_s']:,.0f} reads/s at {f['cpu_util']:.2f} CPU, do-nothing Protocol)",
+                flush=True,
+            )
 
     def attempt_point(regime: str, n: int, itl_ms: float, k: int, stagger: bool, loop: str) -> dict:
         """One point, re-run while other processes shared the machine (they only add delay)."""
@@ -755,7 +911,9 @@ def main(argv: list[str] | None = None) -> int:
             p["background_cpus_before"] = bg
             other = (p["machine_during_run"] or {}).get("other_load_cpus") or 0.0
             print(f"[{regime}] {fmt(p)}", flush=True)
-            if best is None or other < ((best["machine_during_run"] or {}).get("other_load_cpus") or 0.0):
+            if best is None or other < (
+                (best["machine_during_run"] or {}).get("other_load_cpus") or 0.0
+            ):
                 best = p
             if other < args.quiet_cpus:
                 break
@@ -770,16 +928,23 @@ def main(argv: list[str] | None = None) -> int:
                 runs[lp].append(attempt_point(regime, n, itl_ms, k, stagger, lp))
         out = []
         for lp in loops:
-            rs = sorted(runs[lp], key=lambda p: p["ttft_error_ms"]["post_wave"]["client_added"]["mean"])
+            rs = sorted(
+                runs[lp], key=lambda p: p["ttft_error_ms"]["post_wave"]["client_added"]["mean"]
+            )
             keep = rs[len(rs) // 2]
             if len(rs) > 1:
-                keep["repeats"] = [{
-                    "post_wave_client_added_ms": p["ttft_error_ms"]["post_wave"]["client_added"]["mean"],
-                    "sustained_tok_s": p["client"]["tok_s"],
-                    "client_cpu_util": p["client"]["cpu_util"],
-                    "other_load_cpus": (p["machine_during_run"] or {}).get("other_load_cpus"),
-                    "met": p["target"]["met"],
-                } for p in runs[lp]]
+                keep["repeats"] = [
+                    {
+                        "post_wave_client_added_ms": p["ttft_error_ms"]["post_wave"][
+                            "client_added"
+                        ]["mean"],
+                        "sustained_tok_s": p["client"]["tok_s"],
+                        "client_cpu_util": p["client"]["cpu_util"],
+                        "other_load_cpus": (p["machine_during_run"] or {}).get("other_load_cpus"),
+                        "met": p["target"]["met"],
+                    }
+                    for p in runs[lp]
+                ]
             out.append(keep)
         return out
 
@@ -792,7 +957,9 @@ def main(argv: list[str] | None = None) -> int:
         for gap in [float(x) for x in args.capacity_itl_ms.split(",")]:
             for k in [int(x) for x in args.capacity_tokens_per_chunk.split(",")]:
                 for start in starts:
-                    points += measured("capacity", args.capacity_streams, gap, k, stagger=start == "staggered")
+                    points += measured(
+                        "capacity", args.capacity_streams, gap, k, stagger=start == "staggered"
+                    )
     floor()  # again after: this host's per-read cost is bimodal (about 10 or 25-30 us)
 
     rows = table_rows(points, args.quiet_cpus)
@@ -800,19 +967,27 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(rows))
     print()
-    print("verdict: configurations meeting the target: " + (", ".join(v["configurations_meeting_target"]) or "none"))
+    print(
+        "verdict: configurations meeting the target: "
+        + (", ".join(v["configurations_meeting_target"]) or "none")
+    )
     for name, c in v["per_configuration"].items():
         reps = ""
         if "repeats" in c:
-            reps = (f" [{sum(bool(r['met']) for r in c['repeats'])}/{len(c['repeats'])} runs met; client-added "
-                    + ", ".join(f"{r['post_wave_client_added_ms']:.1f}" for r in c["repeats"]) + " ms]")
+            reps = (
+                f" [{sum(bool(r['met']) for r in c['repeats'])}/{len(c['repeats'])} runs met; client-added "
+                + ", ".join(f"{r['post_wave_client_added_ms']:.1f}" for r in c["repeats"])
+                + " ms]"
+            )
         if not c["met"]:
             print(f"  {name}: " + "; ".join(c["failed_on"]) + reps)
         elif reps:
             print(f"  {name}: met{reps}")
     for loop, b in v["lowest_client_added_at_100k"].items():
-        print(f"  lowest post-wave client-added error at >= {TARGET_TOK_S:,} tok/s on {loop}: {b['configuration']}, "
-              f"{b['post_wave_client_added_ms']:.1f} ms")
+        print(
+            f"  lowest post-wave client-added error at >= {TARGET_TOK_S:,} tok/s on {loop}: {b['configuration']}, "
+            f"{b['post_wave_client_added_ms']:.1f} ms"
+        )
     for loop, text in v["issue_point"].items():
         print(f"  [{loop}] " + text)
 
@@ -822,8 +997,11 @@ def main(argv: list[str] | None = None) -> int:
         "timestamp_utc": stamp,
         "host": host_info(),
         "args": vars(args),
-        "targets": {"tok_s": TARGET_TOK_S, "post_wave_client_added_ttft_error_ms": TARGET_TTFT_ERR_MS,
-                    "at_streams": TARGET_STREAMS},
+        "targets": {
+            "tok_s": TARGET_TOK_S,
+            "post_wave_client_added_ttft_error_ms": TARGET_TTFT_ERR_MS,
+            "at_streams": TARGET_STREAMS,
+        },
         "table": rows,
         "verdict": v,
         "points": points,

@@ -57,29 +57,44 @@ def union_ms(intervals: list[tuple[float, float]]) -> float:
 def trace_activity(trace: dict) -> dict:
     """Busy share and kernel count of the step ranges in a chrome trace (torch.profiler)."""
     ev = trace.get("traceEvents", [])
-    steps = [e for e in ev if e.get("name") == STEP_RANGE and e.get("ph") == "X"
-             and e.get("cat") in ("user_annotation", "cpu_op")]
+    steps = [
+        e
+        for e in ev
+        if e.get("name") == STEP_RANGE
+        and e.get("ph") == "X"
+        and e.get("cat") in ("user_annotation", "cpu_op")
+    ]
     if not steps:
         return {"busy_share": None, "kernels_per_step": None}
     t0 = min(e["ts"] for e in steps)
-    gpu = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in ev
-           if e.get("cat") in GPU_CATS and e.get("ph") == "X" and e["ts"] >= t0]
+    gpu = [
+        (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in ev
+        if e.get("cat") in GPU_CATS and e.get("ph") == "X" and e["ts"] >= t0
+    ]
     if not gpu:
         return {"busy_share": None, "kernels_per_step": None}
     # the window: the first step's launch to the GPU's last interval (the last step's end)
     t1 = max(max(e["ts"] + e["dur"] for e in steps), max(b for _, b in gpu))
-    kernels = sum(1 for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X"
-                  and e["ts"] >= t0)
-    return {"busy_share": union_ms(gpu) / ((t1 - t0) / 1e3),
-            "kernels_per_step": kernels / len(steps)}
+    kernels = sum(
+        1 for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X" and e["ts"] >= t0
+    )
+    return {
+        "busy_share": union_ms(gpu) / ((t1 - t0) / 1e3),
+        "kernels_per_step": kernels / len(steps),
+    }
 
 
 def floor_bytes(m, batch: int, context: int, queries: int) -> dict:
     w = m.weight_bytes(2)
     kv = batch * queries * m.num_layers * m.index_topk * m.row_bytes
     idx = batch * queries * m.num_selecting_layers * context * m.index_row_bytes
-    return {"weight_bytes": w, "selected_kv_bytes": kv, "index_scan_bytes": idx,
-            "floor_ms": (w + kv + idx) / HBM_BPS * 1e3}
+    return {
+        "weight_bytes": w,
+        "selected_kv_bytes": kv,
+        "index_scan_bytes": idx,
+        "floor_ms": (w + kv + idx) / HBM_BPS * 1e3,
+    }
 
 
 def measure(eng, m, batch: int, args, torch) -> dict:
@@ -92,8 +107,10 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     new_tokens = rounds * (spec.k_max if spec else 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, m.vocab_size, (args.context,), generator=g).tolist()
-    reqs = [Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=new_tokens))
-            for _ in range(batch)]
+    reqs = [
+        Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=new_tokens))
+        for _ in range(batch)
+    ]
     for r in reqs:
         eng.submit(r)
     while len(eng.scheduler.running) < batch:  # admission (prefill once, handoffs)
@@ -108,9 +125,11 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         torch.cuda.synchronize()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    row = {"step_ms": statistics.median(times) * 1e3,
-           "step_ms_p10": statistics.quantiles(times, n=10)[0] * 1e3,
-           "step_ms_p90": statistics.quantiles(times, n=10)[-1] * 1e3}
+    row = {
+        "step_ms": statistics.median(times) * 1e3,
+        "step_ms_p10": statistics.quantiles(times, n=10)[0] * 1e3,
+        "step_ms_p90": statistics.quantiles(times, n=10)[-1] * 1e3,
+    }
     if timer is not None:
         torch.cuda.synchronize()
         row["phases_ms"] = {p: statistics.median(v) for p, v in timer.ms().items() if v}
@@ -161,33 +180,48 @@ def main() -> None:
     for model in args.models.split(","):
         for system in args.systems.split(","):
             rounds = args.warmup + args.steps + args.profile_steps + 2
-            cfg = compose(["device=cuda", "hardware=h200", f"model={model}", f"system={system}",
-                           f"hardware.kv_pool_gib={args.kv_pool_gib}",
-                           f"hardware.max_running_requests={max(batches)}",
-                           f"workload.input_len={args.context}",
-                           f"workload.output_len={rounds * 8}",
-                           "+reproduce.speculation.acceptance=calibrated", *args.overrides])
+            cfg = compose(
+                [
+                    "device=cuda",
+                    "hardware=h200",
+                    f"model={model}",
+                    f"system={system}",
+                    f"hardware.kv_pool_gib={args.kv_pool_gib}",
+                    f"hardware.max_running_requests={max(batches)}",
+                    f"workload.input_len={args.context}",
+                    f"workload.output_len={rounds * 8}",
+                    "+reproduce.speculation.acceptance=calibrated",
+                    *args.overrides,
+                ]
+            )
             ecfg = resolve_engine_config(cfg)
             m = ecfg.model
             eng = Engine(ecfg)
             queries = ecfg.speculation.block_size if ecfg.speculation else 1
             for B in batches:
-                row = {"model": model, "system": system, "batch": B, "context": args.context,
-                       **measure(eng, m, B, args, torch),
-                       **floor_bytes(m, B, args.context, queries)}
+                row = {
+                    "model": model,
+                    "system": system,
+                    "batch": B,
+                    "context": args.context,
+                    **measure(eng, m, B, args, torch),
+                    **floor_bytes(m, B, args.context, queries),
+                }
                 rows.append(row)
-                print(f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  floor "
-                      f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f}  kernels "
-                      f"{row['kernels_per_step'] or 0:6.0f}"
-                      + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
-                      flush=True)
+                print(
+                    f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  floor "
+                    f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f}  kernels "
+                    f"{row['kernels_per_step'] or 0:6.0f}"
+                    + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
+                    flush=True,
+                )
             del eng
             gc.collect()
             torch.cuda.empty_cache()
     plain = {(r["model"], r["batch"]): r["step_ms"] for r in rows if r["system"] == "hisparse"}
     for r in rows:
         base = plain.get((r["model"], r["batch"]))
-        r["round_over_step"] = (r["step_ms"] / base if "phases_ms" in r and base else None)
+        r["round_over_step"] = r["step_ms"] / base if "phases_ms" in r and base else None
     env = environment()
     out = Path(args.out)
     old = json.loads(out.read_text()).get("rows", []) if out.exists() else []
@@ -195,10 +229,13 @@ def main() -> None:
     new_keys = {key(r) for r in rows}
     for r in rows:
         r["commit"] = env.get("git_commit")
-    rec = {"gpu": env.get("gpu") or torch.cuda.get_device_name(),
-           "commit": env.get("git_commit"), "hbm_bytes_per_s": HBM_BPS,
-           "overrides": args.overrides,
-           "rows": [r for r in old if key(r) not in new_keys] + rows}
+    rec = {
+        "gpu": env.get("gpu") or torch.cuda.get_device_name(),
+        "commit": env.get("git_commit"),
+        "hbm_bytes_per_s": HBM_BPS,
+        "overrides": args.overrides,
+        "rows": [r for r in old if key(r) not in new_keys] + rows,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1) + "\n")
     print(f"wrote {out}")

@@ -22,10 +22,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--gib", type=float, default=12.0, help="store size per allocation (GiB)")
-    ap.add_argument("--repeats", type=int, default=2, help="allocations per path (the first "
-                    "grows the machine's memory; later ones reuse it)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="allocations per path (the first grows the machine's memory; later ones reuse it)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
@@ -44,8 +50,10 @@ def main(argv=None) -> int:
         return 0
     torch.cuda.init()
     n = int(args.gib * 2**30)
-    paths = {"torch_pin_memory": lambda: torch.empty(n, dtype=torch.uint8, pin_memory=True),
-             "register_exact": lambda: pinned_empty((n,), torch.uint8)}
+    paths = {
+        "torch_pin_memory": lambda: torch.empty(n, dtype=torch.uint8, pin_memory=True),
+        "register_exact": lambda: pinned_empty((n,), torch.uint8),
+    }
     rows, bad = [], 0
     for rep in range(args.repeats):
         order = list(paths.items())
@@ -64,7 +72,9 @@ def main(argv=None) -> int:
             head = t[:4096].to("cuda", non_blocking=True)
             tail = t[-4096:].to("cuda", non_blocking=True)
             torch.cuda.synchronize()
-            ok &= bool(torch.equal(head.cpu(), probe)) and bool(torch.equal(tail.cpu(), probe.flip(0)))
+            ok &= bool(torch.equal(head.cpu(), probe)) and bool(
+                torch.equal(tail.cpu(), probe.flip(0))
+            )
             seen = torch.empty(4096, dtype=torch.uint8, device="cuda")
             uva_read[(4,)](t[-4096:], seen, 4096, BLOCK=1024)  # kernel loads over PCIe
             torch.cuda.synchronize()
@@ -84,21 +94,36 @@ def main(argv=None) -> int:
             read_gbps = m / sorted(times)[2] / 1e9
             del sink
             bad += not ok
-            rows.append(dict(path=name, repeat=rep, gib=args.gib, seconds=dt,
-                             gib_per_s=args.gib / dt, pinned_and_readable=ok,
-                             kernel_read_gbps=read_gbps))
-            print(f"[host_alloc] {name:18s} repeat {rep}: {args.gib:.1f} GiB in {dt:6.2f} s "
-                  f"({args.gib / dt:5.2f} GiB/s), kernel reads it at {read_gbps:5.1f} GB/s  "
-                  f"{'ok' if ok else 'FAILED'}", flush=True)
+            rows.append(
+                dict(
+                    path=name,
+                    repeat=rep,
+                    gib=args.gib,
+                    seconds=dt,
+                    gib_per_s=args.gib / dt,
+                    pinned_and_readable=ok,
+                    kernel_read_gbps=read_gbps,
+                )
+            )
+            print(
+                f"[host_alloc] {name:18s} repeat {rep}: {args.gib:.1f} GiB in {dt:6.2f} s "
+                f"({args.gib / dt:5.2f} GiB/s), kernel reads it at {read_gbps:5.1f} GB/s  "
+                f"{'ok' if ok else 'FAILED'}",
+                flush=True,
+            )
             del t, head, tail, seen
             # PyTorch's caching host allocator keeps the freed pinned block: without this, the
             # next torch allocation of the same size is a cache hit, not an allocation
             if hasattr(torch._C, "_host_emptyCache"):
                 torch._C._host_emptyCache()
-    out = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__,
-               commit=os.environ.get("DHS_GIT_COMMIT"), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               note="torch's pinned allocator rounds each request up to a power of two",
-               rows=rows)
+    out = dict(
+        gpu=torch.cuda.get_device_name(0),
+        torch=torch.__version__,
+        commit=os.environ.get("DHS_GIT_COMMIT"),
+        date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        note="torch's pinned allocator rounds each request up to a power of two",
+        rows=rows,
+    )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -63,14 +63,34 @@ PAPER = {
 }
 
 SIZES = {
-    "full": dict(a=dict(R=32, Q=8, K=2048, B=4096, ctx=65536, reps=9, extra_patterns=True),
-                 bc=dict(batches=(8, 160), Bs=(2048, 4096, 8192), B_c=4096, k=512, misses=77,
-                         ctx=500_000, reps_c=100)),
-    "quick": dict(a=dict(R=8, Q=8, K=2048, B=4096, ctx=32768, reps=9, extra_patterns=False),
-                  bc=dict(batches=(8, 160), Bs=(2048, 4096, 8192), B_c=4096, k=512, misses=77,
-                          ctx=131072, reps_c=30)),
-    "dry": dict(a=dict(R=2, Q=8, K=16, B=32, ctx=1024, reps=2, extra_patterns=False),
-                bc=dict(batches=(2, 3), Bs=(32, 64, 128), B_c=64, k=16, misses=3, ctx=2048, reps_c=2)),
+    "full": dict(
+        a=dict(R=32, Q=8, K=2048, B=4096, ctx=65536, reps=9, extra_patterns=True),
+        bc=dict(
+            batches=(8, 160),
+            Bs=(2048, 4096, 8192),
+            B_c=4096,
+            k=512,
+            misses=77,
+            ctx=500_000,
+            reps_c=100,
+        ),
+    ),
+    "quick": dict(
+        a=dict(R=8, Q=8, K=2048, B=4096, ctx=32768, reps=9, extra_patterns=False),
+        bc=dict(
+            batches=(8, 160),
+            Bs=(2048, 4096, 8192),
+            B_c=4096,
+            k=512,
+            misses=77,
+            ctx=131072,
+            reps_c=30,
+        ),
+    ),
+    "dry": dict(
+        a=dict(R=2, Q=8, K=16, B=32, ctx=1024, reps=2, extra_patterns=False),
+        bc=dict(batches=(2, 3), Bs=(32, 64, 128), B_c=64, k=16, misses=3, ctx=2048, reps_c=2),
+    ),
 }
 
 DEV = "cuda"  # "cpu" under --cpu-dry-run
@@ -98,7 +118,9 @@ def alloc_host_pool(torch, rows, row_bytes, g=None):
     chunk = 1 << 28
     for s0 in range(0, flat.numel(), chunk):
         n = min(chunk, flat.numel() - s0)
-        flat[s0:s0 + n].copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, device=DEV, generator=g))
+        flat[s0 : s0 + n].copy_(
+            torch.randint(0, 256, (n,), dtype=torch.uint8, device=DEV, generator=g)
+        )
     sync(torch)
     return pool
 
@@ -108,12 +130,35 @@ class Source:
     staging), page tables and a hot cache. History positions are [0, ctx); the tail holds
     positions [ctx, ctx + tail)."""
 
-    def __init__(self, torch, *, R, B, QK, row_bytes, page_size, ctx, tail=64, staging=False,
-                 direct_ready=False, host_gib=2.0, seed=0, host_pool=None):
+    def __init__(
+        self,
+        torch,
+        *,
+        R,
+        B,
+        QK,
+        row_bytes,
+        page_size,
+        ctx,
+        tail=64,
+        staging=False,
+        direct_ready=False,
+        host_gib=2.0,
+        seed=0,
+        host_pool=None,
+    ):
         self.t = torch
         dev = torch.device(DEV)
         g = torch.Generator(device=dev).manual_seed(seed)
-        self.R, self.B, self.QK, self.rb, self.ps, self.ctx, self.T = R, B, QK, row_bytes, page_size, ctx, tail
+        self.R, self.B, self.QK, self.rb, self.ps, self.ctx, self.T = (
+            R,
+            B,
+            QK,
+            row_bytes,
+            page_size,
+            ctx,
+            tail,
+        )
         ps = page_size
         P = (ctx + tail + ps - 1) // ps
         self.P = P
@@ -136,10 +181,17 @@ class Source:
         N = stg_base + (R * QK if staging else 0)
         self.kv_pool = torch.zeros((N, row_bytes), dtype=torch.uint8, device=dev)
         self.tail_start = torch.full((R,), ctx, dtype=torch.int32, device=dev)
-        self.tail_loc = (tail_base + torch.arange(R * tail, device=dev, dtype=torch.int32)).reshape(R, tail)
-        self.hot_loc_base = (hot_base + B * torch.arange(R, device=dev, dtype=torch.int32)).to(torch.int32)
-        self.staging_loc_base = ((stg_base + QK * torch.arange(R, device=dev, dtype=torch.int32)).to(torch.int32)
-                                 if staging else None)
+        self.tail_loc = (tail_base + torch.arange(R * tail, device=dev, dtype=torch.int32)).reshape(
+            R, tail
+        )
+        self.hot_loc_base = (hot_base + B * torch.arange(R, device=dev, dtype=torch.int32)).to(
+            torch.int32
+        )
+        self.staging_loc_base = (
+            (stg_base + QK * torch.arange(R, device=dev, dtype=torch.int32)).to(torch.int32)
+            if staging
+            else None
+        )
         if direct_ready:  # every page ready; page ids alias a small region (never read here)
             j = torch.arange(R * P, device=dev)
             self.direct_page_table = (j % n_direct_pages).to(torch.int32).reshape(R, P)
@@ -153,7 +205,9 @@ class Source:
     def perms(self, n):
         """Per request, n distinct random history positions (int64 [R, n])."""
         t = self.t
-        return t.stack([t.randperm(self.ctx, device=self.dev, generator=self.g)[:n] for _ in range(self.R)])
+        return t.stack(
+            [t.randperm(self.ctx, device=self.dev, generator=self.g)[:n] for _ in range(self.R)]
+        )
 
     def fill_hot(self, positions, lru_max=1000, write_rows=False):
         """Full-or-partial cache: positions (int64 [R, n], n <= B, distinct per row) in random
@@ -175,25 +229,50 @@ class Source:
             self.kv_pool[dst] = self.host_pool[hrow.reshape(-1).cpu()].to(self.dev)
 
     def args(self, selections):
-        return (selections, self.tail_start, self.tail_loc, self.hot_pos, self.hot_lru, self.hot_loc_base,
-                self.host_page_table, self.kv_pool, self.host_pool)
+        return (
+            selections,
+            self.tail_start,
+            self.tail_loc,
+            self.hot_pos,
+            self.hot_lru,
+            self.hot_loc_base,
+            self.host_page_table,
+            self.kv_pool,
+            self.host_pool,
+        )
 
     def kwargs(self):
-        return dict(page_size=self.ps, direct_page_table=self.direct_page_table,
-                    staging_loc_base=self.staging_loc_base)
+        return dict(
+            page_size=self.ps,
+            direct_page_table=self.direct_page_table,
+            staging_loc_base=self.staging_loc_base,
+        )
 
 
-def make_ds_source(torch, *, R, B, ctx, k, misses, host_gib, seed, direct=False, host_pool=None,
-                   write_rows=False):
+def make_ds_source(
+    torch, *, R, B, ctx, k, misses, host_gib, seed, direct=False, host_pool=None, write_rows=False
+):
     """DeepSeek-like single-query source: k selected rows per request, all hot-cache hits
     except `misses` of them; the cache is full (B rows) with random stamps."""
     assert B >= k
-    src = Source(torch, R=R, B=B, QK=k, row_bytes=656, page_size=64, ctx=ctx, staging=False,
-                 direct_ready=direct, host_gib=host_gib, seed=seed, host_pool=host_pool)
+    src = Source(
+        torch,
+        R=R,
+        B=B,
+        QK=k,
+        row_bytes=656,
+        page_size=64,
+        ctx=ctx,
+        staging=False,
+        direct_ready=direct,
+        host_gib=host_gib,
+        seed=seed,
+        host_pool=host_pool,
+    )
     pool = src.perms(B + misses)
     sel = pool[:, :k]
     # cached: the k - misses selected rows that hit + other history rows; misses not cached
-    cached = torch.cat([pool[:, :k - misses], pool[:, k:k + (B - (k - misses))]], 1)
+    cached = torch.cat([pool[:, : k - misses], pool[:, k : k + (B - (k - misses))]], 1)
     src.fill_hot(cached, write_rows=write_rows)
     src.sel = sel.reshape(R, 1, k).to(torch.int32).contiguous()
     return src
@@ -301,26 +380,47 @@ def linfit(xs, ys):
 def _compare(torch, rv, name, src, sel, stamp, copy_programs=None, **knobs):
     """Run reference and kernel on clones of src's state; return a list of mismatches. ``knobs``
     go to resolve_triton (kernel settings that must not change the result)."""
+
     def clone_state():
-        return dict(hot_pos=src.hot_pos.clone(), hot_lru=src.hot_lru.clone(), kv=src.kv_pool.clone())
+        return dict(
+            hot_pos=src.hot_pos.clone(), hot_lru=src.hot_lru.clone(), kv=src.kv_pool.clone()
+        )
 
     a, b = clone_state(), clone_state()
     kw = src.kwargs()
 
     def common(st):
-        return (sel, src.tail_start, src.tail_loc, st["hot_pos"], st["hot_lru"], src.hot_loc_base,
-                src.host_page_table, st["kv"], src.host_pool)
+        return (
+            sel,
+            src.tail_start,
+            src.tail_loc,
+            st["hot_pos"],
+            st["hot_lru"],
+            src.hot_loc_base,
+            src.host_page_table,
+            st["kv"],
+            src.host_pool,
+        )
 
     ref = rv.resolve(*common(a), stamp, impl="reference", **kw)
     if knobs:
-        tri = rv.resolve_triton(*common(b), stamp, copy_programs_per_request=copy_programs, **knobs, **kw)
+        tri = rv.resolve_triton(
+            *common(b), stamp, copy_programs_per_request=copy_programs, **knobs, **kw
+        )
     else:
-        tri = rv.resolve(*common(b), stamp, impl="triton", copy_programs_per_request=copy_programs, **kw)
+        tri = rv.resolve(
+            *common(b), stamp, impl="triton", copy_programs_per_request=copy_programs, **kw
+        )
     sync(torch)
     bad = []
-    for what, x, y in (("locations", ref.locations, tri.locations), ("counters", ref.counters, tri.counters),
-                       ("overflow", ref.overflow, tri.overflow), ("hot_pos", a["hot_pos"], b["hot_pos"]),
-                       ("hot_lru", a["hot_lru"], b["hot_lru"]), ("kv_pool", a["kv"], b["kv"])):
+    for what, x, y in (
+        ("locations", ref.locations, tri.locations),
+        ("counters", ref.counters, tri.counters),
+        ("overflow", ref.overflow, tri.overflow),
+        ("hot_pos", a["hot_pos"], b["hot_pos"]),
+        ("hot_lru", a["hot_lru"], b["hot_lru"]),
+        ("kv_pool", a["kv"], b["kv"]),
+    ):
         if not torch.equal(x.cpu(), y.cpu()):
             bad.append(f"{name}: {what} differs")
     # bytes at the returned locations of history rows == their host rows
@@ -338,8 +438,10 @@ def _compare(torch, rv, name, src, sel, stamp, copy_programs=None, **knobs):
     if not torch.equal(want, got):
         bad.append(f"{name}: bytes at returned locations are not the selected rows")
     c = tri.counters.sum(0).tolist()
-    log(f"  check {name}: direct={c[0]} hit={c[1]} host_sel={c[2]} copies={c[3]} "
-        f"overflow={int(tri.overflow.sum())} -> {'OK' if not bad else 'MISMATCH'}")
+    log(
+        f"  check {name}: direct={c[0]} hit={c[1]} host_sel={c[2]} copies={c[3]} "
+        f"overflow={int(tri.overflow.sum())} -> {'OK' if not bad else 'MISMATCH'}"
+    )
     return bad
 
 
@@ -348,11 +450,27 @@ def run_check(torch, rv, sizes):
     bad = []
     dry = sizes is SIZES["dry"]
     # 1. random cases: duplicates across queries, newest (tail) row, padding, helpers, staging
-    for seed, (R, Q, K, B, staging, S) in enumerate([
-        (5, 3, 41, 64, True, 1), (5, 3, 41, 64, False, 4), (3, 1, 9, 16, False, None), (4, 8, 37, 128, True, 3),
-    ]):
-        src = Source(torch, R=R, B=B, QK=Q * K, row_bytes=656, page_size=8, ctx=2000, tail=8,
-                     staging=staging, host_gib=0.05, seed=seed)
+    for seed, (R, Q, K, B, staging, S) in enumerate(
+        [
+            (5, 3, 41, 64, True, 1),
+            (5, 3, 41, 64, False, 4),
+            (3, 1, 9, 16, False, None),
+            (4, 8, 37, 128, True, 3),
+        ]
+    ):
+        src = Source(
+            torch,
+            R=R,
+            B=B,
+            QK=Q * K,
+            row_bytes=656,
+            page_size=8,
+            ctx=2000,
+            tail=8,
+            staging=staging,
+            host_gib=0.05,
+            seed=seed,
+        )
         src.fill_hot(src.perms(B // 2), write_rows=True)
         for step in range(3 if not dry else 1):
             pool = src.perms(Q * K)
@@ -360,13 +478,27 @@ def run_check(torch, rv, sizes):
             sel = pool[:, pick].reshape(R, Q, K).to(torch.int32).contiguous()
             sel[:, :, 0] = src.ctx  # the newest (tail) row in every query
             sel[0, 0, 1] = -1
-            bad += _compare(torch, rv, f"random{seed}.{step}", src, sel, 1000 + step, copy_programs=S)
-            rv.resolve(*src.args(sel), 1000 + step, impl="reference", **src.kwargs())  # advance state
+            bad += _compare(
+                torch, rv, f"random{seed}.{step}", src, sel, 1000 + step, copy_programs=S
+            )
+            rv.resolve(
+                *src.args(sel), 1000 + step, impl="reference", **src.kwargs()
+            )  # advance state
     a = sizes["a"]
     # 2. fig-8a shaped: Q=8, k, B, disjoint selections, staging, cold then retained cache
     R = min(4, a["R"])
-    src = Source(torch, R=R, B=a["B"], QK=a["Q"] * a["K"], row_bytes=656, page_size=64, ctx=a["ctx"],
-                 staging=True, host_gib=0.5, seed=11)
+    src = Source(
+        torch,
+        R=R,
+        B=a["B"],
+        QK=a["Q"] * a["K"],
+        row_bytes=656,
+        page_size=64,
+        ctx=a["ctx"],
+        staging=True,
+        host_gib=0.5,
+        seed=11,
+    )
     sel = src.perms(a["Q"] * a["K"]).reshape(R, a["Q"], a["K"]).to(torch.int32).contiguous()
     # stamps above every filled lru (fill_hot draws them below 1000), as the engine's only grow
     bad += _compare(torch, rv, "fig8a-disjoint-cold", src, sel, 1005, copy_programs=2)
@@ -374,22 +506,52 @@ def run_check(torch, rv, sizes):
     bad += _compare(torch, rv, "fig8a-disjoint-retained", src, sel, 1006)
     # 3. fig-8c / 8b shaped: single query, misses per request, and the direct path
     c = sizes["bc"]
-    src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
-                         misses=c["misses"], host_gib=0.5, seed=12, write_rows=True)
+    src = make_ds_source(
+        torch,
+        R=c["batches"][0],
+        B=c["B_c"],
+        ctx=min(c["ctx"], 131072),
+        k=c["k"],
+        misses=c["misses"],
+        host_gib=0.5,
+        seed=12,
+        write_rows=True,
+    )
     bad += _compare(torch, rv, "fig8c-misses", src, src.sel, 1007)
     if not dry:  # copy programs with roles by program id, with and without the early copy (the
         # interpreter runs programs in order, so its tests cover the rest: tests/kernels)
-        bad += _compare(torch, rv, "fig8c-misses-pid-roles", src, src.sel, 1011, copy_programs=3, pid_roles=True)
-        bad += _compare(torch, rv, "fig8c-misses-pid-roles-early", src, src.sel, 1012, copy_programs=8,
-                        pid_roles=True, early_copy=True)
-    src = make_ds_source(torch, R=c["batches"][0], B=c["B_c"], ctx=min(c["ctx"], 131072), k=c["k"],
-                         misses=0, host_gib=0.5, seed=13, direct=True)
+        bad += _compare(
+            torch, rv, "fig8c-misses-pid-roles", src, src.sel, 1011, copy_programs=3, pid_roles=True
+        )
+        bad += _compare(
+            torch,
+            rv,
+            "fig8c-misses-pid-roles-early",
+            src,
+            src.sel,
+            1012,
+            copy_programs=8,
+            pid_roles=True,
+            early_copy=True,
+        )
+    src = make_ds_source(
+        torch,
+        R=c["batches"][0],
+        B=c["B_c"],
+        ctx=min(c["ctx"], 131072),
+        k=c["k"],
+        misses=0,
+        host_gib=0.5,
+        seed=13,
+        direct=True,
+    )
     bad += _compare(torch, rv, "fig8b-direct", src, src.sel, 1008)
     if not dry:
         # a wide batch over a multi-tile cache: the victim keys rebuilt from the slot state and the
         # pipelined scan (the batch-160 defaults; every case above keeps its keys in registers)
-        src = make_ds_source(torch, R=64, B=2048, ctx=20000, k=64, misses=16, host_gib=0.5, seed=14,
-                             write_rows=True)
+        src = make_ds_source(
+            torch, R=64, B=2048, ctx=20000, k=64, misses=16, host_gib=0.5, seed=14, write_rows=True
+        )
         st = settings_of(rv, src)
         assert not st["keys_in_registers"] and st["scan_stages"] > 1, st
         bad += _compare(torch, rv, "wide-batch-keys-from-state", src, src.sel, 1009)
@@ -403,19 +565,37 @@ def run_check(torch, rv, sizes):
 def check_graph(torch, rv):
     bad = []
     R, Q, K, B = 4, 2, 64, 128
-    src = Source(torch, R=R, B=B, QK=Q * K, row_bytes=656, page_size=16, ctx=4000, staging=True,
-                 host_gib=0.05, seed=21)
+    src = Source(
+        torch,
+        R=R,
+        B=B,
+        QK=Q * K,
+        row_bytes=656,
+        page_size=16,
+        ctx=4000,
+        staging=True,
+        host_gib=0.05,
+        seed=21,
+    )
     src.fill_hot(src.perms(B // 2), write_rows=True)
     sel_static = torch.zeros((R, Q, K), dtype=torch.int32, device=DEV)
-    stamp = torch.tensor([1000], dtype=torch.int64, device=DEV)  # above fill_hot's lru (< 1000), as in serving
-    out = (torch.empty((R, Q, K), dtype=torch.int32, device=DEV),
-           torch.zeros((R, 4), dtype=torch.int64, device=DEV),
-           torch.empty((R,), dtype=torch.int32, device=DEV))
-    ref_state = dict(hot_pos=src.hot_pos.clone(), hot_lru=src.hot_lru.clone(), kv=src.kv_pool.clone())
+    stamp = torch.tensor(
+        [1000], dtype=torch.int64, device=DEV
+    )  # above fill_hot's lru (< 1000), as in serving
+    out = (
+        torch.empty((R, Q, K), dtype=torch.int32, device=DEV),
+        torch.zeros((R, 4), dtype=torch.int64, device=DEV),
+        torch.empty((R,), dtype=torch.int32, device=DEV),
+    )
+    ref_state = dict(
+        hot_pos=src.hot_pos.clone(), hot_lru=src.hot_lru.clone(), kv=src.kv_pool.clone()
+    )
     saved = (src.hot_pos.clone(), src.hot_lru.clone(), src.kv_pool.clone())
 
     def call():
-        rv.resolve(*src.args(sel_static), stamp, out=out, copy_programs_per_request=2, **src.kwargs())
+        rv.resolve(
+            *src.args(sel_static), stamp, out=out, copy_programs_per_request=2, **src.kwargs()
+        )
 
     def restore():
         src.hot_pos.copy_(saved[0])
@@ -442,13 +622,29 @@ def check_graph(torch, rv):
             sel_static.copy_(sel)
             stamp.fill_(100 + step)
             graph.replay()
-            ref = rv.resolve(sel, src.tail_start, src.tail_loc, ref_state["hot_pos"], ref_state["hot_lru"],
-                             src.hot_loc_base, src.host_page_table, ref_state["kv"], src.host_pool, 100 + step,
-                             impl="reference", **src.kwargs())
+            ref = rv.resolve(
+                sel,
+                src.tail_start,
+                src.tail_loc,
+                ref_state["hot_pos"],
+                ref_state["hot_lru"],
+                src.hot_loc_base,
+                src.host_page_table,
+                ref_state["kv"],
+                src.host_pool,
+                100 + step,
+                impl="reference",
+                **src.kwargs(),
+            )
             torch.cuda.synchronize()
-            ok = (torch.equal(ref.locations, out[0]) and torch.equal(ref.counters, out[1])
-                  and torch.equal(ref.overflow, out[2]) and torch.equal(ref_state["hot_pos"], src.hot_pos)
-                  and torch.equal(ref_state["hot_lru"], src.hot_lru) and torch.equal(ref_state["kv"], src.kv_pool))
+            ok = (
+                torch.equal(ref.locations, out[0])
+                and torch.equal(ref.counters, out[1])
+                and torch.equal(ref.overflow, out[2])
+                and torch.equal(ref_state["hot_pos"], src.hot_pos)
+                and torch.equal(ref_state["hot_lru"], src.hot_lru)
+                and torch.equal(ref_state["kv"], src.kv_pool)
+            )
             log(f"  check cuda-graph replay {step}: {'OK' if ok else 'MISMATCH'}")
             if not ok:
                 bad.append(f"cuda-graph replay {step} differs from the reference")
@@ -467,8 +663,18 @@ def fig8a(torch, rv, args, sz):
     R, Q, K, B, ctx, reps = sz["R"], sz["Q"], sz["K"], sz["B"], sz["ctx"], sz["reps"]
     rb = args.row_bytes
     log(f"== Fig. 8a: R={R} Q={Q} k={K} B={B} row_bytes={rb} ctx={ctx}")
-    src = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb, page_size=64, ctx=ctx, staging=True,
-                 host_gib=args.host_gib, seed=1)
+    src = Source(
+        torch,
+        R=R,
+        B=B,
+        QK=Q * K,
+        row_bytes=rb,
+        page_size=64,
+        ctx=ctx,
+        staging=True,
+        host_gib=args.host_gib,
+        seed=1,
+    )
     points = []
     patterns = [("shared", 1.0), ("partial", 0.5), ("disjoint", 0.0)]
     if sz["extra_patterns"]:
@@ -479,7 +685,10 @@ def fig8a(torch, rv, args, sz):
         need = n_common + Q * n_own
         pool = src.perms(need)
         common = pool[:, :n_common]
-        qs = [torch.cat([common, pool[:, n_common + q * n_own: n_common + (q + 1) * n_own]], 1) for q in range(Q)]
+        qs = [
+            torch.cat([common, pool[:, n_common + q * n_own : n_common + (q + 1) * n_own]], 1)
+            for q in range(Q)
+        ]
         sel = torch.stack(qs, 1).to(torch.int32).contiguous()  # [R, Q, K]
         for cache in ("cold", "retained"):
             if cache == "cold":
@@ -491,8 +700,12 @@ def fig8a(torch, rv, args, sz):
                 keep = qs[0]
                 others = src.perms(min(src.ctx, need + B))
                 # per request: rows not in that request's own selections (isin is row-blind)
-                other_rows = torch.stack([others[r][~torch.isin(others[r], pool[r])]
-                                          [: B - keep.shape[1]] for r in range(R)])
+                other_rows = torch.stack(
+                    [
+                        others[r][~torch.isin(others[r], pool[r])][: B - keep.shape[1]]
+                        for r in range(R)
+                    ]
+                )
                 src.fill_hot(torch.cat([keep, other_rows], 1))
             saved = (src.hot_pos.clone(), src.hot_lru.clone())
             stamp = [10_000]
@@ -503,8 +716,13 @@ def fig8a(torch, rv, args, sz):
 
             def fn():
                 stamp[0] += 1
-                return rv.resolve_triton(*src.args(sel), stamp[0], copy_programs_per_request=args.copy_programs,
-                                         check=False, **src.kwargs())
+                return rv.resolve_triton(
+                    *src.args(sel),
+                    stamp[0],
+                    copy_programs_per_request=args.copy_programs,
+                    check=False,
+                    **src.kwargs(),
+                )
 
             restore()
             res = fn()
@@ -512,15 +730,30 @@ def fig8a(torch, rv, args, sz):
             hits = int(res.counters[:, 1].sum())
             ms = time_stateful(torch, fn, restore, reps)
             payload_mb = copies * rb / 1e6
-            pt = dict(pattern=pname, overlap=overlap, cache=cache, copies=copies, payload_mb=payload_mb,
-                      hits=hits, overflow_rows=int(res.overflow.sum()), ms_median=statistics.median(ms),
-                      ms_min=min(ms), ms_max=max(ms), ms_all=ms)
+            pt = dict(
+                pattern=pname,
+                overlap=overlap,
+                cache=cache,
+                copies=copies,
+                payload_mb=payload_mb,
+                hits=hits,
+                overflow_rows=int(res.overflow.sum()),
+                ms_median=statistics.median(ms),
+                ms_min=min(ms),
+                ms_max=max(ms),
+                ms_all=ms,
+            )
             points.append(pt)
-            log(f"  {pname:9s} {cache:8s} payload {payload_mb:8.2f} MB  copies {copies:7d}  hits {hits:6d}  "
-                f"median {pt['ms_median']:.3f} ms  [{pt['ms_min']:.3f}, {pt['ms_max']:.3f}]")
+            log(
+                f"  {pname:9s} {cache:8s} payload {payload_mb:8.2f} MB  copies {copies:7d}  hits {hits:6d}  "
+                f"median {pt['ms_median']:.3f} ms  [{pt['ms_min']:.3f}, {pt['ms_max']:.3f}]"
+            )
     slope, icpt, r2 = linfit([p["payload_mb"] for p in points], [p["ms_median"] for p in points])
     gbps = 1.0 / slope if slope > 0 else float("nan")  # MB per ms == GB/s
-    log(f"  fit: {gbps:.1f} GB/s (R^2 = {r2:.4f}), intercept {icpt:.3f} ms   [paper 49.4 GB/s, R^2 0.9992]")
+    log(
+        f"  fit: {gbps:.1f} GB/s (R^2 = {r2:.4f}), intercept {icpt:.3f} ms   [paper 49.4 GB/s, R^2 0.9992]"
+    )
+
     def cold_disjoint(s):
         """The largest point (disjoint selections, cold cache) of source ``s`` and a restore
         of its state."""
@@ -532,21 +765,27 @@ def fig8a(torch, rv, args, sz):
         def restore():
             s.hot_pos.copy_(saved[0])
             s.hot_lru.copy_(saved[1])
+
         return sel, restore
 
     sweep = []
     if args.sweep_copy_programs:  # copy-grid sweep
         sel, restore = cold_disjoint(src)
         for S in (1, 2, 4, 8):
+
             def fn(S=S):
-                return rv.resolve_triton(*src.args(sel), 20_000, copy_programs_per_request=S, check=False,
-                                         **src.kwargs())
+                return rv.resolve_triton(
+                    *src.args(sel), 20_000, copy_programs_per_request=S, check=False, **src.kwargs()
+                )
 
             med = statistics.median(time_stateful(torch, fn, restore, 5))
             mb = R * Q * K * rb / 1e6
-            sweep.append(dict(copy_programs_per_request=S, grid=R * S, ms_median=med, gbps=mb / med))
+            sweep.append(
+                dict(copy_programs_per_request=S, grid=R * S, ms_median=med, gbps=mb / med)
+            )
             log(f"  copy-grid sweep: S={S} grid={R * S}: {med:.3f} ms = {mb / med:.1f} GB/s")
     src = None  # frees the pinned host store before the next one is allocated
+
     def time_largest(s, stamp):
         """(a)'s largest point (disjoint selections, cold cache) on source ``s``: median ms."""
         sel_s, restore_s = cold_disjoint(s)
@@ -561,15 +800,34 @@ def fig8a(torch, rv, args, sz):
         # the same largest point with other row sizes: PCIe reads of host memory move whole
         # 128-byte lines (a 656-byte row spans six, 768 bytes), so the payload rate should track
         # row_bytes / (bytes of the lines each row touches)
-        s2 = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb2, page_size=64, ctx=ctx, staging=True,
-                    host_gib=args.host_gib, seed=2)
+        s2 = Source(
+            torch,
+            R=R,
+            B=B,
+            QK=Q * K,
+            row_bytes=rb2,
+            page_size=64,
+            ctx=ctx,
+            staging=True,
+            host_gib=args.host_gib,
+            seed=2,
+        )
         med = time_largest(s2, 40_000)
         mb = R * Q * K * rb2 / 1e6
         lines = touched(rb2, rb2, 128) * 128
-        rows_sweep.append(dict(row_bytes=rb2, ms_median=med, gbps=mb / med, line_bytes_per_row=lines,
-                               line_gbps=mb / med * lines / rb2))
-        log(f"  row-bytes sweep: {rb2} B rows: {med:.3f} ms = {mb / med:.1f} GB/s payload, "
-            f"{mb / med * lines / rb2:.1f} GB/s of 128-byte lines ({lines:.0f} B per row)")
+        rows_sweep.append(
+            dict(
+                row_bytes=rb2,
+                ms_median=med,
+                gbps=mb / med,
+                line_bytes_per_row=lines,
+                line_gbps=mb / med * lines / rb2,
+            )
+        )
+        log(
+            f"  row-bytes sweep: {rb2} B rows: {med:.3f} ms = {mb / med:.1f} GB/s payload, "
+            f"{mb / med * lines / rb2:.1f} GB/s of 128-byte lines ({lines:.0f} B per row)"
+        )
         del s2
     stride_sweep = []
     for hs in [int(x) for x in args.sweep_host_stride.split(",") if x]:
@@ -578,29 +836,67 @@ def fig8a(torch, rv, args, sz):
         P = (ctx + 64 + 63) // 64
         n_rows = min(R * P, max(1, int(args.host_gib * 2**30) // (64 * hs))) * 64
         hp = alloc_host_pool(torch, n_rows, hs)[:, :rb]
-        s3 = Source(torch, R=R, B=B, QK=Q * K, row_bytes=rb, page_size=64, ctx=ctx, staging=True,
-                    host_gib=args.host_gib, seed=3, host_pool=hp)
+        s3 = Source(
+            torch,
+            R=R,
+            B=B,
+            QK=Q * K,
+            row_bytes=rb,
+            page_size=64,
+            ctx=ctx,
+            staging=True,
+            host_gib=args.host_gib,
+            seed=3,
+            host_pool=hp,
+        )
         med = time_largest(s3, 50_000)
         mb = R * Q * K * rb / 1e6
         sectors = touched(rb, hs, 32) * 32
         lines = touched(rb, hs, 128)
-        stride_sweep.append(dict(host_stride=hs, row_bytes=rb, ms_median=med, gbps=mb / med,
-                                 sector_bytes_per_row=sectors, lines_per_row=lines))
-        log(f"  host-stride sweep: {rb} B rows {hs} B apart: {med:.3f} ms = {mb / med:.1f} GB/s payload "
-            f"({sectors:.0f} B of sectors, {lines:.2f} lines per row)")
+        stride_sweep.append(
+            dict(
+                host_stride=hs,
+                row_bytes=rb,
+                ms_median=med,
+                gbps=mb / med,
+                sector_bytes_per_row=sectors,
+                lines_per_row=lines,
+            )
+        )
+        log(
+            f"  host-stride sweep: {rb} B rows {hs} B apart: {med:.3f} ms = {mb / med:.1f} GB/s payload "
+            f"({sectors:.0f} B of sectors, {lines:.2f} lines per row)"
+        )
         del s3, hp
-    return dict(points=points, host_path_gbps=gbps, fit_r2=r2, fit_intercept_ms=icpt,
-                row_bytes_sweep=rows_sweep, host_stride_sweep=stride_sweep,
-                config=dict(R=R, Q=Q, k=K, B=B, row_bytes=rb, ctx=ctx, reps=reps, page_size=64,
-                            copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
-                                R, Q, rv.num_sms(DEV))),
-                copy_programs_sweep=sweep)
+    return dict(
+        points=points,
+        host_path_gbps=gbps,
+        fit_r2=r2,
+        fit_intercept_ms=icpt,
+        row_bytes_sweep=rows_sweep,
+        host_stride_sweep=stride_sweep,
+        config=dict(
+            R=R,
+            Q=Q,
+            k=K,
+            B=B,
+            row_bytes=rb,
+            ctx=ctx,
+            reps=reps,
+            page_size=64,
+            copy_programs_per_request=args.copy_programs
+            or rv.default_copy_programs(R, Q, rv.num_sms(DEV)),
+        ),
+        copy_programs_sweep=sweep,
+    )
 
 
 def touched(row_bytes: int, stride: int, unit: int) -> float:
     """Mean number of ``unit``-byte blocks (32-byte sectors, 128-byte lines) a row of ``row_bytes``
     touches when rows lie ``stride`` bytes apart from an aligned base."""
-    return statistics.mean(((o % unit) + row_bytes + unit - 1) // unit for o in range(0, 128 * stride, stride))
+    return statistics.mean(
+        ((o % unit) + row_bytes + unit - 1) // unit for o in range(0, 128 * stride, stride)
+    )
 
 
 def call_knobs(args, knobs) -> dict:
@@ -644,21 +940,38 @@ def interleaved_rows(torch, rv, args, src, restore, stamp, R, B, misses) -> list
     variants = [({}, "defaults")] + early_knobs(args) + kw_knobs(args)
     fns = []
     for kn, label in variants:
+
         def fn(kn=kn):
             if isinstance(stamp, list):
                 stamp[0] += 1
             st = stamp[0] if isinstance(stamp, list) else stamp
-            return rv.resolve_triton(*src.args(src.sel), st, check=False, **call_knobs(args, kn), **src.kwargs())
+            return rv.resolve_triton(
+                *src.args(src.sel), st, check=False, **call_knobs(args, kn), **src.kwargs()
+            )
+
         fns.append((label, fn))
     reps = 1 if DEV == "cpu" else args.interleave
     times = time_interleaved(torch, fns, restore, reps, warmup=0 if DEV == "cpu" else 2)
     rows = []
     for kn, label in variants:
         med = statistics.median(times[label]) * 1e3
-        rows.append(dict(batch=R, B=B, misses_per_request=misses, **kn, sweep=True, interleaved=True,
-                         variant=label, us_median=med, us_p10=pct(times[label], 0.1) * 1e3,
-                         us_p90=pct(times[label], 0.9) * 1e3))
-        log(f"  ({'c' if misses else 'b'}) interleaved batch {R:3d} B {B:5d} {label}: {med:8.1f} us")
+        rows.append(
+            dict(
+                batch=R,
+                B=B,
+                misses_per_request=misses,
+                **kn,
+                sweep=True,
+                interleaved=True,
+                variant=label,
+                us_median=med,
+                us_p10=pct(times[label], 0.1) * 1e3,
+                us_p90=pct(times[label], 0.9) * 1e3,
+            )
+        )
+        log(
+            f"  ({'c' if misses else 'b'}) interleaved batch {R:3d} B {B:5d} {label}: {med:8.1f} us"
+        )
     return rows
 
 
@@ -666,57 +979,152 @@ def fig8bc(torch, rv, args, sz):
     ctx, k, misses, B_c = sz["ctx"], sz["k"], sz["misses"], sz["B_c"]
     log(f"== Fig. 8b/8c: single query, k={k}, ctx={ctx}, batches {sz['batches']}, B {sz['Bs']}")
     P = (ctx + 64 + 63) // 64
-    host_pool = alloc_host_pool(torch, min(max(sz["batches"]) * P * 64, int(args.host_gib * 2**30) // 656), 656)
+    host_pool = alloc_host_pool(
+        torch, min(max(sz["batches"]) * P * 64, int(args.host_gib * 2**30) // 656), 656
+    )
     out_b, out_c = [], []
 
     def timed_call(src, stamp):
-        return lambda: rv.resolve_triton(*src.args(src.sel), stamp, copy_programs_per_request=args.copy_programs,
-                                         check=False, **src.kwargs())
+        return lambda: rv.resolve_triton(
+            *src.args(src.sel),
+            stamp,
+            copy_programs_per_request=args.copy_programs,
+            check=False,
+            **src.kwargs(),
+        )
 
     for R in sz["batches"]:
         for B in sz["Bs"]:
-            src = make_ds_source(torch, R=R, B=B, ctx=ctx, k=k, misses=0, host_gib=args.host_gib,
-                                 seed=100 + B + R, host_pool=host_pool)
+            src = make_ds_source(
+                torch,
+                R=R,
+                B=B,
+                ctx=ctx,
+                k=k,
+                misses=0,
+                host_gib=args.host_gib,
+                seed=100 + B + R,
+                host_pool=host_pool,
+            )
             fn = timed_call(src, 5000)
             res = fn()
-            assert int(res.counters[:, 3].sum()) == 0 and int(res.counters[:, 1].sum()) == R * k, res.counters
+            assert int(res.counters[:, 3].sum()) == 0 and int(res.counters[:, 1].sum()) == R * k, (
+                res.counters
+            )
             q10, q50, q90 = bench_stateless(torch, fn)
-            guarded = statistics.median(time_stateful(torch, fn, lambda: None, 30 if DEV == "cuda" else 2))
-            out_b.append(dict(batch=R, B=B, path="scan", us_p10=q10 * 1e3, us_median=q50 * 1e3, us_p90=q90 * 1e3,
-                              us_median_events_guarded=guarded * 1e3, settings=settings_of(rv, src)))
-            log(f"  (b) batch {R:3d} B {B:5d} no miss: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]")
+            guarded = statistics.median(
+                time_stateful(torch, fn, lambda: None, 30 if DEV == "cuda" else 2)
+            )
+            out_b.append(
+                dict(
+                    batch=R,
+                    B=B,
+                    path="scan",
+                    us_p10=q10 * 1e3,
+                    us_median=q50 * 1e3,
+                    us_p90=q90 * 1e3,
+                    us_median_events_guarded=guarded * 1e3,
+                    settings=settings_of(rv, src),
+                )
+            )
+            log(
+                f"  (b) batch {R:3d} B {B:5d} no miss: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]"
+            )
             if B == B_c:
-                out_c.append(dict(batch=R, B=B, misses_per_request=0, us_p10=q10 * 1e3, us_median=q50 * 1e3,
-                                  us_p90=q90 * 1e3))
+                out_c.append(
+                    dict(
+                        batch=R,
+                        B=B,
+                        misses_per_request=0,
+                        us_p10=q10 * 1e3,
+                        us_median=q50 * 1e3,
+                        us_p90=q90 * 1e3,
+                    )
+                )
                 if args.interleave:
                     out_b += interleaved_rows(torch, rv, args, src, lambda: None, 5000, R, B, 0)
-                for knobs in scan_knobs(args.sweep_scan) + [k for k, _ in early_knobs(args) + kw_knobs(args)]:
+                for knobs in scan_knobs(args.sweep_scan) + [
+                    k for k, _ in early_knobs(args) + kw_knobs(args)
+                ]:
+
                     def fn_t(knobs=knobs):
-                        return rv.resolve_triton(*src.args(src.sel), 5000, check=False, **call_knobs(args, knobs),
-                                                 **src.kwargs())
-                    t_us = statistics.median(time_stateful(torch, fn_t, lambda: None, 30 if DEV == "cuda" else 2)) * 1e3
-                    out_b.append(dict(batch=R, B=B, path="scan", **knobs, sweep=True,
-                                      us_median_events_guarded=t_us, us_median=t_us,
-                                      settings=settings_of(rv, src, knobs)))
+                        return rv.resolve_triton(
+                            *src.args(src.sel),
+                            5000,
+                            check=False,
+                            **call_knobs(args, knobs),
+                            **src.kwargs(),
+                        )
+
+                    t_us = (
+                        statistics.median(
+                            time_stateful(torch, fn_t, lambda: None, 30 if DEV == "cuda" else 2)
+                        )
+                        * 1e3
+                    )
+                    out_b.append(
+                        dict(
+                            batch=R,
+                            B=B,
+                            path="scan",
+                            **knobs,
+                            sweep=True,
+                            us_median_events_guarded=t_us,
+                            us_median=t_us,
+                            settings=settings_of(rv, src, knobs),
+                        )
+                    )
                     log(f"  (b) scan sweep batch {R:3d} B {B:5d} {knobs}: {t_us:8.1f} us")
             src = None  # frees the pinned host store before the next one is allocated
         # direct path: every selected row in ready optional history -> scan skipped
-        src = make_ds_source(torch, R=R, B=B_c, ctx=ctx, k=k, misses=0, host_gib=args.host_gib, seed=7 + R,
-                             direct=True, host_pool=host_pool)
+        src = make_ds_source(
+            torch,
+            R=R,
+            B=B_c,
+            ctx=ctx,
+            k=k,
+            misses=0,
+            host_gib=args.host_gib,
+            seed=7 + R,
+            direct=True,
+            host_pool=host_pool,
+        )
         fn = timed_call(src, 5000)
         res = fn()
         assert int(res.counters[:, 0].sum()) == R * k, res.counters
         q10, q50, q90 = bench_stateless(torch, fn)
-        guarded = statistics.median(time_stateful(torch, fn, lambda: None, 30 if DEV == "cuda" else 2))
-        out_b.append(dict(batch=R, B=B_c, path="direct", us_p10=q10 * 1e3, us_median=q50 * 1e3, us_p90=q90 * 1e3,
-                          us_median_events_guarded=guarded * 1e3))
-        log(f"  (b) batch {R:3d} B {B_c:5d} direct path: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]")
+        guarded = statistics.median(
+            time_stateful(torch, fn, lambda: None, 30 if DEV == "cuda" else 2)
+        )
+        out_b.append(
+            dict(
+                batch=R,
+                B=B_c,
+                path="direct",
+                us_p10=q10 * 1e3,
+                us_median=q50 * 1e3,
+                us_p90=q90 * 1e3,
+                us_median_events_guarded=guarded * 1e3,
+            )
+        )
+        log(
+            f"  (b) batch {R:3d} B {B_c:5d} direct path: {q50 * 1e3:8.1f} us  [{q10 * 1e3:.1f}, {q90 * 1e3:.1f}]"
+        )
         src = None  # frees the pinned host store before the next one is allocated
         if "c" in args.skip.split(","):  # (b) alone: no host reads beside a serving lane
             continue
         # (c): `misses` host misses per request at B_c (state restored before each timing)
-        src = make_ds_source(torch, R=R, B=B_c, ctx=ctx, k=k, misses=misses, host_gib=args.host_gib,
-                             seed=200 + R, host_pool=host_pool)
+        src = make_ds_source(
+            torch,
+            R=R,
+            B=B_c,
+            ctx=ctx,
+            k=k,
+            misses=misses,
+            host_gib=args.host_gib,
+            seed=200 + R,
+            host_pool=host_pool,
+        )
         saved = (src.hot_pos.clone(), src.hot_lru.clone())
         stamp = [5000]
 
@@ -726,57 +1134,107 @@ def fig8bc(torch, rv, args, sz):
 
         def fn():
             stamp[0] += 1
-            return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
-                                     check=False, **src.kwargs())
+            return rv.resolve_triton(
+                *src.args(src.sel),
+                stamp[0],
+                copy_programs_per_request=args.copy_programs,
+                check=False,
+                **src.kwargs(),
+            )
 
         restore()
         res = fn()
         assert int(res.counters[:, 3].sum()) == R * misses, res.counters
         ms = time_stateful(torch, fn, restore, sz["reps_c"], warmup=5)
-        out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, us_p10=pct(ms, 0.1) * 1e3,
-                          us_median=statistics.median(ms) * 1e3, us_p90=pct(ms, 0.9) * 1e3,
-                          settings=settings_of(rv, src)))
-        log(f"  (c) batch {R:3d} B {B_c:5d} {misses} misses: {statistics.median(ms) * 1e3:8.1f} us  "
-            f"[{pct(ms, 0.1) * 1e3:.1f}, {pct(ms, 0.9) * 1e3:.1f}]")
+        out_c.append(
+            dict(
+                batch=R,
+                B=B_c,
+                misses_per_request=misses,
+                us_p10=pct(ms, 0.1) * 1e3,
+                us_median=statistics.median(ms) * 1e3,
+                us_p90=pct(ms, 0.9) * 1e3,
+                settings=settings_of(rv, src),
+            )
+        )
+        log(
+            f"  (c) batch {R:3d} B {B_c:5d} {misses} misses: {statistics.median(ms) * 1e3:8.1f} us  "
+            f"[{pct(ms, 0.1) * 1e3:.1f}, {pct(ms, 0.9) * 1e3:.1f}]"
+        )
         if args.sweep_copy_programs:
             # plain decode uses one program per request by default: does a wider copy grid
             # fetch the misses sooner? (the same state restore before every timing)
             for S in (1, 2, 4, 8):
+
                 def fn_s(S=S):
                     stamp[0] += 1
-                    return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=S,
-                                             check=False, **src.kwargs())
+                    return rv.resolve_triton(
+                        *src.args(src.sel),
+                        stamp[0],
+                        copy_programs_per_request=S,
+                        check=False,
+                        **src.kwargs(),
+                    )
 
                 ms_s = time_stateful(torch, fn_s, restore, *_sweep_timing(sz))
-                out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, copy_programs_per_request=S,
-                                  sweep=True, us_median=statistics.median(ms_s) * 1e3))
+                out_c.append(
+                    dict(
+                        batch=R,
+                        B=B_c,
+                        misses_per_request=misses,
+                        copy_programs_per_request=S,
+                        sweep=True,
+                        us_median=statistics.median(ms_s) * 1e3,
+                    )
+                )
                 log(f"  (c) sweep batch {R:3d} S={S}: {statistics.median(ms_s) * 1e3:8.1f} us")
         # the scan tile (and keys in registers) on the miss path too
         sweeps_c = [(k, f"scan {k}") for k in scan_knobs(args.sweep_scan)]
         # rows per copy tile: 77 misses are three dependent host-load rounds at 32 rows
-        sweeps_c += [(dict(copy_rows=int(x)), f"copy rows {x}") for x in args.sweep_copy_rows.split(",") if x]
+        sweeps_c += [
+            (dict(copy_rows=int(x)), f"copy rows {x}") for x in args.sweep_copy_rows.split(",") if x
+        ]
         # copy programs reading their first tile's host rows before the victims are known
         sweeps_c += early_knobs(args) + kw_knobs(args)
         for knobs, label in sweeps_c:
+
             def fn_k(knobs=knobs):
                 stamp[0] += 1
-                return rv.resolve_triton(*src.args(src.sel), stamp[0], check=False, **call_knobs(args, knobs),
-                                         **src.kwargs())
+                return rv.resolve_triton(
+                    *src.args(src.sel),
+                    stamp[0],
+                    check=False,
+                    **call_knobs(args, knobs),
+                    **src.kwargs(),
+                )
 
             ms_k = time_stateful(torch, fn_k, restore, *_sweep_timing(sz))
-            out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, **knobs, sweep=True,
-                              settings=settings_of(rv, src, knobs),
-                              us_median=statistics.median(ms_k) * 1e3))
+            out_c.append(
+                dict(
+                    batch=R,
+                    B=B_c,
+                    misses_per_request=misses,
+                    **knobs,
+                    sweep=True,
+                    settings=settings_of(rv, src, knobs),
+                    us_median=statistics.median(ms_k) * 1e3,
+                )
+            )
             log(f"  (c) sweep batch {R:3d} {label}: {statistics.median(ms_k) * 1e3:8.1f} us")
         if args.interleave:
             out_c += interleaved_rows(torch, rv, args, src, restore, stamp, R, B_c, misses)
         if args.ablate_c:
-            out_c += ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses,
-                              reps=_sweep_timing(sz)[0])
+            out_c += ablate_c(
+                torch, rv, args, src, saved, stamp, R, B_c, misses, reps=_sweep_timing(sz)[0]
+            )
         if args.phase_times:
             out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz))
             for knobs, _ in early_knobs(args) + kw_knobs(args):  # and where those calls' time goes
-                out_c.append(phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knobs=knobs))
+                out_c.append(
+                    phase_times_c(
+                        torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knobs=knobs
+                    )
+                )
         if args.sweep_radix:
             # victim selection: slots per radix tile x digit width (same result for every choice)
             for spec in args.sweep_radix.split(","):
@@ -784,14 +1242,32 @@ def fig8bc(torch, rv, args, sz):
 
                 def fn_r(tile=tile, bits=bits):
                     stamp[0] += 1
-                    return rv.resolve_triton(*src.args(src.sel), stamp[0], copy_programs_per_request=args.copy_programs,
-                                             radix_tile=tile, radix_bits=bits, check=False, **src.kwargs())
+                    return rv.resolve_triton(
+                        *src.args(src.sel),
+                        stamp[0],
+                        copy_programs_per_request=args.copy_programs,
+                        radix_tile=tile,
+                        radix_bits=bits,
+                        check=False,
+                        **src.kwargs(),
+                    )
 
                 ms_r = time_stateful(torch, fn_r, restore, *_sweep_timing(sz))
-                out_c.append(dict(batch=R, B=B_c, misses_per_request=misses, radix_tile=tile, radix_bits=bits,
-                                  sweep=True, us_median=statistics.median(ms_r) * 1e3))
-                log(f"  (c) radix sweep batch {R:3d} tile {tile} bits {bits}: "
-                    f"{statistics.median(ms_r) * 1e3:8.1f} us")
+                out_c.append(
+                    dict(
+                        batch=R,
+                        B=B_c,
+                        misses_per_request=misses,
+                        radix_tile=tile,
+                        radix_bits=bits,
+                        sweep=True,
+                        us_median=statistics.median(ms_r) * 1e3,
+                    )
+                )
+                log(
+                    f"  (c) radix sweep batch {R:3d} tile {tile} bits {bits}: "
+                    f"{statistics.median(ms_r) * 1e3:8.1f} us"
+                )
         src = None  # frees the pinned host store before the next one is allocated
     return out_b, out_c
 
@@ -825,20 +1301,32 @@ def phase_times_c(torch, rv, args, src, restore, stamp, R, B_c, misses, sz, knob
         stamp[0] += 1
         i = min(k[0], buf.shape[0] - 1)
         k[0] += 1
-        return rv.resolve_triton(*src.args(src.sel), stamp[0], phase_times=buf[i], check=False, **kn,
-                                 **src.kwargs())
+        return rv.resolve_triton(
+            *src.args(src.sel), stamp[0], phase_times=buf[i], check=False, **kn, **src.kwargs()
+        )
 
     ms = time_stateful(torch, fn, restore, reps, warmup=warm)
     per, program = phase_summary(buf[warm:].cpu(), names)
     # what the call ran with, defaults resolved (a row without knobs is at the commit's defaults)
     resolved = copy_settings_of(rv, R, 1, kn)
-    row = dict(batch=R, B=B_c, misses_per_request=misses, phase_times=True, sweep=True, **(knobs or {}),
-               resolved=resolved,
-               us_median=statistics.median(ms) * 1e3, phase_us_slowest_request=per,
-               program_us_median=program, timer="%globaltimer (ns; its update granularity bounds the resolution)")
-    log(f"  (c) phases batch {R:3d}{' ' + str(knobs) if knobs else ''} (slowest request, us): "
+    row = dict(
+        batch=R,
+        B=B_c,
+        misses_per_request=misses,
+        phase_times=True,
+        sweep=True,
+        **(knobs or {}),
+        resolved=resolved,
+        us_median=statistics.median(ms) * 1e3,
+        phase_us_slowest_request=per,
+        program_us_median=program,
+        timer="%globaltimer (ns; its update granularity bounds the resolution)",
+    )
+    log(
+        f"  (c) phases batch {R:3d}{' ' + str(knobs) if knobs else ''} (slowest request, us): "
         + ", ".join(f"{n} {v:.1f}" for n, v in per.items())
-        + f"; program {row['program_us_median']:.1f} of {row['us_median']:.1f} us per call")
+        + f"; program {row['program_us_median']:.1f} of {row['us_median']:.1f} us per call"
+    )
     return row
 
 
@@ -853,7 +1341,9 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
     copied)."""
     rows = []
     lru_uniform = torch.full_like(saved[1], 500)
-    lru_wide = torch.randint(0, 1 << 20, saved[1].shape, device=saved[1].device, dtype=saved[1].dtype)
+    lru_wide = torch.randint(
+        0, 1 << 20, saved[1].shape, device=saved[1].device, dtype=saved[1].dtype
+    )
     stamp[0] = max(stamp[0], 1 << 20)  # every lru below the call's stamp, as in serving
     host_dev = src.host_pool.to(DEV) if src.host_pool.numel() <= (4 << 30) else None
 
@@ -866,22 +1356,44 @@ def ablate_c(torch, rv, args, src, saved, stamp, R, B_c, misses, reps=25) -> lis
             stamp[0] += 1
             a = list(src.args(src.sel))
             a[-1] = host
-            return rv.resolve_triton(*a, stamp[0], copy_programs_per_request=args.copy_programs,
-                                     check=False, **src.kwargs())
+            return rv.resolve_triton(
+                *a,
+                stamp[0],
+                copy_programs_per_request=args.copy_programs,
+                check=False,
+                **src.kwargs(),
+            )
 
         restore()
         res = fn()
         assert int(res.counters[:, 3].sum()) == R * misses, res.counters
-        return statistics.median(time_stateful(torch, fn, restore, reps, warmup=0 if DEV == "cpu" else 3,
-                                               flush_bytes=(256 << 20) if flush else 1024)) * 1e3
+        return (
+            statistics.median(
+                time_stateful(
+                    torch,
+                    fn,
+                    restore,
+                    reps,
+                    warmup=0 if DEV == "cpu" else 3,
+                    flush_bytes=(256 << 20) if flush else 1024,
+                )
+            )
+            * 1e3
+        )
 
-    variants = [("baseline", src.host_pool, saved[1], True), ("stamps_1pass", src.host_pool, lru_uniform, True),
-                ("stamps_3pass", src.host_pool, lru_wide, True), ("l2_warm", src.host_pool, saved[1], False)]
+    variants = [
+        ("baseline", src.host_pool, saved[1], True),
+        ("stamps_1pass", src.host_pool, lru_uniform, True),
+        ("stamps_3pass", src.host_pool, lru_wide, True),
+        ("l2_warm", src.host_pool, saved[1], False),
+    ]
     if host_dev is not None:
         variants.insert(1, ("host_in_hbm", host_dev, saved[1], True))
     for name, host, lru, flush in variants:
         us = run_with(host, lru, flush)
-        rows.append(dict(batch=R, B=B_c, misses_per_request=misses, ablate=name, sweep=True, us_median=us))
+        rows.append(
+            dict(batch=R, B=B_c, misses_per_request=misses, ablate=name, sweep=True, us_median=us)
+        )
         log(f"  (c) ablate batch {R:3d} {name:13s}: {us:8.1f} us")
     src.hot_pos.copy_(saved[0])
     src.hot_lru.copy_(saved[1])
@@ -895,19 +1407,30 @@ def settings_of(rv, src, knobs=None) -> dict:
     """The scan settings a timed call ran with (given knobs, the rest the kernel's defaults for
     the shape): recorded in each row, so a row says what it measured when the defaults change."""
     knobs = knobs or {}
-    out = rv.scan_settings(src.R, src.B, src.host_page_table.shape[1] * src.ps,
-                           **{k: knobs[k] for k in _SCAN_KEYS if k in knobs})
+    out = rv.scan_settings(
+        src.R,
+        src.B,
+        src.host_page_table.shape[1] * src.ps,
+        **{k: knobs[k] for k in _SCAN_KEYS if k in knobs},
+    )
     # and how it copied (copy programs, early copy, roles by program id)
-    out.update(copy_settings_of(rv, src.R, src.sel.shape[1] if getattr(src, "sel", None) is not None else 1, knobs))
+    out.update(
+        copy_settings_of(
+            rv, src.R, src.sel.shape[1] if getattr(src, "sel", None) is not None else 1, knobs
+        )
+    )
     return out
 
 
 def copy_settings_of(rv, R: int, Q: int, knobs: dict) -> dict:
     """The copy settings (resolver.copy_settings) a call of R requests x Q queries ran with: the
     knobs it named, the kernel's defaults for this GPU for the rest."""
-    return rv.copy_settings(R, Q, **{k: knobs.get(k) for k in ("copy_programs_per_request", "early_copy",
-                                                               "pid_roles")},
-                            num_sms=rv.num_sms(DEV))
+    return rv.copy_settings(
+        R,
+        Q,
+        **{k: knobs.get(k) for k in ("copy_programs_per_request", "early_copy", "pid_roles")},
+        num_sms=rv.num_sms(DEV),
+    )
 
 
 def scan_knobs(spec: str) -> list:
@@ -920,14 +1443,16 @@ def scan_knobs(spec: str) -> list:
     for item in (x for x in spec.split(",") if x):
         tile, _, warps = item.partition(":")
         flags = tile.lstrip("0123456789")
-        knobs = dict(scan_tile=int(tile[:len(tile) - len(flags)]))
+        knobs = dict(scan_tile=int(tile[: len(tile) - len(flags)]))
         stages = re.search(r"p(\d+)$", flags)
         if stages:
             knobs["scan_stages"] = int(stages.group(1))
-            flags = flags[:stages.start()]
+            flags = flags[: stages.start()]
         if set(flags) - set("bgs") or {"b", "g"} <= set(flags):
-            raise SystemExit(f"--sweep-scan: bad suffix in {item!r} (s: keys rebuilt from the slot "
-                             f"state, b: pending bitmap, g: position-scratch gather, pN: N pipeline stages)")
+            raise SystemExit(
+                f"--sweep-scan: bad suffix in {item!r} (s: keys rebuilt from the slot "
+                f"state, b: pending bitmap, g: position-scratch gather, pN: N pipeline stages)"
+            )
         if "s" in flags:
             knobs["keys_in_registers"] = False
         if "b" in flags or "g" in flags:
@@ -941,64 +1466,127 @@ def scan_knobs(spec: str) -> list:
 def main() -> None:
     global DEV
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smaller batch (a) and context (b, c): smoke run")
-    ap.add_argument("--check", action="store_true", help="verify kernel vs reference on the GPU before timing")
+    ap.add_argument(
+        "--quick", action="store_true", help="smaller batch (a) and context (b, c): smoke run"
+    )
+    ap.add_argument(
+        "--check", action="store_true", help="verify kernel vs reference on the GPU before timing"
+    )
     ap.add_argument("--check-only", action="store_true", help="run the --check part and exit")
     ap.add_argument("--out", default=None, help="summary path (default results/fig8/summary.json)")
     ap.add_argument("--row-bytes", type=int, default=656, help="row size for (a)")
-    ap.add_argument("--host-gib", type=float, default=2.0, help="cap on the pinned host store (GiB)")
-    ap.add_argument("--copy-programs", type=int, default=None,
-                    help="copy programs per request (default: the resolver's choice)")
-    ap.add_argument("--sweep-copy-programs", action="store_true",
-                    help="also sweep the copy grid (programs per request) on (a) and (c)")
-    ap.add_argument("--sweep-copy-rows", default="",
-                    help="also time (c) with these rows per copy tile, e.g. 32,64,128")
-    ap.add_argument("--sweep-early-copy", default="",
-                    help="also time (b) at B_c and (c) with early_copy at these copy programs per request, "
-                         "e.g. 1,2,4 (the copy programs read their first tile's host rows before the victims "
-                         "are known; 1 = the plain path, no copy programs); "
-                         "with --phase-times, also split those (c) calls by phase")
-    ap.add_argument("--sweep-kw", default="",
-                    help="also time (b) at B_c and (c) with these resolver keyword arguments, comma-separated "
-                         "sets of name=value joined by +, e.g. scan_tile=1024+pending_bitmap=True,copy_rows=64")
-    ap.add_argument("--interleave", type=int, default=0, metavar="REPS",
-                    help="also time the defaults and every --sweep-early-copy / --sweep-kw variant in turn "
-                         "(A B C A B C ...), REPS timings each, for (b) at B_c and for (c): a drift over the run "
-                         "then falls on every variant alike")
-    ap.add_argument("--sweep-host-stride", default="",
-                    help="also time (a)'s largest point with the host store's rows padded to these strides "
-                         "(bytes, >= --row-bytes, multiples of 8), e.g. 656,672,768")
-    ap.add_argument("--sweep-row-bytes", default="",
-                    help="also time (a)'s largest point with these row sizes, e.g. 640,656,768")
-    ap.add_argument("--sweep-scan", default="",
-                    help="also time (b) and (c) at B_c with these scan tiles: TILE, TILEs (victim keys "
-                         "rebuilt from the slot state instead of kept in registers), TILEb / TILEg (pending "
-                         "bitmap / position-scratch gather), TILEpN (N pipeline stages), optional :WARPS; "
-                         "e.g. 1024,4096s,4096b,4096g,4096:16")
-    ap.add_argument("--sweep-radix", default="",
-                    help="also time (c) with these victim-selection settings, tile:bits,... "
-                         "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)")
-    ap.add_argument("--ablate-c", action="store_true",
-                    help="also time (c) with one cost taken out or added: the host store in device memory "
-                         "(no PCIe), one radix pass, three radix passes")
-    ap.add_argument("--phase-times", action="store_true",
-                    help="also split (c)'s call into the resolver's phases (the kernel stamps the GPU's global "
-                         "timer at each phase boundary; GPU only)")
-    ap.add_argument("--num-warps", type=int, default=None,
-                    help="warps per resolver program for every timed call (default: the kernel's 8)")
-    ap.add_argument("--batches", default="",
-                    help="batches of (b) and (c), comma-separated (default 8,160); the summary's batch-8 / "
-                         "batch-160 keys take the smallest / largest, e.g. 8,16,32,160")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: a, bc, or c (time (b) "
-                    "only: it reads nothing from host memory)")
-    ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the script on CPU (interpreter)")
+    ap.add_argument(
+        "--host-gib", type=float, default=2.0, help="cap on the pinned host store (GiB)"
+    )
+    ap.add_argument(
+        "--copy-programs",
+        type=int,
+        default=None,
+        help="copy programs per request (default: the resolver's choice)",
+    )
+    ap.add_argument(
+        "--sweep-copy-programs",
+        action="store_true",
+        help="also sweep the copy grid (programs per request) on (a) and (c)",
+    )
+    ap.add_argument(
+        "--sweep-copy-rows",
+        default="",
+        help="also time (c) with these rows per copy tile, e.g. 32,64,128",
+    )
+    ap.add_argument(
+        "--sweep-early-copy",
+        default="",
+        help="also time (b) at B_c and (c) with early_copy at these copy programs per request, "
+        "e.g. 1,2,4 (the copy programs read their first tile's host rows before the victims "
+        "are known; 1 = the plain path, no copy programs); "
+        "with --phase-times, also split those (c) calls by phase",
+    )
+    ap.add_argument(
+        "--sweep-kw",
+        default="",
+        help="also time (b) at B_c and (c) with these resolver keyword arguments, comma-separated "
+        "sets of name=value joined by +, e.g. scan_tile=1024+pending_bitmap=True,copy_rows=64",
+    )
+    ap.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="also time the defaults and every --sweep-early-copy / --sweep-kw variant in turn "
+        "(A B C A B C ...), REPS timings each, for (b) at B_c and for (c): a drift over the run "
+        "then falls on every variant alike",
+    )
+    ap.add_argument(
+        "--sweep-host-stride",
+        default="",
+        help="also time (a)'s largest point with the host store's rows padded to these strides "
+        "(bytes, >= --row-bytes, multiples of 8), e.g. 656,672,768",
+    )
+    ap.add_argument(
+        "--sweep-row-bytes",
+        default="",
+        help="also time (a)'s largest point with these row sizes, e.g. 640,656,768",
+    )
+    ap.add_argument(
+        "--sweep-scan",
+        default="",
+        help="also time (b) and (c) at B_c with these scan tiles: TILE, TILEs (victim keys "
+        "rebuilt from the slot state instead of kept in registers), TILEb / TILEg (pending "
+        "bitmap / position-scratch gather), TILEpN (N pipeline stages), optional :WARPS; "
+        "e.g. 1024,4096s,4096b,4096g,4096:16",
+    )
+    ap.add_argument(
+        "--sweep-radix",
+        default="",
+        help="also time (c) with these victim-selection settings, tile:bits,... "
+        "(e.g. 256:4,1024:8,2048:8,4096:8; 256:4 is the tile and digit width before the histogram change)",
+    )
+    ap.add_argument(
+        "--ablate-c",
+        action="store_true",
+        help="also time (c) with one cost taken out or added: the host store in device memory "
+        "(no PCIe), one radix pass, three radix passes",
+    )
+    ap.add_argument(
+        "--phase-times",
+        action="store_true",
+        help="also split (c)'s call into the resolver's phases (the kernel stamps the GPU's global "
+        "timer at each phase boundary; GPU only)",
+    )
+    ap.add_argument(
+        "--num-warps",
+        type=int,
+        default=None,
+        help="warps per resolver program for every timed call (default: the kernel's 8)",
+    )
+    ap.add_argument(
+        "--batches",
+        default="",
+        help="batches of (b) and (c), comma-separated (default 8,160); the summary's batch-8 / "
+        "batch-160 keys take the smallest / largest, e.g. 8,16,32,160",
+    )
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma list of parts to skip: a, bc, or c (time (b) "
+        "only: it reads nothing from host memory)",
+    )
+    ap.add_argument(
+        "--cpu-dry-run", action="store_true", help="exercise the script on CPU (interpreter)"
+    )
     args = ap.parse_args()
     if args.phase_times and args.cpu_dry_run:
         ap.error("--phase-times reads the GPU's global timer: not available in a CPU dry run")
-    bad_stride = [x for x in args.sweep_host_stride.split(",") if x and not (
-        x.isdigit() and int(x) >= args.row_bytes and int(x) % 8 == 0)]
+    bad_stride = [
+        x
+        for x in args.sweep_host_stride.split(",")
+        if x and not (x.isdigit() and int(x) >= args.row_bytes and int(x) % 8 == 0)
+    ]
     if bad_stride:
-        ap.error(f"--sweep-host-stride: {bad_stride} (expected byte strides >= --row-bytes, multiples of 8)")
+        ap.error(
+            f"--sweep-host-stride: {bad_stride} (expected byte strides >= --row-bytes, multiples of 8)"
+        )
     bad_rows = [x for x in args.sweep_copy_rows.split(",") if x and not x.isdigit()]
     if bad_rows:
         ap.error(f"--sweep-copy-rows: {bad_rows} (expected row counts, e.g. 32,64)")
@@ -1010,11 +1598,15 @@ def main() -> None:
 
     if not args.cpu_dry_run:
         if not torch.cuda.is_available():
-            sys.exit("bench_resolver: no CUDA device here. This benchmark times the fused resolver on a GPU "
-                     "(pinned host memory read through UVA); run it on the GPU machine. CPU correctness: "
-                     "pytest tests/kernels/test_resolver.py (or --cpu-dry-run to exercise this script).")
+            sys.exit(
+                "bench_resolver: no CUDA device here. This benchmark times the fused resolver on a GPU "
+                "(pinned host memory read through UVA); run it on the GPU machine. CPU correctness: "
+                "pytest tests/kernels/test_resolver.py (or --cpu-dry-run to exercise this script)."
+            )
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-            sys.exit("bench_resolver: TRITON_INTERPRET is set; unset it to time the compiled kernel")
+            sys.exit(
+                "bench_resolver: TRITON_INTERPRET is set; unset it to time the compiled kernel"
+            )
     import triton
 
     from systems.kernels import resolver as rv
@@ -1029,22 +1621,41 @@ def main() -> None:
         except ValueError:
             ap.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
         if len(batches) < 2 or batches[0] < 1:
-            ap.error("--batches: at least two positive batch sizes (the smallest and largest are the summary's)")
+            ap.error(
+                "--batches: at least two positive batch sizes (the smallest and largest are the summary's)"
+            )
         sizes = dict(sizes, bc=dict(sizes["bc"], batches=batches))
-    out = args.out or (str(Path("/tmp") / "fig8_dry_run.json") if args.cpu_dry_run
-                       else str(REPO / "results" / "fig8" / "summary.json"))
+    out = args.out or (
+        str(Path("/tmp") / "fig8_dry_run.json")
+        if args.cpu_dry_run
+        else str(REPO / "results" / "fig8" / "summary.json")
+    )
     gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run, interpreter)"
-    log(f"device {gpu}; torch {torch.__version__}; triton {triton.__version__}; CUDA {torch.version.cuda}")
-    summary = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
-                   python=platform.python_version(), quick=bool(args.quick), dry_run=bool(args.cpu_dry_run),
-                   date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=_commit(), sizes=sizes, paper=PAPER,
-                   num_warps=args.num_warps or 8,
-                   method=dict(a="CUDA events around the resolver call only; state restore + 256 MB L2 flush "
-                                 "before each of the nine timings; median, min, max",
-                               b="triton.testing.do_bench(warmup=25, rep=200), quantiles 0.1/0.5/0.9; "
-                                 "us_median_events_guarded = the (a) method (events + L2 flush + GPU spin) "
-                                 "as a cross-check that host launch overhead did not leak into do_bench",
-                               c="as (a) with 100 timings, quantiles 0.1/0.5/0.9"))
+    log(
+        f"device {gpu}; torch {torch.__version__}; triton {triton.__version__}; CUDA {torch.version.cuda}"
+    )
+    summary = dict(
+        gpu=gpu,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+        quick=bool(args.quick),
+        dry_run=bool(args.cpu_dry_run),
+        date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        commit=_commit(),
+        sizes=sizes,
+        paper=PAPER,
+        num_warps=args.num_warps or 8,
+        method=dict(
+            a="CUDA events around the resolver call only; state restore + 256 MB L2 flush "
+            "before each of the nine timings; median, min, max",
+            b="triton.testing.do_bench(warmup=25, rep=200), quantiles 0.1/0.5/0.9; "
+            "us_median_events_guarded = the (a) method (events + L2 flush + GPU spin) "
+            "as a cross-check that host launch overhead did not leak into do_bench",
+            c="as (a) with 100 timings, quantiles 0.1/0.5/0.9",
+        ),
+    )
 
     if args.check or args.check_only:
         t0 = time.time()
@@ -1069,9 +1680,14 @@ def main() -> None:
         b, c = fig8bc(torch, rv, args, sz)
         summary["fig8b_points"] = b
         summary["fig8c_points"] = c
-        summary["fig8bc_config"] = dict(sz, row_bytes=656, page_size=64, selected_per_request=sz["k"],
-                                        copy_programs_per_request=args.copy_programs or rv.default_copy_programs(
-                                            sz["batches"][0], 1, rv.num_sms(DEV)))
+        summary["fig8bc_config"] = dict(
+            sz,
+            row_bytes=656,
+            page_size=64,
+            selected_per_request=sz["k"],
+            copy_programs_per_request=args.copy_programs
+            or rv.default_copy_programs(sz["batches"][0], 1, rv.num_sms(DEV)),
+        )
 
         def pick(rows, **kv):
             # kernel time: CUDA events with the L2 flush and GPU spin of (a) and (c) where the
@@ -1088,19 +1704,30 @@ def main() -> None:
         summary["miss77_b4096_batch8_us"] = pick(c, batch=lo_b, misses_per_request=sz["misses"])
         summary["miss77_b4096_batch160_us"] = pick(c, batch=hi_b, misses_per_request=sz["misses"])
         summary["direct_b4096_batch8_us"] = pick(b, batch=lo_b, B=Bc, path="direct")
-        summary["bc_time_method"] = "CUDA events, L2 flush + GPU spin before each call (kernel time)"
+        summary["bc_time_method"] = (
+            "CUDA events, L2 flush + GPU spin before each call (kernel time)"
+        )
         s_lo = {r["B"]: pick(b, batch=lo_b, B=r["B"], path="scan") for r in b if r["batch"] == lo_b}
         s_hi = {r["B"]: pick(b, batch=hi_b, B=r["B"], path="scan") for r in b if r["batch"] == hi_b}
         b_min, b_max = min(sz["Bs"]), max(sz["Bs"])
-        summary["scan_growth_2048_to_8192"] = dict(batch8=s_lo[b_max] / s_lo[b_min],
-                                                   batch160=s_hi[b_max] / s_hi[b_min])
-        summary["direct_vs_scan_b4096_batch8"] = (summary["nomiss_b4096_batch8_us"]
-                                                  / summary["direct_b4096_batch8_us"])
+        summary["scan_growth_2048_to_8192"] = dict(
+            batch8=s_lo[b_max] / s_lo[b_min], batch160=s_hi[b_max] / s_hi[b_min]
+        )
+        summary["direct_vs_scan_b4096_batch8"] = (
+            summary["nomiss_b4096_batch8_us"] / summary["direct_b4096_batch8_us"]
+        )
     _write(out, summary)
     log("== summary (ours vs paper)")
-    for k in ("host_path_gbps", "fit_r2", "nomiss_b4096_batch8_us", "nomiss_b4096_batch160_us",
-              "miss77_b4096_batch8_us", "miss77_b4096_batch160_us", "scan_growth_2048_to_8192",
-              "direct_vs_scan_b4096_batch8"):
+    for k in (
+        "host_path_gbps",
+        "fit_r2",
+        "nomiss_b4096_batch8_us",
+        "nomiss_b4096_batch160_us",
+        "miss77_b4096_batch8_us",
+        "miss77_b4096_batch160_us",
+        "scan_growth_2048_to_8192",
+        "direct_vs_scan_b4096_batch8",
+    ):
         if k in summary:
             log(f"  {k:30s} {_fmt(summary[k]):>34s}   paper {_fmt(PAPER[k])}")
 
@@ -1130,8 +1757,12 @@ def _commit():
     try:
         import subprocess
 
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip()
+            or None
+        )
     except Exception:
         return None
 

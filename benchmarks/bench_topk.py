@@ -41,14 +41,21 @@ def check_odd_shapes(torch, dev, configs) -> str | None:
 
     g = torch.Generator(device=dev).manual_seed(1)
     vals = torch.tensor([-1.5, -0.0, 0.0, 0.25, 3.0, float("-inf")], device=dev)
-    for B, Q, L, k in [(3, 1, 1, 1), (3, 4, 9, 64), (3, 4, 41, 8), (3, 1, 341, 64),
-                       (5, 4, 1000, 512), (2, 8, 5000, 512), (3, 2, 16384, 2048),
-                       (1, 1, 70000, 512)]:
+    for B, Q, L, k in [
+        (3, 1, 1, 1),
+        (3, 4, 9, 64),
+        (3, 4, 41, 8),
+        (3, 1, 341, 64),
+        (5, 4, 1000, 512),
+        (2, 8, 5000, 512),
+        (3, 2, 16384, 2048),
+        (1, 1, 70000, 512),
+    ]:
         for dist in ("ties", "randn", "near"):
             if dist == "ties":
                 s = vals[torch.randint(0, len(vals), (B, Q, L), device=dev, generator=g)]
             elif dist == "near":
-                s = 1.0 + torch.randint(0, 300, (B, Q, L), device=dev, generator=g) * 2.0 ** -17
+                s = 1.0 + torch.randint(0, 300, (B, Q, L), device=dev, generator=g) * 2.0**-17
             else:
                 s = torch.randn(B, Q, L, device=dev, generator=g)
             pos = torch.randint(0, L + 2, (B, Q), device=dev, generator=g)
@@ -81,9 +88,14 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=512)
     ap.add_argument("--q", type=int, default=1, help="queries per request (verification: 4-8)")
     ap.add_argument("--dist", choices=["randn", "ties"], default="randn")
-    ap.add_argument("--configs", nargs="+", default=None, metavar="BLOCKxWARPS",
-                    help="Triton block sizes and warps to compare, e.g. 4096x16 2048x8 "
-                         "(default: the kernel's defaults)")
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        metavar="BLOCKxWARPS",
+        help="Triton block sizes and warps to compare, e.g. 4096x16 2048x8 "
+        "(default: the kernel's defaults)",
+    )
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
 
@@ -99,23 +111,31 @@ def main() -> int:
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     rows = []
-    print(f"# {torch.cuda.get_device_name(dev)}, triton {triton.__version__}, torch "
-          f"{torch.__version__}, k={args.k}, Q={args.q}, dist={args.dist}")
+    print(
+        f"# {torch.cuda.get_device_name(dev)}, triton {triton.__version__}, torch "
+        f"{torch.__version__}, k={args.k}, Q={args.q}, dist={args.dist}"
+    )
     from systems.kernels import topk as tk
 
-    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs or
-               [f"{tk.BLOCK}x{tk.NUM_WARPS}"]]
+    configs = [
+        tuple(int(v) for v in c.split("x")) for c in args.configs or [f"{tk.BLOCK}x{tk.NUM_WARPS}"]
+    ]
     bad = check_odd_shapes(torch, dev, configs)
     if bad:
         print(f"MISMATCH against the reference: {bad}", file=sys.stderr)
         return 1
     print(f"# checked against the reference on odd shapes: identical for {configs}")
-    print(f"{'B':>4} {'L':>7} {'ref_us':>8} {'ref_graph_us':>12} {'torch_topk_us':>13} "
-          f"{'config':>9} {'tri_us':>8} {'tri_graph_us':>12} {'tri_GB/s':>9}")
+    print(
+        f"{'B':>4} {'L':>7} {'ref_us':>8} {'ref_graph_us':>12} {'torch_topk_us':>13} "
+        f"{'config':>9} {'tri_us':>8} {'tri_graph_us':>12} {'tri_GB/s':>9}"
+    )
 
     def us(fn, graph):
-        return 1e3 * (do_bench_cudagraph(fn, rep=50, return_mode="median") if graph else
-                      do_bench(fn, warmup=25, rep=200, return_mode="median"))
+        return 1e3 * (
+            do_bench_cudagraph(fn, rep=50, return_mode="median")
+            if graph
+            else do_bench(fn, warmup=25, rep=200, return_mode="median")
+        )
 
     for L in args.context:
         for B in args.batch:
@@ -130,29 +150,46 @@ def main() -> int:
             k = args.k
             ref_fn = partial(topk_positions_reference, scores, positions, k)
             ref = ref_fn()
-            base = {"B": B, "Q": args.q, "L": L, "k": k, "dist": args.dist,
-                    "ref_us": us(ref_fn, False), "ref_graph_us": us(ref_fn, True),
-                    "torch_topk_us": us(partial(torch.topk, scores, min(k, L), dim=-1), False)}
+            base = {
+                "B": B,
+                "Q": args.q,
+                "L": L,
+                "k": k,
+                "dist": args.dist,
+                "ref_us": us(ref_fn, False),
+                "ref_graph_us": us(ref_fn, True),
+                "torch_topk_us": us(partial(torch.topk, scores, min(k, L), dim=-1), False),
+            }
             for block, warps in configs:
-                tri_fn = partial(topk_positions_triton, scores, positions, k, block=block,
-                                 num_warps=warps)
+                tri_fn = partial(
+                    topk_positions_triton, scores, positions, k, block=block, num_warps=warps
+                )
                 if not torch.equal(ref, tri_fn()):
                     bad = (ref != tri_fn()).any(-1).nonzero()[:4].tolist()
                     print(f"MISMATCH at B={B} L={L} {block}x{warps}: rows {bad}", file=sys.stderr)
                     return 1
-                row = dict(base, block=block, num_warps=warps, tri_us=us(tri_fn, False),
-                           tri_graph_us=us(tri_fn, True))
+                row = dict(
+                    base,
+                    block=block,
+                    num_warps=warps,
+                    tri_us=us(tri_fn, False),
+                    tri_graph_us=us(tri_fn, True),
+                )
                 row["tri_gbps"] = B * args.q * L * 4 / (row["tri_graph_us"] * 1e-6) / 1e9
                 rows.append(row)
-                print(f"{B:>4} {L:>7} {row['ref_us']:>8.1f} {row['ref_graph_us']:>12.1f} "
-                      f"{row['torch_topk_us']:>13.1f} {f'{block}x{warps}':>9} "
-                      f"{row['tri_us']:>8.1f} {row['tri_graph_us']:>12.1f} "
-                      f"{row['tri_gbps']:>9.1f}", flush=True)
+                print(
+                    f"{B:>4} {L:>7} {row['ref_us']:>8.1f} {row['ref_graph_us']:>12.1f} "
+                    f"{row['torch_topk_us']:>13.1f} {f'{block}x{warps}':>9} "
+                    f"{row['tri_us']:>8.1f} {row['tri_graph_us']:>12.1f} "
+                    f"{row['tri_gbps']:>9.1f}",
+                    flush=True,
+                )
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(dev), "rows": rows},
-                                  indent=1) + "\n")
+        out.write_text(
+            json.dumps({"gpu": torch.cuda.get_device_name(dev), "rows": rows}, indent=1) + "\n"
+        )
     return 0
 
 

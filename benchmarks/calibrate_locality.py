@@ -32,12 +32,20 @@ def measure(lam: float, b_over_k: int, args) -> dict:
     from systems.engine.engine import Engine
     from systems.engine.request import Request, SamplingParams
 
-    cfg = compose([f"model={args.model}", "system=hisparse", f"device={args.device}",
-                   f"model.selection_locality={lam}", f"hardware.kv_pool_gib={args.pool_gib}",
-                   f"hardware.host_pool_gib={args.host_gib}",
-                   f"hardware.max_running_requests={args.requests}",
-                   f"model.max_context_len={args.context + args.steps + 64}",
-                   f"workload.input_len={args.context}", f"workload.output_len={args.steps + 8}"])
+    cfg = compose(
+        [
+            f"model={args.model}",
+            "system=hisparse",
+            f"device={args.device}",
+            f"model.selection_locality={lam}",
+            f"hardware.kv_pool_gib={args.pool_gib}",
+            f"hardware.host_pool_gib={args.host_gib}",
+            f"hardware.max_running_requests={args.requests}",
+            f"model.max_context_len={args.context + args.steps + 64}",
+            f"workload.input_len={args.context}",
+            f"workload.output_len={args.steps + 8}",
+        ]
+    )
     cfg.system.kv.hot_cache_rows = b_over_k * cfg.model.index_topk
     ecfg = resolve_engine_config(cfg)
     eng = Engine(ecfg)
@@ -55,14 +63,26 @@ def measure(lam: float, b_over_k: int, args) -> dict:
         eng.step()
     dt = time.perf_counter() - t0
     m1 = eng.backend.metrics()
-    d = {k: m1[k] - m0[k] for k in ("dhs_selected_rows_total", "dhs_selected_rows_from_host_total",
-                                     "dhs_host_rows_copied_total", "dhs_selected_rows_hot_total")}
+    d = {
+        k: m1[k] - m0[k]
+        for k in (
+            "dhs_selected_rows_total",
+            "dhs_selected_rows_from_host_total",
+            "dhs_host_rows_copied_total",
+            "dhs_selected_rows_hot_total",
+        )
+    }
     share = 100.0 * d["dhs_selected_rows_from_host_total"] / max(1, d["dhs_selected_rows_total"])
     del eng
     if args.device == "cuda":
         torch.cuda.empty_cache()
-    return {"lambda": lam, "b_over_k": b_over_k, "host_share_pct": share,
-            "step_ms": 1e3 * dt / (args.steps - args.warmup), **d}
+    return {
+        "lambda": lam,
+        "b_over_k": b_over_k,
+        "host_share_pct": share,
+        "step_ms": 1e3 * dt / (args.steps - args.warmup),
+        **d,
+    }
 
 
 def main() -> None:
@@ -86,8 +106,11 @@ def main() -> None:
         for bk in [int(x) for x in args.budgets.split(",")]:
             r = measure(lam, bk, args)
             rows.append(r)
-            print(f"lambda={lam:.2f} B/k={bk}: host share {r['host_share_pct']:6.2f}% "
-                  f"step {r['step_ms']:.1f} ms", flush=True)
+            print(
+                f"lambda={lam:.2f} B/k={bk}: host share {r['host_share_pct']:6.2f}% "
+                f"step {r['step_ms']:.1f} ms",
+                flush=True,
+            )
 
     def err(lam):
         e = 0.0
@@ -100,10 +123,16 @@ def main() -> None:
 
     lams = sorted({r["lambda"] for r in rows})
     best = min(lams, key=err)
-    out = {"model": args.model, "paper_fig9e_host_share_pct": PAPER, "fitted_lambda": best,
-           "fit_error_log2": err(best), "points": rows, "settings": vars(args),
-           "env": environment(),
-           "note": "grid fit of model.selection_locality; the single calibrated input"}
+    out = {
+        "model": args.model,
+        "paper_fig9e_host_share_pct": PAPER,
+        "fitted_lambda": best,
+        "fit_error_log2": err(best),
+        "points": rows,
+        "settings": vars(args),
+        "env": environment(),
+        "note": "grid fit of model.selection_locality; the single calibrated input",
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"fitted lambda = {best} (log-error {err(best):.3f}) -> {args.out}")

@@ -46,14 +46,18 @@ def _serve(overrides, prompts, new_tokens, warmup):
         eng.step()
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
-    steady = times[1 + warmup:-1] or times  # drop the admission step and the last one
-    out = {"tokens": [r.output_ids for r in reqs],
-           "step_ms_median": statistics.median(steady), "steps": len(times),
-           "failed": eng.stats["failed_total"]}
+    steady = times[1 + warmup : -1] or times  # drop the admission step and the last one
+    out = {
+        "tokens": [r.output_ids for r in reqs],
+        "step_ms_median": statistics.median(steady),
+        "steps": len(times),
+        "failed": eng.stats["failed_total"],
+    }
     if eng.graph_runner is not None:
         out["graph_stats"] = dict(eng.graph_runner.stats, broken=eng.graph_runner.broken)
-        out["drafter_graph_stats"] = dict(eng.graph_runner.drafter.stats,
-                                          broken=eng.graph_runner.drafter.broken)
+        out["drafter_graph_stats"] = dict(
+            eng.graph_runner.drafter.stats, broken=eng.graph_runner.drafter.broken
+        )
     m = eng.backend.metrics()
     out["host_rows_copied"] = m.get("dhs_host_rows_copied_total")
     del eng
@@ -67,8 +71,10 @@ def _serve(overrides, prompts, new_tokens, warmup):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--systems", default="resident,hisparse,adaptive_hisparse,resident_dflash2,"
-                    "adaptive_dhisparse")
+    ap.add_argument(
+        "--systems",
+        default="resident,hisparse,adaptive_hisparse,resident_dflash2,adaptive_dhisparse",
+    )
     ap.add_argument("--model", default="glm53_mini")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--context", type=int, default=4096)
@@ -77,8 +83,11 @@ def main() -> None:
     ap.add_argument("--hot-cache-rows", type=int, default=512, help="B (= k: misses every step)")
     ap.add_argument("--out", default=None)
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every engine")
-    ap.add_argument("--cpu-dry-run", action="store_true",
-                    help="exercise the script on CPU: tiny model, emulated graphs")
+    ap.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="exercise the script on CPU: tiny model, emulated graphs",
+    )
     args = ap.parse_args()
 
     import torch
@@ -91,42 +100,60 @@ def main() -> None:
     elif not torch.cuda.is_available():
         sys.exit("check_cuda_graph: no CUDA device here; run it on the GPU machine")
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(2, 32000, (args.context + 7 * i,), generator=g).tolist()
-               for i in range(args.batch)]
+    prompts = [
+        torch.randint(2, 32000, (args.context + 7 * i,), generator=g).tolist()
+        for i in range(args.batch)
+    ]
     vocab = 512 if args.cpu_dry_run else 32000
     prompts = [[t % vocab for t in p] for p in prompts]
-    base = [*dev, f"model={args.model}", "hardware.kv_pool_gib=8", "hardware.host_pool_gib=4",
-            f"hardware.max_running_requests={args.batch}",
-            f"model.max_context_len={args.context + 8 * args.batch + args.new_tokens + 16}",
-            f"+reproduce.kv.hot_cache_rows={args.hot_cache_rows}",  # the hierarchy systems read it
-            f"workload.input_len={args.context}", f"workload.output_len={args.new_tokens}"]
+    base = [
+        *dev,
+        f"model={args.model}",
+        "hardware.kv_pool_gib=8",
+        "hardware.host_pool_gib=4",
+        f"hardware.max_running_requests={args.batch}",
+        f"model.max_context_len={args.context + 8 * args.batch + args.new_tokens + 16}",
+        f"+reproduce.kv.hot_cache_rows={args.hot_cache_rows}",  # the hierarchy systems read it
+        f"workload.input_len={args.context}",
+        f"workload.output_len={args.new_tokens}",
+    ]
     rows, bad = [], 0
     for system in args.systems.split(","):
         ov = [*base, f"system={system}", *args.overrides]
         if "dflash2" in system or "dhisparse" in system:
             ov.append("system.speculation.acceptance=exact")
-        eager = _serve([*ov, "engine.disable_cuda_graph=true"], prompts, args.new_tokens,
-                       args.warmup)
+        eager = _serve(
+            [*ov, "engine.disable_cuda_graph=true"], prompts, args.new_tokens, args.warmup
+        )
         graph = _serve(ov, prompts, args.new_tokens, args.warmup)
         same = eager["tokens"] == graph["tokens"]
-        rep = ([7, 11, 13, 17, 19, 23] * (args.context // 6 + 1))[:args.context]
+        rep = ([7, 11, 13, 17, 19, 23] * (args.context // 6 + 1))[: args.context]
         alone = _serve(ov, [rep], args.new_tokens, args.warmup)["tokens"][0]
         beside = _serve(ov, [*prompts, rep], args.new_tokens, args.warmup)["tokens"][-1]
         invariant = alone == beside
         bad += (not same) + (not invariant)
-        row = {"system": system, "tokens_identical": same, "batch_invariant": invariant,
-               "eager_step_ms": eager["step_ms_median"], "graph_step_ms": graph["step_ms_median"],
-               "speedup": eager["step_ms_median"] / graph["step_ms_median"],
-               "graph_stats": graph.get("graph_stats"),
-               "drafter_graph_stats": graph.get("drafter_graph_stats"),
-               "failed": [eager["failed"], graph["failed"]],
-               "host_rows_copied": [eager["host_rows_copied"], graph["host_rows_copied"]]}
+        row = {
+            "system": system,
+            "tokens_identical": same,
+            "batch_invariant": invariant,
+            "eager_step_ms": eager["step_ms_median"],
+            "graph_step_ms": graph["step_ms_median"],
+            "speedup": eager["step_ms_median"] / graph["step_ms_median"],
+            "graph_stats": graph.get("graph_stats"),
+            "drafter_graph_stats": graph.get("drafter_graph_stats"),
+            "failed": [eager["failed"], graph["failed"]],
+            "host_rows_copied": [eager["host_rows_copied"], graph["host_rows_copied"]],
+        }
         rows.append(row)
-        print(f"[cuda_graph] {system:22s} identical={same} batch_invariant={invariant} eager {row['eager_step_ms']:.2f} ms "
-              f"graph {row['graph_step_ms']:.2f} ms ({row['speedup']:.1f}x) "
-              f"{row['graph_stats']}", flush=True)
-    finish_benchmark(args.out, {"benchmark": "check_cuda_graph", "args": vars(args), "rows": rows},
-                     bool(bad))
+        print(
+            f"[cuda_graph] {system:22s} identical={same} batch_invariant={invariant} eager {row['eager_step_ms']:.2f} ms "
+            f"graph {row['graph_step_ms']:.2f} ms ({row['speedup']:.1f}x) "
+            f"{row['graph_stats']}",
+            flush=True,
+        )
+    finish_benchmark(
+        args.out, {"benchmark": "check_cuda_graph", "args": vars(args), "rows": rows}, bool(bad)
+    )
 
 
 if __name__ == "__main__":

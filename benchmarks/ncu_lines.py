@@ -41,7 +41,9 @@ def line_table(cubin: str, file_part: str) -> dict[int, int]:
     """Instruction offset -> source line of ``file_part``. Instructions of other files (Triton's
     reductions and scans, inlined without call-site info) go to the last ``file_part`` line before
     them: the statement that called them, as far as the line table tells."""
-    out = subprocess.run([nvdisasm(), "-g", "-c", cubin], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [nvdisasm(), "-g", "-c", cubin], capture_output=True, text=True, check=True
+    ).stdout
     table, line = {}, -1
     for text in out.splitlines():
         m = re.search(r'//## File "([^"]+)", line (\d+)', text)
@@ -70,17 +72,29 @@ def kernels(path: str):
 
 
 # the comments that open each part of systems/kernels/resolver.py's kernel, in source order
-PHASE_MARKERS = (("helpers", "def _victim_key("), ("role", "# ---- role"), ("A", "-- phase A"),
-                 ("B", "-- phase B"), ("C", "-- phase C"), ("V", "-- phase V"), ("D", "-- phase D"),
-                 ("reset", "-- reset the scratch"), ("copy", "copy phase (every program)"),
-                 ("end", "if COPY_PROGRAMS and PID_ROLES:"), (None, "# Workspace"))
+PHASE_MARKERS = (
+    ("helpers", "def _victim_key("),
+    ("role", "# ---- role"),
+    ("A", "-- phase A"),
+    ("B", "-- phase B"),
+    ("C", "-- phase C"),
+    ("V", "-- phase V"),
+    ("D", "-- phase D"),
+    ("reset", "-- reset the scratch"),
+    ("copy", "copy phase (every program)"),
+    ("end", "if COPY_PROGRAMS and PID_ROLES:"),
+    (None, "# Workspace"),
+)
 
 
 def phase_ranges(src: dict[int, str]) -> str:
     """--ranges for the resolver kernel's parts: each from its marker line to the next one's."""
     at = []
     for name, marker in PHASE_MARKERS:
-        line = next((n for n, text in sorted(src.items()) if marker in text and (not at or n > at[-1][1])), None)
+        line = next(
+            (n for n, text in sorted(src.items()) if marker in text and (not at or n > at[-1][1])),
+            None,
+        )
         if line is None:
             sys.exit(f"ncu_lines: marker {marker!r} not found in the kernel source")
         at.append((name, line))
@@ -103,7 +117,9 @@ def main() -> None:
     total = 0
     for rows in launches:
         if len(rows) != len(table):
-            sys.exit(f"ncu_lines: {len(rows)} instructions profiled, {len(table)} in the cubin: not the same kernel")
+            sys.exit(
+                f"ncu_lines: {len(rows)} instructions profiled, {len(table)} in the cubin: not the same kernel"
+            )
         base = int(rows[0][0], 16)
         for row in rows:
             line = table[int(row[0], 16) - base]
@@ -119,9 +135,16 @@ def main() -> None:
         src = dict(enumerate(p.read_text().splitlines(), 1))
         break
     for line, c in sorted(per_line.items(), key=lambda kv: -kv[1]["samples"])[: args.top]:
-        top = ", ".join(f"{k} {v / max(1, c['samples']) * 100:.0f}%" for k, v in
-                        sorted(((k, v) for k, v in c.items() if k not in ("samples", "executed")), key=lambda kv: -kv[1])[:3])
-        print(f"{line:5d} {c['samples'] / max(1, total) * 100:5.1f}%  [{top}]  {src.get(line, '').strip()[:70]}")
+        top = ", ".join(
+            f"{k} {v / max(1, c['samples']) * 100:.0f}%"
+            for k, v in sorted(
+                ((k, v) for k, v in c.items() if k not in ("samples", "executed")),
+                key=lambda kv: -kv[1],
+            )[:3]
+        )
+        print(
+            f"{line:5d} {c['samples'] / max(1, total) * 100:5.1f}%  [{top}]  {src.get(line, '').strip()[:70]}"
+        )
     ranges = phase_ranges(src) if args.ranges == "phases" else args.ranges
     for item in (x for x in ranges.split(",") if x):
         name, _, span = item.partition("=")

@@ -27,22 +27,40 @@ def main() -> None:
     ap.add_argument("--misses", type=int, default=77)
     ap.add_argument("--ctx", type=int, default=500_000)
     ap.add_argument("--calls", type=int, default=6, help="calls after the compile call")
-    ap.add_argument("--kw", default="", help="resolver keyword arguments, e.g. early_copy=True+copy_programs_per_request=4")
-    ap.add_argument("--dump-cubin", default="", metavar="PATH",
-                    help="write the compiled kernel's cubin here (nvdisasm -g maps its instructions to source "
-                         "lines; benchmarks/ncu_lines.py joins that with ncu's per-instruction samples)")
+    ap.add_argument(
+        "--kw",
+        default="",
+        help="resolver keyword arguments, e.g. early_copy=True+copy_programs_per_request=4",
+    )
+    ap.add_argument(
+        "--dump-cubin",
+        default="",
+        metavar="PATH",
+        help="write the compiled kernel's cubin here (nvdisasm -g maps its instructions to source "
+        "lines; benchmarks/ncu_lines.py joins that with ncu's per-instruction samples)",
+    )
     args = ap.parse_args()
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("ncu_resolver: no CUDA device here (this script exists to be profiled on the GPU machine)")
+        sys.exit(
+            "ncu_resolver: no CUDA device here (this script exists to be profiled on the GPU machine)"
+        )
     import bench_resolver as br
 
     from systems.kernels import resolver as rv
 
     kw = br.parse_kw(args.kw)
-    src = br.make_ds_source(torch, R=args.batch, B=args.B, ctx=args.ctx, k=args.k, misses=args.misses,
-                            host_gib=2.0, seed=200 + args.batch)
+    src = br.make_ds_source(
+        torch,
+        R=args.batch,
+        B=args.B,
+        ctx=args.ctx,
+        k=args.k,
+        misses=args.misses,
+        host_gib=2.0,
+        seed=200 + args.batch,
+    )
     saved = (src.hot_pos.clone(), src.hot_lru.clone())
     stamp = 5000
     for _ in range(1 + args.calls):
@@ -55,12 +73,16 @@ def main() -> None:
     if copies != args.batch * args.misses:
         sys.exit(f"ncu_resolver: expected {args.batch * args.misses} copies, got {copies}")
     if args.dump_cubin:
-        kernels = [k for cache in rv._resolver_kernel.device_caches.values() for k in cache[0].values()]
+        kernels = [
+            k for cache in rv._resolver_kernel.device_caches.values() for k in cache[0].values()
+        ]
         if len(kernels) != 1:
             sys.exit(f"ncu_resolver: expected one compiled variant, found {len(kernels)}")
         Path(args.dump_cubin).write_bytes(kernels[0].asm["cubin"])
-    print(f"ncu_resolver: batch {args.batch} B {args.B} misses {args.misses} {kw or 'defaults'}: "
-          f"{1 + args.calls} calls, {copies} copies in the last")
+    print(
+        f"ncu_resolver: batch {args.batch} B {args.B} misses {args.misses} {kw or 'defaults'}: "
+        f"{1 + args.calls} calls, {copies} copies in the last"
+    )
 
 
 if __name__ == "__main__":

@@ -103,11 +103,13 @@ def _at_rest(eng) -> dict:
     gc.collect()
     snap["py_objects"] = len(gc.get_objects())
     snap["rss_mib"] = _rss_mib()
-    snap["tracemalloc_mib"] = (tracemalloc.get_traced_memory()[0] / (1 << 20)
-                               if tracemalloc.is_tracing() else None)
+    snap["tracemalloc_mib"] = (
+        tracemalloc.get_traced_memory()[0] / (1 << 20) if tracemalloc.is_tracing() else None
+    )
     snap["cuda_allocated_mib"] = None
     if be.device.type == "cuda":
         import torch
+
         torch.cuda.synchronize(be.device)
         snap["cuda_allocated_mib"] = torch.cuda.memory_allocated(be.device) / (1 << 20)
     return snap
@@ -125,16 +127,24 @@ class _Load:
         if bad:
             raise ValueError(f"prompt lengths {bad} + max_new {hi} exceed the context {context}")
         g = random.Random(cfg.seed + 1)
-        self.prompts = [[g.randrange(2, vocab) for _ in range(cfg.prompt_lens[i % len(
-            cfg.prompt_lens)])] for i in range(cfg.distinct_prompts)]
+        self.prompts = [
+            [g.randrange(2, vocab) for _ in range(cfg.prompt_lens[i % len(cfg.prompt_lens)])]
+            for i in range(cfg.distinct_prompts)
+        ]
 
     def next(self) -> tuple[dict, int | None]:
         """A request body and, for a client that will vanish, after how many tokens."""
         c, r = self.cfg, self.rng
         n = r.randint(*c.max_new)
-        body = {"input_ids": r.choice(self.prompts), "stream": True,
-                "sampling_params": {"max_new_tokens": n, "ignore_eos": True,
-                                    "temperature": r.choice((0.0, 0.7))}}
+        body = {
+            "input_ids": r.choice(self.prompts),
+            "stream": True,
+            "sampling_params": {
+                "max_new_tokens": n,
+                "ignore_eos": True,
+                "temperature": r.choice((0.0, 0.7)),
+            },
+        }
         u = r.random()
         if u < c.cancel_prob:
             return body, 0
@@ -144,8 +154,15 @@ class _Load:
 
 
 async def _one(s: aiohttp.ClientSession, body: dict, vanish_after: int | None) -> dict:
-    rec = {"send": time.perf_counter(), "first": None, "last": None, "tokens": 0,
-           "status": None, "error": None, "vanished": vanish_after is not None}
+    rec = {
+        "send": time.perf_counter(),
+        "first": None,
+        "last": None,
+        "tokens": 0,
+        "status": None,
+        "error": None,
+        "vanished": vanish_after is not None,
+    }
     try:
         if vanish_after == 0:  # gone before any token
             t = asyncio.ensure_future(s.post("/generate", json=body))
@@ -178,8 +195,11 @@ async def _one(s: aiohttp.ClientSession, body: dict, vanish_after: int | None) -
                 if vanish_after is not None and rec["tokens"] >= vanish_after:
                     r.close()  # drop the connection mid-stream
                     return rec
-            if vanish_after is None and rec["error"] is None and \
-                    rec["tokens"] != body["sampling_params"]["max_new_tokens"]:
+            if (
+                vanish_after is None
+                and rec["error"] is None
+                and rec["tokens"] != body["sampling_params"]["max_new_tokens"]
+            ):
                 rec["error"] = f"short stream: {rec['tokens']} tokens"
     except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"
@@ -198,7 +218,8 @@ def _window_stats(recs: list[dict], wall_s: float) -> dict:
     tpot = [(r["last"] - r["first"]) / (r["tokens"] - 1) * 1e3 for r in done if r["tokens"] > 1]
     ttft = [(r["first"] - r["send"]) * 1e3 for r in done]
     return {
-        "requests": len(recs), "completed": len(done),
+        "requests": len(recs),
+        "completed": len(done),
         "vanished": sum(r["vanished"] for r in recs),
         "server_errors": sum(1 for r in recs if r["error"] is not None),
         "error_examples": sorted({r["error"] for r in recs if r["error"]})[:3],
@@ -224,8 +245,12 @@ def _verdict(cfg: SoakConfig, windows: list[dict], eng) -> dict:
     check("leaked_pages", leaked, 0, leaked == 0)
     bad = [w["index"] for w in windows if w["at_rest"]["integrity"] != "ok"]
     check("integrity_failures", bad, [], not bad)
-    held = max(w["at_rest"]["slots_held"] + w["at_rest"]["engine_requests"]
-               + w["at_rest"]["engine_live_ids"] for w in windows)
+    held = max(
+        w["at_rest"]["slots_held"]
+        + w["at_rest"]["engine_requests"]
+        + w["at_rest"]["engine_live_ids"]
+        for w in windows
+    )
     check("requests_left_at_rest", held, 0, held == 0)
     g = last["at_rest"]["rss_mib"] - base["at_rest"]["rss_mib"]
     check("rss_growth_mib", round(g, 2), cfg.max_rss_growth_mib, g <= cfg.max_rss_growth_mib)
@@ -233,12 +258,12 @@ def _verdict(cfg: SoakConfig, windows: list[dict], eng) -> dict:
     check("object_growth", g, cfg.max_object_growth, g <= cfg.max_object_growth)
     if base["at_rest"]["cuda_allocated_mib"] is not None:
         g = last["at_rest"]["cuda_allocated_mib"] - base["at_rest"]["cuda_allocated_mib"]
-        check("cuda_growth_mib", round(g, 2), cfg.max_cuda_growth_mib,
-              g <= cfg.max_cuda_growth_mib)
+        check("cuda_growth_mib", round(g, 2), cfg.max_cuda_growth_mib, g <= cfg.max_cuda_growth_mib)
     t0, t1 = base["load"]["tpot_ms_median"], last["load"]["tpot_ms_median"]
     ratio = (t1 / t0) if t0 and t1 else None
-    check("tpot_ratio", ratio, cfg.max_tpot_ratio, ratio is not None and
-          ratio <= cfg.max_tpot_ratio)
+    check(
+        "tpot_ratio", ratio, cfg.max_tpot_ratio, ratio is not None and ratio <= cfg.max_tpot_ratio
+    )
     errs = sum(w["load"]["server_errors"] for w in windows)
     check("server_errors", errs, 0, errs == 0)
     check("engine_failed_requests", eng.stats["failed_total"], 0, eng.stats["failed_total"] == 0)
@@ -264,8 +289,9 @@ async def run_soak(cfg: SoakConfig, engine=None, progress=print) -> dict:
     windows: list[dict] = []
     t_start = time.time()
     try:
-        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}",
-                                         connector=aiohttp.TCPConnector(limit=0)) as s:
+        async with aiohttp.ClientSession(
+            base_url=f"http://127.0.0.1:{port}", connector=aiohttp.TCPConnector(limit=0)
+        ) as s:
             for w in range(cfg.windows):
                 recs: list[dict] = []
                 t0 = time.perf_counter()
@@ -278,15 +304,22 @@ async def run_soak(cfg: SoakConfig, engine=None, progress=print) -> dict:
                 await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
                 wall = time.perf_counter() - t0
                 await eng.wait_idle_async(cfg.drain_timeout_s)
-                win = {"index": w, "warmup": w < cfg.warmup_windows, "wall_s": wall,
-                       "load": _window_stats(recs, wall), "at_rest": _at_rest(eng)}
+                win = {
+                    "index": w,
+                    "warmup": w < cfg.warmup_windows,
+                    "wall_s": wall,
+                    "load": _window_stats(recs, wall),
+                    "at_rest": _at_rest(eng),
+                }
                 windows.append(win)
                 ld, ar = win["load"], win["at_rest"]
-                progress(f"[soak] window {w}: {ld['requests']} req ({ld['vanished']} vanished, "
-                         f"{ld['server_errors']} errors) {ld['output_tok_s']:.0f} tok/s "
-                         f"TPOT {ld['tpot_ms_median'] or float('nan'):.2f} ms | leaked pages "
-                         f"{ar['leaked_pages']} rss {ar['rss_mib']:.0f} MiB objects "
-                         f"{ar['py_objects']}")
+                progress(
+                    f"[soak] window {w}: {ld['requests']} req ({ld['vanished']} vanished, "
+                    f"{ld['server_errors']} errors) {ld['output_tok_s']:.0f} tok/s "
+                    f"TPOT {ld['tpot_ms_median'] or float('nan'):.2f} ms | leaked pages "
+                    f"{ar['leaked_pages']} rss {ar['rss_mib']:.0f} MiB objects "
+                    f"{ar['py_objects']}"
+                )
     finally:
         await serving.close()
         if engine is None:
@@ -294,24 +327,31 @@ async def run_soak(cfg: SoakConfig, engine=None, progress=print) -> dict:
         if cfg.trace_malloc:
             tracemalloc.stop()
     checks = _verdict(cfg, windows, eng)
-    record = {"kind": "soak", "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                           time.gmtime(t_start)),
-              "system": ecfg.kv.backend + ("+spec" if ecfg.speculation else ""),
-              "model": ecfg.model.name, "device": ecfg.device,
-              "config": dataclasses.asdict(cfg), "engine_stats": dict(eng.stats),
-              "backend_metrics": eng.backend.metrics(),
-              "windows": windows, "checks": checks,
-              "passed": all(c["ok"] for c in checks.values())}
+    record = {
+        "kind": "soak",
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
+        "system": ecfg.kv.backend + ("+spec" if ecfg.speculation else ""),
+        "model": ecfg.model.name,
+        "device": ecfg.device,
+        "config": dataclasses.asdict(cfg),
+        "engine_stats": dict(eng.stats),
+        "backend_metrics": eng.backend.metrics(),
+        "windows": windows,
+        "checks": checks,
+        "passed": all(c["ok"] for c in checks.values()),
+    }
     if cfg.out:
         from harness.environment import environment
+
         record["env"] = environment()
         atomic_write_json(cfg.out, record)
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--windows", type=int, default=10)
     ap.add_argument("--warmup-windows", type=int, default=1)
@@ -329,15 +369,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. system=hisparse")
     a = ap.parse_args(argv)
     lo, hi = (int(x) for x in a.max_new.split(","))
-    cfg = SoakConfig(overrides=a.overrides, duration_s=a.minutes * 60, windows=a.windows,
-                     warmup_windows=a.warmup_windows, concurrency=a.concurrency,
-                     prompt_lens=[int(x) for x in a.prompt_lens.split(",")], max_new=(lo, hi),
-                     distinct_prompts=a.distinct_prompts, abort_prob=a.abort_prob,
-                     cancel_prob=a.cancel_prob, seed=a.seed, trace_malloc=a.tracemalloc,
-                     max_rss_growth_mib=a.max_rss_growth_mib, max_tpot_ratio=a.max_tpot_ratio)
+    cfg = SoakConfig(
+        overrides=a.overrides,
+        duration_s=a.minutes * 60,
+        windows=a.windows,
+        warmup_windows=a.warmup_windows,
+        concurrency=a.concurrency,
+        prompt_lens=[int(x) for x in a.prompt_lens.split(",")],
+        max_new=(lo, hi),
+        distinct_prompts=a.distinct_prompts,
+        abort_prob=a.abort_prob,
+        cancel_prob=a.cancel_prob,
+        seed=a.seed,
+        trace_malloc=a.tracemalloc,
+        max_rss_growth_mib=a.max_rss_growth_mib,
+        max_tpot_ratio=a.max_tpot_ratio,
+    )
     if a.out is None:
-        tag = "-".join(o.split("=", 1)[1] for o in a.overrides
-                       if o.split("=", 1)[0] in ("system", "model")) or "default"
+        tag = (
+            "-".join(
+                o.split("=", 1)[1] for o in a.overrides if o.split("=", 1)[0] in ("system", "model")
+            )
+            or "default"
+        )
         a.out = str(REPO / "results" / "soak" / f"{tag}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     cfg.out = a.out
     rec = asyncio.run(run_soak(cfg))

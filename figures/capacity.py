@@ -93,7 +93,9 @@ def canonical_method(name: str) -> str:
     try:
         return METHOD_ALIASES[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHOD_ALIASES)}") from None
+        raise ValueError(
+            f"unknown method {name!r}; expected one of {sorted(METHOD_ALIASES)}"
+        ) from None
 
 
 # ------------------------------------------------------------------------------- equations
@@ -126,10 +128,10 @@ def staging_bytes(chi: int, slots: int, k_max: int, topk: int, row_bytes: int) -
 class DraftSpec:
     """Drafter KV held in a window-bounded ring (sec. 3.4)."""
 
-    window: int = 2048           # W: prior positions the drafter reads
-    k_max: int = 8               # K_max: widest verification block
+    window: int = 2048  # W: prior positions the drafter reads
+    k_max: int = 8  # K_max: widest verification block
     bytes_per_row: int = 12_288  # summed over the drafter's K/V allocations
-    num_allocations: int = 12    # informational (6 layers x K and V in the paper)
+    num_allocations: int = 12  # informational (6 layers x K and V in the paper)
 
     def ring_rows(self, page_size: int) -> int:
         return ring_rows(self.window, page_size, self.k_max)
@@ -138,26 +140,28 @@ class DraftSpec:
 @dataclass(frozen=True)
 class KVGeometry:
     name: str
-    payload_sources: int               # KV sources that keep their own bytes
-    index_producers: int               # layers that own index keys
-    row_bytes: int                     # d_KV used for capacity accounting
-    index_row_bytes: int               # per producer and token
-    index_topk: int                    # k
-    hot_cache_rows: tuple[int, ...]    # B per payload source
-    page_size: int                     # p
-    chi: int                           # payload sources live at once during verification
+    payload_sources: int  # KV sources that keep their own bytes
+    index_producers: int  # layers that own index keys
+    row_bytes: int  # d_KV used for capacity accounting
+    index_row_bytes: int  # per producer and token
+    index_topk: int  # k
+    hot_cache_rows: tuple[int, ...]  # B per payload source
+    page_size: int  # p
+    chi: int  # payload sources live at once during verification
     draft: DraftSpec = field(default_factory=DraftSpec)
-    tail_rows: int | None = None       # per source; default one page
-    metadata_bytes: int = 0            # per session, offloaded methods
-    slots_per_gpu: int | None = None   # N, only for per-GPU staging / ring figures
+    tail_rows: int | None = None  # per source; default one page
+    metadata_bytes: int = 0  # per session, offloaded methods
+    slots_per_gpu: int | None = None  # N, only for per-GPU staging / ring figures
     transfer_row_bytes: int | None = None  # bytes moved per missed row (default row_bytes)
-    selecting_layers: int | None = None    # resolver calls per step (default index_producers)
-    follower_layers: int = 0               # follower-layer copies per step (GLM-like)
+    selecting_layers: int | None = None  # resolver calls per step (default index_producers)
+    follower_layers: int = 0  # follower-layer copies per step (GLM-like)
 
     def __post_init__(self) -> None:
         if len(self.hot_cache_rows) != self.payload_sources:
-            raise ValueError(f"{self.name}: hot_cache_rows has {len(self.hot_cache_rows)} entries "
-                             f"for {self.payload_sources} payload sources")
+            raise ValueError(
+                f"{self.name}: hot_cache_rows has {len(self.hot_cache_rows)} entries "
+                f"for {self.payload_sources} payload sources"
+            )
         for f in ("payload_sources", "row_bytes", "index_topk", "page_size", "chi"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{self.name}: {f} must be >= 1")
@@ -184,7 +188,7 @@ class SessionMemory:
 
     method: str
     context_tokens: int
-    components: dict[str, int]       # GPU-required components
+    components: dict[str, int]  # GPU-required components
     host_backup: int
 
     @property
@@ -200,10 +204,15 @@ class SessionMemory:
         return self.host_backup / GIB
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "context_tokens": self.context_tokens,
-                "gpu_required_bytes": self.gpu_required, "gpu_required_gib": self.gpu_gib,
-                "host_backup_bytes": self.host_backup, "host_backup_gib": self.host_gib,
-                "components_bytes": dict(self.components)}
+        return {
+            "method": self.method,
+            "context_tokens": self.context_tokens,
+            "gpu_required_bytes": self.gpu_required,
+            "gpu_required_gib": self.gpu_gib,
+            "host_backup_bytes": self.host_backup,
+            "host_backup_gib": self.host_gib,
+            "components_bytes": dict(self.components),
+        }
 
 
 def session_memory(geom: KVGeometry, method: str, context_tokens: int) -> SessionMemory:
@@ -230,9 +239,12 @@ def session_memory(geom: KVGeometry, method: str, context_tokens: int) -> Sessio
     return SessionMemory(m, int(context_tokens), comps, host)
 
 
-def table1(geom: KVGeometry, contexts: Mapping[str, int] | None = None,
-           host_context: str | None = None,
-           methods: Sequence[str] = METHODS) -> dict[str, dict[str, float | None]]:
+def table1(
+    geom: KVGeometry,
+    contexts: Mapping[str, int] | None = None,
+    host_context: str | None = None,
+    methods: Sequence[str] = METHODS,
+) -> dict[str, dict[str, float | None]]:
     """Table 1 for ``geom``: ``{method: {"gpu_<label>": GiB, ..., "host_<label>": GiB | None}}``.
 
     ``contexts`` maps a column label to a token count (default the paper's ``32k`` = 32,768 and
@@ -259,14 +271,17 @@ def sessions_per_gpu(pool_bytes: float, per_session_bytes: float, fixed_bytes: f
     return max(0, int((pool_bytes - fixed_bytes) // per_session_bytes))
 
 
-def sessions_for(geom: KVGeometry, method: str, context_tokens: int, pool_bytes: float,
-                 fixed_bytes: float = 0.0) -> int:
-    return sessions_per_gpu(pool_bytes, session_memory(geom, method, context_tokens).gpu_required,
-                            fixed_bytes)
+def sessions_for(
+    geom: KVGeometry, method: str, context_tokens: int, pool_bytes: float, fixed_bytes: float = 0.0
+) -> int:
+    return sessions_per_gpu(
+        pool_bytes, session_memory(geom, method, context_tokens).gpu_required, fixed_bytes
+    )
 
 
-def index_pool_histories(index_pool_rows: float, input_tokens: int, output_tokens: int,
-                         page_size: int) -> int:
+def index_pool_histories(
+    index_pool_rows: float, input_tokens: int, output_tokens: int, page_size: int
+) -> int:
     """Complete histories (input + output, page-rounded) an index pool of that many rows holds."""
     return int(index_pool_rows // page_round(input_tokens + output_tokens, page_size))
 
@@ -276,8 +291,16 @@ def ring_gib_per_gpu(geom: KVGeometry, slots: int) -> float:
 
 
 def staging_gib_per_gpu(geom: KVGeometry, slots: int, chi: int | None = None) -> float:
-    return staging_bytes(geom.chi if chi is None else chi, slots, geom.draft.k_max,
-                         geom.index_topk, geom.row_bytes) / GIB
+    return (
+        staging_bytes(
+            geom.chi if chi is None else chi,
+            slots,
+            geom.draft.k_max,
+            geom.index_topk,
+            geom.row_bytes,
+        )
+        / GIB
+    )
 
 
 def spec_state_gib_per_session(geom: KVGeometry) -> float:
@@ -318,10 +341,23 @@ PAPER_DRAFT = DraftSpec(window=2048, k_max=8, bytes_per_row=12_288, num_allocati
 def paper_glm53_geometry() -> KVGeometry:
     """GLM-5.3 as the paper accounts for it (see the module docstring for the derivation)."""
     return KVGeometry(
-        name="GLM-5.3 (paper)", payload_sources=78, index_producers=21, row_bytes=576,
-        index_row_bytes=132, index_topk=2048, hot_cache_rows=(4096,) * 78, page_size=64,
-        chi=4, draft=PAPER_DRAFT, tail_rows=64, metadata_bytes=0, slots_per_gpu=35,
-        transfer_row_bytes=656, selecting_layers=21, follower_layers=57)
+        name="GLM-5.3 (paper)",
+        payload_sources=78,
+        index_producers=21,
+        row_bytes=576,
+        index_row_bytes=132,
+        index_topk=2048,
+        hot_cache_rows=(4096,) * 78,
+        page_size=64,
+        chi=4,
+        draft=PAPER_DRAFT,
+        tail_rows=64,
+        metadata_bytes=0,
+        slots_per_gpu=35,
+        transfer_row_bytes=656,
+        selecting_layers=21,
+        follower_layers=57,
+    )
 
 
 def paper_dsv41_geometry() -> KVGeometry:
@@ -333,10 +369,22 @@ def paper_dsv41_geometry() -> KVGeometry:
     132 B (the GLM indexer format) over the four index-owning sources is an assumption.
     """
     return KVGeometry(
-        name="DeepSeek-V4.1-Flash (paper)", payload_sources=4, index_producers=4, row_bytes=288,
-        index_row_bytes=132, index_topk=512, hot_cache_rows=(8192, 4096, 4096, 4096),
-        page_size=64, chi=1, draft=PAPER_DRAFT, tail_rows=64, metadata_bytes=0,
-        transfer_row_bytes=288, selecting_layers=8, follower_layers=0)
+        name="DeepSeek-V4.1-Flash (paper)",
+        payload_sources=4,
+        index_producers=4,
+        row_bytes=288,
+        index_row_bytes=132,
+        index_topk=512,
+        hot_cache_rows=(8192, 4096, 4096, 4096),
+        page_size=64,
+        chi=1,
+        draft=PAPER_DRAFT,
+        tail_rows=64,
+        metadata_bytes=0,
+        transfer_row_bytes=288,
+        selecting_layers=8,
+        follower_layers=0,
+    )
 
 
 def _live_sources(layers) -> int:
@@ -351,9 +399,16 @@ def _live_sources(layers) -> int:
     return best
 
 
-def geometry_from_model(cfg, draft: DraftSpec | None = None, *, hot_cache_rows: int,
-                        tail_rows: int | None = None, metadata_bytes: int = 0,
-                        slots_per_gpu: int | None = None, name: str | None = None) -> KVGeometry:
+def geometry_from_model(
+    cfg,
+    draft: DraftSpec | None = None,
+    *,
+    hot_cache_rows: int,
+    tail_rows: int | None = None,
+    metadata_bytes: int = 0,
+    slots_per_gpu: int | None = None,
+    name: str | None = None,
+) -> KVGeometry:
     """Geometry of a :class:`systems.models.config.ModelConfig` (our presets).
 
     Uses the engine's real row format (``cfg.row_bytes``: 656 B for the FP8 576-dim row) for both
@@ -365,14 +420,23 @@ def geometry_from_model(cfg, draft: DraftSpec | None = None, *, hot_cache_rows: 
     layers = cfg.layers
     followers = sum(1 for l in layers if l.role == "follower")
     return KVGeometry(
-        name=name or cfg.name, payload_sources=int(cfg.num_sources),
-        index_producers=len(cfg.index_sources), row_bytes=int(cfg.row_bytes),
-        index_row_bytes=int(cfg.index_row_bytes), index_topk=int(cfg.index_topk),
-        hot_cache_rows=(b,) * int(cfg.num_sources), page_size=int(cfg.page_size),
-        chi=_live_sources(layers), draft=draft or default_draft_for(cfg), tail_rows=tail_rows,
-        metadata_bytes=metadata_bytes, slots_per_gpu=slots_per_gpu,
-        transfer_row_bytes=int(cfg.row_bytes), selecting_layers=int(cfg.num_selecting_layers),
-        follower_layers=followers)
+        name=name or cfg.name,
+        payload_sources=int(cfg.num_sources),
+        index_producers=len(cfg.index_sources),
+        row_bytes=int(cfg.row_bytes),
+        index_row_bytes=int(cfg.index_row_bytes),
+        index_topk=int(cfg.index_topk),
+        hot_cache_rows=(b,) * int(cfg.num_sources),
+        page_size=int(cfg.page_size),
+        chi=_live_sources(layers),
+        draft=draft or default_draft_for(cfg),
+        tail_rows=tail_rows,
+        metadata_bytes=metadata_bytes,
+        slots_per_gpu=slots_per_gpu,
+        transfer_row_bytes=int(cfg.row_bytes),
+        selecting_layers=int(cfg.num_selecting_layers),
+        follower_layers=followers,
+    )
 
 
 def default_draft_for(cfg) -> DraftSpec:
@@ -386,8 +450,9 @@ def default_draft_for(cfg) -> DraftSpec:
     target = int(cfg.num_sources) * int(cfg.row_bytes)
     pair = 2 * 2 * int(cfg.kv_dim)  # one layer's K and V rows in bf16
     n_layers = max(1, round(0.2735 * target / pair))
-    return DraftSpec(window=2048, k_max=8, bytes_per_row=n_layers * pair,
-                     num_allocations=2 * n_layers)
+    return DraftSpec(
+        window=2048, k_max=8, bytes_per_row=n_layers * pair, num_allocations=2 * n_layers
+    )
 
 
 def load_model_config(name_or_path: str):

@@ -28,80 +28,216 @@ MAGNITUDE_TOLERANCE = 0.30
 EQ13_PREDICTION_TOLERANCE = 0.10
 EQ13_MEASURED_TOLERANCE = 0.30
 
-DIRECTION, MAGNITUDE, EQ13, THRESHOLD, GEOMETRY = "direction", "magnitude", "eq13", "threshold", "geometry"
+DIRECTION, MAGNITUDE, EQ13, THRESHOLD, GEOMETRY = (
+    "direction",
+    "magnitude",
+    "eq13",
+    "threshold",
+    "geometry",
+)
 
 
 @dataclass(frozen=True)
 class Claim:
     text: str
-    report: str       # the figure script whose report holds the row
-    key: str          # the row's key in that report
-    paper: Any        # the paper's value (a PV, or a {lo, hi} range)
-    kind: str         # DIRECTION, MAGNITUDE, EQ13, THRESHOLD or GEOMETRY
-    arg: str = ""     # THRESHOLD: "le:<x>" / "ge:<x>" / "eq"; EQ13: the measured row's key;
-                      # GEOMETRY: the relative tolerance
+    report: str  # the figure script whose report holds the row
+    key: str  # the row's key in that report
+    paper: Any  # the paper's value (a PV, or a {lo, hi} range)
+    kind: str  # DIRECTION, MAGNITUDE, EQ13, THRESHOLD or GEOMETRY
+    arg: str = ""  # THRESHOLD: "le:<x>" / "ge:<x>" / "eq"; EQ13: the measured row's key;
+    # GEOMETRY: the relative tolerance
     paper_c: int | None = None  # the paper's concurrency of the claim (labelled with ours)
 
 
-def _ratio_claim(cid: str, text: str, report: str, key: str, paper: Any,
-                 paper_c: int | None) -> dict[str, Claim]:
+def _ratio_claim(
+    cid: str, text: str, report: str, key: str, paper: Any, paper_c: int | None
+) -> dict[str, Claim]:
     """A ratio the paper reports is two claims: its direction and its magnitude."""
-    return {cid: Claim(text, report, key, paper, DIRECTION, paper_c=paper_c),
-            f"{cid}_magnitude": Claim(f"{text}: by the paper's factor", report, key, paper, MAGNITUDE,
-                                      paper_c=paper_c)}
+    return {
+        cid: Claim(text, report, key, paper, DIRECTION, paper_c=paper_c),
+        f"{cid}_magnitude": Claim(
+            f"{text}: by the paper's factor", report, key, paper, MAGNITUDE, paper_c=paper_c
+        ),
+    }
 
 
 H, F4, T1, LB = PAPER["headline"], PAPER["fig4"], PAPER["table1"], PAPER["latency_bounds"]
 CLAIMS: dict[str, Claim] = {
-    **_ratio_claim("glm_c128_adhs_vs_hisparse", "ADHS delivers more output than HiSparse (GLM, 100K)",
-                   "fig4", "adhs_vs_hisparse_C128", H["glm_c128_adhs_vs_hisparse"], 128),
-    **_ratio_claim("glm_c128_adhs_vs_adaptive", "speculation adds output over non-speculative adaptive serving",
-                   "fig4", "adhs_vs_adaptive_C128", H["glm_c128_adhs_vs_adaptive"], 128),
-    **_ratio_claim("glm_c128_adaptive_vs_hisparse", "Adaptive HiSparse beats HiSparse",
-                   "fig4", "adaptive_vs_hisparse_C128", F4["adaptive_vs_hisparse_C128"], 128),
-    **_ratio_claim("glm_c128_ttft_vs_hisparse", "ADHS mean TTFT is lower than HiSparse's (HiSparse / ADHS)",
-                   "fig4", "adhs_ttft_lower_C128", H["glm_c128_ttft_vs_hisparse"], 128),
-    **_ratio_claim("glm_c256_adhs_vs_resident", "ADHS output is a multiple of resident serving's",
-                   "fig4", "adhs_vs_resident_C256", F4["adhs_vs_resident_C256"], 256),
-    **_ratio_claim("glm_latency_bound_concurrency",
-                   "under p99 TTFT <= 10 s and TPOT <= 40 ms ADHS sustains more concurrency than HiSparse",
-                   "tableA3", "bound_a.concurrency_ratio", H["glm_latency_bound_concurrency"], None),
-    **_ratio_claim("glm_latency_bound_output", "under the same bounds ADHS sustains more output than HiSparse",
-                   "tableA3", "bound_a.output_ratio", LB["bound_a"]["output_ratio"], None),
-    "eq13_c128": Claim("eq. 13 predicts the speculative gain", "table2", "eq13.C128.predicted",
-                       PAPER["eq13"]["C128"]["predicted"], EQ13, "eq13.C128.measured", 128),
-    "eq13_c256": Claim("eq. 13 predicts the speculative ratio", "table2", "eq13.C256.predicted",
-                       PAPER["eq13"]["C256"]["predicted"], EQ13, "eq13.C256.measured", 256),
-    "spec_stops_paying_c256": Claim("speculation stops paying once both configurations fill their slots "
-                                    "(ADHS / Adaptive HiSparse output <= 1.05)", "table2", "eq13.C256.measured",
-                                    PAPER["eq13"]["C256"]["measured"], THRESHOLD, "le:1.05", 256),
-    **_ratio_claim("fig1_c128_adhs_vs_hisparse", "at 32K/8K ADHS beats HiSparse",
-                   "fig1", "adhs_vs_hisparse_C128", PAPER["fig1"]["adhs_vs_hisparse_C128"], 128),
-    **_ratio_claim("dsv_c512_adhs_vs_resident_dspark", "DeepSeek-like: ADHS beats Resident + DSpark at the top load",
-                   "fig5", "adhs_vs_resident_dspark_C512", H["dsv_c512_adhs_vs_resident_dspark"], 512),
-    **_ratio_claim("loadstep_host_share_reduction", "optional residency cuts host-fetched selections at low load",
-                   "fig6", "host_low_reduction", PAPER["fig6"]["host_share_low_reduction"], 16),
-    **_ratio_claim("shared_retrieval_dedups",
-                   "shared retrieval copies a missing row once for several selections",
-                   "fig7", "missing_per_row", PAPER["fig7"]["missing_selections_per_distinct_host_row"], 128),
-    "resolver_time_follows_bytes": Claim("resolver time is linear in unique host-miss bytes (R^2 >= 0.99)",
-                                         "fig8", "fit_r2", PAPER["fig8"]["fit_r2"], THRESHOLD, "ge:0.99"),
-    "glm_best_block_c128": Claim("the narrowest block (4) gives the most output", "fig7", "C128.best",
-                                 PAPER["fig7"]["best_block"]["C128"], THRESHOLD, "eq", 128),
-    "glm_best_budget_c128": Claim("HiSparse output peaks at B = 2k", "fig9", "glm128.best.hisparse",
-                                  PAPER["fig9"]["glm_C128"]["best_budget"], THRESHOLD, "eq", 128),
-    "dsv_flat_budget_c128": Claim("DeepSeek-like: HiSparse output is flat in B (spread over B/k <= 10%)",
-                                  "fig9", "ds128.spread.hisparse",
-                                  PAPER["fig9"]["deepseek_C128"]["output_spread_within_pct"], THRESHOLD,
-                                  "le:10", 128),
-    "spec_state_per_session": Claim("ring + staging add 0.060 GiB per GLM session (paper geometry)", "table1",
-                                    "spec_state", H["spec_state_gib_per_session"], GEOMETRY, "0.02"),
-    "table1_resident_over_adaptive": Claim("adaptive needs ~10.3x less GPU memory per session than resident "
-                                           "at 100K (paper geometry)", "table1", "resident_over_adaptive",
-                                           T1["text"]["resident_over_adaptive_100k"], GEOMETRY, "0.02"),
-    "preset_resident_over_adaptive": Claim("our GLM-like preset keeps the ~10x resident/offloaded memory ratio",
-                                           "table1", "glm53_mini.resident_over_adaptive",
-                                           T1["text"]["resident_over_adaptive_100k"], GEOMETRY, "0.5"),
+    **_ratio_claim(
+        "glm_c128_adhs_vs_hisparse",
+        "ADHS delivers more output than HiSparse (GLM, 100K)",
+        "fig4",
+        "adhs_vs_hisparse_C128",
+        H["glm_c128_adhs_vs_hisparse"],
+        128,
+    ),
+    **_ratio_claim(
+        "glm_c128_adhs_vs_adaptive",
+        "speculation adds output over non-speculative adaptive serving",
+        "fig4",
+        "adhs_vs_adaptive_C128",
+        H["glm_c128_adhs_vs_adaptive"],
+        128,
+    ),
+    **_ratio_claim(
+        "glm_c128_adaptive_vs_hisparse",
+        "Adaptive HiSparse beats HiSparse",
+        "fig4",
+        "adaptive_vs_hisparse_C128",
+        F4["adaptive_vs_hisparse_C128"],
+        128,
+    ),
+    **_ratio_claim(
+        "glm_c128_ttft_vs_hisparse",
+        "ADHS mean TTFT is lower than HiSparse's (HiSparse / ADHS)",
+        "fig4",
+        "adhs_ttft_lower_C128",
+        H["glm_c128_ttft_vs_hisparse"],
+        128,
+    ),
+    **_ratio_claim(
+        "glm_c256_adhs_vs_resident",
+        "ADHS output is a multiple of resident serving's",
+        "fig4",
+        "adhs_vs_resident_C256",
+        F4["adhs_vs_resident_C256"],
+        256,
+    ),
+    **_ratio_claim(
+        "glm_latency_bound_concurrency",
+        "under p99 TTFT <= 10 s and TPOT <= 40 ms ADHS sustains more concurrency than HiSparse",
+        "tableA3",
+        "bound_a.concurrency_ratio",
+        H["glm_latency_bound_concurrency"],
+        None,
+    ),
+    **_ratio_claim(
+        "glm_latency_bound_output",
+        "under the same bounds ADHS sustains more output than HiSparse",
+        "tableA3",
+        "bound_a.output_ratio",
+        LB["bound_a"]["output_ratio"],
+        None,
+    ),
+    "eq13_c128": Claim(
+        "eq. 13 predicts the speculative gain",
+        "table2",
+        "eq13.C128.predicted",
+        PAPER["eq13"]["C128"]["predicted"],
+        EQ13,
+        "eq13.C128.measured",
+        128,
+    ),
+    "eq13_c256": Claim(
+        "eq. 13 predicts the speculative ratio",
+        "table2",
+        "eq13.C256.predicted",
+        PAPER["eq13"]["C256"]["predicted"],
+        EQ13,
+        "eq13.C256.measured",
+        256,
+    ),
+    "spec_stops_paying_c256": Claim(
+        "speculation stops paying once both configurations fill their slots "
+        "(ADHS / Adaptive HiSparse output <= 1.05)",
+        "table2",
+        "eq13.C256.measured",
+        PAPER["eq13"]["C256"]["measured"],
+        THRESHOLD,
+        "le:1.05",
+        256,
+    ),
+    **_ratio_claim(
+        "fig1_c128_adhs_vs_hisparse",
+        "at 32K/8K ADHS beats HiSparse",
+        "fig1",
+        "adhs_vs_hisparse_C128",
+        PAPER["fig1"]["adhs_vs_hisparse_C128"],
+        128,
+    ),
+    **_ratio_claim(
+        "dsv_c512_adhs_vs_resident_dspark",
+        "DeepSeek-like: ADHS beats Resident + DSpark at the top load",
+        "fig5",
+        "adhs_vs_resident_dspark_C512",
+        H["dsv_c512_adhs_vs_resident_dspark"],
+        512,
+    ),
+    **_ratio_claim(
+        "loadstep_host_share_reduction",
+        "optional residency cuts host-fetched selections at low load",
+        "fig6",
+        "host_low_reduction",
+        PAPER["fig6"]["host_share_low_reduction"],
+        16,
+    ),
+    **_ratio_claim(
+        "shared_retrieval_dedups",
+        "shared retrieval copies a missing row once for several selections",
+        "fig7",
+        "missing_per_row",
+        PAPER["fig7"]["missing_selections_per_distinct_host_row"],
+        128,
+    ),
+    "resolver_time_follows_bytes": Claim(
+        "resolver time is linear in unique host-miss bytes (R^2 >= 0.99)",
+        "fig8",
+        "fit_r2",
+        PAPER["fig8"]["fit_r2"],
+        THRESHOLD,
+        "ge:0.99",
+    ),
+    "glm_best_block_c128": Claim(
+        "the narrowest block (4) gives the most output",
+        "fig7",
+        "C128.best",
+        PAPER["fig7"]["best_block"]["C128"],
+        THRESHOLD,
+        "eq",
+        128,
+    ),
+    "glm_best_budget_c128": Claim(
+        "HiSparse output peaks at B = 2k",
+        "fig9",
+        "glm128.best.hisparse",
+        PAPER["fig9"]["glm_C128"]["best_budget"],
+        THRESHOLD,
+        "eq",
+        128,
+    ),
+    "dsv_flat_budget_c128": Claim(
+        "DeepSeek-like: HiSparse output is flat in B (spread over B/k <= 10%)",
+        "fig9",
+        "ds128.spread.hisparse",
+        PAPER["fig9"]["deepseek_C128"]["output_spread_within_pct"],
+        THRESHOLD,
+        "le:10",
+        128,
+    ),
+    "spec_state_per_session": Claim(
+        "ring + staging add 0.060 GiB per GLM session (paper geometry)",
+        "table1",
+        "spec_state",
+        H["spec_state_gib_per_session"],
+        GEOMETRY,
+        "0.02",
+    ),
+    "table1_resident_over_adaptive": Claim(
+        "adaptive needs ~10.3x less GPU memory per session than resident at 100K (paper geometry)",
+        "table1",
+        "resident_over_adaptive",
+        T1["text"]["resident_over_adaptive_100k"],
+        GEOMETRY,
+        "0.02",
+    ),
+    "preset_resident_over_adaptive": Claim(
+        "our GLM-like preset keeps the ~10x resident/offloaded memory ratio",
+        "table1",
+        "glm53_mini.resident_over_adaptive",
+        T1["text"]["resident_over_adaptive_100k"],
+        GEOMETRY,
+        "0.5",
+    ),
 }
 
 
@@ -112,8 +248,10 @@ def criterion_text(c: Claim) -> str:
     if c.kind == MAGNITUDE:
         return f"within ±{MAGNITUDE_TOLERANCE:.0%} of the paper"
     if c.kind == EQ13:
-        return (f"prediction within {EQ13_PREDICTION_TOLERANCE:.0%} of ours, ours within "
-                f"{EQ13_MEASURED_TOLERANCE:.0%} of the paper's measured")
+        return (
+            f"prediction within {EQ13_PREDICTION_TOLERANCE:.0%} of ours, ours within "
+            f"{EQ13_MEASURED_TOLERANCE:.0%} of the paper's measured"
+        )
     if c.kind == THRESHOLD:
         op, _, x = c.arg.partition(":")
         return {"le": f"<= {x}", "ge": f">= {x}", "eq": "equals the paper's"}[op]
@@ -142,8 +280,10 @@ def judge(c: Claim, row: Row | None, rep: Report | None) -> tuple[bool | None, s
         paper_meas = paper_number(meas_row.paper) if meas_row else None
         if not meas or not paper_meas:
             return None, "untested: no measured ratio beside the prediction"
-        return (abs(ours / meas - 1.0) <= EQ13_PREDICTION_TOLERANCE
-                and abs(meas / paper_meas - 1.0) <= EQ13_MEASURED_TOLERANCE), ""
+        return (
+            abs(ours / meas - 1.0) <= EQ13_PREDICTION_TOLERANCE
+            and abs(meas / paper_meas - 1.0) <= EQ13_MEASURED_TOLERANCE
+        ), ""
     if c.kind == THRESHOLD:
         op, _, x = c.arg.partition(":")
         if op == "eq":

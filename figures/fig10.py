@@ -30,29 +30,34 @@ def profiles(results, skipped: list[str] | None = None) -> dict[tuple[str, float
     for p in S.get("points") or []:
         fam, bk = family(str(p.get("model", ""))), C.as_float(p.get("b_over_k"))
         if fam and bk:
-            out[(fam, bk)] = {"resolver_ms": C.as_float(p.get("resolver_ms")),
-                              "follower_copy_ms": C.as_float(p.get("follower_copy_ms")) or 0.0,
-                              "step_ms": C.as_float(p.get("step_ms")),
-                              "sessions": C.as_float(p.get("sessions_per_step")),
-                              "partition": p.get("partition_pct") or {},
-                              "prov": C.summary_provenance(S, "results/fig10/summary.json")}
+            out[(fam, bk)] = {
+                "resolver_ms": C.as_float(p.get("resolver_ms")),
+                "follower_copy_ms": C.as_float(p.get("follower_copy_ms")) or 0.0,
+                "step_ms": C.as_float(p.get("step_ms")),
+                "sessions": C.as_float(p.get("sessions_per_step")),
+                "partition": p.get("partition_pct") or {},
+                "prov": C.summary_provenance(S, "results/fig10/summary.json"),
+            }
     # the profiled runs of their own (results/fig10, fig10_dsv) first, then any fig9 run with a profile
     pts = sweep(results, ("fig10", "fig10_dsv")) + sweep(results)
-    for sp in select(pts, "glm", "adaptive_hisparse", 128) + select(pts, "deepseek", "adaptive_hisparse", 128):
+    for sp in select(pts, "glm", "adaptive_hisparse", 128) + select(
+        pts, "deepseek", "adaptive_hisparse", 128
+    ):
         if (sp.family, sp.bk) in out:
             continue
         prof = C.profile_at_load(sp.run, skipped)
         if not prof:
             continue
         ck = prof.get("cache_kernel_ms") or {}
-        out[(sp.family, sp.bk)] = {"resolver_ms": C.as_float(ck.get("resolver")),
-                                   "follower_copy_ms": C.as_float(ck.get("follower_copy")) or 0.0,
-                                   "step_ms": C.as_float(prof.get("step_ms")),
-                                   "sessions": C.as_float(prof.get("sessions_per_step"))
-                                   or sp.run.num("active_mean"),
-                                   "partition": prof.get("partition_pct") or {},
-                                   "graphs": C.graphs_replayed(sp.run),
-                                   "prov": C.provenance(sp.run)}
+        out[(sp.family, sp.bk)] = {
+            "resolver_ms": C.as_float(ck.get("resolver")),
+            "follower_copy_ms": C.as_float(ck.get("follower_copy")) or 0.0,
+            "step_ms": C.as_float(prof.get("step_ms")),
+            "sessions": C.as_float(prof.get("sessions_per_step")) or sp.run.num("active_mean"),
+            "partition": prof.get("partition_pct") or {},
+            "graphs": C.graphs_replayed(sp.run),
+            "prov": C.provenance(sp.run),
+        }
     return out
 
 
@@ -67,15 +72,19 @@ def eager_profiles(results, skipped: list[str]) -> dict[str, dict]:
     served one."""
     out = {}
     for fam in ("glm", "deepseek"):
-        for sp in select(sweep(results, ("fig10_eager", "fig10_dsv_eager")), fam, "adaptive_hisparse", 128):
+        for sp in select(
+            sweep(results, ("fig10_eager", "fig10_dsv_eager")), fam, "adaptive_hisparse", 128
+        ):
             if abs(sp.bk - PAPER_BUDGET[fam]) > 1e-6 or C.graphs_replayed(sp.run):
                 continue
             prof = C.profile_at_load(sp.run, skipped)
             if not prof:
                 continue
-            out[fam] = {"partition": prof.get("partition_pct") or {},
-                        "cache": prof.get("cache_kernel_ms") or {},
-                        "prov": C.provenance(sp.run) + ", CUDA graphs off"}
+            out[fam] = {
+                "partition": prof.get("partition_pct") or {},
+                "cache": prof.get("cache_kernel_ms") or {},
+                "prov": C.provenance(sp.run) + ", CUDA graphs off",
+            }
     return out
 
 
@@ -84,8 +93,11 @@ def main(argv=None) -> C.Report:
     skipped: list[str] = []
     prof = profiles(args.results, skipped)
     eager = eager_profiles(args.results, skipped)
-    rep = C.Report(NAME, "Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 "
-                         "(ours: scaled presets)")
+    rep = C.Report(
+        NAME,
+        "Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 "
+        "(ours: scaled presets)",
+    )
     rep.loads = {128: 128}  # the Adaptive HiSparse C128 runs of Fig. 9's sweep and results/fig10*
     P = PAPER["fig10"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.2)
@@ -97,15 +109,33 @@ def main(argv=None) -> C.Report:
     for fam, budgets in (("glm", (1, 2, 4, 8)), ("deepseek", (2, 4, 8, 16))):
         for bk in budgets:
             pp = P["cache_ms_per_step"][fam][str(bk)]
-            ax.bar(x - 0.2, pp, 0.38, color="white", edgecolor=C.PALETTE[0], hatch="///",
-                   label="paper (total)" if (fam, bk) == ("glm", 1) else None)
+            ax.bar(
+                x - 0.2,
+                pp,
+                0.38,
+                color="white",
+                edgecolor=C.PALETTE[0],
+                hatch="///",
+                label="paper (total)" if (fam, bk) == ("glm", 1) else None,
+            )
             o = prof.get((fam, float(bk)))
             if o and o["resolver_ms"] is not None:
                 drew = True
-                ax.bar(x + 0.2, o["resolver_ms"], 0.38, color=C.PALETTE[0],
-                       label="ours: resolver" if not labels else None)
-                ax.bar(x + 0.2, o["follower_copy_ms"], 0.38, bottom=o["resolver_ms"], color=C.PALETTE[1],
-                       label="ours: follower-layer copy" if not labels else None)
+                ax.bar(
+                    x + 0.2,
+                    o["resolver_ms"],
+                    0.38,
+                    color=C.PALETTE[0],
+                    label="ours: resolver" if not labels else None,
+                )
+                ax.bar(
+                    x + 0.2,
+                    o["follower_copy_ms"],
+                    0.38,
+                    bottom=o["resolver_ms"],
+                    color=C.PALETTE[1],
+                    label="ours: follower-layer copy" if not labels else None,
+                )
             ticks.append(x)
             labels.append(f"{'GLM' if fam == 'glm' else 'DS'} {bk}")
             x += 1
@@ -128,8 +158,14 @@ def main(argv=None) -> C.Report:
         o = prof.get((fam, PAPER_BUDGET[fam]))
         if o is None:  # nearest budget we profiled
             cands = [k for k in prof if k[0] == fam]
-            o = prof[min(cands, key=lambda k: abs(np.log2(k[1] / PAPER_BUDGET[fam])))] if cands else None
-        bars.append((f"{'GLM' if fam == 'glm' else 'DeepSeek'} ours", (o or {}).get("partition") or {}))
+            o = (
+                prof[min(cands, key=lambda k: abs(np.log2(k[1] / PAPER_BUDGET[fam])))]
+                if cands
+                else None
+            )
+        bars.append(
+            (f"{'GLM' if fam == 'glm' else 'DeepSeek'} ours", (o or {}).get("partition") or {})
+        )
     colors = dict(zip(FIG10_FAMILIES, sns.color_palette("Set2", len(FIG10_FAMILIES))))
     have_b = False
     for yi, (lab, part) in enumerate(bars):
@@ -139,8 +175,15 @@ def main(argv=None) -> C.Report:
             if v is None:
                 continue
             have_b |= "ours" in lab
-            ax.barh(yi, v, left=left, color=colors[famk], hatch="///" if "paper" in lab else None,
-                    edgecolor="white", label=famk if yi == 0 else None)
+            ax.barh(
+                yi,
+                v,
+                left=left,
+                color=colors[famk],
+                hatch="///" if "paper" in lab else None,
+                edgecolor="white",
+                label=famk if yi == 0 else None,
+            )
             left += v
         if not part:
             ax.text(1, yi, C.NOT_MEASURED, va="center", fontsize=7, color="#888888")
@@ -158,9 +201,19 @@ def main(argv=None) -> C.Report:
     for fam, budgets in (("glm", (1, 2, 4, 8)), ("deepseek", (2, 4, 8, 16))):
         for bk in budgets:
             o = prof.get((fam, float(bk)))
-            tot = None if not o or o["resolver_ms"] is None else o["resolver_ms"] + o["follower_copy_ms"]
-            rep.compare(f"{fam}.cache_ms.{bk}", f"{'GLM' if fam == 'glm' else 'DeepSeek'} cache work per step, "
-                        f"B/k = {bk}", P["cache_ms_per_step"][fam][str(bk)], tot, "ms", (o or {}).get("prov", ""))
+            tot = (
+                None
+                if not o or o["resolver_ms"] is None
+                else o["resolver_ms"] + o["follower_copy_ms"]
+            )
+            rep.compare(
+                f"{fam}.cache_ms.{bk}",
+                f"{'GLM' if fam == 'glm' else 'DeepSeek'} cache work per step, B/k = {bk}",
+                P["cache_ms_per_step"][fam][str(bk)],
+                tot,
+                "ms",
+                (o or {}).get("prov", ""),
+            )
     o = prof.get(("glm", 2.0))
     share, share_prov = None, (o or {}).get("prov", "")
     ck = (eager.get("glm") or {}).get("cache") or {}
@@ -168,24 +221,45 @@ def main(argv=None) -> C.Report:
     if res_e is not None and res_e + cp_e > 0:  # the eager profile keeps the two apart
         share, share_prov = cp_e / (res_e + cp_e), eager["glm"]["prov"]
     elif o and o.get("graphs"):
-        rep.note("GLM follower-copy share: not measured with CUDA graphs replayed (the profiled runs' "
-                 "follower copies count as resolver work; cache work per step is their sum either way); "
-                 "the fig10_eager experiment (engine.disable_cuda_graph=true) measures the split.")
+        rep.note(
+            "GLM follower-copy share: not measured with CUDA graphs replayed (the profiled runs' "
+            "follower copies count as resolver work; cache work per step is their sum either way); "
+            "the fig10_eager experiment (engine.disable_cuda_graph=true) measures the split."
+        )
     elif o and o["resolver_ms"] is not None and (o["resolver_ms"] + o["follower_copy_ms"]) > 0:
         share = o["follower_copy_ms"] / (o["resolver_ms"] + o["follower_copy_ms"])
-    rep.compare("glm.copy_share", "GLM follower-copy share of cache work at 2k", P["glm_follower_copy_share"],
-                share, "", share_prov)
+    rep.compare(
+        "glm.copy_share",
+        "GLM follower-copy share of cache work at 2k",
+        P["glm_follower_copy_share"],
+        share,
+        "",
+        share_prov,
+    )
     for bk in (2, 4, 8):
         o = prof.get(("glm", float(bk)))
         v = None
         if o and o["resolver_ms"] is not None and o["sessions"]:
             v = (o["resolver_ms"] + o["follower_copy_ms"]) / o["sessions"]
-        rep.compare(f"glm.per_session.{bk}", f"GLM cache work per session, B/k = {bk}",
-                    P["glm_cache_ms_per_session"][str(bk)], v, "ms", (o or {}).get("prov", ""))
+        rep.compare(
+            f"glm.per_session.{bk}",
+            f"GLM cache work per session, B/k = {bk}",
+            P["glm_cache_ms_per_session"][str(bk)],
+            v,
+            "ms",
+            (o or {}).get("prov", ""),
+        )
     for fam in ("glm", "deepseek"):
         o = prof.get((fam, PAPER_BUDGET[fam])) or {}
-        rep.compare(f"{fam}.step_ms", f"{'GLM' if fam == 'glm' else 'DeepSeek'} step time at B/k = "
-                    f"{C.fmt(PAPER_BUDGET[fam])}", P["step_ms"][fam], o.get("step_ms"), "ms", o.get("prov", ""))
+        rep.compare(
+            f"{fam}.step_ms",
+            f"{'GLM' if fam == 'glm' else 'DeepSeek'} step time at B/k = "
+            f"{C.fmt(PAPER_BUDGET[fam])}",
+            P["step_ms"][fam],
+            o.get("step_ms"),
+            "ms",
+            o.get("prov", ""),
+        )
         part = o.get("partition") or {}
         name = "GLM" if fam == "glm" else "DeepSeek"
         split_from = {}  # family -> (value, provenance) where the graph-replayed profile cannot tell
@@ -194,18 +268,27 @@ def main(argv=None) -> C.Report:
             ours = sum(C.as_float(part.get(k)) or 0.0 for k in MERGED_UNDER_GRAPHS)
             theirs = sum(float(P["partition_pct"][fam][k]) for k in MERGED_UNDER_GRAPHS)
             part = {k: v for k, v in part.items() if k not in MERGED_UNDER_GRAPHS}
-            rep.note(f"{name} step share of expert matrix products + dense projections together: paper "
-                     f"{C.fmt(theirs)} %, ours {C.fmt(ours)} % (CUDA graphs replayed in the profiled run, so "
-                     "the two are one family there).")
+            rep.note(
+                f"{name} step share of expert matrix products + dense projections together: paper "
+                f"{C.fmt(theirs)} %, ours {C.fmt(ours)} % (CUDA graphs replayed in the profiled run, so "
+                "the two are one family there)."
+            )
             e = eager.get(fam)
-            ev = [C.as_float((e or {}).get("partition", {}).get(k)) or 0.0 for k in MERGED_UNDER_GRAPHS]
+            ev = [
+                C.as_float((e or {}).get("partition", {}).get(k)) or 0.0
+                for k in MERGED_UNDER_GRAPHS
+            ]
             if e and sum(ev) > 0:
                 # the served step's merged share, split in the proportion the eager step shows (the
                 # eager shares themselves are of a longer step with launch gaps)
-                split_from = {k: (ours * v / sum(ev), e["prov"]) for k, v in zip(MERGED_UNDER_GRAPHS, ev)}
-                rep.note(f"{name} expert / dense-projection shares: the served step's merged share split in "
-                         f"the proportion the profile with CUDA graphs off shows ({100 * ev[0] / sum(ev):.0f}% "
-                         "expert; fig10_eager / fig10_dsv_eager).")
+                split_from = {
+                    k: (ours * v / sum(ev), e["prov"]) for k, v in zip(MERGED_UNDER_GRAPHS, ev)
+                }
+                rep.note(
+                    f"{name} expert / dense-projection shares: the served step's merged share split in "
+                    f"the proportion the profile with CUDA graphs off shows ({100 * ev[0] / sum(ev):.0f}% "
+                    "expert; fig10_eager / fig10_dsv_eager)."
+                )
         for famk, pv in P["partition_pct"][fam].items():
             v, pr = split_from.get(famk, (C.as_float(part.get(famk)), o.get("prov", "")))
             rep.compare(f"{fam}.partition.{famk}", f"{name} step share: {famk}", pv, v, "%", pr)
@@ -213,14 +296,18 @@ def main(argv=None) -> C.Report:
         o = prof.get((fam, PAPER_BUDGET[fam])) or {}
         idle = C.as_float((o.get("partition") or {}).get("no kernel running"))
         if idle is not None and idle > 10 and o.get("step_ms"):
-            rep.note(f"{'GLM' if fam == 'glm' else 'DeepSeek'}: no kernel runs for {C.fmt(idle)} % of a "
-                     f"{C.fmt(o['step_ms'])} ms step (paper {C.fmt(float(P['partition_pct'][fam]['no kernel running']))} %): the "
-                     "scaled presets' kernels are short, so the engine's host-side work between graph replays "
-                     "(scheduling, sampling, host backups, in Python) is a large part of each step here.")
+            rep.note(
+                f"{'GLM' if fam == 'glm' else 'DeepSeek'}: no kernel runs for {C.fmt(idle)} % of a "
+                f"{C.fmt(o['step_ms'])} ms step (paper {C.fmt(float(P['partition_pct'][fam]['no kernel running']))} %): the "
+                "scaled presets' kernels are short, so the engine's host-side work between graph replays "
+                "(scheduling, sampling, host backups, in Python) is a large part of each step here."
+            )
     rep.note_reasons(skipped)
     rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))
-    rep.note("Paper panel (b) labels are partly ambiguous in the flattened text; see "
-             "figures/paper_values.py AMBIGUITIES['fig10.partition_pct'].")
+    rep.note(
+        "Paper panel (b) labels are partly ambiguous in the flattened text; see "
+        "figures/paper_values.py AMBIGUITIES['fig10.partition_pct']."
+    )
     return rep.finish(fig, args)
 
 

@@ -38,14 +38,19 @@ def collect(results):
             continue
         if C.graphs_replayed(r) and prof.get("round_ms"):
             # replayed graphs fold the expert matmuls into "other model kernels": not a split to report
-            prof = {**prof, "round_ms": {**prof["round_ms"], "expert matrix products": None,
-                                         "graphs": True}}
+            prof = {
+                **prof,
+                "round_ms": {**prof["round_ms"], "expert matrix products": None, "graphs": True},
+            }
         b = r.cfg("block", "block_size")
         if isinstance(prof.get("round_ms"), dict) and b is not None and str(int(b)) not in rounds:
             rounds[str(int(b))] = prof["round_ms"]
             provs.append(r)
-        for k, v in (prof.get("resolver_share_pct") or {}).items() if isinstance(
-                prof.get("resolver_share_pct"), dict) else ():
+        for k, v in (
+            (prof.get("resolver_share_pct") or {}).items()
+            if isinstance(prof.get("resolver_share_pct"), dict)
+            else ()
+        ):
             shares.setdefault(k, v)
         # a serving profile labelled like a paper bar ("C16 fill", "c16-fill", "C512_pressure")
         lab = _norm(str(r.cfg("phase_label") or r.tag))
@@ -64,12 +69,19 @@ def collect(results):
         if not prof:
             continue
         e = prof.get("round_ms") or {}
-        ex, ot = C.as_float(e.get("expert matrix products")) or 0.0, C.as_float(e.get("other model kernels")) or 0.0
+        ex, ot = (
+            C.as_float(e.get("expert matrix products")) or 0.0,
+            C.as_float(e.get("other model kernels")) or 0.0,
+        )
         model = C.as_float(part.get("other model kernels"))
         if ex + ot > 0 and model is not None:
             frac = ex / (ex + ot)
-            rounds[str(int(b))] = {**part, "expert matrix products": model * frac,
-                                   "other model kernels": model * (1 - frac), "expert_share_eager": frac}
+            rounds[str(int(b))] = {
+                **part,
+                "expert matrix products": model * frac,
+                "other model kernels": model * (1 - frac),
+                "expert_share_eager": frac,
+            }
             provs.append(r)
     # Fig. 11b from conf/experiment/fig11b.yaml: per-cycle profiles over a whole run, split by phase
     b_runs = [r for r in C.load_runs(results, "fig11b") if r.concurrency]
@@ -80,23 +92,36 @@ def collect(results):
             ph = phase_shares(r)
             if r.concurrency == low:
                 for name in ("fill", "middle", "drain"):
-                    key = next((k for k in PAPER["fig11"]["resolver_share_pct"] if k.endswith(name)), None)
+                    key = next(
+                        (k for k in PAPER["fig11"]["resolver_share_pct"] if k.endswith(name)), None
+                    )
                     if key and ph.get(name) is not None:
                         shares.setdefault(key, ph[name])
                         provs.append(r)
             elif r.concurrency == top and top != low and ph.get("middle") is not None:
-                key = next((k for k in PAPER["fig11"]["resolver_share_pct"] if k.endswith("pressure")), None)
+                key = next(
+                    (k for k in PAPER["fig11"]["resolver_share_pct"] if k.endswith("pressure")),
+                    None,
+                )
                 if key:
                     shares.setdefault(key, ph["middle"])
                     provs.append(r)
-        note = (f"Panel b from results/fig11b: the C16 phases at our C{low}, split by the batch each profiled "
-                f"cycle carried (fill: before it first reached C{low}, or, where the closed loop admitted all C{low} "
-                f"at once, the leading cycles whose steps ran their prefills (over {FILL_STEP_FACTOR:g}x the median "
-                f"cycle's step time); drain: after it last held C{low}), and "
-                f"'C512 pressure' as the cycles from the first to the last full batch at our top load, C{top} "
-                "(fig5.yaml maps the paper's C512 there).")
+        note = (
+            f"Panel b from results/fig11b: the C16 phases at our C{low}, split by the batch each profiled "
+            f"cycle carried (fill: before it first reached C{low}, or, where the closed loop admitted all C{low} "
+            f"at once, the leading cycles whose steps ran their prefills (over {FILL_STEP_FACTOR:g}x the median "
+            f"cycle's step time); drain: after it last held C{low}), and "
+            f"'C512 pressure' as the cycles from the first to the last full batch at our top load, C{top} "
+            "(fig5.yaml maps the paper's C512 there)."
+        )
     # one deduplicated tag list (a tag per run repeated every preset and device name)
-    return rounds, shares, "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x), note, skipped
+    return (
+        rounds,
+        shares,
+        "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x),
+        note,
+        skipped,
+    )
 
 
 FILL_STEP_FACTOR = 3.0
@@ -105,8 +130,14 @@ FILL_STEP_FACTOR = 3.0
 def b_loads(b_runs) -> tuple[int, int]:
     """(low, top) load of Fig. 11b's runs: the experiment's loads (its config), not the runs
     present, so a lone top-load run does not fill the low-load rows."""
-    loads = sorted({int(c) for r in b_runs for c in ((r.config.get("workload") or {}).get("concurrency") or [])}
-                   or {r.concurrency for r in b_runs})
+    loads = sorted(
+        {
+            int(c)
+            for r in b_runs
+            for c in ((r.config.get("workload") or {}).get("concurrency") or [])
+        }
+        or {r.concurrency for r in b_runs}
+    )
     return loads[0], loads[-1]
 
 
@@ -118,8 +149,13 @@ def phase_shares(run) -> dict[str, float]:
     cycle, the fill is the leading prefill-heavy cycles instead). Phases are step-weighted means."""
     ks = C.load_json(run.path / "kernels" / "kernel_summary.json") or {}
     # cycles that decoded something (a last partial cycle can hold steps without a batch)
-    cyc = [c for c in ks.get("cycles") or [] if c.get("num_steps") and (C.as_float(c.get("sessions_per_step"))
-           or 0) > 0 and C.as_float(c.get("resolver_share_pct_mean")) is not None]
+    cyc = [
+        c
+        for c in ks.get("cycles") or []
+        if c.get("num_steps")
+        and (C.as_float(c.get("sessions_per_step")) or 0) > 0
+        and C.as_float(c.get("resolver_share_pct_mean")) is not None
+    ]
     if not cyc or not run.concurrency:
         return {}
     full = [i for i, c in enumerate(cyc) if float(c["sessions_per_step"]) >= run.concurrency - 0.5]
@@ -131,14 +167,20 @@ def phase_shares(run) -> dict[str, float]:
         # the fill is then the leading cycles that ran the admissions' prefills, told by a mean
         # step time over FILL_STEP_FACTOR x the run's median cycle
         med = statistics.median(float(c.get("step_ms") or 0.0) for c in cyc)
-        while start < full[-1] and med > 0 and float(cyc[start].get("step_ms") or 0.0) > FILL_STEP_FACTOR * med:
+        while (
+            start < full[-1]
+            and med > 0
+            and float(cyc[start].get("step_ms") or 0.0) > FILL_STEP_FACTOR * med
+        ):
             start += 1
-    parts = {"fill": cyc[:start], "middle": cyc[start:full[-1] + 1], "drain": cyc[full[-1] + 1:]}
+    parts = {"fill": cyc[:start], "middle": cyc[start : full[-1] + 1], "drain": cyc[full[-1] + 1 :]}
     out = {}
     for name, cs in parts.items():
         n = sum(int(c["num_steps"]) for c in cs)
         if n:
-            out[name] = sum(float(c["resolver_share_pct_mean"]) * int(c["num_steps"]) for c in cs) / n
+            out[name] = (
+                sum(float(c["resolver_share_pct_mean"]) * int(c["num_steps"]) for c in cs) / n
+            )
     return out
 
 
@@ -155,8 +197,12 @@ def main(argv=None) -> C.Report:
     colors = dict(zip(FIG11_FAMILIES, sns.color_palette("Set2", len(FIG11_FAMILIES))))
 
     ax = axes[0][0]
-    bars = [("block 4 paper", P["round_ms"]["4"]), ("block 4 ours", rounds.get("4") or {}),
-            ("block 6 paper", P["round_ms"]["6"]), ("block 6 ours", rounds.get("6") or {})]
+    bars = [
+        ("block 4 paper", P["round_ms"]["4"]),
+        ("block 4 ours", rounds.get("4") or {}),
+        ("block 6 paper", P["round_ms"]["6"]),
+        ("block 6 ours", rounds.get("6") or {}),
+    ]
     have = False
     for yi, (lab, part) in enumerate(bars):
         left = 0.0
@@ -165,8 +211,15 @@ def main(argv=None) -> C.Report:
             if v is None:
                 continue
             have |= "ours" in lab
-            ax.barh(yi, v, left=left, color=colors[famk], hatch="///" if "paper" in lab else None,
-                    edgecolor="white", label=famk if yi == 0 else None)
+            ax.barh(
+                yi,
+                v,
+                left=left,
+                color=colors[famk],
+                hatch="///" if "paper" in lab else None,
+                edgecolor="white",
+                label=famk if yi == 0 else None,
+            )
             if v >= 8:
                 ax.text(left + v / 2, yi, C.fmt(v), ha="center", va="center", fontsize=6)
             left += v
@@ -184,55 +237,104 @@ def main(argv=None) -> C.Report:
 
     ax = axes[0][1]
     keys = list(P["resolver_share_pct"])
-    C.paper_vs_ours_bars(ax, keys, [P["resolver_share_pct"][k] for k in keys],
-                         [C.as_float(shares.get(k)) for k in keys], "Resolver kernel work (% of step)")
+    C.paper_vs_ours_bars(
+        ax,
+        keys,
+        [P["resolver_share_pct"][k] for k in keys],
+        [C.as_float(shares.get(k)) for k in keys],
+        "Resolver kernel work (% of step)",
+    )
     C.legend(ax)
     C.panel_title(ax, "b", "DeepSeek-like, no speculation")
-    rep.panel("b", "measured" if any(C.as_float(shares.get(k)) is not None for k in keys)
-              else f"{C.NOT_MEASURED} (resolver share of the step)")
+    rep.panel(
+        "b",
+        "measured"
+        if any(C.as_float(shares.get(k)) is not None for k in keys)
+        else f"{C.NOT_MEASURED} (resolver share of the step)",
+    )
     fig.tight_layout()
 
     def total(part):
         if not part:
             return None
         t = C.as_float(part.get("total"))
-        return t if t is not None else sum(C.as_float(part.get(f)) or 0.0 for f in FIG11_FAMILIES) or None
+        return (
+            t
+            if t is not None
+            else sum(C.as_float(part.get(f)) or 0.0 for f in FIG11_FAMILIES) or None
+        )
 
     for b in ("4", "6"):
         part = rounds.get(b) or {}
-        rep.compare(f"b{b}.total", f"block {b}: round time", P["round_ms"][b]["total"], total(part), "ms", prov)
+        rep.compare(
+            f"b{b}.total",
+            f"block {b}: round time",
+            P["round_ms"][b]["total"],
+            total(part),
+            "ms",
+            prov,
+        )
         for famk in FIG11_FAMILIES:
-            rep.compare(f"b{b}.{famk}", f"block {b}: {famk}", P["round_ms"][b][famk],
-                        C.as_float(part.get(famk)), "ms", prov)
+            rep.compare(
+                f"b{b}.{famk}",
+                f"block {b}: {famk}",
+                P["round_ms"][b][famk],
+                C.as_float(part.get(famk)),
+                "ms",
+                prov,
+            )
         t = total(part)
         ca = C.as_float(part.get("cache kernels alone"))
-        rep.compare(f"b{b}.cache_share", f"block {b}: cache kernels alone, share of the round",
-                    PAPER["fig7"][f"cache_alone_share_b{b}_pct"], None if not t or ca is None else 100 * ca / t,
-                    "%", prov)
+        rep.compare(
+            f"b{b}.cache_share",
+            f"block {b}: cache kernels alone, share of the round",
+            PAPER["fig7"][f"cache_alone_share_b{b}_pct"],
+            None if not t or ca is None else 100 * ca / t,
+            "%",
+            prov,
+        )
     if any((rounds.get(b) or {}).get("graphs") for b in ("4", "6")):
         for b in ("4", "6"):
             part = rounds.get(b) or {}
             if part.get("expert_share_eager") is not None:
-                rep.note(f"Block {b}: the served round's model kernels (CUDA graphs replayed) are split into expert "
-                         f"matrix products and the rest in the proportion the same round shows with CUDA graphs off "
-                         f"(fig11_eager: {100 * part['expert_share_eager']:.0f}% expert).")
+                rep.note(
+                    f"Block {b}: the served round's model kernels (CUDA graphs replayed) are split into expert "
+                    f"matrix products and the rest in the proportion the same round shows with CUDA graphs off "
+                    f"(fig11_eager: {100 * part['expert_share_eager']:.0f}% expert)."
+                )
             elif part.get("graphs"):
                 pp = P["round_ms"][b]
-                rep.note(f"Block {b}: expert matrix products + other model kernels together: paper "
-                         f"{C.fmt(pp['expert matrix products'] + pp['other model kernels'])} ms, ours "
-                         f"{C.fmt(C.as_float(part.get('other model kernels')))} ms (CUDA graphs replayed in the "
-                         "profiled run fold the expert matmuls into the other model kernels).")
-    rep.compare("round_b6_over_b4", "round time, block 6 vs 4", PAPER["fig7"]["C64"]["round_b6_over_b4_pct"],
-                C.pct_change(total(rounds.get("6")), total(rounds.get("4"))), "%", prov)
+                rep.note(
+                    f"Block {b}: expert matrix products + other model kernels together: paper "
+                    f"{C.fmt(pp['expert matrix products'] + pp['other model kernels'])} ms, ours "
+                    f"{C.fmt(C.as_float(part.get('other model kernels')))} ms (CUDA graphs replayed in the "
+                    "profiled run fold the expert matmuls into the other model kernels)."
+                )
+    rep.compare(
+        "round_b6_over_b4",
+        "round time, block 6 vs 4",
+        PAPER["fig7"]["C64"]["round_b6_over_b4_pct"],
+        C.pct_change(total(rounds.get("6")), total(rounds.get("4"))),
+        "%",
+        prov,
+    )
     for k in keys:
-        rep.compare(f"share.{k}", f"resolver share of the step, {k}", P["resolver_share_pct"][k],
-                    C.as_float(shares.get(k)), "%", prov)
+        rep.compare(
+            f"share.{k}",
+            f"resolver share of the step, {k}",
+            P["resolver_share_pct"][k],
+            C.as_float(shares.get(k)),
+            "%",
+            prov,
+        )
     rep.measured_with = prov
     if b_note:
         rep.note(b_note)
     rep.note_reasons(skipped)
-    rep.note("The paper's segment-to-category mapping of panel (a) is inferred from the flattened "
-             "text; see figures/paper_values.py AMBIGUITIES['fig11.round_ms'].")
+    rep.note(
+        "The paper's segment-to-category mapping of panel (a) is inferred from the flattened "
+        "text; see figures/paper_values.py AMBIGUITIES['fig11.round_ms']."
+    )
     return rep.finish(fig, args)
 
 

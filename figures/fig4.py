@@ -32,7 +32,9 @@ def main(argv=None) -> C.Report:
     runs = C.load_runs(args.results, NAME)
     rep = C.Report(NAME, "Fig. 4 - GLM-5.3 serving at 100K context (ours: GLM-like scaled preset)")
     fig, axes = C.subplots(1, 3, width=3.8, height=3.0)
-    C.serving_panels(axes[0], runs, rep, output_key=OUT, output_label="Output throughput (tok/s/GPU)")
+    C.serving_panels(
+        axes[0], runs, rep, output_key=OUT, output_label="Output throughput (tok/s/GPU)"
+    )
     fig.tight_layout()
     rep.loads = {c: c for c in sorted({r.concurrency for r in runs if r.concurrency})}
     P = PAPER["fig4"]
@@ -42,102 +44,242 @@ def main(argv=None) -> C.Report:
     for sys_, pts in P["output_points"].items():
         for cl, pv in pts.items():
             c = int(cl[1:])
-            rep.compare(f"output.{sys_}.{cl}", f"{label(sys_)} output at {cl}", pv,
-                        output(tr, sys_, c), "tok/s/GPU", tr.take())
+            rep.compare(
+                f"output.{sys_}.{cl}",
+                f"{label(sys_)} output at {cl}",
+                pv,
+                output(tr, sys_, c),
+                "tok/s/GPU",
+                tr.take(),
+            )
 
     # ------------------------------------------------ ratios at C128
     o = lambda s, c: output(tr, s, c)  # noqa: E731
     st = lambda a, b, c, key=OUT: C.ratio_stats(C.pick(runs, a, c), C.pick(runs, b, c), key)  # noqa: E731
-    rep.compare("adhs_vs_hisparse_C128", "ADHS / HiSparse output at C128", P["adhs_vs_hisparse_C128"],
-                C.ratio(o("adaptive_dhisparse", 128), o("hisparse", 128)), "x", tr.take(),
-                stats=st("adaptive_dhisparse", "hisparse", 128))
-    rep.compare("adhs_vs_adaptive_C128", "ADHS / Adaptive HiSparse output at C128",
-                P["adhs_vs_adaptive_C128"],
-                C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)), "x", tr.take(),
-                stats=st("adaptive_dhisparse", "adaptive_hisparse", 128))
-    rep.compare("adaptive_vs_hisparse_C128", "Adaptive HiSparse / HiSparse output at C128",
-                P["adaptive_vs_hisparse_C128"],
-                C.ratio(o("adaptive_hisparse", 128), o("hisparse", 128)), "x", tr.take(),
-                stats=st("adaptive_hisparse", "hisparse", 128))
+    rep.compare(
+        "adhs_vs_hisparse_C128",
+        "ADHS / HiSparse output at C128",
+        P["adhs_vs_hisparse_C128"],
+        C.ratio(o("adaptive_dhisparse", 128), o("hisparse", 128)),
+        "x",
+        tr.take(),
+        stats=st("adaptive_dhisparse", "hisparse", 128),
+    )
+    rep.compare(
+        "adhs_vs_adaptive_C128",
+        "ADHS / Adaptive HiSparse output at C128",
+        P["adhs_vs_adaptive_C128"],
+        C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)),
+        "x",
+        tr.take(),
+        stats=st("adaptive_dhisparse", "adaptive_hisparse", 128),
+    )
+    rep.compare(
+        "adaptive_vs_hisparse_C128",
+        "Adaptive HiSparse / HiSparse output at C128",
+        P["adaptive_vs_hisparse_C128"],
+        C.ratio(o("adaptive_hisparse", 128), o("hisparse", 128)),
+        "x",
+        tr.take(),
+        stats=st("adaptive_hisparse", "hisparse", 128),
+    )
     tp = lambda s, c: tr.val(s, c, "tpot_ms_mean")  # noqa: E731
     d = C.pct_change(tp("adaptive_hisparse", 128), tp("hisparse", 128))
-    rep.compare("adaptive_tpot_lower_C128", "Adaptive HiSparse TPOT lower than HiSparse at C128",
-                P["adaptive_tpot_lower_C128_pct"], None if d is None else -d, "%", tr.take())
+    rep.compare(
+        "adaptive_tpot_lower_C128",
+        "Adaptive HiSparse TPOT lower than HiSparse at C128",
+        P["adaptive_tpot_lower_C128_pct"],
+        None if d is None else -d,
+        "%",
+        tr.take(),
+    )
     tt = lambda s, c: tr.val(s, c, "ttft_ms_mean", 1e-3)  # noqa: E731
-    rep.compare("adhs_ttft_lower_C128", "HiSparse TTFT / ADHS TTFT at C128",
-                P["adhs_ttft_lower_than_hisparse_C128"],
-                C.ratio(tt("hisparse", 128), tt("adaptive_dhisparse", 128)), "x", tr.take(),
-                stats=st("hisparse", "adaptive_dhisparse", 128, "ttft_ms_mean"))
+    rep.compare(
+        "adhs_ttft_lower_C128",
+        "HiSparse TTFT / ADHS TTFT at C128",
+        P["adhs_ttft_lower_than_hisparse_C128"],
+        C.ratio(tt("hisparse", 128), tt("adaptive_dhisparse", 128)),
+        "x",
+        tr.take(),
+        stats=st("hisparse", "adaptive_dhisparse", 128, "ttft_ms_mean"),
+    )
     d = C.pct_change(tp("adaptive_dhisparse", 128), tp("hisparse", 128))
-    rep.compare("adhs_tpot_lower_C128", "ADHS TPOT lower than HiSparse at C128",
-                P["adhs_tpot_lower_than_hisparse_C128_pct"], None if d is None else -d, "%", tr.take())
+    rep.compare(
+        "adhs_tpot_lower_C128",
+        "ADHS TPOT lower than HiSparse at C128",
+        P["adhs_tpot_lower_than_hisparse_C128_pct"],
+        None if d is None else -d,
+        "%",
+        tr.take(),
+    )
     act = lambda s, c: tr.val(s, c, "active_mean")  # noqa: E731
-    rep.compare("active_adaptive_C128", "Adaptive HiSparse active requests at C128",
-                P["active_adaptive_C128"], act("adaptive_hisparse", 128), "", tr.take())
-    rep.compare("active_hisparse_C128", "HiSparse active requests at C128",
-                P["active_hisparse_C128"], act("hisparse", 128), "", tr.take())
+    rep.compare(
+        "active_adaptive_C128",
+        "Adaptive HiSparse active requests at C128",
+        P["active_adaptive_C128"],
+        act("adaptive_hisparse", 128),
+        "",
+        tr.take(),
+    )
+    rep.compare(
+        "active_hisparse_C128",
+        "HiSparse active requests at C128",
+        P["active_hisparse_C128"],
+        act("hisparse", 128),
+        "",
+        tr.take(),
+    )
     ho = lambda s, c: tr.val(s, c, "handoff_s_mean")  # noqa: E731
-    rep.compare("handoff_hisparse_C128", "HiSparse handoff at C128", P["handoff_hisparse_s"],
-                ho("hisparse", 128), "s", tr.take())
-    rep.compare("handoff_adaptive_C128", "Adaptive HiSparse handoff at C128",
-                P["handoff_adaptive_s"], ho("adaptive_hisparse", 128), "s", tr.take())
+    rep.compare(
+        "handoff_hisparse_C128",
+        "HiSparse handoff at C128",
+        P["handoff_hisparse_s"],
+        ho("hisparse", 128),
+        "s",
+        tr.take(),
+    )
+    rep.compare(
+        "handoff_adaptive_C128",
+        "Adaptive HiSparse handoff at C128",
+        P["handoff_adaptive_s"],
+        ho("adaptive_hisparse", 128),
+        "s",
+        tr.take(),
+    )
     aw = lambda s, c: tr.val(s, c, "alloc_wait_s_mean")  # noqa: E731
     a1, a0 = aw("adaptive_hisparse", 128), aw("hisparse", 128)
-    rep.compare("added_alloc_wait_C128", "allocation wait added by Adaptive HiSparse at C128",
-                P["added_alloc_wait_s"], None if None in (a1, a0) else a1 - a0, "s", tr.take())
+    rep.compare(
+        "added_alloc_wait_C128",
+        "allocation wait added by Adaptive HiSparse at C128",
+        P["added_alloc_wait_s"],
+        None if None in (a1, a0) else a1 - a0,
+        "s",
+        tr.take(),
+    )
 
     # ------------------------------------------------ the resident limit
     m, lo, hi = mean_over(tr, "resident", (32, 64, 128, 256), OUT)
-    rep.compare("resident_plateau", "Resident output plateau (mean C32-C256)",
-                P["resident_plateau_tok_s"], m, "tok/s/GPU", tr.take(),
-                "" if m is None else f"range {C.fmt(lo)}-{C.fmt(hi)}")
+    rep.compare(
+        "resident_plateau",
+        "Resident output plateau (mean C32-C256)",
+        P["resident_plateau_tok_s"],
+        m,
+        "tok/s/GPU",
+        tr.take(),
+        "" if m is None else f"range {C.fmt(lo)}-{C.fmt(hi)}",
+    )
     m, lo, hi = mean_over(tr, "resident_dflash2", (16, 32, 64, 128, 256), OUT)
-    rep.compare("resident_dflash2_plateau", "Resident + DFlash2 output plateau (mean C16-C256)",
-                P["resident_dflash2_plateau_tok_s"], m, "tok/s/GPU", tr.take(),
-                "" if m is None else f"range {C.fmt(lo)}-{C.fmt(hi)}")
-    rep.compare("resident_ttft_C16", "Resident mean TTFT at C16", P["resident_ttft_C16_s"],
-                tt("resident", 16), "s", tr.take())
-    rep.compare("resident_ttft_C32", "Resident mean TTFT at C32", P["resident_ttft_C32_s"],
-                tt("resident", 32), "s", tr.take())
-    rep.compare("adhs_vs_resident_C256", "ADHS / Resident output at C256",
-                P["adhs_vs_resident_C256"],
-                C.ratio(o("adaptive_dhisparse", 256), o("resident", 256)), "x", tr.take(),
-                stats=st("adaptive_dhisparse", "resident", 256))
-    rep.compare("adhs_vs_resident_dflash2_C256", "ADHS / Resident + DFlash2 output at C256",
-                P["adhs_vs_resident_dflash2_C256"],
-                C.ratio(o("adaptive_dhisparse", 256), o("resident_dflash2", 256)), "x", tr.take(),
-                stats=st("adaptive_dhisparse", "resident_dflash2", 256))
+    rep.compare(
+        "resident_dflash2_plateau",
+        "Resident + DFlash2 output plateau (mean C16-C256)",
+        P["resident_dflash2_plateau_tok_s"],
+        m,
+        "tok/s/GPU",
+        tr.take(),
+        "" if m is None else f"range {C.fmt(lo)}-{C.fmt(hi)}",
+    )
+    rep.compare(
+        "resident_ttft_C16",
+        "Resident mean TTFT at C16",
+        P["resident_ttft_C16_s"],
+        tt("resident", 16),
+        "s",
+        tr.take(),
+    )
+    rep.compare(
+        "resident_ttft_C32",
+        "Resident mean TTFT at C32",
+        P["resident_ttft_C32_s"],
+        tt("resident", 32),
+        "s",
+        tr.take(),
+    )
+    rep.compare(
+        "adhs_vs_resident_C256",
+        "ADHS / Resident output at C256",
+        P["adhs_vs_resident_C256"],
+        C.ratio(o("adaptive_dhisparse", 256), o("resident", 256)),
+        "x",
+        tr.take(),
+        stats=st("adaptive_dhisparse", "resident", 256),
+    )
+    rep.compare(
+        "adhs_vs_resident_dflash2_C256",
+        "ADHS / Resident + DFlash2 output at C256",
+        P["adhs_vs_resident_dflash2_C256"],
+        C.ratio(o("adaptive_dhisparse", 256), o("resident_dflash2", 256)),
+        "x",
+        tr.take(),
+        stats=st("adaptive_dhisparse", "resident_dflash2", 256),
+    )
     below = [C.pct_change(o("adaptive_hisparse", c), o("resident", c)) for c in (4, 8, 16)]
     below = [-b for b in below if b is not None]
-    rep.compare("adaptive_below_resident_C4_C16", "Adaptive HiSparse below Resident, C4-C16 (mean)",
-                P["adaptive_below_resident_C4_C16_pct"], np.mean(below) if below else None, "%",
-                tr.take(), f"range {C.fmt(min(below))}-{C.fmt(max(below))}" if below else "")
+    rep.compare(
+        "adaptive_below_resident_C4_C16",
+        "Adaptive HiSparse below Resident, C4-C16 (mean)",
+        P["adaptive_below_resident_C4_C16_pct"],
+        np.mean(below) if below else None,
+        "%",
+        tr.take(),
+        f"range {C.fmt(min(below))}-{C.fmt(max(below))}" if below else "",
+    )
     above = [C.pct_change(o("adaptive_hisparse", c), o("hisparse", c)) for c in (4, 8, 16)]
     above = [a for a in above if a is not None]
-    rep.compare("adaptive_above_hisparse_C4_C16", "Adaptive HiSparse above HiSparse, C4-C16 (mean)",
-                P["adaptive_above_hisparse_C4_C16_pct"], np.mean(above) if above else None, "%",
-                tr.take(), f"range {C.fmt(min(above))}-{C.fmt(max(above))}" if above else "")
+    rep.compare(
+        "adaptive_above_hisparse_C4_C16",
+        "Adaptive HiSparse above HiSparse, C4-C16 (mean)",
+        P["adaptive_above_hisparse_C4_C16_pct"],
+        np.mean(above) if above else None,
+        "%",
+        tr.take(),
+        f"range {C.fmt(min(above))}-{C.fmt(max(above))}" if above else "",
+    )
     d = C.pct_change(o("adaptive_hisparse", 256), o("hisparse", 256))
-    rep.compare("adaptive_above_hisparse_C256", "Adaptive HiSparse above HiSparse at C256",
-                P["adaptive_and_adhs_above_hisparse_C256_pct"], d, "%", tr.take())
-    rep.compare("adhs_ttft_higher_C256", "ADHS TTFT / Adaptive HiSparse TTFT at C256",
-                P["adhs_ttft_higher_C256"],
-                C.ratio(tt("adaptive_dhisparse", 256), tt("adaptive_hisparse", 256)), "x", tr.take(),
-                stats=st("adaptive_dhisparse", "adaptive_hisparse", 256, "ttft_ms_mean"))
+    rep.compare(
+        "adaptive_above_hisparse_C256",
+        "Adaptive HiSparse above HiSparse at C256",
+        P["adaptive_and_adhs_above_hisparse_C256_pct"],
+        d,
+        "%",
+        tr.take(),
+    )
+    rep.compare(
+        "adhs_ttft_higher_C256",
+        "ADHS TTFT / Adaptive HiSparse TTFT at C256",
+        P["adhs_ttft_higher_C256"],
+        C.ratio(tt("adaptive_dhisparse", 256), tt("adaptive_hisparse", 256)),
+        "x",
+        tr.take(),
+        stats=st("adaptive_dhisparse", "adaptive_hisparse", 256, "ttft_ms_mean"),
+    )
 
-    blocks = {r.concurrency: r.cfg("block", "block_size", "spec_block") for r in runs
-              if r.system == "adaptive_dhisparse"}
+    blocks = {
+        r.concurrency: r.cfg("block", "block_size", "spec_block")
+        for r in runs
+        if r.system == "adaptive_dhisparse"
+    }
     blocks = {c: b for c, b in blocks.items() if b is not None}
     if blocks:
-        rep.note("ADHS block per concurrency in our runs: "
-                 + ", ".join(f"C{c}: {b}" for c, b in sorted(blocks.items()))
-                 + " (paper: 8 at C4-C32, 6 at C64, 4 at C128 and C256).")
+        rep.note(
+            "ADHS block per concurrency in our runs: "
+            + ", ".join(f"C{c}: {b}" for c, b in sorted(blocks.items()))
+            + " (paper: 8 at C4-C32, 6 at C64, 4 at C128 and C256)."
+        )
     why = C.diagnosis(runs, 128)
     if why:
-        rep.note(why[0].upper() + why[1:] + ". Where decode is a small share, output is bounded "
-                 "by the other work of the engine thread (graph captures, handoffs), not by decode.")
-    paired = C.paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"), ("adaptive_dhisparse", "adaptive_hisparse"),
-                                        ("adaptive_hisparse", "hisparse")), 128)
+        rep.note(
+            why[0].upper() + why[1:] + ". Where decode is a small share, output is bounded "
+            "by the other work of the engine thread (graph captures, handoffs), not by decode."
+        )
+    paired = C.paired_ratio_note(
+        runs,
+        (
+            ("adaptive_dhisparse", "hisparse"),
+            ("adaptive_dhisparse", "adaptive_hisparse"),
+            ("adaptive_hisparse", "hisparse"),
+        ),
+        128,
+    )
     if paired:
         rep.note(paired[0].upper() + paired[1:] + ".")
     ttft_why = ttft_diagnosis(runs, 128)
@@ -147,18 +289,22 @@ def main(argv=None) -> C.Report:
     if adm:
         rep.note(adm[0].upper() + adm[1:] + ".")
     # a claim's "why not" is the compared runs' measured breakdown
-    for key, systems, c in (("adhs_vs_hisparse_C128", ("adaptive_dhisparse", "hisparse"), 128),
-                            ("adhs_vs_adaptive_C128", ("adaptive_dhisparse", "adaptive_hisparse"), 128),
-                            ("adaptive_vs_hisparse_C128", ("adaptive_hisparse", "hisparse"), 128),
-                            ("adhs_ttft_lower_C128", ("hisparse", "adaptive_dhisparse"), 128),
-                            ("adhs_vs_resident_C256", ("adaptive_dhisparse", "resident"), 256),
-                            ("adhs_vs_resident_dflash2_C256", ("adaptive_dhisparse", "resident_dflash2"), 256),
-                            ("adhs_ttft_higher_C256", ("adaptive_dhisparse", "adaptive_hisparse"), 256)):
+    for key, systems, c in (
+        ("adhs_vs_hisparse_C128", ("adaptive_dhisparse", "hisparse"), 128),
+        ("adhs_vs_adaptive_C128", ("adaptive_dhisparse", "adaptive_hisparse"), 128),
+        ("adaptive_vs_hisparse_C128", ("adaptive_hisparse", "hisparse"), 128),
+        ("adhs_ttft_lower_C128", ("hisparse", "adaptive_dhisparse"), 128),
+        ("adhs_vs_resident_C256", ("adaptive_dhisparse", "resident"), 256),
+        ("adhs_vs_resident_dflash2_C256", ("adaptive_dhisparse", "resident_dflash2"), 256),
+        ("adhs_ttft_higher_C256", ("adaptive_dhisparse", "adaptive_hisparse"), 256),
+    ):
         b = C.claim_breakdown(runs, systems, c)
         if b:
             rep.diagnose((key,), b)
-    rep.note("Absolute throughput and latency of a scaled preset on one H200 are not the paper's "
-             "B300 numbers; ratios between systems are the comparable quantities.")
+    rep.note(
+        "Absolute throughput and latency of a scaled preset on one H200 are not the paper's "
+        "B300 numbers; ratios between systems are the comparable quantities."
+    )
     return rep.finish(fig, args)
 
 
@@ -173,13 +319,17 @@ def ttft_diagnosis(runs, concurrency: int) -> str | None:
             return None
         per_step = C.find_key(r.config, "max_handoffs_per_step") or per_step
         inputs = C.find_key(r.config, "input_len") or inputs
-        parts.append(f"{label(system)} {sp['ttft_s']:.2f} s, of which handoff {sp['handoff_s'] * 1e3:.0f} ms")
-    return (f"mean TTFT at C{concurrency}: " + "; ".join(parts) + " (paper: 10.68 s with 10.36 s of "
-            f"handoff, 5.13 s with 2.23 s). Our handoff is a copy of a {inputs or '?'}-token history within one host, "
-            "not a 100K-token transfer from a prefill node, so the admission-path saving behind the "
-            "paper's ratio has next to nothing to remove here; the rest of TTFT is waiting for a "
-            f"step to admit into ({per_step or '?'} handoffs per step), and a speculative round is "
-            "longer than a step")
+        parts.append(
+            f"{label(system)} {sp['ttft_s']:.2f} s, of which handoff {sp['handoff_s'] * 1e3:.0f} ms"
+        )
+    return (
+        f"mean TTFT at C{concurrency}: " + "; ".join(parts) + " (paper: 10.68 s with 10.36 s of "
+        f"handoff, 5.13 s with 2.23 s). Our handoff is a copy of a {inputs or '?'}-token history within one host, "
+        "not a 100K-token transfer from a prefill node, so the admission-path saving behind the "
+        "paper's ratio has next to nothing to remove here; the rest of TTFT is waiting for a "
+        f"step to admit into ({per_step or '?'} handoffs per step), and a speculative round is "
+        "longer than a step"
+    )
 
 
 if __name__ == "__main__":

@@ -20,11 +20,17 @@ def main(argv=None) -> C.Report:
     lens = sorted({int(r.cfg("input_len")) for r in allruns if C.as_float(r.cfg("input_len"))})
     main_len = lens[-1] if lens else None
     # the serving curves use the longest context; shorter contexts only feed the crossover
-    runs = [r for r in allruns if main_len is None or C.as_float(r.cfg("input_len")) in (None, main_len)]
-    rep = C.Report(NAME, "Fig. 5 - DeepSeek-V4.1-Flash serving at 500K context "
-                         "(ours: DeepSeek-like scaled preset)")
+    runs = [
+        r for r in allruns if main_len is None or C.as_float(r.cfg("input_len")) in (None, main_len)
+    ]
+    rep = C.Report(
+        NAME,
+        "Fig. 5 - DeepSeek-V4.1-Flash serving at 500K context (ours: DeepSeek-like scaled preset)",
+    )
     fig, axes = C.subplots(1, 3, width=3.8, height=3.0)
-    C.serving_panels(axes[0], runs, rep, output_key=OUT, output_label="Output throughput (tok/s/GPU)")
+    C.serving_panels(
+        axes[0], runs, rep, output_key=OUT, output_label="Output throughput (tok/s/GPU)"
+    )
     fig.tight_layout()
     P = PAPER["fig5"]
     tr = C.Tracker(runs)
@@ -37,53 +43,150 @@ def main(argv=None) -> C.Report:
     tp = lambda s, c: tr.val(s, c, "tpot_ms_mean")  # noqa: E731
     st = lambda a, b, c: C.ratio_stats(C.pick(runs, a, c), C.pick(runs, b, c), OUT)  # noqa: E731
 
-    rep.compare("adhs_vs_resident_dspark_C512", "ADHS / Resident + DSpark output at C512",
-                P["adhs_vs_resident_dspark_C512"],
-                C.ratio(o("adaptive_dhisparse", top), o("resident_dspark", top)), "x", tr.take(), note_top,
-                stats=C.ratio_stats(C.pick(runs, "adaptive_dhisparse", top),
-                                    C.pick(runs, "resident_dspark", top), OUT))
-    rep.compare("adhs_output_C512", "ADHS output at C512", P["adhs_output_C512"],
-                o("adaptive_dhisparse", top), "tok/s/GPU", tr.take(), note_top)
-    rep.compare("adhs_ttft_lower_C512", "Resident + DSpark TTFT / ADHS TTFT at C512",
-                P["adhs_ttft_lower_vs_resident_dspark_C512"],
-                C.ratio(tt("resident_dspark", top), tt("adaptive_dhisparse", top)), "x", tr.take(), note_top)
-    rep.compare("adhs_tpot_higher_C512", "ADHS TPOT / Resident + DSpark TPOT at C512",
-                P["adhs_tpot_higher_vs_resident_dspark_C512"],
-                C.ratio(tp("adaptive_dhisparse", top), tp("resident_dspark", top)), "x", tr.take(), note_top)
-    rep.compare("spec_return_C128", "ADHS / Adaptive HiSparse output at C128", P["spec_return_C128"],
-                C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)), "x", tr.take(),
-                stats=st("adaptive_dhisparse", "adaptive_hisparse", 128))
-    rep.compare("spec_return_C512", "ADHS / Adaptive HiSparse output at C512", P["spec_return_C512"],
-                C.ratio(o("adaptive_dhisparse", top), o("adaptive_hisparse", top)), "x", tr.take(), note_top,
-                stats=st("adaptive_dhisparse", "adaptive_hisparse", top))
+    rep.compare(
+        "adhs_vs_resident_dspark_C512",
+        "ADHS / Resident + DSpark output at C512",
+        P["adhs_vs_resident_dspark_C512"],
+        C.ratio(o("adaptive_dhisparse", top), o("resident_dspark", top)),
+        "x",
+        tr.take(),
+        note_top,
+        stats=C.ratio_stats(
+            C.pick(runs, "adaptive_dhisparse", top), C.pick(runs, "resident_dspark", top), OUT
+        ),
+    )
+    rep.compare(
+        "adhs_output_C512",
+        "ADHS output at C512",
+        P["adhs_output_C512"],
+        o("adaptive_dhisparse", top),
+        "tok/s/GPU",
+        tr.take(),
+        note_top,
+    )
+    rep.compare(
+        "adhs_ttft_lower_C512",
+        "Resident + DSpark TTFT / ADHS TTFT at C512",
+        P["adhs_ttft_lower_vs_resident_dspark_C512"],
+        C.ratio(tt("resident_dspark", top), tt("adaptive_dhisparse", top)),
+        "x",
+        tr.take(),
+        note_top,
+    )
+    rep.compare(
+        "adhs_tpot_higher_C512",
+        "ADHS TPOT / Resident + DSpark TPOT at C512",
+        P["adhs_tpot_higher_vs_resident_dspark_C512"],
+        C.ratio(tp("adaptive_dhisparse", top), tp("resident_dspark", top)),
+        "x",
+        tr.take(),
+        note_top,
+    )
+    rep.compare(
+        "spec_return_C128",
+        "ADHS / Adaptive HiSparse output at C128",
+        P["spec_return_C128"],
+        C.ratio(o("adaptive_dhisparse", 128), o("adaptive_hisparse", 128)),
+        "x",
+        tr.take(),
+        stats=st("adaptive_dhisparse", "adaptive_hisparse", 128),
+    )
+    rep.compare(
+        "spec_return_C512",
+        "ADHS / Adaptive HiSparse output at C512",
+        P["spec_return_C512"],
+        C.ratio(o("adaptive_dhisparse", top), o("adaptive_hisparse", top)),
+        "x",
+        tr.take(),
+        note_top,
+        stats=st("adaptive_dhisparse", "adaptive_hisparse", top),
+    )
     res = [o("resident", c) for c in cs if c >= 128]
     res = [v for v in res if v is not None]
-    rep.compare("resident_plateau", "Resident output plateau (mean from C128)",
-                P["resident_plateau_tok_s"], sum(res) / len(res) if res else None, "tok/s/GPU", tr.take())
-    rep.compare("resident_ttft_C128", "Resident mean TTFT at C128", P["resident_ttft_C128_s"],
-                tt("resident", 128), "s", tr.take())
-    rep.compare("resident_ttft_C512", "Resident mean TTFT at C512", P["resident_ttft_C512_s"],
-                tt("resident", top), "s", tr.take(), note_top)
-    rep.compare("adaptive_vs_resident_C128", "Adaptive HiSparse / Resident output at C128",
-                P["adaptive_vs_resident_C128"],
-                C.ratio(o("adaptive_hisparse", 128), o("resident", 128)), "x", tr.take(),
-                stats=st("adaptive_hisparse", "resident", 128))
-    rep.compare("adaptive_vs_resident_C512", "Adaptive HiSparse / Resident output at C512",
-                P["adaptive_vs_resident_C512"],
-                C.ratio(o("adaptive_hisparse", top), o("resident", top)), "x", tr.take(), note_top,
-                stats=st("adaptive_hisparse", "resident", top))
-    rep.compare("adaptive_output_C512", "Adaptive HiSparse output at C512", P["adaptive_output_C512"],
-                o("adaptive_hisparse", top), "tok/s/GPU", tr.take(), note_top)
-    rep.compare("adaptive_ttft_lower_C512", "Resident TTFT / Adaptive HiSparse TTFT at C512",
-                P["adaptive_ttft_lower_vs_resident_C512"],
-                C.ratio(tt("resident", top), tt("adaptive_hisparse", top)), "x", tr.take(), note_top)
-    diffs = [abs(C.pct_change(o("adaptive_hisparse", c), o("hisparse", c)) or 0) for c in cs
-             if c <= 256 and None not in (o("adaptive_hisparse", c), o("hisparse", c))]
-    rep.compare("adaptive_vs_hisparse_upto_C256", "|Adaptive HiSparse - HiSparse| up to C256 (max)",
-                P["adaptive_vs_hisparse_upto_C256_within_pct"], max(diffs) if diffs else None, "%", tr.take())
-    rep.compare("adaptive_vs_hisparse_C512", "Adaptive HiSparse above HiSparse at C512",
-                P["adaptive_vs_hisparse_C512_pct"],
-                C.pct_change(o("adaptive_hisparse", top), o("hisparse", top)), "%", tr.take(), note_top)
+    rep.compare(
+        "resident_plateau",
+        "Resident output plateau (mean from C128)",
+        P["resident_plateau_tok_s"],
+        sum(res) / len(res) if res else None,
+        "tok/s/GPU",
+        tr.take(),
+    )
+    rep.compare(
+        "resident_ttft_C128",
+        "Resident mean TTFT at C128",
+        P["resident_ttft_C128_s"],
+        tt("resident", 128),
+        "s",
+        tr.take(),
+    )
+    rep.compare(
+        "resident_ttft_C512",
+        "Resident mean TTFT at C512",
+        P["resident_ttft_C512_s"],
+        tt("resident", top),
+        "s",
+        tr.take(),
+        note_top,
+    )
+    rep.compare(
+        "adaptive_vs_resident_C128",
+        "Adaptive HiSparse / Resident output at C128",
+        P["adaptive_vs_resident_C128"],
+        C.ratio(o("adaptive_hisparse", 128), o("resident", 128)),
+        "x",
+        tr.take(),
+        stats=st("adaptive_hisparse", "resident", 128),
+    )
+    rep.compare(
+        "adaptive_vs_resident_C512",
+        "Adaptive HiSparse / Resident output at C512",
+        P["adaptive_vs_resident_C512"],
+        C.ratio(o("adaptive_hisparse", top), o("resident", top)),
+        "x",
+        tr.take(),
+        note_top,
+        stats=st("adaptive_hisparse", "resident", top),
+    )
+    rep.compare(
+        "adaptive_output_C512",
+        "Adaptive HiSparse output at C512",
+        P["adaptive_output_C512"],
+        o("adaptive_hisparse", top),
+        "tok/s/GPU",
+        tr.take(),
+        note_top,
+    )
+    rep.compare(
+        "adaptive_ttft_lower_C512",
+        "Resident TTFT / Adaptive HiSparse TTFT at C512",
+        P["adaptive_ttft_lower_vs_resident_C512"],
+        C.ratio(tt("resident", top), tt("adaptive_hisparse", top)),
+        "x",
+        tr.take(),
+        note_top,
+    )
+    diffs = [
+        abs(C.pct_change(o("adaptive_hisparse", c), o("hisparse", c)) or 0)
+        for c in cs
+        if c <= 256 and None not in (o("adaptive_hisparse", c), o("hisparse", c))
+    ]
+    rep.compare(
+        "adaptive_vs_hisparse_upto_C256",
+        "|Adaptive HiSparse - HiSparse| up to C256 (max)",
+        P["adaptive_vs_hisparse_upto_C256_within_pct"],
+        max(diffs) if diffs else None,
+        "%",
+        tr.take(),
+    )
+    rep.compare(
+        "adaptive_vs_hisparse_C512",
+        "Adaptive HiSparse above HiSparse at C512",
+        P["adaptive_vs_hisparse_C512_pct"],
+        C.pct_change(o("adaptive_hisparse", top), o("hisparse", top)),
+        "%",
+        tr.take(),
+        note_top,
+    )
 
     eager = C.eager_note(runs)
     if eager:
@@ -92,9 +195,11 @@ def main(argv=None) -> C.Report:
     if why:
         rep.note(why[0].upper() + why[1:] + ".")
 
-    for key, systems in (("adhs_vs_resident_dspark_C512", ("adaptive_dhisparse", "resident_dspark")),
-                         ("spec_return_C512", ("adaptive_dhisparse", "adaptive_hisparse")),
-                         ("adaptive_vs_resident_C512", ("adaptive_hisparse", "resident"))):
+    for key, systems in (
+        ("adhs_vs_resident_dspark_C512", ("adaptive_dhisparse", "resident_dspark")),
+        ("spec_return_C512", ("adaptive_dhisparse", "adaptive_hisparse")),
+        ("adaptive_vs_resident_C512", ("adaptive_hisparse", "resident")),
+    ):
         b = C.claim_breakdown(runs, systems, top)
         if b:
             rep.diagnose((key,), b)
@@ -107,17 +212,28 @@ def main(argv=None) -> C.Report:
         have = [L for L in lens if target and abs(L - target) / target < 0.5]
         if have:
             L = min(have, key=lambda v: abs(v - target))
-            rr = [r for r in allruns if C.as_float(r.cfg("input_len")) == L and r.concurrency == top]
+            rr = [
+                r for r in allruns if C.as_float(r.cfg("input_len")) == L and r.concurrency == top
+            ]
             a = C.pick(rr, "adaptive_hisparse")
             b = C.pick(rr, "resident")
             if a and b:
                 tr.use([a, b])
                 q = C.ratio(a.num(OUT), b.num(OUT))
                 ours = None if q is None else ((q - 1) * 100 if pv.unit == "%" else q)
-        rep.compare(f"crossover_{ctx}", f"Adaptive HiSparse vs Resident at {int(ctx):,} tokens, C512",
-                    pv, ours, pv.unit, tr.take(), "at the same fraction of our longest context")
-    rep.note("Absolute throughput of a scaled preset on one H200 is not the paper's two-GPU B300 "
-             "number; ratios between systems are the comparable quantities.")
+        rep.compare(
+            f"crossover_{ctx}",
+            f"Adaptive HiSparse vs Resident at {int(ctx):,} tokens, C512",
+            pv,
+            ours,
+            pv.unit,
+            tr.take(),
+            "at the same fraction of our longest context",
+        )
+    rep.note(
+        "Absolute throughput of a scaled preset on one H200 is not the paper's two-GPU B300 "
+        "number; ratios between systems are the comparable quantities."
+    )
     return rep.finish(fig, args)
 
 

@@ -36,29 +36,42 @@ def main(argv=None) -> C.Report:
     runs = C.load_runs(args.results, NAME)
     A = arms(runs)
     S = C.load_json(args.results / NAME / "summary.json") or {}
-    rep = C.Report(NAME, "Fig. 6 - Residency under a load step (ours: GLM-like scaled preset, "
-                         "time-scaled phases)")
+    rep = C.Report(
+        NAME,
+        "Fig. 6 - Residency under a load step (ours: GLM-like scaled preset, time-scaled phases)",
+    )
     rep.loads = step_loads(A.values())
     P = PAPER["fig6"]
     fig, axes = C.subplots(1, 3, width=3.8, height=2.9)
-    specs = (("a", "dhs_num_allocated_slots", "Allocated request slots", 1.0, False),
-             ("b", "dhs_ready_optional_coverage", "Ready history coverage (%)", 100.0, False),
-             ("c", None, "Selections fetched from host (%)", 100.0, True))
+    specs = (
+        ("a", "dhs_num_allocated_slots", "Allocated request slots", 1.0, False),
+        ("b", "dhs_ready_optional_coverage", "Ready history coverage (%)", 100.0, False),
+        ("c", None, "Selections fetched from host (%)", 100.0, True),
+    )
     for ax, (lt, col, ylabel, sc, is_share) in zip(axes[0], specs):
         drew = False
         for arm, r in sorted(A.items()):
             df = r.metrics
             t0 = float(df["ts"].iloc[0])
             if is_share:
-                if not {"dhs_selected_rows_from_host_total", "dhs_selected_rows_total"} <= set(df.columns):
+                if not {"dhs_selected_rows_from_host_total", "dhs_selected_rows_total"} <= set(
+                    df.columns
+                ):
                     continue
-                b = C.binned_share(df, "dhs_selected_rows_from_host_total", "dhs_selected_rows_total", 5.0, t0)
+                b = C.binned_share(
+                    df, "dhs_selected_rows_from_host_total", "dhs_selected_rows_total", 5.0, t0
+                )
             else:
                 if col not in df.columns:
                     continue
                 b = C.binned(df, col, 5.0, t0)
-            ax.plot(b["t_s"] / 60.0, b["value"] * sc, color=ARM_COLORS[arm], linewidth=1.2,
-                    label=f"Optional residency {arm}")
+            ax.plot(
+                b["t_s"] / 60.0,
+                b["value"] * sc,
+                color=ARM_COLORS[arm],
+                linewidth=1.2,
+                label=f"Optional residency {arm}",
+            )
             drew = True
             for s0, s1, c in phase_bounds(r, t0):
                 if c and c > 16:
@@ -88,48 +101,111 @@ def main(argv=None) -> C.Report:
 
     on_low, p1 = pick_val("host_fetch_share_low_on", d_on.get("host_low"), 100)
     off_low, p2 = pick_val("host_fetch_share_low_off", d_off.get("host_low"), 100)
-    rep.compare("host_low_on", "host-fetched share at low load, residency on", P["host_share_low_on_pct"],
-                on_low, "%", p1)
-    rep.compare("host_low_off", "host-fetched share at low load, residency off",
-                P["host_share_low_off_pct"], off_low, "%", p2)
-    rep.compare("host_low_reduction", "reduction of host fetches at low load (off / on)",
-                P["host_share_low_reduction"], C.ratio(off_low, on_low), "x", p1)
+    rep.compare(
+        "host_low_on",
+        "host-fetched share at low load, residency on",
+        P["host_share_low_on_pct"],
+        on_low,
+        "%",
+        p1,
+    )
+    rep.compare(
+        "host_low_off",
+        "host-fetched share at low load, residency off",
+        P["host_share_low_off_pct"],
+        off_low,
+        "%",
+        p2,
+    )
+    rep.compare(
+        "host_low_reduction",
+        "reduction of host fetches at low load (off / on)",
+        P["host_share_low_reduction"],
+        C.ratio(off_low, on_low),
+        "x",
+        p1,
+    )
     v, p = pick_val("coverage_low_on", d_on.get("coverage_low"), 100)
-    rep.compare("coverage_low_on", "ready optional coverage at low load, residency on",
-                P["coverage_low_on_pct"], v, "%", p)
+    rep.compare(
+        "coverage_low_on",
+        "ready optional coverage at low load, residency on",
+        P["coverage_low_on_pct"],
+        v,
+        "%",
+        p,
+    )
     v, p = pick_val("seconds_to_coverage_below_1pct", d_on.get("below_1pct_s"))
-    rep.compare("below_1pct_s", "seconds until coverage < 1% after the step up",
-                P["seconds_to_coverage_below_1pct"], v, "s", p)
+    rep.compare(
+        "below_1pct_s",
+        "seconds until coverage < 1% after the step up",
+        P["seconds_to_coverage_below_1pct"],
+        v,
+        "s",
+        p,
+    )
     v, p = pick_val("seconds_to_fill_slots_on", d_on.get("fill_s"))
-    rep.compare("fill_on_s", "seconds to fill the slots, residency on", P["seconds_to_fill_slots_on"], v, "s", p)
+    rep.compare(
+        "fill_on_s",
+        "seconds to fill the slots, residency on",
+        P["seconds_to_fill_slots_on"],
+        v,
+        "s",
+        p,
+    )
     v, p = pick_val("seconds_to_fill_slots_off", d_off.get("fill_s"))
-    rep.compare("fill_off_s", "seconds to fill the slots, residency off", P["seconds_to_fill_slots_off"], v, "s", p)
+    rep.compare(
+        "fill_off_s",
+        "seconds to fill the slots, residency off",
+        P["seconds_to_fill_slots_off"],
+        v,
+        "s",
+        p,
+    )
     v, p = pick_val("seconds_to_coverage_above_50pct_after_drop", d_on.get("above_50pct_s"))
-    rep.compare("above_50pct_s", "seconds until coverage > 50% after the step down",
-                P["seconds_to_coverage_above_50pct_after_drop"], v, "s", p)
+    rep.compare(
+        "above_50pct_s",
+        "seconds until coverage > 50% after the step down",
+        P["seconds_to_coverage_above_50pct_after_drop"],
+        v,
+        "s",
+        p,
+    )
     ph = []
     for r in A.values():
         ph = [C.as_float(p.get("duration_s")) for p in r.summary.get("phases") or []]
         break
     ph = [x for x in ph if x]
-    rep.compare("phase_minutes", "phase length", P["phase_minutes"],
-                (ph[0] / 60.0) if ph else None, "min", prov_runs,
-                "our load step is scaled down in time" if ph and ph[0] < 300 else "")
+    rep.compare(
+        "phase_minutes",
+        "phase length",
+        P["phase_minutes"],
+        (ph[0] / 60.0) if ph else None,
+        "min",
+        prov_runs,
+        "our load step is scaled down in time" if ph and ph[0] < 300 else "",
+    )
     rep.measured_with = "; ".join(x for x in (prov_runs, prov_sum) if x)
     rep.note("Per-phase request statistics (Table A1) are in tableA1.md. Shaded: the C256 phase.")
     for arm, r in sorted(A.items()):
         sched = (r.point or {}).get("schedule") or r.cfg("schedule")
         if sched:
-            rep.note(f"Our schedule ({arm}): {sched} (concurrency:seconds); the paper's C16 -> "
-                     "C256 -> C16 runs on four decode GPUs, 4 -> 64 -> 4 sessions per GPU.")
+            rep.note(
+                f"Our schedule ({arm}): {sched} (concurrency:seconds); the paper's C16 -> "
+                "C256 -> C16 runs on four decode GPUs, 4 -> 64 -> 4 sessions per GPU."
+            )
             break
     if d_on.get("eligible_pages_low"):
-        flat = ("; the count held level (10th-90th percentile within 10%), so the pages M leaves "
-                "after the index pool's static reservation capped coverage, not population"
-                if d_on.get("optional_pages_flat") else "")
-        rep.note(f"Late in the first low phase (residency on), {d_on['optional_pages_low']:.0f} "
-                 f"optional pages were ready out of {d_on['eligible_pages_low']:.0f} eligible "
-                 f"history pages{flat}.")
+        flat = (
+            "; the count held level (10th-90th percentile within 10%), so the pages M leaves "
+            "after the index pool's static reservation capped coverage, not population"
+            if d_on.get("optional_pages_flat")
+            else ""
+        )
+        rep.note(
+            f"Late in the first low phase (residency on), {d_on['optional_pages_low']:.0f} "
+            f"optional pages were ready out of {d_on['eligible_pages_low']:.0f} eligible "
+            f"history pages{flat}."
+        )
     return rep.finish(fig, args)
 
 

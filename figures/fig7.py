@@ -57,10 +57,15 @@ def from_runs(runs) -> list[dict]:
         b = r.cfg("block", "block_size", "spec_block")
         if b is None or r.concurrency is None:
             continue
-        out.append({"block": int(b), "concurrency": r.concurrency,
-                    "emitted_tokens_per_round": r.num("emitted_tokens_per_round"),
-                    "output_tok_s_per_gpu": r.num("output_tok_s_per_gpu"),
-                    "round_ms": r.num("round_ms")})
+        out.append(
+            {
+                "block": int(b),
+                "concurrency": r.concurrency,
+                "emitted_tokens_per_round": r.num("emitted_tokens_per_round"),
+                "output_tok_s_per_gpu": r.num("output_tok_s_per_gpu"),
+                "round_ms": r.num("round_ms"),
+            }
+        )
     return out
 
 
@@ -86,18 +91,32 @@ def main(argv=None) -> C.Report:
     cs = sorted({c for _, c in get})
     blocks = sorted({b for b, _ in get})
     cols = dict(zip(cs, sns_colors(len(cs))))
-    for ax, key, ylabel, lt in ((axes[0][0], "emitted_tokens_per_round", "Emitted tokens per round", "a"),
-                                (axes[0][1], "output_tok_s_per_gpu", "Output throughput (tok/s/GPU)", "b")):
+    for ax, key, ylabel, lt in (
+        (axes[0][0], "emitted_tokens_per_round", "Emitted tokens per round", "a"),
+        (axes[0][1], "output_tok_s_per_gpu", "Output throughput (tok/s/GPU)", "b"),
+    ):
         drew = False
         for c in cs:
             xs = [b for b in blocks if raw(b, c, key) is not None]
             if xs:
                 drew = True
-                ax.plot(xs, [raw(b, c, key) for b in xs], marker="o", color=cols[c], label=f"C{c} (ours)")
+                ax.plot(
+                    xs,
+                    [raw(b, c, key) for b in xs],
+                    marker="o",
+                    color=cols[c],
+                    label=f"C{c} (ours)",
+                )
         if key == "emitted_tokens_per_round":
             d = P["derived"]["tokens_per_round"]["C128"]
-            ax.plot([4, 6, 8], [d["4"], d["6"], d["8"]], linestyle="--", marker="x", color="#777777",
-                    label="paper C128 (from text ratios)")
+            ax.plot(
+                [4, 6, 8],
+                [d["4"], d["6"], d["8"]],
+                linestyle="--",
+                marker="x",
+                color="#777777",
+                label="paper C128 (from text ratios)",
+            )
         if drew:
             ax.set_xticks(P["blocks"])
             ax.set_xlabel("Block size (target queries per round)")
@@ -116,51 +135,127 @@ def main(argv=None) -> C.Report:
     T = "emitted_tokens_per_round"
     O = "output_tok_s_per_gpu"
     # compare() labels name the paper's load and, where it differs, the one of ours it maps to
-    L = {c: f"C{c}" + (f" (ours C{ours[c]})" if ours.get(c, c) != c else "") for c in P["concurrency"]}
-    rep.compare("C64.tokens_b6", f"{L[64]}: tokens per round, block 6 vs 4", P["C64"]["tokens_b6_over_b4_pct"],
-                pct(v(6, 64, T), v(4, 64, T)), "%", prov)
-    rep.compare("C64.round_b6", f"{L[64]}: round time, block 6 vs 4", P["C64"]["round_b6_over_b4_pct"],
-                pct(v(6, 64, "round_ms"), v(4, 64, "round_ms")), "%", prov)
+    L = {
+        c: f"C{c}" + (f" (ours C{ours[c]})" if ours.get(c, c) != c else "")
+        for c in P["concurrency"]
+    }
+    rep.compare(
+        "C64.tokens_b6",
+        f"{L[64]}: tokens per round, block 6 vs 4",
+        P["C64"]["tokens_b6_over_b4_pct"],
+        pct(v(6, 64, T), v(4, 64, T)),
+        "%",
+        prov,
+    )
+    rep.compare(
+        "C64.round_b6",
+        f"{L[64]}: round time, block 6 vs 4",
+        P["C64"]["round_b6_over_b4_pct"],
+        pct(v(6, 64, "round_ms"), v(4, 64, "round_ms")),
+        "%",
+        prov,
+    )
     outs = [v(b, 64, O) for b in (4, 6, 8) if v(b, 64, O) is not None]
-    rep.compare("C64.spread", f"{L[64]}: output spread over the three blocks",
-                P["C64"]["output_spread_within_pct"],
-                (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None, "%", prov)
-    rep.compare("C128.tokens_b6", f"{L[128]}: tokens per round, block 6 vs 4", P["C128"]["tokens_b6_over_b4_pct"],
-                pct(v(6, 128, T), v(4, 128, T)), "%", prov)
-    rep.compare("C128.tokens_b8", f"{L[128]}: tokens per round, block 8 vs 4", P["C128"]["tokens_b8_over_b4_pct"],
-                pct(v(8, 128, T), v(4, 128, T)), "%", prov)
+    rep.compare(
+        "C64.spread",
+        f"{L[64]}: output spread over the three blocks",
+        P["C64"]["output_spread_within_pct"],
+        (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None,
+        "%",
+        prov,
+    )
+    rep.compare(
+        "C128.tokens_b6",
+        f"{L[128]}: tokens per round, block 6 vs 4",
+        P["C128"]["tokens_b6_over_b4_pct"],
+        pct(v(6, 128, T), v(4, 128, T)),
+        "%",
+        prov,
+    )
+    rep.compare(
+        "C128.tokens_b8",
+        f"{L[128]}: tokens per round, block 8 vs 4",
+        P["C128"]["tokens_b8_over_b4_pct"],
+        pct(v(8, 128, T), v(4, 128, T)),
+        "%",
+        prov,
+    )
     for c in (128, 256):
         for b in (6, 8):
-            rep.compare(f"C{c}.output_b{b}", f"{L[c]}: output, block {b} vs 4",
-                        P[f"C{c}"][f"output_b{b}_vs_b4_pct"], pct(v(b, c, O), v(4, c, O)), "%", prov)
+            rep.compare(
+                f"C{c}.output_b{b}",
+                f"{L[c]}: output, block {b} vs 4",
+                P[f"C{c}"][f"output_b{b}_vs_b4_pct"],
+                pct(v(b, c, O), v(4, c, O)),
+                "%",
+                prov,
+            )
     for cl, pv in P["best_block"].items():
         c = int(cl[1:])
         cand = {b: v(b, c, O) for b in (4, 6, 8) if v(b, c, O) is not None}
-        rep.compare(f"{cl}.best", f"{L[c]}: block with the highest output", pv,
-                    max(cand, key=cand.get) if cand else None, "", prov)
+        rep.compare(
+            f"{cl}.best",
+            f"{L[c]}: block with the highest output",
+            pv,
+            max(cand, key=cand.get) if cand else None,
+            "",
+            prov,
+        )
         if cand:
             tok = {b: v(b, c, T) for b in cand}
             rnd = {b: v(b, c, "round_ms") for b in cand}
-            rep.diagnose((f"{cl}.best",), "output per block " + ", ".join(
-                f"{b}: {C.fmt(o)} tok/s ({C.fmt(tok[b])} tokens per round"
-                + (f", round {C.fmt(rnd[b])} ms" if rnd[b] is not None else "") + ")" for b, o in cand.items()))
-    rep.compare("C128.tokens_b4", f"{L[128]}: tokens per round at block 4", P["tokens_per_round_b4_C128"],
-                v(4, 128, T), "tokens", prov)
+            rep.diagnose(
+                (f"{cl}.best",),
+                "output per block "
+                + ", ".join(
+                    f"{b}: {C.fmt(o)} tok/s ({C.fmt(tok[b])} tokens per round"
+                    + (f", round {C.fmt(rnd[b])} ms" if rnd[b] is not None else "")
+                    + ")"
+                    for b, o in cand.items()
+                ),
+            )
+    rep.compare(
+        "C128.tokens_b4",
+        f"{L[128]}: tokens per round at block 4",
+        P["tokens_per_round_b4_C128"],
+        v(4, 128, T),
+        "tokens",
+        prov,
+    )
     # the paper's point (C128, block 4); the summary's all-run ratio where no point carries its own
     m = v(4, 128, "missing_selections_per_distinct_host_row")
     m = m if m is not None else C.as_float(S.get("missing_selections_per_distinct_host_row"))
-    rep.compare("missing_per_row", f"missing selections per distinct host row ({L[128]}, block 4)",
-                P["missing_selections_per_distinct_host_row"], m, "", prov)
-    rep.compare("fetch_reduction", "host fetches removed by shared retrieval",
-                P["shared_retrieval_fetch_reduction_pct"], None if not m else (1 - 1 / m) * 100, "%", prov)
+    rep.compare(
+        "missing_per_row",
+        f"missing selections per distinct host row ({L[128]}, block 4)",
+        P["missing_selections_per_distinct_host_row"],
+        m,
+        "",
+        prov,
+    )
+    rep.compare(
+        "fetch_reduction",
+        "host fetches removed by shared retrieval",
+        P["shared_retrieval_fetch_reduction_pct"],
+        None if not m else (1 - 1 / m) * 100,
+        "%",
+        prov,
+    )
     rep.measured_with = prov
     if any(ours.get(c, c) != c for c in P["concurrency"]):
-        rep.note("Loads: the scaled preset runs half the paper's loads (conf/experiment/fig7.yaml), so the "
-                 "paper's " + ", ".join(f"C{c}" for c in P["concurrency"]) + " are compared with our "
-                 + ", ".join(f"C{ours[c]}" for c in P["concurrency"]) + "; the panels plot our loads.")
-    rep.note("Emitted tokens per round come from calibrated acceptance unless the run says exact; "
-             "the dashed line is the paper's C128 curve rebuilt from its stated ratios (2.88 tokens at "
-             "block 4, +17% and +25%).")
+        rep.note(
+            "Loads: the scaled preset runs half the paper's loads (conf/experiment/fig7.yaml), so the "
+            "paper's "
+            + ", ".join(f"C{c}" for c in P["concurrency"])
+            + " are compared with our "
+            + ", ".join(f"C{ours[c]}" for c in P["concurrency"])
+            + "; the panels plot our loads."
+        )
+    rep.note(
+        "Emitted tokens per round come from calibrated acceptance unless the run says exact; "
+        "the dashed line is the paper's C128 curve rebuilt from its stated ratios (2.88 tokens at "
+        "block 4, +17% and +25%)."
+    )
     return rep.finish(fig, args)
 
 
@@ -170,7 +265,9 @@ def load_map(runs, paper_loads) -> dict[int, int]:
     for r in reversed(list(runs)):
         loads = ((r.config.get("workload") or {}).get("concurrency")) if r.config else None
         if isinstance(loads, (list, tuple)) and len(loads) == len(paper_loads):
-            return {int(p): int(o) for p, o in zip(sorted(paper_loads), sorted(int(x) for x in loads))}
+            return {
+                int(p): int(o) for p, o in zip(sorted(paper_loads), sorted(int(x) for x in loads))
+            }
     return {int(p): int(p) for p in paper_loads}
 
 

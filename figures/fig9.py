@@ -37,7 +37,9 @@ def budget(run: C.Run) -> float | None:
         return v
     kv = (run.config.get("system") or {}).get("kv") or {}
     # B: system.kv since the typed config; older runs recorded it under model
-    hc = C.as_float(kv.get("hot_cache_rows") or (run.config.get("model") or {}).get("hot_cache_rows"))
+    hc = C.as_float(
+        kv.get("hot_cache_rows") or (run.config.get("model") or {}).get("hot_cache_rows")
+    )
     k = C.as_float((run.config.get("model") or {}).get("index_topk"))
     if hc and k:
         return hc / k
@@ -82,8 +84,10 @@ class SweepPoint:
         if df is None or not need <= set(df.columns):
             return None
         b = float(df["dhs_host_bytes_total"].iloc[-1] - df["dhs_host_bytes_total"].iloc[0])
-        n = float(df["dhs_selected_rows_from_host_total"].iloc[-1]
-                  - df["dhs_selected_rows_from_host_total"].iloc[0])
+        n = float(
+            df["dhs_selected_rows_from_host_total"].iloc[-1]
+            - df["dhs_selected_rows_from_host_total"].iloc[0]
+        )
         return b / n if n > 0 else None
 
 
@@ -99,8 +103,16 @@ def sweep(results, names=(NAME, NAME + "_dsv")) -> list[SweepPoint]:
 
 
 def select(pts, fam, system=None, c=None):
-    return sorted((p for p in pts if p.family == fam and (system is None or p.system == system)
-                   and (c is None or p.concurrency == c)), key=lambda p: p.bk)
+    return sorted(
+        (
+            p
+            for p in pts
+            if p.family == fam
+            and (system is None or p.system == system)
+            and (c is None or p.concurrency == c)
+        ),
+        key=lambda p: p.bk,
+    )
 
 
 def at(pts, fam, system, c, bk) -> SweepPoint | None:
@@ -123,19 +135,32 @@ def within_call_spread(sel: list[SweepPoint]) -> str | None:
         if set(vals) != budgets:
             continue
         d = {bk: float(np.median(v)) for bk, v in vals.items()}  # every run of the group
-        parts.append(f"{(max(d.values()) / min(d.values()) - 1) * 100:.0f}% in {group} ("
-                     + ", ".join(f"B/k {bk:g}: {d[bk]:.0f}" for bk in sorted(d)) + " tok/s)")
-    return ("spread within one run group that ran every budget: " + "; ".join(parts)) if parts else None
+        parts.append(
+            f"{(max(d.values()) / min(d.values()) - 1) * 100:.0f}% in {group} ("
+            + ", ".join(f"B/k {bk:g}: {d[bk]:.0f}" for bk in sorted(d))
+            + " tok/s)"
+        )
+    return (
+        ("spread within one run group that ran every budget: " + "; ".join(parts))
+        if parts
+        else None
+    )
 
 
-def profile_of(p: SweepPoint | None, profiled: list[SweepPoint], skipped: list[str]) -> tuple[dict, str]:
+def profile_of(
+    p: SweepPoint | None, profiled: list[SweepPoint], skipped: list[str]
+) -> tuple[dict, str]:
     """A sweep point's kernel profile and where it came from: the run's own, else the profiled
     run of the same setting (results/fig10*: the profiler's overhead stays out of Fig. 9's runs).
     A profile not taken under the run's load is left out, its reason appended to ``skipped``."""
     if p is None:
         return {}, ""
-    cands = [p] + [q for q in reversed(profiled) if (q.family, q.system, q.concurrency) ==
-                   (p.family, p.system, p.concurrency) and abs(q.bk - p.bk) < 1e-6]
+    cands = [p] + [
+        q
+        for q in reversed(profiled)
+        if (q.family, q.system, q.concurrency) == (p.family, p.system, p.concurrency)
+        and abs(q.bk - p.bk) < 1e-6
+    ]
     for q in cands:
         prof = C.profile_at_load(q.run, skipped)
         if prof:
@@ -148,18 +173,24 @@ def main(argv=None) -> C.Report:
     pts = sweep(args.results)
     profiled = sweep(args.results, ("fig10", "fig10_dsv"))
     skipped: list[str] = []
-    rep = C.Report(NAME, "Fig. 9 - Output and host fetches against the hot-cache budget "
-                         "(ours: scaled presets)")
+    rep = C.Report(
+        NAME, "Fig. 9 - Output and host fetches against the hot-cache budget (ours: scaled presets)"
+    )
     rep.loads = {c: c for c in (8, 128) if any(p.concurrency == c for p in pts)}
     P = PAPER["fig9"]
     fig, axes = C.subplots(2, 4, width=3.0, height=2.6)
     combos = (("glm", 8), ("glm", 128), ("deepseek", 8), ("deepseek", 128))
     for j, (fam, c) in enumerate(combos):
         title = f"{'GLM-like' if fam == 'glm' else 'DeepSeek-like'}, C{c}"
-        for i, (getter, ylabel) in enumerate(((lambda p: p.value("output_tok_s_per_gpu"),
-                                                "Output (tok/s/GPU)"),
-                                               (lambda p: None if p.host_share is None else 100 * p.host_share,
-                                                "Fetched from host (% of rows)"))):
+        for i, (getter, ylabel) in enumerate(
+            (
+                (lambda p: p.value("output_tok_s_per_gpu"), "Output (tok/s/GPU)"),
+                (
+                    lambda p: None if p.host_share is None else 100 * p.host_share,
+                    "Fetched from host (% of rows)",
+                ),
+            )
+        ):
             ax = axes[i][j]
             lt = "abcdefgh"[4 * i + j]
             drew = False
@@ -197,79 +228,205 @@ def main(argv=None) -> C.Report:
     # ---------------- GLM C128
     G = P["glm_C128"]
     lo, hi = endpoints("glm", "hisparse", 128)
-    rep.compare("glm128.miss_lo", "GLM C128 HiSparse host-miss share, smallest B", G["hisparse_miss_pct_Bk"],
-                hs(lo), "%", prov_of(lo),
-                lo and f"B/k = {C.fmt(lo.bk)}")
-    rep.compare("glm128.miss_hi", "GLM C128 HiSparse host-miss share, largest B", G["hisparse_miss_pct_B8k"],
-                hs(hi), "%", prov_of(hi), hi and f"B/k = {C.fmt(hi.bk)}")
-    rep.compare("glm128.tpot_lo", "GLM C128 HiSparse TPOT, smallest B", G["hisparse_tpot_ms_Bk"],
-                lo and lo.value("tpot_ms_mean"), "ms", prov_of(lo))
-    rep.compare("glm128.tpot_hi", "GLM C128 HiSparse TPOT, largest B", G["hisparse_tpot_ms_B8k"],
-                hi and hi.value("tpot_ms_mean"), "ms", prov_of(hi))
+    rep.compare(
+        "glm128.miss_lo",
+        "GLM C128 HiSparse host-miss share, smallest B",
+        G["hisparse_miss_pct_Bk"],
+        hs(lo),
+        "%",
+        prov_of(lo),
+        lo and f"B/k = {C.fmt(lo.bk)}",
+    )
+    rep.compare(
+        "glm128.miss_hi",
+        "GLM C128 HiSparse host-miss share, largest B",
+        G["hisparse_miss_pct_B8k"],
+        hs(hi),
+        "%",
+        prov_of(hi),
+        hi and f"B/k = {C.fmt(hi.bk)}",
+    )
+    rep.compare(
+        "glm128.tpot_lo",
+        "GLM C128 HiSparse TPOT, smallest B",
+        G["hisparse_tpot_ms_Bk"],
+        lo and lo.value("tpot_ms_mean"),
+        "ms",
+        prov_of(lo),
+    )
+    rep.compare(
+        "glm128.tpot_hi",
+        "GLM C128 HiSparse TPOT, largest B",
+        G["hisparse_tpot_ms_B8k"],
+        hi and hi.value("tpot_ms_mean"),
+        "ms",
+        prov_of(hi),
+    )
     for s in SYSTEMS:
         sel = [p for p in select(pts, "glm", s, 128) if p.value("output_tok_s_per_gpu") is not None]
         best = max(sel, key=lambda p: p.value("output_tok_s_per_gpu")) if sel else None
-        rep.compare(f"glm128.best.{s}", f"GLM C128 {C.system_label(s)}: budget with the highest output",
-                    G["best_budget"], best and best.bk, "B/k", prov_of(best))
+        rep.compare(
+            f"glm128.best.{s}",
+            f"GLM C128 {C.system_label(s)}: budget with the highest output",
+            G["best_budget"],
+            best and best.bk,
+            "B/k",
+            prov_of(best),
+        )
     h2, h8 = at(pts, "glm", "hisparse", 128, 2), at(pts, "glm", "hisparse", 128, 8)
-    d = C.pct_change(h8 and h8.value("output_tok_s_per_gpu"), h2 and h2.value("output_tok_s_per_gpu"))
-    rep.compare("glm128.loss_2k_8k", "GLM C128 HiSparse output lost from 2k to 8k", G["output_loss_2k_to_8k_pct"],
-                None if d is None else -d, "%", prov_of(h2, h8))
-    rep.compare("glm128.ttft_2k", "GLM C128 HiSparse mean TTFT at 2k", G["ttft_s_2k"],
-                h2 and h2.value("ttft_ms_mean") and h2.value("ttft_ms_mean") / 1e3, "s", prov_of(h2))
-    rep.compare("glm128.ttft_8k", "GLM C128 HiSparse mean TTFT at 8k", G["ttft_s_8k"],
-                h8 and h8.value("ttft_ms_mean") and h8.value("ttft_ms_mean") / 1e3, "s", prov_of(h8))
-    peak = lambda s: max((p.value("output_tok_s_per_gpu") or 0 for p in select(pts, "glm", s, 128)), default=None)  # noqa: E731
-    rep.compare("glm128.adaptive_peak", "GLM C128 Adaptive over HiSparse at the peak",
-                G["adaptive_over_hisparse_at_peak_pct"],
-                C.pct_change(peak("adaptive_hisparse") or None, peak("hisparse") or None), "%",
-                prov_of(*select(pts, "glm", None, 128)))
-    a2, a8 = at(pts, "glm", "adaptive_hisparse", 128, 2), at(pts, "glm", "adaptive_hisparse", 128, 8)
+    d = C.pct_change(
+        h8 and h8.value("output_tok_s_per_gpu"), h2 and h2.value("output_tok_s_per_gpu")
+    )
+    rep.compare(
+        "glm128.loss_2k_8k",
+        "GLM C128 HiSparse output lost from 2k to 8k",
+        G["output_loss_2k_to_8k_pct"],
+        None if d is None else -d,
+        "%",
+        prov_of(h2, h8),
+    )
+    rep.compare(
+        "glm128.ttft_2k",
+        "GLM C128 HiSparse mean TTFT at 2k",
+        G["ttft_s_2k"],
+        h2 and h2.value("ttft_ms_mean") and h2.value("ttft_ms_mean") / 1e3,
+        "s",
+        prov_of(h2),
+    )
+    rep.compare(
+        "glm128.ttft_8k",
+        "GLM C128 HiSparse mean TTFT at 8k",
+        G["ttft_s_8k"],
+        h8 and h8.value("ttft_ms_mean") and h8.value("ttft_ms_mean") / 1e3,
+        "s",
+        prov_of(h8),
+    )
+
+    def peak(s):
+        return max(
+            (p.value("output_tok_s_per_gpu") or 0 for p in select(pts, "glm", s, 128)),
+            default=None,
+        )
+
+    rep.compare(
+        "glm128.adaptive_peak",
+        "GLM C128 Adaptive over HiSparse at the peak",
+        G["adaptive_over_hisparse_at_peak_pct"],
+        C.pct_change(peak("adaptive_hisparse") or None, peak("hisparse") or None),
+        "%",
+        prov_of(*select(pts, "glm", None, 128)),
+    )
+    a2, a8 = (
+        at(pts, "glm", "adaptive_hisparse", 128, 2),
+        at(pts, "glm", "adaptive_hisparse", 128, 8),
+    )
     for p, key, pv in ((a2, "2k", G["adaptive_step_ms_2k"]), (a8, "8k", G["adaptive_step_ms_8k"])):
         prof, pprov = profile_of(p, profiled, skipped)
-        rep.compare(f"glm128.step_{key}", f"GLM C128 Adaptive step time at {key}", pv,
-                    C.as_float(prof.get("step_ms")), "ms", pprov)
+        rep.compare(
+            f"glm128.step_{key}",
+            f"GLM C128 Adaptive step time at {key}",
+            pv,
+            C.as_float(prof.get("step_ms")),
+            "ms",
+            pprov,
+        )
     for p, key, pv in ((a2, "2k", G["sessions_per_gpu_2k"]), (a8, "8k", G["sessions_per_gpu_8k"])):
         prof, pprov = profile_of(p, profiled, skipped)
         v = C.as_float(prof.get("sessions_per_step"))
-        rep.compare(f"glm128.sessions_{key}", f"GLM C128 Adaptive sessions per GPU at {key}", pv,
-                    v or (p and p.value("active_mean")), "", pprov if v else prov_of(p))
+        rep.compare(
+            f"glm128.sessions_{key}",
+            f"GLM C128 Adaptive sessions per GPU at {key}",
+            pv,
+            v or (p and p.value("active_mean")),
+            "",
+            pprov if v else prov_of(p),
+        )
 
     # ---------------- GLM C8
     G = P["glm_C8"]
     sel = select(pts, "glm", "adaptive_hisparse", 8)
     shares = [p.host_share for p in sel if p.host_share is not None]
-    rep.compare("glm8.adaptive_miss", "GLM C8 Adaptive host-miss share (mean over budgets)",
-                G["adaptive_miss_pct"], 100 * float(np.mean(shares)) if shares else None, "%", prov_of(*sel))
+    rep.compare(
+        "glm8.adaptive_miss",
+        "GLM C8 Adaptive host-miss share (mean over budgets)",
+        G["adaptive_miss_pct"],
+        100 * float(np.mean(shares)) if shares else None,
+        "%",
+        prov_of(*sel),
+    )
     outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
-    rep.compare("glm8.spread", "GLM C8 Adaptive output spread over budgets",
-                G["adaptive_output_spread_within_pct"],
-                (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None, "%", prov_of(*sel))
+    rep.compare(
+        "glm8.spread",
+        "GLM C8 Adaptive output spread over budgets",
+        G["adaptive_output_spread_within_pct"],
+        (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None,
+        "%",
+        prov_of(*sel),
+    )
     lo, hi = (sel[0], sel[-1]) if sel else (None, None)
-    for p, key, pv in ((lo, "smallest", G["resolver_ms_per_step_Bk"]), (hi, "largest", G["resolver_ms_per_step_B8k"])):
+    for p, key, pv in (
+        (lo, "smallest", G["resolver_ms_per_step_Bk"]),
+        (hi, "largest", G["resolver_ms_per_step_B8k"]),
+    ):
         prof, pprov = profile_of(p, profiled, skipped)
         v = C.as_float((prof.get("cache_kernel_ms") or {}).get("resolver"))
-        rep.compare(f"glm8.resolver_{key}", f"GLM C8 Adaptive resolver work per step, {key} B", pv, v, "ms",
-                    pprov)
-    rep.compare("glm8.tpot_lo", "GLM C8 Adaptive TPOT, smallest B", G["tpot_ms_Bk"],
-                lo and lo.value("tpot_ms_mean"), "ms", prov_of(lo))
-    rep.compare("glm8.tpot_hi", "GLM C8 Adaptive TPOT, largest B", G["tpot_ms_B8k"],
-                hi and hi.value("tpot_ms_mean"), "ms", prov_of(hi))
-    best = lambda s: max((p.value("output_tok_s_per_gpu") or 0 for p in select(pts, "glm", s, 8)), default=None)  # noqa: E731
-    rep.compare("glm8.best_vs_best", "GLM C8 Adaptive over HiSparse, best against best",
-                G["adaptive_over_hisparse_best_pct"],
-                C.pct_change(best("adaptive_hisparse") or None, best("hisparse") or None), "%",
-                prov_of(*select(pts, "glm", None, 8)))
+        rep.compare(
+            f"glm8.resolver_{key}",
+            f"GLM C8 Adaptive resolver work per step, {key} B",
+            pv,
+            v,
+            "ms",
+            pprov,
+        )
+    rep.compare(
+        "glm8.tpot_lo",
+        "GLM C8 Adaptive TPOT, smallest B",
+        G["tpot_ms_Bk"],
+        lo and lo.value("tpot_ms_mean"),
+        "ms",
+        prov_of(lo),
+    )
+    rep.compare(
+        "glm8.tpot_hi",
+        "GLM C8 Adaptive TPOT, largest B",
+        G["tpot_ms_B8k"],
+        hi and hi.value("tpot_ms_mean"),
+        "ms",
+        prov_of(hi),
+    )
+
+    def best(s):
+        return max(
+            (p.value("output_tok_s_per_gpu") or 0 for p in select(pts, "glm", s, 8)),
+            default=None,
+        )
+
+    rep.compare(
+        "glm8.best_vs_best",
+        "GLM C8 Adaptive over HiSparse, best against best",
+        G["adaptive_over_hisparse_best_pct"],
+        C.pct_change(best("adaptive_hisparse") or None, best("hisparse") or None),
+        "%",
+        prov_of(*select(pts, "glm", None, 8)),
+    )
     # census (sec. 3.2): GLM C8 Adaptive, no speculation, at the B/k = 2 point when present
     cen = at(pts, "glm", "adaptive_hisparse", 8, 2) or (sel[len(sel) // 2] if sel else None)
     df = cen.run.metrics if cen else None
-    for key, col in (("direct_pct", "dhs_selected_rows_direct_total"),
-                     ("hot_cache_pct", "dhs_selected_rows_hot_total"),
-                     ("host_pct", "dhs_selected_rows_from_host_total")):
+    for key, col in (
+        ("direct_pct", "dhs_selected_rows_direct_total"),
+        ("hot_cache_pct", "dhs_selected_rows_hot_total"),
+        ("host_pct", "dhs_selected_rows_from_host_total"),
+    ):
         v = C.counter_share(df, col, "dhs_selected_rows_total") if df is not None else None
-        rep.compare(f"census.{key}", f"census GLM C8 Adaptive: {key.replace('_pct', '').replace('_', ' ')}",
-                    PAPER["census"][key], None if v is None else 100 * v, "%", prov_of(cen),
-                    cen and f"B/k = {C.fmt(cen.bk)}")
+        rep.compare(
+            f"census.{key}",
+            f"census GLM C8 Adaptive: {key.replace('_pct', '').replace('_', ' ')}",
+            PAPER["census"][key],
+            None if v is None else 100 * v,
+            "%",
+            prov_of(cen),
+            cen and f"B/k = {C.fmt(cen.bk)}",
+        )
 
     # ---------------- DeepSeek C128 / C8
     eager = C.eager_note(p.run for p in select(pts, "deepseek"))
@@ -279,39 +436,78 @@ def main(argv=None) -> C.Report:
     for s in SYSTEMS:
         sel = select(pts, "deepseek", s, 128)
         outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
-        rep.compare(f"ds128.spread.{s}", f"DeepSeek C128 {C.system_label(s)} output spread over budgets",
-                    D["output_spread_within_pct"],
-                    (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None, "%", prov_of(*sel))
+        rep.compare(
+            f"ds128.spread.{s}",
+            f"DeepSeek C128 {C.system_label(s)} output spread over budgets",
+            D["output_spread_within_pct"],
+            (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None,
+            "%",
+            prov_of(*sel),
+        )
         split = {p.bk: C.engine_time_split(p.run) for p in sel}
         if outs and all(split.values()):
-            rep.diagnose([f"ds128.spread.{s}"], "per B/k: " + "; ".join(
-                f"{p.bk:g}: {p.value('output_tok_s_per_gpu'):.0f} tok/s, decode "
-                f"{100 * split[p.bk]['decode']:.0f}% / capture {100 * split[p.bk]['capture']:.0f}% / "
-                f"handoff {100 * split[p.bk]['handoff']:.0f}% of engine time" for p in sel
-                if p.value("output_tok_s_per_gpu")))
+            rep.diagnose(
+                [f"ds128.spread.{s}"],
+                "per B/k: "
+                + "; ".join(
+                    f"{p.bk:g}: {p.value('output_tok_s_per_gpu'):.0f} tok/s, decode "
+                    f"{100 * split[p.bk]['decode']:.0f}% / capture {100 * split[p.bk]['capture']:.0f}% / "
+                    f"handoff {100 * split[p.bk]['handoff']:.0f}% of engine time"
+                    for p in sel
+                    if p.value("output_tok_s_per_gpu")
+                ),
+            )
         within = within_call_spread(sel)
         if within:
             rep.diagnose([f"ds128.spread.{s}"], within, append=True)
         tag = "hisparse" if s == "hisparse" else "adaptive"
         lo, hi = (sel[0], sel[-1]) if sel else (None, None)
-        rep.compare(f"ds128.miss_lo.{s}", f"DeepSeek C128 {C.system_label(s)} host-miss share, smallest B",
-                    D[f"{tag}_miss_pct_lo_B"], hs(lo),
-                    "%", prov_of(lo))
-        rep.compare(f"ds128.miss_hi.{s}", f"DeepSeek C128 {C.system_label(s)} host-miss share, largest B",
-                    D[f"{tag}_miss_pct_hi_B"], hs(hi),
-                    "%", prov_of(hi))
-    tts = [p.value("ttft_ms_mean") / 1e3 for p in select(pts, "deepseek", None, 128) if p.value("ttft_ms_mean")]
-    rep.compare("ds128.ttft", "DeepSeek C128 mean TTFT (mean over budgets, both systems)", D["ttft_s"],
-                float(np.mean(tts)) if tts else None, "s", prov_of(*select(pts, "deepseek", None, 128)),
-                f"range {C.fmt(min(tts))}-{C.fmt(max(tts))}" if tts else "")
+        rep.compare(
+            f"ds128.miss_lo.{s}",
+            f"DeepSeek C128 {C.system_label(s)} host-miss share, smallest B",
+            D[f"{tag}_miss_pct_lo_B"],
+            hs(lo),
+            "%",
+            prov_of(lo),
+        )
+        rep.compare(
+            f"ds128.miss_hi.{s}",
+            f"DeepSeek C128 {C.system_label(s)} host-miss share, largest B",
+            D[f"{tag}_miss_pct_hi_B"],
+            hs(hi),
+            "%",
+            prov_of(hi),
+        )
+    tts = [
+        p.value("ttft_ms_mean") / 1e3
+        for p in select(pts, "deepseek", None, 128)
+        if p.value("ttft_ms_mean")
+    ]
+    rep.compare(
+        "ds128.ttft",
+        "DeepSeek C128 mean TTFT (mean over budgets, both systems)",
+        D["ttft_s"],
+        float(np.mean(tts)) if tts else None,
+        "s",
+        prov_of(*select(pts, "deepseek", None, 128)),
+        f"range {C.fmt(min(tts))}-{C.fmt(max(tts))}" if tts else "",
+    )
     sel = select(pts, "deepseek", "adaptive_hisparse", 8)
     sh = [p.host_share for p in sel if p.host_share is not None]
-    rep.compare("ds8.adaptive_miss", "DeepSeek C8 Adaptive host-miss share (max over budgets)",
-                P["deepseek_C8"]["adaptive_miss_pct"], 100 * max(sh) if sh else None, "%", prov_of(*sel))
+    rep.compare(
+        "ds8.adaptive_miss",
+        "DeepSeek C8 Adaptive host-miss share (max over budgets)",
+        P["deepseek_C8"]["adaptive_miss_pct"],
+        100 * max(sh) if sh else None,
+        "%",
+        prov_of(*sel),
+    )
     rep.note_reasons(skipped)  # each left-out profile once
     rep.measured_with = C.provenance([p.run for p in pts])
-    rep.note("Our sweeps run the scaled presets' k (512 GLM-like, 128 DeepSeek-like); budgets are "
-             "compared as B/k. The host-miss share depends on the calibrated selection locality.")
+    rep.note(
+        "Our sweeps run the scaled presets' k (512 GLM-like, 128 DeepSeek-like); budgets are "
+        "compared as B/k. The host-miss share depends on the calibrated selection locality."
+    )
     return rep.finish(fig, args)
 
 

@@ -44,8 +44,10 @@ def batch_scaling_note(runs: Iterable[Run], concurrency: int) -> str | None:
             costs[r.system] = c
     if len(costs) < 2:
         return None
-    text = ", ".join(f"{label(s)} {ms:.1f} ms at {n:.0f} running ({ms / n:.3f} ms each)"
-                     for s, (ms, n) in sorted(costs.items(), key=lambda kv: system_sort_key(kv[0])))
+    text = ", ".join(
+        f"{label(s)} {ms:.1f} ms at {n:.0f} running ({ms / n:.3f} ms each)"
+        for s, (ms, n) in sorted(costs.items(), key=lambda kv: system_sort_key(kv[0]))
+    )
     out = f"decode step at C{concurrency}: {text}"
     # compare like with like: a speculative round verifies several queries per request
     spec = {r.system: bool((r.config.get("system") or {}).get("speculation")) for r in runs}
@@ -56,10 +58,12 @@ def batch_scaling_note(runs: Iterable[Run], concurrency: int) -> str | None:
         per = [ms / n for ms, n in group]
         held = [n for _, n in group]
         if max(per) <= 1.3 * min(per) and max(held) >= 1.5 * min(held):
-            out += (f"; among the {name} systems the step's time grows in proportion to its "
-                    "batch, so holding more requests adds little output (the scaled model has "
-                    "little fixed per-step cost, such as weight reads, for a larger batch to "
-                    "share)")
+            out += (
+                f"; among the {name} systems the step's time grows in proportion to its "
+                "batch, so holding more requests adds little output (the scaled model has "
+                "little fixed per-step cost, such as weight reads, for a larger batch to "
+                "share)"
+            )
     return out
 
 
@@ -75,25 +79,39 @@ def admission_note(runs: Iterable[Run], concurrency: int) -> str | None:
         if w is None:
             continue
         live, a, b = w
-        running, waiting = float(live["dhs_num_running_reqs"].mean()), float(live["dhs_num_waiting_reqs"].mean())
+        running, waiting = (
+            float(live["dhs_num_running_reqs"].mean()),
+            float(live["dhs_num_waiting_reqs"].mean()),
+        )
         slots = float(live["dhs_num_slots"].max())
-        refused = sum(float(b[c] - a[c]) for c in live.columns if c.startswith("dhs_admission_wait_events_total"))
+        refused = sum(
+            float(b[c] - a[c])
+            for c in live.columns
+            if c.startswith("dhs_admission_wait_events_total")
+        )
         wall = float(b["ts"] - a["ts"])
         if wall <= 0 or refused > 0 or waiting < 0.2 * concurrency or running > 0.9 * slots:
             continue
         steps = float(b["dhs_num_steps"] - a["dhs_num_steps"]) / wall
         per = find_key(r.config, "max_handoffs_per_step")
-        parts.append(f"{label(r.system)} held {running:.0f} running of {slots:.0f} slots with {waiting:.0f} "
-                     f"waiting and no admission refused by memory: at {steps:.1f} steps/s and "
-                     f"{per} handoffs per step, admission set the batch")
+        parts.append(
+            f"{label(r.system)} held {running:.0f} running of {slots:.0f} slots with {waiting:.0f} "
+            f"waiting and no admission refused by memory: at {steps:.1f} steps/s and "
+            f"{per} handoffs per step, admission set the batch"
+        )
     if not parts:
         return None
-    return (f"admission-limited at C{concurrency}: " + "; ".join(parts)
-            + " (handoffs run between steps in this engine, so a long speculative round admits fewer "
-              "requests per second)")
+    return (
+        f"admission-limited at C{concurrency}: "
+        + "; ".join(parts)
+        + " (handoffs run between steps in this engine, so a long speculative round admits fewer "
+        "requests per second)"
+    )
 
 
-def admission_experiment_note(results: str | Path, runs: Iterable[Run], concurrency: int | None = None) -> str | None:
+def admission_experiment_note(
+    results: str | Path, runs: Iterable[Run], concurrency: int | None = None
+) -> str | None:
     """results/admission/ holds runs of a figure's config with a faster admission rate
     (engine.max_handoffs_per_step overridden). Each is set beside the figure's own run of that
     system and load: output, and the requests it held running and waiting."""
@@ -110,31 +128,47 @@ def admission_experiment_note(results: str | Path, runs: Iterable[Run], concurre
             w = live_window(r, {"dhs_num_waiting_reqs"})
             if w is None:
                 return ""
-            return (f", {float(w[0]['dhs_num_running_reqs'].mean()):.0f} running and "
-                    f"{float(w[0]['dhs_num_waiting_reqs'].mean()):.0f} waiting")
+            return (
+                f", {float(w[0]['dhs_num_running_reqs'].mean()):.0f} running and "
+                f"{float(w[0]['dhs_num_waiting_reqs'].mean()):.0f} waiting"
+            )
 
-        per_a, per_b = find_key(a.config, "max_handoffs_per_step"), find_key(base.config, "max_handoffs_per_step")
+        per_a, per_b = (
+            find_key(a.config, "max_handoffs_per_step"),
+            find_key(base.config, "max_handoffs_per_step"),
+        )
         out_a, out_b = a.num("output_tok_s"), base.num("output_tok_s")
         if not out_a or not out_b or per_a is None:
             continue
         mix = change_mix([a, base])
         caveat = f"; {mix}" if mix else ""
         if a.run_group != base.run_group:
-            caveat += (f"; the two runs are from different run groups ({a.run_group or '?'}, "
-                       f"{base.run_group or '?'}), and one config's output moves by up to 40% between GPU machines")
-        parts.append(f"{label(a.system)} at C{a.concurrency} with {per_a} handoffs per step made "
-                     f"{out_a:,.0f} tok/s{held(a)}, against {out_b:,.0f} tok/s{held(base)} with "
-                     f"{per_b if per_b is not None else 'the default'} ({out_a / out_b:.2f}x; "
-                     f"{a.path.parent.name}/{a.path.name}{caveat})")
+            caveat += (
+                f"; the two runs are from different run groups ({a.run_group or '?'}, "
+                f"{base.run_group or '?'}), and one config's output moves by up to 40% between GPU machines"
+            )
+        parts.append(
+            f"{label(a.system)} at C{a.concurrency} with {per_a} handoffs per step made "
+            f"{out_a:,.0f} tok/s{held(a)}, against {out_b:,.0f} tok/s{held(base)} with "
+            f"{per_b if per_b is not None else 'the default'} ({out_a / out_b:.2f}x; "
+            f"{a.path.parent.name}/{a.path.name}{caveat})"
+        )
     if not parts:
         return None
-    return ("admission experiment: " + "; ".join(parts)
-            + ". The figure keeps the experiment's own setting; this run only measures how much of "
-              "the gap the admission rate explains")
+    return (
+        "admission experiment: "
+        + "; ".join(parts)
+        + ". The figure keeps the experiment's own setting; this run only measures how much of "
+        "the gap the admission rate explains"
+    )
 
 
-def paired_ratio_note(runs: Iterable[Run], pairs: Sequence[tuple[str, str]], concurrency: int,
-                      key: str = "output_tok_s") -> str | None:
+def paired_ratio_note(
+    runs: Iterable[Run],
+    pairs: Sequence[tuple[str, str]],
+    concurrency: int,
+    key: str = "output_tok_s",
+) -> str | None:
     """Where the points of a ratio are medians of repeats: the ratio within each run group (runs
     measured together on one GPU machine) that ran both systems, of the medians of every run
     each system has in that group; then the ratio of the medians over all repeats with its
@@ -148,22 +182,33 @@ def paired_ratio_note(runs: Iterable[Run], pairs: Sequence[tuple[str, str]], con
         if a is None or b is None or (len(a.repeats) < 2 and len(b.repeats) < 2):
             continue
         by_group = values_by_run_group({"a": a, "b": b}, key)
-        ratios = [(g, float(np.median(d["a"]) / np.median(d["b"]))) for g, d in by_group.items()
-                  if d.get("a") and d.get("b")]
+        ratios = [
+            (g, float(np.median(d["a"]) / np.median(d["b"])))
+            for g, d in by_group.items()
+            if d.get("a") and d.get("b")
+        ]
         if not ratios:
             continue
         vals = sorted(r for _, r in ratios)
-        text = (f"{label(a_sys)} / {label(b_sys)} " + ", ".join(f"{r:.2f} ({g})" for g, r in ratios)
-                + (f", median {float(np.median(vals)):.2f}" if len(vals) > 1 else ""))
+        text = (
+            f"{label(a_sys)} / {label(b_sys)} "
+            + ", ".join(f"{r:.2f} ({g})" for g, r in ratios)
+            + (f", median {float(np.median(vals)):.2f}" if len(vals) > 1 else "")
+        )
         st = ratio_stats(a, b, key)
         if st is not None and st.interval:
-            text += (f"; over all {st.runs[0]} and {st.runs[1]} runs {st.point:.2f}, "
-                     f"90% interval {st.lo:.2f}-{st.hi:.2f}")
+            text += (
+                f"; over all {st.runs[0]} and {st.runs[1]} runs {st.point:.2f}, "
+                f"90% interval {st.lo:.2f}-{st.hi:.2f}"
+            )
         parts.append(text)
     if not parts:
         return None
-    return (f"ratios at C{concurrency} within one run group (its id, or its commit): " + "; ".join(parts)
-            + ". The figure's ratio is of the repeats' medians, which come from different GPU machines")
+    return (
+        f"ratios at C{concurrency} within one run group (its id, or its commit): "
+        + "; ".join(parts)
+        + ". The figure's ratio is of the repeats' medians, which come from different GPU machines"
+    )
 
 
 def eager_note(runs: Iterable[Run]) -> str | None:
@@ -172,10 +217,13 @@ def eager_note(runs: Iterable[Run]) -> str | None:
     eager = sorted({r.system for r in runs if graph_replay_share(r) == 0.0})
     if not eager:
         return None
-    return ("These runs replayed no CUDA graph, so every step ran eagerly (for hisparse at 2K "
-            "context an eager step took 36.6 ms against 4.9 ms replayed, "
-            "results/cuda_graph/check-mma-h200.json): " + ", ".join(label(s) for s in eager)
-            + ". Their server.log names the failed capture.")
+    return (
+        "These runs replayed no CUDA graph, so every step ran eagerly (for hisparse at 2K "
+        "context an eager step took 36.6 ms against 4.9 ms replayed, "
+        "results/cuda_graph/check-mma-h200.json): "
+        + ", ".join(label(s) for s in eager)
+        + ". Their server.log names the failed capture."
+    )
 
 
 def no_draft_note(runs: Iterable[Run]) -> str | None:
@@ -184,9 +232,12 @@ def no_draft_note(runs: Iterable[Run]) -> str | None:
     idle = sorted({r.system for r in runs if (q := queries_per_round(r)) is not None and q <= 1.05})
     if not idle:
         return None
-    return ("these speculative runs verified no draft (one query per round): " + ", ".join(label(s) for s in idle)
-            + "; DSpark's scheduler read the random-weight drafter's confidences, also under calibrated "
-            "acceptance, until it took the calibrated acceptance as its confidence")
+    return (
+        "these speculative runs verified no draft (one query per round): "
+        + ", ".join(label(s) for s in idle)
+        + "; DSpark's scheduler read the random-weight drafter's confidences, also under calibrated "
+        "acceptance, until it took the calibrated acceptance as its confidence"
+    )
 
 
 def acceptance_note(runs: Iterable[Run]) -> str | None:
@@ -202,9 +253,11 @@ def acceptance_note(runs: Iterable[Run]) -> str | None:
     if not worst:
         return None
     parts = ", ".join(f"{label(s)} {a:.2f}" for s, a in sorted(worst.items()))
-    return ("speculative runs with exact acceptance: the mini models' random-weight drafters accepted "
-            f"at most {parts} drafts per round, so speculation only added verification cost "
-            "(the Fig. 4 and Fig. 5 families use calibrated acceptance since; these runs predate it)")
+    return (
+        "speculative runs with exact acceptance: the mini models' random-weight drafters accepted "
+        f"at most {parts} drafts per round, so speculation only added verification cost "
+        "(the Fig. 4 and Fig. 5 families use calibrated acceptance since; these runs predate it)"
+    )
 
 
 def diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
@@ -213,8 +266,17 @@ def diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
     (stall_diagnosis), the step's cost against its batch (batch_scaling_note), and admission
     that set the batch (admission_note)."""
     runs = list(runs)
-    parts = [x for x in (acceptance_note(runs), no_draft_note(runs), stall_diagnosis(runs, concurrency),
-                         batch_scaling_note(runs, concurrency), admission_note(runs, concurrency)) if x]
+    parts = [
+        x
+        for x in (
+            acceptance_note(runs),
+            no_draft_note(runs),
+            stall_diagnosis(runs, concurrency),
+            batch_scaling_note(runs, concurrency),
+            admission_note(runs, concurrency),
+        )
+        if x
+    ]
     return "; ".join(parts) or None
 
 
@@ -226,9 +288,12 @@ def stall_diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
     if splits and min(v["decode"] for v in splits.values()) < 0.8:
         parts = "; ".join(
             f"{label(s)} " + ", ".join(f"{k} {100 * x:.0f}%" for k, x in v.items())
-            for s, v in sorted(splits.items()))
-        return (f"engine time at C{concurrency} (decode steps / steps that captured a CUDA graph / "
-                f"handoffs / other): {parts}")
+            for s, v in sorted(splits.items())
+        )
+        return (
+            f"engine time at C{concurrency} (decode steps / steps that captured a CUDA graph / "
+            f"handoffs / other): {parts}"
+        )
     shares = {}
     for r in runs:
         if r.concurrency == concurrency:
@@ -238,8 +303,10 @@ def stall_diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
     if not shares or max(shares.values()) < 0.1:
         return None
     parts = ", ".join(f"{label(s)} {100 * v:.0f}%" for s, v in sorted(shares.items()))
-    return (f"handoff-bound: at C{concurrency} no decode step completed in {parts} of the seconds "
-            "with requests running (arrivals' handoffs ran instead)")
+    return (
+        f"handoff-bound: at C{concurrency} no decode step completed in {parts} of the seconds "
+        "with requests running (arrivals' handoffs ran instead)"
+    )
 
 
 class Tracker:
@@ -256,7 +323,9 @@ class Tracker:
             self._used.append(r)
         return r
 
-    def val(self, system: str, concurrency: int | None, key: str, scale: float = 1.0) -> float | None:
+    def val(
+        self, system: str, concurrency: int | None, key: str, scale: float = 1.0
+    ) -> float | None:
         r = self.run(system, concurrency)
         v = None if r is None else r.num(key)
         return None if v is None else v * scale
@@ -297,10 +366,15 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             outs = [as_float(x.summary.get("output_tok_s")) for x in r.repeats]
             details = []
             if all(o is not None for o in outs):
-                details.append(f"{label(r.system)} output " + " / ".join(f"{o:,.0f}" for o in outs) + " tok/s")
+                details.append(
+                    f"{label(r.system)} output " + " / ".join(f"{o:,.0f}" for o in outs) + " tok/s"
+                )
             if len(commits) > 1:
                 details.append("commits " + ", ".join(commits))
-            add(f"median of {len(r.repeats)} repeat runs" + (f" ({'; '.join(details)})" if details else ""))
+            add(
+                f"median of {len(r.repeats)} repeat runs"
+                + (f" ({'; '.join(details)})" if details else "")
+            )
         dev = r.summary.get("gpu") or r.summary.get("device")
         if dev and str(dev) not in ("cpu",):
             add(str(dev))
@@ -309,8 +383,10 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
     add(change_mix(runs))
     n_first, n_all = first_run_count(runs)
     if n_first:
-        add(f"{n_first} of {n_all} runs the first of their system on a fresh machine "
-            f"(such a run measured up to 2x slower; results/cold_cache/)")
+        add(
+            f"{n_first} of {n_all} runs the first of their system on a fresh machine "
+            f"(such a run measured up to 2x slower; results/cold_cache/)"
+        )
     if extra:
         add(extra)
     return "; ".join(tags)
@@ -354,9 +430,11 @@ def _admission(run: Run) -> dict | None:
     live, a, b = w
     wall = float(b["ts"] - a["ts"])
     steps = float(b["dhs_num_steps"] - a["dhs_num_steps"])
-    return {"waiting": float(live["dhs_num_waiting_reqs"].mean()),
-            "slots": float(live["dhs_num_slots"].max()),
-            "steps_per_s": steps / wall if wall > 0 else None}
+    return {
+        "waiting": float(live["dhs_num_waiting_reqs"].mean()),
+        "slots": float(live["dhs_num_slots"].max()),
+        "steps_per_s": steps / wall if wall > 0 else None,
+    }
 
 
 def breakdown(run: Run) -> str | None:
@@ -372,15 +450,21 @@ def breakdown(run: Run) -> str | None:
         parts.append(f"step {sc[0]:.1f} ms at {sc[1]:.0f} running")
     adm = _median_over_repeats(run, _admission)
     if adm and "waiting" in adm:
-        parts.append(f"{adm['waiting']:.0f} waiting for {adm['slots']:.0f} slots"
-                     + (f" at {adm['steps_per_s']:.1f} steps/s" if adm.get("steps_per_s") else ""))
+        parts.append(
+            f"{adm['waiting']:.0f} waiting for {adm['slots']:.0f} slots"
+            + (f" at {adm['steps_per_s']:.1f} steps/s" if adm.get("steps_per_s") else "")
+        )
     split = _median_over_repeats(run, engine_time_split)
     if split:
         parts.append("engine time " + " / ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))
-    tt = _median_over_repeats(run, lambda x: timing_split(x, post_wave=False) if x.records else None)
+    tt = _median_over_repeats(
+        run, lambda x: timing_split(x, post_wave=False) if x.records else None
+    )
     if tt and tt.get("ttft_s") is not None and tt.get("handoff_s") is not None:
-        parts.append(f"TTFT {tt['ttft_s']:.2f} s = allocation wait {1e3 * tt.get('alloc_wait_s', 0.0):.0f} ms"
-                     f" + handoff {1e3 * tt['handoff_s']:.0f} ms + other {tt.get('other_s', 0.0):.2f} s")
+        parts.append(
+            f"TTFT {tt['ttft_s']:.2f} s = allocation wait {1e3 * tt.get('alloc_wait_s', 0.0):.0f} ms"
+            f" + handoff {1e3 * tt['handoff_s']:.0f} ms + other {tt.get('other_s', 0.0):.2f} s"
+        )
     else:
         h = run.num("handoff_s_mean")
         if h is not None:

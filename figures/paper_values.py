@@ -54,6 +54,7 @@ class PV(float):
 def _src(source: str):
     def mk(value: float, unit: str = "", note: str = "") -> PV:
         return PV(value, source, unit, note)
+
     return mk
 
 
@@ -78,23 +79,33 @@ SETUP = {
     "hbm_gib_per_gpu": _s41(269, "GiB", "B300"),
     "host_tb_per_node": _s41(4.3, "TB"),
     "glm": {
-        "decode_gpus": _s41(4, "GPU"), "prefill_gpus": _s41(4, "GPU"),
-        "input_tokens": _s41(100_000, "tokens", "'100K'; the index-pool arithmetic of sec. 4.1 "
-                             "(52 / 36 histories) requires 100,000, not 102,400"),
+        "decode_gpus": _s41(4, "GPU"),
+        "prefill_gpus": _s41(4, "GPU"),
+        "input_tokens": _s41(
+            100_000,
+            "tokens",
+            "'100K'; the index-pool arithmetic of sec. 4.1 "
+            "(52 / 36 histories) requires 100,000, not 102,400",
+        ),
         "output_cap": _s41(2048, "tokens"),
-        "index_topk": _s41(2048, "rows"), "hot_cache_rows": _s41(4096, "rows"),
+        "index_topk": _s41(2048, "rows"),
+        "hot_cache_rows": _s41(4096, "rows"),
         "prepared_prefixes": _s41(1, ""),
     },
     "deepseek": {
-        "decode_gpus": _s41(2, "GPU"), "prefill_gpus": _s41(2, "GPU"),
-        "input_tokens": _s41(500_000, "tokens"), "output_cap": _s41(2048, "tokens"),
+        "decode_gpus": _s41(2, "GPU"),
+        "prefill_gpus": _s41(2, "GPU"),
+        "input_tokens": _s41(500_000, "tokens"),
+        "output_cap": _s41(2048, "tokens"),
         "index_topk": _s41(512, "rows"),
         "hot_cache_rows_5layer_source": _s41(8192, "rows"),
         "hot_cache_rows_1layer_sources": _s41(4096, "rows", "each of the three sources"),
         "prepared_prefixes": _s41(16, ""),
     },
-    "fig1_workload": {"input_tokens": _s41(32_768, "tokens", "'32K', HiSparse's evaluation"),
-                      "output_cap": _s41(8192, "tokens")},
+    "fig1_workload": {
+        "input_tokens": _s41(32_768, "tokens", "'32K', HiSparse's evaluation"),
+        "output_cap": _s41(8192, "tokens"),
+    },
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -104,13 +115,22 @@ _t1 = _src("Table 1")
 _DAG = "excludes optional residency (dagger in Table 1)"
 TABLE1 = {
     "resident": {"gpu_32k": _t1(1.456, "GiB"), "gpu_100k": _t1(4.444, "GiB")},
-    "hisparse": {"gpu_32k": _t1(0.259, "GiB"), "gpu_100k": _t1(0.432, "GiB"),
-                 "host_100k": _t1(4.186, "GiB")},
-    "adaptive_hisparse": {"gpu_32k": _t1(0.259, "GiB", _DAG), "gpu_100k": _t1(0.432, "GiB", _DAG),
-                          "host_100k": _t1(4.186, "GiB")},
+    "hisparse": {
+        "gpu_32k": _t1(0.259, "GiB"),
+        "gpu_100k": _t1(0.432, "GiB"),
+        "host_100k": _t1(4.186, "GiB"),
+    },
+    "adaptive_hisparse": {
+        "gpu_32k": _t1(0.259, "GiB", _DAG),
+        "gpu_100k": _t1(0.432, "GiB", _DAG),
+        "host_100k": _t1(4.186, "GiB"),
+    },
     "resident_dflash2": {"gpu_32k": _t1(1.481, "GiB"), "gpu_100k": _t1(4.469, "GiB")},
-    "adaptive_dhisparse": {"gpu_32k": _t1(0.319, "GiB", _DAG), "gpu_100k": _t1(0.492, "GiB", _DAG),
-                           "host_100k": _t1(4.186, "GiB")},
+    "adaptive_dhisparse": {
+        "gpu_32k": _t1(0.319, "GiB", _DAG),
+        "gpu_100k": _t1(0.492, "GiB", _DAG),
+        "host_100k": _t1(4.186, "GiB"),
+    },
     "text": {
         "resident_over_adaptive_100k": PV(10.3, "sec. 3.4 text", "x", "4.444 / 0.432"),
         "ring_gib_per_session": PV(0.025, "sec. 5 text", "GiB", "at 32K and 100K alike"),
@@ -166,10 +186,15 @@ _t2 = _src("Table 2")
 
 
 def _t2row(out, vs, ttft, pw, pw99, tpot, active, slots):
-    d = {"output_tok_s_per_gpu": _t2(out, "tok/s/GPU"),
-         "ttft_s_mean": _t2(ttft, "s"), "post_wave_ttft_s_mean": _t2(pw, "s"),
-         "post_wave_ttft_s_p99": _t2(pw99, "s"), "tpot_ms_mean": _t2(tpot, "ms"),
-         "active_mean": _t2(active, "requests"), "slots": _t2(slots, "slots")}
+    d = {
+        "output_tok_s_per_gpu": _t2(out, "tok/s/GPU"),
+        "ttft_s_mean": _t2(ttft, "s"),
+        "post_wave_ttft_s_mean": _t2(pw, "s"),
+        "post_wave_ttft_s_p99": _t2(pw99, "s"),
+        "tpot_ms_mean": _t2(tpot, "ms"),
+        "active_mean": _t2(active, "requests"),
+        "slots": _t2(slots, "slots"),
+    }
     if vs is not None:
         d["vs_hisparse"] = _t2(vs, "x")
     return d
@@ -196,23 +221,42 @@ _a1 = _src("Table A1")
 
 def _a1row(req, host, tpot, toks, gain, ttft, aw):
     return {
-        "on": {"requests": _a1(req[0]), "host_pct": _a1(host[0], "%"), "tpot_ms": _a1(tpot[0], "ms"),
-               "tok_s_per_session": _a1(toks[0], "tok/s"), "ttft_s": _a1(ttft[0], "s"),
-               "alloc_wait_s": _a1(aw[0], "s")},
-        "off": {"requests": _a1(req[1]), "host_pct": _a1(host[1], "%"), "tpot_ms": _a1(tpot[1], "ms"),
-                "tok_s_per_session": _a1(toks[1], "tok/s"), "ttft_s": _a1(ttft[1], "s"),
-                "alloc_wait_s": _a1(aw[1], "s")},
+        "on": {
+            "requests": _a1(req[0]),
+            "host_pct": _a1(host[0], "%"),
+            "tpot_ms": _a1(tpot[0], "ms"),
+            "tok_s_per_session": _a1(toks[0], "tok/s"),
+            "ttft_s": _a1(ttft[0], "s"),
+            "alloc_wait_s": _a1(aw[0], "s"),
+        },
+        "off": {
+            "requests": _a1(req[1]),
+            "host_pct": _a1(host[1], "%"),
+            "tpot_ms": _a1(tpot[1], "ms"),
+            "tok_s_per_session": _a1(toks[1], "tok/s"),
+            "ttft_s": _a1(ttft[1], "s"),
+            "alloc_wait_s": _a1(aw[1], "s"),
+        },
         "gain_pct": _a1(gain, "%", "per-session speed, on vs off"),
     }
 
 
 TABLEA1 = {
-    "C16_before": _a1row((80, 80), (1.38, 14.21), (25.18, 26.07), (39.83, 38.38), 3.8,
-                         (1.65, 3.22), (0.03, 0.00)),
-    "C256": _a1row((417, 375), (13.79, 13.79), (53.77, 52.24), (18.61, 19.18), -3.0,
-                   (36.89, 46.63), (28.19, 19.74)),
-    "C16_after_recovery": _a1row((62, 52), (2.43, 13.98), (24.44, 28.10), (40.92, 36.19), 13.1,
-                                 (0.84, 0.87), (0.02, 0.01)),
+    "C16_before": _a1row(
+        (80, 80), (1.38, 14.21), (25.18, 26.07), (39.83, 38.38), 3.8, (1.65, 3.22), (0.03, 0.00)
+    ),
+    "C256": _a1row(
+        (417, 375),
+        (13.79, 13.79),
+        (53.77, 52.24),
+        (18.61, 19.18),
+        -3.0,
+        (36.89, 46.63),
+        (28.19, 19.74),
+    ),
+    "C16_after_recovery": _a1row(
+        (62, 52), (2.43, 13.98), (24.44, 28.10), (40.92, 36.19), 13.1, (0.84, 0.87), (0.02, 0.01)
+    ),
 }
 TABLEA1_PHASES = ("C16_before", "C256", "C16_after_recovery")
 
@@ -223,10 +267,15 @@ _a2 = _src("Table A2")
 
 
 def _a2row(alloc, handoff, other, ttft, pw_alloc, pw_handoff, pw_ttft):
-    return {"alloc_wait_s": _a2(alloc, "s"), "handoff_s": _a2(handoff, "s"),
-            "other_s": _a2(other, "s"), "ttft_s": _a2(ttft, "s"),
-            "post_wave_alloc_wait_s": _a2(pw_alloc, "s"),
-            "post_wave_handoff_s": _a2(pw_handoff, "s"), "post_wave_ttft_s": _a2(pw_ttft, "s")}
+    return {
+        "alloc_wait_s": _a2(alloc, "s"),
+        "handoff_s": _a2(handoff, "s"),
+        "other_s": _a2(other, "s"),
+        "ttft_s": _a2(ttft, "s"),
+        "post_wave_alloc_wait_s": _a2(pw_alloc, "s"),
+        "post_wave_handoff_s": _a2(pw_handoff, "s"),
+        "post_wave_ttft_s": _a2(pw_ttft, "s"),
+    }
 
 
 TABLEA2 = {
@@ -247,8 +296,9 @@ TABLEA2 = {
         "handoff_shortening_adaptive": PV(2.6, "sec. 4.2.1 text", "x"),
         "handoff_shortening_adhs": PV(4.6, "sec. 4.2.1 text", "x"),
         "alloc_share_adhs_c128_pct": PV(49, "sec. 4.2.1 text", "%"),
-        "alloc_share_adaptive_c256_pct": _rng(_src("sec. 4.2.1 text"), 85, 97, "%",
-                                              "both adaptive configurations"),
+        "alloc_share_adaptive_c256_pct": _rng(
+            _src("sec. 4.2.1 text"), 85, 97, "%", "both adaptive configurations"
+        ),
         "alloc_share_hisparse_c256_pct": PV(67, "sec. 4.2.1 text", "%"),
     },
 }
@@ -285,29 +335,46 @@ _A3_RAW = {
     },
 }
 TABLEA3 = {
-    sys_: {f"C{c}": {k: _a3(vals[i], "s" if k.endswith("_s_mean") or k.endswith("_s_p99") else "ms")
-                     for k, vals in cols.items()}
-           for i, c in enumerate(A3_CONCURRENCY)}
+    sys_: {
+        f"C{c}": {
+            k: _a3(vals[i], "s" if k.endswith("_s_mean") or k.endswith("_s_p99") else "ms")
+            for k, vals in cols.items()
+        }
+        for i, c in enumerate(A3_CONCURRENCY)
+    }
     for sys_, cols in _A3_RAW.items()
 }
 _lb = _src("sec. 4.2.1 text (capacity under fixed latency bounds)")
 LATENCY_BOUNDS = {
     "bound_a": {
-        "post_wave_ttft_p99_s": _lb(10, "s"), "tpot_mean_ms": _lb(40, "ms"),
-        "max_C": {"hisparse": _lb(32), "adaptive_hisparse": _lb(64), "adaptive_dhisparse": _lb(128)},
-        "output": {"hisparse": _lb(212, "tok/s/GPU"), "adaptive_hisparse": _lb(393, "tok/s/GPU"),
-                   "adaptive_dhisparse": _lb(793, "tok/s/GPU")},
-        "concurrency_ratio": _lb(4, "x"), "output_ratio": _lb(3.7, "x"),
+        "post_wave_ttft_p99_s": _lb(10, "s"),
+        "tpot_mean_ms": _lb(40, "ms"),
+        "max_C": {
+            "hisparse": _lb(32),
+            "adaptive_hisparse": _lb(64),
+            "adaptive_dhisparse": _lb(128),
+        },
+        "output": {
+            "hisparse": _lb(212, "tok/s/GPU"),
+            "adaptive_hisparse": _lb(393, "tok/s/GPU"),
+            "adaptive_dhisparse": _lb(793, "tok/s/GPU"),
+        },
+        "concurrency_ratio": _lb(4, "x"),
+        "output_ratio": _lb(3.7, "x"),
     },
     "bound_b": {
-        "post_wave_ttft_p99_s": _lb(10, "s"), "tpot_mean_ms": _lb(50, "ms"),
-        "max_C": {"hisparse": _lb(64)}, "output": {"hisparse": _lb(348, "tok/s/GPU")},
+        "post_wave_ttft_p99_s": _lb(10, "s"),
+        "tpot_mean_ms": _lb(50, "ms"),
+        "max_C": {"hisparse": _lb(64)},
+        "output": {"hisparse": _lb(348, "tok/s/GPU")},
         "output_ratio": _lb(2.3, "x"),
     },
     "bound_c": {
-        "post_wave_ttft_p99_s": _lb(8, "s"), "tpot_mean_ms": _lb(40, "ms"),
+        "post_wave_ttft_p99_s": _lb(8, "s"),
+        "tpot_mean_ms": _lb(40, "ms"),
         "max_C": {"adaptive_dhisparse": _lb(64)},
-        "concurrency_ratio": _lb(2, "x"), "output_ratio": _lb(2.6, "x"),
+        "concurrency_ratio": _lb(2, "x"),
+        "output_ratio": _lb(2.6, "x"),
     },
 }
 
@@ -330,15 +397,24 @@ FIG1 = {
 _f4 = _src("Fig. 4 text (sec. 4.2.1)")
 FIG4 = {
     "concurrency": A3_CONCURRENCY,
-    "block_schedule": {"C4": _f4(8), "C8": _f4(8), "C16": _f4(8), "C32": _f4(8), "C64": _f4(6),
-                       "C128": _f4(4), "C256": _f4(4)},
+    "block_schedule": {
+        "C4": _f4(8),
+        "C8": _f4(8),
+        "C16": _f4(8),
+        "C32": _f4(8),
+        "C64": _f4(6),
+        "C128": _f4(4),
+        "C256": _f4(4),
+    },
     "adhs_vs_hisparse_C128": _f4(1.45, "x"),
     "adhs_vs_adaptive_C128": _f4(1.27, "x"),
     "adaptive_vs_hisparse_C128": _f4(1.14, "x"),
     "adaptive_tpot_lower_C128_pct": _f4(7, "%", "mean time per token, adaptive vs HiSparse"),
-    "handoff_hisparse_s": _f4(10.4, "s"), "handoff_adaptive_s": _f4(4.0, "s"),
+    "handoff_hisparse_s": _f4(10.4, "s"),
+    "handoff_adaptive_s": _f4(4.0, "s"),
     "added_alloc_wait_s": _f4(1.8, "s"),
-    "active_adaptive_C128": _f4(126, "requests"), "active_hisparse_C128": _f4(121, "requests"),
+    "active_adaptive_C128": _f4(126, "requests"),
+    "active_hisparse_C128": _f4(121, "requests"),
     "tokens_per_round_block4_C128": _f4(2.88, "tokens"),
     "round_time_over_step": _f4(2.2, "x", "block-4 round vs non-speculative step"),
     "session_speedup_spec": _f4(1.30, "x"),
@@ -350,8 +426,10 @@ FIG4 = {
     "adhs_tpot_lower_than_hisparse_C128_pct": _f4(29, "%"),
     "resident_plateau_tok_s": _f4(178, "tok/s/GPU", "C32 to C256"),
     "resident_dflash2_plateau_tok_s": _f4(220, "tok/s/GPU", "from C16"),
-    "resident_ttft_C16_s": _f4(0.6, "s"), "resident_ttft_C32_s": _f4(30, "s"),
-    "adhs_vs_resident_C256": _f4(4.6, "x"), "adhs_vs_resident_dflash2_C256": _f4(3.7, "x"),
+    "resident_ttft_C16_s": _f4(0.6, "s"),
+    "resident_ttft_C32_s": _f4(30, "s"),
+    "adhs_vs_resident_C256": _f4(4.6, "x"),
+    "adhs_vs_resident_dflash2_C256": _f4(3.7, "x"),
     "adaptive_below_resident_C4_C16_pct": _rng(_f4, 5, 7, "%"),
     "adaptive_above_hisparse_C4_C16_pct": _rng(_f4, 19, 23, "%"),
     "step_ms_C8_adaptive": _f4(16.6, "ms", "kernel profile at C8"),
@@ -362,20 +440,35 @@ FIG4 = {
     "adhs_ttft_higher_C256": _f4(1.9, "x", "vs Adaptive HiSparse"),
     # output points stated in the text (tok/s per decode GPU)
     "output_points": {
-        "hisparse": {"C32": _f4(212, "tok/s/GPU"), "C64": _f4(348, "tok/s/GPU"),
-                     "C128": _t2(548, "tok/s/GPU"), "C256": _t2(730, "tok/s/GPU")},
-        "adaptive_hisparse": {"C64": _f4(393, "tok/s/GPU"), "C128": _t2(622, "tok/s/GPU"),
-                              "C256": _t2(823, "tok/s/GPU")},
+        "hisparse": {
+            "C32": _f4(212, "tok/s/GPU"),
+            "C64": _f4(348, "tok/s/GPU"),
+            "C128": _t2(548, "tok/s/GPU"),
+            "C256": _t2(730, "tok/s/GPU"),
+        },
+        "adaptive_hisparse": {
+            "C64": _f4(393, "tok/s/GPU"),
+            "C128": _t2(622, "tok/s/GPU"),
+            "C256": _t2(823, "tok/s/GPU"),
+        },
         "adaptive_dhisparse": {"C128": _t2(793, "tok/s/GPU"), "C256": _t2(826, "tok/s/GPU")},
     },
 }
 _e13 = _src("eq. 13 (sec. 4.2.1)")
 EQ13 = {
-    "C128": {"session_share": _e13(0.99), "tpot_ratio": _e13(0.77),
-             "predicted": _e13(1.29, "x"), "measured": _e13(1.27, "x")},
-    "C256": {"session_share": _e13(0.69), "tpot_ratio": _e13(0.71),
-             "predicted": _e13(0.96, "x"), "measured": _e13(1.00, "x"),
-             "slot_ratio": _e13(140 / 208, "", "140 / 208 = 0.67 (sec. 5)")},
+    "C128": {
+        "session_share": _e13(0.99),
+        "tpot_ratio": _e13(0.77),
+        "predicted": _e13(1.29, "x"),
+        "measured": _e13(1.27, "x"),
+    },
+    "C256": {
+        "session_share": _e13(0.69),
+        "tpot_ratio": _e13(0.71),
+        "predicted": _e13(0.96, "x"),
+        "measured": _e13(1.00, "x"),
+        "slot_ratio": _e13(140 / 208, "", "140 / 208 = 0.67 (sec. 5)"),
+    },
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -391,8 +484,12 @@ FIG5 = {
     "spec_return_C128": _f5(1.54, "x", "ADHS over Adaptive HiSparse"),
     "spec_return_C512": _f5(1.20, "x"),
     "resident_plateau_tok_s": _f5(1800, "tok/s/GPU", "C128 to C512, 'near 1,800'"),
-    "resident_ttft_C128_s": _f5(11, "s", "'from 11 to 115 seconds' (C128 -> C512); the same pair "
-                                "of numbers appears for GLM in Fig. 9 text"),
+    "resident_ttft_C128_s": _f5(
+        11,
+        "s",
+        "'from 11 to 115 seconds' (C128 -> C512); the same pair "
+        "of numbers appears for GLM in Fig. 9 text",
+    ),
     "resident_ttft_C512_s": _f5(115, "s"),
     "adaptive_vs_resident_C128": _f5(1.16, "x"),
     "adaptive_vs_resident_C512": _f5(2.3, "x"),
@@ -421,7 +518,8 @@ FIG6 = {
     "seconds_to_fill_slots_off": _f6(3, "s"),
     "alloc_wait_longer_C256": _f6(1.4, "x"),
     "speed_lower_C256_pct": _f6(3, "%"),
-    "handoff_C256_on_s": _f6(8.5, "s"), "handoff_C256_off_s": _f6(26.8, "s"),
+    "handoff_C256_on_s": _f6(8.5, "s"),
+    "handoff_C256_off_s": _f6(26.8, "s"),
     "ttft_lower_C256_pct": _f6(21, "%"),
     "more_requests_C256_pct": _f6(11, "%"),
     "seconds_to_coverage_above_50pct_after_drop": _f6(142, "s"),
@@ -439,10 +537,17 @@ _f7d = _src("Fig. 7, derived from text ratios")
 FIG7 = {
     "blocks": (4, 6, 8),
     "concurrency": (64, 128, 256),
-    "C64": {"tokens_b6_over_b4_pct": _f7(18, "%"), "round_b6_over_b4_pct": _f7(17, "%"),
-            "output_spread_within_pct": _f7(3, "%", "all three blocks")},
-    "C128": {"tokens_b6_over_b4_pct": _f7(17, "%"), "tokens_b8_over_b4_pct": _f7(25, "%"),
-             "output_b6_vs_b4_pct": _f7(-6, "%"), "output_b8_vs_b4_pct": _f7(-9, "%")},
+    "C64": {
+        "tokens_b6_over_b4_pct": _f7(18, "%"),
+        "round_b6_over_b4_pct": _f7(17, "%"),
+        "output_spread_within_pct": _f7(3, "%", "all three blocks"),
+    },
+    "C128": {
+        "tokens_b6_over_b4_pct": _f7(17, "%"),
+        "tokens_b8_over_b4_pct": _f7(25, "%"),
+        "output_b6_vs_b4_pct": _f7(-6, "%"),
+        "output_b8_vs_b4_pct": _f7(-9, "%"),
+    },
     "C256": {"output_b6_vs_b4_pct": _f7(-1, "%"), "output_b8_vs_b4_pct": _f7(-8, "%")},
     "best_block": {"C64": _f7(6), "C128": _f7(4), "C256": _f7(4)},
     "tokens_per_round_b4_C128": PV(2.88, "sec. 4.2.1 text", "tokens"),
@@ -451,16 +556,24 @@ FIG7 = {
     "cache_alone_share_b4_pct": _f7(17, "%", "Fig. 11a"),
     "cache_alone_share_b6_pct": _f7(20, "%", "Fig. 11a"),
     "derived": {
-        "tokens_per_round": {"C128": {"4": _f7d(2.88, "tokens"),
-                                      "6": _f7d(2.88 * 1.17, "tokens", "2.88 x 1.17"),
-                                      "8": _f7d(2.88 * 1.25, "tokens", "2.88 x 1.25")}},
+        "tokens_per_round": {
+            "C128": {
+                "4": _f7d(2.88, "tokens"),
+                "6": _f7d(2.88 * 1.17, "tokens", "2.88 x 1.17"),
+                "8": _f7d(2.88 * 1.25, "tokens", "2.88 x 1.25"),
+            }
+        },
         "output_tok_s_per_gpu": {
-            "C128": {"4": _f7d(793, "tok/s/GPU", "Table 2"),
-                     "6": _f7d(793 * 0.94, "tok/s/GPU", "793 x 0.94"),
-                     "8": _f7d(793 * 0.91, "tok/s/GPU", "793 x 0.91")},
-            "C256": {"4": _f7d(826, "tok/s/GPU", "Table 2"),
-                     "6": _f7d(826 * 0.99, "tok/s/GPU", "826 x 0.99"),
-                     "8": _f7d(826 * 0.92, "tok/s/GPU", "826 x 0.92")},
+            "C128": {
+                "4": _f7d(793, "tok/s/GPU", "Table 2"),
+                "6": _f7d(793 * 0.94, "tok/s/GPU", "793 x 0.94"),
+                "8": _f7d(793 * 0.91, "tok/s/GPU", "793 x 0.91"),
+            },
+            "C256": {
+                "4": _f7d(826, "tok/s/GPU", "Table 2"),
+                "6": _f7d(826 * 0.99, "tok/s/GPU", "826 x 0.99"),
+                "8": _f7d(826 * 0.92, "tok/s/GPU", "826 x 0.92"),
+            },
         },
     },
 }
@@ -476,20 +589,24 @@ FIG8 = {
     "nomiss_ms": _f8(0.031, "ms", "panel a, no miss"),
     "max_ms": _f8(6.23, "ms", "panel a, 302 MB"),
     "max_unique_miss_mb": _f8(302, "MB"),
-    "one_query_topk_mb": _f8(37.75, "MB", "one query's top-k over the 32 requests of a call "
-                             "(2,048 x 32 x 576 B)"),
+    "one_query_topk_mb": _f8(
+        37.75, "MB", "one query's top-k over the 32 requests of a call (2,048 x 32 x 576 B)"
+    ),
     "disjoint_over_shared": _f8(7.9, "x", "eight disjoint vs eight identical selections"),
     "nomiss_b4096_batch8_us": _f8(18.7, "us", "panel c"),
     "nomiss_b4096_batch160_us": _f8(36.9, "us", "panel c"),
     "miss77_b4096_batch8_us": _f8(29.3, "us", "panel c"),
     "miss77_b4096_batch160_us": _f8(243.3, "us", "panel c"),
-    "miss_slowdown_batch8": _f8(1.6, "x"), "miss_slowdown_batch160": _f8(6.6, "x"),
+    "miss_slowdown_batch8": _f8(1.6, "x"),
+    "miss_slowdown_batch160": _f8(6.6, "x"),
     "miss_cost_us_per_request": _f8(1.3, "us", "median, both batch sizes"),
     "scan_4x_B_slowdown_batch8": _f8(1.9, "x", "B 2,048 -> 8,192, no miss"),
     "scan_4x_B_slowdown_batch160": _f8(2.2, "x"),
     "direct_over_scan_B4096": _f8(2.5, "x", "direct path faster than the scan, batch 8"),
     "misses_per_request": _f8(77, "rows"),
-    "width": _f8(8, "queries"), "batch": _f8(32, "requests"), "B": _f8(4096, "rows"),
+    "width": _f8(8, "queries"),
+    "batch": _f8(32, "requests"),
+    "B": _f8(4096, "rows"),
     "shared_retrieval_fewer_fetches_pct": _f8(29, "%"),
 }
 
@@ -498,28 +615,38 @@ FIG8 = {
 # ---------------------------------------------------------------------------------------------
 _f9 = _src("Fig. 9 text (sec. 4.3.4)")
 FIG9 = {
-    "glm_budgets": (1, 2, 4, 8), "deepseek_budgets": (2, 4, 8, 16),
+    "glm_budgets": (1, 2, 4, 8),
+    "deepseek_budgets": (2, 4, 8, 16),
     "glm_C128": {
-        "hisparse_miss_pct_Bk": _f9(33, "%"), "hisparse_miss_pct_B8k": _f9(3.9, "%"),
-        "hisparse_tpot_ms_Bk": _f9(57, "ms"), "hisparse_tpot_ms_B8k": _f9(38, "ms"),
+        "hisparse_miss_pct_Bk": _f9(33, "%"),
+        "hisparse_miss_pct_B8k": _f9(3.9, "%"),
+        "hisparse_tpot_ms_Bk": _f9(57, "ms"),
+        "hisparse_tpot_ms_B8k": _f9(38, "ms"),
         "best_budget": _f9(2, "B/k", "both systems"),
         "output_loss_2k_to_8k_pct": _f9(44, "%"),
-        "ttft_s_2k": _f9(11, "s"), "ttft_s_8k": _f9(115, "s"),
+        "ttft_s_2k": _f9(11, "s"),
+        "ttft_s_8k": _f9(115, "s"),
         "adaptive_over_hisparse_at_peak_pct": _f9(14, "%"),
-        "adaptive_step_ms_2k": _f9(44.7, "ms"), "adaptive_step_ms_8k": _f9(35.3, "ms"),
-        "sessions_per_gpu_2k": _f9(28, "sessions"), "sessions_per_gpu_8k": _f9(13, "sessions"),
+        "adaptive_step_ms_2k": _f9(44.7, "ms"),
+        "adaptive_step_ms_8k": _f9(35.3, "ms"),
+        "sessions_per_gpu_2k": _f9(28, "sessions"),
+        "sessions_per_gpu_8k": _f9(13, "sessions"),
     },
     "glm_C8": {
         "adaptive_miss_pct": _f9(0.05, "%", "every budget"),
         "adaptive_output_spread_within_pct": _f9(3, "%"),
-        "resolver_ms_per_step_Bk": _f9(0.35, "ms"), "resolver_ms_per_step_B8k": _f9(0.85, "ms"),
-        "tpot_ms_Bk": _f9(18.9, "ms"), "tpot_ms_B8k": _f9(19.4, "ms"),
+        "resolver_ms_per_step_Bk": _f9(0.35, "ms"),
+        "resolver_ms_per_step_B8k": _f9(0.85, "ms"),
+        "tpot_ms_Bk": _f9(18.9, "ms"),
+        "tpot_ms_B8k": _f9(19.4, "ms"),
         "adaptive_over_hisparse_best_pct": _f9(21, "%", "best against best"),
     },
     "deepseek_C128": {
         "output_spread_within_pct": _f9(2, "%", "both systems, 8x range of B"),
-        "hisparse_miss_pct_lo_B": _f9(36, "%"), "hisparse_miss_pct_hi_B": _f9(9.5, "%"),
-        "adaptive_miss_pct_lo_B": _f9(18, "%"), "adaptive_miss_pct_hi_B": _f9(5.9, "%"),
+        "hisparse_miss_pct_lo_B": _f9(36, "%"),
+        "hisparse_miss_pct_hi_B": _f9(9.5, "%"),
+        "adaptive_miss_pct_lo_B": _f9(18, "%"),
+        "adaptive_miss_pct_hi_B": _f9(5.9, "%"),
         "ttft_s": _rng(_f9, 2.5, 2.8, "s"),
     },
     "deepseek_C8": {"adaptive_miss_pct": _f9(0.0, "%", "'fetches nothing from host'")},
@@ -531,21 +658,27 @@ FIG9 = {
 _t3 = _src("Table 3")
 TABLE3 = {
     "glm": {
-        "selecting_layers": _t3(21), "k": _t3(2048), "selections_per_token": _t3(43_008),
+        "selecting_layers": _t3(21),
+        "k": _t3(2048),
+        "selections_per_token": _t3(43_008),
         "kv_sources": _t3(78, "", "one per layer"),
         "bytes_per_missed_selection": _rng(_t3, 2400, 2500, "B", "'2.4 to 2.5 KB'"),
         "host_mb_per_token": {"smallest_B": _t3(34, "MB"), "largest_B": _t3(4.2, "MB")},
         "hot_cache_mb_per_session": _t3(184, "MB"),
-        "resolver_calls_per_step": _t3(21), "follower_copies_per_step": _t3(57),
+        "resolver_calls_per_step": _t3(21),
+        "follower_copies_per_step": _t3(57),
         "payload_layers_per_selection": PV(3.7, "sec. 5 text", "layers", "78 / 21"),
     },
     "deepseek": {
-        "selecting_layers": _t3(8), "k": _t3(512), "selections_per_token": _t3(4096),
+        "selecting_layers": _t3(8),
+        "k": _t3(512),
+        "selections_per_token": _t3(4096),
         "kv_sources": _t3(4, "", "shared"),
         "bytes_per_missed_selection": _t3(288, "B"),
         "host_mb_per_token": {"smallest_B": _t3(0.42, "MB"), "largest_B": _t3(0.11, "MB")},
         "hot_cache_mb_per_session": _t3(6, "MB"),
-        "resolver_calls_per_step": _t3(8), "follower_copies_per_step": _t3(0, "", "none"),
+        "resolver_calls_per_step": _t3(8),
+        "follower_copies_per_step": _t3(0, "", "none"),
     },
     "host_bytes_ratio": PV(80, "sec. 5 text", "x", "'about 80x' fewer on DeepSeek"),
 }
@@ -555,25 +688,46 @@ TABLE3 = {
 # ---------------------------------------------------------------------------------------------
 _f10 = _src("Fig. 10")
 _f10t = _src("Fig. 10 text (sec. 4.3.4)")
-FIG10_FAMILIES = ("expert matrix products", "dense projections", "indexing and attention",
-                  "other model kernels", "several families at once", "cache kernels alone",
-                  "no kernel running")
+FIG10_FAMILIES = (
+    "expert matrix products",
+    "dense projections",
+    "indexing and attention",
+    "other model kernels",
+    "several families at once",
+    "cache kernels alone",
+    "no kernel running",
+)
 FIG10 = {
     "cache_ms_per_step": {
-        "glm": {"1": _f10(25.4, "ms"), "2": _f10(15.1, "ms"), "4": _f10(7.1, "ms"),
-                "8": _f10(3.4, "ms")},
+        "glm": {
+            "1": _f10(25.4, "ms"),
+            "2": _f10(15.1, "ms"),
+            "4": _f10(7.1, "ms"),
+            "8": _f10(3.4, "ms"),
+        },
         "deepseek": {
-            "2": _f10(0.7, "ms", "flattened text gives 0.7, 0.5, 0.5, 0.5 for the four bars; "
-                      "assigned in x order B/k = 2, 4, 8, 16 (the text says '0.5 to 0.7 ms')"),
-            "4": _f10(0.5, "ms"), "8": _f10(0.5, "ms"), "16": _f10(0.5, "ms")},
+            "2": _f10(
+                0.7,
+                "ms",
+                "flattened text gives 0.7, 0.5, 0.5, 0.5 for the four bars; "
+                "assigned in x order B/k = 2, 4, 8, 16 (the text says '0.5 to 0.7 ms')",
+            ),
+            "4": _f10(0.5, "ms"),
+            "8": _f10(0.5, "ms"),
+            "16": _f10(0.5, "ms"),
+        },
     },
     "glm_follower_copy_share": _f10t(0.75, "", "'three quarters' of the 15.1 ms at B = 2k"),
     "glm_overlapped_ms_2k": _f10t(11.0, "ms", "of 15.1 ms"),
-    "glm_cache_ms_per_session": {"2": _f10t(0.55, "ms"), "4": _f10t(0.29, "ms"),
-                                 "8": _f10t(0.27, "ms")},
+    "glm_cache_ms_per_session": {
+        "2": _f10t(0.55, "ms"),
+        "4": _f10t(0.29, "ms"),
+        "8": _f10t(0.27, "ms"),
+    },
     "glm_sessions_per_step": {"upto_4": _rng(_f10, 24, 28, "sessions"), "8": _f10(13, "sessions")},
     "deepseek_sessions_per_step": _rng(_f10, 62, 63, "sessions"),
-    "glm_resolver_calls": _f10t(21), "glm_follower_copies": _f10t(57),
+    "glm_resolver_calls": _f10t(21),
+    "glm_follower_copies": _f10t(57),
     "deepseek_resolver_calls": _f10t(8),
     "deepseek_residency_machinery_ms": _f10t(0.05, "ms"),
     "step_ms": {"glm": _f10(44.7, "ms", "B/k = 2"), "deepseek": _f10(25.1, "ms", "B/k = 16")},
@@ -603,30 +757,43 @@ FIG10 = {
 # Fig. 11 - round partition (a) and resolver share (b)
 # ---------------------------------------------------------------------------------------------
 _f11 = _src("Fig. 11")
-FIG11_FAMILIES = ("cache kernels alone", "expert matrix products", "other model kernels",
-                  "several families at once", "no kernel coverage")
-_F11_NOTE = ("segment-to-category mapping inferred: the flattened numbers alternate between the "
-             "two bars; block 4 = 13.9+21.3+16.2+15.6+13.1 = 80.1 and block 6 = "
-             "18.7+23.1+21.0+18.3+12.9 = 94.0 sum exactly, the first segments (13.9, 18.7) are "
-             "17% / 20% of the round (= 'cache kernels alone', text), the rest follow the legend")
+FIG11_FAMILIES = (
+    "cache kernels alone",
+    "expert matrix products",
+    "other model kernels",
+    "several families at once",
+    "no kernel coverage",
+)
+_F11_NOTE = (
+    "segment-to-category mapping inferred: the flattened numbers alternate between the "
+    "two bars; block 4 = 13.9+21.3+16.2+15.6+13.1 = 80.1 and block 6 = "
+    "18.7+23.1+21.0+18.3+12.9 = 94.0 sum exactly, the first segments (13.9, 18.7) are "
+    "17% / 20% of the round (= 'cache kernels alone', text), the rest follow the legend"
+)
 FIG11 = {
     "round_ms": {
-        "4": {"total": _f11(80.1, "ms", "block 4 total; 94.0/80.1 = 1.17 ('17% longer')"),
-              "cache kernels alone": _f11(13.9, "ms", _F11_NOTE),
-              "expert matrix products": _f11(21.3, "ms", _F11_NOTE),
-              "other model kernels": _f11(16.2, "ms", _F11_NOTE),
-              "several families at once": _f11(15.6, "ms", _F11_NOTE),
-              "no kernel coverage": _f11(13.1, "ms", _F11_NOTE)},
-        "6": {"total": _f11(94.0, "ms", "block 6 total"),
-              "cache kernels alone": _f11(18.7, "ms", _F11_NOTE),
-              "expert matrix products": _f11(23.1, "ms", _F11_NOTE),
-              "other model kernels": _f11(21.0, "ms", _F11_NOTE),
-              "several families at once": _f11(18.3, "ms", _F11_NOTE),
-              "no kernel coverage": _f11(12.9, "ms", _F11_NOTE)},
+        "4": {
+            "total": _f11(80.1, "ms", "block 4 total; 94.0/80.1 = 1.17 ('17% longer')"),
+            "cache kernels alone": _f11(13.9, "ms", _F11_NOTE),
+            "expert matrix products": _f11(21.3, "ms", _F11_NOTE),
+            "other model kernels": _f11(16.2, "ms", _F11_NOTE),
+            "several families at once": _f11(15.6, "ms", _F11_NOTE),
+            "no kernel coverage": _f11(13.1, "ms", _F11_NOTE),
+        },
+        "6": {
+            "total": _f11(94.0, "ms", "block 6 total"),
+            "cache kernels alone": _f11(18.7, "ms", _F11_NOTE),
+            "expert matrix products": _f11(23.1, "ms", _F11_NOTE),
+            "other model kernels": _f11(21.0, "ms", _F11_NOTE),
+            "several families at once": _f11(18.3, "ms", _F11_NOTE),
+            "no kernel coverage": _f11(12.9, "ms", _F11_NOTE),
+        },
     },
     "resolver_share_pct": {
         "C16 fill": _f11(1.36, "%", "bar order of the flattened text read as fill, middle, drain"),
-        "C16 middle": _f11(1.33, "%", "bar order of the flattened text read as fill, middle, drain"),
+        "C16 middle": _f11(
+            1.33, "%", "bar order of the flattened text read as fill, middle, drain"
+        ),
         "C16 drain": _f11(0.41, "%", "bar order of the flattened text read as fill, middle, drain"),
         "C512 pressure": _f11(4.75, "%"),
     },
@@ -650,27 +817,43 @@ HEADLINE = {
 }
 
 PAPER: dict[str, Any] = {
-    "setup": SETUP, "table1": TABLE1, "sec34": SEC34, "census": CENSUS, "table2": TABLE2,
-    "tableA1": TABLEA1, "tableA2": TABLEA2, "tableA3": TABLEA3, "latency_bounds": LATENCY_BOUNDS,
-    "fig1": FIG1, "fig4": FIG4, "eq13": EQ13, "fig5": FIG5, "fig6": FIG6, "fig7": FIG7,
-    "fig8": FIG8, "fig9": FIG9, "table3": TABLE3, "fig10": FIG10, "fig11": FIG11,
+    "setup": SETUP,
+    "table1": TABLE1,
+    "sec34": SEC34,
+    "census": CENSUS,
+    "table2": TABLE2,
+    "tableA1": TABLEA1,
+    "tableA2": TABLEA2,
+    "tableA3": TABLEA3,
+    "latency_bounds": LATENCY_BOUNDS,
+    "fig1": FIG1,
+    "fig4": FIG4,
+    "eq13": EQ13,
+    "fig5": FIG5,
+    "fig6": FIG6,
+    "fig7": FIG7,
+    "fig8": FIG8,
+    "fig9": FIG9,
+    "table3": TABLE3,
+    "fig10": FIG10,
+    "fig11": FIG11,
     "headline": HEADLINE,
 }
 
 AMBIGUITIES = {
     "fig10.partition_pct": "Fig. 10b labels are flattened as '38 7 6 8 30 9' (GLM) and "
-                           "'53 10 8 17 8' (DeepSeek); only 38/53 (expert) and 9 (GLM cache alone) "
-                           "are confirmed by the text. The rest are mapped in legend order. The "
-                           "DeepSeek 'cache kernels alone' segment carries no label.",
+    "'53 10 8 17 8' (DeepSeek); only 38/53 (expert) and 9 (GLM cache alone) "
+    "are confirmed by the text. The rest are mapped in legend order. The "
+    "DeepSeek 'cache kernels alone' segment carries no label.",
     "fig10.cache_ms_per_step.deepseek": "four labels 0.7, 0.5, 0.5, 0.5; which bar is 0.7 is not "
-                                        "recoverable with certainty (taken as B/k = 2).",
+    "recoverable with certainty (taken as B/k = 2).",
     "fig11.round_ms": "segment-to-category mapping inferred from the sums and the 17%/20% text.",
     "fig11.resolver_share_pct": "1.36 / 1.33 / 0.41 read as C16 fill / middle / drain.",
     "fig5 vs fig9 TTFT 11 -> 115 s": "the same pair appears for DeepSeek resident (C128 -> C512) "
-                                     "and for GLM HiSparse (B = 2k -> 8k); both recorded as printed.",
+    "and for GLM HiSparse (B = 2k -> 8k); both recorded as printed.",
     "row bytes": "capacity arithmetic (Table 1, eq. 11, Table 3 hot cache, Fig. 8a 37.75 MB) uses "
-                 "576 B per KV row; Table 3's 2.4-2.5 KB per missed selection matches 3.71 x 656 B "
-                 "(the FP8 row with scales and bf16 rope). See figures/capacity.py.",
+    "576 B per KV row; Table 3's 2.4-2.5 KB per missed selection matches 3.71 x 656 B "
+    "(the FP8 row with scales and bf16 rope). See figures/capacity.py.",
 }
 
 

@@ -45,7 +45,9 @@ def setup_style() -> None:
 
 def subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.0, **kw):
     setup_style()
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kw)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kw
+    )
     return fig, axes
 
 
@@ -59,37 +61,83 @@ def not_measured_panel(ax, what: str = "") -> None:
     ax.set_xticks([])
     ax.set_yticks([])
     ax.grid(False)
-    ax.text(0.5, 0.55, NOT_MEASURED.upper(), ha="center", va="center", fontsize=11,
-            color="#888888", fontweight="bold", transform=ax.transAxes)
+    ax.text(
+        0.5,
+        0.55,
+        NOT_MEASURED.upper(),
+        ha="center",
+        va="center",
+        fontsize=11,
+        color="#888888",
+        fontweight="bold",
+        transform=ax.transAxes,
+    )
     if what:
-        ax.text(0.5, 0.38, what, ha="center", va="center", fontsize=7, color="#888888",
-                transform=ax.transAxes, wrap=True)
+        ax.text(
+            0.5,
+            0.38,
+            what,
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="#888888",
+            transform=ax.transAxes,
+            wrap=True,
+        )
 
 
 def mark_unmeasured(ax, what: str = "ours") -> None:
     """Overlay on a panel that shows paper values only."""
-    ax.text(0.5, 0.95, f"{NOT_MEASURED.upper()} ({what})", transform=ax.transAxes, ha="center",
-            va="top", color="#888888", fontweight="bold", fontsize=9)
+    ax.text(
+        0.5,
+        0.95,
+        f"{NOT_MEASURED.upper()} ({what})",
+        transform=ax.transAxes,
+        ha="center",
+        va="top",
+        color="#888888",
+        fontweight="bold",
+        fontsize=9,
+    )
 
 
-def plot_system_curve(ax, xs, ys, system: str, *, label: str | None = None, log_y: bool = False,
-                      linestyle: str = "-") -> None:
+def plot_system_curve(
+    ax, xs, ys, system: str, *, label: str | None = None, log_y: bool = False, linestyle: str = "-"
+) -> None:
     filled = canonical_system(system) in SPECULATIVE
-    ax.plot(xs, ys, linestyle=linestyle, marker="o", color=system_color(system),
-            markerfacecolor=system_color(system) if filled else "white",
-            label=label or system_label(system), markersize=5, linewidth=1.4)
+    ax.plot(
+        xs,
+        ys,
+        linestyle=linestyle,
+        marker="o",
+        color=system_color(system),
+        markerfacecolor=system_color(system) if filled else "white",
+        label=label or system_label(system),
+        markersize=5,
+        linewidth=1.4,
+    )
     if log_y:
         ax.set_yscale("log")
 
 
-def serving_panels(axes: Sequence, runs: Sequence[Run], rep: Report, *, output_key: str,
-                   output_label: str, letters=("a", "b", "c")) -> bool:
+def serving_panels(
+    axes: Sequence,
+    runs: Sequence[Run],
+    rep: Report,
+    *,
+    output_key: str,
+    output_label: str,
+    letters=("a", "b", "c"),
+) -> bool:
     """The three panels of Figs. 1 / 4 / 5: output vs C, TTFT (log) vs output, TPOT vs output."""
     groups = by_system(runs)
     ax_a, ax_b, ax_c = axes
     if not groups:
-        for ax, lt, what in zip(axes, letters, ("output vs offered concurrency",
-                                                "mean TTFT vs output", "mean TPOT vs output")):
+        for ax, lt, what in zip(
+            axes,
+            letters,
+            ("output vs offered concurrency", "mean TTFT vs output", "mean TPOT vs output"),
+        ):
             not_measured_panel(ax, what)
             rep.panel(lt, f"{NOT_MEASURED} ({what})")
         panel_title(ax_a, letters[0], "Output vs offered concurrency")
@@ -97,8 +145,11 @@ def serving_panels(axes: Sequence, runs: Sequence[Run], rep: Report, *, output_k
         panel_title(ax_c, letters[2], "Mean TPOT vs output")
         return False
     for sys_, rs in groups.items():
-        pts = [(r.concurrency, r.num(output_key), r.num("ttft_ms_mean"), r.num("tpot_ms_mean"))
-               for r in rs if r.concurrency is not None]
+        pts = [
+            (r.concurrency, r.num(output_key), r.num("ttft_ms_mean"), r.num("tpot_ms_mean"))
+            for r in rs
+            if r.concurrency is not None
+        ]
         pts = [p for p in pts if p[1] is not None]
         if not pts:
             continue
@@ -132,9 +183,15 @@ def serving_panels(axes: Sequence, runs: Sequence[Run], rep: Report, *, output_k
     return True
 
 
-def paper_vs_ours_bars(ax, categories: Sequence[str], paper: Sequence[float | None],
-                       ours: Sequence[float | None], ylabel: str = "", log: bool = False,
-                       colors: Sequence | None = None) -> None:
+def paper_vs_ours_bars(
+    ax,
+    categories: Sequence[str],
+    paper: Sequence[float | None],
+    ours: Sequence[float | None],
+    ylabel: str = "",
+    log: bool = False,
+    colors: Sequence | None = None,
+) -> None:
     """Side-by-side bars: hatched = paper, solid = ours (missing ours drawn as an 'n/m' mark)."""
     x = np.arange(len(categories))
     w = 0.38
@@ -145,8 +202,16 @@ def paper_vs_ours_bars(ax, categories: Sequence[str], paper: Sequence[float | No
     ax.bar(x + w / 2, ov, w, color=colors, label="ours")
     for i, o in enumerate(ov):
         if np.isnan(o):
-            ax.text(x[i] + w / 2, 0, "n/m", ha="center", va="bottom", fontsize=6, color="#888888",
-                    rotation=90)
+            ax.text(
+                x[i] + w / 2,
+                0,
+                "n/m",
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                color="#888888",
+                rotation=90,
+            )
     ax.set_xticks(x)
     ax.set_xticklabels(categories, rotation=20, ha="right", fontsize=7)
     if all(np.isnan(o) for o in ov):

@@ -57,7 +57,10 @@ class Footnotes:
         share its note."""
         tags = split_tags(text)
         short = "; ".join(t for t in tags if len(t) <= SHORT_MAX)
-        return "".join(self.ref(t) for t in ([short] if short else []) + [t for t in tags if len(t) > SHORT_MAX])
+        return "".join(
+            self.ref(t)
+            for t in ([short] if short else []) + [t for t in tags if len(t) > SHORT_MAX]
+        )
 
     def markdown(self) -> list[str]:
         """The notes as a numbered list (with a blank line after), or nothing."""
@@ -184,11 +187,28 @@ class Report:
     md: Path | None = None
 
     # ------------------------------------------------------------------ collecting
-    def compare(self, key: str, quantity: str, paper: Any, ours: Any, unit: str = "",
-                prov: str = "", note: str = "", stats: RatioStats | None = None) -> Row:
+    def compare(
+        self,
+        key: str,
+        quantity: str,
+        paper: Any,
+        ours: Any,
+        unit: str = "",
+        prov: str = "",
+        note: str = "",
+        stats: RatioStats | None = None,
+    ) -> Row:
         o = as_float(ours)
-        row = Row(key, quantity, paper, o, unit, prov if o is not None else NOT_MEASURED, note,
-                  stats if o is not None else None)
+        row = Row(
+            key,
+            quantity,
+            paper,
+            o,
+            unit,
+            prov if o is not None else NOT_MEASURED,
+            note,
+            stats if o is not None else None,
+        )
         self.rows.append(row)
         return row
 
@@ -250,8 +270,10 @@ class Report:
             out += [f"{h}# Paper vs ours", ""]
             if common and sources.count(common) > 1:
                 out += [f"Paper values from {common} unless a row names another source.", ""]
-            out += ["| quantity | paper | ours | ours/paper | paper source; ours from |",
-                    "|---|---|---|---|---|"]
+            out += [
+                "| quantity | paper | ours | ours/paper | paper source; ours from |",
+                "|---|---|---|---|---|",
+            ]
             for r, src in zip(self.rows, sources):
                 u = f" {r.unit}" if r.unit else ""
                 ours = fmt(r.ours) + u if r.ours is not None else f"*{NOT_MEASURED}*"
@@ -261,10 +283,14 @@ class Report:
                 if len(q) > CELL_MAX:
                     q = f"{r.quantity} {notes.ref(r.note[0].upper() + r.note[1:])}"
                 q = q.replace("|", "\\|")  # an absolute value's bars would end the cell
-                src = "" if src == common and sources.count(common) > 1 else notes.cell(src, limit=30)
+                src = (
+                    "" if src == common and sources.count(common) > 1 else notes.cell(src, limit=30)
+                )
                 prov = r.prov if r.prov == NOT_MEASURED else notes.sources(r.prov)
-                out.append(f"| {q} | {fmt(r.paper)}{u if r.paper is not None else ''} | {ours} | "
-                           f"{ratio} | {'; '.join(x for x in (src, prov) if x)} |")
+                out.append(
+                    f"| {q} | {fmt(r.paper)}{u if r.paper is not None else ''} | {ours} | "
+                    f"{ratio} | {'; '.join(x for x in (src, prov) if x)} |"
+                )
             out.append("")
         out += notes.markdown()
         for title, md in self.tables:
@@ -276,18 +302,24 @@ class Report:
                 if NOT_MEASURED in v:
                     out.append(f"- panel {k}: {v}")
             for r in missing:
-                out.append(f"- {r.quantity} (paper: {fmt(r.paper)}{(' ' + r.unit) if r.unit else ''})")
+                out.append(
+                    f"- {r.quantity} (paper: {fmt(r.paper)}{(' ' + r.unit) if r.unit else ''})"
+                )
             out.append("")
         notes = list(self.notes)
         if self.name in SUPERSEDED:
             n, cap, newer = SUPERSEDED[self.name]
             if n:
-                notes.append(f"{n} older run(s) with another output cap are left out: this figure "
-                             f"uses the runs at the {cap}-token cap.")
+                notes.append(
+                    f"{n} older run(s) with another output cap are left out: this figure "
+                    f"uses the runs at the {cap}-token cap."
+                )
             if newer:
-                notes.append(f"{newer} newer run(s) at another output cap are left out until they cover "
-                             f"every system and setting this figure's {cap}-token runs measured at "
-                             "their loads (a partial rerun).")
+                notes.append(
+                    f"{newer} newer run(s) at another output cap are left out until they cover "
+                    f"every system and setting this figure's {cap}-token runs measured at "
+                    "their loads (a partial rerun)."
+                )
         if notes:
             out += [f"{h}# Notes", ""] + [f"- {n}" for n in notes] + [""]
         return "\n".join(out)
@@ -336,12 +368,22 @@ def df_to_markdown(df: pd.DataFrame) -> str:
 
 
 def parse_args(name: str, doc: str | None, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog=f"python -m figures.{name}",
-                                 description=(doc or "").strip().splitlines()[0] if doc else None)
-    ap.add_argument("--results", type=Path, default=Path(os.environ.get("DHS_RESULTS", DEFAULT_RESULTS)),
-                    help="results directory to read (default: results/)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help="where to write <name>.png and <name>.md (default: figures/out/)")
+    ap = argparse.ArgumentParser(
+        prog=f"python -m figures.{name}",
+        description=(doc or "").strip().splitlines()[0] if doc else None,
+    )
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=Path(os.environ.get("DHS_RESULTS", DEFAULT_RESULTS)),
+        help="results directory to read (default: results/)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="where to write <name>.png and <name>.md (default: figures/out/)",
+    )
     ap.add_argument("--dpi", type=int, default=150)
     ap.add_argument("--quiet", action="store_true", help="do not print the comparison")
     return ap.parse_args(list(argv) if argv is not None else None)

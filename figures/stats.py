@@ -28,11 +28,11 @@ MIN_RUNS = 2
 
 @dataclass(frozen=True)
 class RatioStats:
-    point: float                      # median(a) / median(b)
-    lo: float | None                  # bootstrap interval (None: fewer than MIN_RUNS on a side)
+    point: float  # median(a) / median(b)
+    lo: float | None  # bootstrap interval (None: fewer than MIN_RUNS on a side)
     hi: float | None
-    runs: tuple[int, int]             # runs behind a and b
-    group_ratios: tuple[float, ...]   # median(a) / median(b) within each run group that ran both
+    runs: tuple[int, int]  # runs behind a and b
+    group_ratios: tuple[float, ...]  # median(a) / median(b) within each run group that ran both
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -45,8 +45,13 @@ class RatioStats:
         return (min(g), max(g)) if g else None
 
 
-def bootstrap_ratio(a: Sequence[float], b: Sequence[float], interval: float = INTERVAL,
-                    resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float] | None:
+def bootstrap_ratio(
+    a: Sequence[float],
+    b: Sequence[float],
+    interval: float = INTERVAL,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> tuple[float, float] | None:
     """Percentile interval of median(a*) / median(b*) over bootstrap resamples a*, b* of ``a`` and
     ``b``; None when either has fewer than MIN_RUNS values."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
@@ -76,7 +81,15 @@ def ratio_stats(a: Run | None, b: Run | None, key: str) -> RatioStats | None:
         return None
     iv = bootstrap_ratio(va, vb)
     groups = values_by_run_group({"a": a, "b": b}, key)
-    per_group = tuple(float(np.median(d["a"]) / np.median(d["b"]))
-                      for d in groups.values() if d.get("a") and d.get("b"))
-    return RatioStats(float(np.median(va) / np.median(vb)), iv[0] if iv else None,
-                      iv[1] if iv else None, (len(va), len(vb)), per_group)
+    per_group = tuple(
+        float(np.median(d["a"]) / np.median(d["b"]))
+        for d in groups.values()
+        if d.get("a") and d.get("b")
+    )
+    return RatioStats(
+        float(np.median(va) / np.median(vb)),
+        iv[0] if iv else None,
+        iv[1] if iv else None,
+        (len(va), len(vb)),
+        per_group,
+    )

@@ -16,9 +16,13 @@ from figures import common as C
 from figures.paper_values import PAPER, SYSTEM_LABELS
 
 NAME = "table1"
-METHOD_TO_SYSTEM = {"resident": "resident", "hisparse": "hisparse",
-                    "adaptive_hisparse": "adaptive_hisparse", "resident_drafter": "resident_dflash2",
-                    "adaptive_dhisparse": "adaptive_dhisparse"}
+METHOD_TO_SYSTEM = {
+    "resident": "resident",
+    "hisparse": "hisparse",
+    "adaptive_hisparse": "adaptive_hisparse",
+    "resident_drafter": "resident_dflash2",
+    "adaptive_dhisparse": "adaptive_dhisparse",
+}
 PRESETS = ("glm53_mini", "dsv41_mini")
 COMPUTED = "computed (capacity.py, paper geometry)"
 
@@ -46,63 +50,147 @@ def main(argv=None) -> C.Report:
     paper = PAPER["table1"]
 
     # ---------------------------------------------------------------- paper geometry, per cell
-    cols = (("gpu_32k", "GPU required, 32K"), ("gpu_100k", "GPU required, 100K"),
-            ("host_100k", "host backup, 100K"))
+    cols = (
+        ("gpu_32k", "GPU required, 32K"),
+        ("gpu_100k", "GPU required, 100K"),
+        ("host_100k", "host backup, 100K"),
+    )
     for meth, row in t1.items():
         sys_ = METHOD_TO_SYSTEM[meth]
         for col, what in cols:
             pv = paper.get(sys_, {}).get(col)
             if pv is None:
                 continue
-            rep.compare(f"{sys_}.{col}", f"{SYSTEM_LABELS[sys_]}: {what}", pv, row[col], "GiB",
-                        COMPUTED)
+            rep.compare(
+                f"{sys_}.{col}", f"{SYSTEM_LABELS[sys_]}: {what}", pv, row[col], "GiB", COMPUTED
+            )
     s34 = PAPER["sec34"]
     gpu = lambda m, t=100_000: cap.session_memory(g, m, t).gpu_required  # noqa: E731
-    rep.compare("resident_over_adaptive", "resident / adaptive GPU memory at 100K",
-                paper["text"]["resident_over_adaptive_100k"],
-                gpu("resident") / gpu("adaptive_hisparse"), "x", COMPUTED)
-    rep.compare("ring_rows", "draft ring rows R_d (eq. 9)", s34["ring_rows_R_d"],
-                cap.ring_rows(2048, 64, 8), "rows", COMPUTED)
-    rep.compare("ring_gib_session", "draft ring per session", paper["text"]["ring_gib_per_session"],
-                g.ring_rows * g.draft.bytes_per_row / cap.GIB, "GiB", COMPUTED)
-    rep.compare("ring_gib_gpu", "draft ring, 35 slots", s34["ring_gib_per_gpu_35_slots"],
-                cap.ring_gib_per_gpu(g, 35), "GiB", COMPUTED)
-    rep.compare("staging_78", "staging, one arena per layer (78), 35 slots",
-                s34["staging_gib_dedicated_78"], cap.staging_gib_per_gpu(g, 35, chi=78), "GiB",
-                COMPUTED)
-    rep.compare("staging_4", "staging, 4 reused arenas, 35 slots (eq. 11)",
-                s34["staging_gib_reused_4"], cap.staging_gib_per_gpu(g, 35), "GiB", COMPUTED)
-    rep.compare("spec_state", "ring + staging per session", s34["spec_state_gib_per_session"],
-                cap.spec_state_gib_per_session(g), "GiB", COMPUTED)
-    rep.compare("hot_cache_mb", "hot cache per session (Table 3)",
-                PAPER["table3"]["glm"]["hot_cache_mb_per_session"],
-                sum(g.hot_cache_rows) * g.row_bytes / 1e6, "MB", COMPUTED)
-    rep.compare("histories_without", "index pool 5.37 M rows: complete histories",
-                s34["histories_without"],
-                cap.index_pool_histories(5.37e6, 100_000, 2048, 64), "", COMPUTED)
-    rep.compare("histories_with", "index pool 3.72 M rows: complete histories",
-                s34["histories_with_drafter"],
-                cap.index_pool_histories(3.72e6, 100_000, 2048, 64), "", COMPUTED)
-    rep.compare("resident_in_52", "resident sessions in the memory of 52 offloaded",
-                s34["resident_sessions_in_52_offloaded"],
-                cap.sessions_per_gpu(52 * gpu("adaptive_hisparse"), gpu("resident")), "", COMPUTED)
-    rep.compare("resident_in_35", "Resident+DFlash2 sessions in the memory of 35 ADHS",
-                s34["resident_sessions_in_35_offloaded_dflash2"],
-                cap.sessions_per_gpu(35 * gpu("adaptive_dhisparse"), gpu("resident_drafter")), "",
-                COMPUTED)
+    rep.compare(
+        "resident_over_adaptive",
+        "resident / adaptive GPU memory at 100K",
+        paper["text"]["resident_over_adaptive_100k"],
+        gpu("resident") / gpu("adaptive_hisparse"),
+        "x",
+        COMPUTED,
+    )
+    rep.compare(
+        "ring_rows",
+        "draft ring rows R_d (eq. 9)",
+        s34["ring_rows_R_d"],
+        cap.ring_rows(2048, 64, 8),
+        "rows",
+        COMPUTED,
+    )
+    rep.compare(
+        "ring_gib_session",
+        "draft ring per session",
+        paper["text"]["ring_gib_per_session"],
+        g.ring_rows * g.draft.bytes_per_row / cap.GIB,
+        "GiB",
+        COMPUTED,
+    )
+    rep.compare(
+        "ring_gib_gpu",
+        "draft ring, 35 slots",
+        s34["ring_gib_per_gpu_35_slots"],
+        cap.ring_gib_per_gpu(g, 35),
+        "GiB",
+        COMPUTED,
+    )
+    rep.compare(
+        "staging_78",
+        "staging, one arena per layer (78), 35 slots",
+        s34["staging_gib_dedicated_78"],
+        cap.staging_gib_per_gpu(g, 35, chi=78),
+        "GiB",
+        COMPUTED,
+    )
+    rep.compare(
+        "staging_4",
+        "staging, 4 reused arenas, 35 slots (eq. 11)",
+        s34["staging_gib_reused_4"],
+        cap.staging_gib_per_gpu(g, 35),
+        "GiB",
+        COMPUTED,
+    )
+    rep.compare(
+        "spec_state",
+        "ring + staging per session",
+        s34["spec_state_gib_per_session"],
+        cap.spec_state_gib_per_session(g),
+        "GiB",
+        COMPUTED,
+    )
+    rep.compare(
+        "hot_cache_mb",
+        "hot cache per session (Table 3)",
+        PAPER["table3"]["glm"]["hot_cache_mb_per_session"],
+        sum(g.hot_cache_rows) * g.row_bytes / 1e6,
+        "MB",
+        COMPUTED,
+    )
+    rep.compare(
+        "histories_without",
+        "index pool 5.37 M rows: complete histories",
+        s34["histories_without"],
+        cap.index_pool_histories(5.37e6, 100_000, 2048, 64),
+        "",
+        COMPUTED,
+    )
+    rep.compare(
+        "histories_with",
+        "index pool 3.72 M rows: complete histories",
+        s34["histories_with_drafter"],
+        cap.index_pool_histories(3.72e6, 100_000, 2048, 64),
+        "",
+        COMPUTED,
+    )
+    rep.compare(
+        "resident_in_52",
+        "resident sessions in the memory of 52 offloaded",
+        s34["resident_sessions_in_52_offloaded"],
+        cap.sessions_per_gpu(52 * gpu("adaptive_hisparse"), gpu("resident")),
+        "",
+        COMPUTED,
+    )
+    rep.compare(
+        "resident_in_35",
+        "Resident+DFlash2 sessions in the memory of 35 ADHS",
+        s34["resident_sessions_in_35_offloaded_dflash2"],
+        cap.sessions_per_gpu(35 * gpu("adaptive_dhisparse"), gpu("resident_drafter")),
+        "",
+        COMPUTED,
+    )
     host = cap.session_memory(g, "hisparse", 100_000).host_backup
-    rep.compare("host_208", "host backup of 208 sessions", s34["host_tb_208_sessions"],
-                208 * host / 1e12, "TB", COMPUTED)
-    rep.compare("host_fit", "sessions a 4.3 TB host holds", s34["host_sessions_fit"],
-                4.3e12 / host, "", COMPUTED)
+    rep.compare(
+        "host_208",
+        "host backup of 208 sessions",
+        s34["host_tb_208_sessions"],
+        208 * host / 1e12,
+        "TB",
+        COMPUTED,
+    )
+    rep.compare(
+        "host_fit",
+        "sessions a 4.3 TB host holds",
+        s34["host_sessions_fit"],
+        4.3e12 / host,
+        "",
+        COMPUTED,
+    )
 
     comp = cap.session_memory(g, "adaptive_dhisparse", 100_000).components
-    rep.table("Components of one Adaptive DHiSparse session at 100K (paper geometry)",
-              pd.DataFrame({"component": list(comp), "MiB": [v / 2**20 for v in comp.values()]}))
-    rep.note("Paper geometry: d_KV = 576 B (the paper's accounting; 656 B is the stored FP8 row), "
-             "21 x 132 B index keys per token, histories page-rounded to 64, '100K' = 100,000 and "
-             "'32K' = 32,768 tokens of context (output excluded). Derivation in the docstring of "
-             "figures/capacity.py.")
+    rep.table(
+        "Components of one Adaptive DHiSparse session at 100K (paper geometry)",
+        pd.DataFrame({"component": list(comp), "MiB": [v / 2**20 for v in comp.values()]}),
+    )
+    rep.note(
+        "Paper geometry: d_KV = 576 B (the paper's accounting; 656 B is the stored FP8 row), "
+        "21 x 132 B index keys per token, histories page-rounded to 64, '100K' = 100,000 and "
+        "'32K' = 32,768 tokens of context (output excluded). Derivation in the docstring of "
+        "figures/capacity.py."
+    )
 
     # ---------------------------------------------------------------- our presets
     pool_gib = hardware_pool_gib("h200")
@@ -121,33 +209,52 @@ def main(argv=None) -> C.Report:
         long_lab = max(ctx, key=ctx.get)
         for meth, row in tab.items():
             d = {"preset": name, "method": SYSTEM_LABELS[METHOD_TO_SYSTEM[meth]]}
-            d.update({k.replace("gpu_", "GPU GiB ").replace("host_", "host GiB "): v
-                      for k, v in row.items()})
+            d.update(
+                {
+                    k.replace("gpu_", "GPU GiB ").replace("host_", "host GiB "): v
+                    for k, v in row.items()
+                }
+            )
             if pool_gib:
                 req = cap.session_memory(pg, meth, ctx[long_lab]).gpu_required
                 d[f"sessions in {pool_gib:g} GiB pool ({long_lab})"] = cap.sessions_per_gpu(
-                    pool_gib * cap.GIB, req)
+                    pool_gib * cap.GIB, req
+                )
             preset_rows.append(d)
-        ratio = (cap.session_memory(pg, "resident", ctx[long_lab]).gpu_required
-                 / cap.session_memory(pg, "adaptive_hisparse", ctx[long_lab]).gpu_required)
+        ratio = (
+            cap.session_memory(pg, "resident", ctx[long_lab]).gpu_required
+            / cap.session_memory(pg, "adaptive_hisparse", ctx[long_lab]).gpu_required
+        )
         if name.startswith("glm"):  # Table 1 is GLM-5.3's; the DeepSeek preset is listed only
-            rep.compare(f"{name}.resident_over_adaptive",
-                        f"{name}: resident / adaptive GPU memory at {long_lab}",
-                        paper["text"]["resident_over_adaptive_100k"], ratio, "x",
-                        f"computed (capacity.py, scaled preset {name})")
+            rep.compare(
+                f"{name}.resident_over_adaptive",
+                f"{name}: resident / adaptive GPU memory at {long_lab}",
+                paper["text"]["resident_over_adaptive_100k"],
+                ratio,
+                "x",
+                f"computed (capacity.py, scaled preset {name})",
+            )
         df = pd.DataFrame([r for r in preset_rows if r["preset"] == name]).drop(columns="preset")
-        rep.table(f"Scaled preset {name} (computed with the engine's {pg.row_bytes}-byte rows; "
-                  f"drafter assumed: {pg.draft.bytes_per_row} B per ring row, "
-                  f"R_d = {pg.ring_rows}; chi = {pg.chi})", df.astype(object).fillna("—"))
+        rep.table(
+            f"Scaled preset {name} (computed with the engine's {pg.row_bytes}-byte rows; "
+            f"drafter assumed: {pg.draft.bytes_per_row} B per ring row, "
+            f"R_d = {pg.ring_rows}; chi = {pg.chi})",
+            df.astype(object).fillna("—"),
+        )
 
     # ---------------------------------------------------------------- figure
     fig, axes = C.subplots(2, 2, width=4.6, height=3.0)
     for ax, (col, what), lt in zip((axes[0][0], axes[0][1], axes[1][0]), cols, "abc"):
         meths = [m for m in t1 if paper.get(METHOD_TO_SYSTEM[m], {}).get(col) is not None]
         syss = [METHOD_TO_SYSTEM[m] for m in meths]
-        C.paper_vs_ours_bars(ax, [SYSTEM_LABELS[s] for s in syss], [paper[s][col] for s in syss],
-                             [t1[m][col] for m in meths], "GiB per session",
-                             colors=[C.system_color(s) for s in syss])
+        C.paper_vs_ours_bars(
+            ax,
+            [SYSTEM_LABELS[s] for s in syss],
+            [paper[s][col] for s in syss],
+            [t1[m][col] for m in meths],
+            "GiB per session",
+            colors=[C.system_color(s) for s in syss],
+        )
         C.panel_title(ax, lt, f"GLM-5.3 geometry: {what}")
         rep.panel(lt, "computed from the paper's geometry")
     C.legend(axes[0][0])
@@ -159,8 +266,15 @@ def main(argv=None) -> C.Report:
             for meth, row in tab.items():
                 sys_ = METHOD_TO_SYSTEM[meth]
                 for j, lab in enumerate(ctx):
-                    ax.bar(x0 + 0.4 * j, row[f"gpu_{lab}"], 0.38, color=C.system_color(sys_),
-                           alpha=0.45 + 0.55 * j, edgecolor="black", linewidth=0.3)
+                    ax.bar(
+                        x0 + 0.4 * j,
+                        row[f"gpu_{lab}"],
+                        0.38,
+                        color=C.system_color(sys_),
+                        alpha=0.45 + 0.55 * j,
+                        edgecolor="black",
+                        linewidth=0.3,
+                    )
                 ticks.append(x0 + 0.2)
                 labels.append(f"{name}: {SYSTEM_LABELS[sys_]}")
                 x0 += 1
@@ -172,8 +286,15 @@ def main(argv=None) -> C.Report:
 
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylabel("GiB per session")
-        ax.text(0.99, 0.97, "light: short, dark: long context", transform=ax.transAxes, ha="right",
-                va="top", fontsize=7)
+        ax.text(
+            0.99,
+            0.97,
+            "light: short, dark: long context",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=7,
+        )
         rep.panel("d", "computed from our presets")
     else:
         C.not_measured_panel(ax, "presets not loadable")

@@ -53,16 +53,35 @@ def main(argv=None) -> C.Report:
             prov = C.provenance(r) if r else ""
             for pk, ok, sc, unit, title in METRICS:
                 ours = None if r is None or r.num(ok) is None else r.num(ok) * sc
-                rep.compare(f"{cl}.{sys_}.{pk}", f"{cl} {label(sys_)}: {title}", P[cl][sys_][pk],
-                            ours, unit, prov)
+                rep.compare(
+                    f"{cl}.{sys_}.{pk}",
+                    f"{cl} {label(sys_)}: {title}",
+                    P[cl][sys_][pk],
+                    ours,
+                    unit,
+                    prov,
+                )
             if "vs_hisparse" in P[cl][sys_]:
-                rep.compare(f"{cl}.{sys_}.vs_hisparse", f"{cl} {label(sys_)}: output vs HiSparse",
-                            P[cl][sys_]["vs_hisparse"],
-                            C.ratio(r and r.num("output_tok_s_per_gpu"),
-                                    base and base.num("output_tok_s_per_gpu")), "x", prov,
-                            stats=C.ratio_stats(r, base, "output_tok_s_per_gpu"))
-            rep.compare(f"{cl}.{sys_}.slots", f"{cl} {label(sys_)}: slots", P[cl][sys_]["slots"],
-                        slots(r), "", prov)
+                rep.compare(
+                    f"{cl}.{sys_}.vs_hisparse",
+                    f"{cl} {label(sys_)}: output vs HiSparse",
+                    P[cl][sys_]["vs_hisparse"],
+                    C.ratio(
+                        r and r.num("output_tok_s_per_gpu"),
+                        base and base.num("output_tok_s_per_gpu"),
+                    ),
+                    "x",
+                    prov,
+                    stats=C.ratio_stats(r, base, "output_tok_s_per_gpu"),
+                )
+            rep.compare(
+                f"{cl}.{sys_}.slots",
+                f"{cl} {label(sys_)}: slots",
+                P[cl][sys_]["slots"],
+                slots(r),
+                "",
+                prov,
+            )
         # figure: metric relative to HiSparse at the same load
         for j, (pk, ok, _sc, _unit, title) in enumerate((METRICS[0], METRICS[1], METRICS[4])):
             ax = axes[i][j]
@@ -74,15 +93,25 @@ def main(argv=None) -> C.Report:
                 v = r.num(ok) if r else None
                 ov.append(C.ratio(v, b))
             any_data |= any(v is not None for v in ov)
-            C.paper_vs_ours_bars(ax, [label(s) for s in SYSTEMS], pv, ov,
-                                 f"{title} / HiSparse", colors=[C.system_color(s) for s in SYSTEMS])
+            C.paper_vs_ours_bars(
+                ax,
+                [label(s) for s in SYSTEMS],
+                pv,
+                ov,
+                f"{title} / HiSparse",
+                colors=[C.system_color(s) for s in SYSTEMS],
+            )
             ax.axhline(1.0, color="black", linewidth=0.6)
             C.panel_title(ax, "abcdef"[3 * i + j], f"{cl}: {title} relative to HiSparse")
             if i == 0 and j == 0:
                 C.legend(ax)
     for i, cl in enumerate(("C128", "C256")):
-        rep.panel("abcdef"[3 * i:3 * i + 3], "measured" if any(
-            C.pick(runs, s, int(cl[1:])) for s in SYSTEMS) else f"{C.NOT_MEASURED} ({cl} runs)")
+        rep.panel(
+            "abcdef"[3 * i : 3 * i + 3],
+            "measured"
+            if any(C.pick(runs, s, int(cl[1:])) for s in SYSTEMS)
+            else f"{C.NOT_MEASURED} ({cl} runs)",
+        )
 
     # eq. (13): Q_s / Q_0 ~ (b_s / b_0) * (TPOT_0 / TPOT_s)
     E = PAPER["eq13"]
@@ -94,16 +123,44 @@ def main(argv=None) -> C.Report:
         tpr = C.ratio(s_ and s_.num("tpot_ms_mean"), z and z.num("tpot_ms_mean"))
         pred = C.ratio(share, tpr)
         meas = C.ratio(s_ and s_.num("output_tok_s_per_gpu"), z and z.num("output_tok_s_per_gpu"))
-        rep.compare(f"eq13.{cl}.share", f"eq. 13 at {cl}: share of sessions kept", E[cl]["session_share"],
-                    share, "", prov)
-        rep.compare(f"eq13.{cl}.tpot_ratio", f"eq. 13 at {cl}: TPOT ratio", E[cl]["tpot_ratio"], tpr, "", prov)
-        rep.compare(f"eq13.{cl}.predicted", f"eq. 13 at {cl}: predicted output ratio", E[cl]["predicted"],
-                    pred, "x", prov)
-        rep.compare(f"eq13.{cl}.measured", f"eq. 13 at {cl}: measured output ratio", E[cl]["measured"],
-                    meas, "x", prov, stats=C.ratio_stats(s_, z, "output_tok_s_per_gpu"))
+        rep.compare(
+            f"eq13.{cl}.share",
+            f"eq. 13 at {cl}: share of sessions kept",
+            E[cl]["session_share"],
+            share,
+            "",
+            prov,
+        )
+        rep.compare(
+            f"eq13.{cl}.tpot_ratio",
+            f"eq. 13 at {cl}: TPOT ratio",
+            E[cl]["tpot_ratio"],
+            tpr,
+            "",
+            prov,
+        )
+        rep.compare(
+            f"eq13.{cl}.predicted",
+            f"eq. 13 at {cl}: predicted output ratio",
+            E[cl]["predicted"],
+            pred,
+            "x",
+            prov,
+        )
+        rep.compare(
+            f"eq13.{cl}.measured",
+            f"eq. 13 at {cl}: measured output ratio",
+            E[cl]["measured"],
+            meas,
+            "x",
+            prov,
+            stats=C.ratio_stats(s_, z, "output_tok_s_per_gpu"),
+        )
     rep.measured_with = C.provenance([r for r in runs if r.concurrency in (128, 256)])
-    rep.note("Bars: each system's value divided by HiSparse's at the same load (hatched: paper, "
-             "solid: ours); absolute values are in the table.")
+    rep.note(
+        "Bars: each system's value divided by HiSparse's at the same load (hatched: paper, "
+        "solid: ours); absolute values are in the table."
+    )
     fig.tight_layout()
     for cl in ("C128", "C256"):
         b = C.claim_breakdown(runs, ("adaptive_dhisparse", "adaptive_hisparse"), int(cl[1:]))

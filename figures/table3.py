@@ -24,8 +24,20 @@ GEOM_ROWS = (  # key in retrieval_volume, paper key, scale, unit, title
     ("k", "k", 1, "", "k"),
     ("selections_per_token", "selections_per_token", 1, "", "selections per token"),
     ("kv_sources", "kv_sources", 1, "", "KV sources"),
-    ("bytes_per_missed_selection", "bytes_per_missed_selection", 1, "B", "bytes per missed selection"),
-    ("hot_cache_bytes_per_session", "hot_cache_mb_per_session", 1e-6, "MB", "hot cache per session"),
+    (
+        "bytes_per_missed_selection",
+        "bytes_per_missed_selection",
+        1,
+        "B",
+        "bytes per missed selection",
+    ),
+    (
+        "hot_cache_bytes_per_session",
+        "hot_cache_mb_per_session",
+        1e-6,
+        "MB",
+        "hot cache per session",
+    ),
     ("resolver_calls_per_step", "resolver_calls_per_step", 1, "", "resolver calls per step"),
     ("follower_copies_per_step", "follower_copies_per_step", 1, "", "follower copies per step"),
 )
@@ -33,16 +45,24 @@ GEOM_ROWS = (  # key in retrieval_volume, paper key, scale, unit, title
 
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
-    rep = C.Report(NAME, "Table 3 - Retrieval volume (paper geometry computed; ours measured on "
-                         "scaled presets)")
+    rep = C.Report(
+        NAME,
+        "Table 3 - Retrieval volume (paper geometry computed; ours measured on scaled presets)",
+    )
     P = PAPER["table3"]
     geoms = {"glm": cap.paper_glm53_geometry(), "deepseek": cap.paper_dsv41_geometry()}
     rows = []
     for fam, g in geoms.items():
         rv = cap.retrieval_volume(g)
         for k, pk, sc, unit, title in GEOM_ROWS:
-            rep.compare(f"{fam}.{pk}", f"{'GLM-5.3' if fam == 'glm' else 'DeepSeek'}: {title}",
-                        P[fam][pk], rv[k] * sc, unit, "computed (capacity.py, paper geometry)")
+            rep.compare(
+                f"{fam}.{pk}",
+                f"{'GLM-5.3' if fam == 'glm' else 'DeepSeek'}: {title}",
+                P[fam][pk],
+                rv[k] * sc,
+                unit,
+                "computed (capacity.py, paper geometry)",
+            )
     # our presets (computed)
     for name in PRESET_FOR.values():
         try:
@@ -66,30 +86,55 @@ def main(argv=None) -> C.Report:
             p = ends.get(which)
             v = p.host_bytes_per_token() if p else None
             meas[(fam, which)] = v
-            rep.compare(f"{fam}.host_mb_{which}", f"{'GLM' if fam == 'glm' else 'DeepSeek'}: host MB per "
-                        f"token, HiSparse C128, {which.replace('_', ' ')}", P[fam]["host_mb_per_token"][which],
-                        None if v is None else v / 1e6, "MB", C.provenance(p.run) if p else "",
-                        p and f"B/k = {C.fmt(p.bk)}")
+            rep.compare(
+                f"{fam}.host_mb_{which}",
+                f"{'GLM' if fam == 'glm' else 'DeepSeek'}: host MB per "
+                f"token, HiSparse C128, {which.replace('_', ' ')}",
+                P[fam]["host_mb_per_token"][which],
+                None if v is None else v / 1e6,
+                "MB",
+                C.provenance(p.run) if p else "",
+                p and f"B/k = {C.fmt(p.bk)}",
+            )
         # the counters count row lookups of every resolver call (follower layers included), so a
         # producer's missed selection moves (bytes per missed lookup) x (payload layers it feeds)
         try:
-            per_sel = cap.retrieval_volume(cap.preset_geometry(PRESET_FOR[fam]))["payload_layers_per_selection"]
+            per_sel = cap.retrieval_volume(cap.preset_geometry(PRESET_FOR[fam]))[
+                "payload_layers_per_selection"
+            ]
         except Exception:  # noqa: BLE001
             per_sel = None
         bpm = [p.bytes_per_missed_selection() for p in sel]
         bpm = [b for b in bpm if b]
         v = sum(bpm) / len(bpm) * per_sel if bpm and per_sel else None
-        rep.compare(f"{fam}.bytes_per_miss_measured", f"{'GLM' if fam == 'glm' else 'DeepSeek'}: measured "
-                    "bytes per missed selection", P[fam]["bytes_per_missed_selection"], v, "B",
-                    C.provenance([p.run for p in sel]),
-                    None if per_sel is None else f"host bytes per missed lookup x {C.fmt(per_sel)} "
-                    f"payload layers per selection ({PRESET_FOR[fam]})")
+        rep.compare(
+            f"{fam}.bytes_per_miss_measured",
+            f"{'GLM' if fam == 'glm' else 'DeepSeek'}: measured bytes per missed selection",
+            P[fam]["bytes_per_missed_selection"],
+            v,
+            "B",
+            C.provenance([p.run for p in sel]),
+            None
+            if per_sel is None
+            else f"host bytes per missed lookup x {C.fmt(per_sel)} "
+            f"payload layers per selection ({PRESET_FOR[fam]})",
+        )
     r = C.ratio(meas.get(("glm", "smallest_B")), meas.get(("deepseek", "smallest_B")))
-    rep.compare("host_bytes_ratio", "GLM / DeepSeek host bytes per token (smallest budget)",
-                P["host_bytes_ratio"], r, "x", C.provenance([p.run for p in pts if p.concurrency == 128]))
-    rep.note("The paper's 2.4-2.5 KB per missed GLM selection is 3.71 payload layers x 656 B; the "
-             "capacity accounting of Table 1 uses 576 B rows (see figures/capacity.py).")
-    rep.measured_with = C.provenance([p.run for p in pts if p.system == "hisparse" and p.concurrency == 128])
+    rep.compare(
+        "host_bytes_ratio",
+        "GLM / DeepSeek host bytes per token (smallest budget)",
+        P["host_bytes_ratio"],
+        r,
+        "x",
+        C.provenance([p.run for p in pts if p.concurrency == 128]),
+    )
+    rep.note(
+        "The paper's 2.4-2.5 KB per missed GLM selection is 3.71 payload layers x 656 B; the "
+        "capacity accounting of Table 1 uses 576 B rows (see figures/capacity.py)."
+    )
+    rep.measured_with = C.provenance(
+        [p.run for p in pts if p.system == "hisparse" and p.concurrency == 128]
+    )
 
     fig, axes = C.subplots(1, 2, width=4.2, height=3.1)
     ax = axes[0][0]
@@ -103,7 +148,12 @@ def main(argv=None) -> C.Report:
     C.paper_vs_ours_bars(ax, cats, pv, ov, "host MB per generated token", log=True)
     C.legend(ax)
     C.panel_title(ax, "a", "Host bytes per token, HiSparse C128")
-    rep.panel("a", "measured" if any(v is not None for v in ov) else f"{C.NOT_MEASURED} (fig9 HiSparse C128 counters)")
+    rep.panel(
+        "a",
+        "measured"
+        if any(v is not None for v in ov)
+        else f"{C.NOT_MEASURED} (fig9 HiSparse C128 counters)",
+    )
     ax = axes[0][1]
     cats, pv, ov = [], [], []
     for fam, g in geoms.items():

@@ -22,7 +22,11 @@ COLS = (  # paper key, our phase key, scale, unit, title
     ("ttft_s", "ttft_ms_mean", 1e-3, "s", "TTFT"),
     ("alloc_wait_s", "alloc_wait_s_mean", 1.0, "s", "allocation wait"),
 )
-PHASE_LABEL = {"C16_before": "C16 before", "C256": "C256", "C16_after_recovery": "C16 after recovery"}
+PHASE_LABEL = {
+    "C16_before": "C16 before",
+    "C256": "C256",
+    "C16_after_recovery": "C16 after recovery",
+}
 
 
 def phase_rows(run: C.Run | None) -> list[dict]:
@@ -44,8 +48,11 @@ def main(argv=None) -> C.Report:
         a = arm_of(r)
         if a:
             A[a] = r
-    rep = C.Report(NAME, "Table A1 - Load step, optional residency on / off (ours: GLM-like scaled "
-                         "preset, time-scaled phases)")
+    rep = C.Report(
+        NAME,
+        "Table A1 - Load step, optional residency on / off (ours: GLM-like scaled "
+        "preset, time-scaled phases)",
+    )
     rep.loads = step_loads(A.values())
     P = PAPER["tableA1"]
     ours = {arm: phase_rows(A.get(arm)) for arm in ("on", "off")}
@@ -55,18 +62,38 @@ def main(argv=None) -> C.Report:
             prov = C.provenance(A[arm]) if arm in A else ""
             for pk, ok, sc, unit, title in COLS:
                 v = C.as_float(row.get(ok))
-                rep.compare(f"{ph}.{arm}.{pk}", f"{PHASE_LABEL[ph]}, residency {arm}: {title}",
-                            P[ph][arm][pk], None if v is None else v * sc, unit, prov)
+                rep.compare(
+                    f"{ph}.{arm}.{pk}",
+                    f"{PHASE_LABEL[ph]}, residency {arm}: {title}",
+                    P[ph][arm][pk],
+                    None if v is None else v * sc,
+                    unit,
+                    prov,
+                )
         on = ours["on"][i] if i < len(ours["on"]) else {}
         off = ours["off"][i] if i < len(ours["off"]) else {}
-        g = C.pct_change(C.as_float(on.get("tok_s_per_session")), C.as_float(off.get("tok_s_per_session")))
-        rep.compare(f"{ph}.gain", f"{PHASE_LABEL[ph]}: per-session speed gain (on vs off)",
-                    P[ph]["gain_pct"], g, "%", C.provenance(list(A.values())) if A else "")
+        g = C.pct_change(
+            C.as_float(on.get("tok_s_per_session")), C.as_float(off.get("tok_s_per_session"))
+        )
+        rep.compare(
+            f"{ph}.gain",
+            f"{PHASE_LABEL[ph]}: per-session speed gain (on vs off)",
+            P[ph]["gain_pct"],
+            g,
+            "%",
+            C.provenance(list(A.values())) if A else "",
+        )
 
     fig, axes = C.subplots(1, 4, width=3.0, height=2.8)
     cats = [f"{PHASE_LABEL[ph]}\n{arm}" for ph in TABLEA1_PHASES for arm in ("on", "off")]
-    colors = [C.PALETTE[2] if arm == "on" else C.PALETTE[0] for _ in TABLEA1_PHASES for arm in ("on", "off")]
-    for ax, (pk, ok, sc, unit, title), lt in zip(axes[0], (COLS[1], COLS[2], COLS[4], COLS[5]), "abcd"):
+    colors = [
+        C.PALETTE[2] if arm == "on" else C.PALETTE[0]
+        for _ in TABLEA1_PHASES
+        for arm in ("on", "off")
+    ]
+    for ax, (pk, ok, sc, unit, title), lt in zip(
+        axes[0], (COLS[1], COLS[2], COLS[4], COLS[5]), "abcd"
+    ):
         pv = [P[ph][arm][pk] for ph in TABLEA1_PHASES for arm in ("on", "off")]
         ov = []
         for i, _ in enumerate(TABLEA1_PHASES):
@@ -74,9 +101,13 @@ def main(argv=None) -> C.Report:
                 row = ours[arm][i] if i < len(ours[arm]) else {}
                 v = C.as_float(row.get(ok))
                 ov.append(None if v is None else v * sc)
-        C.paper_vs_ours_bars(ax, cats, pv, ov, f"{title} ({unit})" if unit else title, colors=colors)
+        C.paper_vs_ours_bars(
+            ax, cats, pv, ov, f"{title} ({unit})" if unit else title, colors=colors
+        )
         C.panel_title(ax, lt, title)
-        rep.panel(lt, "measured" if any(v is not None for v in ov) else f"{C.NOT_MEASURED} (fig6 phases)")
+        rep.panel(
+            lt, "measured" if any(v is not None for v in ov) else f"{C.NOT_MEASURED} (fig6 phases)"
+        )
     C.legend(axes[0][0])
     rep.measured_with = C.provenance(list(A.values())) if A else ""
     fig.tight_layout()

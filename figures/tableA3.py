@@ -73,8 +73,14 @@ def main(argv=None) -> C.Report:
             prov = C.provenance(r) if r else ""
             for pk, ok, sc, unit, title in COLS:
                 v = None if r is None or r.num(ok) is None else r.num(ok) * sc
-                rep.compare(f"{sys_}.C{c}.{pk}", f"{label(sys_)} C{c}: {title}", P[sys_][f"C{c}"][pk],
-                            v, unit, prov)
+                rep.compare(
+                    f"{sys_}.C{c}.{pk}",
+                    f"{label(sys_)} C{c}: {title}",
+                    P[sys_][f"C{c}"][pk],
+                    v,
+                    unit,
+                    prov,
+                )
 
     # capacity under latency bounds
     LB = PAPER["latency_bounds"]
@@ -84,37 +90,76 @@ def main(argv=None) -> C.Report:
         res = {s: sustained(runs, s, tb, pb) for s in SYSTEMS}
         tag = f"p99 post-wave TTFT <= {tb:g} s, TPOT <= {pb:g} ms"
         for s, pv in b.get("max_C", {}).items():
-            rep.compare(f"{bname}.{s}.max_C", f"[{tag}] {label(s)}: highest C", pv, res[s][0], "", prov_all)
+            rep.compare(
+                f"{bname}.{s}.max_C", f"[{tag}] {label(s)}: highest C", pv, res[s][0], "", prov_all
+            )
         for s, pv in b.get("output", {}).items():
-            rep.compare(f"{bname}.{s}.output", f"[{tag}] {label(s)}: output there", pv, res[s][1],
-                        "tok/s/GPU", prov_all)
+            rep.compare(
+                f"{bname}.{s}.output",
+                f"[{tag}] {label(s)}: output there",
+                pv,
+                res[s][1],
+                "tok/s/GPU",
+                prov_all,
+            )
         h, a = res["hisparse"], res["adaptive_dhisparse"]
         if bname == "bound_b":
-            a = sustained(runs, "adaptive_dhisparse", float(LB["bound_a"]["post_wave_ttft_p99_s"]),
-                          float(LB["bound_a"]["tpot_mean_ms"]))
+            a = sustained(
+                runs,
+                "adaptive_dhisparse",
+                float(LB["bound_a"]["post_wave_ttft_p99_s"]),
+                float(LB["bound_a"]["tpot_mean_ms"]),
+            )
         if bname == "bound_c":
-            h = sustained(runs, "hisparse", float(LB["bound_a"]["post_wave_ttft_p99_s"]),
-                          float(LB["bound_a"]["tpot_mean_ms"]))
+            h = sustained(
+                runs,
+                "hisparse",
+                float(LB["bound_a"]["post_wave_ttft_p99_s"]),
+                float(LB["bound_a"]["tpot_mean_ms"]),
+            )
         if "concurrency_ratio" in b:
-            rep.compare(f"{bname}.concurrency_ratio", f"[{tag}] ADHS / HiSparse sustained concurrency",
-                        b["concurrency_ratio"], C.ratio(a[0], h[0]), "x", prov_all)
+            rep.compare(
+                f"{bname}.concurrency_ratio",
+                f"[{tag}] ADHS / HiSparse sustained concurrency",
+                b["concurrency_ratio"],
+                C.ratio(a[0], h[0]),
+                "x",
+                prov_all,
+            )
         if "output_ratio" in b:
-            rep.compare(f"{bname}.output_ratio", f"[{tag}] ADHS / HiSparse sustained output",
-                        b["output_ratio"], C.ratio(a[1], h[1]), "x", prov_all)
+            rep.compare(
+                f"{bname}.output_ratio",
+                f"[{tag}] ADHS / HiSparse sustained output",
+                b["output_ratio"],
+                C.ratio(a[1], h[1]),
+                "x",
+                prov_all,
+            )
     if extra.ttft_bound or extra.tpot_bound:
-        rep.note(f"Latency bounds overridden on the command line: TTFT {extra.ttft_bound}, "
-                 f"TPOT {extra.tpot_bound}.")
-    rep.note("The ratio rows under a bound compare ADHS at the first bound with HiSparse at the "
-             "second (50 ms) bound, and ADHS at the 8 s bound with HiSparse at the first, as the "
-             "paper does.")
+        rep.note(
+            f"Latency bounds overridden on the command line: TTFT {extra.ttft_bound}, "
+            f"TPOT {extra.tpot_bound}."
+        )
+    rep.note(
+        "The ratio rows under a bound compare ADHS at the first bound with HiSparse at the "
+        "second (50 ms) bound, and ADHS at the 8 s bound with HiSparse at the first, as the "
+        "paper does."
+    )
 
     fig, axes = C.subplots(1, 3, width=3.6, height=3.0)
-    for ax, (pk, ok, sc, unit, title), log, lt in zip(axes[0], (COLS[0], COLS[3], COLS[4]),
-                                                       (True, True, False), "abc"):
+    for ax, (pk, ok, sc, unit, title), log, lt in zip(
+        axes[0], (COLS[0], COLS[3], COLS[4]), (True, True, False), "abc"
+    ):
         drew = False
         for sys_ in SYSTEMS:
-            ax.plot(A3_CONCURRENCY, [P[sys_][f"C{c}"][pk] for c in A3_CONCURRENCY], linestyle="--",
-                    color=C.system_color(sys_), linewidth=1.0, alpha=0.7)
+            ax.plot(
+                A3_CONCURRENCY,
+                [P[sys_][f"C{c}"][pk] for c in A3_CONCURRENCY],
+                linestyle="--",
+                color=C.system_color(sys_),
+                linewidth=1.0,
+                alpha=0.7,
+            )
             xs, ys = C.curve(runs, sys_, ok)
             if xs:
                 drew = True
@@ -140,18 +185,33 @@ def main(argv=None) -> C.Report:
     pb = extra.tpot_bound or float(a_lb["tpot_mean_ms"])
     h = sustained(runs, "hisparse", tb, pb)
     a = sustained(runs, "adaptive_dhisparse", tb, pb)
-    top = max((r.concurrency for r in runs if r.system in ("hisparse", "adaptive_dhisparse")
-               and r.concurrency), default=None)
+    top = max(
+        (
+            r.concurrency
+            for r in runs
+            if r.system in ("hisparse", "adaptive_dhisparse") and r.concurrency
+        ),
+        default=None,
+    )
     if top is not None and h[0] == a[0] == top:
         # the ratio is capped by the sweep, not by either system
-        reasons.append(f"HiSparse and ADHS both meet the first bound at the highest load measured, "
-                       f"C{top}, so the ratio is capped by the sweep; the paper's comes from higher loads"
-                       + (" (Fig. 4's C256 point, conf/experiment/fig4_more.yaml)" if top < 256 else ""))
-    margins = [m for m in (first_failure(runs, s, tb, pb) for s in ("hisparse", "adaptive_dhisparse")) if m]
+        reasons.append(
+            f"HiSparse and ADHS both meet the first bound at the highest load measured, "
+            f"C{top}, so the ratio is capped by the sweep; the paper's comes from higher loads"
+            + (" (Fig. 4's C256 point, conf/experiment/fig4_more.yaml)" if top < 256 else "")
+        )
+    margins = [
+        m for m in (first_failure(runs, s, tb, pb) for s in ("hisparse", "adaptive_dhisparse")) if m
+    ]
     if margins:
-        rep.note(f"Under the first bound (p99 post-wave TTFT <= {tb:g} s, TPOT <= {pb:g} ms): "
-                 + "; ".join(margins) + ".")
-        reasons.append(f"under p99 post-wave TTFT <= {tb:g} s and TPOT <= {pb:g} ms: " + "; ".join(margins))
+        rep.note(
+            f"Under the first bound (p99 post-wave TTFT <= {tb:g} s, TPOT <= {pb:g} ms): "
+            + "; ".join(margins)
+            + "."
+        )
+        reasons.append(
+            f"under p99 post-wave TTFT <= {tb:g} s and TPOT <= {pb:g} ms: " + "; ".join(margins)
+        )
     if reasons:
         rep.diagnose(("bound_a.concurrency_ratio", "bound_a.output_ratio"), "; ".join(reasons))
     return rep.finish(fig, args)

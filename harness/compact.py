@@ -48,8 +48,11 @@ def compact(results: Path, dry_run: bool = False) -> tuple[int, int, int]:
         for stale in results.rglob("records.jsonl" + suf):
             if not dry_run:
                 stale.unlink()
-    finished = [p for p in sorted(results.rglob("records.jsonl*"))
-                if p.name in ("records.jsonl", "records.jsonl.gz") and (p.parent / "summary.json").is_file()]
+    finished = [
+        p
+        for p in sorted(results.rglob("records.jsonl*"))
+        if p.name in ("records.jsonl", "records.jsonl.gz") and (p.parent / "summary.json").is_file()
+    ]
     for rec in finished:
         xz = rec.parent / "records.jsonl.xz"
         size = rec.stat().st_size
@@ -91,7 +94,17 @@ def drop_streamed_metrics(results: Path, dry_run: bool = False) -> tuple[int, in
 
 # the result folders the figure scripts read (harness.results.load_runs), and only those: a run
 # elsewhere (a benchmark's own folder, lane_interference/) is never pruned
-FIGURE_EXPERIMENTS = ("fig1", "fig4", "fig5", "fig6", "fig7", "fig9", "fig9_dsv", "fig11", "admission")
+FIGURE_EXPERIMENTS = (
+    "fig1",
+    "fig4",
+    "fig5",
+    "fig6",
+    "fig7",
+    "fig9",
+    "fig9_dsv",
+    "fig11",
+    "admission",
+)
 PRUNED_NOTE = "RECORDS_PRUNED.txt"
 
 
@@ -129,13 +142,22 @@ def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list
         # once its sweep is complete: its runs keep their records
         caps = caps_newest_first(every)
         current = output_cap(plotted[-1]) if plotted else None
-        waiting = set(caps[:caps.index(current)]) if current in caps else set(caps)
+        waiting = set(caps[: caps.index(current)]) if current in caps else set(caps)
         for run in every:
             if run.path.resolve() in used or output_cap(run) in waiting:
                 continue
-            for rec in sorted(p for p in run.path.glob("records.jsonl*") if not p.name.endswith(".tmp")):
-                done = _remove_committed(rec, run.path / PRUNED_NOTE, "--prune-unused", "no figure reads this run",
-                                         head, top, dry_run)
+            for rec in sorted(
+                p for p in run.path.glob("records.jsonl*") if not p.name.endswith(".tmp")
+            ):
+                done = _remove_committed(
+                    rec,
+                    run.path / PRUNED_NOTE,
+                    "--prune-unused",
+                    "no figure reads this run",
+                    head,
+                    top,
+                    dry_run,
+                )
                 (pruned if done else kept).append(rec)
     return pruned, kept
 
@@ -149,16 +171,19 @@ def _git_head(results: Path) -> tuple[str | None, Path | None]:
     return head.stdout.strip(), Path(top.stdout.strip()).resolve()
 
 
-def _remove_committed(path: Path, note: Path, flag: str, why: str, head: str | None, top: Path | None,
-                      dry_run: bool) -> bool:
+def _remove_committed(
+    path: Path, note: Path, flag: str, why: str, head: str | None, top: Path | None, dry_run: bool
+) -> bool:
     """Delete ``path`` where git holds it unchanged at HEAD, appending to ``note`` the command that
     restores it; False (and nothing removed) where git does not hold its bytes."""
     if head is None or not _committed_unchanged(path):
         return False
     if not dry_run:
         with open(note, "a", encoding="utf-8") as f:
-            f.write(f"{path.name}: removed by `python -m harness.compact {flag}` ({why}); restore with: "
-                    f"git checkout {head} -- {path.resolve().relative_to(top)}\n")
+            f.write(
+                f"{path.name}: removed by `python -m harness.compact {flag}` ({why}); restore with: "
+                f"git checkout {head} -- {path.resolve().relative_to(top)}\n"
+            )
         path.unlink()
     return True
 
@@ -176,46 +201,75 @@ def prune_traces(results: Path, dry_run: bool = False) -> tuple[list[Path], list
     for summary in sorted(results.glob("*/*/summary.json")):
         kdir = summary.parent / "kernels"
         for tr in sorted(kdir.glob("trace_*.json*")):
-            done = _remove_committed(tr, kdir / TRACES_NOTE, "--prune-traces",
-                                     "the figures read kernel_summary.json", head, top, dry_run)
+            done = _remove_committed(
+                tr,
+                kdir / TRACES_NOTE,
+                "--prune-traces",
+                "the figures read kernel_summary.json",
+                head,
+                top,
+                dry_run,
+            )
             (pruned if done else kept).append(tr)
     return pruned, kept
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--results", default="results", help="results root (default: results)")
-    ap.add_argument("--dry-run", action="store_true", help="list what would be compressed (or pruned)")
-    ap.add_argument("--prune-unused", action="store_true",
-                    help="also remove the request records of runs no figure reads (superseded output caps, "
-                         "settings re-measured since) where git holds them unchanged at HEAD; a note in the "
-                         "run directory names the commit to restore them from")
-    ap.add_argument("--prune-traces", action="store_true",
-                    help="also remove the kernel profiler's Perfetto traces (kernels/trace_*.json.gz) of finished "
-                         "runs where git holds them unchanged at HEAD (the figures read kernel_summary.json); a "
-                         "note beside them names the commit to restore them from")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="list what would be compressed (or pruned)"
+    )
+    ap.add_argument(
+        "--prune-unused",
+        action="store_true",
+        help="also remove the request records of runs no figure reads (superseded output caps, "
+        "settings re-measured since) where git holds them unchanged at HEAD; a note in the "
+        "run directory names the commit to restore them from",
+    )
+    ap.add_argument(
+        "--prune-traces",
+        action="store_true",
+        help="also remove the kernel profiler's Perfetto traces (kernels/trace_*.json.gz) of finished "
+        "runs where git holds them unchanged at HEAD (the figures read kernel_summary.json); a "
+        "note beside them names the commit to restore them from",
+    )
     args = ap.parse_args(argv)
     root = Path(args.results)
     if not root.is_dir():
         print(f"[compact] no such directory: {root}", file=sys.stderr)
         return 2
-    for wanted, prune, what in ((args.prune_unused, prune_unused, "records files of runs no figure reads"),
-                                (args.prune_traces, prune_traces, "kernel traces")):
+    for wanted, prune, what in (
+        (args.prune_unused, prune_unused, "records files of runs no figure reads"),
+        (args.prune_traces, prune_traces, "kernel traces"),
+    ):
         if not wanted:
             continue
         pruned, kept = prune(root, args.dry_run)
         size = sum(p.stat().st_size for p in pruned) if args.dry_run else None
-        print(f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} {what}"
-              + (f" ({size / 2**20:.1f} MiB)" if size is not None else "")
-              + (f"; kept {len(kept)} that git does not hold unchanged (commit them first)" if kept else ""))
+        print(
+            f"[compact] {'would prune' if args.dry_run else 'pruned'} {len(pruned)} {what}"
+            + (f" ({size / 2**20:.1f} MiB)" if size is not None else "")
+            + (
+                f"; kept {len(kept)} that git does not hold unchanged (commit them first)"
+                if kept
+                else ""
+            )
+        )
     m, msize = drop_streamed_metrics(root, args.dry_run)
-    print(f"[compact] {'would remove' if args.dry_run else 'removed'} {m} streamed server_metrics.jsonl "
-          f"({msize / 2**20:.1f} MiB) whose samples server_metrics.parquet holds")
+    print(
+        f"[compact] {'would remove' if args.dry_run else 'removed'} {m} streamed server_metrics.jsonl "
+        f"({msize / 2**20:.1f} MiB) whose samples server_metrics.parquet holds"
+    )
     n, before, after = compact(root, args.dry_run)
     if args.dry_run:
         print(f"[compact] would compress {n} records files ({before / 2**20:.1f} MiB)")
     else:
-        print(f"[compact] compressed {n} records files: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB")
+        print(
+            f"[compact] compressed {n} records files: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB"
+        )
     return 0
 
 

@@ -18,10 +18,16 @@ def git_commit() -> str:
     if os.environ.get("DHS_GIT_COMMIT"):
         return os.environ["DHS_GIT_COMMIT"]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, capture_output=True, text=True, timeout=10).stdout
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return (sha or "unknown") + ("-dirty" if dirty.strip() else "")
     except Exception:
         return "unknown"
@@ -42,6 +48,7 @@ def cpu_model() -> str | None:
 
 def environment() -> dict:
     import torch
+
     env = {
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": socket.gethostname(),
@@ -58,6 +65,7 @@ def environment() -> dict:
     }
     try:
         import triton
+
         env["triton"] = triton.__version__
     except Exception:
         env["triton"] = None

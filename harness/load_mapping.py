@@ -19,8 +19,10 @@ PAPER_DECODE_GPUS = 4
 def ours_concurrency(paper_c: int) -> int:
     """Our concurrency on one H200 for the paper's concurrency ``paper_c`` (C -> C/4)."""
     if paper_c <= 0 or paper_c % PAPER_DECODE_GPUS:
-        raise ValueError(f"paper concurrency {paper_c} is not a positive multiple of "
-                         f"{PAPER_DECODE_GPUS} decode GPUs")
+        raise ValueError(
+            f"paper concurrency {paper_c} is not a positive multiple of "
+            f"{PAPER_DECODE_GPUS} decode GPUs"
+        )
     return paper_c // PAPER_DECODE_GPUS
 
 
@@ -35,8 +37,10 @@ def load_label(paper_c: int, ours_c: int) -> str:
     terms: 'paper C128: ours C128 on one H200 = paper C512 per decode GPU'."""
     if paper_c % PAPER_DECODE_GPUS == 0 and ours_c == ours_concurrency(paper_c):
         return f"paper C{paper_c} = ours C{ours_c} on one H200"
-    return (f"paper C{paper_c}: ours C{ours_c} on one H200 = paper C{paper_concurrency(ours_c)} "
-            "per decode GPU")
+    return (
+        f"paper C{paper_c}: ours C{ours_c} on one H200 = paper C{paper_concurrency(ours_c)} "
+        "per decode GPU"
+    )
 
 
 def loads_line(pairs: dict[int, int]) -> str:
@@ -53,8 +57,14 @@ def loads_line(pairs: dict[int, int]) -> str:
     per_gpu = factors.pop() * PAPER_DECODE_GPUS  # ours per GPU over the paper's per decode GPU
     if abs(per_gpu - 1.0) < 1e-9:
         return f"{head} (every load as paper C / {PAPER_DECODE_GPUS})"
-    span = (f"paper C{min(pairs)}-C{max(pairs)} as ours C{pairs[min(pairs)]}-C{pairs[max(pairs)]}, "
-            if len(pairs) > 1 else "")
-    mapped = (f", which runs paper C{p} as ours C{ours_concurrency(p)}"
-              if p % PAPER_DECODE_GPUS == 0 else "")
+    span = (
+        f"paper C{min(pairs)}-C{max(pairs)} as ours C{pairs[min(pairs)]}-C{pairs[max(pairs)]}, "
+        if len(pairs) > 1
+        else ""
+    )
+    mapped = (
+        f", which runs paper C{p} as ours C{ours_concurrency(p)}"
+        if p % PAPER_DECODE_GPUS == 0
+        else ""
+    )
     return f"{head}; {span}{per_gpu:g}x the paper's per-GPU load (runs made before the one mapping{mapped})"

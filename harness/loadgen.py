@@ -532,9 +532,10 @@ class _Runner:
         self._tag(rec)
         try:
             # one timer per request; a ClientTimeout would arm a timer around every socket read
-            async with asyncio.timeout(self.cfg.timeout), self.session.post(
-                self.url, data=body, headers=_JSON_HEADERS
-            ) as resp:
+            async with (
+                asyncio.timeout(self.cfg.timeout),
+                self.session.post(self.url, data=body, headers=_JSON_HEADERS) as resp,
+            ):
                 rec.status = resp.status
                 if resp.status != 200:
                     rec.retry_after = _parse_retry_after(resp.headers.get("Retry-After"))
@@ -650,7 +651,9 @@ class _Runner:
             self.phase_info[-1]["end_mono"] = now
         self.cur_phase = i
         self.target = c
-        self.phase_info.append({"phase": i, "concurrency": c, "start_mono": now, "end_mono": None, "nominal_s": d})
+        self.phase_info.append(
+            {"phase": i, "concurrency": c, "start_mono": now, "end_mono": None, "nominal_s": d}
+        )
         self.wake.set()
         self._scrape_soon()
 
@@ -720,8 +723,13 @@ class _Runner:
     def progress(self) -> dict:
         """Where the load stands: requests sent, finished (ok / failed), in flight."""
         failed = sum(1 for r in self.records if not r.success)
-        return {"sent": self.n_sent, "completed": len(self.records) - failed, "errors": failed,
-                "in_flight": self.inflight, "phase": self.cur_phase}
+        return {
+            "sent": self.n_sent,
+            "completed": len(self.records) - failed,
+            "errors": failed,
+            "in_flight": self.inflight,
+            "phase": self.cur_phase,
+        }
 
     async def _scrape_loop(self, interval: float) -> None:
         # Stopped by a flag, not by cancel(): on Python 3.12 a cancel() that lands while the
@@ -799,7 +807,11 @@ class _Runner:
         self.event_loop = _loop_name(asyncio.get_running_loop())
         _log.info("loadgen: event loop %s", self.event_loop)
         if cfg.event_loop not in ("auto", self.event_loop):
-            _log.warning("loadgen: event_loop=%r requested but running on %s", cfg.event_loop, self.event_loop)
+            _log.warning(
+                "loadgen: event_loop=%r requested but running on %s",
+                cfg.event_loop,
+                self.event_loop,
+            )
         self.wake = asyncio.Event()
         self._scrape_ev = asyncio.Event()
         self._scrape_stop = False
@@ -837,7 +849,9 @@ class _Runner:
             self._cpu0, self._wall0 = time.process_time(), _perf()
             try:
                 if cfg.metrics_interval and cfg.metrics_interval > 0:
-                    scrape_task = asyncio.create_task(self._scrape_loop(float(cfg.metrics_interval)))
+                    scrape_task = asyncio.create_task(
+                        self._scrape_loop(float(cfg.metrics_interval))
+                    )
                 if self.mode == "closed":
                     self.target = int(cfg.concurrency)
                     await self._closed_loop(int(cfg.num_requests))
@@ -913,7 +927,9 @@ def _raise_nofile_limit() -> None:
 
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if hard == resource.RLIM_INFINITY or hard > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
+            )
     except Exception:
         pass
 
@@ -949,20 +965,29 @@ async def fit_to_server(cfg: LoadConfig) -> LoadConfig:
     ctx = lim.get("max_model_len")
     input_len = cfg.input_len
     if input_len is None:
-        input_len = DEFAULT_INPUT_LEN if ctx is None else min(DEFAULT_INPUT_LEN, ctx - int(cfg.output_len))
+        input_len = (
+            DEFAULT_INPUT_LEN if ctx is None else min(DEFAULT_INPUT_LEN, ctx - int(cfg.output_len))
+        )
         if input_len < 1:
-            raise ValueError(f"output_len={cfg.output_len} leaves no room for a prompt in the "
-                             f"server's context of {ctx} tokens")
+            raise ValueError(
+                f"output_len={cfg.output_len} leaves no room for a prompt in the "
+                f"server's context of {ctx} tokens"
+            )
         if input_len != DEFAULT_INPUT_LEN:
-            _log.warning("loadgen: input_len=%d to fit the server's context of %s tokens", input_len, ctx)
+            _log.warning(
+                "loadgen: input_len=%d to fit the server's context of %s tokens", input_len, ctx
+            )
     elif ctx is not None and input_len + int(cfg.output_len) > ctx:
-        raise ValueError(f"input_len + output_len = {input_len + int(cfg.output_len)} exceeds the "
-                         f"server's context of {ctx} tokens (GET /v1/models max_model_len)")
+        raise ValueError(
+            f"input_len + output_len = {input_len + int(cfg.output_len)} exceeds the "
+            f"server's context of {ctx} tokens (GET /v1/models max_model_len)"
+        )
     return dataclasses.replace(cfg, input_len=int(input_len), vocab_size=int(vocab))
 
 
-async def run_load(cfg: LoadConfig | Mapping[str, Any],
-                   observer: Callable[[dict, dict], None] | None = None) -> LoadResult:
+async def run_load(
+    cfg: LoadConfig | Mapping[str, Any], observer: Callable[[dict, dict], None] | None = None
+) -> LoadResult:
     """Run one load test; returns records, summary and scraped samples.
 
     Writes ``cfg.out`` (records JSONL, one line per finished request, flushed
@@ -997,13 +1022,16 @@ def _loop_factory(choice: str) -> Any:
         import uvloop
     except ImportError:
         if choice == "uvloop":
-            raise RuntimeError("event_loop='uvloop' but uvloop is not installed (pip install -e '.[fast]')") from None
+            raise RuntimeError(
+                "event_loop='uvloop' but uvloop is not installed (pip install -e '.[fast]')"
+            ) from None
         return None
     return uvloop.new_event_loop
 
 
-def run_load_sync(cfg: LoadConfig | Mapping[str, Any],
-                  observer: Callable[[dict, dict], None] | None = None) -> LoadResult:
+def run_load_sync(
+    cfg: LoadConfig | Mapping[str, Any], observer: Callable[[dict, dict], None] | None = None
+) -> LoadResult:
     """Blocking wrapper around :func:`run_load` on a new event loop: uvloop when
     importable (``cfg.event_loop="auto"``), else asyncio's default (as ``asyncio.run``)."""
     if not isinstance(cfg, LoadConfig):
@@ -1033,20 +1061,57 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default=None,
         help="closed loop: exactly C requests in flight (with --request-rate: at most C in flight)",
     )
-    g.add_argument("--request-rate", type=float, default=None, help="open loop Poisson rate (req/s); inf = all at once")
-    g.add_argument("--schedule", default=None, help='phases "C:SECONDS,C:SECONDS,..." (closed loop, switches on time)')
-    p.add_argument("--num-requests", type=int, default=None, help="total measured requests (ignored with --schedule)")
-    p.add_argument("--input-len", type=int, default=None,
-                   help="prompt tokens (default 1024, or what the server's context leaves after --output-len)")
+    g.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="open loop Poisson rate (req/s); inf = all at once",
+    )
+    g.add_argument(
+        "--schedule",
+        default=None,
+        help='phases "C:SECONDS,C:SECONDS,..." (closed loop, switches on time)',
+    )
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="total measured requests (ignored with --schedule)",
+    )
+    p.add_argument(
+        "--input-len",
+        type=int,
+        default=None,
+        help="prompt tokens (default 1024, or what the server's context leaves after --output-len)",
+    )
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--prefixes", type=int, default=None, help="N shared random prompts; request i uses prompt i %% N")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="prompt ids are drawn below this (default: the server's vocabulary, else 1000)")
-    p.add_argument("--warmup", type=int, default=0, help="requests sent and awaited before measuring (not recorded)")
+    p.add_argument(
+        "--prefixes",
+        type=int,
+        default=None,
+        help="N shared random prompts; request i uses prompt i %% N",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="prompt ids are drawn below this (default: the server's vocabulary, else 1000)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="requests sent and awaited before measuring (not recorded)",
+    )
     p.add_argument("--out", default=None, help="per-request records JSONL")
     p.add_argument("--summary-out", default=None, help="summary JSON (written atomically)")
     p.add_argument("--metrics-out", default=None, help="scraped /metrics JSONL")
-    p.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes (0: off)")
+    p.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=1.0,
+        help="seconds between /metrics scrapes (0: off)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600.0, help="per-request timeout in seconds")
     p.add_argument("--disable-progress", action="store_true")
@@ -1054,8 +1119,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="default", help='"model" field for --api openai')
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--quiet", action="store_true", help="do not print the summary")
-    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
-                   help="auto: uvloop if installed (extra 'fast'), else asyncio")
+    p.add_argument(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="auto: uvloop if installed (extra 'fast'), else asyncio",
+    )
     return p
 
 

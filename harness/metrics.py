@@ -291,7 +291,10 @@ def phase_stats(
         sel = [
             r
             for r in recs
-            if r.success and r.phase == i and r.send_mono >= start and (end_mono(r) or math.inf) <= end
+            if r.success
+            and r.phase == i
+            and r.send_mono >= start
+            and (end_mono(r) or math.inf) <= end
         ]
         tp = _mean(tpot_s(r) for r in sel)
         tt = _mean(ttft_s(r) for r in sel)
@@ -457,7 +460,9 @@ def summarize(
     s["ttft_other_s_mean"] = _mean(others)
 
     s["active_mean"] = (
-        active_mean(samples, t0 + epoch_offset, duration_s, active_metric) if samples and duration_s > 0 else None
+        active_mean(samples, t0 + epoch_offset, duration_s, active_metric)
+        if samples and duration_s > 0
+        else None
     )
     s["phases"] = (
         phase_stats(

@@ -220,6 +220,7 @@ def finish_benchmark(out: str | os.PathLike | None, record: dict, failed: bool) 
     import sys
 
     from harness.environment import environment
+
     if out:
         atomic_write_json(out, {**record, "env": environment()})
     sys.exit(1 if failed else 0)

@@ -30,11 +30,22 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from harness.environment import REPO
 
-SMOKE = ["hardware=cpu", "device=cpu", "server.mode=inprocess", "workload.input_len=40",
-         "workload.output_len=6", "workload.num_requests=3", "workload.warmup=0",
-         "workload.concurrency=[2]", "model.max_context_len=512", "hardware.kv_pool_gib=0.01",
-         "hardware.host_pool_gib=0.05", "hardware.max_running_requests=8",
-         "workload.prefixes=1", "+smoke=true"]
+SMOKE = [
+    "hardware=cpu",
+    "device=cpu",
+    "server.mode=inprocess",
+    "workload.input_len=40",
+    "workload.output_len=6",
+    "workload.num_requests=3",
+    "workload.warmup=0",
+    "workload.concurrency=[2]",
+    "model.max_context_len=512",
+    "hardware.kv_pool_gib=0.01",
+    "hardware.host_pool_gib=0.05",
+    "hardware.max_running_requests=8",
+    "workload.prefixes=1",
+    "+smoke=true",
+]
 SPEC_SMOKE = ["system.speculation.window=64"]
 
 
@@ -77,7 +88,9 @@ def plan(exp: str, smoke: bool) -> list[list[str]]:
     return runs
 
 
-def select(runs: list[list[str]], systems: list[str] | None, where: list[str] | None) -> list[list[str]]:
+def select(
+    runs: list[list[str]], systems: list[str] | None, where: list[str] | None
+) -> list[list[str]]:
     """The plan's runs whose ``system=`` is in ``systems`` and whose sweep values match every
     ``key=v1,v2`` of ``where`` (a key the run does not set never matches)."""
     conds = []
@@ -94,9 +107,12 @@ def select(runs: list[list[str]], systems: list[str] | None, where: list[str] | 
                 return v
         return None
 
-    return [ov for ov in runs
-            if (not systems or setting(ov, "system") in systems)
-            and all(setting(ov, k) in vs for k, vs in conds)]
+    return [
+        ov
+        for ov in runs
+        if (not systems or setting(ov, "system") in systems)
+        and all(setting(ov, k) in vs for k, vs in conds)
+    ]
 
 
 def _run_cfg(overrides: list[str], results: str | None):
@@ -109,8 +125,9 @@ def _run_cfg(overrides: list[str], results: str | None):
     cfg = compose(overrides)
     if cfg.get("b_over_k"):
         if "hot_cache_rows" not in (cfg.system.get("kv") or {}):
-            raise ValueError(f"b_over_k: system {cfg.system.name!r} has no hot cache "
-                             "(system.kv.hot_cache_rows)")
+            raise ValueError(
+                f"b_over_k: system {cfg.system.name!r} has no hot cache (system.kv.hot_cache_rows)"
+            )
         cfg.system.kv.hot_cache_rows = int(cfg.b_over_k) * int(cfg.model.index_topk)
     if cfg.system.get("speculation") and "+smoke=true" in overrides:
         cfg.system.speculation.window = 64
@@ -177,8 +194,12 @@ def _duration_guide(exp_dir: Path, prefix: str, cfg) -> str:
     return f" (a finished run of this point took {best[0]:.0f} s{note}: {best[1]})"
 
 
-def show_plan(overrides: list[str], results: str | None, only_tags: list[str] | None = None,
-              skip: list[str] = ()) -> tuple[int, int]:
+def show_plan(
+    overrides: list[str],
+    results: str | None,
+    only_tags: list[str] | None = None,
+    skip: list[str] = (),
+) -> tuple[int, int]:
     """--dry-run: each load point's run id, whether it finished, and for a pending one the
     wall time of the latest finished run of the same system and point in that experiment
     (any config: a guide for a time box, which adds a server start of 10-25 s on the H200).
@@ -190,8 +211,10 @@ def show_plan(overrides: list[str], results: str | None, only_tags: list[str] | 
     done = pending = 0
     for p, rid, finished in plan:
         if p["tag"] in skip:
-            print(f"    {p['tag']:>6s} {rid}: not in the plan (reproduce.skip_points: no figure "
-                  f"reads it){', finished earlier' if finished else ''}")
+            print(
+                f"    {p['tag']:>6s} {rid}: not in the plan (reproduce.skip_points: no figure "
+                f"reads it){', finished earlier' if finished else ''}"
+            )
             continue
         if finished:
             done += 1
@@ -214,10 +237,12 @@ def _points_to_run(overrides: list[str], point: list[str] | None) -> list[str] |
     return [t for t in tags if t not in skip]
 
 
-NO_GPU = ("[reproduce] harness.reproduce needs a CUDA GPU (one H200-class GPU, 80+ GB; up to 64 "
-          "GiB of pinned host memory; README: GPU prerequisites) and torch sees none here. "
-          "make reproduce DRY=1 lists the plan; python -m harness.reproduce --smoke runs it "
-          "small on CPU.")
+NO_GPU = (
+    "[reproduce] harness.reproduce needs a CUDA GPU (one H200-class GPU, 80+ GB; up to 64 "
+    "GiB of pinned host memory; README: GPU prerequisites) and torch sees none here. "
+    "make reproduce DRY=1 lists the plan; python -m harness.reproduce --smoke runs it "
+    "small on CPU."
+)
 
 
 def has_gpu() -> bool:
@@ -233,16 +258,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", action="append", help="experiment name (repeatable), e.g. fig9")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run of every combination")
-    ap.add_argument("--results", default=None, help="results directory (default results/; "
-                    "with --smoke a scratch directory)")
+    ap.add_argument(
+        "--results",
+        default=None,
+        help="results directory (default results/; with --smoke a scratch directory)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     ap.add_argument("--system", action="append", help="only these systems (repeatable)")
-    ap.add_argument("--where", action="append",
-                    help="only sweep combinations with key=v1,v2 (repeatable), e.g. b_over_k=4,8")
-    ap.add_argument("--point", action="append",
-                    help="only these load points, by tag (repeatable), e.g. c128")
-    ap.add_argument("overrides", nargs="*",
-                    help="Hydra overrides appended to every run, e.g. model.attention_impl=reference")
+    ap.add_argument(
+        "--where",
+        action="append",
+        help="only sweep combinations with key=v1,v2 (repeatable), e.g. b_over_k=4,8",
+    )
+    ap.add_argument(
+        "--point", action="append", help="only these load points, by tag (repeatable), e.g. c128"
+    )
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides appended to every run, e.g. model.attention_impl=reference",
+    )
     args = ap.parse_args(argv)
     names = args.only or experiments()
     unknown = sorted(set(names) - set(experiments()))
@@ -264,8 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         for ov in chosen:
             ov = ov + list(args.overrides)
             tags = _points_to_run(ov, args.point)
-            print("[reproduce]", " ".join(ov), *(["points", *tags] if tags is not None else []),
-                  flush=True)
+            print(
+                "[reproduce]",
+                " ".join(ov),
+                *(["points", *tags] if tags is not None else []),
+                flush=True,
+            )
             if args.dry_run:
                 counts = show_plan(ov, results, args.point, skipped_points(ov))
                 totals[exp] = [a + b for a, b in zip(totals.get(exp, [0, 0]), counts)]
@@ -284,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {exp:<16s} {done:>4d} done {pending:>4d} pending")
     else:
         from harness.summaries import write_all
+
         write_all(Path(results) if results else REPO / "results")
     if failed:
         print(f"[reproduce] {len(failed)} run(s) failed:")

@@ -32,8 +32,14 @@ from harness.records import read_jsonl
 
 DEFAULT_RESULTS = REPO / "results"
 
-SYSTEM_ORDER = ("resident", "hisparse", "adaptive_hisparse", "resident_dflash2", "resident_dspark",
-                "adaptive_dhisparse")
+SYSTEM_ORDER = (
+    "resident",
+    "hisparse",
+    "adaptive_hisparse",
+    "resident_dflash2",
+    "resident_dspark",
+    "adaptive_dhisparse",
+)
 
 
 SPECULATIVE = {"resident_dflash2", "resident_dspark", "adaptive_dhisparse"}
@@ -165,7 +171,9 @@ class Run:
         saturated closed loop moves by several percent: Fig. 4's HiSparse C128 measured 3,546
         and 3,485 tok/s, and mean TTFT 1.16 and 2.36 s)."""
         if len(self.repeats) > 1:
-            vals = [v for v in (as_float(r.summary.get(key)) for r in self.repeats) if v is not None]
+            vals = [
+                v for v in (as_float(r.summary.get(key)) for r in self.repeats) if v is not None
+            ]
             return float(np.median(vals)) if vals else None
         return as_float(self.summary.get(key))
 
@@ -200,8 +208,9 @@ class Run:
     def calibrated_acceptance(self) -> bool:
         """Whether the run's speculation drew its accepted lengths from the calibration."""
         # the system's own speculation block: reproduce.speculation is in every run of a family
-        acc = self.summary.get("acceptance_mode") or find_key(self.config.get("system") or {},
-                                                              "acceptance_mode", "acceptance")
+        acc = self.summary.get("acceptance_mode") or find_key(
+            self.config.get("system") or {}, "acceptance_mode", "acceptance"
+        )
         return isinstance(acc, str) and acc.lower().startswith("calib")
 
     @cached_property
@@ -213,8 +222,11 @@ class Run:
         except FileNotFoundError:
             note = self.path / "RECORDS_PRUNED.txt"  # harness.compact --prune-unused took them
             if note.is_file():
-                print(f"[results] {self.path.name}: request records were pruned; "
-                      f"{note.read_text().strip()}", file=sys.stderr)
+                print(
+                    f"[results] {self.path.name}: request records were pruned; "
+                    f"{note.read_text().strip()}",
+                    file=sys.stderr,
+                )
             return []
 
     @cached_property
@@ -257,8 +269,16 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
     ``decode`` (steps that replayed or ran eagerly), ``capture`` (steps that recorded a CUDA
     graph), ``handoff`` (admission rounds) and ``other`` (the rest: idle waits, intake, the
     engine loop). From the cumulative counters of the server samples (runs since they exist)."""
-    w = live_window(run, {"ts", "dhs_decode_seconds_total", "dhs_admit_seconds_total",
-                           "dhs_capture_step_seconds_total"}, min_rows=3)
+    w = live_window(
+        run,
+        {
+            "ts",
+            "dhs_decode_seconds_total",
+            "dhs_admit_seconds_total",
+            "dhs_capture_step_seconds_total",
+        },
+        min_rows=3,
+    )
     if w is None:
         return None
     _, a, b = w
@@ -323,7 +343,7 @@ def values_by_run_group(points: dict, key: str) -> dict[str, dict[Any, list[floa
     one GPU machine measured together. A group may hold several runs of one point."""
     by_group: dict[str, dict[Any, list[float]]] = {}
     for label_, r in points.items():
-        for x in (r.repeats or [r]):
+        for x in r.repeats or [r]:
             v = as_float(x.summary.get(key))
             if x.run_group and v:
                 by_group.setdefault(x.run_group, {}).setdefault(label_, []).append(v)
@@ -396,13 +416,13 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
     for i, cap in enumerate(caps):
         have = {setting(r) for r in runs if output_cap(r) == cap}
         loads = {(k[1], k[2]) for k in have}
-        older = {setting(r) for r in runs if output_cap(r) in caps[i + 1:]}
+        older = {setting(r) for r in runs if output_cap(r) in caps[i + 1 :]}
         if {k for k in older if (k[1], k[2]) in loads} <= have:
             current = cap
             break
     kept = [r for r in runs if output_cap(r) == current]
     if len(kept) < len(runs):
-        newer = sum(1 for r in runs if output_cap(r) in caps[:caps.index(current)])
+        newer = sum(1 for r in runs if output_cap(r) in caps[: caps.index(current)])
         SUPERSEDED[experiment] = (len(runs) - len(kept) - newer, current, newer)
     else:
         SUPERSEDED.pop(experiment, None)
@@ -432,9 +452,15 @@ def setting(r: Run) -> tuple:
     """What a figure plots a run as: system, load point, and the settings figures sweep (the
     hot-cache budget, optional residency, block size, and the input length of Fig. 5's
     context crossover)."""
-    return (r.system, r.concurrency, r.point.get("tag"),
-            *(str(find_key(r.config, k)) for k in ("hot_cache_rows", "optional_residency",
-                                                   "block_size", "input_len")))
+    return (
+        r.system,
+        r.concurrency,
+        r.point.get("tag"),
+        *(
+            str(find_key(r.config, k))
+            for k in ("hot_cache_rows", "optional_residency", "block_size", "input_len")
+        ),
+    )
 
 
 # config keys that do not change what a run measures (run_id drops the same, and ``rerun`` is
@@ -484,12 +510,13 @@ def by_system(runs: Iterable[Run]) -> dict[str, list[Run]]:
     for r in runs:
         out.setdefault(r.system, []).append(r)
     for v in out.values():
-        v.sort(key=lambda r: (r.concurrency or 0))
+        v.sort(key=lambda r: r.concurrency or 0)
     return dict(sorted(out.items(), key=lambda kv: system_sort_key(kv[0])))
 
 
-def pick(runs: Iterable[Run], system: str | None = None, concurrency: int | None = None,
-         **point) -> Run | None:
+def pick(
+    runs: Iterable[Run], system: str | None = None, concurrency: int | None = None, **point
+) -> Run | None:
     """The last run matching system / concurrency / point keys (None if there is none)."""
     found = None
     for r in runs:
@@ -503,8 +530,9 @@ def pick(runs: Iterable[Run], system: str | None = None, concurrency: int | None
     return found
 
 
-def summary_value(runs: Sequence[Run], system: str, concurrency: int, key: str,
-                  scale: float = 1.0) -> float | None:
+def summary_value(
+    runs: Sequence[Run], system: str, concurrency: int, key: str, scale: float = 1.0
+) -> float | None:
     r = pick(runs, system, concurrency)
     v = None if r is None else r.num(key)
     return None if v is None else v * scale
@@ -529,9 +557,13 @@ def metric_col(df: pd.DataFrame | None, *names: str) -> str | None:
     return None
 
 
-def counter_share(df: pd.DataFrame | None, num: str = "dhs_selected_rows_from_host_total",
-                  den: str = "dhs_selected_rows_total", t0: float | None = None,
-                  t1: float | None = None) -> float | None:
+def counter_share(
+    df: pd.DataFrame | None,
+    num: str = "dhs_selected_rows_from_host_total",
+    den: str = "dhs_selected_rows_total",
+    t0: float | None = None,
+    t1: float | None = None,
+) -> float | None:
     """Share of a counter over another between two times (whole run by default)."""
     if df is None or num not in df.columns or den not in df.columns or "ts" not in df.columns:
         return None
@@ -556,8 +588,9 @@ def binned(df: pd.DataFrame, col: str, bin_s: float = 5.0, t0: float | None = No
     return d.groupby("t_s", as_index=False)["value"].mean()
 
 
-def binned_share(df: pd.DataFrame, num: str, den: str, bin_s: float = 5.0,
-                 t0: float | None = None) -> pd.DataFrame:
+def binned_share(
+    df: pd.DataFrame, num: str, den: str, bin_s: float = 5.0, t0: float | None = None
+) -> pd.DataFrame:
     """Share of counter increments per bin: columns t_s, value (fraction)."""
     t0 = float(df["ts"].iloc[0]) if t0 is None else t0
     d = df[["ts", num, den]].dropna().copy()
@@ -601,9 +634,12 @@ def timing_split(run: Run, post_wave: bool) -> dict[str, float | None]:
 
 # profiling/kernel_timeline.py family names -> the paper's categories
 KERNEL_FAMILY_TO_FIG10 = {
-    "expert_mlp_matmul": "expert matrix products", "dense_projection": "dense projections",
-    "indexing_attention": "indexing and attention", "other_model": "other model kernels",
-    "several_families": "several families at once", "no_kernel": "no kernel running",
+    "expert_mlp_matmul": "expert matrix products",
+    "dense_projection": "dense projections",
+    "indexing_attention": "indexing and attention",
+    "other_model": "other model kernels",
+    "several_families": "several families at once",
+    "no_kernel": "no kernel running",
 }
 
 
@@ -643,25 +679,39 @@ def kernel_profile(run: Run) -> dict | None:
     if not s:
         return None
     share = s.get("share_of_step_pct") or {}
-    part = {KERNEL_FAMILY_TO_FIG10[k]: float(v) for k, v in share.items() if k in KERNEL_FAMILY_TO_FIG10}
+    part = {
+        KERNEL_FAMILY_TO_FIG10[k]: float(v) for k, v in share.items() if k in KERNEL_FAMILY_TO_FIG10
+    }
     part["cache kernels alone"] = sum(float(share.get(f, 0.0)) for f in CACHE_KERNEL_FAMILIES)
     step = as_float(s.get("step_ms"))
-    ms = (lambda pct: None if step is None else step * pct / 100.0)  # noqa: E731
+    ms = lambda pct: None if step is None else step * pct / 100.0  # noqa: E731
     rnd = None
     if step is not None:
-        rnd = {"cache kernels alone": ms(part["cache kernels alone"]),
-               "expert matrix products": ms(part.get("expert matrix products", 0.0)),
-               "other model kernels": ms(sum(part.get(k, 0.0) for k in (
-                   "dense projections", "indexing and attention", "other model kernels"))),
-               "several families at once": ms(part.get("several families at once", 0.0)),
-               "no kernel coverage": ms(part.get("no kernel running", 0.0)),
-               "total": step}
-    return {"step_ms": step, "sessions_per_step": as_float(s.get("sessions_per_step")),
-            "cache_kernel_ms": {"resolver": as_float(s.get("work_resolver_ms")),
-                                "follower_copy": as_float(s.get("work_follower_copy_ms")) or 0.0},
-            "partition_pct": part, "round_ms": rnd,
-            "resolver_share_pct": as_float(s.get("resolver_share_pct_mean")),
-            "source": "kernels/kernel_summary.json"}
+        rnd = {
+            "cache kernels alone": ms(part["cache kernels alone"]),
+            "expert matrix products": ms(part.get("expert matrix products", 0.0)),
+            "other model kernels": ms(
+                sum(
+                    part.get(k, 0.0)
+                    for k in ("dense projections", "indexing and attention", "other model kernels")
+                )
+            ),
+            "several families at once": ms(part.get("several families at once", 0.0)),
+            "no kernel coverage": ms(part.get("no kernel running", 0.0)),
+            "total": step,
+        }
+    return {
+        "step_ms": step,
+        "sessions_per_step": as_float(s.get("sessions_per_step")),
+        "cache_kernel_ms": {
+            "resolver": as_float(s.get("work_resolver_ms")),
+            "follower_copy": as_float(s.get("work_follower_copy_ms")) or 0.0,
+        },
+        "partition_pct": part,
+        "round_ms": rnd,
+        "resolver_share_pct": as_float(s.get("resolver_share_pct_mean")),
+        "source": "kernels/kernel_summary.json",
+    }
 
 
 def graphs_replayed(run: Run) -> bool:
@@ -671,7 +721,11 @@ def graphs_replayed(run: Run) -> bool:
     cfg = run.config or {}
     eng = cfg.get("engine") or {}
     # a config that does not say (hand-written profile.json runs) is taken as eager
-    return "disable_cuda_graph" in eng and not eng["disable_cuda_graph"] and str(cfg.get("device")) == "cuda"
+    return (
+        "disable_cuda_graph" in eng
+        and not eng["disable_cuda_graph"]
+        and str(cfg.get("device")) == "cuda"
+    )
 
 
 def profile_at_load(run: Run, skipped: list[str]) -> dict | None:
@@ -695,15 +749,20 @@ def profile_off_load(run: Run, prof: dict | None) -> str | None:
     held = run.num("active_mean") or (float(run.concurrency) if run.concurrency else None)
     if ses is None or not held or ses >= 0.5 * min(held, float(run.concurrency or held)):
         return None
-    return (f"the kernel profile of {run.path.parent.name}/{run.path.name} covers steps carrying {ses:.3g} "
-            f"request(s), not the run's load (~{held:.0f} running), so it is not used (profile.wait fell inside "
-            "the load generator's warm-up request; the profiled experiments now run without one)")
+    return (
+        f"the kernel profile of {run.path.parent.name}/{run.path.name} covers steps carrying {ses:.3g} "
+        f"request(s), not the run's load (~{held:.0f} running), so it is not used (profile.wait fell inside "
+        "the load generator's warm-up request; the profiled experiments now run without one)"
+    )
 
 
 # Commits after which the same config measures differently (a default that changes step time).
 # A claim built from runs on both sides of one says so in its provenance.
 MEASUREMENT_CHANGES = (
-    ("a5e1803", "kernel defaults: index-scan multiply-add form, resolver tiles and bitmap by batch"),
+    (
+        "a5e1803",
+        "kernel defaults: index-scan multiply-add form, resolver tiles and bitmap by batch",
+    ),
 )
 
 
@@ -714,8 +773,12 @@ def _after_change(commit: str, change: str) -> bool | None:
     import subprocess
 
     try:
-        res = subprocess.run(["git", "merge-base", "--is-ancestor", change, commit], cwd=REPO,
-                             capture_output=True, timeout=10)
+        res = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", change, commit],
+            cwd=REPO,
+            capture_output=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return {0: True, 1: False}.get(res.returncode)
@@ -725,7 +788,7 @@ def change_mix(runs: Iterable[Run]) -> str:
     """A provenance note when ``runs`` straddle a MEASUREMENT_CHANGES commit, else ''."""
     commits = set()
     for r in runs:
-        for x in (r.repeats or [r]):
+        for x in r.repeats or [r]:
             if x.commit:
                 commits.add(x.commit)
     notes = []
@@ -734,8 +797,10 @@ def change_mix(runs: Iterable[Run]) -> str:
         before = sorted(c for c, v in side.items() if v is False)
         after = sorted(c for c, v in side.items() if v is True)
         if before and after:
-            notes.append(f"mixes runs from before {change} ({', '.join(before)}) and after it "
-                         f"({', '.join(after)}): {what}")
+            notes.append(
+                f"mixes runs from before {change} ({', '.join(before)}) and after it "
+                f"({', '.join(after)}): {what}"
+            )
     return "; ".join(notes)
 
 

@@ -42,8 +42,7 @@ def _load_points(cfg: DictConfig) -> list[dict]:
     if w.get("request_rate") is not None:
         return [{"request_rate": float(w.request_rate), "tag": f"r{w.request_rate}"}]
     conc = w.concurrency
-    conc = [int(c) for c in (conc if OmegaConf.is_list(conc) or isinstance(conc, list)
-                             else [conc])]
+    conc = [int(c) for c in (conc if OmegaConf.is_list(conc) or isinstance(conc, list) else [conc])]
     if not conc or min(conc) < 1:
         raise ValueError(f"workload.concurrency must list integers >= 1, got {conc}")
     return [{"concurrency": c, "tag": f"c{c}"} for c in conc]
@@ -108,8 +107,11 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
     return material
 
 
-_LABEL_PARTS = {"hot_cache_rows": "B{}", "block_size": "K{}",
-                "optional_residency": lambda v: "resoff"}
+_LABEL_PARTS = {
+    "hot_cache_rows": "B{}",
+    "block_size": "K{}",
+    "optional_residency": lambda v: "resoff",
+}
 
 
 def _config_hash(cfg: DictConfig, point: dict) -> str:
@@ -161,20 +163,27 @@ def check_keys(cfg: DictConfig, reproduce_keys: bool = False) -> None:
     for key in cfg:
         if key in REPRODUCE_KEYS:
             if not reproduce_keys:
-                raise ValueError(f"{key} is a sweep key of harness.reproduce (e.g. python -m "
-                                 f"harness.reproduce --only fig9 --where {key}=4); with "
-                                 f"harness.run set {REPRODUCE_KEYS[key]}")
+                raise ValueError(
+                    f"{key} is a sweep key of harness.reproduce (e.g. python -m "
+                    f"harness.reproduce --only fig9 --where {key}=4); with "
+                    f"harness.run set {REPRODUCE_KEYS[key]}"
+                )
         elif key not in base and key not in _EXTRA_TOP_KEYS:
-            raise ValueError(f"unknown config key {key!r}; known top-level keys: "
-                             f"{sorted(set(base) | _EXTRA_TOP_KEYS)}")
+            raise ValueError(
+                f"unknown config key {key!r}; known top-level keys: "
+                f"{sorted(set(base) | _EXTRA_TOP_KEYS)}"
+            )
     unknown = sorted(set(cfg.workload) - set(base.workload) - _EXTRA_WORKLOAD_KEYS)
     if unknown:
-        raise ValueError(f"unknown workload key(s) {unknown}; known: "
-                         f"{sorted(set(base.workload) | _EXTRA_WORKLOAD_KEYS)}")
+        raise ValueError(
+            f"unknown workload key(s) {unknown}; known: "
+            f"{sorted(set(base.workload) | _EXTRA_WORKLOAD_KEYS)}"
+        )
 
 
 def _write_metrics(samples: list[dict], path: Path) -> None:
     import pandas as pd
+
     rows = [{"ts": s["ts"], **s.get("values", {})} for s in samples]
     df = pd.DataFrame(rows)
     tmp = path.with_suffix(".tmp")
@@ -211,8 +220,9 @@ def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
     tmp.replace(d / "error.txt")
 
 
-def point_plan(cfg: DictConfig, only_tags: list[str] | None = None
-               ) -> tuple[Path, list[tuple[dict, str, bool]]]:
+def point_plan(
+    cfg: DictConfig, only_tags: list[str] | None = None
+) -> tuple[Path, list[tuple[dict, str, bool]]]:
     """The experiment directory and, per load point of ``cfg`` (those tagged ``only_tags``
     when given), the point, its run id and whether that run finished earlier."""
     root = Path(cfg.results_dir)
@@ -223,21 +233,27 @@ def point_plan(cfg: DictConfig, only_tags: list[str] | None = None
     if only_tags:
         unknown = sorted(set(only_tags) - {p["tag"] for p in points})
         if unknown:
-            raise ValueError(f"no load point tagged {unknown} in this config; its points are "
-                             f"{[p['tag'] for p in points]}")
+            raise ValueError(
+                f"no load point tagged {unknown} in this config; its points are "
+                f"{[p['tag'] for p in points]}"
+            )
         points = [p for p in points if p["tag"] in only_tags]
     out = []
     for p in points:
         rid = run_id(cfg, p)
         old = legacy_run_id(cfg, p)
-        if not (exp_dir / rid / "summary.json").exists() and (exp_dir / old / "summary.json").exists():
+        if (
+            not (exp_dir / rid / "summary.json").exists()
+            and (exp_dir / old / "summary.json").exists()
+        ):
             rid = old  # finished under the id it had before the swept values joined it
         out.append((p, rid, (exp_dir / rid / "summary.json").exists()))
     return exp_dir, out
 
 
-def run(cfg: DictConfig, only_tags: list[str] | None = None,
-        reproduce_keys: bool = False) -> list[Path]:
+def run(
+    cfg: DictConfig, only_tags: list[str] | None = None, reproduce_keys: bool = False
+) -> list[Path]:
     """Run every load point of ``cfg`` not finished earlier. ``only_tags`` (e.g. ["c128"])
     restricts this call to those points without touching the config, so the run ids stay
     those of the full sweep and a later full call resumes around them. ``reproduce_keys``:
@@ -249,6 +265,7 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None,
     ecfg = resolve_engine_config(cfg)  # fail fast on a bad config, before any server starts
     if cfg.server.mode == "sglang":
         from systems.sglang.adapter import check_supported
+
         check_supported(cfg)  # a clear error before anything launches
     exp_dir, plan = point_plan(cfg, only_tags)
     todo = []
@@ -283,36 +300,64 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None,
             conc = p.get("concurrency")
             n_req = num_requests(w, conc)
             lcfg = LoadConfig(
-                url=url, api=str(w.api), concurrency=conc,
-                request_rate=p.get("request_rate"), schedule=p.get("schedule"),
+                url=url,
+                api=str(w.api),
+                concurrency=conc,
+                request_rate=p.get("request_rate"),
+                schedule=p.get("schedule"),
                 num_requests=n_req if not p.get("schedule") else None,
-                input_len=int(w.input_len), output_len=int(w.output_len),
+                input_len=int(w.input_len),
+                output_len=int(w.output_len),
                 prefixes=int(w.prefixes) if w.get("prefixes") else None,
                 vocab_size=int(w.get("vocab_size") or ecfg.model.vocab_size),
-                warmup=int(w.warmup), out=str(d / "records.jsonl"),
-                metrics_out=str(d / "server_metrics.jsonl"), seed=int(cfg.seed),
+                warmup=int(w.warmup),
+                out=str(d / "records.jsonl"),
+                metrics_out=str(d / "server_metrics.jsonl"),
+                seed=int(cfg.seed),
                 num_gpus=int(cfg.hardware.get("num_gpus", 1)),
-                temperature=float(w.get("temperature", 0.0)), ignore_eos=True, quiet=True)
+                temperature=float(w.get("temperature", 0.0)),
+                ignore_eos=True,
+                quiet=True,
+            )
             wb = None
             if logger is not None:
                 wb = logger.start_run(
-                    rid, str(cfg.logger.get("group") or cfg.experiment_name),
+                    rid,
+                    str(cfg.logger.get("group") or cfg.experiment_name),
                     run_config(OmegaConf.to_container(cfg, resolve=True), run_labels(cfg, p)),
-                    tags({"system": cfg.system.name, "model": cfg.model.name,
-                          "experiment": cfg.experiment_name, "point": p,
-                          "git_commit": env["git_commit"], "gpu": env["gpu"]}), str(d))
+                    tags(
+                        {
+                            "system": cfg.system.name,
+                            "model": cfg.model.name,
+                            "experiment": cfg.experiment_name,
+                            "point": p,
+                            "git_commit": env["git_commit"],
+                            "gpu": env["gpu"],
+                        }
+                    ),
+                    str(d),
+                )
             try:
                 res = run_load_sync(lcfg, observer=wb.sample if wb is not None else None)
                 failure = _server_failure(url)
                 if failure is not None:
-                    raise ServerFailed(f"{rid}: the server failed during the run ({failure}); "
-                                       f"{len(res.records)} records kept, no summary written")
+                    raise ServerFailed(
+                        f"{rid}: the server failed during the run ({failure}); "
+                        f"{len(res.records)} records kept, no summary written"
+                    )
                 if res.samples:
                     _write_metrics(res.samples, d / "server_metrics.parquet")
-                summary = {**res.summary, "run_id": rid, "system": cfg.system.name,
-                           "model": cfg.model.name, "experiment": cfg.experiment_name,
-                           "point": p, "device": ecfg.device, "gpu": env["gpu"],
-                           "git_commit": env["git_commit"]}
+                summary = {
+                    **res.summary,
+                    "run_id": rid,
+                    "system": cfg.system.name,
+                    "model": cfg.model.name,
+                    "experiment": cfg.experiment_name,
+                    "point": p,
+                    "device": ecfg.device,
+                    "gpu": env["gpu"],
+                    "git_commit": env["git_commit"],
+                }
                 atomic_write_json(d / "summary.json", summary)  # marks the run finished
             except BaseException as e:  # incl. KeyboardInterrupt: say why there is no summary
                 if wb is not None:
@@ -322,7 +367,9 @@ def run(cfg: DictConfig, only_tags: list[str] | None = None,
             if wb is not None:  # after the summary is on disk: W&B never costs a measurement
                 wb.finish(summary, res.records, res.samples)
             rows.append({**summary, "_dir": str(d)})
-            print(f"[harness] {rid}: done -> {d.relative_to(REPO) if d.is_relative_to(REPO) else d}")
+            print(
+                f"[harness] {rid}: done -> {d.relative_to(REPO) if d.is_relative_to(REPO) else d}"
+            )
     _collect_profile(server_dir, [Path(r["_dir"]) for r in rows if r.get("_dir")])
     _print_table(rows)
     return done_dirs
@@ -339,9 +386,12 @@ def warn_profile_in_warmup(cfg) -> bool:
     steps = warm * int(cfg.workload.get("output_len") or 0)
     wait = int(prof.get("wait") or 0)
     if warm and wait <= steps:
-        print(f"[harness] warning: profile=kernels starts after {wait} engine steps, but the {warm} warm-up "
-              f"request(s) take about {steps} steps at batch 1 first: the profile will be of the warm-up, "
-              f"not of the load. Set workload.warmup=0 or profile.wait above {steps}.", flush=True)
+        print(
+            f"[harness] warning: profile=kernels starts after {wait} engine steps, but the {warm} warm-up "
+            f"request(s) take about {steps} steps at batch 1 first: the profile will be of the warm-up, "
+            f"not of the load. Set workload.warmup=0 or profile.wait above {steps}.",
+            flush=True,
+        )
         return True
     return False
 
@@ -358,8 +408,9 @@ def warn_profile_skipped(cfg) -> str | None:
     ok, why = nsight_available()
     if ok:
         return None
-    print(f"[harness] profile=nsight will be skipped: {why}; the runs go ahead without it",
-          flush=True)
+    print(
+        f"[harness] profile=nsight will be skipped: {why}; the runs go ahead without it", flush=True
+    )
     return why
 
 
@@ -387,14 +438,18 @@ def _fmt(v, nd=1):
 def _print_table(rows: list[dict]) -> None:
     if not rows:
         return
-    hdr = f"{'system':<20} {'C':>5} {'done':>5} {'err':>4} {'out tok/s':>10} " \
-          f"{'TTFT ms':>9} {'TPOT ms':>9} {'ITL ms':>8}"
+    hdr = (
+        f"{'system':<20} {'C':>5} {'done':>5} {'err':>4} {'out tok/s':>10} "
+        f"{'TTFT ms':>9} {'TPOT ms':>9} {'ITL ms':>8}"
+    )
     print("\n" + hdr + "\n" + "-" * len(hdr))
     for r in rows:
         c = r["point"].get("concurrency", r["point"].get("tag"))
-        print(f"{r['system']:<20} {c!s:>5} {r.get('completed', 0):>5} {r.get('errors', 0):>4} "
-              f"{_fmt(r.get('output_tok_s')):>10} {_fmt(r.get('ttft_ms_mean')):>9} "
-              f"{_fmt(r.get('tpot_ms_mean'), 2):>9} {_fmt(r.get('itl_ms_mean'), 2):>8}")
+        print(
+            f"{r['system']:<20} {c!s:>5} {r.get('completed', 0):>5} {r.get('errors', 0):>4} "
+            f"{_fmt(r.get('output_tok_s')):>10} {_fmt(r.get('ttft_ms_mean')):>9} "
+            f"{_fmt(r.get('tpot_ms_mean'), 2):>9} {_fmt(r.get('itl_ms_mean'), 2):>8}"
+        )
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)

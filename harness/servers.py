@@ -42,17 +42,27 @@ def _health(url: str) -> tuple[bool, str]:
         return False, repr(e)
 
 
-def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
-                 log_path: Path | None = None, what: str = "server") -> None:
+def wait_healthy(
+    url: str,
+    timeout_s: float,
+    proc: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+    what: str = "server",
+) -> None:
     """Poll ``url/health`` until 200; fail early when ``proc`` exits, with its log tail."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-4000:] \
-                if log_path and log_path.exists() else ""
-            raise RuntimeError(f"{what} exited with code {proc.returncode} before "
-                               f"{url}/health answered; log {log_path}:\n{tail}")
+            tail = (
+                log_path.read_text(errors="replace")[-4000:]
+                if log_path and log_path.exists()
+                else ""
+            )
+            raise RuntimeError(
+                f"{what} exited with code {proc.returncode} before "
+                f"{url}/health answered; log {log_path}:\n{tail}"
+            )
         ok, last = _health(url)
         if ok:
             return
@@ -76,6 +86,7 @@ def exit_on_sigterm() -> None:
     beside whatever the lane ran next. The servers are stopped here, not by raising into the
     interrupted code: an exception raised inside an event-loop callback (the load generator's
     socket reads) is logged by the loop and swallowed, and the harness went on."""
+
     def _exit(signum, frame):
         try:
             for proc, group in reversed(list(_LIVE.values())):  # last started first (router)
@@ -86,7 +97,9 @@ def exit_on_sigterm() -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(128 + signum)  # results are written atomically: an unfinished run has no summary
+            os._exit(
+                128 + signum
+            )  # results are written atomically: an unfinished run has no summary
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit)
@@ -183,8 +196,10 @@ def bundled_server(cfg: DictConfig, workdir: Path):
             yield url
         return
     if mode != "subprocess":
-        raise ValueError(f"server.mode must be subprocess, inprocess or attach here "
-                         f"(sglang: harness.sglang_launch), got {mode!r}")
+        raise ValueError(
+            f"server.mode must be subprocess, inprocess or attach here "
+            f"(sglang: harness.sglang_launch), got {mode!r}"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     remove_stale_launch_configs(workdir)
     log_path = server_log(workdir)  # this process's own: earlier (committed) logs stay as they are
@@ -198,16 +213,34 @@ def bundled_server(cfg: DictConfig, workdir: Path):
     # rewrite a shared config before this server has read it
     launch_cfg = workdir / f"server_config-{os.getpid()}.yaml"
     OmegaConf.save(cfg, launch_cfg, resolve=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+    )
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             # --parent-pid: the server dies with this process, even when it is SIGKILLed and
             # nothing here runs (exit_on_sigterm covers SIGTERM only)
-            [sys.executable, "-m", "systems.engine.server", "--host", host, "--port", str(port),
-             "--config", str(launch_cfg), "--parent-pid", str(os.getpid())], stdout=log,
-            stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
+            [
+                sys.executable,
+                "-m",
+                "systems.engine.server",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--config",
+                str(launch_cfg),
+                "--parent-pid",
+                str(os.getpid()),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(REPO),
+        )
     track(proc)
     try:
         wait_healthy(url, timeout, proc, log_path, "bundled server")

@@ -53,8 +53,9 @@ def _resolve_command(argv: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def launch_plan(plan: LaunchPlan, workdir: Path, timeout_s: float,
-                env: dict[str, str] | None = None) -> Iterator[str]:
+def launch_plan(
+    plan: LaunchPlan, workdir: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """Start the plan's processes in order, wait for each, yield the load URL, stop them."""
     workdir.mkdir(parents=True, exist_ok=True)
     base_env = dict(os.environ, PYTHONUNBUFFERED="1", **plan.env, **(env or {}))
@@ -72,8 +73,14 @@ def launch_plan(plan: LaunchPlan, workdir: Path, timeout_s: float,
             with open(log_path, "ab") as log:
                 log.write(f"$ {' '.join(argv)}\n".encode())
                 log.flush()
-                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=penv,
-                                        cwd=str(REPO), start_new_session=True)
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=penv,
+                    cwd=str(REPO),
+                    start_new_session=True,
+                )
             started.append(proc)
             track(proc, group=True)
             print(f"[sglang] {role}: pid {proc.pid}, log {log_path}", flush=True)
@@ -95,9 +102,11 @@ def sglang_server(cfg: Any, workdir: Path | str) -> Iterator[str]:
     launch = s.get("launch")
     if launch == "attach":
         if not srv.get("url"):
-            raise ValueError("server.url is required with server.sglang.launch=attach "
-                             "(the router URL under PD)")
+            raise ValueError(
+                "server.url is required with server.sglang.launch=attach (the router URL under PD)"
+            )
         from systems.sglang.adapter import check_supported
+
         check_supported(cfg)  # the same systems are refused whether we start SGLang or not
         url = str(srv["url"]).rstrip("/")
         for u in [*(s.get("attach_health_urls") or []), url]:
@@ -126,12 +135,17 @@ def compose(overrides: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Start (or print) the SGLang deployment a run "
-                                             "with these Hydra overrides would use.")
+    ap = argparse.ArgumentParser(
+        description="Start (or print) the SGLang deployment a run "
+        "with these Hydra overrides would use."
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     ap.add_argument("--workdir", default="outputs/sglang", help="logs go here")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. server=sglang "
-                                                 "system=hisparse server.sglang.model_path=...")
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides, e.g. server=sglang system=hisparse server.sglang.model_path=...",
+    )
     args = ap.parse_args(argv)
     try:
         cfg = compose(args.overrides)

@@ -81,8 +81,9 @@ def derived(run: Run) -> dict[str, float | None]:
                 res["optional_pages_low"] = float(lw[opt].median())
                 res["eligible_pages_low"] = float((lw[opt] / lw[cov]).median())
                 # ready pages held level while requests came and went: memory, not population
-                res["optional_pages_flat"] = float(lw[opt].quantile(0.9) - lw[opt].quantile(0.1)) \
-                    <= 0.1 * max(1.0, float(lw[opt].median()))
+                res["optional_pages_flat"] = float(
+                    lw[opt].quantile(0.9) - lw[opt].quantile(0.1)
+                ) <= 0.1 * max(1.0, float(lw[opt].median()))
         after = df[(t >= b0) & (df[cov] < 0.01)]
         res["below_1pct_s"] = float(after["ts"].iloc[0] - t0 - b0) if len(after) else None
         rec = df[(t >= c0) & (df[cov] > 0.5)]
@@ -134,8 +135,10 @@ def fig7(results: Path) -> dict | None:
             de = float(st[emitted].iloc[-1] - st[emitted].iloc[0])
             ept = de / dr if dr > 0 else None
         got = {}
-        for col, acc in (("dhs_selected_rows_from_host_total", "sel"),
-                         ("dhs_host_rows_copied_total", "rows")):
+        for col, acc in (
+            ("dhs_selected_rows_from_host_total", "sel"),
+            ("dhs_host_rows_copied_total", "rows"),
+        ):
             c = metric_col(st, col)
             if c:
                 got[acc] = float(st[c].iloc[-1] - st[c].iloc[0])
@@ -143,18 +146,26 @@ def fig7(results: Path) -> dict | None:
         miss_rows += got.get("rows", 0.0)
         # one engine step is one speculative round (draft + verify); graph-capture steps left out
         sc = step_cost(r, exclude_capture=True)
-        points.append({"block": int(block), "concurrency": r.concurrency,
-                       "emitted_tokens_per_round": ept,
-                       "round_ms": sc[0] if sc else None,
-                       "missing_selections_per_distinct_host_row":
-                           got["sel"] / got["rows"] if got.get("sel") and got.get("rows") else None,
-                       "output_tok_s_per_gpu": r.summary.get("output_tok_s_per_gpu"),
-                       "run": str(r.path.relative_to(results))})
+        points.append(
+            {
+                "block": int(block),
+                "concurrency": r.concurrency,
+                "emitted_tokens_per_round": ept,
+                "round_ms": sc[0] if sc else None,
+                "missing_selections_per_distinct_host_row": got["sel"] / got["rows"]
+                if got.get("sel") and got.get("rows")
+                else None,
+                "output_tok_s_per_gpu": r.summary.get("output_tok_s_per_gpu"),
+                "run": str(r.path.relative_to(results)),
+            }
+        )
     if not points:
         return None
-    out = {"points": sorted(points, key=lambda p: (p["concurrency"] or 0, p["block"])),
-           "missing_selections_per_distinct_host_row": miss_sel / miss_rows if miss_rows else None,
-           "note": "calibrated acceptance (system.speculation.acceptance); scaled preset"}
+    out = {
+        "points": sorted(points, key=lambda p: (p["concurrency"] or 0, p["block"])),
+        "missing_selections_per_distinct_host_row": miss_sel / miss_rows if miss_rows else None,
+        "note": "calibrated acceptance (system.speculation.acceptance); scaled preset",
+    }
     atomic_write_json(results / "fig7" / "summary.json", out)
     return out
 

@@ -35,9 +35,22 @@ SUMMARY = "summary/"
 TABLE = "requests"
 FIGURE = "figures/"
 # the request table's columns: what one request measured (harness.metrics' definitions)
-TABLE_COLUMNS = ("index", "phase", "concurrency", "success", "status", "prompt_tokens",
-                 "output_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "alloc_wait_s", "handoff_s",
-                 "finish_reason", "error")
+TABLE_COLUMNS = (
+    "index",
+    "phase",
+    "concurrency",
+    "success",
+    "status",
+    "prompt_tokens",
+    "output_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "alloc_wait_s",
+    "handoff_s",
+    "finish_reason",
+    "error",
+)
 
 _warned: set[str] = set()
 
@@ -50,13 +63,18 @@ def _warn_once(kind: str, text: str) -> None:
 
 # ---- the keys a run logs (pure: the dashboard's test derives the logged keys from these) ----
 
+
 def tags(summary: Mapping[str, Any]) -> list[str]:
     """Run tags from a run's summary (which carries system, model, experiment, point, commit,
     GPU): what the dashboard's sections filter on. W&B caps a tag at 64 characters."""
-    pairs = (("system", summary.get("system")), ("model", summary.get("model")),
-             ("experiment", summary.get("experiment")),
-             ("load", (summary.get("point") or {}).get("tag")),
-             ("commit", summary.get("git_commit")), ("gpu", summary.get("gpu") or "none"))
+    pairs = (
+        ("system", summary.get("system")),
+        ("model", summary.get("model")),
+        ("experiment", summary.get("experiment")),
+        ("load", (summary.get("point") or {}).get("tag")),
+        ("commit", summary.get("git_commit")),
+        ("gpu", summary.get("gpu") or "none"),
+    )
     return [f"{k}:{v}"[:64] for k, v in pairs if v not in (None, "")]
 
 
@@ -66,8 +84,7 @@ def run_config(cfg_container: Mapping[str, Any], labels: Mapping[str, Any]) -> d
     return {**cfg_container, **labels}
 
 
-def history_row(sample: Mapping[str, Any], progress: Mapping[str, Any] | None,
-                t0: float) -> dict:
+def history_row(sample: Mapping[str, Any], progress: Mapping[str, Any] | None, t0: float) -> dict:
     """One live row: a /metrics scrape and the load generator's progress at that moment."""
     row: dict[str, Any] = {STEP: float(sample["ts"]) - t0}
     row.update({SERVER + k: v for k, v in (sample.get("values") or {}).items()})
@@ -96,8 +113,10 @@ def flatten(value: Any, prefix: str = "") -> dict:
 def summary_row(summary: Mapping[str, Any]) -> dict:
     """The summary's values under ``summary/``. The load generator's own ``config`` echo is left
     out: the run's config holds it."""
-    return {SUMMARY + k: v for k, v in flatten({k: v for k, v in summary.items()
-                                                if k != "config"}).items()}
+    return {
+        SUMMARY + k: v
+        for k, v in flatten({k: v for k, v in summary.items() if k != "config"}).items()
+    }
 
 
 def request_rows(records: Iterable[Any]) -> list[list]:
@@ -110,11 +129,24 @@ def request_rows(records: Iterable[Any]) -> list[list]:
         rec = metrics.as_record(r)
         ms = lambda s: None if s is None else 1000.0 * s  # noqa: E731
         timing = rec.timing or {}
-        rows.append([rec.index, rec.phase, rec.concurrency, rec.success, rec.status,
-                     rec.prompt_tokens, metrics.output_tokens(rec), ms(metrics.ttft_s(rec)),
-                     ms(metrics.tpot_s(rec)), ms(metrics.e2e_s(rec)), timing.get("alloc_wait_s"),
-                     timing.get("handoff_s"),
-                     None if rec.finish_reason is None else str(rec.finish_reason), rec.error])
+        rows.append(
+            [
+                rec.index,
+                rec.phase,
+                rec.concurrency,
+                rec.success,
+                rec.status,
+                rec.prompt_tokens,
+                metrics.output_tokens(rec),
+                ms(metrics.ttft_s(rec)),
+                ms(metrics.tpot_s(rec)),
+                ms(metrics.e2e_s(rec)),
+                timing.get("alloc_wait_s"),
+                timing.get("handoff_s"),
+                None if rec.finish_reason is None else str(rec.finish_reason),
+                rec.error,
+            ]
+        )
     return rows
 
 
@@ -123,6 +155,7 @@ def figure_key(name: str) -> str:
 
 
 # ---- the sink ----
+
 
 class WandbRun:
     """One load point's W&B run. ``sample`` is the load generator's observer (called on its
@@ -144,12 +177,16 @@ class WandbRun:
         try:
             self.run.log(history_row(sample, progress, self.t0))
         except Exception as e:
-            _warn_once("log", f"live logging failed ({type(e).__name__}: {e}); the rest of "
-                              "this run goes to an offline run when it ends")
+            _warn_once(
+                "log",
+                f"live logging failed ({type(e).__name__}: {e}); the rest of "
+                "this run goes to an offline run when it ends",
+            )
             self._drop()
 
-    def finish(self, summary: Mapping[str, Any], records: Iterable[Any],
-               samples: list[dict]) -> None:
+    def finish(
+        self, summary: Mapping[str, Any], records: Iterable[Any], samples: list[dict]
+    ) -> None:
         records = list(records)
         if self.run is None and self.logger.mode != "disabled":
             # the live run failed (or never started): everything goes to an offline run now
@@ -164,12 +201,17 @@ class WandbRun:
                 for s in samples:
                     self.run.log(history_row(s, None, t0))
             import wandb
-            self.run.log({TABLE: wandb.Table(columns=list(TABLE_COLUMNS),
-                                             data=request_rows(records))})
+
+            self.run.log(
+                {TABLE: wandb.Table(columns=list(TABLE_COLUMNS), data=request_rows(records))}
+            )
             self.run.summary.update(summary_row(summary))
         except Exception as e:
-            _warn_once("finish", f"logging the summary failed ({type(e).__name__}: {e}); "
-                                 "the run's results on disk are complete")
+            _warn_once(
+                "finish",
+                f"logging the summary failed ({type(e).__name__}: {e}); "
+                "the run's results on disk are complete",
+            )
         finally:
             self._drop()
 
@@ -199,12 +241,28 @@ class WandbLogger:
         """From now on this process logs in ``mode`` (offline, or disabled when offline failed)."""
         self.mode = mode
 
-    def start_run(self, name: str, group: str, config: dict, summary_tags: list[str],
-                  run_dir: str, job_type: str = JOB_TYPE) -> WandbRun:
-        return WandbRun(self, dict(
-            project=self.cfg.get("project", "adaptive-dhisparse"), entity=self.cfg.get("entity"),
-            group=group, name=name, job_type=job_type, tags=summary_tags, config=config,
-            dir=run_dir))
+    def start_run(
+        self,
+        name: str,
+        group: str,
+        config: dict,
+        summary_tags: list[str],
+        run_dir: str,
+        job_type: str = JOB_TYPE,
+    ) -> WandbRun:
+        return WandbRun(
+            self,
+            dict(
+                project=self.cfg.get("project", "adaptive-dhisparse"),
+                entity=self.cfg.get("entity"),
+                group=group,
+                name=name,
+                job_type=job_type,
+                tags=summary_tags,
+                config=config,
+                dir=run_dir,
+            ),
+        )
 
     def _init(self, kw: dict):
         """``wandb.init`` in this logger's mode; online trouble falls back to offline (once per
@@ -214,18 +272,27 @@ class WandbLogger:
         while self.mode != "disabled":
             try:
                 Path(kw["dir"]).mkdir(parents=True, exist_ok=True)
-                return wandb.init(mode=self.mode, reinit="create_new",
-                                  settings=wandb.Settings(init_timeout=self.init_timeout_s,
-                                                          silent=True), **kw)
+                return wandb.init(
+                    mode=self.mode,
+                    reinit="create_new",
+                    settings=wandb.Settings(init_timeout=self.init_timeout_s, silent=True),
+                    **kw,
+                )
             except Exception as e:
                 if self.mode == "offline":
-                    _warn_once("offline", f"an offline run failed too ({type(e).__name__}: "
-                                          f"{e}); W&B logging is off for this process")
+                    _warn_once(
+                        "offline",
+                        f"an offline run failed too ({type(e).__name__}: "
+                        f"{e}); W&B logging is off for this process",
+                    )
                     self.fall_back("disabled")
                 else:
-                    _warn_once("online", f"{self.mode} run failed ({type(e).__name__}: "
-                                         f"{str(e).splitlines()[0] if str(e) else ''}); logging "
-                                         "offline (wandb sync uploads later)")
+                    _warn_once(
+                        "online",
+                        f"{self.mode} run failed ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); logging "
+                        "offline (wandb sync uploads later)",
+                    )
                     self.fall_back("offline")
         return None
 
@@ -240,8 +307,10 @@ def make_logger(cfg) -> WandbLogger | None:
     try:
         return WandbLogger(cfg)
     except ImportError:
-        print("[harness] logger=wandb but wandb is not installed (pip install -e .); "
-              "continuing without W&B logging")
+        print(
+            "[harness] logger=wandb but wandb is not installed (pip install -e .); "
+            "continuing without W&B logging"
+        )
         return None
 
 
@@ -267,10 +336,14 @@ def attach_figures(out_dir: str | Path, cfg=None) -> int:
     env = environment()
     names = [p.stem for p in pngs]
     run_dir = Path(os.environ.get("WANDB_DIR") or REPO / "outputs")  # outputs/ is ignored
-    wb = logger.start_run(f"figures-{env.get('git_commit') or 'local'}", "figures",
-                          {"figures": names, "git_commit": env.get("git_commit")},
-                          figure_tags(names) + [f"commit:{env.get('git_commit')}"],
-                          str(run_dir), job_type=FIGURES_JOB_TYPE)
+    wb = logger.start_run(
+        f"figures-{env.get('git_commit') or 'local'}",
+        "figures",
+        {"figures": names, "git_commit": env.get("git_commit")},
+        figure_tags(names) + [f"commit:{env.get('git_commit')}"],
+        str(run_dir),
+        job_type=FIGURES_JOB_TYPE,
+    )
     if wb.run is None:
         return 0
     try:
@@ -282,8 +355,10 @@ def attach_figures(out_dir: str | Path, cfg=None) -> int:
         return 0
     finally:
         wb.close()
-    print(f"[harness] W&B: {len(pngs)} figures attached ({logger.mode}) to the figures run "
-          f"tagged {', '.join(figure_tags(names))}")
+    print(
+        f"[harness] W&B: {len(pngs)} figures attached ({logger.mode}) to the figures run "
+        f"tagged {', '.join(figure_tags(names))}"
+    )
     return len(pngs)
 
 

@@ -42,8 +42,20 @@ TOKENS = "dhs_generated_tokens_total"
 REQUESTS = "dhs_finished_total"
 STEPS = "dhs_num_steps"
 
-COUNTERS = (SELECTED, DIRECT, HOT, FROM_HOST, HOST_ROWS, HOST_BYTES, RESOLVER_CALLS,
-            FOLLOWER_COPIES, BACKUP_ROWS, TOKENS, REQUESTS, STEPS)
+COUNTERS = (
+    SELECTED,
+    DIRECT,
+    HOT,
+    FROM_HOST,
+    HOST_ROWS,
+    HOST_BYTES,
+    RESOLVER_CALLS,
+    FOLLOWER_COPIES,
+    BACKUP_ROWS,
+    TOKENS,
+    REQUESTS,
+    STEPS,
+)
 
 
 def _div(a: float, b: float) -> float | None:
@@ -94,12 +106,20 @@ def retrieval_geometry(model_cfg: Any, hot_cache_rows: int) -> RetrievalGeometry
     rb = int(model_cfg.row_bytes)
     S = int(model_cfg.num_sources)
     return RetrievalGeometry(
-        selecting_layers=len(selecting), k=k, selections_per_token=len(selecting) * k,
-        kv_sources=S, payload_layers=len(layers), follower_layers=len(followers),
-        sources_per_selection=mean_srcs, row_bytes=rb,
+        selecting_layers=len(selecting),
+        k=k,
+        selections_per_token=len(selecting) * k,
+        kv_sources=S,
+        payload_layers=len(layers),
+        follower_layers=len(followers),
+        sources_per_selection=mean_srcs,
+        row_bytes=rb,
         bytes_per_missed_selection=rb * mean_srcs,
-        resolver_calls_per_step=len(selecting), follower_copies_per_step=len(followers),
-        hot_cache_rows=B, hot_cache_bytes_per_session=B * rb * S)
+        resolver_calls_per_step=len(selecting),
+        follower_copies_per_step=len(followers),
+        hot_cache_rows=B,
+        hot_cache_bytes_per_session=B * rb * S,
+    )
 
 
 @dataclass
@@ -139,10 +159,16 @@ class Census:
         return asdict(self)
 
 
-def census(before: Mapping[str, float] | None, after: Mapping[str, float], *,
-           tokens: float | None = None, requests: float | None = None,
-           steps: float | None = None, geometry: RetrievalGeometry | None = None,
-           interval_s: float | None = None) -> Census:
+def census(
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float],
+    *,
+    tokens: float | None = None,
+    requests: float | None = None,
+    steps: float | None = None,
+    geometry: RetrievalGeometry | None = None,
+    interval_s: float | None = None,
+) -> Census:
     """Census between two snapshots (``before=None``: since start). ``tokens`` / ``requests`` /
     ``steps`` override the engine's own counters (``dhs_generated_tokens_total``,
     ``dhs_finished_total``, ``dhs_num_steps``) when the caller counted them itself, e.g. from the
@@ -154,8 +180,10 @@ def census(before: Mapping[str, float] | None, after: Mapping[str, float], *,
 
     for key in COUNTERS:
         if key in after and d(key) < 0:
-            raise ValueError(f"counter {key} went backwards ({before.get(key)} -> {after[key]}): "
-                             "snapshots out of order or from different servers")
+            raise ValueError(
+                f"counter {key} went backwards ({before.get(key)} -> {after[key]}): "
+                "snapshots out of order or from different servers"
+            )
     tok = float(tokens) if tokens is not None else d(TOKENS)
     req = float(requests) if requests is not None else d(REQUESTS)
     stp = float(steps) if steps is not None else d(STEPS)
@@ -166,10 +194,12 @@ def census(before: Mapping[str, float] | None, after: Mapping[str, float], *,
     if FOLLOWER_COPIES in after:
         fcopies, split = d(FOLLOWER_COPIES), "counter"
         producer_calls = max(calls - fcopies, 0.0)  # follower calls are among the calls
-    elif geometry is not None and (geometry.resolver_calls_per_step
-                                   + geometry.follower_copies_per_step):
-        frac = geometry.follower_copies_per_step / (geometry.resolver_calls_per_step
-                                                    + geometry.follower_copies_per_step)
+    elif geometry is not None and (
+        geometry.resolver_calls_per_step + geometry.follower_copies_per_step
+    ):
+        frac = geometry.follower_copies_per_step / (
+            geometry.resolver_calls_per_step + geometry.follower_copies_per_step
+        )
         fcopies, split = calls * frac, "geometry"
         producer_calls = calls - fcopies
     else:
@@ -182,12 +212,23 @@ def census(before: Mapping[str, float] | None, after: Mapping[str, float], *,
         spt = lpt
     cov = after.get(COVERAGE)
     return Census(
-        interval_s=interval_s, tokens=tok, requests=req, steps=stp, row_lookups=lookups,
-        direct_rows=direct, hot_rows=hot, host_rows=host, host_rows_copied=d(HOST_ROWS),
-        host_bytes=d(HOST_BYTES), resolver_calls=producer_calls, follower_copies=fcopies,
+        interval_s=interval_s,
+        tokens=tok,
+        requests=req,
+        steps=stp,
+        row_lookups=lookups,
+        direct_rows=direct,
+        hot_rows=hot,
+        host_rows=host,
+        host_rows_copied=d(HOST_ROWS),
+        host_bytes=d(HOST_BYTES),
+        resolver_calls=producer_calls,
+        follower_copies=fcopies,
         backup_rows=d(BACKUP_ROWS),
-        row_lookups_per_token=lpt, selections_per_token=spt,
-        direct_share=_div(direct, lookups), hot_share=_div(hot, lookups),
+        row_lookups_per_token=lpt,
+        selections_per_token=spt,
+        direct_share=_div(direct, lookups),
+        hot_share=_div(hot, lookups),
         host_share=_div(host, lookups),
         host_rows_copied_per_token=_div(d(HOST_ROWS), tok),
         host_bytes_per_token=_div(d(HOST_BYTES), tok),
@@ -197,11 +238,16 @@ def census(before: Mapping[str, float] | None, after: Mapping[str, float], *,
         follower_copies_per_step=_div(fcopies, stp) if fcopies is not None else None,
         backup_rows_per_token=_div(d(BACKUP_ROWS), tok),
         ready_optional_coverage=float(cov) if cov is not None else None,
-        follower_split=split)
+        follower_split=split,
+    )
 
 
-def census_series(samples: Sequence[Mapping[str, float]], *, ts_key: str = "ts",
-                  geometry: RetrievalGeometry | None = None) -> list[dict]:
+def census_series(
+    samples: Sequence[Mapping[str, float]],
+    *,
+    ts_key: str = "ts",
+    geometry: RetrievalGeometry | None = None,
+) -> list[dict]:
     """One census per consecutive pair of samples (e.g. the one-second /metrics samples of a
     run, ``server_metrics.parquet`` rows): the time series behind Fig. 6's host-fetched share."""
     out = []
@@ -221,8 +267,10 @@ def _metrics_of(source: Any) -> Callable[[], Mapping[str, float]]:
         return source
     if hasattr(source, "metrics"):
         return source.metrics
-    raise TypeError("census source must be an engine / backend (with .metrics()) or a callable "
-                    "returning a metrics dict")
+    raise TypeError(
+        "census source must be an engine / backend (with .metrics()) or a callable "
+        "returning a metrics dict"
+    )
 
 
 class CensusCollector:
@@ -234,8 +282,14 @@ class CensusCollector:
 
     name = "census"
 
-    def __init__(self, source: Any = None, *, geometry: RetrievalGeometry | None = None,
-                 interval_s: float = 1.0, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        source: Any = None,
+        *,
+        geometry: RetrievalGeometry | None = None,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ):
         self._read = _metrics_of(source) if source is not None else None
         self.geometry = geometry
         self.interval_s = float(interval_s)
@@ -243,8 +297,11 @@ class CensusCollector:
         self.samples: list[dict] = []
 
     def record(self, metrics: Mapping[str, float], ts: float | None = None) -> None:
-        snap = {k: float(v) for k, v in metrics.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        snap = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         snap["ts"] = self.clock() if ts is None else ts
         self.samples.append(snap)
 

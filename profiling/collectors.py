@@ -42,8 +42,9 @@ def _out(cfg: Any, out_dir: Any) -> Path:
 
 
 @contextlib.contextmanager
-def maybe_profile(cfg: Any, *, out_dir: str | Path | None = None,
-                  source: Any = None) -> Iterator[Any]:
+def maybe_profile(
+    cfg: Any, *, out_dir: str | Path | None = None, source: Any = None
+) -> Iterator[Any]:
     name = str(_opt(cfg, "name", "none")) if cfg is not None else "none"
     if name not in NAMES:
         raise ValueError(f"profile.name must be one of {NAMES}, got {name!r}")
@@ -73,8 +74,7 @@ def maybe_profile(cfg: Any, *, out_dir: str | Path | None = None,
         hot = getattr(getattr(source, "backend", None), "B", None)  # resolved B; None: no cache
         if model_cfg is not None and hasattr(model_cfg, "layers") and hot:
             geom = retrieval_geometry(model_cfg, hot)
-        col = CensusCollector(source, geometry=geom,
-                              interval_s=float(_opt(cfg, "interval_s", 1.0)))
+        col = CensusCollector(source, geometry=geom, interval_s=float(_opt(cfg, "interval_s", 1.0)))
         col.start()
         try:
             yield col
@@ -101,12 +101,15 @@ def maybe_profile(cfg: Any, *, out_dir: str | Path | None = None,
 def _save_census(col: Any, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     res = col.result()
-    payload = {"census": res.as_dict() if res is not None else None,
-               "geometry": col.geometry.as_dict() if col.geometry is not None else None,
-               "samples": len(col.samples)}
+    payload = {
+        "census": res.as_dict() if res is not None else None,
+        "geometry": col.geometry.as_dict() if col.geometry is not None else None,
+        "samples": len(col.samples),
+    }
     with open(out / "census.json", "w") as f:
         json.dump(payload, f, indent=1)
     series = col.series()
     if series:
         from profiling.kernel_timeline import write_rows_csv
+
         write_rows_csv(series, out / "census_series.csv")

@@ -62,14 +62,22 @@ NAME_PATTERNS: list[tuple[str, str]] = [
     (r"memcpy\s*(dtoh|htod)|device\s*->\s*pinned|pinned\s*->\s*device|pageable", R.HOST_BACKUP),
     # small page-table / slot-state kernels issued by the KV backends
     (r"masked_fill", R.INDEXING_ATTENTION),
-    (r"index_put|indexput|fillfunctor|fill_kernel|aten::fill_|aten::zero_|memset",
-     R.PAGE_BOOKKEEPING),
+    (
+        r"index_put|indexput|fillfunctor|fill_kernel|aten::fill_|aten::zero_|memset",
+        R.PAGE_BOOKKEEPING,
+    ),
     # matrix products (the MLP is told apart from projections only by the dhs::mlp range)
-    (r"gemm|cutlass|cublas|xmma|nvjet|wgmma|matmul|aten::mm\b|aten::addmm|aten::bmm|"
-     r"aten::linear|sm\d+_|ampere_|hopper_", R.DENSE_PROJ),
+    (
+        r"gemm|cutlass|cublas|xmma|nvjet|wgmma|matmul|aten::mm\b|aten::addmm|aten::bmm|"
+        r"aten::linear|sm\d+_|ampere_|hopper_",
+        R.DENSE_PROJ,
+    ),
     # indexer and sparse attention: scores, top-k, softmax, gathers of selected rows
-    (r"topk|sort|radix|softmax|einsum|gather|index_select|index_elementwise|indexing|"
-     r"aten::index\b|aten::where|bitonic|scatter", R.INDEXING_ATTENTION),
+    (
+        r"topk|sort|radix|softmax|einsum|gather|index_select|index_elementwise|indexing|"
+        r"aten::index\b|aten::where|bitonic|scatter",
+        R.INDEXING_ATTENTION,
+    ),
 ]
 _COMPILED = [(re.compile(p, re.IGNORECASE), fam) for p, fam in NAME_PATTERNS]
 
@@ -155,8 +163,9 @@ class Partition:
         return sum(v for f, v in self.work.items() if is_cache_family(f))
 
 
-def partition(intervals: Iterable[tuple[float, float, str]],
-              window: tuple[float, float]) -> Partition:
+def partition(
+    intervals: Iterable[tuple[float, float, str]], window: tuple[float, float]
+) -> Partition:
     """Exclusive partition of ``window`` = (t0, t1) by the families of ``intervals``.
 
     Intervals are clipped to the window; an interval that does not intersect it (or has zero
@@ -200,8 +209,9 @@ def partition(intervals: Iterable[tuple[float, float, str]],
                 for f in fams:
                     part.busy[f] += seg
                     part.overlapped[f] += seg
-                if any(is_cache_family(f) for f in fams) and \
-                        any(not is_cache_family(f) for f in fams):
+                if any(is_cache_family(f) for f in fams) and any(
+                    not is_cache_family(f) for f in fams
+                ):
                     part.cache_under_model += seg
         if i >= n:
             break
@@ -305,8 +315,9 @@ def _step_matcher(step_range: str | None, names: set[str]):
     return lambda n: n.startswith("ProfilerStep#")
 
 
-def kernel_events(trace: str | os.PathLike | Mapping, step_range: str | None = R.STEP,
-                  mode: str = "auto") -> list[KernelEvent]:
+def kernel_events(
+    trace: str | os.PathLike | Mapping, step_range: str | None = R.STEP, mode: str = "auto"
+) -> list[KernelEvent]:
     """Kernel events of a torch.profiler Chrome trace, each with its family and step.
 
     mode ``device``: GPU kernels, memcpys and memsets; the ranges enclosing each one are those
@@ -329,7 +340,8 @@ def kernel_events(trace: str | os.PathLike | Mapping, step_range: str | None = R
         if is_step(name):  # steps are numbered in start order, over every thread
             idx, n_steps = n_steps, n_steps + 1
         ranges_by_thread[(e.get("pid"), e.get("tid"))].append(
-            _Range(name, s, s + float(e["dur"]), idx))
+            _Range(name, s, s + float(e["dur"]), idx)
+        )
 
     # (thread, time) at which each kernel was issued
     issued: list[tuple[Any, float, dict]] = []
@@ -382,16 +394,25 @@ def kernel_events(trace: str | os.PathLike | Mapping, step_range: str | None = R
                 step = r.idx
         s = float(e["ts"])
         lane = (e.get("args") or {}).get("stream", e.get("tid")) if mode == "device" else thr
-        out.append(KernelEvent(name=str(e["name"]), start=s, end=s + float(e["dur"]),
-                               family=classify(str(e["name"]), fam_ranges), step=step,
-                               ranges=fam_ranges, kind=_cat(e) if mode == "device" else "cpu_op",
-                               lane=lane))
+        out.append(
+            KernelEvent(
+                name=str(e["name"]),
+                start=s,
+                end=s + float(e["dur"]),
+                family=classify(str(e["name"]), fam_ranges),
+                step=step,
+                ranges=fam_ranges,
+                kind=_cat(e) if mode == "device" else "cpu_op",
+                lane=lane,
+            )
+        )
     out.sort(key=lambda k: k.start)
     return out
 
 
-
-def step_windows(events: Sequence[KernelEvent], mode: str = "kernels") -> dict[int, tuple[float, float]]:
+def step_windows(
+    events: Sequence[KernelEvent], mode: str = "kernels"
+) -> dict[int, tuple[float, float]]:
     """Window of each step. ``kernels``: from the first kernel of the step to the end of its
     last one. ``period``: from the first kernel of the step to the first kernel of the next
     step (the gap between steps counts as "no kernel running"); the last step ends with its
@@ -423,10 +444,16 @@ class TimelineReport:
 
 def _step_row(step: int, part: Partition, events: list[KernelEvent]) -> dict:
     L = part.length
-    row: dict[str, Any] = {"step": step, "t0_us": part.window[0], "t1_us": part.window[1],
-                           "dur_us": L, "idle_us": part.idle, "several_us": part.several,
-                           "cache_under_model_us": part.cache_under_model,
-                           "cache_work_us": part.cache_work()}
+    row: dict[str, Any] = {
+        "step": step,
+        "t0_us": part.window[0],
+        "t1_us": part.window[1],
+        "dur_us": L,
+        "idle_us": part.idle,
+        "several_us": part.several,
+        "cache_under_model_us": part.cache_under_model,
+        "cache_work_us": part.cache_work(),
+    }
     for f in R.FAMILIES:
         row[f"alone_{f}_us"] = part.alone.get(f, 0.0)
         row[f"work_{f}_us"] = part.work.get(f, 0.0)
@@ -450,11 +477,15 @@ def summarize(rows: Sequence[dict]) -> dict:
         return sum(r[key] for r in rows) / n
 
     dur = mean("dur_us")
-    s: dict[str, Any] = {"num_steps": n, "step_ms": dur / 1e3,
-                         "idle_ms": mean("idle_us") / 1e3, "several_ms": mean("several_us") / 1e3,
-                         "cache_work_ms": mean("cache_work_us") / 1e3,
-                         "cache_under_model_ms": mean("cache_under_model_us") / 1e3,
-                         "resolver_share_pct_mean": 100 * mean("resolver_share")}
+    s: dict[str, Any] = {
+        "num_steps": n,
+        "step_ms": dur / 1e3,
+        "idle_ms": mean("idle_us") / 1e3,
+        "several_ms": mean("several_us") / 1e3,
+        "cache_work_ms": mean("cache_work_us") / 1e3,
+        "cache_under_model_ms": mean("cache_under_model_us") / 1e3,
+        "resolver_share_pct_mean": 100 * mean("resolver_share"),
+    }
     shares = {}
     for f in R.FAMILIES:
         s[f"alone_{f}_ms"] = mean(f"alone_{f}_us") / 1e3
@@ -469,8 +500,12 @@ def summarize(rows: Sequence[dict]) -> dict:
     return s
 
 
-def analyze_trace(trace: str | os.PathLike | Mapping, step_range: str | None = R.STEP,
-                  window: str = "kernels", mode: str = "auto") -> TimelineReport:
+def analyze_trace(
+    trace: str | os.PathLike | Mapping,
+    step_range: str | None = R.STEP,
+    window: str = "kernels",
+    mode: str = "auto",
+) -> TimelineReport:
     events = kernel_events(trace, step_range=step_range, mode=mode)
     wins = step_windows(events, window)
     rows = []
@@ -488,6 +523,7 @@ def analyze_trace(trace: str | os.PathLike | Mapping, step_range: str | None = R
 # ---------------------------------------------------------------------------------------------
 # 4. the profiler around a loop
 # ---------------------------------------------------------------------------------------------
+
 
 def _opt(cfg: Any, key: str, default: Any = None) -> Any:
     if cfg is None:
@@ -518,8 +554,11 @@ def write_rows_csv(rows: Sequence[Mapping], path: Path, append: bool = False) ->
 
 def _recording(prof) -> bool:
     from torch.profiler import ProfilerAction
-    return getattr(prof, "current_action", None) in (ProfilerAction.RECORD,
-                                                     ProfilerAction.RECORD_AND_SAVE)
+
+    return getattr(prof, "current_action", None) in (
+        ProfilerAction.RECORD,
+        ProfilerAction.RECORD_AND_SAVE,
+    )
 
 
 class KernelTimeline:
@@ -528,8 +567,15 @@ class KernelTimeline:
 
     name = "kernels"
 
-    def __init__(self, out_dir: Path, step_range: str, window: str, keep_trace: bool,
-                 gzip_trace: bool, write_events: bool):
+    def __init__(
+        self,
+        out_dir: Path,
+        step_range: str,
+        window: str,
+        keep_trace: bool,
+        gzip_trace: bool,
+        write_events: bool,
+    ):
         self.out_dir = out_dir
         self.step_range = step_range
         self.window = window
@@ -549,10 +595,13 @@ class KernelTimeline:
             return
         if self._thread is not None and threading.get_ident() != self._thread:
             self._thread = None  # warn once
-            warnings.warn("profiling.kernel_timeline: step() called from another thread than "
-                          "the one that entered maybe_profile; torch.profiler records ranges and "
-                          "CPU ops of the entering thread only, so enter it in the engine thread",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "profiling.kernel_timeline: step() called from another thread than "
+                "the one that entered maybe_profile; torch.profiler records ranges and "
+                "CPU ops of the entering thread only, so enter it in the engine thread",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if sessions is not None and _recording(self.prof):
             self._sessions.append(int(sessions))
         self.prof.step()
@@ -575,14 +624,34 @@ class KernelTimeline:
             r["cycle"] = n
         write_rows_csv(rep.steps, self.out_dir / "kernel_steps.csv", append=n > 0)
         if self.write_events:
-            write_rows_csv([{"cycle": n, "name": k.name, "family": k.family, "step": k.step,
-                             "start_us": k.start, "dur_us": k.dur, "kind": k.kind,
-                             "lane": k.lane, "ranges": "|".join(k.ranges)}
-                            for k in rep.events], self.out_dir / "kernel_events.csv",
-                           append=n > 0)
+            write_rows_csv(
+                [
+                    {
+                        "cycle": n,
+                        "name": k.name,
+                        "family": k.family,
+                        "step": k.step,
+                        "start_us": k.start,
+                        "dur_us": k.dur,
+                        "kind": k.kind,
+                        "lane": k.lane,
+                        "ranges": "|".join(k.ranges),
+                    }
+                    for k in rep.events
+                ],
+                self.out_dir / "kernel_events.csv",
+                append=n > 0,
+            )
         with open(self.out_dir / "kernel_summary.json", "w") as f:
-            json.dump({"cycles": [r.summary for r in self.reports],
-                       "window": self.window, "step_range": self.step_range}, f, indent=1)
+            json.dump(
+                {
+                    "cycles": [r.summary for r in self.reports],
+                    "window": self.window,
+                    "step_range": self.step_range,
+                },
+                f,
+                indent=1,
+            )
         if not self.keep_trace:
             path.unlink(missing_ok=True)
         else:
@@ -593,16 +662,21 @@ class KernelTimeline:
         """Summary over every profiled step of every cycle."""
         rows = [r for rep in self.reports for r in rep.steps]
         out = summarize(rows)
-        ses = [rep.summary["sessions_per_step"] for rep in self.reports
-               if "sessions_per_step" in rep.summary]
+        ses = [
+            rep.summary["sessions_per_step"]
+            for rep in self.reports
+            if "sessions_per_step" in rep.summary
+        ]
         if ses:
             out["sessions_per_step"] = sum(ses) / len(ses)
         return out
 
 
 @contextlib.contextmanager
-def maybe_profile_kernels(cfg: Any, out_dir: str | os.PathLike | None = None,
-                          ) -> Iterator[KernelTimeline | None]:
+def maybe_profile_kernels(
+    cfg: Any,
+    out_dir: str | os.PathLike | None = None,
+) -> Iterator[KernelTimeline | None]:
     """torch.profiler over a loop when ``cfg.name == "kernels"`` (or ``cfg.enabled``); yields
     None otherwise. Options (conf/profile/kernels.yaml): wait, warmup, active, repeat,
     output_dir, step_range, window, keep_trace, gzip_trace, write_events, record_shapes."""
@@ -614,21 +688,32 @@ def maybe_profile_kernels(cfg: Any, out_dir: str | os.PathLike | None = None,
     from torch.profiler import ProfilerActivity, profile, schedule
 
     out = Path(out_dir or _opt(cfg, "output_dir", "outputs/profile")) / "kernels"
-    tl = KernelTimeline(out, step_range=str(_opt(cfg, "step_range", R.STEP)),
-                        window=str(_opt(cfg, "window", "kernels")),
-                        keep_trace=bool(_opt(cfg, "keep_trace", True)),
-                        gzip_trace=bool(_opt(cfg, "gzip_trace", True)),
-                        write_events=bool(_opt(cfg, "write_events", False)))
+    tl = KernelTimeline(
+        out,
+        step_range=str(_opt(cfg, "step_range", R.STEP)),
+        window=str(_opt(cfg, "window", "kernels")),
+        keep_trace=bool(_opt(cfg, "keep_trace", True)),
+        gzip_trace=bool(_opt(cfg, "gzip_trace", True)),
+        write_events=bool(_opt(cfg, "write_events", False)),
+    )
     acts = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         acts.append(ProfilerActivity.CUDA)
-    sched = schedule(wait=int(_opt(cfg, "wait", 1)), warmup=int(_opt(cfg, "warmup", 1)),
-                     active=int(_opt(cfg, "active", 3)), repeat=int(_opt(cfg, "repeat", 1)))
+    sched = schedule(
+        wait=int(_opt(cfg, "wait", 1)),
+        warmup=int(_opt(cfg, "warmup", 1)),
+        active=int(_opt(cfg, "active", 3)),
+        repeat=int(_opt(cfg, "repeat", 1)),
+    )
     prev = R.enable_ranges(True)
     try:
-        with profile(activities=acts, schedule=sched, on_trace_ready=tl.on_trace_ready,
-                     record_shapes=bool(_opt(cfg, "record_shapes", False)),
-                     with_stack=False) as prof:
+        with profile(
+            activities=acts,
+            schedule=sched,
+            on_trace_ready=tl.on_trace_ready,
+            record_shapes=bool(_opt(cfg, "record_shapes", False)),
+            with_stack=False,
+        ) as prof:
             tl.prof = prof
             yield tl
     finally:

@@ -49,8 +49,14 @@ def report_dict(rep: Any) -> dict:
     opt = int(_get(rep, "optional", 0) or 0)
     res = int(_get(rep, "reserve", 0) or 0)
     comps = dict(_get(rep, "components", {}) or {})
-    return {"capacity": cap, "required": req, "optional": opt, "reserve": res,
-            "free": cap - req - opt - res, "components": {k: int(v) for k, v in comps.items()}}
+    return {
+        "capacity": cap,
+        "required": req,
+        "optional": opt,
+        "reserve": res,
+        "free": cap - req - opt - res,
+        "components": {k: int(v) for k, v in comps.items()},
+    }
 
 
 def memory_table(rep: Any, sessions: int) -> list[dict]:
@@ -70,8 +76,14 @@ def memory_table(rep: Any, sessions: int) -> list[dict]:
 
 def _row(name: str, loc: str, b: int, n: int) -> dict:
     per = b / n if n else None
-    return {"component": name, "location": loc, "bytes": b, "sessions": n,
-            "bytes_per_session": per, "gib_per_session": per / GiB if per is not None else None}
+    return {
+        "component": name,
+        "location": loc,
+        "bytes": b,
+        "sessions": n,
+        "bytes_per_session": per,
+        "gib_per_session": per / GiB if per is not None else None,
+    }
 
 
 def per_session(rep: Any, sessions: int) -> dict:
@@ -79,8 +91,12 @@ def per_session(rep: Any, sessions: int) -> dict:
     r = report_dict(rep)
     n = max(int(sessions), 0)
     host = sum(v for k, v in r["components"].items() if component_location(k) == HOST)
-    out = {"sessions": n, "required_bytes": r["required"], "optional_bytes": r["optional"],
-           "host_backup_bytes": host}
+    out = {
+        "sessions": n,
+        "required_bytes": r["required"],
+        "optional_bytes": r["optional"],
+        "host_backup_bytes": host,
+    }
     for k in ("required", "optional", "host_backup"):
         v = out[f"{k}_bytes"]
         out[f"{k}_bytes_per_session"] = v / n if n else None
@@ -95,8 +111,9 @@ def _report_of(source: Any) -> Callable[[], Any]:
         return source.backend.memory_report
     if callable(source):
         return source
-    raise TypeError("memory source must be an engine, a backend or a callable returning a "
-                    "MemoryReport")
+    raise TypeError(
+        "memory source must be an engine, a backend or a callable returning a MemoryReport"
+    )
 
 
 def _sessions_of(source: Any) -> Callable[[], int] | None:
@@ -113,8 +130,9 @@ class MemorySampler:
 
     name = "memory"
 
-    def __init__(self, source: Any = None, *, interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self, source: Any = None, *, interval_s: float = 1.0, clock: Callable[[], float] = time.time
+    ):
         self._report = _report_of(source) if source is not None else None
         self._sessions = _sessions_of(source) if source is not None else None
         self.interval_s = float(interval_s)
@@ -124,8 +142,11 @@ class MemorySampler:
 
     def record(self, rep: Any, *, sessions: int | None = None, ts: float | None = None) -> dict:
         r = report_dict(rep)
-        row = {"ts": self.clock() if ts is None else ts, "sessions": sessions,
-               **{k: r[k] for k in ("capacity", "required", "optional", "reserve", "free")}}
+        row = {
+            "ts": self.clock() if ts is None else ts,
+            "sessions": sessions,
+            **{k: r[k] for k in ("capacity", "required", "optional", "reserve", "free")},
+        }
         for k, v in r["components"].items():
             row[f"component:{k}"] = v
         self.rows.append(row)
@@ -158,16 +179,24 @@ class MemorySampler:
             paths.append(p)
             last = self.rows[-1]
             comps = {k.split(":", 1)[1]: v for k, v in last.items() if k.startswith("component:")}
-            rep = {**{k: last[k] for k in ("capacity", "required", "optional", "reserve")},
-                   "components": comps}
+            rep = {
+                **{k: last[k] for k in ("capacity", "required", "optional", "reserve")},
+                "components": comps,
+            }
             n = last.get("sessions") or 0
             p2 = out / "memory_per_session.json"
             with open(p2, "w") as f:
-                json.dump({"at_ts": last["ts"], "per_session": per_session(rep, n),
-                           "table": memory_table(rep, n),
-                           "peak_required": max(r["required"] for r in self.rows),
-                           "peak_sessions": max((r["sessions"] or 0) for r in self.rows)},
-                          f, indent=1)
+                json.dump(
+                    {
+                        "at_ts": last["ts"],
+                        "per_session": per_session(rep, n),
+                        "table": memory_table(rep, n),
+                        "peak_required": max(r["required"] for r in self.rows),
+                        "peak_sessions": max((r["sessions"] or 0) for r in self.rows),
+                    },
+                    f,
+                    indent=1,
+                )
             paths.append(p2)
         return paths
 
@@ -178,8 +207,10 @@ def occupancy(rows: Sequence[Mapping]) -> dict:
         return {}
     cap = max(float(r["capacity"]) for r in rows) or 1.0
     n = len(rows)
-    return {"samples": n,
-            "required_mean": sum(r["required"] for r in rows) / n / cap,
-            "required_peak": max(r["required"] for r in rows) / cap,
-            "optional_mean": sum(r["optional"] for r in rows) / n / cap,
-            "free_min": min(r["free"] for r in rows) / cap}
+    return {
+        "samples": n,
+        "required_mean": sum(r["required"] for r in rows) / n / cap,
+        "required_peak": max(r["required"] for r in rows) / cap,
+        "optional_mean": sum(r["optional"] for r in rows) / n / cap,
+        "free_min": min(r["free"] for r in rows) / cap,
+    }

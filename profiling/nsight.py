@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_METRICS = ("gpu__time_duration.sum",
-                   "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+DEFAULT_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed")
 DURATION_METRIC = "gpu__time_duration.sum"
 
 
@@ -54,24 +53,40 @@ class ResolverCase:
     seed: int = 0
 
     def label(self) -> str:
-        return self.name or (f"R{self.batch}-Q{self.queries}-k{self.k}-B{self.hot_rows}-"
-                             f"m{self.misses}-d{self.direct}{'-disj' if self.disjoint else ''}")
+        return self.name or (
+            f"R{self.batch}-Q{self.queries}-k{self.k}-B{self.hot_rows}-"
+            f"m{self.misses}-d{self.direct}{'-disj' if self.disjoint else ''}"
+        )
 
 
 PRESETS: dict[str, list[ResolverCase]] = {
     "smoke": [ResolverCase(batch=4, k=64, hot_rows=128, misses=m) for m in (0, 16)],
     # Fig. 8a (scaled k): time against unique host-miss payload, verification width 8, batch 32
-    "fig8a": [ResolverCase(batch=32, queries=8, k=512, hot_rows=1024, misses=m,
-                           disjoint=d)
-              for m, d in ((0, False), (8, False), (64, False), (256, False), (512, False),
-                           (64, True), (256, True), (512, True))],
+    "fig8a": [
+        ResolverCase(batch=32, queries=8, k=512, hot_rows=1024, misses=m, disjoint=d)
+        for m, d in (
+            (0, False),
+            (8, False),
+            (64, False),
+            (256, False),
+            (512, False),
+            (64, True),
+            (256, True),
+            (512, True),
+        )
+    ],
     # Fig. 8b: the scan grows with B, no miss; the direct path skips it
-    "fig8b": [ResolverCase(batch=b, k=128, hot_rows=B, misses=0, direct=dr)
-              for b in (8, 160) for B in (512, 2048) for dr in (0,)]
-             + [ResolverCase(batch=b, k=128, hot_rows=2048, direct=128) for b in (8, 160)],
+    "fig8b": [
+        ResolverCase(batch=b, k=128, hot_rows=B, misses=0, direct=dr)
+        for b in (8, 160)
+        for B in (512, 2048)
+        for dr in (0,)
+    ]
+    + [ResolverCase(batch=b, k=128, hot_rows=2048, direct=128) for b in (8, 160)],
     # Fig. 8c: misses add in proportion to the batch
-    "fig8c": [ResolverCase(batch=b, k=128, hot_rows=2048, misses=m)
-              for b in (8, 160) for m in (0, 77)],
+    "fig8c": [
+        ResolverCase(batch=b, k=128, hot_rows=2048, misses=m) for b in (8, 160) for m in (0, 77)
+    ],
 }
 
 
@@ -82,12 +97,12 @@ MIN_NCU_FOR_NSIGHT_1 = (2026, 2, 1)
 def ncu_version(ncu: str | None = None) -> tuple[int, ...] | None:
     import re
     import subprocess
+
     ncu = ncu or shutil.which("ncu")
     if ncu is None:
         return None
     try:
-        out = subprocess.run([ncu, "--version"], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60).stdout
     except Exception:
         return None
     m = re.search(r"Version\s+(\d+)\.(\d+)\.(\d+)", out)
@@ -98,22 +113,28 @@ def nsight_available() -> tuple[bool, str]:
     """Whether nsight-python, a usable ncu and a GPU are all here (imports nothing that
     attaches Nsight Compute)."""
     if importlib.util.find_spec("nsight") is None:
-        return False, ("nsight-python is not installed (pip install 'nsight-python' or the "
-                       "project extra '.[nsight]')")
+        return False, (
+            "nsight-python is not installed (pip install 'nsight-python' or the "
+            "project extra '.[nsight]')"
+        )
     if shutil.which("ncu") is None:
         return False, "Nsight Compute CLI `ncu` is not on PATH"
     try:
         from importlib.metadata import version
+
         major = int(version("nsight-python").split(".")[0])
     except Exception:
         major = 1
     ver = ncu_version()
     if major >= 1 and ver is not None and ver < MIN_NCU_FOR_NSIGHT_1:
-        return False, (f"nsight-python {major}.x needs Nsight Compute >= "
-                       f"{'.'.join(map(str, MIN_NCU_FOR_NSIGHT_1))}, found ncu "
-                       f"{'.'.join(map(str, ver))} (use --events timing, or ncu directly)")
+        return False, (
+            f"nsight-python {major}.x needs Nsight Compute >= "
+            f"{'.'.join(map(str, MIN_NCU_FOR_NSIGHT_1))}, found ncu "
+            f"{'.'.join(map(str, ver))} (use --events timing, or ncu directly)"
+        )
     try:
         import torch
+
         if not torch.cuda.is_available():
             return False, "no CUDA device"
     except Exception as e:  # pragma: no cover
@@ -139,11 +160,24 @@ class ResolverCall:
         from systems.kernels import resolver as rz
 
         a = self.args
-        pos = (a["selections"], a["tail_start"], a["tail_loc"], a["hot_pos"], a["hot_lru"],
-               a["hot_loc_base"], a["host_page_table"], a["kv_pool"], a["host_pool"],
-               a["stamp"])
-        kw = dict(page_size=a["page_size"], direct_page_table=a["direct_page_table"],
-                  staging_loc_base=a["staging_loc_base"], out=a["out"])
+        pos = (
+            a["selections"],
+            a["tail_start"],
+            a["tail_loc"],
+            a["hot_pos"],
+            a["hot_lru"],
+            a["hot_loc_base"],
+            a["host_page_table"],
+            a["kv_pool"],
+            a["host_pool"],
+            a["stamp"],
+        )
+        kw = dict(
+            page_size=a["page_size"],
+            direct_page_table=a["direct_page_table"],
+            staging_loc_base=a["staging_loc_base"],
+            out=a["out"],
+        )
         if impl == "triton":
             return rz.resolve_triton(*pos, workspace=a["workspace"], check=check, **kw)
         return rz.resolve_reference(*pos, **kw)
@@ -156,8 +190,7 @@ def build_call(case: ResolverCase, device: Any = "cuda") -> ResolverCall:
     from systems.kernels.resolver import ResolverWorkspace
 
     dev = torch.device(device)
-    R, Q, k, B, m, dr = (case.batch, case.queries, case.k, case.hot_rows, case.misses,
-                         case.direct)
+    R, Q, k, B, m, dr = (case.batch, case.queries, case.k, case.hot_rows, case.misses, case.direct)
     h = k - m - dr
     if h < 0:
         raise ValueError(f"{case.label()}: misses + direct = {m + dr} exceed k = {k}")
@@ -199,11 +232,9 @@ def build_call(case: ResolverCase, device: Any = "cuda") -> ResolverCall:
         first = direct_lo // ps
         for r in range(R):
             page0 = (int(base[r]) + direct_off) // ps
-            dpt[r, first:first + dpages] = torch.arange(page0, page0 + dpages,
-                                                        dtype=torch.int32)
+            dpt[r, first : first + dpages] = torch.arange(page0, page0 + dpages, dtype=torch.int32)
     pin = dev.type == "cuda"
-    host_pool = torch.randint(0, 256, (R * P * ps, case.row_bytes), dtype=torch.uint8,
-                              generator=g)
+    host_pool = torch.randint(0, 256, (R * P * ps, case.row_bytes), dtype=torch.uint8, generator=g)
     if pin:
         host_pool = host_pool.pin_memory()
     kv_pool = torch.zeros(R * per_req, case.row_bytes, dtype=torch.uint8, device=dev)
@@ -211,16 +242,22 @@ def build_call(case: ResolverCase, device: Any = "cuda") -> ResolverCall:
         "selections": sel.to(dev),
         "tail_start": torch.full((R,), L, dtype=torch.int32, device=dev),
         "tail_loc": (base.unsqueeze(1) + B + torch.arange(T)).to(torch.int32).to(dev),
-        "hot_pos": hot_pos.to(dev), "hot_lru": hot_lru.to(dev),
+        "hot_pos": hot_pos.to(dev),
+        "hot_lru": hot_lru.to(dev),
         "hot_loc_base": base.to(torch.int32).to(dev),
-        "host_page_table": host_pt.to(dev), "kv_pool": kv_pool, "host_pool": host_pool,
-        "stamp": B + 10, "page_size": ps,
+        "host_page_table": host_pt.to(dev),
+        "kv_pool": kv_pool,
+        "host_pool": host_pool,
+        "stamp": B + 10,
+        "page_size": ps,
         "direct_page_table": dpt.to(dev) if dpages else None,
         "staging_loc_base": (base + B + T).to(torch.int32).to(dev),
         "workspace": ResolverWorkspace(dev),
-        "out": (torch.empty(R, Q, k, dtype=torch.int32, device=dev),
-                torch.empty(R, 4, dtype=torch.int64, device=dev),
-                torch.empty(R, dtype=torch.int32, device=dev)),
+        "out": (
+            torch.empty(R, Q, k, dtype=torch.int32, device=dev),
+            torch.empty(R, 4, dtype=torch.int64, device=dev),
+            torch.empty(R, dtype=torch.int32, device=dev),
+        ),
     }
     call = ResolverCall(case, args, (args["hot_pos"].clone(), args["hot_lru"].clone()))
     call.unique_misses = uniq_m
@@ -247,14 +284,22 @@ def warm(call: ResolverCall, impl: str = "triton") -> ResolverCall:
 
 # ------------------------------------------------------------------ profiling
 def _case_row(call: ResolverCall) -> dict:
-    return {"case": call.case.label(), **{f"case_{k}": v for k, v in asdict(call.case).items()},
-            "unique_misses_per_request": call.unique_misses,
-            "host_bytes": call.host_bytes}
+    return {
+        "case": call.case.label(),
+        **{f"case_{k}": v for k, v in asdict(call.case).items()},
+        "unique_misses_per_request": call.unique_misses,
+        "host_bytes": call.host_bytes,
+    }
 
 
-def profile_resolver(cases: Sequence[ResolverCase], *, metrics: Sequence[str] = DEFAULT_METRICS,
-                     runs: int = 3, out_dir: str | Path | None = None,
-                     quiet: bool = False) -> Any:
+def profile_resolver(
+    cases: Sequence[ResolverCase],
+    *,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    runs: int = 3,
+    out_dir: str | Path | None = None,
+    quiet: bool = False,
+) -> Any:
     """Profile each case's resolver launch under ncu; a pandas DataFrame with one row per
     case (duration, metrics, host bytes, achieved GB/s), or None (with a message) when
     nsight-python, ncu or a GPU is missing."""
@@ -263,10 +308,13 @@ def profile_resolver(cases: Sequence[ResolverCase], *, metrics: Sequence[str] = 
         print(f"[profiling.nsight] skipped: {why}", file=sys.stderr)
         return None
     import torch
+
     if torch.cuda.is_initialized() and not quiet:
-        print("[profiling.nsight] warning: CUDA was initialized before nsight was imported; "
-              "ncu may fail to attach (run `python -m profiling.nsight` in a fresh process)",
-              file=sys.stderr)
+        print(
+            "[profiling.nsight] warning: CUDA was initialized before nsight was imported; "
+            "ncu may fail to attach (run `python -m profiling.nsight` in a fresh process)",
+            file=sys.stderr,
+        )
     try:
         import nsight
     except Exception as e:
@@ -284,8 +332,13 @@ def profile_resolver(cases: Sequence[ResolverCase], *, metrics: Sequence[str] = 
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         kw["output_prefix"] = str(Path(out_dir) / "nsight_")
 
-    @nsight.analyze.kernel(configs=list(range(len(calls))), runs=int(runs), metrics=metrics,
-                           combine_kernel_metrics=lambda a, b: a + b, **kw)
+    @nsight.analyze.kernel(
+        configs=list(range(len(calls))),
+        runs=int(runs),
+        metrics=metrics,
+        combine_kernel_metrics=lambda a, b: a + b,
+        **kw,
+    )
     def resolver_call(case_index):
         c = calls[case_index]
         c.reset()
@@ -295,8 +348,10 @@ def profile_resolver(cases: Sequence[ResolverCase], *, metrics: Sequence[str] = 
     try:
         df = resolver_call().to_dataframe()
     except Exception as e:  # ncu could not attach / read counters: say so, do not crash
-        print(f"[profiling.nsight] Nsight Compute profiling failed: {type(e).__name__}: {e}",
-              file=sys.stderr)
+        print(
+            f"[profiling.nsight] Nsight Compute profiling failed: {type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
         return None
     rows = []
     for i, call in enumerate(calls):
@@ -321,13 +376,15 @@ def _derive(row: dict) -> None:
     row["achieved_host_GBps"] = row["host_bytes"] / t if t else None  # bytes/ns = GB/s
 
 
-def time_resolver_events(cases: Sequence[ResolverCase], *, runs: int = 20,
-                         out_dir: str | Path | None = None) -> Any:
+def time_resolver_events(
+    cases: Sequence[ResolverCase], *, runs: int = 20, out_dir: str | Path | None = None
+) -> Any:
     """Fallback without ncu: CUDA-event timing of the same calls (median of ``runs``)."""
     import statistics
 
     import pandas as pd
     import torch
+
     if not torch.cuda.is_available():
         print("[profiling.nsight] skipped: no CUDA device", file=sys.stderr)
         return None
@@ -389,10 +446,12 @@ class NsightResolverProfiler:
     def run(self):
         self._ran = True
         get = self.cfg.get if hasattr(self.cfg, "get") else (lambda k, d=None: d)
-        self.result = profile_resolver(cases_from_cfg(self.cfg),
-                                       metrics=list(get("metrics", DEFAULT_METRICS)
-                                                    or DEFAULT_METRICS),
-                                       runs=int(get("runs", 3) or 3), out_dir=self.out_dir)
+        self.result = profile_resolver(
+            cases_from_cfg(self.cfg),
+            metrics=list(get("metrics", DEFAULT_METRICS) or DEFAULT_METRICS),
+            runs=int(get("runs", 3) or 3),
+            out_dir=self.out_dir,
+        )
         return self.result
 
     def finalize(self) -> None:
@@ -401,14 +460,18 @@ class NsightResolverProfiler:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--preset", default="smoke", choices=sorted(PRESETS))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--metrics", default=",".join(DEFAULT_METRICS))
     ap.add_argument("--out", default="outputs/profile/nsight")
-    ap.add_argument("--events", action="store_true",
-                    help="time with CUDA events instead of ncu (no nsight-python needed)")
+    ap.add_argument(
+        "--events",
+        action="store_true",
+        help="time with CUDA events instead of ncu (no nsight-python needed)",
+    )
     args = ap.parse_args(argv)
     repo = Path(__file__).resolve().parents[1]
     if str(repo) not in sys.path:
@@ -420,8 +483,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok, why = nsight_available()
         if ok:
             import nsight  # noqa: F401  -- attach ncu before anything initializes CUDA
-        df = profile_resolver(cases, metrics=[m for m in args.metrics.split(",") if m],
-                              runs=args.runs, out_dir=args.out)
+        df = profile_resolver(
+            cases,
+            metrics=[m for m in args.metrics.split(",") if m],
+            runs=args.runs,
+            out_dir=args.out,
+        )
     if df is None:
         return 0
     cols = [c for c in ("case", "host_bytes", "duration_ms", "achieved_host_GBps") if c in df]

@@ -29,17 +29,17 @@ import torch
 
 # ------------------------------------------------------------------ range names
 PREFIX = "dhs::"
-STEP = "dhs::step"                            # one decode step / verification round (window)
-RESOLVER = "dhs::resolver"                    # the fused resolver of a selecting layer
+STEP = "dhs::step"  # one decode step / verification round (window)
+RESOLVER = "dhs::resolver"  # the fused resolver of a selecting layer
 FOLLOWER_PREFETCH = "dhs::follower_prefetch"  # GLM-like: resolves/copies of follower layers
-BACKUP = "dhs::backup"                        # tail -> host backup, backup before reclaim
-POPULATE = "dhs::populate"                    # host -> optional device pages (population)
-BOOKKEEPING = "dhs::bookkeeping"              # page tables, direct table, slot state
-HANDOFF = "dhs::handoff"                      # admission: import of a prepared prefix
-MLP = "dhs::mlp"                              # expert / MLP matrix products
-PROJ = "dhs::proj"                            # dense projections (q, kv, o, index keys)
-SELECT = "dhs::select"                        # indexer: scores + top-k
-ATTEND = "dhs::attend"                        # sparse attention over gathered rows
+BACKUP = "dhs::backup"  # tail -> host backup, backup before reclaim
+POPULATE = "dhs::populate"  # host -> optional device pages (population)
+BOOKKEEPING = "dhs::bookkeeping"  # page tables, direct table, slot state
+HANDOFF = "dhs::handoff"  # admission: import of a prepared prefix
+MLP = "dhs::mlp"  # expert / MLP matrix products
+PROJ = "dhs::proj"  # dense projections (q, kv, o, index keys)
+SELECT = "dhs::select"  # indexer: scores + top-k
+ATTEND = "dhs::attend"  # sparse attention over gathered rows
 
 # ------------------------------------------------------------------ families
 RESOLVER_FAMILY = "resolver"
@@ -52,8 +52,13 @@ DENSE_PROJ = "dense_projection"
 INDEXING_ATTENTION = "indexing_attention"
 OTHER_MODEL = "other_model"
 
-CACHE_FAMILIES: tuple[str, ...] = (RESOLVER_FAMILY, FOLLOWER_COPY, HOST_BACKUP, PAGE_BOOKKEEPING,
-                                   HANDOFF_FAMILY)
+CACHE_FAMILIES: tuple[str, ...] = (
+    RESOLVER_FAMILY,
+    FOLLOWER_COPY,
+    HOST_BACKUP,
+    PAGE_BOOKKEEPING,
+    HANDOFF_FAMILY,
+)
 MODEL_FAMILIES: tuple[str, ...] = (EXPERT_MLP, DENSE_PROJ, INDEXING_ATTENTION, OTHER_MODEL)
 FAMILIES: tuple[str, ...] = CACHE_FAMILIES + MODEL_FAMILIES
 

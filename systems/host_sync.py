@@ -14,9 +14,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # aten ops that read device data on the host (or build tensors from host data): illegal while a
 # stream is capturing. ``allow_host_sync`` lets the CPU reference resolver use them knowingly.
-_SYNC_OPS = {"aten._local_scalar_dense", "aten.nonzero", "aten.lift_fresh", "aten.item",
-             "aten.equal", "aten.is_nonzero", "aten.masked_select", "aten.unique_consecutive",
-             "aten._unique2", "aten.repeat_interleave"}
+_SYNC_OPS = {
+    "aten._local_scalar_dense",
+    "aten.nonzero",
+    "aten.lift_fresh",
+    "aten.item",
+    "aten.equal",
+    "aten.is_nonzero",
+    "aten.masked_select",
+    "aten.unique_consecutive",
+    "aten._unique2",
+    "aten.repeat_interleave",
+}
 _allow_depth = 0
 
 

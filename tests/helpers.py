@@ -24,8 +24,9 @@ def golden_prompts(vocab: int = 512, seed: int = 1234) -> list[list[int]]:
 
 
 def run_greedy(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    reqs = [Request(engine.new_rid(), p, SamplingParams(max_new_tokens=max_new_tokens))
-            for p in prompts]
+    reqs = [
+        Request(engine.new_rid(), p, SamplingParams(max_new_tokens=max_new_tokens)) for p in prompts
+    ]
     for r in reqs:
         engine.submit(r)
     engine.run_until_idle()

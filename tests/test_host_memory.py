@@ -24,8 +24,9 @@ class FakeLock:
 
 def test_exact_size_zeroed_and_unlocked_after_last_view():
     lock = FakeLock()
-    t = host_memory.pinned_empty((3, 5, 7), torch.int32, register=lock.register,
-                                 unregister=lock.unregister)
+    t = host_memory.pinned_empty(
+        (3, 5, 7), torch.int32, register=lock.register, unregister=lock.unregister
+    )
     assert t.shape == (3, 5, 7) and t.dtype == torch.int32 and t.is_contiguous()
     assert lock.locked == [(t.data_ptr(), 3 * 5 * 7 * 4)]  # exact bytes, no power-of-two rounding
     assert int(t.abs().sum()) == 0
@@ -53,8 +54,9 @@ def test_failed_lock_falls_back_to_torch(monkeypatch):
     monkeypatch.setattr(host_memory.torch, "empty", fake_empty)
     lock = FakeLock(fail=True)
     with pytest.warns(RuntimeWarning, match="falling back"):
-        t = host_memory.pinned_empty((4, 9), torch.uint8, register=lock.register,
-                                     unregister=lock.unregister)
+        t = host_memory.pinned_empty(
+            (4, 9), torch.uint8, register=lock.register, unregister=lock.unregister
+        )
     assert t.shape == (4, 9) and calls[-1] is True and lock.unlocked == []
 
 

@@ -23,8 +23,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PY = ".venv/bin/python"
 # what "smallest form" adds to a command, per module: fewer / shorter requests, scratch output
-SMALL_RUN = ["server.mode=inprocess", "workload.concurrency=[1]", "workload.num_requests=1",
-             "workload.output_len=2", "workload.warmup=0"]
+SMALL_RUN = [
+    "server.mode=inprocess",
+    "workload.concurrency=[1]",
+    "workload.num_requests=1",
+    "workload.output_len=2",
+    "workload.warmup=0",
+]
 
 
 def readme_commands() -> list[str]:
@@ -51,10 +56,19 @@ def split(cmd: str) -> tuple[dict, list[str]]:
 
 def make_expansion(words: list[str], env: dict) -> list[list[str]]:
     """The python commands a make invocation runs (``make -n``), the venv set-up left out."""
-    r = subprocess.run(["make", "-n", "-s", *words[1:]], cwd=REPO, capture_output=True, text=True,
-                       env={**os.environ, **env}, timeout=60)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(f"{PY} -m ")
-             and not ln.startswith(f"{PY} -m pip ")]
+    r = subprocess.run(
+        ["make", "-n", "-s", *words[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+    )
+    lines = [
+        ln
+        for ln in r.stdout.splitlines()
+        if ln.startswith(f"{PY} -m ") and not ln.startswith(f"{PY} -m pip ")
+    ]
     return [shlex.split(ln)[2:] for ln in lines]  # [module, args...]
 
 
@@ -65,11 +79,17 @@ def free_port() -> int:
 
 
 def python(module_args: list[str], env: dict, tmp: Path, timeout: float = 300) -> str:
-    r = subprocess.run([sys.executable, "-m", *module_args], cwd=REPO, capture_output=True,
-                       text=True, timeout=timeout,
-                       env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_DIR": str(tmp),
-                            "HOME": str(tmp), **env})
-    assert r.returncode == 0, f"{module_args}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    r = subprocess.run(
+        [sys.executable, "-m", *module_args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_DIR": str(tmp), "HOME": str(tmp), **env},
+    )
+    assert r.returncode == 0, (
+        f"{module_args}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    )
     return r.stdout + r.stderr
 
 
@@ -77,20 +97,38 @@ def smallest(module_args: list[str], tmp: Path) -> list[str]:
     """The command in its smallest form: same module and arguments, small load, scratch output."""
     mod, args = module_args[0], list(module_args[1:])
     if mod == "harness.run":
-        return [mod, *args, *SMALL_RUN, f"results_dir={tmp / 'results'}",
-                f"hydra.run.dir={tmp / 'hydra'}", f"hydra.sweep.dir={tmp / 'multirun'}"]
+        return [
+            mod,
+            *args,
+            *SMALL_RUN,
+            f"results_dir={tmp / 'results'}",
+            f"hydra.run.dir={tmp / 'hydra'}",
+            f"hydra.sweep.dir={tmp / 'multirun'}",
+        ]
     if mod == "harness.reproduce":
         if "--only" not in args:
             args += ["--only", "fig10_dsv_eager"]  # the experiment with the fewest runs
         return [mod, *args, "--results", str(tmp / "results")]
     if mod == "figures.make_all":
-        return [mod, *args, "--only", "table1", "--out", str(tmp / "out"),
-                "--report", str(tmp / "REPRODUCTION.md"), "--claims", str(tmp / "claims.json")]
+        return [
+            mod,
+            *args,
+            "--only",
+            "table1",
+            "--out",
+            str(tmp / "out"),
+            "--report",
+            str(tmp / "REPRODUCTION.md"),
+            "--claims",
+            str(tmp / "claims.json"),
+        ]
     if mod == "harness.wandb_logger":
         (tmp / "out").mkdir(exist_ok=True)
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         plt.figure(figsize=(1, 1)).savefig(tmp / "out" / "table1.png")
         plt.close("all")
         return [mod, "--attach-figures", str(tmp / "out")]
@@ -107,13 +145,16 @@ def run_command(cmd: str, tmp: Path) -> None:
     if words[0] == "make":
         target = words[1]
         if target == "test":
-            assert make_expansion(words, env) == [["ruff", "check", "."],
-                                                  ["ruff", "format", "--check", "."],
-                                                  ["pytest", "-n", "2", "tests"]]
+            assert make_expansion(words, env) == [
+                ["ruff", "check", "."],
+                ["ruff", "format", "--check", "."],
+                ["pytest", "-n", "2", "tests"],
+            ]
             return  # this very suite
         if target == "reproduce" and "DRY=1" not in words and not _has_gpu():
-            r = subprocess.run(["make", "-s", *words[1:]], cwd=REPO, capture_output=True,
-                               text=True, timeout=60)
+            r = subprocess.run(
+                ["make", "-s", *words[1:]], cwd=REPO, capture_output=True, text=True, timeout=60
+            )
             assert r.returncode != 0 and "needs a CUDA GPU" in r.stdout
             assert len(r.stdout.strip().splitlines()) == 1
             return
@@ -149,8 +190,13 @@ def _loadgen_against_default_server(module_args: list[str], env: dict, tmp: Path
     port = free_port()
     server = [a if a != "30000" else str(port) for a in server]
     log = open(tmp / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", *server], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *server],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -159,8 +205,9 @@ def _loadgen_against_default_server(module_args: list[str], env: dict, tmp: Path
                 with urllib.request.urlopen(url + "/health", timeout=2):
                     break
             except Exception:
-                assert proc.poll() is None and time.monotonic() < deadline, \
-                    (tmp / "server.log").read_text()[-3000:]
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    tmp / "server.log"
+                ).read_text()[-3000:]
                 time.sleep(0.3)
         args = [a.replace("http://127.0.0.1:30000", url) for a in module_args]
         out = python(args, env, tmp)

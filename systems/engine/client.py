@@ -22,8 +22,13 @@ from systems.engine.server import BadRequest, Server, _failed
 
 
 class ClientError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 etype: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        etype: str = "invalid_request_error",
+    ):
         super().__init__(f"{status}: {message}")
         self.status = status
         self.body = {"error": {"message": message, "type": etype, "param": param}}
@@ -60,8 +65,9 @@ class InProcessClient:
             if not finished:
                 self.server.engine.abort(req)
         if _failed(req):
-            raise ClientError(500, req.finish_reason.get("message") or "request failed", None,
-                              "engine_error")
+            raise ClientError(
+                500, req.finish_reason.get("message") or "request failed", None, "engine_error"
+            )
         fmt = self.server._openai_full if openai else self.server._generate_full
         return fmt(req, parsed)
 
@@ -73,9 +79,13 @@ class InProcessClient:
             while not finished:
                 new_ids, finished = await q.get()
                 if finished and _failed(req):
-                    raise ClientError(500, req.finish_reason.get("message") or "request failed",
-                                      None, "engine_error")
-                yield json.loads(fmt(req, new_ids, finished, parsed)[len(b"data: "):])
+                    raise ClientError(
+                        500,
+                        req.finish_reason.get("message") or "request failed",
+                        None,
+                        "engine_error",
+                    )
+                yield json.loads(fmt(req, new_ids, finished, parsed)[len(b"data: ") :])
         finally:
             if not finished:  # the caller stopped iterating: abort, as a disconnect would
                 self.server.engine.abort(req)

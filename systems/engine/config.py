@@ -35,6 +35,7 @@ _NOT_ENGINE_KEYS = {"model", "kv", "device", "seed", "speculation", "profile", "
 def resolve_device(device: str) -> str:
     if device == "auto":
         import torch
+
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
 
@@ -54,8 +55,9 @@ def _typed(cls, data: dict[str, Any], where: str, exclude: set[str] = frozenset(
 def model_config_from(cfg: DictConfig | dict, device: str) -> ModelConfig:
     data = dict(_plain(cfg))
     if "hot_cache_rows" in data:
-        raise ValueError("model.hot_cache_rows: B is a KV-policy knob now; set "
-                         "system.kv.hot_cache_rows instead")
+        raise ValueError(
+            "model.hot_cache_rows: B is a KV-policy knob now; set system.kv.hot_cache_rows instead"
+        )
     if data.get("dtype", "auto") == "auto":
         data["dtype"] = "bfloat16" if device.startswith("cuda") else "float32"
     return _typed(ModelConfig, data, "model")
@@ -70,11 +72,13 @@ def speculation_from(node: Any, model: ModelConfig) -> SpeculationConfig | None:
     return _typed(SpeculationConfig, data, "system.speculation").resolved(model.max_context_len)
 
 
-def kv_options_from(system: Any, model: ModelConfig, device: str,
-                    max_queries_per_step: int = 1) -> KVOptions:
+def kv_options_from(
+    system: Any, model: ModelConfig, device: str, max_queries_per_step: int = 1
+) -> KVOptions:
     """The backend's resolved options from ``system`` (``kv_backend`` and ``kv``)."""
     return options_from(str(system["kv_backend"]), _plain(system.get("kv"))).resolved(
-        model, device, max_queries_per_step)
+        model, device, max_queries_per_step
+    )
 
 
 def resolve_engine_config(cfg: DictConfig) -> EngineConfig:
@@ -84,24 +88,42 @@ def resolve_engine_config(cfg: DictConfig) -> EngineConfig:
     spec = speculation_from(system.get("speculation"), model)
     q_max = spec.k_max if spec else 1
     hw = cfg.hardware
-    kv = KVConfig(backend=str(system.kv_backend), kv_pool_gib=float(hw.kv_pool_gib),
-                  max_running_requests=int(hw.max_running_requests),
-                  max_queries_per_step=q_max,
-                  options=kv_options_from(system, model, device, q_max))
+    kv = KVConfig(
+        backend=str(system.kv_backend),
+        kv_pool_gib=float(hw.kv_pool_gib),
+        max_running_requests=int(hw.max_running_requests),
+        max_queries_per_step=q_max,
+        options=kv_options_from(system, model, device, q_max),
+    )
     if hw.get("host_pool_gib") is not None:
         kv.host_pool_gib = float(hw.host_pool_gib)
     if "workload" in cfg:
         max_total = int(cfg.workload.input_len) + int(cfg.workload.output_len)
         if max_total > model.max_context_len:
-            raise ValueError(f"workload.input_len + workload.output_len = {max_total} exceeds "
-                             f"model.max_context_len = {model.max_context_len}")
+            raise ValueError(
+                f"workload.input_len + workload.output_len = {max_total} exceeds "
+                f"model.max_context_len = {model.max_context_len}"
+            )
     engine = dict(_plain(cfg.get("engine")) or {})
     ecfg = _typed(EngineConfig, engine, "engine", exclude=_NOT_ENGINE_KEYS)
-    ecfg = dataclasses.replace(ecfg, model=model, kv=kv, device=device,
-                               seed=int(cfg.get("seed", 0)), speculation=spec,
-                               profile=_profile(cfg), profile_dir=cfg.get("profile_dir"))
-    log.info("resolved config: device=%s model=%s backend=%s kv=%s speculation=%s", device,
-             model.name, kv.backend, kv.options, spec)
+    ecfg = dataclasses.replace(
+        ecfg,
+        model=model,
+        kv=kv,
+        device=device,
+        seed=int(cfg.get("seed", 0)),
+        speculation=spec,
+        profile=_profile(cfg),
+        profile_dir=cfg.get("profile_dir"),
+    )
+    log.info(
+        "resolved config: device=%s model=%s backend=%s kv=%s speculation=%s",
+        device,
+        model.name,
+        kv.backend,
+        kv.options,
+        spec,
+    )
     return ecfg
 
 
@@ -122,8 +144,9 @@ def compose(overrides: list[str] | None = None) -> DictConfig:
         return hcompose(config_name="config", overrides=list(overrides or []))
 
 
-def compose_engine_config(overrides: list[str] | None = None,
-                          config_path: str | None = None) -> EngineConfig:
+def compose_engine_config(
+    overrides: list[str] | None = None, config_path: str | None = None
+) -> EngineConfig:
     cfg = OmegaConf.load(config_path) if config_path else compose(overrides)
     if config_path and overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))

@@ -46,6 +46,7 @@ from systems.host_sync import no_host_sync
 
 log = logging.getLogger("dhs.cuda_graph")
 
+
 @dataclass
 class _Graph:
     inputs: tuple[torch.Tensor, ...]  # static input buffers
@@ -70,8 +71,15 @@ class GraphCache:
     A failed capture logs a warning and sets ``broken``; callers then run eagerly.
     """
 
-    def __init__(self, device: torch.device, *, max_graphs: int = 64, emulate: bool = False,
-                 name: str = "graph", capture_after: int = 1):
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        max_graphs: int = 64,
+        emulate: bool = False,
+        name: str = "graph",
+        capture_after: int = 1,
+    ):
         self.device = device
         self.max_graphs = int(max_graphs)
         if int(capture_after) < 1:
@@ -127,15 +135,22 @@ class GraphCache:
                 t.record_stream(cur)
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
-                                      capture_error_mode="thread_local"):
+                with torch.cuda.graph(
+                    graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"
+                ):
                     g.outputs = tuple(fn(*g.inputs))
             except Exception as e:  # never lose the step: its eager result is in hand
                 # with the traceback: the op that raises is often later than the one that
                 # invalidated the capture, and the frames narrow it down
-                log.warning("CUDA graph capture of %s %s failed (%s: %s); running eagerly from "
-                            "now on (engine.disable_cuda_graph=true silences this)",
-                            self.name, key, type(e).__name__, e, exc_info=True)
+                log.warning(
+                    "CUDA graph capture of %s %s failed (%s: %s); running eagerly from "
+                    "now on (engine.disable_cuda_graph=true silences this)",
+                    self.name,
+                    key,
+                    type(e).__name__,
+                    e,
+                    exc_info=True,
+                )
                 self.broken = True
                 return out
             g.graph = graph
@@ -151,9 +166,18 @@ class CudaGraphRunner:
     """The target forward of a step through a ``GraphCache`` keyed by (batch, queries, scan
     bucket); ``drafter`` is a second cache (own pool) for the speculative decoder's drafter."""
 
-    def __init__(self, model, backend, device: torch.device, *, max_bs: int = 256,
-                 l_step: int = 2048, max_graphs: int = 64, emulate: bool = False,
-                 capture_after: int = 1):
+    def __init__(
+        self,
+        model,
+        backend,
+        device: torch.device,
+        *,
+        max_bs: int = 256,
+        l_step: int = 2048,
+        max_graphs: int = 64,
+        emulate: bool = False,
+        capture_after: int = 1,
+    ):
         self.model = model
         self.backend = backend
         self.device = device
@@ -183,8 +207,9 @@ class CudaGraphRunner:
         return 0 < bs <= self.max_bs and self.backend.graph_capturable and not self.broken
 
     # ------------------------------------------------------------------ run
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, max_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step's target forward. ``backend.host_prepare()`` must have run. Returns
         (logits, hidden), static until the next call."""
         B, Q = tokens.shape

@@ -88,15 +88,18 @@ class Engine:
             # backend must take blocks of k_max queries (sec. 3.4, "capacity accounting")
             self.decoder = SpeculativeDecoder(self, cfg.speculation, kv.max_running_requests)
             kv = dataclasses.replace(
-                kv, max_queries_per_step=self.decoder.k_max,
-                kv_pool_gib=kv.kv_pool_gib - self.decoder.drafter.fixed_bytes / (1 << 30))
+                kv,
+                max_queries_per_step=self.decoder.k_max,
+                kv_pool_gib=kv.kv_pool_gib - self.decoder.drafter.fixed_bytes / (1 << 30),
+            )
             if kv.kv_pool_gib <= 0:
                 raise ValueError(
                     f"hardware.kv_pool_gib={cfg.kv.kv_pool_gib} cannot hold the drafter's fixed "
                     f"allocations ({self.decoder.drafter.fixed_bytes / 2**20:.1f} MiB: weights "
                     f"and a ring of W={self.decoder.window} positions for "
                     f"{cfg.kv.max_running_requests} slots); raise hardware.kv_pool_gib or lower "
-                    "system.speculation.window / hardware.max_running_requests")
+                    "system.speculation.window / hardware.max_running_requests"
+                )
         else:
             self.decoder = PlainDecoder(self)
         self.startup_s["decoder"] = time.perf_counter() - t0 - self.startup_s["model"]
@@ -105,16 +108,24 @@ class Engine:
         self.startup_s["kv_backend"] = time.perf_counter() - t1
         keep = self.decoder.window if cfg.speculation else 1
         self.prefixes = PrefixStore(self.model, cfg.prefix_cache_entries, keep_hidden=keep)
-        self.scheduler = Scheduler(self.backend, self.prefixes, cfg.max_waiting,
-                                   cfg.max_handoffs_per_step)
+        self.scheduler = Scheduler(
+            self.backend, self.prefixes, cfg.max_waiting, cfg.max_handoffs_per_step
+        )
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.graph_runner = None
         if not cfg.disable_cuda_graph and (self.device.type == "cuda" or cfg.cuda_graph_emulate):
             from systems.engine.cuda_graph import CudaGraphRunner
+
             self.graph_runner = CudaGraphRunner(
-                self.model, self.backend, self.device, max_bs=cfg.cuda_graph_max_bs,
-                l_step=cfg.cuda_graph_scan_step, max_graphs=cfg.cuda_graph_max_graphs,
-                emulate=self.device.type != "cuda", capture_after=cfg.cuda_graph_capture_after)
+                self.model,
+                self.backend,
+                self.device,
+                max_bs=cfg.cuda_graph_max_bs,
+                l_step=cfg.cuda_graph_scan_step,
+                max_graphs=cfg.cuda_graph_max_graphs,
+                emulate=self.device.type != "cuda",
+                capture_after=cfg.cuda_graph_capture_after,
+            )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -126,15 +137,25 @@ class Engine:
         self._aborted_queued = 0  # aborted while waiting, abort not yet taken in (_intake)
         self.requests: dict[str, Request] = {}
         self._live: set[str] = set()  # rids submitted and not finished (duplicates refused)
-        self.stats = {"num_steps": 0, "generated_tokens_total": 0, "finished_total": 0,
-                      "aborted_total": 0, "rejected_total": 0, "last_step_ms": 0.0,
-                      "prompt_tokens_total": 0, "failed_total": 0, "failed_steps_total": 0,
-                      # where the engine thread's time goes (cumulative wall seconds): admission
-                      # rounds (handoffs, drafter set-up, first tokens) and decode steps, the
-                      # latter split by whether the step captured a CUDA graph
-                      "admit_seconds_total": 0.0, "handoffs_total": 0,
-                      "decode_seconds_total": 0.0, "capture_step_seconds_total": 0.0,
-                      "capture_steps_total": 0}
+        self.stats = {
+            "num_steps": 0,
+            "generated_tokens_total": 0,
+            "finished_total": 0,
+            "aborted_total": 0,
+            "rejected_total": 0,
+            "last_step_ms": 0.0,
+            "prompt_tokens_total": 0,
+            "failed_total": 0,
+            "failed_steps_total": 0,
+            # where the engine thread's time goes (cumulative wall seconds): admission
+            # rounds (handoffs, drafter set-up, first tokens) and decode steps, the
+            # latter split by whether the step captured a CUDA graph
+            "admit_seconds_total": 0.0,
+            "handoffs_total": 0,
+            "decode_seconds_total": 0.0,
+            "capture_step_seconds_total": 0.0,
+            "capture_steps_total": 0,
+        }
         self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ thread-safe API
@@ -148,8 +169,10 @@ class Engine:
         if len(req.prompt_ids) + req.params.max_new_tokens > total:
             # the HTTP server answers 400 for this; direct callers get the same reason here
             # instead of a failed admission later
-            raise ValueError(f"prompt of {len(req.prompt_ids)} tokens + max_new_tokens="
-                             f"{req.params.max_new_tokens} exceeds the context of {total} tokens")
+            raise ValueError(
+                f"prompt of {len(req.prompt_ids)} tokens + max_new_tokens="
+                f"{req.params.max_new_tokens} exceeds the context of {total} tokens"
+            )
         with self._lock:
             if self.error is not None:
                 raise EngineStopped(f"engine stopped: {self.error!r}")
@@ -194,8 +217,7 @@ class Engine:
 
         try:
             # collectors are entered on this thread: torch.profiler records the entering thread
-            with maybe_profile(self.cfg.profile, out_dir=self.cfg.profile_dir,
-                               source=self) as prof:
+            with maybe_profile(self.cfg.profile, out_dir=self.cfg.profile_dir, source=self) as prof:
                 while not self._stop.is_set():
                     if self.step():
                         if prof is not None:
@@ -249,8 +271,14 @@ class Engine:
     @property
     def is_idle(self) -> bool:
         """Nothing submitted, waiting, running, or waiting to be aborted."""
-        return (not self.scheduler.running and not self.scheduler.waiting and self._pending == 0
-                and self._inbox.empty() and self._aborts.empty() and not self.requests)
+        return (
+            not self.scheduler.running
+            and not self.scheduler.waiting
+            and self._pending == 0
+            and self._inbox.empty()
+            and self._aborts.empty()
+            and not self.requests
+        )
 
     def _idle_waiter(self, timeout: float):
         """Yields sleep intervals until the engine is idle and one more quiet interval passed
@@ -264,9 +292,11 @@ class Engine:
                 if self.is_idle and self.stats["num_steps"] == steps:
                     return
             yield 0.02
-        raise TimeoutError(f"engine not idle after {timeout}s: running="
-                           f"{len(self.scheduler.running)} waiting={len(self.scheduler.waiting)} "
-                           f"requests={len(self.requests)}")
+        raise TimeoutError(
+            f"engine not idle after {timeout}s: running="
+            f"{len(self.scheduler.running)} waiting={len(self.scheduler.waiting)} "
+            f"requests={len(self.requests)}"
+        )
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Block until the engine thread has drained (see ``_idle_waiter``)."""
@@ -322,8 +352,9 @@ class Engine:
             self._live.discard(req.rid)
             self._notify(req, [], True)  # whoever still waits on it learns it ended
 
-    def run_target(self, slots: list[int], tokens: torch.Tensor, positions: torch.Tensor,
-                   max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_target(
+        self, slots: list[int], tokens: torch.Tensor, positions: torch.Tensor, max_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The target model's forward over this step's queries, through the KV backend:
         a CUDA graph replay when one applies, else eager. tokens / positions (B, Q) on the
         device; max_len = the largest query position + 1 (known on the host). Returns
@@ -346,8 +377,9 @@ class Engine:
         return out
 
     def _temperatures(self, reqs: list[Request]) -> torch.Tensor:
-        return torch.tensor([r.params.temperature for r in reqs], device=self.device,
-                            dtype=torch.float32)
+        return torch.tensor(
+            [r.params.temperature for r in reqs], device=self.device, dtype=torch.float32
+        )
 
     def _emit_first_token(self, req: Request, entry) -> None:
         tok = sample(entry.last_logits.unsqueeze(0), self._temperatures([req]), self.gen)
@@ -449,8 +481,9 @@ class Engine:
             if len(req.output_ids) >= req.params.max_new_tokens:
                 req.finish_reason = {"type": "length", "length": len(req.output_ids)}
                 break
-            if not req.params.ignore_eos and (t == self.cfg.model.eos_token_id
-                                              or t in req.params.stop_token_ids):
+            if not req.params.ignore_eos and (
+                t == self.cfg.model.eos_token_id or t in req.params.stop_token_ids
+            ):
                 req.finish_reason = {"type": "stop", "matched": t}
                 break
             if req.params.stop is not None:

@@ -55,10 +55,15 @@ class PrefixStore:
         tokens = torch.tensor([prompt_ids], device=dev)
         positions = torch.arange(T, device=dev).unsqueeze(0)
         budget = (1 << 28) if dev.type == "cuda" else (1 << 24)  # fewer, larger chunks on GPU
-        logits, hidden = m(tokens, positions, ctx, q_chunk=prefill_chunk_size(m.cfg, T, budget),
-                           last_only=True)
+        logits, hidden = m(
+            tokens, positions, ctx, q_chunk=prefill_chunk_size(m.cfg, T, budget), last_only=True
+        )
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         self.num_prefills += 1
-        return PrefillEntry(PrefixKV(T, ctx.kv, ctx.index), logits[0, -1],
-                            hidden[0, -self.keep_hidden:].clone(), time.perf_counter() - t0)
+        return PrefillEntry(
+            PrefixKV(T, ctx.kv, ctx.index),
+            logits[0, -1],
+            hidden[0, -self.keep_hidden :].clone(),
+            time.perf_counter() - t0,
+        )

@@ -68,7 +68,8 @@ class Request:
             "prefill_s": self.prefill_s,
             "alloc_wait_s": (self.alloc_ts - ready) if self.alloc_ts else None,
             "handoff_s": (self.handoff_done_ts - self.alloc_ts)
-            if self.handoff_done_ts and self.alloc_ts else None,
+            if self.handoff_done_ts and self.alloc_ts
+            else None,
             "first_token_ts": self.first_token_ts,
             "finish_ts": self.finish_ts,
         }

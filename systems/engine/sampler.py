@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def sample(logits: torch.Tensor, temperatures: torch.Tensor,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, temperatures: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """logits (B, V) float32, temperatures (B,) -> token ids (B,). Temperature 0 is argmax."""
     greedy = logits.argmax(dim=-1)
     if not bool((temperatures > 0).any()):

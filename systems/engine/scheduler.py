@@ -27,11 +27,18 @@ class QueueFull(Exception):
 
 
 class Scheduler:
-    def __init__(self, backend: KVBackend, prefixes: PrefixStore, max_waiting: int,
-                 max_handoffs_per_step: int = 0):
+    def __init__(
+        self,
+        backend: KVBackend,
+        prefixes: PrefixStore,
+        max_waiting: int,
+        max_handoffs_per_step: int = 0,
+    ):
         if max_handoffs_per_step < 0:
-            raise ValueError(f"engine.max_handoffs_per_step must be >= 0 (0: no bound), got "
-                             f"{max_handoffs_per_step}")
+            raise ValueError(
+                f"engine.max_handoffs_per_step must be >= 0 (0: no bound), got "
+                f"{max_handoffs_per_step}"
+            )
         self.backend = backend
         self.prefixes = prefixes
         self.max_waiting = max_waiting
@@ -41,8 +48,9 @@ class Scheduler:
         self.wait_reason = ""
         self.wait_reason_counts: dict[str, int] = {}
 
-    def admit(self, on_error: Callable[[Request, Exception], None] | None = None
-              ) -> list[tuple[Request, object]]:
+    def admit(
+        self, on_error: Callable[[Request, Exception], None] | None = None
+    ) -> list[tuple[Request, object]]:
         """Admit waiting requests while they fit, at most ``max_handoffs_per_step`` of them
         (0: no bound; the rest stay queued for the next round). Returns (request, prefill
         entry) pairs.
@@ -59,13 +67,13 @@ class Scheduler:
                 if req.prefill_done_ts is None:
                     req.prefill_s = entry.prefill_s if computed else 0.0
                     req.prefill_done_ts = time.time()
-                ok, reason = self.backend.can_admit(req.num_prompt_tokens,
-                                                    req.params.max_new_tokens)
+                ok, reason = self.backend.can_admit(
+                    req.num_prompt_tokens, req.params.max_new_tokens
+                )
                 if not ok:
                     self.wait_reason = reason
                     if req.wait_reason != reason:
-                        self.wait_reason_counts[reason] = \
-                            self.wait_reason_counts.get(reason, 0) + 1
+                        self.wait_reason_counts[reason] = self.wait_reason_counts.get(reason, 0) + 1
                     req.wait_reason = reason
                     break
                 self.waiting.popleft()
@@ -74,6 +82,7 @@ class Scheduler:
                 req.slot = self.backend.admit(entry.prefix, req.params.max_new_tokens)
                 if self.backend.device.type == "cuda":
                     import torch
+
                     torch.cuda.synchronize(self.backend.device)
             except Exception as e:
                 if on_error is None:

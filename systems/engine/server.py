@@ -58,6 +58,7 @@ LINGER_S = 1.0
 @dataclass
 class ServerConfig:
     """The server's own limits (``server.*`` in conf/server/default.yaml)."""
+
     host: str = "127.0.0.1"  # the bind address; a loopback one turns the Host check on
     header_timeout_s: float = 30.0  # connect (or previous response) -> complete headers
     body_timeout_s: float = 30.0  # headers -> complete body
@@ -93,22 +94,62 @@ def _host_name(header: str) -> str:
     """The host of a Host header, without its port: ``[::1]:80`` -> ``::1``."""
     h = header.strip()
     if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h
+        return h[1 : h.find("]")] if "]" in h else h
     return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
 
 
 # Fields SGLang clients (bench_serving) send. Each is validated; the ones that would change the
 # answer in a way this engine cannot (logprobs, LoRA, images, ...) are refused unless neutral.
-_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid", "return_logprob",
-                    "logprob_start_len", "top_logprobs_num", "lora_path",
-                    "return_text_in_logprobs", "modalities", "image_data",
-                    "custom_logit_processor", "return_routed_experts"}
-_SAMPLING_FIELDS = {"max_new_tokens", "temperature", "ignore_eos", "top_p", "top_k", "min_p",
-                    "stop", "skip_special_tokens", "n", "spaces_between_special_tokens",
-                    "no_stop_trim", "stop_token_ids"}
-_OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "stream", "ignore_eos",
-                  "stream_options", "n", "top_p", "top_k", "logprobs", "echo", "stop", "user",
-                  "seed", "best_of", "presence_penalty", "frequency_penalty"}
+_GENERATE_FIELDS = {
+    "text",
+    "input_ids",
+    "sampling_params",
+    "stream",
+    "rid",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "lora_path",
+    "return_text_in_logprobs",
+    "modalities",
+    "image_data",
+    "custom_logit_processor",
+    "return_routed_experts",
+}
+_SAMPLING_FIELDS = {
+    "max_new_tokens",
+    "temperature",
+    "ignore_eos",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stop",
+    "skip_special_tokens",
+    "n",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stop_token_ids",
+}
+_OPENAI_FIELDS = {
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "stream",
+    "ignore_eos",
+    "stream_options",
+    "n",
+    "top_p",
+    "top_k",
+    "logprobs",
+    "echo",
+    "stop",
+    "user",
+    "seed",
+    "best_of",
+    "presence_penalty",
+    "frequency_penalty",
+}
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
@@ -132,17 +173,24 @@ def _int(v: Any, field: str, lo: int | None, hi: int | None) -> int:
     if not _is_int(v):
         raise BadRequest(f"{field} must be an integer", field)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise BadRequest(f"{field}={v} outside [{'-inf' if lo is None else lo}, "
-                         f"{'inf' if hi is None else hi}]", field)
+        raise BadRequest(
+            f"{field}={v} outside [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]",
+            field,
+        )
     return v
 
 
 def _number(v: Any, field: str, lo: float, hi: float, lo_open: bool = False) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) \
-            or (isinstance(v, float) and not math.isfinite(v)) \
-            or not (lo < v if lo_open else lo <= v) or not v <= hi:  # ints compare exactly
-        raise BadRequest(f"{field} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}]",
-                         field)
+    if (
+        not isinstance(v, (int, float))
+        or isinstance(v, bool)
+        or (isinstance(v, float) and not math.isfinite(v))
+        or not (lo < v if lo_open else lo <= v)
+        or not v <= hi
+    ):  # ints compare exactly
+        raise BadRequest(
+            f"{field} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}]", field
+        )
     return float(v)
 
 
@@ -152,10 +200,18 @@ def _bool(v: Any, field: str) -> bool:
     return v
 
 
-def _error(status: int, message: str, param: str | None = None,
-           etype: str = "invalid_request_error", headers: dict | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": etype, "param": param}},
-                             status=status, headers=headers)
+def _error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    etype: str = "invalid_request_error",
+    headers: dict | None = None,
+) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": etype, "param": param}},
+        status=status,
+        headers=headers,
+    )
 
 
 def _failed(req: Request) -> bool:
@@ -165,11 +221,20 @@ def _failed(req: Request) -> bool:
 def _error_event(req: Request) -> bytes:
     """The last SSE event of a request the engine failed (both APIs' clients read "error")."""
     fr = req.finish_reason
-    out = {"id": req.rid,
-           "error": {"message": fr.get("message") or "request failed", "type": "engine_error",
-                     "param": None},
-           "meta_info": {"id": req.rid, "prompt_tokens": req.num_prompt_tokens,
-                         "completion_tokens": len(req.output_ids), "finish_reason": fr}}
+    out = {
+        "id": req.rid,
+        "error": {
+            "message": fr.get("message") or "request failed",
+            "type": "engine_error",
+            "param": None,
+        },
+        "meta_info": {
+            "id": req.rid,
+            "prompt_tokens": req.num_prompt_tokens,
+            "completion_tokens": len(req.output_ids),
+            "finish_reason": fr,
+        },
+    }
     return b"data: " + json.dumps(out).encode() + b"\n\n"
 
 
@@ -185,7 +250,7 @@ class _StopStrings:
         self.tail = max(len(x) for x in stops) // 3 + 2
 
     def __call__(self, output_ids: list[int]) -> str | None:
-        text = self.tok.decode(output_ids[-self.tail:])
+        text = self.tok.decode(output_ids[-self.tail :])
         for x in self.stops:
             if x in text:
                 return x
@@ -233,12 +298,15 @@ class Server:
     def _check_fields(body: dict, allowed: set[str], where: str, prefix: str = "") -> None:
         unknown = sorted(set(body) - allowed)
         if unknown:
-            raise BadRequest(f"unknown field(s) {unknown} in {where}; allowed: {sorted(allowed)}",
-                             prefix + (unknown[0] or '""'))
+            raise BadRequest(
+                f"unknown field(s) {unknown} in {where}; allowed: {sorted(allowed)}",
+                prefix + (unknown[0] or '""'),
+            )
 
     def _too_long(self, field: str) -> BadRequest:
-        return BadRequest(f"{field} has more than {self.max_total} tokens, the context of this "
-                          "server", field)
+        return BadRequest(
+            f"{field} has more than {self.max_total} tokens, the context of this server", field
+        )
 
     def _prompt_ids(self, value: Any, field: str, text_ok: bool = True) -> list[int]:
         # the context bounds the prompt before any per-token work is done on it
@@ -269,19 +337,33 @@ class Server:
         cap = self.engine.cfg.max_new_tokens_cap
         max_new = _int(max_new, mfield, 1, cap)
         if len(ids) + max_new > self.max_total:
-            raise BadRequest(f"{field} has {len(ids)} tokens; with {mfield}={max_new} it exceeds "
-                             f"the context of {self.max_total} tokens", field)
+            raise BadRequest(
+                f"{field} has {len(ids)} tokens; with {mfield}={max_new} it exceeds "
+                f"the context of {self.max_total} tokens",
+                field,
+            )
         return max_new
 
-    def _sampling(self, get, prefix: str, temperature_default: float,
-                  ignore_eos_default: bool, ids: list[int], field: str, mfield: str,
-                  max_new_default: int, max_stops: int) -> SamplingParams:
+    def _sampling(
+        self,
+        get,
+        prefix: str,
+        temperature_default: float,
+        ignore_eos_default: bool,
+        ids: list[int],
+        field: str,
+        mfield: str,
+        max_new_default: int,
+        max_stops: int,
+    ) -> SamplingParams:
         """The sampling fields both APIs share, read with ``get(name, default)``; ``prefix``
         names them in errors (``sampling_params.`` for /generate)."""
-        max_new = self._check_lengths(ids, get(mfield.removeprefix(prefix), max_new_default),
-                                      field, mfield)
-        temperature = _number(get("temperature", temperature_default), prefix + "temperature",
-                              0, 100)
+        max_new = self._check_lengths(
+            ids, get(mfield.removeprefix(prefix), max_new_default), field, mfield
+        )
+        temperature = _number(
+            get("temperature", temperature_default), prefix + "temperature", 0, 100
+        )
         top_p = _number(get("top_p", 1.0), prefix + "top_p", 0, 1, lo_open=True)
         top_k = _int(get("top_k", -1), prefix + "top_k", -1, None)
         if top_k == 0:
@@ -290,28 +372,42 @@ class Server:
         # the sampler draws from the whole distribution: a filter that would change a draw is
         # refused; greedy decoding (temperature 0) is the same under every filter
         if temperature > 0:
-            for name, neutral in (("top_p", top_p == 1), ("min_p", min_p == 0),
-                                  ("top_k", top_k == -1 or top_k >= self.vocab_size)):
+            for name, neutral in (
+                ("top_p", top_p == 1),
+                ("min_p", min_p == 0),
+                ("top_k", top_k == -1 or top_k >= self.vocab_size),
+            ):
                 if not neutral:
-                    raise BadRequest(f"{prefix}{name} is not supported with temperature > 0 "
-                                     "(the sampler draws from the full distribution); use its "
-                                     "neutral value or temperature 0", prefix + name)
+                    raise BadRequest(
+                        f"{prefix}{name} is not supported with temperature > 0 "
+                        "(the sampler draws from the full distribution); use its "
+                        "neutral value or temperature 0",
+                        prefix + name,
+                    )
         stops = get("stop", None)
         if stops is not None:
             stops = [stops] if isinstance(stops, str) else stops
-            if (not isinstance(stops, list) or not all(isinstance(x, str) for x in stops)
-                    or len(stops) > max_stops
-                    or not all(0 < len(x) <= MAX_STOP_CHARS for x in stops)):
-                raise BadRequest(f"{prefix}stop must be a string or a list of at most "
-                                 f"{max_stops} strings, each of 1 to {MAX_STOP_CHARS} characters",
-                                 prefix + "stop")
+            if (
+                not isinstance(stops, list)
+                or not all(isinstance(x, str) for x in stops)
+                or len(stops) > max_stops
+                or not all(0 < len(x) <= MAX_STOP_CHARS for x in stops)
+            ):
+                raise BadRequest(
+                    f"{prefix}stop must be a string or a list of at most "
+                    f"{max_stops} strings, each of 1 to {MAX_STOP_CHARS} characters",
+                    prefix + "stop",
+                )
             if any("\ud800" <= c <= "\udfff" for x in stops for c in x):
-                raise BadRequest(f"{prefix}stop is not valid Unicode (lone surrogate)",
-                                 prefix + "stop")
+                raise BadRequest(
+                    f"{prefix}stop is not valid Unicode (lone surrogate)", prefix + "stop"
+                )
         return SamplingParams(
-            max_new_tokens=max_new, temperature=temperature,
+            max_new_tokens=max_new,
+            temperature=temperature,
             ignore_eos=_bool(get("ignore_eos", ignore_eos_default), prefix + "ignore_eos"),
-            stop=_StopStrings(self.tok, stops) if stops else None)
+            stop=_StopStrings(self.tok, stops) if stops else None,
+        )
 
     def _parse_generate(self, body: dict) -> tuple:
         self._check_fields(body, _GENERATE_FIELDS, "the request")
@@ -328,15 +424,21 @@ class Server:
         P = "sampling_params."
         if _int(sp.get("n", 1), P + "n", None, None) != 1:
             raise BadRequest("sampling_params.n must be 1", P + "n")
-        params = self._sampling(sp.get, P, 1.0, False, ids, field, P + "max_new_tokens", 128,
-                                MAX_STOP_STRINGS)
+        params = self._sampling(
+            sp.get, P, 1.0, False, ids, field, P + "max_new_tokens", 128, MAX_STOP_STRINGS
+        )
         stop_ids = sp.get("stop_token_ids")
         if stop_ids is not None:
-            if (not isinstance(stop_ids, list) or len(stop_ids) > MAX_STOP_TOKEN_IDS
-                    or not all(_is_int(t) and 0 <= t < self.vocab_size for t in stop_ids)):
-                raise BadRequest(f"sampling_params.stop_token_ids must be a list of at most "
-                                 f"{MAX_STOP_TOKEN_IDS} token ids in [0, {self.vocab_size})",
-                                 P + "stop_token_ids")
+            if (
+                not isinstance(stop_ids, list)
+                or len(stop_ids) > MAX_STOP_TOKEN_IDS
+                or not all(_is_int(t) and 0 <= t < self.vocab_size for t in stop_ids)
+            ):
+                raise BadRequest(
+                    f"sampling_params.stop_token_ids must be a list of at most "
+                    f"{MAX_STOP_TOKEN_IDS} token ids in [0, {self.vocab_size})",
+                    P + "stop_token_ids",
+                )
             params.stop_token_ids = frozenset(stop_ids)
         # the word tokenizer has no special-token text: these two cannot change the output
         for f in ("skip_special_tokens", "spaces_between_special_tokens"):
@@ -379,9 +481,12 @@ class Server:
             raise BadRequest("logprobs is not supported", "logprobs")
         if body.get("seed") is not None:
             _int(body["seed"], "seed", None, None)
-            raise BadRequest("seed is not supported: sampling draws from the engine's shared "
-                             "generator, so a seed cannot make one request reproducible; use "
-                             "temperature 0 for reproducible output", "seed")
+            raise BadRequest(
+                "seed is not supported: sampling draws from the engine's shared "
+                "generator, so a seed cannot make one request reproducible; use "
+                "temperature 0 for reproducible output",
+                "seed",
+            )
         for f in ("presence_penalty", "frequency_penalty"):
             if body.get(f) is not None and _number(body[f], f, -2, 2) != 0:
                 raise BadRequest(f"{f} is not supported (only 0)", f)
@@ -435,8 +540,9 @@ class Server:
             # A disconnect cancels this handler (the runner's handler_cancellation) wherever it
             # waits, queued or running, streaming or not: the finally below aborts the request.
             if stream:
-                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                   "Cache-Control": "no-cache"})
+                resp = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
                 try:
                     await _bounded_write(request, cfg, resp.prepare(request))
                     while not finished:
@@ -454,8 +560,9 @@ class Server:
             while not finished:
                 _, finished = await q.get()
             if _failed(req):
-                return _error(500, req.finish_reason.get("message") or "request failed", None,
-                              "engine_error")
+                return _error(
+                    500, req.finish_reason.get("message") or "request failed", None, "engine_error"
+                )
             return web.json_response(respond_full(req, parsed))
         finally:
             if not finished:  # client went away (or we were cancelled): free its memory now
@@ -467,37 +574,46 @@ class Server:
         text = self.tok.decode(req.output_ids)
         matched = (req.finish_reason or {}).get("matched")
         if isinstance(matched, str) and not parsed[4]:
-            text = text[:text.find(matched)]
+            text = text[: text.find(matched)]
         return text
 
     # ------------------------------------------------------------------ /generate
     def _meta(self, req: Request, finished: bool) -> dict:
-        meta = {"id": req.rid, "prompt_tokens": req.num_prompt_tokens,
-                "completion_tokens": len(req.output_ids),
-                "finish_reason": req.finish_reason if finished else None}
+        meta = {
+            "id": req.rid,
+            "prompt_tokens": req.num_prompt_tokens,
+            "completion_tokens": len(req.output_ids),
+            "finish_reason": req.finish_reason if finished else None,
+        }
         if finished:
             meta["timing"] = req.timing()
         return meta
 
     def _generate_chunk(self, req, new_ids, finished, parsed) -> bytes:
         text = self._text(req, parsed) if finished else self.tok.decode(req.output_ids)
-        out = {"text": text, "output_ids": new_ids,
-               "meta_info": self._meta(req, finished)}
+        out = {"text": text, "output_ids": new_ids, "meta_info": self._meta(req, finished)}
         return b"data: " + json.dumps(out).encode() + b"\n\n"
 
     def _generate_full(self, req, parsed) -> dict:
-        return {"text": self._text(req, parsed), "output_ids": req.output_ids,
-                "meta_info": self._meta(req, True)}
+        return {
+            "text": self._text(req, parsed),
+            "output_ids": req.output_ids,
+            "meta_info": self._meta(req, True),
+        }
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        return await self._run(request, self._parse_generate, self._generate_chunk,
-                               self._generate_full)
+        return await self._run(
+            request, self._parse_generate, self._generate_chunk, self._generate_full
+        )
 
     # ------------------------------------------------------------------ /v1/completions
     def _usage(self, req: Request) -> dict:
         n = len(req.output_ids)
-        return {"prompt_tokens": req.num_prompt_tokens, "completion_tokens": n,
-                "total_tokens": req.num_prompt_tokens + n}
+        return {
+            "prompt_tokens": req.num_prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": req.num_prompt_tokens + n,
+        }
 
     @staticmethod
     def _finish(req: Request) -> str | None:
@@ -511,29 +627,48 @@ class Server:
         text = self.tok.decode(new_ids)
         if finished and isinstance(req.finish_reason.get("matched"), str):
             # the last chunk ends where the stop string starts; text already sent stays sent
-            sent = len(self.tok.decode(req.output_ids[:len(req.output_ids) - len(new_ids)]))
+            sent = len(self.tok.decode(req.output_ids[: len(req.output_ids) - len(new_ids)]))
             text = self._text(req, parsed)[sent:]
-        out = {"id": req.rid, "object": "text_completion", "created": int(req.arrival_ts),
-               "model": self.model_name,
-               "choices": [{"index": 0, "text": text,
-                            "num_tokens": len(new_ids),
-                            "finish_reason": self._finish(req) if finished else None}],
-               "usage": None}
+        out = {
+            "id": req.rid,
+            "object": "text_completion",
+            "created": int(req.arrival_ts),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "num_tokens": len(new_ids),
+                    "finish_reason": self._finish(req) if finished else None,
+                }
+            ],
+            "usage": None,
+        }
         if finished and include_usage:
             out["usage"] = self._usage(req)
             out["timing"] = req.timing()
         return b"data: " + json.dumps(out).encode() + b"\n\n"
 
     def _openai_full(self, req, parsed) -> dict:
-        return {"id": req.rid, "object": "text_completion", "created": int(req.arrival_ts),
-                "model": self.model_name,
-                "choices": [{"index": 0, "text": self._text(req, parsed),
-                             "finish_reason": self._finish(req), "logprobs": None}],
-                "usage": self._usage(req), "timing": req.timing()}
+        return {
+            "id": req.rid,
+            "object": "text_completion",
+            "created": int(req.arrival_ts),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": self._text(req, parsed),
+                    "finish_reason": self._finish(req),
+                    "logprobs": None,
+                }
+            ],
+            "usage": self._usage(req),
+            "timing": req.timing(),
+        }
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._run(request, self._parse_openai, self._openai_chunk,
-                               self._openai_full)
+        return await self._run(request, self._parse_openai, self._openai_chunk, self._openai_full)
 
     # ------------------------------------------------------------------ observability
     async def metrics(self, request: web.Request) -> web.Response:
@@ -545,8 +680,9 @@ class Server:
         for base, samples in families.items():
             lines.append(f"# TYPE {base} {'counter' if base.endswith('_total') else 'gauge'}")
             lines.extend(samples)
-        return web.Response(text="\n".join(lines) + "\n",
-                            content_type="text/plain", charset="utf-8")
+        return web.Response(
+            text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         t = self.engine._thread
@@ -557,10 +693,21 @@ class Server:
     async def models(self, request: web.Request) -> web.Response:
         # max_model_len as vLLM names it; the load generator reads it and vocab_size to fit its
         # random prompts to this server when it is not told their length and id range
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "owned_by": "dhs",
-             "max_model_len": self.max_total, "vocab_size": self.engine.cfg.model.vocab_size,
-             "max_new_tokens_cap": self.engine.cfg.max_new_tokens_cap}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "owned_by": "dhs",
+                        "max_model_len": self.max_total,
+                        "vocab_size": self.engine.cfg.model.vocab_size,
+                        "max_new_tokens_cap": self.engine.cfg.max_new_tokens_cap,
+                    }
+                ],
+            }
+        )
 
 
 def _sample(value: float) -> str:
@@ -587,18 +734,28 @@ def _precheck(request: web.Request) -> web.Response | None:
     if allowed is not None:
         host = _host_name(request.headers.get("Host", ""))
         if not (_is_loopback(host) if allowed == LOOPBACK else host.lower() in allowed):
-            return _refuse(403, f"Host {host!r} is not allowed: the server is bound to "
-                           f"{cfg.host}; bind elsewhere (--host) or set server.allowed_hosts to "
-                           "serve other names", "Host", "forbidden_host")
+            return _refuse(
+                403,
+                f"Host {host!r} is not allowed: the server is bound to "
+                f"{cfg.host}; bind elsewhere (--host) or set server.allowed_hosts to "
+                "serve other names",
+                "Host",
+                "forbidden_host",
+            )
     if request.method == "POST":
         if (request.content_length or 0) > MAX_BODY_BYTES:
-            return _refuse(413, f"request body exceeds {MAX_BODY_BYTES} bytes", "body",
-                           "invalid_request_error")
+            return _refuse(
+                413, f"request body exceeds {MAX_BODY_BYTES} bytes", "body", "invalid_request_error"
+            )
         mime = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         if mime != "application/json":
             # a browser may post text/plain or a form to any address without a CORS preflight
-            return _refuse(415, f"Content-Type must be application/json, got {mime!r}",
-                           "Content-Type", "unsupported_media_type")
+            return _refuse(
+                415,
+                f"Content-Type must be application/json, got {mime!r}",
+                "Content-Type",
+                "unsupported_media_type",
+            )
     return None
 
 
@@ -663,8 +820,9 @@ ALLOWED_HOSTS = web.AppKey("allowed_hosts", object)  # a set of names, LOOPBACK,
 LOOPBACK = "loopback names and addresses"
 
 
-def build_app(engine: Engine, model_name: str = "dhs-bundled",
-              config: ServerConfig | None = None) -> web.Application:
+def build_app(
+    engine: Engine, model_name: str = "dhs-bundled", config: ServerConfig | None = None
+) -> web.Application:
     cfg = config or ServerConfig()
     srv = Server(engine, model_name)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_guard, _errors])
@@ -688,12 +846,22 @@ class _Refusal(asyncio.Protocol):
     connection before the client has read the answer."""
 
     def __init__(self, cap: int):
-        body = json.dumps({"error": {
-            "message": f"too many connections (server.max_connections={cap})",
-            "type": "server_overloaded", "param": None}}).encode()
-        self.response = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
-                         b"\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"too many connections (server.max_connections={cap})",
+                    "type": "server_overloaded",
+                    "param": None,
+                }
+            }
+        ).encode()
+        self.response = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
+            b"\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
@@ -730,7 +898,8 @@ class _CappedSite(web.TCPSite):
             return server()
 
         self._server = await asyncio.get_running_loop().create_server(
-            factory, self._host, self._port, backlog=self._backlog, reuse_address=True)
+            factory, self._host, self._port, backlog=self._backlog, reuse_address=True
+        )
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
 
@@ -748,16 +917,23 @@ class _AcceptErrors:
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
         exc = context.get("exception")
-        if not ("accept" in str(context.get("message", ""))
-                or (isinstance(exc, OSError) and exc.errno in self.RESOURCE)):
+        if not (
+            "accept" in str(context.get("message", ""))
+            or (isinstance(exc, OSError) and exc.errno in self.RESOURCE)
+        ):
             loop.default_exception_handler(context)
             return
         now = time.monotonic()
         if now - self.last < self.interval_s:
             self.suppressed += 1
             return
-        log.error("%s: %r (%d more like it in the last %.0f s)", context.get("message"), exc,
-                  self.suppressed, now - self.last if self.suppressed else 0)
+        log.error(
+            "%s: %r (%d more like it in the last %.0f s)",
+            context.get("message"),
+            exc,
+            self.suppressed,
+            now - self.last if self.suppressed else 0,
+        )
         self.last = now
         self.suppressed = 0
 
@@ -775,8 +951,12 @@ def _fd_cap(cap: int) -> int:
         except (ValueError, OSError):
             pass
         if soft < need:
-            log.warning("max_connections %d lowered to %d: file-descriptor limit %d", cap,
-                        max(1, soft - 256), soft)
+            log.warning(
+                "max_connections %d lowered to %d: file-descriptor limit %d",
+                cap,
+                max(1, soft - 256),
+                soft,
+            )
             return max(1, soft - 256)
     return cap
 
@@ -796,8 +976,7 @@ class Serving:
         await self.runner.cleanup()
 
 
-async def start_server(app: web.Application, port: int = 0,
-                       host: str | None = None) -> Serving:
+async def start_server(app: web.Application, port: int = 0, host: str | None = None) -> Serving:
     """Serve ``app`` (from ``build_app``) on ``host`` (default: the config's) and ``port``
     (0: a free one) with the config's header timeout and connection cap. A lost connection
     cancels its handler (handler_cancellation), which is how a disconnect aborts a request
@@ -809,9 +988,15 @@ async def start_server(app: web.Application, port: int = 0,
     # lingering_time: the unread body of a refused request (403 / 408 / 413 / 415) is read and
     # dropped for at most this long before the close, so that the client, still sending, is not
     # reset before it reads the answer (aiohttp's default of 10 s would hold a slow client on)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                           handler_cancellation=True, keepalive_timeout=cfg.header_timeout_s,
-                           lingering_time=LINGER_S, shutdown_timeout=10.0)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        keepalive_timeout=cfg.header_timeout_s,
+        lingering_time=LINGER_S,
+        shutdown_timeout=10.0,
+    )
     await runner.setup()
     site = _CappedSite(runner, host or cfg.host, port, _fd_cap(cfg.max_connections))
     await site.start()
@@ -820,6 +1005,7 @@ async def start_server(app: web.Application, port: int = 0,
 
 def serve_forever(app: web.Application, host: str, port: int) -> None:
     """Serve until SIGTERM or SIGINT."""
+
     async def run():
         serving = await start_server(app, port, host)
         stop = asyncio.Event()
@@ -859,12 +1045,16 @@ def main(argv: list[str] | None = None) -> None:
     from systems.engine.config import compose, resolve_engine_config
 
     ap = argparse.ArgumentParser(description="Serve the bundled engine over HTTP.")
-    ap.add_argument("--host", default="127.0.0.1",
-                    help="bind address (default 127.0.0.1; use 0.0.0.0 only on trusted networks)")
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="bind address (default 127.0.0.1; use 0.0.0.0 only on trusted networks)",
+    )
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--config", help="a resolved config YAML written by the runner")
-    ap.add_argument("--parent-pid", type=int,
-                    help="exit when this process (the runner that started us) dies")
+    ap.add_argument(
+        "--parent-pid", type=int, help="exit when this process (the runner that started us) dies"
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. system=hisparse model=tiny")
     args = ap.parse_args(argv)
     if args.parent_pid:
@@ -877,9 +1067,13 @@ def main(argv: list[str] | None = None) -> None:
     scfg = ServerConfig.from_cfg(cfg.get("server"), host=args.host)
     engine = Engine(ecfg)
     engine.start()
-    log.info("engine up: backend=%s model=%s device=%s; start-up %s", ecfg.kv.backend,
-             ecfg.model.name, ecfg.device,
-             ", ".join(f"{k} {v:.1f} s" for k, v in engine.startup_s.items()))
+    log.info(
+        "engine up: backend=%s model=%s device=%s; start-up %s",
+        ecfg.kv.backend,
+        ecfg.model.name,
+        ecfg.device,
+        ", ".join(f"{k} {v:.1f} s" for k, v in engine.startup_s.items()),
+    )
     try:
         serve_forever(build_app(engine, config=scfg), args.host, args.port)
     finally:

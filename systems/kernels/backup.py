@@ -25,6 +25,7 @@ import torch
 try:
     import triton
     import triton.language as tl
+
     _HAVE_TRITON = True
 except Exception:  # pragma: no cover
     _HAVE_TRITON = False
@@ -36,9 +37,18 @@ def backup_rows_reference(kv_pool, host_pool, dev_rows, host_rows) -> None:
 
 
 if _HAVE_TRITON:
+
     @triton.jit
-    def _backup_kernel(src_ptr, dst_ptr, dev_rows_ptr, host_rows_ptr, src_stride, dst_stride,
-                       W: tl.constexpr, W_P: tl.constexpr):
+    def _backup_kernel(
+        src_ptr,
+        dst_ptr,
+        dev_rows_ptr,
+        host_rows_ptr,
+        src_stride,
+        dst_stride,
+        W: tl.constexpr,
+        W_P: tl.constexpr,
+    ):
         # one program per (row, source): W words of one row
         i = tl.program_id(0)
         s = tl.program_id(1).to(tl.int64)
@@ -73,8 +83,16 @@ def backup_rows_triton(kv_pool, host_pool, dev_rows, host_rows) -> None:
     if src.dtype != dst.dtype:
         src, dst = kv_pool, host_pool
     W = src.shape[-1]
-    _backup_kernel[(N, kv_pool.shape[0])](src, dst, dev_rows, host_rows, src.stride(0),
-                                          dst.stride(0), W=W, W_P=triton.next_power_of_2(W))
+    _backup_kernel[(N, kv_pool.shape[0])](
+        src,
+        dst,
+        dev_rows,
+        host_rows,
+        src.stride(0),
+        dst.stride(0),
+        W=W,
+        W_P=triton.next_power_of_2(W),
+    )
 
 
 def backup_rows(kv_pool, host_pool, dev_rows, host_rows, impl: str = "reference") -> None:

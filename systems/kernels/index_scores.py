@@ -27,6 +27,7 @@ import torch
 try:
     import triton
     import triton.language as tl
+
     _HAVE_TRITON = True
 except Exception:  # pragma: no cover
     _HAVE_TRITON = False
@@ -42,11 +43,24 @@ def index_scores_reference(iq, pool, page_table, slots, L: int, page_size: int) 
 
 
 if _HAVE_TRITON:
+
     @triton.jit
-    def _index_scores_kernel(iq_ptr, pool_ptr, pt_ptr, slots_ptr, out_ptr,
-                             Q, L, pt_stride, page_size,
-                             DI: tl.constexpr, DI_P: tl.constexpr, BLOCK_Q: tl.constexpr,
-                             BLOCK_L: tl.constexpr, FMA: tl.constexpr):
+    def _index_scores_kernel(
+        iq_ptr,
+        pool_ptr,
+        pt_ptr,
+        slots_ptr,
+        out_ptr,
+        Q,
+        L,
+        pt_stride,
+        page_size,
+        DI: tl.constexpr,
+        DI_P: tl.constexpr,
+        BLOCK_Q: tl.constexpr,
+        BLOCK_L: tl.constexpr,
+        FMA: tl.constexpr,
+    ):
         # one program per (request, block of queries, block of positions): the block's keys
         # are read once for all its queries
         b = tl.program_id(0).to(tl.int64)
@@ -59,8 +73,11 @@ if _HAVE_TRITON:
         lm = ll < L
         page = tl.load(pt_ptr + slot * pt_stride + ll // page_size, mask=lm, other=0)
         row = tl.maximum(page.to(tl.int64) * page_size + ll % page_size, 0)
-        keys = tl.load(pool_ptr + row[:, None] * DI + dd[None, :],
-                       mask=lm[:, None] & (dd[None, :] < DI), other=0.0).to(tl.float32)
+        keys = tl.load(
+            pool_ptr + row[:, None] * DI + dd[None, :],
+            mask=lm[:, None] & (dd[None, :] < DI),
+            other=0.0,
+        ).to(tl.float32)
         if FMA:
             # few queries (decode: 1, verification: up to 8): one float32 multiply-add row per
             # query on the keys in registers; a dot would pad the queries to 16 rows and route
@@ -72,11 +89,15 @@ if _HAVE_TRITON:
                 tl.store(out_ptr + (b * Q + q) * L + ll, s1, mask=lm & (q < Q))
         else:
             qm = qq < Q
-            iq = tl.load(iq_ptr + (b * Q + qq[:, None]) * DI + dd[None, :],
-                         mask=qm[:, None] & (dd[None, :] < DI), other=0.0).to(tl.float32)
+            iq = tl.load(
+                iq_ptr + (b * Q + qq[:, None]) * DI + dd[None, :],
+                mask=qm[:, None] & (dd[None, :] < DI),
+                other=0.0,
+            ).to(tl.float32)
             s = tl.dot(iq, tl.trans(keys), input_precision="ieee")  # [BLOCK_Q, BLOCK_L]
-            tl.store(out_ptr + (b * Q + qq[:, None]) * L + ll[None, :], s,
-                     mask=qm[:, None] & lm[None, :])
+            tl.store(
+                out_ptr + (b * Q + qq[:, None]) * L + ll[None, :], s, mask=qm[:, None] & lm[None, :]
+            )
 
 
 def _p2(n: int, lo: int = 16) -> int:
@@ -93,8 +114,17 @@ FMA_MAX_QUERIES = 8
 INDEX_FORM = "fma"
 
 
-def index_scores_triton(iq, pool, page_table, slots, L: int, page_size: int,
-                        block_l: int = 128, num_warps: int = 4, form: str | None = None) -> torch.Tensor:
+def index_scores_triton(
+    iq,
+    pool,
+    page_table,
+    slots,
+    L: int,
+    page_size: int,
+    block_l: int = 128,
+    num_warps: int = 4,
+    form: str | None = None,
+) -> torch.Tensor:
     """``form`` (default INDEX_FORM): "dot" (the queries of a program as one float32 tl.dot,
     padded to 16 rows) or "fma" (a float32 multiply-add row per query, up to FMA_MAX_QUERIES
     per program); both read
@@ -114,15 +144,29 @@ def index_scores_triton(iq, pool, page_table, slots, L: int, page_size: int,
     else:
         bq = 16 if Q <= 16 else 32  # tl.dot needs >= 16 rows; verification blocks are <= 16
     grid = (B, triton.cdiv(Q, bq), triton.cdiv(L, block_l))
-    _index_scores_kernel[grid](iq.float().contiguous(), pool, page_table, slots.contiguous(), out,
-                               Q, L, page_table.stride(0), page_size,
-                               DI=di, DI_P=_p2(di), BLOCK_Q=bq, BLOCK_L=block_l, FMA=form == "fma",
-                               num_warps=num_warps)
+    _index_scores_kernel[grid](
+        iq.float().contiguous(),
+        pool,
+        page_table,
+        slots.contiguous(),
+        out,
+        Q,
+        L,
+        page_table.stride(0),
+        page_size,
+        DI=di,
+        DI_P=_p2(di),
+        BLOCK_Q=bq,
+        BLOCK_L=block_l,
+        FMA=form == "fma",
+        num_warps=num_warps,
+    )
     return out
 
 
-def index_scores(iq, pool, page_table, slots, L: int, page_size: int,
-                 impl: str = "triton") -> torch.Tensor:
+def index_scores(
+    iq, pool, page_table, slots, L: int, page_size: int, impl: str = "triton"
+) -> torch.Tensor:
     """[B, Q, L] float32 scores of positions 0..L-1 (see the module docstring)."""
     if impl == "triton":
         return index_scores_triton(iq, pool, page_table, slots, L, page_size)
@@ -141,10 +185,21 @@ def aot_compile(arch: int = 90, num_warps: int = 4, pool_type: str = "bf16", **c
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     c = dict(DI=64, DI_P=64, BLOCK_Q=16, BLOCK_L=128, FMA=False)
     c.update(constexprs)
-    ptrs = {"iq_ptr": "*fp32", "pool_ptr": "*" + pool_type, "pt_ptr": "*i32",
-            "slots_ptr": "*i64", "out_ptr": "*fp32"}
+    ptrs = {
+        "iq_ptr": "*fp32",
+        "pool_ptr": "*" + pool_type,
+        "pt_ptr": "*i32",
+        "slots_ptr": "*i64",
+        "out_ptr": "*fp32",
+    }
     sig = {n: ("constexpr" if n in c else ptrs.get(n, "i32")) for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n].startswith("*")}
-    return triton.compile(ASTSource(fn, sig, c, attrs=attrs), target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=num_warps))
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if sig[n].startswith("*")
+    }
+    return triton.compile(
+        ASTSource(fn, sig, c, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(num_warps=num_warps),
+    )

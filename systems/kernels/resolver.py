@@ -207,8 +207,16 @@ _NOMINAL_SMS = 132
 # phase boundaries written with ``phase_times`` (ns, the GPU's global timer), per request: the
 # resolver program's start, then the end of each phase; unwritten entries stay as the caller set them
 # (a request with no pending selection skips B..D)
-PHASE_NAMES = ("start", "A_direct_dedup", "B_scan", "C_rank_misses", "V_victims", "D_locations",
-               "reset_counters", "copy_done")
+PHASE_NAMES = (
+    "start",
+    "A_direct_dedup",
+    "B_scan",
+    "C_rank_misses",
+    "V_victims",
+    "D_locations",
+    "reset_counters",
+    "copy_done",
+)
 
 
 class ResolveResult(NamedTuple):
@@ -229,9 +237,20 @@ def host_bytes_moved(counters: torch.Tensor, row_bytes: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _check_args(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
-                host_page_table, kv_pool, host_pool, page_size, direct_page_table,
-                staging_loc_base):
+def _check_args(
+    selections,
+    tail_start,
+    tail_loc,
+    hot_pos,
+    hot_lru,
+    hot_loc_base,
+    host_page_table,
+    kv_pool,
+    host_pool,
+    page_size,
+    direct_page_table,
+    staging_loc_base,
+):
     if selections.dim() != 3:
         raise ValueError("selections must be int32 [R, Q, k]")
     R = selections.shape[0]
@@ -257,7 +276,11 @@ def _check_args(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base
     if host_page_table.dim() != 2 or host_page_table.shape[0] != R:
         raise ValueError("host_page_table must be int32 [R, P]")
     if direct_page_table is not None:
-        if direct_page_table.dtype != i32 or direct_page_table.dim() != 2 or direct_page_table.shape[0] != R:
+        if (
+            direct_page_table.dtype != i32
+            or direct_page_table.dim() != 2
+            or direct_page_table.shape[0] != R
+        ):
             raise ValueError("direct_page_table must be int32 [R, P] or None")
     if staging_loc_base is not None:
         if staging_loc_base.dtype != i32 or tuple(staging_loc_base.shape) != (R,):
@@ -275,18 +298,43 @@ def _check_args(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base
 # --------------------------------------------------------------------------------------
 
 
-def resolve_reference(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
-                      host_page_table, kv_pool, host_pool, stamp, *, page_size,
-                      direct_page_table=None, staging_loc_base=None, out=None,
-                      accumulate_counters=False) -> ResolveResult:
+def resolve_reference(
+    selections,
+    tail_start,
+    tail_loc,
+    hot_pos,
+    hot_lru,
+    hot_loc_base,
+    host_page_table,
+    kv_pool,
+    host_pool,
+    stamp,
+    *,
+    page_size,
+    direct_page_table=None,
+    staging_loc_base=None,
+    out=None,
+    accumulate_counters=False,
+) -> ResolveResult:
     """Plain-PyTorch resolver with exactly the kernel's semantics (see module docstring).
 
     Works on any device (computes on CPU copies of the metadata, writes results back).
     Asserts on invalid input (positions past the tail or past the page tables, duplicate
     hot positions, stamps out of range)."""
-    _check_args(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
-                host_page_table, kv_pool, host_pool, page_size, direct_page_table,
-                staging_loc_base)
+    _check_args(
+        selections,
+        tail_start,
+        tail_loc,
+        hot_pos,
+        hot_lru,
+        hot_loc_base,
+        host_page_table,
+        kv_pool,
+        host_pool,
+        page_size,
+        direct_page_table,
+        staging_loc_base,
+    )
     ps = int(page_size)
     R, Q, K = selections.shape
     QK = Q * K
@@ -340,7 +388,8 @@ def resolve_reference(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_lo
         assert bool((ppos < W).all()), f"request {r}: position past the page tables"
         uniq, inv = torch.unique(ppos, return_inverse=True)
         first = torch.full((uniq.numel(),), QK, dtype=torch.int64).scatter_reduce(
-            0, inv, pidx, reduce="amin")
+            0, inv, pidx, reduce="amin"
+        )
         order = torch.argsort(first)  # distinct pending positions, first-occurrence order
         U = uniq[order]
         u_rank = torch.empty_like(order)
@@ -441,8 +490,12 @@ if _HAVE_TRITON:
         lru = tl.load(hl_row + s, mask=ms, other=0, cache_modifier=".cg")
         key = tl.where(q < 0, tl.zeros_like(lru), lru + 1)
         tie = ms & (lru == stamp)
-        sc = tl.load(scr_row + q, mask=tie & (n_stale > 0) & (q >= 0) & (q < W), other=0,
-                     cache_modifier=".cg")
+        sc = tl.load(
+            scr_row + q,
+            mask=tie & (n_stale > 0) & (q >= 0) & (q < W),
+            other=0,
+            cache_modifier=".cg",
+        )
         hit = tie & ((n_stale == 0) | (sc == (s | 0x10000000)))
         return tl.where(ms & ~hit, key, 4611686018427387904)
 
@@ -451,8 +504,14 @@ if _HAVE_TRITON:
         """With TIMING, write the GPU's global timer (ns) as phase boundary ``k`` of request
         ``r64`` (PHASE_NAMES): where a call's time goes, per phase, without a profiler."""
         if TIMING:
-            t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [r64.to(tl.int32)],
-                                          dtype=tl.int64, is_pure=False, pack=1)
+            t = tl.inline_asm_elementwise(
+                "mov.u64 $0, %globaltimer;",
+                "=l,r",
+                [r64.to(tl.int32)],
+                dtype=tl.int64,
+                is_pure=False,
+                pack=1,
+            )
             tl.store(dbg_ptr + r64 * 8 + k, t)
 
     @triton.jit
@@ -471,8 +530,20 @@ if _HAVE_TRITON:
         return tl.load(host_ptr + (hrow[:, None] * HSTRIDE + cols[None, :]), mask=m2), m2
 
     @triton.jit
-    def _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv, val, m2, cols, WORDS: tl.constexpr,
-                    HAS_STAGING: tl.constexpr):
+    def _store_tile(
+        kv_ptr,
+        vic_row,
+        hot_base,
+        stg_base,
+        j,
+        mj,
+        nv,
+        val,
+        m2,
+        cols,
+        WORDS: tl.constexpr,
+        HAS_STAGING: tl.constexpr,
+    ):
         """Store a copy tile of miss rows ``j``: the j-th miss goes to its victim's slot (j < nv),
         else to the staging arena."""
         isv = j < nv
@@ -505,28 +576,66 @@ if _HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["stamp_arg"])
     def _resolver_kernel(
-        sel_ptr, loc_ptr,
-        tail_start_ptr, tail_loc_ptr, tail_stride, T,
-        dpt_ptr, dpt_stride,
-        hpt_ptr, hpt_stride,
-        hot_pos_ptr, hot_pos_stride, hot_lru_ptr, hot_lru_stride, hot_base_ptr,
+        sel_ptr,
+        loc_ptr,
+        tail_start_ptr,
+        tail_loc_ptr,
+        tail_stride,
+        T,
+        dpt_ptr,
+        dpt_stride,
+        hpt_ptr,
+        hpt_stride,
+        hot_pos_ptr,
+        hot_pos_stride,
+        hot_lru_ptr,
+        hot_lru_stride,
+        hot_base_ptr,
         stg_base_ptr,
-        kv_ptr, host_ptr,
-        counters_ptr, overflow_ptr,
+        kv_ptr,
+        host_ptr,
+        counters_ptr,
+        overflow_ptr,
         stamp_arg,
-        scr_ptr, scr_stride, W,
-        bm_ptr, bm_stride,
-        mpos_ptr, vic_ptr, list_stride,
-        meta_ptr, flags_ptr, ctrl_ptr, pflags_ptr, pdone_ptr,
-        R, QK, B, page_size, S,
-        HAS_DIRECT: tl.constexpr, HAS_STAGING: tl.constexpr, STAMP_IS_PTR: tl.constexpr,
-        ACCUM: tl.constexpr, COPY_PROGRAMS: tl.constexpr,
-        WORDS: tl.constexpr, WPAD: tl.constexpr, ROWS: tl.constexpr, HSTRIDE: tl.constexpr,
-        QBLK: tl.constexpr, BBLK: tl.constexpr, RBLK: tl.constexpr,
-        DIGIT: tl.constexpr, NBINS: tl.constexpr,
-        REG_KEYS: tl.constexpr, BITMAP: tl.constexpr, SCAN_STAGES: tl.constexpr,
-        EARLY: tl.constexpr, PID_ROLES: tl.constexpr,
-        dbg_ptr, TIMING: tl.constexpr,
+        scr_ptr,
+        scr_stride,
+        W,
+        bm_ptr,
+        bm_stride,
+        mpos_ptr,
+        vic_ptr,
+        list_stride,
+        meta_ptr,
+        flags_ptr,
+        ctrl_ptr,
+        pflags_ptr,
+        pdone_ptr,
+        R,
+        QK,
+        B,
+        page_size,
+        S,
+        HAS_DIRECT: tl.constexpr,
+        HAS_STAGING: tl.constexpr,
+        STAMP_IS_PTR: tl.constexpr,
+        ACCUM: tl.constexpr,
+        COPY_PROGRAMS: tl.constexpr,
+        WORDS: tl.constexpr,
+        WPAD: tl.constexpr,
+        ROWS: tl.constexpr,
+        HSTRIDE: tl.constexpr,
+        QBLK: tl.constexpr,
+        BBLK: tl.constexpr,
+        RBLK: tl.constexpr,
+        DIGIT: tl.constexpr,
+        NBINS: tl.constexpr,
+        REG_KEYS: tl.constexpr,
+        BITMAP: tl.constexpr,
+        SCAN_STAGES: tl.constexpr,
+        EARLY: tl.constexpr,
+        PID_ROLES: tl.constexpr,
+        dbg_ptr,
+        TIMING: tl.constexpr,
     ):
         # Constants (literals, Triton globals must be constexpr):
         #   SENT 0x7FFFFFFF, HIT 0x10000000, MISS 0x20000000, IDX 0x0FFFFFFF,
@@ -583,8 +692,9 @@ if _HAVE_TRITON:
                 valid = p >= 0
                 in_tail = valid & (p >= ts)
                 tidx = p - ts
-                tloc = tl.load(tail_loc_ptr + r64 * tail_stride + tidx,
-                               mask=in_tail & (tidx < T), other=-1)
+                tloc = tl.load(
+                    tail_loc_ptr + r64 * tail_stride + tidx, mask=in_tail & (tidx < T), other=-1
+                )
                 loc = tl.where(in_tail, tloc, tl.where(valid, -3, -1))
                 pend = valid & (p < ts)
                 if HAS_DIRECT:
@@ -597,8 +707,12 @@ if _HAVE_TRITON:
                 if BITMAP:
                     # one bit per pending position: the scan's membership test reads these W / 8
                     # bytes (L2-resident) instead of gathering the 4-byte position scratch
-                    tl.atomic_or(bm_row + (p >> 5), tl.full(p.shape, 1, tl.int32) << (p & 31),
-                                 mask=pend & (p < W), sem="relaxed")
+                    tl.atomic_or(
+                        bm_row + (p >> 5),
+                        tl.full(p.shape, 1, tl.int32) << (p & 31),
+                        mask=pend & (p < W),
+                        sem="relaxed",
+                    )
                 n_pend += tl.sum(pend.to(tl.int32), 0)
                 n_dir += tl.sum((valid & ~pend).to(tl.int32), 0)
 
@@ -751,14 +865,16 @@ if _HAVE_TRITON:
                     is_hit = pend & ((sc & 0x30000000) == 0x10000000)
                     is_miss = pend & ~is_hit
                     in_cache = idx < nv
-                    vs = tl.load(vic_row + idx, mask=is_miss & in_cache, other=0,
-                                 cache_modifier=".cg")
+                    vs = tl.load(
+                        vic_row + idx, mask=is_miss & in_cache, other=0, cache_modifier=".cg"
+                    )
                     if HAS_STAGING:
                         oloc = stg_base + (idx - nv)
                     else:
                         oloc = tl.zeros_like(idx) - 2
-                    newloc = tl.where(is_hit, hot_base + idx,
-                                      tl.where(in_cache, hot_base + vs, oloc))
+                    newloc = tl.where(
+                        is_hit, hot_base + idx, tl.where(in_cache, hot_base + vs, oloc)
+                    )
                     tl.store(loc_row + i, newloc, mask=pend)
                     n_hsel += tl.sum(is_hit.to(tl.int32), 0)
                     n_msel += tl.sum(is_miss.to(tl.int32), 0)
@@ -769,8 +885,9 @@ if _HAVE_TRITON:
                     i = q0 + offs_q
                     mi = i < QK
                     p = tl.load(sel_row + i, mask=mi, other=-1)
-                    tl.store(scr_row + p, tl.zeros_like(p) + 0x7FFFFFFF,
-                             mask=mi & (p >= 0) & (p < W))
+                    tl.store(
+                        scr_row + p, tl.zeros_like(p) + 0x7FFFFFFF, mask=mi & (p >= 0) & (p < W)
+                    )
                     if BITMAP:  # every set bit of this row came from this call's selections
                         tl.store(bm_row + (p >> 5), tl.zeros_like(p), mask=mi & (p >= 0) & (p < W))
 
@@ -815,7 +932,20 @@ if _HAVE_TRITON:
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
                 val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
                 _wait_flag(flag_addr, 2 * epoch + 2)
-                _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val0, m2, cols, WORDS, HAS_STAGING)
+                _store_tile(
+                    kv_ptr,
+                    vic_row,
+                    hot_base,
+                    stg_base,
+                    j,
+                    mj,
+                    nv_c,
+                    val0,
+                    m2,
+                    cols,
+                    WORDS,
+                    HAS_STAGING,
+                )
                 t0 += cstep
             else:
                 t0 = ntiles
@@ -828,7 +958,9 @@ if _HAVE_TRITON:
             mj = j < nc
             hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
             val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
-            _store_tile(kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val, m2, cols, WORDS, HAS_STAGING)
+            _store_tile(
+                kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val, m2, cols, WORDS, HAS_STAGING
+            )
         if share == 0:
             _stamp_phase(dbg_ptr, r64, 7, TIMING)
 
@@ -847,7 +979,6 @@ if _HAVE_TRITON:
                 tl.atomic_xchg(ctrl_ptr, 0)
                 tl.atomic_xchg(ctrl_ptr + 1, 0)
                 tl.atomic_add(ctrl_ptr + 2, 1)
-
 
 
 # --------------------------------------------------------------------------------------
@@ -896,8 +1027,17 @@ class ResolverWorkspace:
         return self
 
     def nbytes(self) -> int:
-        ts = [self.scratch, self.bitmap, self.mpos, self.victims, self.meta, self.flags,
-              self.pflags, self.pdone, self.ctrl]
+        ts = [
+            self.scratch,
+            self.bitmap,
+            self.mpos,
+            self.victims,
+            self.meta,
+            self.flags,
+            self.pflags,
+            self.pdone,
+            self.ctrl,
+        ]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
@@ -922,8 +1062,12 @@ def _pow2(n: int, lo: int = 16, hi: int | None = None) -> int:
 
 def _word_view(row_bytes: int, kv_pool: torch.Tensor, host_pool: torch.Tensor):
     for dt, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1)):
-        if (row_bytes % size == 0 and kv_pool.data_ptr() % size == 0
-                and host_pool.data_ptr() % size == 0 and host_pool.stride(0) % size == 0):
+        if (
+            row_bytes % size == 0
+            and kv_pool.data_ptr() % size == 0
+            and host_pool.data_ptr() % size == 0
+            and host_pool.stride(0) % size == 0
+        ):
             return dt, row_bytes // size
     raise AssertionError("unreachable")
 
@@ -947,9 +1091,16 @@ def default_copy_programs(R: int, Q: int = 2, num_sms: int | None = None) -> int
     return max(1, min(8, -(-64 // max(1, R))))
 
 
-def scan_settings(R: int, B: int, W: int, *, scan_tile: int | None = None,
-                  keys_in_registers: bool | None = None, pending_bitmap: bool | None = None,
-                  scan_stages: int | None = None) -> dict:
+def scan_settings(
+    R: int,
+    B: int,
+    W: int,
+    *,
+    scan_tile: int | None = None,
+    keys_in_registers: bool | None = None,
+    pending_bitmap: bool | None = None,
+    scan_stages: int | None = None,
+) -> dict:
     """The scan / victim-selection settings a call of R requests, B slots and W positions runs
     with: each argument as given, or the kernel's default for that shape (the benchmark records
     these, so a sweep row says what it measured whatever the defaults are when it ran)."""
@@ -959,37 +1110,61 @@ def scan_settings(R: int, B: int, W: int, *, scan_tile: int | None = None,
         raise ValueError(f"scan_tile must be a power of two >= 16, got {scan_tile}")
     reg_keys = B <= scan_tile if keys_in_registers is None else bool(keys_in_registers)
     if reg_keys and B > scan_tile:
-        raise ValueError(f"keys_in_registers needs B <= scan_tile (one scan tile), got B = {B}, "
-                         f"scan_tile = {scan_tile}")
+        raise ValueError(
+            f"keys_in_registers needs B <= scan_tile (one scan tile), got B = {B}, "
+            f"scan_tile = {scan_tile}"
+        )
     if pending_bitmap is None:
         pending_bitmap = R >= SCAN_WIDE_BATCH and R * W * 4 > PENDING_BITMAP_BYTES
     if scan_stages is None:  # pipelining needs more than one scan tile
         scan_stages = SCAN_STAGES_MULTI if B > scan_tile else 1
     if int(scan_stages) < 1:
         raise ValueError(f"scan_stages must be >= 1, got {scan_stages}")
-    return dict(scan_tile=int(scan_tile), keys_in_registers=bool(reg_keys), pending_bitmap=bool(pending_bitmap),
-                scan_stages=int(scan_stages))
+    return dict(
+        scan_tile=int(scan_tile),
+        keys_in_registers=bool(reg_keys),
+        pending_bitmap=bool(pending_bitmap),
+        scan_stages=int(scan_stages),
+    )
 
 
-def copy_settings(R: int, Q: int, *, copy_programs_per_request: int | None = None,
-                  early_copy: bool | None = None, pid_roles: bool | None = None,
-                  num_sms: int | None = None) -> dict:
+def copy_settings(
+    R: int,
+    Q: int,
+    *,
+    copy_programs_per_request: int | None = None,
+    early_copy: bool | None = None,
+    pid_roles: bool | None = None,
+    num_sms: int | None = None,
+) -> dict:
     """How a call of R requests x Q queries copies its misses: each argument as given, or the
     kernel's default (the benchmark records these beside scan_settings). Raises on a combination
     the kernel cannot run."""
-    S = int(copy_programs_per_request) if copy_programs_per_request else default_copy_programs(R, Q, num_sms)
+    S = (
+        int(copy_programs_per_request)
+        if copy_programs_per_request
+        else default_copy_programs(R, Q, num_sms)
+    )
     S = max(1, S)
     if early_copy is None:  # measured for plain decode only
         early_copy = EARLY_COPY and S > 1 and Q == 1
     elif early_copy and S < 2:
-        raise ValueError("early_copy hands the copy to the copy programs: it needs "
-                         f"copy_programs_per_request >= 2, got {S}")
+        raise ValueError(
+            "early_copy hands the copy to the copy programs: it needs "
+            f"copy_programs_per_request >= 2, got {S}"
+        )
     # pid_roles: roles from the program id (no tickets) where that cannot deadlock: with fewer
     # waiting copy programs than multiprocessors, a resolver (which never waits) always finds one
     fits = num_sms is None or R * (S - 1) < num_sms
     # (asked for where it does not fit, the call takes tickets: the returned settings say which)
-    pid_roles = (PID_ROLES and early_copy if pid_roles is None else bool(pid_roles)) and S > 1 and fits
-    return dict(copy_programs_per_request=S, early_copy=bool(early_copy), pid_roles=bool(pid_roles) and S > 1)
+    pid_roles = (
+        (PID_ROLES and early_copy if pid_roles is None else bool(pid_roles)) and S > 1 and fits
+    )
+    return dict(
+        copy_programs_per_request=S,
+        early_copy=bool(early_copy),
+        pid_roles=bool(pid_roles) and S > 1,
+    )
 
 
 _SM_COUNT: dict = {}
@@ -1008,17 +1183,38 @@ def num_sms(dev) -> int | None:
     return _SM_COUNT[idx]
 
 
-def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
-                   host_page_table, kv_pool, host_pool, stamp, *, page_size,
-                   direct_page_table=None, staging_loc_base=None, out=None,
-                   accumulate_counters=False, workspace: ResolverWorkspace | None = None,
-                   copy_programs_per_request: int | None = None, num_warps: int = 8,
-                   radix_tile: int = RADIX_TILE, radix_bits: int = RADIX_DIGIT_BITS,
-                   scan_tile: int | None = None, keys_in_registers: bool | None = None,
-                   copy_rows: int | None = None, pending_bitmap: bool | None = None,
-                   scan_stages: int | None = None, early_copy: bool | None = None,
-                   pid_roles: bool | None = None, phase_times: torch.Tensor | None = None,
-                   check: bool = True) -> ResolveResult:
+def resolve_triton(
+    selections,
+    tail_start,
+    tail_loc,
+    hot_pos,
+    hot_lru,
+    hot_loc_base,
+    host_page_table,
+    kv_pool,
+    host_pool,
+    stamp,
+    *,
+    page_size,
+    direct_page_table=None,
+    staging_loc_base=None,
+    out=None,
+    accumulate_counters=False,
+    workspace: ResolverWorkspace | None = None,
+    copy_programs_per_request: int | None = None,
+    num_warps: int = 8,
+    radix_tile: int = RADIX_TILE,
+    radix_bits: int = RADIX_DIGIT_BITS,
+    scan_tile: int | None = None,
+    keys_in_registers: bool | None = None,
+    copy_rows: int | None = None,
+    pending_bitmap: bool | None = None,
+    scan_stages: int | None = None,
+    early_copy: bool | None = None,
+    pid_roles: bool | None = None,
+    phase_times: torch.Tensor | None = None,
+    check: bool = True,
+) -> ResolveResult:
     """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``;
     every tuning argument gives the same result (the benchmark sweeps them), None takes the
     default for the call's shape:
@@ -1038,19 +1234,34 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
     if check:
-        _check_args(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
-                    host_page_table, kv_pool, host_pool, page_size, direct_page_table,
-                    staging_loc_base)
+        _check_args(
+            selections,
+            tail_start,
+            tail_loc,
+            hot_pos,
+            hot_lru,
+            hot_loc_base,
+            host_page_table,
+            kv_pool,
+            host_pool,
+            page_size,
+            direct_page_table,
+            staging_loc_base,
+        )
     dev = kv_pool.device
     interpret = not isinstance(_resolver_kernel, triton.runtime.jit.JITFunction)
     if dev.type == "cuda":
         capturing = torch.cuda.is_current_stream_capturing()
         if check and host_pool.device.type == "cpu" and not capturing and not host_pool.is_pinned():
-            raise ValueError("host_pool must be pinned (torch.empty(..., pin_memory=True)) so the "
-                             "kernel can read it through UVA; pageable memory cannot be read by a GPU kernel")
+            raise ValueError(
+                "host_pool must be pinned (torch.empty(..., pin_memory=True)) so the "
+                "kernel can read it through UVA; pageable memory cannot be read by a GPU kernel"
+            )
     elif not interpret:
-        raise RuntimeError("the Triton resolver on CPU tensors needs TRITON_INTERPRET=1 set before "
-                           "triton is imported (or use impl='reference')")
+        raise RuntimeError(
+            "the Triton resolver on CPU tensors needs TRITON_INTERPRET=1 set before "
+            "triton is imported (or use impl='reference')"
+        )
 
     R, Q, K = selections.shape
     QK = Q * K
@@ -1059,23 +1270,46 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     W = host_page_table.shape[1] * ps
     row_bytes = kv_pool.shape[1]
     assert QK < _HIT and B < _HIT, "Q*k and B must be < 2**28"
-    st = scan_settings(R, B, W, scan_tile=scan_tile, keys_in_registers=keys_in_registers,
-                       pending_bitmap=pending_bitmap, scan_stages=scan_stages)
-    scan_tile, reg_keys, pending_bitmap = st["scan_tile"], st["keys_in_registers"], st["pending_bitmap"]
+    st = scan_settings(
+        R,
+        B,
+        W,
+        scan_tile=scan_tile,
+        keys_in_registers=keys_in_registers,
+        pending_bitmap=pending_bitmap,
+        scan_stages=scan_stages,
+    )
+    scan_tile, reg_keys, pending_bitmap = (
+        st["scan_tile"],
+        st["keys_in_registers"],
+        st["pending_bitmap"],
+    )
     scan_stages = st["scan_stages"]
     if not (1 <= radix_bits <= 12 and radix_tile >= 16 and radix_tile & (radix_tile - 1) == 0):
-        raise ValueError(f"radix_bits must be 1..12 and radix_tile a power of two >= 16, "
-                         f"got {radix_bits}, {radix_tile}")
+        raise ValueError(
+            f"radix_bits must be 1..12 and radix_tile a power of two >= 16, "
+            f"got {radix_bits}, {radix_tile}"
+        )
     if phase_times is not None:
         if interpret:
-            raise ValueError("phase_times reads the GPU's global timer: not available under TRITON_INTERPRET")
-        if (phase_times.dtype != torch.int64 or tuple(phase_times.shape) != (R, len(PHASE_NAMES))
-                or not phase_times.is_contiguous() or phase_times.device != dev):
-            raise ValueError(f"phase_times must be a contiguous int64 [{R}, {len(PHASE_NAMES)}] tensor on {dev}")
+            raise ValueError(
+                "phase_times reads the GPU's global timer: not available under TRITON_INTERPRET"
+            )
+        if (
+            phase_times.dtype != torch.int64
+            or tuple(phase_times.shape) != (R, len(PHASE_NAMES))
+            or not phase_times.is_contiguous()
+            or phase_times.device != dev
+        ):
+            raise ValueError(
+                f"phase_times must be a contiguous int64 [{R}, {len(PHASE_NAMES)}] tensor on {dev}"
+            )
 
     if out is None:
         locations = torch.empty((R, Q, K), dtype=torch.int32, device=dev)
-        counters = (torch.zeros if accumulate_counters else torch.empty)((R, 4), dtype=torch.int64, device=dev)
+        counters = (torch.zeros if accumulate_counters else torch.empty)(
+            (R, 4), dtype=torch.int64, device=dev
+        )
         overflow = torch.empty((R,), dtype=torch.int32, device=dev)
     else:
         locations, counters, overflow = out
@@ -1088,8 +1322,12 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
 
     sel = selections if selections.is_contiguous() else selections.contiguous()
 
-    for t, n in ((tail_loc, "tail_loc"), (host_page_table, "host_page_table"), (hot_pos, "hot_pos"),
-                 (hot_lru, "hot_lru")):
+    for t, n in (
+        (tail_loc, "tail_loc"),
+        (host_page_table, "host_page_table"),
+        (hot_pos, "hot_pos"),
+        (hot_lru, "hot_lru"),
+    ):
         if t.stride(1) != 1:
             raise ValueError(f"{n} must have unit stride in its last dimension")
     if direct_page_table is not None and direct_page_table.stride(1) != 1:
@@ -1097,8 +1335,10 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
     if not kv_pool.is_contiguous():
         raise ValueError("kv_pool must be contiguous")
     if host_pool.stride(1) != 1 or host_pool.stride(0) < row_bytes:
-        raise ValueError("host_pool must be [rows, row_bytes] with unit stride in its last dimension "
-                         "(a row stride of row_bytes or more: a padded host store is a column slice)")
+        raise ValueError(
+            "host_pool must be [rows, row_bytes] with unit stride in its last dimension "
+            "(a row stride of row_bytes or more: a padded host store is a column slice)"
+        )
 
     wdt, words = _word_view(row_bytes, kv_pool, host_pool)
     kv_w = kv_pool.view(wdt)
@@ -1114,39 +1354,80 @@ def resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_b
         stamp_arg, stamp_is_ptr = int(stamp), False
         assert 0 <= stamp_arg < _MAX_STAMP, "stamp out of range"
 
-    cs = copy_settings(R, Q, copy_programs_per_request=copy_programs_per_request, early_copy=early_copy,
-                       pid_roles=pid_roles, num_sms=num_sms(dev))
+    cs = copy_settings(
+        R,
+        Q,
+        copy_programs_per_request=copy_programs_per_request,
+        early_copy=early_copy,
+        pid_roles=pid_roles,
+        num_sms=num_sms(dev),
+    )
     S, early_copy = cs["copy_programs_per_request"], cs["early_copy"]
     dpt = direct_page_table if direct_page_table is not None else host_page_table
     stg = staging_loc_base if staging_loc_base is not None else hot_loc_base
 
     grid = (R * S,)
     _resolver_kernel[grid](
-        sel, locations,
-        tail_start, tail_loc, tail_loc.stride(0), tail_loc.shape[1],
-        dpt, dpt.stride(0),
-        host_page_table, host_page_table.stride(0),
-        hot_pos, hot_pos.stride(0), hot_lru, hot_lru.stride(0), hot_loc_base,
+        sel,
+        locations,
+        tail_start,
+        tail_loc,
+        tail_loc.stride(0),
+        tail_loc.shape[1],
+        dpt,
+        dpt.stride(0),
+        host_page_table,
+        host_page_table.stride(0),
+        hot_pos,
+        hot_pos.stride(0),
+        hot_lru,
+        hot_lru.stride(0),
+        hot_loc_base,
         stg,
-        kv_w, host_w,
-        counters, overflow,
+        kv_w,
+        host_w,
+        counters,
+        overflow,
         stamp_arg,
-        ws.scratch, ws.scratch.stride(0), W,
-        ws.bitmap, ws.bitmap.stride(0),
-        ws.mpos, ws.victims, ws.mpos.stride(0),
-        ws.meta, ws.flags, ws.ctrl, ws.pflags, ws.pdone,
-        R, QK, B, ps, S,
+        ws.scratch,
+        ws.scratch.stride(0),
+        W,
+        ws.bitmap,
+        ws.bitmap.stride(0),
+        ws.mpos,
+        ws.victims,
+        ws.mpos.stride(0),
+        ws.meta,
+        ws.flags,
+        ws.ctrl,
+        ws.pflags,
+        ws.pdone,
+        R,
+        QK,
+        B,
+        ps,
+        S,
         HAS_DIRECT=direct_page_table is not None,
         HAS_STAGING=staging_loc_base is not None,
         STAMP_IS_PTR=stamp_is_ptr,
         ACCUM=bool(accumulate_counters),
         COPY_PROGRAMS=S > 1,
-        WORDS=words, WPAD=wpad, ROWS=rows, HSTRIDE=host_w.stride(0),
-        QBLK=_pow2(QK, 16, 1024), BBLK=_pow2(B, 16, scan_tile), RBLK=_pow2(B, 16, radix_tile),
-        DIGIT=radix_bits, NBINS=1 << radix_bits,
-        REG_KEYS=reg_keys, BITMAP=bool(pending_bitmap), SCAN_STAGES=scan_stages,
-        EARLY=bool(early_copy), PID_ROLES=cs["pid_roles"],
-        dbg_ptr=phase_times if phase_times is not None else counters, TIMING=phase_times is not None,
+        WORDS=words,
+        WPAD=wpad,
+        ROWS=rows,
+        HSTRIDE=host_w.stride(0),
+        QBLK=_pow2(QK, 16, 1024),
+        BBLK=_pow2(B, 16, scan_tile),
+        RBLK=_pow2(B, 16, radix_tile),
+        DIGIT=radix_bits,
+        NBINS=1 << radix_bits,
+        REG_KEYS=reg_keys,
+        BITMAP=bool(pending_bitmap),
+        SCAN_STAGES=scan_stages,
+        EARLY=bool(early_copy),
+        PID_ROLES=cs["pid_roles"],
+        dbg_ptr=phase_times if phase_times is not None else counters,
+        TIMING=phase_times is not None,
         num_warps=num_warps,
     )
     return ResolveResult(locations, counters, overflow)
@@ -1165,10 +1446,27 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     ptr64 = {"hot_lru_ptr", "counters_ptr", "flags_ptr", "ctrl_ptr", "pflags_ptr", "dbg_ptr"}
     sig = {}
-    c = dict(HAS_DIRECT=True, HAS_STAGING=True, STAMP_IS_PTR=False, ACCUM=False, COPY_PROGRAMS=True,
-             WORDS=82, WPAD=128, ROWS=32, QBLK=1024, BBLK=1024, RBLK=RADIX_TILE,
-             DIGIT=RADIX_DIGIT_BITS, NBINS=1 << RADIX_DIGIT_BITS, REG_KEYS=False, BITMAP=False,
-             SCAN_STAGES=1, TIMING=False, EARLY=False, PID_ROLES=False)
+    c = dict(
+        HAS_DIRECT=True,
+        HAS_STAGING=True,
+        STAMP_IS_PTR=False,
+        ACCUM=False,
+        COPY_PROGRAMS=True,
+        WORDS=82,
+        WPAD=128,
+        ROWS=32,
+        QBLK=1024,
+        BBLK=1024,
+        RBLK=RADIX_TILE,
+        DIGIT=RADIX_DIGIT_BITS,
+        NBINS=1 << RADIX_DIGIT_BITS,
+        REG_KEYS=False,
+        BITMAP=False,
+        SCAN_STAGES=1,
+        TIMING=False,
+        EARLY=False,
+        PID_ROLES=False,
+    )
     c.update(constexprs)
     c.setdefault("HSTRIDE", c["WORDS"])  # unpadded host rows unless asked
     for name in fn.arg_names:
@@ -1184,16 +1482,34 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
             sig[name] = "i32"
     names = list(fn.arg_names)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
-    return triton.compile(ASTSource(fn, sig, c, attrs=attrs), target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=num_warps))
+    return triton.compile(
+        ASTSource(fn, sig, c, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(num_warps=num_warps),
+    )
 
 
-def resolve(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
-            host_page_table, kv_pool, host_pool, stamp, *, page_size,
-            direct_page_table=None, staging_loc_base=None, impl: str = "triton",
-            out=None, accumulate_counters: bool = False,
-            workspace: ResolverWorkspace | None = None,
-            copy_programs_per_request: int | None = None) -> ResolveResult:
+def resolve(
+    selections,
+    tail_start,
+    tail_loc,
+    hot_pos,
+    hot_lru,
+    hot_loc_base,
+    host_page_table,
+    kv_pool,
+    host_pool,
+    stamp,
+    *,
+    page_size,
+    direct_page_table=None,
+    staging_loc_base=None,
+    impl: str = "triton",
+    out=None,
+    accumulate_counters: bool = False,
+    workspace: ResolverWorkspace | None = None,
+    copy_programs_per_request: int | None = None,
+) -> ResolveResult:
     """Resolve selected positions to device locations (see the module docstring).
 
     Args (R requests, Q queries, k selections per query, B hot slots, T tail rows,
@@ -1207,13 +1523,41 @@ def resolve(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
         (locations, counters, overflow); accumulate_counters adds into ``out[1]``.
     Returns ResolveResult(locations int32 [R, Q, k], counters int64 [R, 4], overflow int32 [R]).
     """
-    kw = dict(page_size=page_size, direct_page_table=direct_page_table,
-              staging_loc_base=staging_loc_base, out=out, accumulate_counters=accumulate_counters)
+    kw = dict(
+        page_size=page_size,
+        direct_page_table=direct_page_table,
+        staging_loc_base=staging_loc_base,
+        out=out,
+        accumulate_counters=accumulate_counters,
+    )
     if impl == "triton":
-        return resolve_triton(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
-                              host_page_table, kv_pool, host_pool, stamp, workspace=workspace,
-                              copy_programs_per_request=copy_programs_per_request, **kw)
+        return resolve_triton(
+            selections,
+            tail_start,
+            tail_loc,
+            hot_pos,
+            hot_lru,
+            hot_loc_base,
+            host_page_table,
+            kv_pool,
+            host_pool,
+            stamp,
+            workspace=workspace,
+            copy_programs_per_request=copy_programs_per_request,
+            **kw,
+        )
     if impl == "reference":
-        return resolve_reference(selections, tail_start, tail_loc, hot_pos, hot_lru, hot_loc_base,
-                                 host_page_table, kv_pool, host_pool, stamp, **kw)
+        return resolve_reference(
+            selections,
+            tail_start,
+            tail_loc,
+            hot_pos,
+            hot_lru,
+            hot_loc_base,
+            host_page_table,
+            kv_pool,
+            host_pool,
+            stamp,
+            **kw,
+        )
     raise ValueError(f"unknown resolver impl {impl!r}")

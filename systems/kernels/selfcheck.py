@@ -30,8 +30,12 @@ def check_kernels(device: torch.device) -> tuple[bool, str]:
     except Exception as e:  # a compile or launch failure is a verdict too
         ok, why = False, f"{type(e).__name__}: {e}"
     if not ok:
-        log.warning("model.attention_impl=auto: the Triton kernels failed their self-check on %s "
-                    "(%s); using the PyTorch references", device, why)
+        log.warning(
+            "model.attention_impl=auto: the Triton kernels failed their self-check on %s "
+            "(%s); using the PyTorch references",
+            device,
+            why,
+        )
     _VERDICT[key] = (ok, why)
     return ok, why
 
@@ -62,7 +66,10 @@ def _run(device: torch.device) -> tuple[bool, str]:
         a = sparse_attention(q16, kv, sel, loc, impl="triton_mma", **kw16).float()
         b = sparse_attention(q16, kv, sel, loc, impl="reference", **kw16).float()
         if not torch.allclose(a, b, rtol=2e-2, atol=2e-2):
-            return False, f"sparse attention (triton_mma, bf16) differs by {(a - b).abs().max().item():.3g}"
+            return (
+                False,
+                f"sparse attention (triton_mma, bf16) differs by {(a - b).abs().max().item():.3g}",
+            )
     pool = torch.randn(8 * 16, 64, generator=g).to(device, torch.bfloat16)
     table = torch.randperm(8, generator=g).view(2, 4).to(device, torch.int32)
     slots = torch.tensor([1, 0], device=device)

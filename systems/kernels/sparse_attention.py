@@ -39,6 +39,7 @@ import torch
 try:
     import triton
     import triton.language as tl
+
     _HAVE_TRITON = True
 except Exception:  # pragma: no cover - triton is a dependency; keep the reference usable
     _HAVE_TRITON = False
@@ -46,8 +47,17 @@ except Exception:  # pragma: no cover - triton is a dependency; keep the referen
 FP8_BLOCK = 128  # values per float32 scale (systems/models/kv_format.py)
 
 
-def sparse_attention_reference(q, kv, selections, locations, *, kv_format: str, kv_dim: int,
-                               rope_dim: int, row_dtype: torch.dtype) -> torch.Tensor:
+def sparse_attention_reference(
+    q,
+    kv,
+    selections,
+    locations,
+    *,
+    kv_format: str,
+    kv_dim: int,
+    rope_dim: int,
+    row_dtype: torch.dtype,
+) -> torch.Tensor:
     """Plain PyTorch, the model's reference path: gather, decode, attend."""
     from systems.models.kv_format import decode_rows
 
@@ -55,7 +65,12 @@ def sparse_attention_reference(q, kv, selections, locations, *, kv_format: str, 
         pass
 
     fmt = _Fmt()
-    fmt.kv_format, fmt.kv_dim, fmt.kv_rope_dim, fmt.row_bytes = kv_format, kv_dim, rope_dim, kv.shape[1]
+    fmt.kv_format, fmt.kv_dim, fmt.kv_rope_dim, fmt.row_bytes = (
+        kv_format,
+        kv_dim,
+        rope_dim,
+        kv.shape[1],
+    )
     rows = decode_rows(kv[locations.long().clamp_min(0)], fmt, row_dtype)  # [N, k, d]
     s = torch.einsum("nhd,nkd->nhk", q.float(), rows.float()) / math.sqrt(kv_dim)
     s = s.masked_fill((selections < 0).unsqueeze(1), float("-inf"))
@@ -64,6 +79,7 @@ def sparse_attention_reference(q, kv, selections, locations, *, kv_format: str, 
 
 
 if _HAVE_TRITON:
+
     @triton.jit
     def _round_to_bf16(x):
         """float32 -> nearest bf16 (ties to even), kept in float32: torch's rounding for finite
@@ -73,9 +89,22 @@ if _HAVE_TRITON:
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, base, k0, k_hi, row_bytes, jn,
-                   NOPE: tl.constexpr, FP8: tl.constexpr, ROUND_BF16: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+    def _load_tile(
+        sel_ptr,
+        loc_ptr,
+        kv_u8,
+        kv_f32,
+        kv_bf16,
+        base,
+        k0,
+        k_hi,
+        row_bytes,
+        jn,
+        NOPE: tl.constexpr,
+        FP8: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         """Selections k0 .. k0 + BLOCK_K (below k_hi) of one query: (valid, pool row, the rows'
         nope parts decoded to float32 [BLOCK_K, NOPE_P]: fp8 x its block scale, or bf16; with
         ROUND_BF16 rounded to bf16 values as decode_rows(..., bfloat16) gives the reference)."""
@@ -88,12 +117,16 @@ if _HAVE_TRITON:
         if FP8:
             raw = tl.load(kv_u8 + row[:, None] * row_bytes + jn[None, :], mask=nmask, other=0)
             xn = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            sc = tl.load(kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4
-                         + jn[None, :] // 128, mask=nmask, other=0.0)
+            sc = tl.load(
+                kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4 + jn[None, :] // 128,
+                mask=nmask,
+                other=0.0,
+            )
             xn = xn * sc
         else:
-            xn = tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask,
-                         other=0.0).to(tl.float32)
+            xn = tl.load(
+                kv_bf16 + row[:, None] * (row_bytes // 2) + jn[None, :], mask=nmask, other=0.0
+            ).to(tl.float32)
         if ROUND_BF16:
             xn = _round_to_bf16(xn)
         return valid, row, xn
@@ -103,16 +136,39 @@ if _HAVE_TRITON:
         """The rows' bf16 rope tails [BLOCK_K, ROPE_P], stored after the nope bytes and their
         float32 scales (fp8 rows), as bf16 values."""
         r0 = (NOPE + 4 * (NOPE // 128)) // 2  # in bf16 units
-        return tl.load(kv_bf16 + row[:, None] * (row_bytes // 2) + r0 + jr[None, :],
-                       mask=valid[:, None] & (jr[None, :] < ROPE), other=0.0)
+        return tl.load(
+            kv_bf16 + row[:, None] * (row_bytes // 2) + r0 + jr[None, :],
+            mask=valid[:, None] & (jr[None, :] < ROPE),
+            other=0.0,
+        )
 
     @triton.jit
     def _sparse_attention_kernel(
-            q_ptr, sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, out_ptr, m_ptr, l_ptr, acc_ptr,
-            K, CHUNK, row_bytes, sm_scale,
-            H: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
-            FP8: tl.constexpr, ROUND_BF16: tl.constexpr, BLOCK_K: tl.constexpr,
-            NOPE_P: tl.constexpr, ROPE_P: tl.constexpr, SPLIT: tl.constexpr):
+        q_ptr,
+        sel_ptr,
+        loc_ptr,
+        kv_u8,
+        kv_f32,
+        kv_bf16,
+        out_ptr,
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        K,
+        CHUNK,
+        row_bytes,
+        sm_scale,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        NOPE: tl.constexpr,
+        ROPE: tl.constexpr,
+        FP8: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        NOPE_P: tl.constexpr,
+        ROPE_P: tl.constexpr,
+        SPLIT: tl.constexpr,
+    ):
         # one program per (query, head, chunk of CHUNK selections): heads are few (4 here), so a
         # dot product over padded heads would waste most of its multiplies (an all-heads variant
         # with float32 dots measured 10x slower, docs/design.md); the head
@@ -135,8 +191,22 @@ if _HAVE_TRITON:
         acc_n = tl.zeros([NOPE_P], dtype=tl.float32)
         k_hi = tl.minimum(c * CHUNK + CHUNK, K)
         for k0 in range(c * CHUNK, k_hi, BLOCK_K):
-            valid, row, xn = _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, n * K, k0, k_hi,
-                                        row_bytes, jn, NOPE, FP8, ROUND_BF16, BLOCK_K)
+            valid, row, xn = _load_tile(
+                sel_ptr,
+                loc_ptr,
+                kv_u8,
+                kv_f32,
+                kv_bf16,
+                n * K,
+                k0,
+                k_hi,
+                row_bytes,
+                jn,
+                NOPE,
+                FP8,
+                ROUND_BF16,
+                BLOCK_K,
+            )
             s = tl.sum(xn * qn[None, :], 1)  # [BLOCK_K]
             if ROPE > 0:
                 xr = _load_rope(kv_bf16, row, valid, jr, row_bytes, NOPE, ROPE).to(tl.float32)
@@ -165,18 +235,37 @@ if _HAVE_TRITON:
             ob = out_ptr + (n * H + h) * D
             tl.store(ob + jn, (acc_n * inv).to(out_ptr.dtype.element_ty), mask=jn < NOPE)
             if ROPE > 0:
-                tl.store(ob + NOPE + jr, (acc_r * inv).to(out_ptr.dtype.element_ty),
-                         mask=jr < ROPE)
-
+                tl.store(ob + NOPE + jr, (acc_r * inv).to(out_ptr.dtype.element_ty), mask=jr < ROPE)
 
     @triton.jit
     def _sparse_attention_mma_kernel(
-            q_ptr, sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, out_ptr, m_ptr, l_ptr, acc_ptr,
-            K, CHUNK, row_bytes, sm_scale,
-            H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr,
-            ROPE: tl.constexpr, FP8: tl.constexpr, ROUND_BF16: tl.constexpr,
-            BLOCK_K: tl.constexpr, NOPE_P: tl.constexpr, ROPE_P: tl.constexpr,
-            SPLIT: tl.constexpr, BF16_MMA: tl.constexpr):
+        q_ptr,
+        sel_ptr,
+        loc_ptr,
+        kv_u8,
+        kv_f32,
+        kv_bf16,
+        out_ptr,
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        K,
+        CHUNK,
+        row_bytes,
+        sm_scale,
+        H: tl.constexpr,
+        HP: tl.constexpr,
+        D: tl.constexpr,
+        NOPE: tl.constexpr,
+        ROPE: tl.constexpr,
+        FP8: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        NOPE_P: tl.constexpr,
+        ROPE_P: tl.constexpr,
+        SPLIT: tl.constexpr,
+        BF16_MMA: tl.constexpr,
+    ):
         # one program per (query, chunk of CHUNK selections) for all heads: each row is decoded
         # once, and both products run as tensor-core dots over heads padded to HP >= 16 rows
         # (no cross-thread reductions). BF16_MMA (bf16 queries, rows rounded to bf16): q . x is
@@ -190,13 +279,18 @@ if _HAVE_TRITON:
         hm = hh < H
         jn = tl.arange(0, NOPE_P)
         qrow = q_ptr + (n * H + hh) * D
-        qn = tl.load(qrow[:, None] + jn[None, :], mask=hm[:, None] & (jn[None, :] < NOPE), other=0.0)
+        qn = tl.load(
+            qrow[:, None] + jn[None, :], mask=hm[:, None] & (jn[None, :] < NOPE), other=0.0
+        )
         if not BF16_MMA:
             qn = qn.to(tl.float32)
         if ROPE > 0:
             jr = tl.arange(0, ROPE_P)
-            qr = tl.load(qrow[:, None] + NOPE + jr[None, :], mask=hm[:, None] & (jr[None, :] < ROPE),
-                         other=0.0)
+            qr = tl.load(
+                qrow[:, None] + NOPE + jr[None, :],
+                mask=hm[:, None] & (jr[None, :] < ROPE),
+                other=0.0,
+            )
             if not BF16_MMA:
                 qr = qr.to(tl.float32)
             acc_r = tl.zeros([HP, ROPE_P], dtype=tl.float32)
@@ -205,8 +299,22 @@ if _HAVE_TRITON:
         acc_n = tl.zeros([HP, NOPE_P], dtype=tl.float32)
         k_hi = tl.minimum(c * CHUNK + CHUNK, K)
         for k0 in range(c * CHUNK, k_hi, BLOCK_K):
-            valid, row, xn = _load_tile(sel_ptr, loc_ptr, kv_u8, kv_f32, kv_bf16, n * K, k0, k_hi,
-                                        row_bytes, jn, NOPE, FP8, ROUND_BF16, BLOCK_K)
+            valid, row, xn = _load_tile(
+                sel_ptr,
+                loc_ptr,
+                kv_u8,
+                kv_f32,
+                kv_bf16,
+                n * K,
+                k0,
+                k_hi,
+                row_bytes,
+                jn,
+                NOPE,
+                FP8,
+                ROUND_BF16,
+                BLOCK_K,
+            )
             if BF16_MMA:
                 xb = xn.to(tl.bfloat16)  # exact: xn is already a bf16 value
                 s = tl.dot(qn, tl.trans(xb))
@@ -247,15 +355,30 @@ if _HAVE_TRITON:
         else:
             inv = tl.where(l_sum > 0, 1.0 / l_sum, 0.0)
             ob = out_ptr + (n * H + hh[:, None]) * D
-            tl.store(ob + jn[None, :], (acc_n * inv[:, None]).to(out_ptr.dtype.element_ty),
-                     mask=hm[:, None] & (jn[None, :] < NOPE))
+            tl.store(
+                ob + jn[None, :],
+                (acc_n * inv[:, None]).to(out_ptr.dtype.element_ty),
+                mask=hm[:, None] & (jn[None, :] < NOPE),
+            )
             if ROPE > 0:
-                tl.store(ob + NOPE + jr[None, :], (acc_r * inv[:, None]).to(out_ptr.dtype.element_ty),
-                         mask=hm[:, None] & (jr[None, :] < ROPE))
+                tl.store(
+                    ob + NOPE + jr[None, :],
+                    (acc_r * inv[:, None]).to(out_ptr.dtype.element_ty),
+                    mask=hm[:, None] & (jr[None, :] < ROPE),
+                )
 
     @triton.jit
-    def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, NS,
-                        H: tl.constexpr, D: tl.constexpr, NSP: tl.constexpr, DP: tl.constexpr):
+    def _combine_kernel(
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        out_ptr,
+        NS,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        NSP: tl.constexpr,
+        DP: tl.constexpr,
+    ):
         # merge the chunks' online-softmax states of one (query, head): rescale each chunk's sum
         # and accumulator to the common maximum (a chunk of padding only has max -inf, weight 0)
         n = tl.program_id(0).to(tl.int64)
@@ -270,8 +393,11 @@ if _HAVE_TRITON:
         lt = tl.sum(w * lc, 0)
         inv = tl.where(lt > 0, 1.0 / lt, 0.0)
         jd = tl.arange(0, DP)
-        a = tl.load(acc_ptr + part[:, None] * D + jd[None, :], mask=cm[:, None] & (jd[None, :] < D),
-                    other=0.0)
+        a = tl.load(
+            acc_ptr + part[:, None] * D + jd[None, :],
+            mask=cm[:, None] & (jd[None, :] < D),
+            other=0.0,
+        )
         o = tl.sum(w[:, None] * a, 0) * inv
         tl.store(out_ptr + (n * H + h) * D + jd, o.to(out_ptr.dtype.element_ty), mask=jd < D)
 
@@ -287,10 +413,21 @@ def split_count(N: int, H: int, K: int, block_k: int, target_programs: int = 264
     return max(1, min(tiles, -(-target_programs // max(1, N * H))))
 
 
-def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_dim: int,
-                            rope_dim: int, row_dtype: torch.dtype, block_k: int | None = None,
-                            num_warps: int = 4, splits: int | None = None,
-                            kernel: str = "per_head") -> torch.Tensor:
+def sparse_attention_triton(
+    q,
+    kv,
+    selections,
+    locations,
+    *,
+    kv_format: str,
+    kv_dim: int,
+    rope_dim: int,
+    row_dtype: torch.dtype,
+    block_k: int | None = None,
+    num_warps: int = 4,
+    splits: int | None = None,
+    kernel: str = "per_head",
+) -> torch.Tensor:
     """``splits``: chunks of selections per (query, head), merged by a second small launch;
     default ``split_count`` (1 once N x H programs fill the GPU). ``kernel``: ``per_head`` (one
     program per query, head and chunk) or ``mma`` (all heads of a query per program, tensor-core
@@ -325,12 +462,35 @@ def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_
         acc = torch.empty(N * ns * H * d, dtype=torch.float32, device=q.device)
     else:
         m = l_ = acc = out  # unused
-    args = (q.contiguous(), selections.contiguous(), locations.contiguous(),
-            kv, kv.view(torch.float32), kv.view(torch.bfloat16), out, m, l_, acc,
-            K, chunk, row_bytes, 1.0 / math.sqrt(kv_dim))
-    common = dict(H=H, D=d, NOPE=nope, ROPE=rope, FP8=fp8, ROUND_BF16=row_dtype == torch.bfloat16,
-                  BLOCK_K=block_k, NOPE_P=_p2(nope), ROPE_P=_p2(rope) if rope else 16,
-                  SPLIT=ns > 1, num_warps=num_warps)
+    args = (
+        q.contiguous(),
+        selections.contiguous(),
+        locations.contiguous(),
+        kv,
+        kv.view(torch.float32),
+        kv.view(torch.bfloat16),
+        out,
+        m,
+        l_,
+        acc,
+        K,
+        chunk,
+        row_bytes,
+        1.0 / math.sqrt(kv_dim),
+    )
+    common = dict(
+        H=H,
+        D=d,
+        NOPE=nope,
+        ROPE=rope,
+        FP8=fp8,
+        ROUND_BF16=row_dtype == torch.bfloat16,
+        BLOCK_K=block_k,
+        NOPE_P=_p2(nope),
+        ROPE_P=_p2(rope) if rope else 16,
+        SPLIT=ns > 1,
+        num_warps=num_warps,
+    )
     if mma:
         _sparse_attention_mma_kernel[(N, ns)](*args, HP=_p2(H), BF16_MMA=bf16, **common)
     else:
@@ -340,8 +500,18 @@ def sparse_attention_triton(q, kv, selections, locations, *, kv_format: str, kv_
     return out
 
 
-def sparse_attention(q, kv, selections, locations, *, kv_format: str, kv_dim: int, rope_dim: int,
-                     row_dtype: torch.dtype, impl: str = "triton") -> torch.Tensor:
+def sparse_attention(
+    q,
+    kv,
+    selections,
+    locations,
+    *,
+    kv_format: str,
+    kv_dim: int,
+    rope_dim: int,
+    row_dtype: torch.dtype,
+    impl: str = "triton",
+) -> torch.Tensor:
     """Attention of q [N, H, d] over the selected rows of kv (see the module docstring)."""
     kw = dict(kv_format=kv_format, kv_dim=kv_dim, rope_dim=rope_dim, row_dtype=row_dtype)
     if impl == "triton":
@@ -353,8 +523,14 @@ def sparse_attention(q, kv, selections, locations, *, kv_format: str, kv_dim: in
     raise ValueError(f"unknown sparse attention impl {impl!r}")
 
 
-def aot_compile(arch: int = 90, num_warps: int = 4, fp8: bool = True, q_type: str = "bf16",
-                kernel: str = "per_head", **constexprs):
+def aot_compile(
+    arch: int = 90,
+    num_warps: int = 4,
+    fp8: bool = True,
+    q_type: str = "bf16",
+    kernel: str = "per_head",
+    **constexprs,
+):
     """Compile the kernel for an NVIDIA target without a GPU (Triton bundles ptxas): catches
     compile-mode errors the interpreter does not see. Needs a process where TRITON_INTERPRET
     is unset. Returns the compiled kernel (``.asm`` holds ttir/ttgir/llir/ptx/cubin)."""
@@ -364,16 +540,35 @@ def aot_compile(arch: int = 90, num_warps: int = 4, fp8: bool = True, q_type: st
     fn = _sparse_attention_kernel if kernel == "per_head" else _sparse_attention_mma_kernel
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
-    c = dict(H=4, D=576, NOPE=512, ROPE=64, FP8=fp8, ROUND_BF16=True, BLOCK_K=32, NOPE_P=512,
-             ROPE_P=64, SPLIT=True)
+    c = dict(
+        H=4,
+        D=576,
+        NOPE=512,
+        ROPE=64,
+        FP8=fp8,
+        ROUND_BF16=True,
+        BLOCK_K=32,
+        NOPE_P=512,
+        ROPE_P=64,
+        SPLIT=True,
+    )
     if not fp8:
         c.update(D=576, NOPE=576, ROPE=0, NOPE_P=1024, ROPE_P=16)
     if kernel == "mma":
         c.update(HP=16, BF16_MMA=q_type == "bf16")
     c.update(constexprs)
-    ptrs = {"q_ptr": "*" + q_type, "sel_ptr": "*i64", "loc_ptr": "*i64", "kv_u8": "*u8",
-            "kv_f32": "*fp32", "kv_bf16": "*bf16", "out_ptr": "*" + q_type, "m_ptr": "*fp32",
-            "l_ptr": "*fp32", "acc_ptr": "*fp32"}
+    ptrs = {
+        "q_ptr": "*" + q_type,
+        "sel_ptr": "*i64",
+        "loc_ptr": "*i64",
+        "kv_u8": "*u8",
+        "kv_f32": "*fp32",
+        "kv_bf16": "*bf16",
+        "out_ptr": "*" + q_type,
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        "acc_ptr": "*fp32",
+    }
     sig = {}
     for name in fn.arg_names:
         if name in c:
@@ -384,7 +579,13 @@ def aot_compile(arch: int = 90, num_warps: int = 4, fp8: bool = True, q_type: st
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n].startswith("*")}
-    return triton.compile(ASTSource(fn, sig, c, attrs=attrs), target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=num_warps))
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if sig[n].startswith("*")
+    }
+    return triton.compile(
+        ASTSource(fn, sig, c, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(num_warps=num_warps),
+    )

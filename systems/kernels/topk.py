@@ -47,6 +47,7 @@ import torch.nn.functional as F
 try:
     import triton
     import triton.language as tl
+
     _HAVE_TRITON = True
 except Exception:  # pragma: no cover - triton is a dependency; keep the reference usable
     _HAVE_TRITON = False
@@ -87,9 +88,9 @@ def topk_positions_reference(scores: torch.Tensor, positions: torch.Tensor, k: i
 
 if _HAVE_TRITON:
     # 32-bit score keys, signed order = float order (ordered_keys' high half)
-    _KEY_INF = tl.constexpr(0x7F800000)        # +inf: the query's own position
-    _KEY_NEG_INF = tl.constexpr(-0x7F800001)   # -inf: never selected
-    _PAD = tl.constexpr(-(1 << 63))            # below every 64-bit key: sorts after the winners
+    _KEY_INF = tl.constexpr(0x7F800000)  # +inf: the query's own position
+    _KEY_NEG_INF = tl.constexpr(-0x7F800001)  # -inf: never selected
+    _PAD = tl.constexpr(-(1 << 63))  # below every 64-bit key: sorts after the winners
 
     @triton.jit
     def _score_keys(srow, ll, n_vis, t):
@@ -133,8 +134,9 @@ if _HAVE_TRITON:
         return d, tl.sum(tl.where(bins > d, hist, 0))
 
     @triton.jit
-    def _topk_kernel(scores_ptr, pos_ptr, out_ptr, cand_ptr, sel_ptr, L, K,
-                     BLOCK: tl.constexpr, KP: tl.constexpr):
+    def _topk_kernel(
+        scores_ptr, pos_ptr, out_ptr, cand_ptr, sel_ptr, L, K, BLOCK: tl.constexpr, KP: tl.constexpr
+    ):
         row = tl.program_id(0).to(tl.int64)  # b * Q + q
         t = tl.load(pos_ptr + row).to(tl.int32)
         n_vis = tl.maximum(tl.minimum(t + 1, L), 0)  # positions 0 .. n_vis-1 are visible
@@ -211,8 +213,9 @@ if _HAVE_TRITON:
             ks, ll, m = _candidate_keys(srow, crow, start + ar, n_cand, n_vis, t)
             eq = m & ((ks & 0xFFFF) == T_lo)
             take = (m & ((ks & 0xFFFF) > T_lo)) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= r))
-            tl.store(wrow + n_win + tl.cumsum(take.to(tl.int32), 0) - 1, _full_key(ks, ll),
-                     mask=take)
+            tl.store(
+                wrow + n_win + tl.cumsum(take.to(tl.int32), 0) - 1, _full_key(ks, ll), mask=take
+            )
             n_win += tl.sum(take.to(tl.int32))
             n_eq += tl.sum(eq.to(tl.int32))
         tl.debug_barrier()
@@ -228,8 +231,13 @@ def _p2(n: int) -> int:
     return 1 << max(1, (int(n) - 1).bit_length())
 
 
-def topk_positions_triton(scores: torch.Tensor, positions: torch.Tensor, k: int,
-                          block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
+def topk_positions_triton(
+    scores: torch.Tensor,
+    positions: torch.Tensor,
+    k: int,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
+) -> torch.Tensor:
     """Radix-select top-k (see the module docstring); bit-identical to the reference."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
@@ -245,13 +253,24 @@ def topk_positions_triton(scores: torch.Tensor, positions: torch.Tensor, k: int,
     kp = _p2(k)
     cand = torch.empty((B * Q, max(L, 1)), dtype=torch.int32, device=scores.device)
     sel = torch.empty((B * Q, kp), dtype=torch.int64, device=scores.device)
-    _topk_kernel[(B * Q,)](scores.contiguous(), positions.contiguous(), out, cand, sel, L, k,
-                           BLOCK=block, KP=kp, num_warps=num_warps)
+    _topk_kernel[(B * Q,)](
+        scores.contiguous(),
+        positions.contiguous(),
+        out,
+        cand,
+        sel,
+        L,
+        k,
+        BLOCK=block,
+        KP=kp,
+        num_warps=num_warps,
+    )
     return out
 
 
-def topk_positions(scores: torch.Tensor, positions: torch.Tensor, k: int,
-                   impl: str = "triton") -> torch.Tensor:
+def topk_positions(
+    scores: torch.Tensor, positions: torch.Tensor, k: int, impl: str = "triton"
+) -> torch.Tensor:
     """int32 [B, Q, k] top-k positions of each query (see the module docstring)."""
     if impl == "triton":
         return topk_positions_triton(scores, positions, k)
@@ -270,10 +289,21 @@ def aot_compile(arch: int = 90, num_warps: int = 8, **constexprs):
         raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     c = dict(BLOCK=2048, KP=512)
     c.update(constexprs)
-    ptrs = {"scores_ptr": "*fp32", "pos_ptr": "*i64", "out_ptr": "*i32", "cand_ptr": "*i32",
-            "sel_ptr": "*i64"}
+    ptrs = {
+        "scores_ptr": "*fp32",
+        "pos_ptr": "*i64",
+        "out_ptr": "*i32",
+        "cand_ptr": "*i32",
+        "sel_ptr": "*i64",
+    }
     sig = {n: ("constexpr" if n in c else ptrs.get(n, "i32")) for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n].startswith("*")}
-    return triton.compile(ASTSource(fn, sig, c, attrs=attrs), target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=num_warps))
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if sig[n].startswith("*")
+    }
+    return triton.compile(
+        ASTSource(fn, sig, c, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(num_warps=num_warps),
+    )

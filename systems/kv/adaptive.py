@@ -65,8 +65,10 @@ class AdaptiveOptions(HiSparseOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.reclaim_order not in RECLAIM_ORDERS:
-            raise ValueError(f"system.kv.reclaim_order: must be one of {RECLAIM_ORDERS}, got "
-                             f"{self.reclaim_order!r}")
+            raise ValueError(
+                f"system.kv.reclaim_order: must be one of {RECLAIM_ORDERS}, got "
+                f"{self.reclaim_order!r}"
+            )
         for f in ("admission_reserve_pages", "populate_pages_per_step"):
             if int(getattr(self, f)) < 0:
                 raise ValueError(f"system.kv.{f}: must be >= 0, got {getattr(self, f)}")
@@ -81,14 +83,19 @@ class AdaptiveBackend(HiSparseBackend):
         self.reserve_pages = int(opt.admission_reserve_pages)
         self.populate_pages_per_step = int(opt.populate_pages_per_step)
         self.reclaim_order = opt.reclaim_order
-        self.direct_table = torch.full((self.num_slots, self.max_host_pages), -1,
-                                       dtype=torch.int32, device=self.device)
+        self.direct_table = torch.full(
+            (self.num_slots, self.max_host_pages), -1, dtype=torch.int32, device=self.device
+        )
         self.res: dict[int, _Residency] = {}
         self._seq = 0
         self._rr = 0  # round-robin cursor of population
-        self.stats_adaptive = {"reclaimed_pages_total": 0, "reclaim_events_total": 0,
-                               "populated_pages_total": 0, "deferred_backup_pages_total": 0,
-                               "resident_first_pages_total": 0}
+        self.stats_adaptive = {
+            "reclaimed_pages_total": 0,
+            "reclaim_events_total": 0,
+            "populated_pages_total": 0,
+            "deferred_backup_pages_total": 0,
+            "resident_first_pages_total": 0,
+        }
 
     # ------------------------------------------------------------------ accounting
     @property
@@ -109,9 +116,11 @@ class AdaptiveBackend(HiSparseBackend):
 
     def _ordered(self) -> list[int]:
         slots = list(self.res)
-        key = {"newest_first": lambda s: -self.res[s].order,
-               "oldest_first": lambda s: self.res[s].order,
-               "largest_first": lambda s: (-self.res[s].num_pages, self.res[s].order)}
+        key = {
+            "newest_first": lambda s: -self.res[s].order,
+            "oldest_first": lambda s: self.res[s].order,
+            "largest_first": lambda s: (-self.res[s].num_pages, self.res[s].order),
+        }
         return sorted(slots, key=key[self.reclaim_order])
 
     def _reclaim_plan(self, deficit: int) -> list[int] | None:
@@ -148,8 +157,13 @@ class AdaptiveBackend(HiSparseBackend):
     def _admit_history(self, slot: int, prefix: PrefixKV) -> None:
         T, G = prefix.num_tokens, self.G
         nc = T // G if self.optional_on else 0
-        r = _Residency(order=self._seq, num_complete=nc, page=[-1] * nc, ready=[False] * nc,
-                       backed=[False] * nc)
+        r = _Residency(
+            order=self._seq,
+            num_complete=nc,
+            page=[-1] * nc,
+            ready=[False] * nc,
+            backed=[False] * nc,
+        )
         self._seq += 1
         self.res[slot] = r
         # resident-first: complete prompt pages stay on device while pages are spare
@@ -158,14 +172,15 @@ class AdaptiveBackend(HiSparseBackend):
             pages = self.payload_pages.alloc(keep)
             r.page[:keep] = pages  # registered before any copy, so release finds them
             for j, pg in enumerate(pages):
-                self.kv_pool[:, pg * G:(pg + 1) * G] = prefix.kv[:, j * G:(j + 1) * G]
+                self.kv_pool[:, pg * G : (pg + 1) * G] = prefix.kv[:, j * G : (j + 1) * G]
                 r.ready[j] = True
-            self.direct_table[slot, :keep] = torch.tensor(pages, dtype=torch.int32,
-                                                          device=self.device)
+            self.direct_table[slot, :keep] = torch.tensor(
+                pages, dtype=torch.int32, device=self.device
+            )
             self.stats_adaptive["resident_first_pages_total"] += keep
             self.stats_adaptive["deferred_backup_pages_total"] += keep
         # everything not kept on device goes to host now (incl. the partial boundary page)
-        self._backup(slot, keep * G, T, prefix.kv[:, keep * G:T])
+        self._backup(slot, keep * G, T, prefix.kv[:, keep * G : T])
         for j in range(keep, nc):
             r.backed[j] = True
 
@@ -178,7 +193,7 @@ class AdaptiveBackend(HiSparseBackend):
                 continue
             r.pending.pop(j, None)  # a page still being populated already has a host copy
             if not r.backed[j]:
-                self._backup(slot, j * G, (j + 1) * G, self.kv_pool[:, pg * G:(pg + 1) * G])
+                self._backup(slot, j * G, (j + 1) * G, self.kv_pool[:, pg * G : (pg + 1) * G])
                 r.backed[j] = True
             # page by page: a backup that fails part-way leaves every page consistent
             self.direct_table[slot, j] = -1
@@ -217,8 +232,9 @@ class AdaptiveBackend(HiSparseBackend):
                 assert r.backed[j]
                 pg = self.payload_pages.alloc(1)[0]
                 for a, b, h in self._host_segments(s, j * G, (j + 1) * G):
-                    self.kv_pool[:, pg * G + a - j * G:pg * G + b - j * G].copy_(
-                        self.host_pool[:, h:h + b - a], non_blocking=True)
+                    self.kv_pool[:, pg * G + a - j * G : pg * G + b - j * G].copy_(
+                        self.host_pool[:, h : h + b - a], non_blocking=True
+                    )
                 ev = None
                 if self.device.type == "cuda":
                     ev = torch.cuda.Event()
@@ -287,8 +303,9 @@ class AdaptiveBackend(HiSparseBackend):
             for j in range(dt.shape[1]):
                 v = int(dt[s, j])
                 if v >= 0:
-                    assert r is not None and j < r.num_complete and r.ready[j] and \
-                        r.page[j] == v, f"direct table publishes slot {s} page {j} not ready"
+                    assert r is not None and j < r.num_complete and r.ready[j] and r.page[j] == v, (
+                        f"direct table publishes slot {s} page {j} not ready"
+                    )
         # the base checks use HiSparse's page count: hot/tail pages only
         super().check_integrity_base()
 

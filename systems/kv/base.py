@@ -138,8 +138,10 @@ class KVBackend(ABC):
         self.P = model_cfg.page_size
         self.max_total_tokens = kv_cfg.max_total_tokens or model_cfg.max_context_len
         if self.max_total_tokens > model_cfg.max_context_len:
-            raise ValueError(f"kv.max_total_tokens={self.max_total_tokens} exceeds "
-                             f"model.max_context_len={model_cfg.max_context_len}")
+            raise ValueError(
+                f"kv.max_total_tokens={self.max_total_tokens} exceeds "
+                f"model.max_context_len={model_cfg.max_context_len}"
+            )
         if kv_cfg.max_running_requests < 1:
             raise ValueError("kv.max_running_requests must be >= 1")
         if kv_cfg.kv_pool_gib <= 0:
@@ -161,8 +163,10 @@ class KVBackend(ABC):
         """Lower the slot count before any slot is used (a backend whose pool holds fewer
         sessions than kv.max_running_requests)."""
         if self.active_slots or not 1 <= n <= self.num_slots:
-            raise RuntimeError(f"slot count can only come down to 1..{self.num_slots} before "
-                               f"any slot is used, got {n}")
+            raise RuntimeError(
+                f"slot count can only come down to 1..{self.num_slots} before "
+                f"any slot is used, got {n}"
+            )
         self.num_slots = n
         self.slot_len = [0] * n
         self.free_slots = list(range(n - 1, -1, -1))
@@ -171,10 +175,12 @@ class KVBackend(ABC):
     def _init_index_pool(self, num_pages: int) -> None:
         nI = len(self.index_src_ids)
         self.index_pages = PagePool(num_pages, "index")
-        self.index_pool = torch.zeros(nI, num_pages * self.P, self.mcfg.index_dim,
-                                      dtype=torch.bfloat16, device=self.device)
-        self.req_to_index_page = torch.full((self.num_slots, self.max_pages_per_req), -1,
-                                            dtype=torch.int32, device=self.device)
+        self.index_pool = torch.zeros(
+            nI, num_pages * self.P, self.mcfg.index_dim, dtype=torch.bfloat16, device=self.device
+        )
+        self.req_to_index_page = torch.full(
+            (self.num_slots, self.max_pages_per_req), -1, dtype=torch.int32, device=self.device
+        )
         self._slot_index_pages: dict[int, list[int]] = {}
 
     @property
@@ -184,15 +190,17 @@ class KVBackend(ABC):
     def _alloc_index(self, slot: int, num_tokens: int) -> None:
         pages = self.index_pages.alloc(math.ceil(num_tokens / self.P))
         self._slot_index_pages[slot] = pages
-        self.req_to_index_page[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int32,
-                                                                 device=self.device)
+        self.req_to_index_page[slot, : len(pages)] = torch.tensor(
+            pages, dtype=torch.int32, device=self.device
+        )
 
     def _free_index(self, slot: int) -> None:
         self.index_pages.free(self._slot_index_pages.pop(slot, []))
         self.req_to_index_page[slot] = -1
 
-    def _token_locs(self, table: torch.Tensor, slots: torch.Tensor,
-                    positions: torch.Tensor) -> torch.Tensor:
+    def _token_locs(
+        self, table: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """Paged lookup: (B,) slots, (B, ...) positions -> locations (-1 where position is -1)."""
         pos = positions.long()
         shp = pos.shape
@@ -205,8 +213,9 @@ class KVBackend(ABC):
     def _import_index(self, slot: int, prefix: PrefixKV) -> None:
         T = prefix.num_tokens
         pos = torch.arange(T, device=self.device).unsqueeze(0)
-        loc = self._token_locs(self.req_to_index_page, torch.tensor([slot], device=self.device),
-                               pos)[0]
+        loc = self._token_locs(
+            self.req_to_index_page, torch.tensor([slot], device=self.device), pos
+        )[0]
         for s, i in self.index_src_ids.items():
             self.index_pool[i, loc] = prefix.index[s].to(self.device, torch.bfloat16)
 
@@ -235,8 +244,9 @@ class KVBackend(ABC):
         """Return everything the request holds. Safe at any point after admit."""
 
     # ------------------------------------------------------------------ step protocol
-    def begin_step(self, slots: torch.Tensor, positions: torch.Tensor,
-                   max_len: int | None = None) -> None:
+    def begin_step(
+        self, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None
+    ) -> None:
         """slots (B,) int, positions (B, Q) int: the positions of this step's queries.
 
         ``max_len``: how many history positions the index scans (>= max(positions) + 1; the
@@ -250,8 +260,9 @@ class KVBackend(ABC):
         """Hook, eager part of a step's preparation: host-side bookkeeping that must run before
         every step, captured or not (the adaptive backend publishes finished populations)."""
 
-    def device_prepare(self, slots: torch.Tensor, positions: torch.Tensor,
-                       max_len: int | None = None) -> None:
+    def device_prepare(
+        self, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None
+    ) -> None:
         """Device part of a step's preparation: only device work on (slots, positions) and
         persistent device state, no host sync, so a CUDA graph can capture it with the
         forward (systems/engine/cuda_graph.py)."""
@@ -280,16 +291,23 @@ class KVBackend(ABC):
 
     def write_index(self, source: int, keys: torch.Tensor) -> None:
         loc = self._step["index_write_loc"]
-        self.index_pool[self.index_src_ids[source]][loc.reshape(-1)] = \
-            keys.reshape(-1, keys.shape[-1]).to(torch.bfloat16)
+        self.index_pool[self.index_src_ids[source]][loc.reshape(-1)] = keys.reshape(
+            -1, keys.shape[-1]
+        ).to(torch.bfloat16)
 
     def index_scores(self, source: int, iq: torch.Tensor) -> torch.Tensor:
         """(B, Qc, L) float32 scores of every visible position over the paged index store:
         the Triton kernel reads keys in place, the reference gathers them first."""
         st = self._step
-        return index_scores(iq, self.index_pool[self.index_src_ids[source]],
-                            self.req_to_index_page, st["slots"], st["L"], self.P,
-                            impl=self.index_impl)
+        return index_scores(
+            iq,
+            self.index_pool[self.index_src_ids[source]],
+            self.req_to_index_page,
+            st["slots"],
+            st["L"],
+            self.P,
+            impl=self.index_impl,
+        )
 
     @abstractmethod
     def write_kv(self, source: int, rows: torch.Tensor) -> None: ...
@@ -302,8 +320,9 @@ class KVBackend(ABC):
     def kv_buffer(self, source: int) -> torch.Tensor:
         """(num_locations, row_bytes) uint8 device storage that locations index."""
 
-    def locate(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
-               inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def locate(
+        self, layer: LayerSpec, selections: torch.Tensor, q0: int, inherit: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(buffer, locations): where the selected rows are; attention reads them in place."""
         cache = self._step.setdefault("loc", {})
         key = (layer.source, q0)
@@ -314,8 +333,9 @@ class KVBackend(ABC):
             cache[key] = loc
         return self.kv_buffer(layer.source), loc
 
-    def gather(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
-               inherit: bool) -> torch.Tensor:
+    def gather(
+        self, layer: LayerSpec, selections: torch.Tensor, q0: int, inherit: bool
+    ) -> torch.Tensor:
         buf, loc = self.locate(layer, selections, q0, inherit)
         return buf[loc.clamp_min(0)]
 
@@ -335,8 +355,7 @@ class KVBackend(ABC):
     def check_integrity(self) -> None:
         rep = self.memory_report()
         assert rep.required >= 0 and rep.optional >= 0 and rep.reserve >= 0
-        assert rep.required + rep.optional + rep.reserve <= rep.capacity, \
-            f"eq. 3 violated: {rep}"
+        assert rep.required + rep.optional + rep.reserve <= rep.capacity, f"eq. 3 violated: {rep}"
         assert len(self.free_slots) + len(self.active_slots) == self.num_slots
         assert not (set(self.free_slots) & self.active_slots)
         self.index_pages.check()

@@ -70,20 +70,27 @@ class HiSparseOptions(KVOptions):
             if int(getattr(self, f)) < 0:
                 raise ValueError(f"system.kv.{f}: must be >= 0, got {getattr(self, f)}")
         if self.resolver_impl not in RESOLVER_IMPLS:
-            raise ValueError(f"system.kv.resolver_impl: must be one of {RESOLVER_IMPLS}, got "
-                             f"{self.resolver_impl!r}")
+            raise ValueError(
+                f"system.kv.resolver_impl: must be one of {RESOLVER_IMPLS}, got "
+                f"{self.resolver_impl!r}"
+            )
 
     def resolved(self, model, device, max_queries_per_step):
         B = int(self.hot_cache_rows) or 2 * model.index_topk
         if B < model.index_topk:
-            raise ValueError(f"system.kv.hot_cache_rows={B} must be >= k = model.index_topk="
-                             f"{model.index_topk} (one query's selection must fit the hot cache)")
+            raise ValueError(
+                f"system.kv.hot_cache_rows={B} must be >= k = model.index_topk="
+                f"{model.index_topk} (one query's selection must fit the hot cache)"
+            )
         impl = self.resolver_impl
         if impl == "auto":
             impl = "triton" if str(device).startswith("cuda") else "reference"
         return dataclasses.replace(
-            self, hot_cache_rows=B, resolver_impl=impl,
-            tail_rows=int(self.tail_rows) or max(2 * max_queries_per_step, 16))
+            self,
+            hot_cache_rows=B,
+            resolver_impl=impl,
+            tail_rows=int(self.tail_rows) or max(2 * max_queries_per_step, 16),
+        )
 
 
 @register("hisparse", options=HiSparseOptions)
@@ -100,22 +107,34 @@ class HiSparseBackend(KVBackend):
         rb = m.row_bytes
         self.payload_page_bytes = S * G * rb
         self._followers = self._follower_map(m)
-        self.chi = 1 + max([len(v) for v in self._followers.values()] + [0]) \
-            if opt.prefetch_followers else 1
+        self.chi = (
+            1 + max([len(v) for v in self._followers.values()] + [0])
+            if opt.prefetch_followers
+            else 1
+        )
         # max_running_requests is a cap, as in SGLang: a session needs its index history, its
         # share of the verification staging and one hot cache, so past what the pool holds the
         # slot count is lowered rather than sizing the index store for sessions that could
         # never run (Fig. 4 at C256: 256 slots' index histories left room for ~40 hot caches)
         # verification staging rows per slot (see below); none without speculation
         stage_rows_per_slot = self.q_max * m.index_topk if self.q_max > 1 else 0
-        per_slot = (self.max_pages_per_req * self.index_page_bytes + self.payload_page_bytes
-                    + self.chi * stage_rows_per_slot * rb)
+        per_slot = (
+            self.max_pages_per_req * self.index_page_bytes
+            + self.payload_page_bytes
+            + self.chi * stage_rows_per_slot * rb
+        )
         fit = self.capacity // per_slot
         if 1 <= fit < self.num_slots and opt.cap_slots_to_pool:
-            log.warning("kv.kv_pool_gib=%s holds %d sessions of %d tokens (index history, "
-                        "staging and one hot cache each): running requests capped at %d, not "
-                        "max_running_requests=%d", kv_cfg.kv_pool_gib, fit, self.max_total_tokens,
-                        fit, self.num_slots)
+            log.warning(
+                "kv.kv_pool_gib=%s holds %d sessions of %d tokens (index history, "
+                "staging and one hot cache each): running requests capped at %d, not "
+                "max_running_requests=%d",
+                kv_cfg.kv_pool_gib,
+                fit,
+                self.max_total_tokens,
+                fit,
+                self.num_slots,
+            )
             self._set_num_slots(int(fit))
         # index pool: full histories of every slot (as SGLang sizes its index pool)
         num_index_pages = self.num_slots * self.max_pages_per_req
@@ -135,23 +154,27 @@ class HiSparseBackend(KVBackend):
             raise ValueError(
                 f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: the index store and staging take "
                 f"{(index_bytes + stage_bytes) / GiB:.3f} GiB and leave no room for one hot "
-                f"cache of {self.payload_page_bytes / GiB:.4f} GiB")
+                f"cache of {self.payload_page_bytes / GiB:.4f} GiB"
+            )
         self._init_index_pool(num_index_pages)
         self.payload_pages = PagePool(num_pages, "payload")
         # One flat device tensor: per-source page regions, then the staging arenas. Locations
         # returned by resolve are rows of it, so one gather serves every tier.
         self.NG = num_pages * G
         self.stage0 = S * self.NG
-        self.kv_flat = torch.zeros(self.stage0 + self.chi * self.stage_rows, rb,
-                                   dtype=torch.uint8, device=self.device)
-        self.kv_pool = self.kv_flat[:self.stage0].view(S, self.NG, rb)
+        self.kv_flat = torch.zeros(
+            self.stage0 + self.chi * self.stage_rows, rb, dtype=torch.uint8, device=self.device
+        )
+        self.kv_pool = self.kv_flat[: self.stage0].view(S, self.NG, rb)
         self.stage_bytes = stage_bytes
         # host store: full history of every admitted request, pinned when a GPU reads it
         self.max_host_pages = math.ceil((self.max_total_tokens + self.q_max) / G)
         num_host_pages = int(kv_cfg.host_pool_gib * GiB) // (S * G * rb)
         if num_host_pages < self.max_host_pages:
-            raise ValueError(f"kv.host_pool_gib={kv_cfg.host_pool_gib} cannot hold one request "
-                             f"of {self.max_total_tokens} tokens")
+            raise ValueError(
+                f"kv.host_pool_gib={kv_cfg.host_pool_gib} cannot hold one request "
+                f"of {self.max_total_tokens} tokens"
+            )
         # The budget is a cap: never pin more than every slot at its longest can use. A host
         # row is read only after its backup wrote it (positions below tail_start, complete
         # pages), so its contents need no initial value; host_memory pins exactly these bytes
@@ -168,8 +191,9 @@ class HiSparseBackend(KVBackend):
         self.hot_pos = torch.full((S, ns, B), -1, dtype=torch.int32, device=dev)
         self.hot_lru = torch.zeros((S, ns, B), dtype=torch.int64, device=dev)
         self.slot_page = torch.full((ns,), -1, dtype=torch.int32, device=dev)
-        self.host_page_table = torch.full((ns, self.max_host_pages), -1, dtype=torch.int32,
-                                          device=dev)
+        self.host_page_table = torch.full(
+            (ns, self.max_host_pages), -1, dtype=torch.int32, device=dev
+        )
         # tail_start lives twice: a host list for the commit logic and a device mirror that the
         # step reads (no per-step host->device table, so a captured graph sees its updates)
         self.tail_start = [0] * ns
@@ -252,17 +276,17 @@ class HiSparseBackend(KVBackend):
     def _init_slot(self, slot, prefix, total, page, hpages) -> None:
         self._alloc_index(slot, total)
         self.slot_page[slot] = page
-        self.host_page_table[slot, :len(hpages)] = torch.tensor(hpages, dtype=torch.int32,
-                                                                device=self.device)
+        self.host_page_table[slot, : len(hpages)] = torch.tensor(
+            hpages, dtype=torch.int32, device=self.device
+        )
         self.hot_pos[:, slot] = -1
         self.hot_lru[:, slot] = 0
         self._import_index(slot, prefix)
         self.slot_len[slot] = prefix.num_tokens
         self._set_tail_start(slot, prefix.num_tokens)
         if self.verify:
-            self._shadow[slot] = torch.zeros(self.S, total, self.mcfg.row_bytes,
-                                             dtype=torch.uint8)
-            self._shadow[slot][:, :prefix.num_tokens] = prefix.kv.cpu()
+            self._shadow[slot] = torch.zeros(self.S, total, self.mcfg.row_bytes, dtype=torch.uint8)
+            self._shadow[slot][:, : prefix.num_tokens] = prefix.kv.cpu()
 
     def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
         slot = self._alloc_slot(prefix, max_new_tokens)
@@ -315,7 +339,9 @@ class HiSparseBackend(KVBackend):
             rows = rows.contiguous()
             for a, b, h in runs:
                 for s in range(rows.shape[0]):
-                    self.host_pool[s, h:h + b - a].copy_(rows[s, a - p0:b - p0], non_blocking=True)
+                    self.host_pool[s, h : h + b - a].copy_(
+                        rows[s, a - p0 : b - p0], non_blocking=True
+                    )
         self.backup_rows += p1 - p0
 
     def _set_tail_start(self, slot: int, n: int) -> None:
@@ -332,8 +358,7 @@ class HiSparseBackend(KVBackend):
         pos = st["positions"]
         Q = pos.shape[1]
         if Q > self.q_max:
-            raise ValueError(f"{Q} queries per step exceed kv.max_queries_per_step="
-                             f"{self.q_max}")
+            raise ValueError(f"{Q} queries per step exceed kv.max_queries_per_step={self.q_max}")
         dev = self.device
         sl = st["slots"].long()
         ts = self.tail_start_dev[sl]
@@ -341,8 +366,9 @@ class HiSparseBackend(KVBackend):
         ar = torch.arange(self.T, device=dev)
         # tail ring: position tail_start + j lives at page*G + B + (tail_start + j) % T
         st["tail_start"] = ts
-        st["tail_loc"] = (page.unsqueeze(1) * self.G + self.B
-                          + (ts.long().unsqueeze(1) + ar) % self.T).to(torch.int32)
+        st["tail_loc"] = (
+            page.unsqueeze(1) * self.G + self.B + (ts.long().unsqueeze(1) + ar) % self.T
+        ).to(torch.int32)
         st["write_loc"] = page.unsqueeze(1) * self.G + self.B + pos.long() % self.T
         st["host_pt"] = self.host_page_table[st["slots"].long()]
         st["prefetched"] = {}
@@ -351,8 +377,7 @@ class HiSparseBackend(KVBackend):
         st["direct"] = self._direct_table()
 
     def write_kv(self, source, rows):
-        self.kv_pool[source][self._step["write_loc"].reshape(-1)] = \
-            rows.reshape(-1, rows.shape[-1])
+        self.kv_pool[source][self._step["write_loc"].reshape(-1)] = rows.reshape(-1, rows.shape[-1])
         if self.verify:
             pos = self._step["positions"].cpu()
             for b, slot in enumerate(self._step["slots"].tolist()):
@@ -383,18 +408,29 @@ class HiSparseBackend(KVBackend):
         staging = None
         if selections.shape[1] > 1 and self.stage_rows:
             arena = self._arena.get(layer.index, 0)
-            staging = (self.stage0 + arena * self.stage_rows
-                       + sl * (self.q_max * self.mcfg.index_topk)).to(torch.int32)
+            staging = (
+                self.stage0 + arena * self.stage_rows + sl * (self.q_max * self.mcfg.index_topk)
+            ).to(torch.int32)
         # the resolver on CPU (reference, or Triton's interpreter) syncs by design; the kernel
         # on the GPU never does, and a capture there proves it
         with allow_host_sync() if self.device.type == "cpu" else nullcontext():
-            res = resolve(selections.to(torch.int32).contiguous(), st["tail_start"],
-                          st["tail_loc"] + off, hot_pos, hot_lru,
-                          (st["hot_base"] + off).to(torch.int32),
-                          st["host_pt"], self.kv_flat, self.host_pool[src], self.stamp_dev,
-                          page_size=self.G, direct_page_table=direct,
-                          staging_loc_base=staging, impl=self.resolver_impl,
-                          workspace=self._workspace())
+            res = resolve(
+                selections.to(torch.int32).contiguous(),
+                st["tail_start"],
+                st["tail_loc"] + off,
+                hot_pos,
+                hot_lru,
+                (st["hot_base"] + off).to(torch.int32),
+                st["host_pt"],
+                self.kv_flat,
+                self.host_pool[src],
+                self.stamp_dev,
+                page_size=self.G,
+                direct_page_table=direct,
+                staging_loc_base=staging,
+                impl=self.resolver_impl,
+                workspace=self._workspace(),
+            )
         self.hot_pos[src][sl] = hot_pos
         self.hot_lru[src][sl] = hot_lru
         self.census += res.counters.sum(0)
@@ -474,14 +510,12 @@ class HiSparseBackend(KVBackend):
             return
         with nvtx_range(BACKUP):
             # one pinned host->device copy of the row lists and of the new tail starts
-            meta = torch.tensor([*dev_rows, *host_rows, *moved, *moved.values()],
-                                dtype=torch.int64)
+            meta = torch.tensor([*dev_rows, *host_rows, *moved, *moved.values()], dtype=torch.int64)
             if self.device.type == "cuda":
                 meta = meta.pin_memory().to(self.device, non_blocking=True)
             N, M = len(dev_rows), len(moved)
-            backup_rows(self.kv_pool, self.host_pool, meta[:N], meta[N:2 * N],
-                        self.backup_impl)
-            self.tail_start_dev[meta[2 * N:2 * N + M]] = meta[2 * N + M:].to(torch.int32)
+            backup_rows(self.kv_pool, self.host_pool, meta[:N], meta[N : 2 * N], self.backup_impl)
+            self.tail_start_dev[meta[2 * N : 2 * N + M]] = meta[2 * N + M :].to(torch.int32)
 
     def finish_forward(self) -> None:
         # Join the prefetch stream (inside a capture too), but only after this step forked it:
@@ -514,17 +548,23 @@ class HiSparseBackend(KVBackend):
         for b, slot in enumerate(self._step["slots"].tolist()):
             keep = sel[b] >= 0
             want = self._shadow[slot][src][sel[b][keep]]
-            assert torch.equal(got[b][keep], want), \
+            assert torch.equal(got[b][keep], want), (
                 f"source {src}, slot {slot}: a resolved row differs from the original"
+            )
 
     def memory_report(self) -> MemoryReport:
         idx = self.index_pages.num_used * self.index_page_bytes
         hot = self.payload_pages.num_used * self.payload_page_bytes
-        return MemoryReport(capacity=self.capacity, required=idx + hot + self.stage_bytes,
-                            components={"index": idx, "hot_cache_and_tail": hot,
-                                        "verification_staging": self.stage_bytes,
-                                        "host_backup": self.host_pages.num_used * self.S
-                                        * self.G * self.mcfg.row_bytes})
+        return MemoryReport(
+            capacity=self.capacity,
+            required=idx + hot + self.stage_bytes,
+            components={
+                "index": idx,
+                "hot_cache_and_tail": hot,
+                "verification_staging": self.stage_bytes,
+                "host_backup": self.host_pages.num_used * self.S * self.G * self.mcfg.row_bytes,
+            },
+        )
 
     def check_integrity(self) -> None:
         self.check_integrity_base()
@@ -542,16 +582,18 @@ class HiSparseBackend(KVBackend):
         m = super().metrics()
         c = self.census.tolist()  # one sync, at scrape time (once a second), not per step
         total = c[COUNTER_DIRECT] + c[COUNTER_HOT_HIT] + c[COUNTER_HOST_SEL]
-        m.update({
-            "dhs_selected_rows_total": total,
-            "dhs_selected_rows_direct_total": c[COUNTER_DIRECT],
-            "dhs_selected_rows_hot_total": c[COUNTER_HOT_HIT],
-            "dhs_selected_rows_from_host_total": c[COUNTER_HOST_SEL],
-            "dhs_host_rows_copied_total": c[COUNTER_HOST_COPIES],
-            "dhs_host_bytes_total": c[COUNTER_HOST_COPIES] * self.mcfg.row_bytes,
-            "dhs_resolver_calls_total": self.resolver_calls,
-            "dhs_staged_rows_total": self.overflow_rows,
-            "dhs_host_backup_rows_total": self.backup_rows,
-            "dhs_host_pool_used_ratio": self.host_pages.num_used / self.host_pages.num_pages,
-        })
+        m.update(
+            {
+                "dhs_selected_rows_total": total,
+                "dhs_selected_rows_direct_total": c[COUNTER_DIRECT],
+                "dhs_selected_rows_hot_total": c[COUNTER_HOT_HIT],
+                "dhs_selected_rows_from_host_total": c[COUNTER_HOST_SEL],
+                "dhs_host_rows_copied_total": c[COUNTER_HOST_COPIES],
+                "dhs_host_bytes_total": c[COUNTER_HOST_COPIES] * self.mcfg.row_bytes,
+                "dhs_resolver_calls_total": self.resolver_calls,
+                "dhs_staged_rows_total": self.overflow_rows,
+                "dhs_host_backup_rows_total": self.backup_rows,
+                "dhs_host_pool_used_ratio": self.host_pages.num_used / self.host_pages.num_pages,
+            }
+        )
         return m

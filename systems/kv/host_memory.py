@@ -67,9 +67,13 @@ def _touch(flat: torch.Tensor) -> None:
     flat.fill_(0)
 
 
-def pinned_empty(shape, dtype: torch.dtype, *,
-                 register: Callable[[int, int], None] = _cuda_register,
-                 unregister: Callable[[int], None] = _cuda_unregister) -> torch.Tensor:
+def pinned_empty(
+    shape,
+    dtype: torch.dtype,
+    *,
+    register: Callable[[int, int], None] = _cuda_register,
+    unregister: Callable[[int], None] = _cuda_unregister,
+) -> torch.Tensor:
     """A page-locked CPU tensor of exactly ``shape`` (zero-filled when registered; the
     fallback's contents are undefined). ``register`` / ``unregister`` are the page-locking
     calls (CUDA's by default; tests pass fakes)."""
@@ -79,8 +83,12 @@ def pinned_empty(shape, dtype: torch.dtype, *,
         return torch.empty(shape, dtype=dtype, pin_memory=True)
     t0 = time.perf_counter()
     try:
-        mm = _RegisteredMap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mm = _RegisteredMap(
+            -1,
+            nbytes,
+            flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+            prot=mmap.PROT_READ | mmap.PROT_WRITE,
+        )
         if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             mm.madvise(mmap.MADV_HUGEPAGE)  # fewer faults and page mappings where THP allows
         flat = torch.frombuffer(mm, dtype=torch.uint8)
@@ -92,12 +100,22 @@ def pinned_empty(shape, dtype: torch.dtype, *,
     except Exception as e:  # pragma: no cover - depends on the driver
         # release the touched mapping before the fallback asks for as much again
         flat = mm = None  # noqa: F841
-        warnings.warn(f"registering {nbytes / 2**30:.1f} GiB of host memory failed ({e}); "
-                      f"falling back to torch's pinned allocator", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"registering {nbytes / 2**30:.1f} GiB of host memory failed ({e}); "
+            f"falling back to torch's pinned allocator",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return torch.empty(shape, dtype=dtype, pin_memory=True)
     t_reg = time.perf_counter()
-    log.info("host store: %.1f GiB page-locked in %.1f s (map %.1f, touch %.1f, register %.1f)",
-             nbytes / 2**30, t_reg - t0, t_map - t0, t_touch - t_map, t_reg - t_touch)
+    log.info(
+        "host store: %.1f GiB page-locked in %.1f s (map %.1f, touch %.1f, register %.1f)",
+        nbytes / 2**30,
+        t_reg - t0,
+        t_map - t0,
+        t_touch - t_map,
+        t_reg - t_touch,
+    )
     del mm  # the tensor's reference keeps the mapping alive from here
     return flat.view(dtype).view(shape)
 

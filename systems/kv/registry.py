@@ -23,6 +23,7 @@ def register(name: str, options: type):
         _REGISTRY[name] = cls
         _OPTIONS[name] = options
         return cls
+
     return deco
 
 
@@ -38,8 +39,9 @@ def available() -> list[str]:
 def options_class(backend: str) -> type:
     _load()
     if backend not in _OPTIONS:
-        raise ValueError(f"system.kv_backend: unknown backend {backend!r}; "
-                         f"available: {available()}")
+        raise ValueError(
+            f"system.kv_backend: unknown backend {backend!r}; available: {available()}"
+        )
     return _OPTIONS[backend]
 
 
@@ -51,14 +53,18 @@ def options_from(backend: str, data: dict[str, Any] | None):
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(f"system.kv: unknown key(s) {unknown} for backend {backend!r}; "
-                         f"allowed: {names or 'none'}")
+        raise ValueError(
+            f"system.kv: unknown key(s) {unknown} for backend {backend!r}; "
+            f"allowed: {names or 'none'}"
+        )
     return cls(**data)
 
 
 def create_backend(model_cfg, kv_cfg, device):
     cls = options_class(kv_cfg.backend)
     if not isinstance(kv_cfg.options, cls):
-        raise TypeError(f"kv.options is {type(kv_cfg.options).__name__}, backend "
-                        f"{kv_cfg.backend!r} takes {cls.__name__}")
+        raise TypeError(
+            f"kv.options is {type(kv_cfg.options).__name__}, backend "
+            f"{kv_cfg.backend!r} takes {cls.__name__}"
+        )
     return _REGISTRY[kv_cfg.backend](model_cfg, kv_cfg, device)

@@ -24,11 +24,13 @@ class ResidentBackend(KVBackend):
             raise ValueError(
                 f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: holds {num_pages} pages of "
                 f"{self.page_bytes} bytes, fewer than the {self.max_pages_per_req} one request "
-                f"of {self.max_total_tokens} tokens needs")
+                f"of {self.max_total_tokens} tokens needs"
+            )
         self._init_index_pool(num_pages)
         self.pages = self.index_pages  # payload and index share page ids
-        self.kv_pool = torch.zeros(S, num_pages * self.P, model_cfg.row_bytes, dtype=torch.uint8,
-                                   device=self.device)
+        self.kv_pool = torch.zeros(
+            S, num_pages * self.P, model_cfg.row_bytes, dtype=torch.uint8, device=self.device
+        )
         self.slot_max_tokens: dict[int, int] = {}
         self.q_extra = self.q_max - 1
 
@@ -48,8 +50,9 @@ class ResidentBackend(KVBackend):
         self.slot_max_tokens[slot] = total
         # handoff: the prompt's rows go straight into this request's device pages
         pos = torch.arange(prefix.num_tokens, device=self.device).unsqueeze(0)
-        loc = self._token_locs(self.req_to_index_page, torch.tensor([slot], device=self.device),
-                               pos)[0]
+        loc = self._token_locs(
+            self.req_to_index_page, torch.tensor([slot], device=self.device), pos
+        )[0]
         self.kv_pool[:, loc] = prefix.kv.to(self.device)
         self._import_index(slot, prefix)
         self.slot_len[slot] = prefix.num_tokens
@@ -67,8 +70,7 @@ class ResidentBackend(KVBackend):
         self._step["write_loc"] = self._step["index_write_loc"]
 
     def write_kv(self, source, rows):
-        self.kv_pool[source][self._step["write_loc"].reshape(-1)] = \
-            rows.reshape(-1, rows.shape[-1])
+        self.kv_pool[source][self._step["write_loc"].reshape(-1)] = rows.reshape(-1, rows.shape[-1])
 
     def resolve(self, layer, selections, q0):
         return self._token_locs(self.req_to_index_page, self._step["slots"], selections)
@@ -79,8 +81,9 @@ class ResidentBackend(KVBackend):
     # ------------------------------------------------------------------ reporting
     def memory_report(self) -> MemoryReport:
         used = self.pages.num_used * self.page_bytes
-        return MemoryReport(capacity=self.capacity, required=used,
-                            components={"history_pages": used})
+        return MemoryReport(
+            capacity=self.capacity, required=used, components={"history_pages": used}
+        )
 
     def check_integrity(self) -> None:
         super().check_integrity()

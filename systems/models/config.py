@@ -24,6 +24,7 @@ KV_FORMATS = ("bf16", "fp8")
 # triton_mma: the all-heads tensor-core attention kernel (the index scan as triton)
 ATTENTION_IMPLS = ("auto", "triton", "triton_mma", "reference")
 
+
 @dataclass(frozen=True)
 class LayerSpec:
     index: int
@@ -77,27 +78,44 @@ class ModelConfig:
         def bad(fld: str, msg: str) -> ValueError:
             return ValueError(f"model.{fld}: {msg}")
 
-        for fld in ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "kv_dim",
-                    "index_dim", "index_topk", "max_context_len", "page_size"):
+        for fld in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_heads",
+            "kv_dim",
+            "index_dim",
+            "index_topk",
+            "max_context_len",
+            "page_size",
+        ):
             if int(getattr(self, fld)) < 1:
                 raise bad(fld, f"must be >= 1, got {getattr(self, fld)}")
         if self.index_topk > self.max_context_len:
-            raise bad("index_topk", f"k={self.index_topk} is larger than the context "
-                      f"max_context_len={self.max_context_len}")
+            raise bad(
+                "index_topk",
+                f"k={self.index_topk} is larger than the context "
+                f"max_context_len={self.max_context_len}",
+            )
         if self.hot_cache_rows < 0:
             raise bad("hot_cache_rows", f"must be >= 0, got {self.hot_cache_rows}")
         if not 0.0 <= self.selection_locality <= 1.0:
             raise bad("selection_locality", f"must be in [0, 1], got {self.selection_locality}")
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise bad("attention_impl", f"must be one of {', '.join(ATTENTION_IMPLS)}, got "
-                      f"{self.attention_impl!r}")
+            raise bad(
+                "attention_impl",
+                f"must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention_impl!r}",
+            )
         if self.kv_format not in KV_FORMATS:
             raise bad("kv_format", f"must be one of {KV_FORMATS}, got {self.kv_format!r}")
         if self.kv_format == "fp8":
             nope = self.kv_dim - self.kv_rope_dim
             if nope <= 0 or nope % 128:
-                raise bad("kv_dim", "fp8 rows need kv_dim - kv_rope_dim to be a positive multiple "
-                          f"of 128 (got {self.kv_dim} - {self.kv_rope_dim})")
+                raise bad(
+                    "kv_dim",
+                    "fp8 rows need kv_dim - kv_rope_dim to be a positive multiple "
+                    f"of 128 (got {self.kv_dim} - {self.kv_rope_dim})",
+                )
         if not self.layer_roles:
             raise bad("layer_roles", "at least one layer is required")
         for i, r in enumerate(self.layer_roles):
@@ -123,20 +141,25 @@ class ModelConfig:
         else:
             srcs = self.layer_sources
             if len(srcs) != len(roles):
-                raise ValueError(f"model.layer_sources: has {len(srcs)} entries for "
-                                 f"{len(roles)} layer_roles")
+                raise ValueError(
+                    f"model.layer_sources: has {len(srcs)} entries for {len(roles)} layer_roles"
+                )
         written: dict[int, str] = {}
         out = []
         for i, (r, s) in enumerate(zip(roles, srcs)):
             if r in ("full", "follower"):
                 if s in written:
-                    raise ValueError(f"model.layer_sources: layer {i} ({r}) writes source {s}, "
-                                     f"already written by an earlier layer")
+                    raise ValueError(
+                        f"model.layer_sources: layer {i} ({r}) writes source {s}, "
+                        f"already written by an earlier layer"
+                    )
                 written[s] = r
             else:
                 if written.get(s) != "full":
-                    raise ValueError(f"model.layer_sources: layer {i} ({r}) references source {s}, "
-                                     "which no earlier 'full' layer writes")
+                    raise ValueError(
+                        f"model.layer_sources: layer {i} ({r}) references source {s}, "
+                        "which no earlier 'full' layer writes"
+                    )
             out.append(LayerSpec(i, r, int(s)))
         if sorted(written) != list(range(len(written))):
             raise ValueError("model.layer_sources: written sources must be numbered 0..S-1")
@@ -171,8 +194,14 @@ class ModelConfig:
         return 2 * self.index_dim  # index keys are kept in 16-bit on the GPU
 
     def weight_bytes(self, bytes_per_param: int = 2) -> int:
-        d, f, h, kv, di, v = (self.hidden_size, self.intermediate_size, self.num_heads,
-                              self.kv_dim, self.index_dim, self.vocab_size)
+        d, f, h, kv, di, v = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads,
+            self.kv_dim,
+            self.index_dim,
+            self.vocab_size,
+        )
         per_layer = d * h * kv * 2 + 3 * d * f
         per_layer_src = d * kv
         total = 2 * v * d

@@ -29,8 +29,17 @@ class _DraftCore(torch.nn.Module):
     # decoder may capture them in CUDA graphs (systems/engine/cuda_graph.py)
     graph_capturable = True
 
-    def __init__(self, target, num_layers: int, dim: int, window: int, num_slots: int,
-                 page: int, k_max: int, seed: int):
+    def __init__(
+        self,
+        target,
+        num_layers: int,
+        dim: int,
+        window: int,
+        num_slots: int,
+        page: int,
+        k_max: int,
+        seed: int,
+    ):
         super().__init__()
         cfg = target.cfg
         self.target = target
@@ -48,9 +57,17 @@ class _DraftCore(torch.nn.Module):
         self.w_in = w(D, dim)
         self.w_hid = w(D, dim)
         self.mask_emb = (torch.randn(dim, generator=g) * 0.1).to(dev, dt)
-        self.layers = [{"wq": w(dim, dim), "wk": w(dim, dim), "wv": w(dim, dim),
-                        "wo": w(dim, dim), "w1": w(dim, 2 * dim), "w2": w(2 * dim, dim)}
-                       for _ in range(num_layers)]
+        self.layers = [
+            {
+                "wq": w(dim, dim),
+                "wk": w(dim, dim),
+                "wv": w(dim, dim),
+                "wo": w(dim, dim),
+                "w1": w(dim, 2 * dim),
+                "w2": w(2 * dim, dim),
+            }
+            for _ in range(num_layers)
+        ]
         self.w_out = w(dim, D)
         self.ring = DraftRing(num_layers, dim, num_slots, window, page, k_max, dev, dt)
         self.scale = 1.0 / math.sqrt(dim)
@@ -69,8 +86,14 @@ class _DraftCore(torch.nn.Module):
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.target.embed[tokens.long()] @ self.w_in
 
-    def catch_up(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                 hidden: torch.Tensor, valid: torch.Tensor) -> None:
+    def catch_up(
+        self,
+        slots: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> None:
         """Write ring KV for committed positions. tokens/positions/valid (B, L); hidden (B, L, D).
         Rows where valid is False are not written."""
         x = self._embed(tokens) + hidden.to(self.w_hid.dtype) @ self.w_hid
@@ -105,10 +128,14 @@ class _DraftCore(torch.nn.Module):
         vals = torch.cat([rv, v], dim=1)
         s = torch.einsum("bld,bmd->blm", q.float(), keys.float()) * self.scale
         L = h.shape[1]
-        blk = torch.ones(L, L, dtype=torch.bool, device=h.device).tril() if causal_block \
+        blk = (
+            torch.ones(L, L, dtype=torch.bool, device=h.device).tril()
+            if causal_block
             else torch.ones(L, L, dtype=torch.bool, device=h.device)
-        mask = torch.cat([ok.unsqueeze(1).expand(-1, L, -1), blk.unsqueeze(0).expand(
-            h.shape[0], -1, -1)], dim=-1)
+        )
+        mask = torch.cat(
+            [ok.unsqueeze(1).expand(-1, L, -1), blk.unsqueeze(0).expand(h.shape[0], -1, -1)], dim=-1
+        )
         s = s.masked_fill(~mask, float("-inf"))
         out = torch.einsum("blm,bmd->bld", torch.softmax(s, -1), vals.float()).to(h.dtype)
         return out @ p["wo"]
@@ -122,22 +149,31 @@ class DFlash2Drafter(_DraftCore):
 
     name = "dflash2"
 
-    def propose(self, slots: torch.Tensor, anchors: torch.Tensor, n: torch.Tensor, K: int,
-                temperatures: torch.Tensor, gen: torch.Generator | None,
-                sampled: bool | None = None):
+    def propose(
+        self,
+        slots: torch.Tensor,
+        anchors: torch.Tensor,
+        n: torch.Tensor,
+        K: int,
+        temperatures: torch.Tensor,
+        gen: torch.Generator | None,
+        sampled: bool | None = None,
+    ):
         """anchors (B,), n (B,) anchor positions -> proposals (B, K-1), q probs (B, K-1, V).
         ``sampled``: whether any temperature is > 0, if the caller knows (else a device sync)."""
         B = anchors.shape[0]
-        x = torch.cat([self._embed(anchors).unsqueeze(1),
-                       self.mask_emb.expand(B, K - 1, -1)], dim=1)  # (B, K, d)
+        x = torch.cat(
+            [self._embed(anchors).unsqueeze(1), self.mask_emb.expand(B, K - 1, -1)], dim=1
+        )  # (B, K, d)
         pos = n.unsqueeze(1) + torch.arange(K, device=n.device)
         ctx = self._window(slots, n.unsqueeze(1))
         for li, p in enumerate(self.layers):
             h = self._norm(x)
-            x = x + self._attend(p, h, h @ p["wk"], h @ p["wv"], ctx, li, pos,
-                                 causal_block=False)  # parallel block: bidirectional
+            x = x + self._attend(
+                p, h, h @ p["wk"], h @ p["wv"], ctx, li, pos, causal_block=False
+            )  # parallel block: bidirectional
             x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
-        logits = self._logits(x[:, :K - 1])  # block position j proposes token n + j + 1
+        logits = self._logits(x[:, : K - 1])  # block position j proposes token n + j + 1
         return _draw(logits, temperatures, gen, sampled)
 
 
@@ -157,8 +193,9 @@ class DSparkDrafter(_DraftCore):
             pos = n.unsqueeze(1) + torch.arange(j + 1, device=n.device)
             for li, p in enumerate(self.layers):
                 h = self._norm(x)
-                x = x + self._attend(p, h, h @ p["wk"], h @ p["wv"], ctx, li, pos,
-                                     causal_block=True)
+                x = x + self._attend(
+                    p, h, h @ p["wk"], h @ p["wv"], ctx, li, pos, causal_block=True
+                )
                 x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
             logits = self._logits(x[:, -1:])
             t, q = _draw(logits, temperatures, gen, sampled)

@@ -27,8 +27,10 @@ def encode_rows(x: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     nope = xf[..., :nope_dim].reshape(*lead, nope_dim // FP8_BLOCK, FP8_BLOCK)
     scale = nope.abs().amax(-1, keepdim=True).clamp_min(1e-8) / FP8_MAX  # (..., nb, 1)
     q = (nope / scale).to(torch.float8_e4m3fn).reshape(*lead, nope_dim)
-    parts = [q.view(torch.uint8),
-             scale.reshape(*lead, -1).contiguous().view(torch.uint8).reshape(*lead, -1)]
+    parts = [
+        q.view(torch.uint8),
+        scale.reshape(*lead, -1).contiguous().view(torch.uint8).reshape(*lead, -1),
+    ]
     if cfg.kv_rope_dim:
         parts.append(xf[..., nope_dim:].to(torch.bfloat16).contiguous().view(torch.uint8))
     return torch.cat(parts, dim=-1)
@@ -43,9 +45,9 @@ def decode_rows(b: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype) -> torch.
     nope_dim = cfg.kv_dim - cfg.kv_rope_dim
     nb = nope_dim // FP8_BLOCK
     q = b[..., :nope_dim].contiguous().view(torch.float8_e4m3fn).float()
-    scale = b[..., nope_dim:nope_dim + 4 * nb].contiguous().view(torch.float32)
+    scale = b[..., nope_dim : nope_dim + 4 * nb].contiguous().view(torch.float32)
     nope = (q.reshape(*lead, nb, FP8_BLOCK) * scale.reshape(*lead, nb, 1)).reshape(*lead, nope_dim)
     if cfg.kv_rope_dim:
-        rope = b[..., nope_dim + 4 * nb:].contiguous().view(torch.bfloat16).float()
+        rope = b[..., nope_dim + 4 * nb :].contiguous().view(torch.bfloat16).float()
         nope = torch.cat([nope, rope.reshape(*lead, cfg.kv_rope_dim)], dim=-1)
     return nope.to(dtype)

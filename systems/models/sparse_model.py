@@ -37,16 +37,18 @@ class KVContext(Protocol):
         (L >= max position + 1), float32 products; a backend may compute it without
         materializing the keys (systems/kernels/index_scores.py)."""
 
-    def locate(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
-               inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def locate(
+        self, layer: LayerSpec, selections: torch.Tensor, q0: int, inherit: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """selections: (B, Qc, k) positions (-1 padding) of queries q0..q0+Qc-1.
         Returns (buffer (M, row_bytes) uint8, locations (B, Qc, k)): the row of each selection
         (anything where the selection is -1). ``inherit``: the layer reuses the latest
         selection on its source, so the context may reuse that call's locations instead of
         resolving again."""
 
-    def gather(self, layer: LayerSpec, selections: torch.Tensor, q0: int,
-               inherit: bool) -> torch.Tensor:
+    def gather(
+        self, layer: LayerSpec, selections: torch.Tensor, q0: int, inherit: bool
+    ) -> torch.Tensor:
         """The rows themselves: ``buffer[locations]``, (B, Qc, k, row_bytes) uint8."""
 
 
@@ -74,14 +76,25 @@ class SparseModel(torch.nn.Module):
             t = torch.randn(*shape, generator=g) / math.sqrt(fan_in)
             return t.to(self.device, self.dtype)
 
-        D, F_, H, d, di, V = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.kv_dim,
-                              cfg.index_dim, cfg.vocab_size)
+        D, F_, H, d, di, V = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_heads,
+            cfg.kv_dim,
+            cfg.index_dim,
+            cfg.vocab_size,
+        )
         self.embed = torch.randn(V, D, generator=g).to(self.device, self.dtype)
         self.lm_head = w(D, V)
         self.layers = []
         for spec in self.specs:
-            p = {"wq": w(D, H * d), "wo": w(H * d, D), "w1": w(D, F_), "w3": w(D, F_),
-                 "w2": w(F_, D)}
+            p = {
+                "wq": w(D, H * d),
+                "wo": w(H * d, D),
+                "w1": w(D, F_),
+                "w3": w(D, F_),
+                "w2": w(F_, D),
+            }
             if spec.writes_source:
                 p["wkv"] = w(D, d)
             if spec.role == "full":
@@ -107,8 +120,9 @@ class SparseModel(torch.nn.Module):
         iq = iq / iq.norm(dim=-1, keepdim=True).clamp_min(1e-6)
         return (1.0 - lam) * iq + lam * p["w_sal"]
 
-    def select(self, p: dict, h: torch.Tensor, keys: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
+    def select(
+        self, p: dict, h: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """Top-k over visible history. h (B,Qc,D), keys (B,L,di), positions (B,Qc) -> (B,Qc,k)."""
         scores = torch.einsum("bqd,bld->bql", self.index_query(p, h), keys.float())
         return self.select_from_scores(scores, positions)
@@ -130,23 +144,36 @@ class SparseModel(torch.nn.Module):
         pr = torch.softmax(s, dim=-1)
         return torch.einsum("bqhk,bqkd->bqhd", pr, rows.float()).to(q.dtype)
 
-    def _attend_in_place(self, q: torch.Tensor, buf: torch.Tensor, sel: torch.Tensor,
-                         loc: torch.Tensor) -> torch.Tensor:
+    def _attend_in_place(
+        self, q: torch.Tensor, buf: torch.Tensor, sel: torch.Tensor, loc: torch.Tensor
+    ) -> torch.Tensor:
         """``attend(q, decode_rows(buf[loc]), sel)`` in one kernel (systems/kernels/
         sparse_attention.py). q (B,Qc,H,d), sel / loc (B,Qc,k) -> (B,Qc,H,d)."""
         cfg = self.cfg
         B, Qc, H, d = q.shape
-        out = sparse_attention(q.reshape(B * Qc, H, d), buf, sel.reshape(B * Qc, -1),
-                               loc.reshape(B * Qc, -1), kv_format=cfg.kv_format, kv_dim=d,
-                               rope_dim=cfg.kv_rope_dim, row_dtype=self.dtype,
-                               impl=self.attention_impl)
+        out = sparse_attention(
+            q.reshape(B * Qc, H, d),
+            buf,
+            sel.reshape(B * Qc, -1),
+            loc.reshape(B * Qc, -1),
+            kv_format=cfg.kv_format,
+            kv_dim=d,
+            rope_dim=cfg.kv_rope_dim,
+            row_dtype=self.dtype,
+            impl=self.attention_impl,
+        )
         return out.view(B, Qc, H, d)
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx: KVContext,
-                q_chunk: int | None = None,
-                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: KVContext,
+        q_chunk: int | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: (B, Q). Returns logits (B, Q, V) float32 and hidden (B, Q, D);
         with ``last_only`` the logits of the last query only, (B, 1, V) (prefill)."""
         cfg = self.cfg
@@ -210,8 +237,10 @@ class PrefillContext:
     def __init__(self, cfg: ModelConfig, T: int, device: torch.device, dtype: torch.dtype):
         self.cfg = cfg
         self.kv = torch.zeros(cfg.num_sources, T, cfg.row_bytes, dtype=torch.uint8, device=device)
-        self.index = {s: torch.zeros(T, cfg.index_dim, dtype=torch.bfloat16, device=device)
-                      for s in cfg.index_sources}
+        self.index = {
+            s: torch.zeros(T, cfg.index_dim, dtype=torch.bfloat16, device=device)
+            for s in cfg.index_sources
+        }
 
     def write_kv(self, source, rows):
         self.kv[source] = rows[0]

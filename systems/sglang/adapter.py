@@ -70,10 +70,18 @@ DEFAULTS: dict[str, Any] = {
     "max_running_requests": "auto",
     "disable_radix_cache": True,
     "enable_metrics": True,
-    "hisparse": {"top_k": None, "device_buffer_size": None, "host_to_device_ratio": None,
-                 "extra": {}},
-    "speculative": {"draft_model_path": None, "block_size": None, "on_prefill": True,
-                    "draft_window_size": None},
+    "hisparse": {
+        "top_k": None,
+        "device_buffer_size": None,
+        "host_to_device_ratio": None,
+        "extra": {},
+    },
+    "speculative": {
+        "draft_model_path": None,
+        "block_size": None,
+        "on_prefill": True,
+        "draft_window_size": None,
+    },
     "pd": {
         "enabled": False,
         "transfer_backend": "mooncake",
@@ -161,9 +169,15 @@ def _plain(cfg: Any) -> dict:
     except ImportError:  # pragma: no cover - omegaconf is in both environments
         DictConfig = ()
     if isinstance(cfg, DictConfig):
-        return {k: (OmegaConf.to_container(cfg[k], resolve=True)
-                    if OmegaConf.is_config(cfg[k]) else cfg[k])
-                for k in _SECTIONS if k in cfg}
+        return {
+            k: (
+                OmegaConf.to_container(cfg[k], resolve=True)
+                if OmegaConf.is_config(cfg[k])
+                else cfg[k]
+            )
+            for k in _SECTIONS
+            if k in cfg
+        }
     return dict(cfg)
 
 
@@ -233,6 +247,7 @@ def _gpus(v: Any, where: str) -> list[int] | None:
 
 # ---------------------------------------------------------------------------- what maps where
 
+
 @dataclass(frozen=True)
 class SpecMapping:
     drafter: str  # ours: dflash2 | dspark
@@ -251,18 +266,22 @@ def check_supported(cfg: Any) -> None:
     if kv.startswith("adaptive"):
         what = "optional residency that follows load (sec. 3.1-3.2) exists"
         if system.get("speculation"):
-            what = ("optional residency that follows load (sec. 3.1-3.2) and speculative "
-                    "verification over the hierarchy (sec. 3.3-3.4) exist")
+            what = (
+                "optional residency that follows load (sec. 3.1-3.2) and speculative "
+                "verification over the hierarchy (sec. 3.3-3.4) exist"
+            )
         raise UnsupportedOnSGLang(
             f"system={name} (kv_backend={kv}) has no SGLang equivalent: SGLang {SGLANG_VERSION}'s "
             f"HiSparse keeps a fixed per-request device buffer of B rows at every load; {what} "
             "only in the bundled engine. On SGLang run system=hisparse, system=resident, "
             "system=resident_dflash2 or system=resident_dspark, and the adaptive systems on "
-            "the bundled engine (server.mode=subprocess).")
+            "the bundled engine (server.mode=subprocess)."
+        )
     if kv not in RESIDENT_BACKENDS + HISPARSE_BACKENDS:
         raise UnsupportedOnSGLang(
             f"system.kv_backend={kv!r} has no SGLang mapping; supported on SGLang: "
-            f"{list(RESIDENT_BACKENDS + HISPARSE_BACKENDS)}")
+            f"{list(RESIDENT_BACKENDS + HISPARSE_BACKENDS)}"
+        )
     speculation(cfg)  # raises for an unsupported drafter
 
 
@@ -279,7 +298,8 @@ def speculation(cfg: Any) -> SpecMapping | None:
     if drafter not in SPEC_ALGORITHMS:
         raise UnsupportedOnSGLang(
             f"system.speculation.drafter={drafter!r} has no SGLang equivalent; SGLang "
-            f"{SGLANG_VERSION} runs dflash2 (as DFLASH) and dspark (as DSPARK)")
+            f"{SGLANG_VERSION} runs dflash2 (as DFLASH) and dspark (as DSPARK)"
+        )
     s = settings(cfg)["speculative"]
     block = s.get("block_size")
     where = "server.sglang.speculative.block_size"
@@ -287,14 +307,20 @@ def speculation(cfg: Any) -> SpecMapping | None:
         block, where = spec.get("block_size"), "system.speculation.block_size"
     if block is not None:
         if not isinstance(block, (int, float)) or isinstance(block, bool):
-            raise ValueError(f"{where}={block!r}: SGLang serves one static block per server; "
-                             f"set server.sglang.speculative.block_size to an integer")
+            raise ValueError(
+                f"{where}={block!r}: SGLang serves one static block per server; "
+                f"set server.sglang.speculative.block_size to an integer"
+            )
         block = _int(block, where, lo=2)
     window = s.get("draft_window_size")
-    window = None if window is None else _int(window, "server.sglang.speculative."
-                                                      "draft_window_size")
-    return SpecMapping(drafter=drafter, algorithm=SPEC_ALGORITHMS[drafter], block_size=block,
-                       draft_model_path=s.get("draft_model_path"), draft_window_size=window)
+    window = None if window is None else _int(window, "server.sglang.speculative.draft_window_size")
+    return SpecMapping(
+        drafter=drafter,
+        algorithm=SPEC_ALGORITHMS[drafter],
+        block_size=block,
+        draft_model_path=s.get("draft_model_path"),
+        draft_window_size=window,
+    )
 
 
 def hisparse_config(cfg: Any) -> dict | None:
@@ -319,8 +345,10 @@ def hisparse_config(cfg: Any) -> dict | None:
         buf = kv_options_from(root["system"], mcfg, "cpu").hot_cache_rows
     buf = _int(buf, "hisparse device_buffer_size (system.kv.hot_cache_rows)")
     if buf < top_k:
-        raise ValueError(f"HiSparse device_buffer_size B={buf} must be >= top_k k={top_k} "
-                         "(SGLang rejects it; so does the paper's B >= k)")
+        raise ValueError(
+            f"HiSparse device_buffer_size B={buf} must be >= top_k k={top_k} "
+            "(SGLang rejects it; so does the paper's B >= k)"
+        )
     ratio = h.get("host_to_device_ratio")
     if ratio is None:
         host, dev = hw.get("host_pool_gib"), hw.get("kv_pool_gib")
@@ -345,12 +373,15 @@ def _kv_cache_dtype(s: dict, model: Mapping) -> str | None:
     if fmt is None:
         return None
     if fmt not in KV_CACHE_DTYPES:
-        raise ValueError(f"model.kv_format={fmt!r} has no SGLang --kv-cache-dtype; known: "
-                         f"{sorted(KV_CACHE_DTYPES)} (or set server.sglang.kv_cache_dtype)")
+        raise ValueError(
+            f"model.kv_format={fmt!r} has no SGLang --kv-cache-dtype; known: "
+            f"{sorted(KV_CACHE_DTYPES)} (or set server.sglang.kv_cache_dtype)"
+        )
     return KV_CACHE_DTYPES[fmt]
 
 
 # ---------------------------------------------------------------------------- argument lists
+
 
 def _common_args(cfg: Any, host: str, port: int, tp: int) -> list[str]:
     """Arguments every SGLang server of the run shares (model, size, cache settings)."""
@@ -359,11 +390,21 @@ def _common_args(cfg: Any, host: str, port: int, tp: int) -> list[str]:
     model = root.get("model") or {}
     hw = root.get("hardware") or {}
     if not s.get("model_path"):
-        raise ValueError("server.sglang.model_path is required: the HF repo id or local "
-                         "directory of the checkpoint SGLang serves (our model presets only "
-                         "carry its geometry: k, B, KV format)")
-    a = ["--model-path", str(s["model_path"]), "--host", str(host), "--port", str(port),
-         "--tp-size", str(_int(tp, "tensor parallel size"))]
+        raise ValueError(
+            "server.sglang.model_path is required: the HF repo id or local "
+            "directory of the checkpoint SGLang serves (our model presets only "
+            "carry its geometry: k, B, KV format)"
+        )
+    a = [
+        "--model-path",
+        str(s["model_path"]),
+        "--host",
+        str(host),
+        "--port",
+        str(port),
+        "--tp-size",
+        str(_int(tp, "tensor parallel size")),
+    ]
     if s.get("tokenizer_path"):
         a += ["--tokenizer-path", str(s["tokenizer_path"])]
     if s.get("served_model_name"):
@@ -410,8 +451,10 @@ def _spec_args(cfg: Any) -> list[str]:
     if sp.draft_model_path:
         a += ["--speculative-draft-model-path", str(sp.draft_model_path)]
     elif sp.algorithm == "DFLASH":
-        raise ValueError("DFLASH needs a draft checkpoint: set "
-                         "server.sglang.speculative.draft_model_path (a DFlash2 draft model)")
+        raise ValueError(
+            "DFLASH needs a draft checkpoint: set "
+            "server.sglang.speculative.draft_model_path (a DFlash2 draft model)"
+        )
     if sp.block_size is not None:
         if sp.algorithm == "DFLASH":
             a += ["--speculative-dflash-block-size", str(sp.block_size)]
@@ -427,12 +470,17 @@ def server_args(cfg: Any, port: int, host: str | None = None) -> list[str]:
     check_supported(cfg)
     s = settings(cfg)
     host = host or _server_host(cfg)
-    return [*_common_args(cfg, host, port, s["tp"]), *_hisparse_args(cfg), *_spec_args(cfg),
-            *_args_list(s.get("extra_args"), "server.sglang.extra_args")]
+    return [
+        *_common_args(cfg, host, port, s["tp"]),
+        *_hisparse_args(cfg),
+        *_spec_args(cfg),
+        *_args_list(s.get("extra_args"), "server.sglang.extra_args"),
+    ]
 
 
-def pd_server_args(cfg: Any, prefill_port: int, decode_port: int,
-                   host: str | None = None) -> tuple[list[str], list[str]]:
+def pd_server_args(
+    cfg: Any, prefill_port: int, decode_port: int, host: str | None = None
+) -> tuple[list[str], list[str]]:
     """Prefill and decode servers of a disaggregated deployment.
 
     HiSparse is a decode-side feature in SGLang (the prefill side transfers KV straight into the
@@ -444,36 +492,65 @@ def pd_server_args(cfg: Any, prefill_port: int, decode_port: int,
     host = host or _server_host(cfg)
     backend = str(pd.get("transfer_backend"))
     if backend not in TRANSFER_BACKENDS:
-        raise ValueError(f"server.sglang.pd.transfer_backend={backend!r}; allowed: "
-                         f"{list(TRANSFER_BACKENDS)}")
+        raise ValueError(
+            f"server.sglang.pd.transfer_backend={backend!r}; allowed: {list(TRANSFER_BACKENDS)}"
+        )
     boot = _int(pd.get("bootstrap_port"), "server.sglang.pd.bootstrap_port")
-    shared = ["--disaggregation-transfer-backend", backend,
-              "--disaggregation-bootstrap-port", str(boot)]
+    shared = [
+        "--disaggregation-transfer-backend",
+        backend,
+        "--disaggregation-bootstrap-port",
+        str(boot),
+    ]
     if pd.get("ib_device"):
         shared += ["--disaggregation-ib-device", str(pd["ib_device"])]
     extra = _args_list(s.get("extra_args"), "server.sglang.extra_args")
     spec = _spec_args(cfg)
-    prefill = [*_common_args(cfg, host, prefill_port, pd["prefill"]["tp"]),
-               "--disaggregation-mode", "prefill", *shared,
-               *(spec if s["speculative"].get("on_prefill", True) else []), *extra,
-               *_args_list(pd["prefill"].get("extra_args"), "server.sglang.pd.prefill.extra_args")]
-    decode = [*_common_args(cfg, host, decode_port, pd["decode"]["tp"]),
-              "--disaggregation-mode", "decode", *shared, *_hisparse_args(cfg), *spec, *extra,
-              *_args_list(pd["decode"].get("extra_args"), "server.sglang.pd.decode.extra_args")]
+    prefill = [
+        *_common_args(cfg, host, prefill_port, pd["prefill"]["tp"]),
+        "--disaggregation-mode",
+        "prefill",
+        *shared,
+        *(spec if s["speculative"].get("on_prefill", True) else []),
+        *extra,
+        *_args_list(pd["prefill"].get("extra_args"), "server.sglang.pd.prefill.extra_args"),
+    ]
+    decode = [
+        *_common_args(cfg, host, decode_port, pd["decode"]["tp"]),
+        "--disaggregation-mode",
+        "decode",
+        *shared,
+        *_hisparse_args(cfg),
+        *spec,
+        *extra,
+        *_args_list(pd["decode"].get("extra_args"), "server.sglang.pd.decode.extra_args"),
+    ]
     return prefill, decode
 
 
-def router_args(cfg: Any, prefill_url: str, decode_url: str, port: int,
-                host: str | None = None) -> list[str]:
+def router_args(
+    cfg: Any, prefill_url: str, decode_url: str, port: int, host: str | None = None
+) -> list[str]:
     """sglang_router.launch_router in PD mode in front of one prefill and one decode server."""
     pd = settings(cfg)["pd"]
     policy = str(pd.get("policy"))
     if policy not in ROUTER_POLICIES:
         raise ValueError(f"server.sglang.pd.policy={policy!r}; allowed: {list(ROUTER_POLICIES)}")
     boot = _int(pd["bootstrap_port"], "server.sglang.pd.bootstrap_port")
-    a = ["--pd-disaggregation", "--prefill", prefill_url, str(boot),
-         "--decode", decode_url,
-         "--host", str(host or _server_host(cfg)), "--port", str(port), "--policy", policy]
+    a = [
+        "--pd-disaggregation",
+        "--prefill",
+        prefill_url,
+        str(boot),
+        "--decode",
+        decode_url,
+        "--host",
+        str(host or _server_host(cfg)),
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+    ]
     if pd.get("mini_lb"):
         a.append("--mini-lb")
     return a + _args_list(pd.get("router_extra_args"), "server.sglang.pd.router_extra_args")
@@ -484,6 +561,7 @@ def _server_host(cfg: Any) -> str:
 
 
 # ---------------------------------------------------------------------------- the plan
+
 
 def build_plan(cfg: Any, pick_port: Callable[[], int] | None = None) -> LaunchPlan:
     """Validate ``cfg`` and lay out the processes of one deployment. Starts nothing.
@@ -507,26 +585,45 @@ def build_plan(cfg: Any, pick_port: Callable[[], int] | None = None) -> LaunchPl
     command = _args_list(s.get("command"), "server.sglang.command")
     router_command = _args_list(s.get("router_command"), "server.sglang.router_command")
     if not command:
-        raise ValueError("server.sglang.command is empty: give the launch command prefix, "
-                         "e.g. [python, -m, sglang.launch_server]")
+        raise ValueError(
+            "server.sglang.command is empty: give the launch command prefix, "
+            "e.g. [python, -m, sglang.launch_server]"
+        )
     env = {str(k): str(v) for k, v in (s.get("env") or {}).items()}
     notes = _notes(root, s)
     front = port(srv.get("port"), "server.port")
     if not s["pd"].get("enabled"):
-        srv_launch = ServerLaunch("server", server_args(cfg, front, host), host, front,
-                                  _gpus(s.get("gpus"), "server.sglang.gpus"))
+        srv_launch = ServerLaunch(
+            "server",
+            server_args(cfg, front, host),
+            host,
+            front,
+            _gpus(s.get("gpus"), "server.sglang.gpus"),
+        )
         return LaunchPlan([srv_launch], None, srv_launch.url, command, router_command, env, notes)
     pd = s["pd"]
     pp = port(pd["prefill"].get("port"), "server.sglang.pd.prefill.port")
     dp = port(pd["decode"].get("port"), "server.sglang.pd.decode.port")
     if len({front, pp, dp, int(pd["bootstrap_port"])}) < 4:
-        raise ValueError(f"PD ports must differ: router {front}, prefill {pp}, decode {dp}, "
-                         f"bootstrap {pd['bootstrap_port']}")
+        raise ValueError(
+            f"PD ports must differ: router {front}, prefill {pp}, decode {dp}, "
+            f"bootstrap {pd['bootstrap_port']}"
+        )
     pre_args, dec_args = pd_server_args(cfg, pp, dp, host)
-    prefill = ServerLaunch("prefill", pre_args, host, pp,
-                           _gpus(pd["prefill"].get("gpus"), "server.sglang.pd.prefill.gpus"))
-    decode = ServerLaunch("decode", dec_args, host, dp,
-                          _gpus(pd["decode"].get("gpus"), "server.sglang.pd.decode.gpus"))
+    prefill = ServerLaunch(
+        "prefill",
+        pre_args,
+        host,
+        pp,
+        _gpus(pd["prefill"].get("gpus"), "server.sglang.pd.prefill.gpus"),
+    )
+    decode = ServerLaunch(
+        "decode",
+        dec_args,
+        host,
+        dp,
+        _gpus(pd["decode"].get("gpus"), "server.sglang.pd.decode.gpus"),
+    )
     if not router_command:
         raise ValueError("server.sglang.router_command is empty; PD needs the router")
     r_args = router_args(cfg, prefill.url, decode.url, front, host)
@@ -540,15 +637,24 @@ def _notes(root: Mapping, s: dict) -> list[str]:
     spec = system.get("speculation") or {}
     if str(system.get("kv_backend")) in HISPARSE_BACKENDS:
         if not s["pd"].get("enabled"):
-            notes.append("SGLang documents HiSparse as a decode-instance feature of PD "
-                         "disaggregation; this co-located server relies on its non-PD path")
+            notes.append(
+                "SGLang documents HiSparse as a decode-instance feature of PD "
+                "disaggregation; this co-located server relies on its non-PD path"
+            )
         if spec:
-            notes.append("speculation over HiSparse uses SGLang's own minimal integration "
-                         "(linear drafts), not the paper's verification over the hierarchy")
+            notes.append(
+                "speculation over HiSparse uses SGLang's own minimal integration "
+                "(linear drafts), not the paper's verification over the hierarchy"
+            )
     if isinstance(spec, Mapping) and spec.get("acceptance") == "calibrated":
-        notes.append("SGLang runs real drafts and real acceptance: calibrated acceptance of "
-                     "the bundled engine does not apply")
-    if isinstance(spec, Mapping) and spec.get("drafter") == "dspark" and \
-            not s["speculative"].get("draft_model_path"):
+        notes.append(
+            "SGLang runs real drafts and real acceptance: calibrated acceptance of "
+            "the bundled engine does not apply"
+        )
+    if (
+        isinstance(spec, Mapping)
+        and spec.get("drafter") == "dspark"
+        and not s["speculative"].get("draft_model_path")
+    ):
         notes.append("DSPARK without a draft path: SGLang uses the draft bundled with the target")
     return notes

@@ -18,9 +18,14 @@ import torch
 PAPER_EMITTED_PER_ROUND = {4: 2.88, 6: 2.88 * 1.17, 8: 2.88 * 1.25}
 
 
-def accept_exact(target_logits: torch.Tensor, proposals: torch.Tensor, q: torch.Tensor,
-                 k_r: torch.Tensor, temperatures: torch.Tensor,
-                 gen: torch.Generator | None) -> tuple[list[int], list[int]]:
+def accept_exact(
+    target_logits: torch.Tensor,
+    proposals: torch.Tensor,
+    q: torch.Tensor,
+    k_r: torch.Tensor,
+    temperatures: torch.Tensor,
+    gen: torch.Generator | None,
+) -> tuple[list[int], list[int]]:
     """target_logits (B, K, V): query j's logits predict the token after block position j.
     proposals (B, K-1), q (B, K-1, V), k_r (B,) queries actually verified per request.
     Returns (accepted counts A_r, next tokens b_r)."""
@@ -64,13 +69,14 @@ def calibrated_alpha(block: int, emitted: float) -> float:
     lo, hi = 0.0, 0.999999
     for _ in range(60):
         mid = (lo + hi) / 2
-        e = (1 - mid ** block) / (1 - mid)
+        e = (1 - mid**block) / (1 - mid)
         lo, hi = (mid, hi) if e < emitted else (lo, mid)
     return (lo + hi) / 2
 
 
-def accept_calibrated(target_logits: torch.Tensor, k_r: torch.Tensor, alpha: float,
-                      gen: torch.Generator | None) -> tuple[list[int], list[int]]:
+def accept_calibrated(
+    target_logits: torch.Tensor, k_r: torch.Tensor, alpha: float, gen: torch.Generator | None
+) -> tuple[list[int], list[int]]:
     """Accept a geometric prefix with per-position probability alpha; bonus = target argmax."""
     B, K, _ = target_logits.shape
     greedy = target_logits.argmax(-1).tolist()

@@ -45,12 +45,16 @@ class SpeculationConfig:
         if self.acceptance not in ACCEPTANCE_MODES:
             raise bad("acceptance", f"must be one of {ACCEPTANCE_MODES}, got {self.acceptance!r}")
         if self.scheduler_confidence not in CONFIDENCE_SOURCES:
-            raise bad("scheduler_confidence", f"must be one of {CONFIDENCE_SOURCES}, got "
-                      f"{self.scheduler_confidence!r}")
+            raise bad(
+                "scheduler_confidence",
+                f"must be one of {CONFIDENCE_SOURCES}, got {self.scheduler_confidence!r}",
+            )
         e = self.calibrated_emitted_per_round
         if e is not None and not 1.0 <= float(e) <= float(self.block_size):
-            raise bad("calibrated_emitted_per_round", f"must be in [1, block_size="
-                      f"{self.block_size}], got {e}")
+            raise bad(
+                "calibrated_emitted_per_round",
+                f"must be in [1, block_size={self.block_size}], got {e}",
+            )
 
     def resolved(self, max_context_len: int) -> SpeculationConfig:
         from systems.spec.acceptance import PAPER_EMITTED_PER_ROUND
@@ -62,6 +66,9 @@ class SpeculationConfig:
         if conf == "auto":
             conf = "calibrated" if self.acceptance == "calibrated" else "drafter"
         # the drafter never reads more positions than a request can hold
-        return dataclasses.replace(self, calibrated_emitted_per_round=float(emitted),
-                                   scheduler_confidence=conf,
-                                   window=min(int(self.window), int(max_context_len)))
+        return dataclasses.replace(
+            self,
+            calibrated_emitted_per_round=float(emitted),
+            scheduler_confidence=conf,
+            window=min(int(self.window), int(max_context_len)),
+        )

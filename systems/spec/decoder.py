@@ -92,13 +92,23 @@ class SpeculativeDecoder:
         self.window = int(spec.window)
         mcfg = engine.cfg.model
         self.drafter = DRAFTERS[self.kind](
-            engine.model, num_layers=int(spec.draft_layers), dim=int(spec.draft_dim),
-            window=self.window, num_slots=num_slots, page=mcfg.page_size, k_max=self.k_max,
-            seed=mcfg.seed)
+            engine.model,
+            num_layers=int(spec.draft_layers),
+            dim=int(spec.draft_dim),
+            window=self.window,
+            num_slots=num_slots,
+            page=mcfg.page_size,
+            k_max=self.k_max,
+            seed=mcfg.seed,
+        )
         self._round_ms: dict[int, float] = {}  # verification width -> EMA of round time
         self.phase_timer: PhaseTimer | None = None  # set by benchmarks (bench_decode_step --phases)
-        self.stats = {"spec_rounds_total": 0, "spec_queries_total": 0,
-                      "spec_accepted_total": 0, "spec_emitted_total": 0}
+        self.stats = {
+            "spec_rounds_total": 0,
+            "spec_queries_total": 0,
+            "spec_accepted_total": 0,
+            "spec_emitted_total": 0,
+        }
 
     # ------------------------------------------------------------------ admission
     def on_admit(self, req, entry) -> None:
@@ -107,10 +117,15 @@ class SpeculativeDecoder:
         L = hid.shape[0]
         T = req.num_prompt_tokens
         dev = self.e.device
-        toks = torch.tensor([req.prompt_ids[T - L:]], device=dev)
+        toks = torch.tensor([req.prompt_ids[T - L :]], device=dev)
         pos = torch.arange(T - L, T, device=dev).unsqueeze(0)
-        self.drafter.catch_up(torch.tensor([req.slot], device=dev), toks, pos, hid.unsqueeze(0),
-                              torch.ones_like(toks, dtype=torch.bool))
+        self.drafter.catch_up(
+            torch.tensor([req.slot], device=dev),
+            toks,
+            pos,
+            hid.unsqueeze(0),
+            torch.ones_like(toks, dtype=torch.bool),
+        )
 
     # ------------------------------------------------------------------ drafter graphs
     def _drafter_graphs(self, B: int, sampled: bool):
@@ -118,8 +133,13 @@ class SpeculativeDecoder:
         within the captured sizes, greedy drafting (sampling draws from a generator, which
         stays eager), and a drafter whose proposal is pure device work."""
         r = self.e.graph_runner
-        if (r is None or sampled or not r.can_run(B) or r.drafter.broken
-                or not getattr(self.drafter, "graph_capturable", False)):
+        if (
+            r is None
+            or sampled
+            or not r.can_run(B)
+            or r.drafter.broken
+            or not getattr(self.drafter, "graph_capturable", False)
+        ):
             return None
         return r.drafter
 
@@ -130,6 +150,7 @@ class SpeculativeDecoder:
             props, q = d.propose(slots, anchors, n, K, temps, None, sampled=False)
             conf = getattr(d, "last_confidence", None)  # set by this call (DSpark) or absent
             return (props, q) if conf is None else (props, q, conf)
+
         return region
 
     def _catch_up_region(self, slots, tokens, positions, hidden, valid):
@@ -189,11 +210,11 @@ class SpeculativeDecoder:
         def mark():  # a phase boundary (PhaseTimer.PHASES), when a benchmark times the round
             if pt is not None:
                 pt.mark(marks)
+
         mark()
         graphs = self._drafter_graphs(B, sampled)
         if graphs is not None:
-            outs = graphs.run(("propose", B, K), self._propose_region(K), slots, anchors, n,
-                              temps)
+            outs = graphs.run(("propose", B, K), self._propose_region(K), slots, anchors, n, temps)
             proposals, q = outs[:2]
             if len(outs) > 2:  # DSpark: the head's confidences, read by _k_r below
                 self.drafter.last_confidence = outs[2]
@@ -203,14 +224,15 @@ class SpeculativeDecoder:
         k_r = self._k_r(q, proposals)
         # the pass verifies the widest prefix any request asked for (DSpark saves work here)
         K = int(k_r.max())
-        proposals, q = proposals[:, :K - 1], q[:, :K - 1]
+        proposals, q = proposals[:, : K - 1], q[:, : K - 1]
         t0 = time.perf_counter()
         # verification: queries [anchor, x_1 .. x_{K-1}] at positions n .. n + K - 1
         tokens = torch.cat([anchors.unsqueeze(1), proposals], dim=1)
         positions = n.unsqueeze(1) + torch.arange(K, device=dev)
         be = e.backend
-        logits, hidden = e.run_target([r.slot for r in batch], tokens, positions,
-                                      max(r.seq_len for r in batch) + K)
+        logits, hidden = e.run_target(
+            [r.slot for r in batch], tokens, positions, max(r.seq_len for r in batch) + K
+        )
         mark()
         if self.mode == "exact":
             A, nxt = accept_exact(logits, proposals, q, k_r, temps, e.gen)
@@ -226,17 +248,25 @@ class SpeculativeDecoder:
         props = proposals.tolist()  # before the drafter's next graph reuses its buffers
         mark()
         L = 1 + max(A)
-        valid = torch.arange(L, device=dev).unsqueeze(0) < (1 + torch.tensor(A, device=dev)
-                                                            ).unsqueeze(1)
+        valid = torch.arange(L, device=dev).unsqueeze(0) < (
+            1 + torch.tensor(A, device=dev)
+        ).unsqueeze(1)
         if graphs is not None:
-            graphs.run(("catch_up", B, L), self._catch_up_region, slots, tokens[:, :L],
-                       positions[:, :L], hidden[:, :L], valid)
+            graphs.run(
+                ("catch_up", B, L),
+                self._catch_up_region,
+                slots,
+                tokens[:, :L],
+                positions[:, :L],
+                hidden[:, :L],
+                valid,
+            )
         else:
             self.drafter.catch_up(slots, tokens[:, :L], positions[:, :L], hidden[:, :L], valid)
         mark()
         out = []
         for b in range(B):
-            out.append(props[b][:A[b]] + [nxt[b]])
+            out.append(props[b][: A[b]] + [nxt[b]])
         self.stats["spec_rounds_total"] += B
         self.stats["spec_queries_total"] += int(k_r.sum())
         self.stats["spec_accepted_total"] += sum(A)

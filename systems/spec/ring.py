@@ -28,13 +28,21 @@ def ring_address(slot: torch.Tensor | int, pos: torch.Tensor | int, r_d: int):
 class DraftRing:
     """KV storage of a drafter: (layers, 2, slots * R_d, dim), addressed by eq. 10."""
 
-    def __init__(self, num_layers: int, dim: int, num_slots: int, window: int, page: int,
-                 k_max: int, device, dtype):
+    def __init__(
+        self,
+        num_layers: int,
+        dim: int,
+        num_slots: int,
+        window: int,
+        page: int,
+        k_max: int,
+        device,
+        dtype,
+    ):
         self.window = window
         self.r_d = ring_rows(window, page, k_max)
         self.num_slots = num_slots
-        self.kv = torch.zeros(num_layers, 2, num_slots * self.r_d, dim, device=device,
-                              dtype=dtype)
+        self.kv = torch.zeros(num_layers, 2, num_slots * self.r_d, dim, device=device, dtype=dtype)
 
     @property
     def nbytes(self) -> int:

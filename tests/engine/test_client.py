@@ -1,6 +1,5 @@
 """The in-process client answers like the HTTP server (same validation and shapes)."""
 
-
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
@@ -10,8 +9,10 @@ from systems.engine.server import build_app
 from tests.helpers import golden_prompts, make_engine
 
 PROMPT = golden_prompts()[2]
-BODY = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0,
-                                                 "ignore_eos": True}}
+BODY = {
+    "input_ids": PROMPT,
+    "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+}
 
 
 @pytest.fixture
@@ -32,8 +33,9 @@ async def test_same_answer_as_http(both):
     b = await (await http.post("/generate", json=BODY)).json()
     assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
     assert a["meta_info"]["completion_tokens"] == 6
-    c = await client.completions({"prompt": PROMPT, "max_tokens": 6, "temperature": 0,
-                                  "ignore_eos": True})
+    c = await client.completions(
+        {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    )
     assert c["usage"]["completion_tokens"] == 6
     assert c["choices"][0]["text"] == a["text"]
 
@@ -57,11 +59,13 @@ async def test_errors_match_the_server(both):
 
 async def test_stopping_a_stream_aborts_and_frees(both):
     client, _, eng = both
-    gen = client.generate_stream({**BODY, "stream": True,
-                                  "sampling_params": {"max_new_tokens": 200}})
+    gen = client.generate_stream(
+        {**BODY, "stream": True, "sampling_params": {"max_new_tokens": 200}}
+    )
     await gen.__anext__()
     await gen.aclose()
     import asyncio
+
     for _ in range(200):
         if not eng.scheduler.running and eng.backend.pages.num_used == 0:
             break

@@ -37,8 +37,9 @@ def test_yaml_lists_the_dataclass_defaults(system):
         spec = OmegaConf.to_container(spec, resolve=True)
         d = _defaults(SpeculationConfig)
         # a DSpark system picks a larger block; everything else is the default
-        assert {k: v for k, v in spec.items() if k not in ("drafter", "block_size")} == \
-            {k: d[k] for k in spec if k not in ("drafter", "block_size")}
+        assert {k: v for k, v in spec.items() if k not in ("drafter", "block_size")} == {
+            k: d[k] for k in spec if k not in ("drafter", "block_size")
+        }
 
 
 def test_engine_section_matches_engine_config_defaults():
@@ -75,15 +76,21 @@ def test_experiment_sets_b_for_its_hierarchy_systems_only():
     assert "kv" not in cfg.system
 
 
-@pytest.mark.parametrize("override, match", [
-    ("+system.kv.bogus=1", r"system.kv: unknown key\(s\) \['bogus'\] for backend 'hisparse'; "
-                           r"allowed: \['hot_cache_rows'"),
-    ("+system.kv.reclaim_order=oldest_first", r"unknown key\(s\) \['reclaim_order'\]"),
-    ("system.kv.hot_cache_rows=4", r"hot_cache_rows=4 must be >= k"),
-    ("system.kv.resolver_impl=cuda", r"system.kv.resolver_impl: must be one of"),
-    ("+engine.max_wait=3", r"engine: unknown field\(s\) \['max_wait'\]"),
-    ("+model.hot_cache_rows=16", r"model.hot_cache_rows: B is a KV-policy knob now"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        (
+            "+system.kv.bogus=1",
+            r"system.kv: unknown key\(s\) \['bogus'\] for backend 'hisparse'; "
+            r"allowed: \['hot_cache_rows'",
+        ),
+        ("+system.kv.reclaim_order=oldest_first", r"unknown key\(s\) \['reclaim_order'\]"),
+        ("system.kv.hot_cache_rows=4", r"hot_cache_rows=4 must be >= k"),
+        ("system.kv.resolver_impl=cuda", r"system.kv.resolver_impl: must be one of"),
+        ("+engine.max_wait=3", r"engine: unknown field\(s\) \['max_wait'\]"),
+        ("+model.hot_cache_rows=16", r"model.hot_cache_rows: B is a KV-policy knob now"),
+    ],
+)
 def test_bad_keys_are_named(override, match):
     with pytest.raises(ValueError, match=match):
         resolve_engine_config(compose(["device=cpu", "system=hisparse", override]))
@@ -91,14 +98,19 @@ def test_bad_keys_are_named(override, match):
 
 def test_bad_speculation_knobs_are_named():
     with pytest.raises(ValueError, match=r"system.speculation: unknown field\(s\) \['blok'\]"):
-        resolve_engine_config(compose(["device=cpu", "system=resident_dflash2",
-                                       "+system.speculation.blok=4"]))
+        resolve_engine_config(
+            compose(["device=cpu", "system=resident_dflash2", "+system.speculation.blok=4"])
+        )
     with pytest.raises(ValueError, match=r"system.speculation.block_size: 9 must be in"):
-        resolve_engine_config(compose(["device=cpu", "system=resident_dflash2",
-                                       "system.speculation.block_size=9"]))
+        resolve_engine_config(
+            compose(["device=cpu", "system=resident_dflash2", "system.speculation.block_size=9"])
+        )
     with pytest.raises(ValueError, match=r"system.speculation.acceptance: must be one of"):
-        resolve_engine_config(compose(["device=cpu", "system=resident_dflash2",
-                                       "system.speculation.acceptance=maybe"]))
+        resolve_engine_config(
+            compose(
+                ["device=cpu", "system=resident_dflash2", "system.speculation.acceptance=maybe"]
+            )
+        )
 
 
 def test_options_are_frozen():

@@ -36,14 +36,18 @@ def test_a_backend_that_syncs_in_device_prepare_is_caught():
 
 
 def test_graphs_are_keyed_by_batch_queries_and_scan_bucket_and_evicted_lru():
-    eng = make_engine("+engine.cuda_graph_emulate=true", "engine.cuda_graph_scan_step=16",
-                      "+engine.cuda_graph_max_graphs=2", "engine.cuda_graph_capture_after=1")
+    eng = make_engine(
+        "+engine.cuda_graph_emulate=true",
+        "engine.cuda_graph_scan_step=16",
+        "+engine.cuda_graph_max_graphs=2",
+        "engine.cuda_graph_capture_after=1",
+    )
     run_greedy(eng, [[5] * 10, [6] * 20], 30)  # scans 21..50: buckets 32, 48, 64
     r = eng.graph_runner
     assert len(r.graphs) == 2 and r.stats["evictions"] >= 1
     assert all(L % 16 == 0 for (_, q, L) in r.graphs) and all(q == 1 for (_, q, _) in r.graphs)
     assert r.scan_len(17) == 32 and r.scan_len(16) == 16
-    assert r.scan_len(10 ** 9) == eng.backend.max_scan_len
+    assert r.scan_len(10**9) == eng.backend.max_scan_len
 
 
 def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after():
@@ -65,8 +69,12 @@ def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after():
 
 def test_disable_cuda_graph_and_no_gpu_mean_no_runner():
     assert make_engine().graph_runner is None  # CPU without emulation
-    assert make_engine("+engine.cuda_graph_emulate=true",
-                       "engine.disable_cuda_graph=true").graph_runner is None
+    assert (
+        make_engine(
+            "+engine.cuda_graph_emulate=true", "engine.disable_cuda_graph=true"
+        ).graph_runner
+        is None
+    )
 
 
 def test_check_script_cpu_dry_run(tmp_path):
@@ -80,12 +88,32 @@ def test_check_script_cpu_dry_run(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "check.json"
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "check_cuda_graph.py"),
-                        "--cpu-dry-run", "--model", "tiny", "--context", "40", "--new-tokens", "5",
-                        "--batch", "2", "--hot-cache-rows", "16", "--systems",
-                        "hisparse,resident_dflash2", "--out", str(out)],
-                       cwd=root, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "check_cuda_graph.py"),
+            "--cpu-dry-run",
+            "--model",
+            "tiny",
+            "--context",
+            "40",
+            "--new-tokens",
+            "5",
+            "--batch",
+            "2",
+            "--hot-cache-rows",
+            "16",
+            "--systems",
+            "hisparse,resident_dflash2",
+            "--out",
+            str(out),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rec = json.loads(out.read_text())
     assert [row["tokens_identical"] for row in rec["rows"]] == [True, True]

@@ -16,8 +16,7 @@ BACKENDS = available()
 @pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backend_reproduces_golden_tokens(backend, model):
-    eng = make_engine(f"model={model}", f"system.kv_backend={backend}",
-                      "hardware.kv_pool_gib=0.01")
+    eng = make_engine(f"model={model}", f"system.kv_backend={backend}", "hardware.kv_pool_gib=0.01")
     outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"][model]
     eng.backend.check_integrity()
@@ -33,9 +32,14 @@ def test_graph_protocol_reproduces_golden_tokens(backend, model, max_bs):
     The 5 requests run together: a batch cap of 3 sends every step down the eager path with
     bucketed scans, a cap of 5 through captured graphs; a 16-position bucket makes the scan
     length change within the run."""
-    eng = make_engine(f"model={model}", f"system.kv_backend={backend}",
-                      "hardware.kv_pool_gib=0.01", "+engine.cuda_graph_emulate=true",
-                      f"engine.cuda_graph_max_bs={max_bs}", "engine.cuda_graph_scan_step=16")
+    eng = make_engine(
+        f"model={model}",
+        f"system.kv_backend={backend}",
+        "hardware.kv_pool_gib=0.01",
+        "+engine.cuda_graph_emulate=true",
+        f"engine.cuda_graph_max_bs={max_bs}",
+        "engine.cuda_graph_scan_step=16",
+    )
     outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"][model]
     st = eng.graph_runner.stats
@@ -47,8 +51,10 @@ def test_graph_protocol_reproduces_golden_tokens(backend, model, max_bs):
     eng.backend.check_integrity()
 
 
-@pytest.mark.parametrize("backend,impl", [("resident", "triton"), ("adaptive_hisparse", "triton"),
-                                          ("hisparse", "triton_mma")])
+@pytest.mark.parametrize(
+    "backend,impl",
+    [("resident", "triton"), ("adaptive_hisparse", "triton"), ("hisparse", "triton_mma")],
+)
 def test_fused_attention_kernel_reproduces_golden_tokens(backend, impl):
     """model.attention_impl=triton (the GPU default; here under TRITON_INTERPRET=1): the indexer's
     scores over paged keys and the attention over rows read in place by location give the
@@ -56,10 +62,15 @@ def test_fused_attention_kernel_reproduces_golden_tokens(backend, impl):
     from triton.runtime.interpreter import InterpretedFunction
 
     from systems.kernels.sparse_attention import _sparse_attention_kernel
+
     if not isinstance(_sparse_attention_kernel, InterpretedFunction):
         pytest.skip("triton imported without TRITON_INTERPRET=1 in this process")
-    eng = make_engine("model=tiny", f"system.kv_backend={backend}", "hardware.kv_pool_gib=0.01",
-                      f"model.attention_impl={impl}")
+    eng = make_engine(
+        "model=tiny",
+        f"system.kv_backend={backend}",
+        "hardware.kv_pool_gib=0.01",
+        f"model.attention_impl={impl}",
+    )
     assert eng.model.attention_impl == impl and eng.backend.index_impl == "triton"
     outs = run_greedy(eng, GOLDEN["prompts"][:3], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"]["tiny"][:3]

@@ -25,15 +25,18 @@ def test_bf16_rows_roundtrip_exactly():
     assert torch.equal(decode_rows(encode_rows(x, cfg), cfg, torch.float32), x)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"index_topk": 600, "max_context_len": 512}, "index_topk"),
-    ({"layer_roles": ["full", "reuse"], "layer_sources": [0, 1]}, "layer_sources"),
-    ({"layer_roles": ["reuse", "full"]}, "layer_roles"),
-    ({"layer_roles": ["full", "bogus"]}, "layer_roles"),
-    ({"kv_format": "fp4"}, "kv_format"),
-    ({"selection_locality": 1.5}, "selection_locality"),
-    ({"kv_format": "fp8", "kv_dim": 100}, "kv_dim"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"index_topk": 600, "max_context_len": 512}, "index_topk"),
+        ({"layer_roles": ["full", "reuse"], "layer_sources": [0, 1]}, "layer_sources"),
+        ({"layer_roles": ["reuse", "full"]}, "layer_roles"),
+        ({"layer_roles": ["full", "bogus"]}, "layer_roles"),
+        ({"kv_format": "fp4"}, "kv_format"),
+        ({"selection_locality": 1.5}, "selection_locality"),
+        ({"kv_format": "fp8", "kv_dim": 100}, "kv_dim"),
+    ],
+)
 def test_bad_model_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         ModelConfig(**kwargs)
@@ -60,6 +63,7 @@ def test_decode_equals_prefill_of_the_same_tokens(model):
 def test_selection_is_causal_topk_including_self():
     cfg = ModelConfig(index_topk=4)
     from systems.models.sparse_model import SparseModel
+
     m = SparseModel(cfg)
     p = m.layers[0]
     keys = torch.randn(2, 10, cfg.index_dim)
@@ -81,6 +85,7 @@ def test_locality_knob_makes_consecutive_selections_overlap():
     def overlap(lam):
         cfg = ModelConfig(index_topk=16, selection_locality=lam, max_context_len=512)
         from systems.models.sparse_model import SparseModel
+
         m = SparseModel(cfg)
         keys = torch.randn(1, 400, cfg.index_dim)
         h = torch.randn(1, 2, cfg.hidden_size)

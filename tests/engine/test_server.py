@@ -26,8 +26,13 @@ PROMPT = golden_prompts()[1]
 
 async def test_generate_non_streaming(server):
     s, eng = server
-    r = await s.post("/generate", json={"input_ids": PROMPT, "sampling_params": {
-        "max_new_tokens": 7, "temperature": 0, "ignore_eos": True}})
+    r = await s.post(
+        "/generate",
+        json={
+            "input_ids": PROMPT,
+            "sampling_params": {"max_new_tokens": 7, "temperature": 0, "ignore_eos": True},
+        },
+    )
     assert r.status == 200
     out = await r.json()
     assert len(out["output_ids"]) == 7
@@ -41,8 +46,10 @@ async def test_generate_non_streaming(server):
 
 async def test_generate_streaming_matches_non_streaming(server):
     s, eng = server
-    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 9, "temperature": 0,
-                                                     "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": 9, "temperature": 0, "ignore_eos": True},
+    }
     full = await (await s.post("/generate", json=body)).json()
     r = await s.post("/generate", json={**body, "stream": True})
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
@@ -57,24 +64,28 @@ async def test_generate_streaming_matches_non_streaming(server):
 
 async def test_text_prompt_is_accepted(server):
     s, _ = server
-    r = await s.post("/generate", json={"text": "hello w5 world", "sampling_params": {
-        "max_new_tokens": 2}})
+    r = await s.post(
+        "/generate", json={"text": "hello w5 world", "sampling_params": {"max_new_tokens": 2}}
+    )
     assert r.status == 200
     assert (await r.json())["meta_info"]["prompt_tokens"] == 3
 
 
 async def test_openai_completions(server):
     s, _ = server
-    body = {"model": "x", "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
-            "ignore_eos": True}
+    body = {"model": "x", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
     r = await s.post("/v1/completions", json=body)
     assert r.status == 200
     out = await r.json()
-    assert out["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 6,
-                            "total_tokens": len(PROMPT) + 6}
+    assert out["usage"] == {
+        "prompt_tokens": len(PROMPT),
+        "completion_tokens": 6,
+        "total_tokens": len(PROMPT) + 6,
+    }
     assert out["choices"][0]["finish_reason"] == "length"
-    r = await s.post("/v1/completions", json={**body, "stream": True,
-                                              "stream_options": {"include_usage": True}})
+    r = await s.post(
+        "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
     chunks = await read_sse(r)
     data = chunks[:-1]
     assert "".join(c["choices"][0]["text"] for c in data) == out["choices"][0]["text"]
@@ -88,8 +99,12 @@ async def test_metrics_and_health(server):
     assert r.status == 200
     text = await (await s.get("/metrics")).text()
     names = {ln.split()[0] for ln in text.splitlines() if ln and not ln.startswith("#")}
-    for n in ("dhs_num_running_reqs", "dhs_num_waiting_reqs", "dhs_num_allocated_slots",
-              "dhs_kv_pool_used_ratio"):
+    for n in (
+        "dhs_num_running_reqs",
+        "dhs_num_waiting_reqs",
+        "dhs_num_allocated_slots",
+        "dhs_kv_pool_used_ratio",
+    ):
         assert n in names
     models = await (await s.get("/v1/models")).json()
     assert models["data"][0]["id"]
@@ -103,16 +118,27 @@ BAD = [
     ("/generate", {"text": ""}, "text"),
     ("/generate", {"input_ids": [1, 99999]}, "input_ids"),
     ("/generate", {"input_ids": "x" * 0 + "a", "text": "b"}, "text"),
-    ("/generate", {"input_ids": [1] * 600, "sampling_params": {"max_new_tokens": 4}},
-     "input_ids"),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}},
-     "sampling_params.max_new_tokens"),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10_000}},
-     "sampling_params.max_new_tokens"),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "5"}},
-     "sampling_params.max_new_tokens"),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {"temperature": -1}},
-     "sampling_params.temperature"),
+    ("/generate", {"input_ids": [1] * 600, "sampling_params": {"max_new_tokens": 4}}, "input_ids"),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}},
+        "sampling_params.max_new_tokens",
+    ),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10_000}},
+        "sampling_params.max_new_tokens",
+    ),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "5"}},
+        "sampling_params.max_new_tokens",
+    ),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"temperature": -1}},
+        "sampling_params.temperature",
+    ),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {"wat": 1}}, "wat"),
     ("/generate", {"input_ids": [1, 2], "stream": "yes"}, "stream"),
     ("/v1/completions", {"max_tokens": 3}, "prompt"),
@@ -126,13 +152,15 @@ BAD = [
 @pytest.mark.parametrize("path, body, param", BAD)
 async def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
     s, eng = server
-    kw = {"data": body, "headers": {"Content-Type": "application/json"}} \
-        if isinstance(body, bytes) else {"json": body}
+    kw = (
+        {"data": body, "headers": {"Content-Type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     r = await s.post(path, **kw)
     assert r.status == 400
     err = (await r.json())["error"]
-    assert err["param"] == param and param.split(".")[-1] in err["message"] or \
-        err["param"] == param
+    assert err["param"] == param and param.split(".")[-1] in err["message"] or err["param"] == param
     assert err["message"]
     await asyncio.sleep(0)
     assert not eng.scheduler.running and not eng.scheduler.waiting
@@ -140,8 +168,9 @@ async def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
 
 async def test_oversized_body_is_413(server):
     s, _ = server
-    r = await s.post("/generate", data=b"x" * (17 << 20),
-                     headers={"Content-Type": "application/json"})
+    r = await s.post(
+        "/generate", data=b"x" * (17 << 20), headers={"Content-Type": "application/json"}
+    )
     assert r.status == 413
     assert (await r.json())["error"]["param"] == "body"
 
@@ -161,9 +190,14 @@ async def test_client_disconnect_aborts_and_frees_pages(server):
     sessions = []
     for _ in range(3):
         cs = aiohttp.ClientSession(base_url=str(s._base_url))
-        r = await cs.post("/generate", json={"input_ids": PROMPT, "stream": True,
-                                             "sampling_params": {"max_new_tokens": 250,
-                                                                 "ignore_eos": True}})
+        r = await cs.post(
+            "/generate",
+            json={
+                "input_ids": PROMPT,
+                "stream": True,
+                "sampling_params": {"max_new_tokens": 250, "ignore_eos": True},
+            },
+        )
         await r.content.readline()  # first token arrived: the request is running
         sessions.append((cs, r))
     assert len(eng.scheduler.running) >= 1
@@ -178,6 +212,7 @@ async def test_client_disconnect_aborts_and_frees_pages(server):
     assert eng.stats["aborted_total"] == 3
     eng.backend.check_integrity()
     # and the server still serves
-    r = await s.post("/generate", json={"input_ids": PROMPT, "sampling_params": {
-        "max_new_tokens": 2}})
+    r = await s.post(
+        "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}
+    )
     assert r.status == 200

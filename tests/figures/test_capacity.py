@@ -23,8 +23,13 @@ from systems.models.config import ModelConfig
 
 GIB = cap.GIB
 T1 = PAPER["table1"]
-SYS = {"resident": "resident", "hisparse": "hisparse", "adaptive_hisparse": "adaptive_hisparse",
-       "resident_drafter": "resident_dflash2", "adaptive_dhisparse": "adaptive_dhisparse"}
+SYS = {
+    "resident": "resident",
+    "hisparse": "hisparse",
+    "adaptive_hisparse": "adaptive_hisparse",
+    "resident_drafter": "resident_dflash2",
+    "adaptive_dhisparse": "adaptive_dhisparse",
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +60,14 @@ def test_resident_has_no_host_backup(glm):
 
 def test_components_and_ratio(glm):
     sm = cap.session_memory(glm, "adaptive_dhisparse", 100_000)
-    assert set(sm.components) == {"index_keys", "hot_cache", "tail", "metadata", "draft_ring",
-                                  "staging_share"}
+    assert set(sm.components) == {
+        "index_keys",
+        "hot_cache",
+        "tail",
+        "metadata",
+        "draft_ring",
+        "staging_share",
+    }
     assert sm.components["hot_cache"] == 4096 * 78 * 576 == 184_025_088  # Table 3: 184 MB
     res = cap.session_memory(glm, "resident", 100_000).gpu_required
     ada = cap.session_memory(glm, "adaptive_hisparse", 100_000).gpu_required
@@ -78,8 +89,14 @@ def test_ring_size_eq9():
 
 
 @settings(max_examples=60, deadline=None)
-@given(window=st.integers(0, 5000), page=st.sampled_from([1, 16, 64, 128]), k_max=st.integers(1, 16),
-       n=st.integers(0, 10**6), slot=st.integers(0, 50), other=st.integers(0, 50))
+@given(
+    window=st.integers(0, 5000),
+    page=st.sampled_from([1, 16, 64, 128]),
+    k_max=st.integers(1, 16),
+    n=st.integers(0, 10**6),
+    slot=st.integers(0, 50),
+    other=st.integers(0, 50),
+)
 def test_ring_never_aliases_live_positions(window, page, k_max, n, slot, other):
     r_d = cap.ring_rows(window, page, k_max)
     assert r_d % page == 0
@@ -156,8 +173,10 @@ def test_geometry_from_model_config():
 def test_presets_keep_the_paper_ratio():
     g = cap.preset_geometry("glm53_mini")
     assert g.row_bytes == 656 and g.payload_sources == 26 and g.index_producers == 7 and g.chi == 4
-    r = (cap.session_memory(g, "resident", 32_768).gpu_required
-         / cap.session_memory(g, "adaptive_hisparse", 32_768).gpu_required)
+    r = (
+        cap.session_memory(g, "resident", 32_768).gpu_required
+        / cap.session_memory(g, "adaptive_hisparse", 32_768).gpu_required
+    )
     assert 5 < r < 20  # docs/design.md: about 10x, as Table 1
     assert g.hot_cache_rows[0] == 2 * 512  # fig4's B: 2k
     d = cap.preset_geometry("dsv41_mini")

@@ -36,7 +36,10 @@ def _judge(kind, ours, paper=1.45, lo=None, hi=None, arg="", **rows):
 def test_direction_needs_the_whole_interval_on_the_papers_side():
     assert _judge(DIRECTION, 1.2, lo=1.05, hi=1.4) == (True, "")
     assert _judge(DIRECTION, 1.2, lo=0.95, hi=1.4) == (False, "")  # the point alone would pass
-    assert _judge(DIRECTION, 0.8, paper=0.6, lo=0.7, hi=0.9) == (True, "")  # the paper's side is < 1
+    assert _judge(DIRECTION, 0.8, paper=0.6, lo=0.7, hi=0.9) == (
+        True,
+        "",
+    )  # the paper's side is < 1
     assert _judge(DIRECTION, 0.8, paper=0.6, lo=0.7, hi=1.01) == (False, "")
     holds, why = _judge(DIRECTION, 1.2)  # one run per system: no interval, not a pass
     assert holds is None and why.startswith("untested")
@@ -88,9 +91,17 @@ def test_bootstrap_interval_covers_the_ratio_and_is_reproducible():
 def _run(root, name, system, t, out, group=None, commit="aaaaaaa", metrics=None):
     d = root / "fig4" / name
     d.mkdir(parents=True)
-    (d / "summary.json").write_text(json.dumps({
-        "system": system, "concurrency": 128, "output_tok_s": out, "output_tok_s_per_gpu": out,
-        "point": {"concurrency": 128, "tag": "c128"}}))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "system": system,
+                "concurrency": 128,
+                "output_tok_s": out,
+                "output_tok_s_per_gpu": out,
+                "point": {"concurrency": 128, "tag": "c128"},
+            }
+        )
+    )
     env = {"time_utc": t, "git_commit": commit}
     if group:
         env["run_group"] = group
@@ -118,8 +129,12 @@ def test_ratio_and_paired_note_use_every_run_of_a_group(tmp_path):
     b = next(r for r in runs if r.system == "hisparse")
     st = ratio_stats(a, b, "output_tok_s")
     assert st.runs == (4, 4)
-    assert st.point == pytest.approx(np.median([3000, 3400, 3500, 4400]) / np.median([4000, 4000, 4200, 4000]))
-    assert sorted(st.group_ratios) == pytest.approx(sorted([3400 / 4000, 1.1]))  # g1 over all 3 runs
+    assert st.point == pytest.approx(
+        np.median([3000, 3400, 3500, 4400]) / np.median([4000, 4000, 4200, 4000])
+    )
+    assert sorted(st.group_ratios) == pytest.approx(
+        sorted([3400 / 4000, 1.1])
+    )  # g1 over all 3 runs
     assert st.spread == pytest.approx((0.85, 1.1))
     assert st.lo <= st.point <= st.hi
     note = paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
@@ -130,16 +145,23 @@ def test_ratio_and_paired_note_use_every_run_of_a_group(tmp_path):
 def test_step_cost_takes_every_repeat(tmp_path):
     def metrics(ms_per_step, running):
         n = 5
-        return pd.DataFrame({"ts": np.arange(float(n)), "dhs_num_running_reqs": [running] * n,
-                             "dhs_num_steps": np.arange(n) * 100.0,
-                             "dhs_decode_seconds_total": np.arange(n) * 100.0 * ms_per_step / 1e3})
+        return pd.DataFrame(
+            {
+                "ts": np.arange(float(n)),
+                "dhs_num_running_reqs": [running] * n,
+                "dhs_num_steps": np.arange(n) * 100.0,
+                "dhs_decode_seconds_total": np.arange(n) * 100.0 * ms_per_step / 1e3,
+            }
+        )
 
     for i, (ms, n) in enumerate([(20.0, 100), (30.0, 110), (40.0, 90)]):
         _run(tmp_path, f"h{i}", "hisparse", f"2026-01-01T00:0{i}", 4000.0, metrics=metrics(ms, n))
     (run,) = load_runs(tmp_path, "fig4")
     assert len(run.repeats) == 3
     ms, held = step_cost(run)
-    assert ms == pytest.approx(30.0) and held == pytest.approx(100.0)  # medians, not the newest 40 / 90
+    assert ms == pytest.approx(30.0) and held == pytest.approx(
+        100.0
+    )  # medians, not the newest 40 / 90
 
 
 def test_breakdown_is_measured_numbers(tmp_path):
@@ -147,12 +169,18 @@ def test_breakdown_is_measured_numbers(tmp_path):
     the median over its repeats."""
     n = 11
     for i, (ms, waiting) in enumerate([(20.0, 4), (30.0, 8), (40.0, 30)]):
-        m = pd.DataFrame({"ts": np.arange(float(n)), "dhs_num_running_reqs": [100] * n,
-                          "dhs_num_waiting_reqs": [waiting] * n, "dhs_num_slots": [128] * n,
-                          "dhs_num_steps": np.arange(n) * 20.0,
-                          "dhs_decode_seconds_total": np.arange(n) * 20.0 * ms / 1e3,
-                          "dhs_admit_seconds_total": np.arange(n) * 0.1,
-                          "dhs_capture_step_seconds_total": np.zeros(n)})
+        m = pd.DataFrame(
+            {
+                "ts": np.arange(float(n)),
+                "dhs_num_running_reqs": [100] * n,
+                "dhs_num_waiting_reqs": [waiting] * n,
+                "dhs_num_slots": [128] * n,
+                "dhs_num_steps": np.arange(n) * 20.0,
+                "dhs_decode_seconds_total": np.arange(n) * 20.0 * ms / 1e3,
+                "dhs_admit_seconds_total": np.arange(n) * 0.1,
+                "dhs_capture_step_seconds_total": np.zeros(n),
+            }
+        )
         _run(tmp_path, f"h{i}", "hisparse", f"2026-01-01T00:0{i}", 4000.0, metrics=m)
     (run,) = load_runs(tmp_path, "fig4")
     text = breakdown(run)
@@ -172,4 +200,6 @@ def test_one_load_mapping_labels_both():
     assert "4x the paper's per-GPU load" in loads_line({c: c for c in (4, 32, 128, 256)})
     assert "2x the paper's per-GPU load" in loads_line({64: 32, 128: 64, 256: 128})
     assert loads_line({128: 32, 256: 64}).startswith("paper C128 = ours C32 on one H200")
-    assert "4x the paper's per-GPU load" in loads_line({2: 2, 3: 3})  # smoke loads, no multiple of 4
+    assert "4x the paper's per-GPU load" in loads_line(
+        {2: 2, 3: 3}
+    )  # smoke loads, no multiple of 4

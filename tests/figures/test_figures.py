@@ -25,8 +25,19 @@ ROW = re.compile(r"^\| (?P<q>[^|]+) \| (?P<paper>[^|]+) \| (?P<ours>[^|]+) \| (?
 
 def _run_all(results: Path, tmp: Path) -> dict:
     out = tmp / "out"
-    res = make_all.main(["--results", str(results), "--out", str(out), "--report",
-                         str(tmp / "REPRODUCTION.md"), "--dpi", "30", "--quiet"])
+    res = make_all.main(
+        [
+            "--results",
+            str(results),
+            "--out",
+            str(out),
+            "--report",
+            str(tmp / "REPRODUCTION.md"),
+            "--dpi",
+            "30",
+            "--quiet",
+        ]
+    )
     res["out"] = out
     res["report"] = tmp / "REPRODUCTION.md"
     res["results"] = results
@@ -79,7 +90,9 @@ def test_script_on_fixture(full, name):
     for line in text.splitlines():
         m = ROW.match(line)
         if m and C.NOT_MEASURED not in m.group("ours") and m.group("q") not in ("quantity", "---"):
-            assert line.rstrip().split("|")[-2].strip(), f"{name}: a measured row without provenance"
+            assert line.rstrip().split("|")[-2].strip(), (
+                f"{name}: a measured row without provenance"
+            )
 
 
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if s != "table1"])
@@ -106,10 +119,16 @@ def test_table1_always_has_values(empty):
 def test_known_values_on_fixture(full):
     r = full["reports"]
     # fixture: adaptive_dhisparse / hisparse outputs at C128 are smooth functions of C
-    s = json.loads(next((full["results"] / "fig4").glob("adaptive_dhisparse-*-C128-x")).joinpath(
-        "summary.json").read_text())
-    h = json.loads(next((full["results"] / "fig4").glob("hisparse-*-C128-x")).joinpath(
-        "summary.json").read_text())
+    s = json.loads(
+        next((full["results"] / "fig4").glob("adaptive_dhisparse-*-C128-x"))
+        .joinpath("summary.json")
+        .read_text()
+    )
+    h = json.loads(
+        next((full["results"] / "fig4").glob("hisparse-*-C128-x"))
+        .joinpath("summary.json")
+        .read_text()
+    )
     want = s["output_tok_s_per_gpu"] / h["output_tok_s_per_gpu"]
     row = r["fig4"].row("adhs_vs_hisparse_C128")
     assert row.ours == pytest.approx(want) and row.paper == 1.45
@@ -162,8 +181,24 @@ def test_cli_arguments(tmp_path):
     res = build(tmp_path / "results")
     out = tmp_path / "o"
     env = {**os.environ, "MPLBACKEND": "Agg"}
-    p = subprocess.run([sys.executable, "-m", "figures.fig8", "--results", str(res), "--out", str(out),
-                        "--dpi", "30"], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "figures.fig8",
+            "--results",
+            str(res),
+            "--out",
+            str(out),
+            "--dpi",
+            "30",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert "paper 49.4" in p.stdout and "ours/paper" in p.stdout
     assert (out / "fig8.png").is_file() and (out / "fig8.md").is_file()
@@ -173,8 +208,11 @@ def test_cli_arguments(tmp_path):
 def test_loader_tolerates_broken_runs(tmp_path):
     d = tmp_path / "fig4"
     (d / "good").mkdir(parents=True)
-    (d / "good" / "summary.json").write_text(json.dumps({"system": "hisparse", "point": {"concurrency": 8},
-                                                          "output_tok_s_per_gpu": 10.0}))
+    (d / "good" / "summary.json").write_text(
+        json.dumps(
+            {"system": "hisparse", "point": {"concurrency": 8}, "output_tok_s_per_gpu": 10.0}
+        )
+    )
     (d / "good" / "records.jsonl").write_text('{"index": 0, "success": true}\n{"index": 1, "succ')
     (d / "torn").mkdir()
     (d / "torn" / "summary.json").write_text("{not json")
@@ -216,9 +254,15 @@ def test_paper_values_internally_consistent():
             assert row["output_tok_s_per_gpu"] / h == pytest.approx(row["vs_hisparse"], abs=0.006)
         for s in ("hisparse", "adaptive_hisparse", "adaptive_dhisparse"):
             r2, ra2, ra3 = t2[cl][s], a2[cl][s], a3[s][cl]
-            assert ra2["alloc_wait_s"] + ra2["handoff_s"] + ra2["other_s"] == pytest.approx(ra2["ttft_s"], abs=0.02)
+            assert ra2["alloc_wait_s"] + ra2["handoff_s"] + ra2["other_s"] == pytest.approx(
+                ra2["ttft_s"], abs=0.02
+            )
             assert r2["ttft_s_mean"] == ra2["ttft_s"] == ra3["ttft_s_mean"]
-            assert r2["post_wave_ttft_s_mean"] == ra2["post_wave_ttft_s"] == ra3["post_wave_ttft_s_mean"]
+            assert (
+                r2["post_wave_ttft_s_mean"]
+                == ra2["post_wave_ttft_s"]
+                == ra3["post_wave_ttft_s_mean"]
+            )
             assert r2["post_wave_ttft_s_p99"] == ra3["post_wave_ttft_s_p99"]
             assert r2["tpot_ms_mean"] == ra3["tpot_ms_mean"]
     f11 = PAPER["fig11"]["round_ms"]
@@ -231,10 +275,14 @@ def test_paper_values_internally_consistent():
     glm = PAPER["fig10"]["partition_pct"]["glm"]
     assert sum(glm.values()) == pytest.approx(100, abs=1.0)
     a1 = PAPER["tableA1"]
-    assert a1["C16_before"]["off"]["host_pct"] / a1["C16_before"]["on"]["host_pct"] == pytest.approx(10.3, abs=0.05)
+    assert a1["C16_before"]["off"]["host_pct"] / a1["C16_before"]["on"][
+        "host_pct"
+    ] == pytest.approx(10.3, abs=0.05)
     e = PAPER["eq13"]
     for cl in ("C128", "C256"):
-        assert e[cl]["session_share"] / e[cl]["tpot_ratio"] == pytest.approx(e[cl]["predicted"], abs=0.02)
+        assert e[cl]["session_share"] / e[cl]["tpot_ratio"] == pytest.approx(
+            e[cl]["predicted"], abs=0.02
+        )
 
 
 def test_engine_time_split_and_diagnosis(tmp_path):
@@ -249,13 +297,15 @@ def test_engine_time_split_and_diagnosis(tmp_path):
     d = tmp_path / "fig4" / "hisparse-x-c128-0"
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps({"system": "hisparse", "concurrency": 128}))
-    pd.DataFrame({
-        "ts": [0.0, 1.0, 2.0, 3.0, 4.0],
-        "dhs_num_running_reqs": [0, 10, 128, 128, 0],
-        "dhs_decode_seconds_total": [0.0, 0.1, 0.5, 0.9, 0.9],   # 0.8 s in the window
-        "dhs_capture_step_seconds_total": [0.0, 0.0, 0.2, 0.2, 0.2],  # 0.2 s of it captured
-        "dhs_admit_seconds_total": [0.0, 0.2, 0.6, 1.0, 1.0],    # 0.8 s
-    }).to_parquet(d / "server_metrics.parquet")
+    pd.DataFrame(
+        {
+            "ts": [0.0, 1.0, 2.0, 3.0, 4.0],
+            "dhs_num_running_reqs": [0, 10, 128, 128, 0],
+            "dhs_decode_seconds_total": [0.0, 0.1, 0.5, 0.9, 0.9],  # 0.8 s in the window
+            "dhs_capture_step_seconds_total": [0.0, 0.0, 0.2, 0.2, 0.2],  # 0.2 s of it captured
+            "dhs_admit_seconds_total": [0.0, 0.2, 0.6, 1.0, 1.0],  # 0.8 s
+        }
+    ).to_parquet(d / "server_metrics.parquet")
     (run,) = C.load_runs(tmp_path, "fig4")
     split = C.engine_time_split(run)  # window: ts 1..3, 2 s
     assert split == pytest.approx({"decode": 0.3, "capture": 0.1, "handoff": 0.4, "other": 0.2})
@@ -274,14 +324,25 @@ def test_exact_acceptance_runs_are_named_in_the_diagnosis(tmp_path):
 
     from figures import common as C
 
-    for name, mode, acc in (("adaptive_dhisparse-x-c128-0", "exact", [0, 0, 0]),
-                            ("resident_dflash2-x-c128-0", "calibrated", [0, 180, 370])):
+    for name, mode, acc in (
+        ("adaptive_dhisparse-x-c128-0", "exact", [0, 0, 0]),
+        ("resident_dflash2-x-c128-0", "calibrated", [0, 180, 370]),
+    ):
         d = tmp_path / "fig4" / name
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"system": name.split("-")[0], "concurrency": 128}))
-        (d / "config.yaml").write_text(yaml.safe_dump({"system": {"speculation": {"acceptance": mode}}}))
-        pd.DataFrame({"ts": [0.0, 1.0, 2.0], "dhs_spec_rounds_total": [0, 100, 200],
-                      "dhs_spec_accepted_total": acc}).to_parquet(d / "server_metrics.parquet")
+        (d / "summary.json").write_text(
+            json.dumps({"system": name.split("-")[0], "concurrency": 128})
+        )
+        (d / "config.yaml").write_text(
+            yaml.safe_dump({"system": {"speculation": {"acceptance": mode}}})
+        )
+        pd.DataFrame(
+            {
+                "ts": [0.0, 1.0, 2.0],
+                "dhs_spec_rounds_total": [0, 100, 200],
+                "dhs_spec_accepted_total": acc,
+            }
+        ).to_parquet(d / "server_metrics.parquet")
     runs = C.load_runs(tmp_path, "fig4")
     why = C.diagnosis(runs, 128)
     assert "exact acceptance" in why and "Adaptive DHiSparse 0.00" in why and "DFlash2" not in why
@@ -300,8 +361,13 @@ def test_runs_without_graph_replays_are_named(tmp_path):
         d = tmp_path / "fig5" / f"{name}-c256-0"
         d.mkdir(parents=True)
         (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": 256}))
-        pd.DataFrame({"ts": [0.0, 1.0, 2.0], "dhs_num_steps": [0, 50, 100],
-                      "dhs_graph_replays_total": replays}).to_parquet(d / "server_metrics.parquet")
+        pd.DataFrame(
+            {
+                "ts": [0.0, 1.0, 2.0],
+                "dhs_num_steps": [0, 50, 100],
+                "dhs_graph_replays_total": replays,
+            }
+        ).to_parquet(d / "server_metrics.parquet")
     runs = C.load_runs(tmp_path, "fig5")
     shares = {r.system: C.graph_replay_share(r) for r in runs}
     assert shares == {"hisparse": 0.0, "resident": 0.9}
@@ -322,11 +388,15 @@ def test_newest_output_cap_is_used_once_it_covers_the_older_sweep(tmp_path):
     def run(name, system, c, cap, rows, t):
         d = tmp_path / "fig9" / name
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": c,
-                                                    "point": {"concurrency": c, "tag": f"c{c}"}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {"system": system, "concurrency": c, "point": {"concurrency": c, "tag": f"c{c}"}}
+            )
+        )
         (d / "env.json").write_text(json.dumps({"time_utc": t}))
-        (d / "config.yaml").write_text(yaml.safe_dump({"workload": {"output_len": cap},
-                                                       "model": {"hot_cache_rows": rows}}))
+        (d / "config.yaml").write_text(
+            yaml.safe_dump({"workload": {"output_len": cap}, "model": {"hot_cache_rows": rows}})
+        )
 
     for i, (c, rows) in enumerate([(8, 512), (8, 1024), (128, 512), (128, 1024)]):
         run(f"old{i}", "hisparse", c, 64, rows, f"2026-01-01T00:0{i}")
@@ -352,25 +422,40 @@ def test_repeats_of_one_config_fold_into_their_median(tmp_path):
     def run(name, cfg, tput, t):
         d = tmp_path / "fig4" / name
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({
-            "system": "hisparse", "concurrency": 128, "output_throughput": tput,
-            "point": {"concurrency": 128, "tag": "c128"}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "system": "hisparse",
+                    "concurrency": 128,
+                    "output_throughput": tput,
+                    "point": {"concurrency": 128, "tag": "c128"},
+                }
+            )
+        )
         (d / "env.json").write_text(json.dumps({"time_utc": t}))
         (d / "config.yaml").write_text(yaml.safe_dump(cfg))
 
     base = {"workload": {"output_len": 320}, "model": {"hot_cache_rows": 1024}}
     run("a", base, 3546.0, "2026-01-01T00:00")
     run("b", {**base, "rerun": "solo"}, 3485.0, "2026-01-02T00:00")
-    run("c", {**base, "rerun": 2, "reproduce": {"speculation": {"acceptance": "calibrated"}}},
-        3763.0, "2026-01-03T00:00")
+    run(
+        "c",
+        {**base, "rerun": 2, "reproduce": {"speculation": {"acceptance": "calibrated"}}},
+        3763.0,
+        "2026-01-03T00:00",
+    )
     runs = C.load_runs(tmp_path, "fig4")
     assert [r.path.name for r in runs] == ["c"]
     assert [r.path.name for r in runs[0].repeats] == ["a", "b", "c"]
     assert runs[0].num("output_throughput") == 3546.0  # the median, not the newest
     assert "median of 3 repeat runs" in C.provenance(runs)
     # a changed config is a replacement, not a repeat: the newest run alone
-    run("d", {**base, "model": {"hot_cache_rows": 1024, "selection_locality": 0.9}}, 3000.0,
-        "2026-01-04T00:00")
+    run(
+        "d",
+        {**base, "model": {"hot_cache_rows": 1024, "selection_locality": 0.9}},
+        3000.0,
+        "2026-01-04T00:00",
+    )
     runs = C.load_runs(tmp_path, "fig4")
     last = C.pick(runs, "hisparse", 128)
     assert last.path.name == "d" and last.repeats == [] and last.num("output_throughput") == 3000.0
@@ -387,9 +472,16 @@ def test_provenance_names_repeat_commits_and_a_kernel_change_between_runs(tmp_pa
     def run(name, commit, t, rerun=None):
         d = tmp_path / "fig4" / name
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({
-            "system": "hisparse", "concurrency": 128, "output_throughput": 3000.0,
-            "point": {"concurrency": 128, "tag": "c128"}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "system": "hisparse",
+                    "concurrency": 128,
+                    "output_throughput": 3000.0,
+                    "point": {"concurrency": 128, "tag": "c128"},
+                }
+            )
+        )
         (d / "env.json").write_text(json.dumps({"time_utc": t, "git_commit": commit}))
         cfg = {"workload": {"output_len": 320}}
         (d / "config.yaml").write_text(json.dumps({**cfg, "rerun": rerun} if rerun else cfg))
@@ -416,9 +508,17 @@ def test_admission_experiment_is_set_beside_the_figure_run_not_in_it(tmp_path):
     def run(exp, name, per_step, tput):
         d = tmp_path / exp / name
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({
-            "system": "adaptive_dhisparse", "model": "glm53_mini", "concurrency": 256, "output_tok_s": tput,
-            "point": {"concurrency": 256, "tag": "c256"}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "system": "adaptive_dhisparse",
+                    "model": "glm53_mini",
+                    "concurrency": 256,
+                    "output_tok_s": tput,
+                    "point": {"concurrency": 256, "tag": "c256"},
+                }
+            )
+        )
         (d / "config.yaml").write_text(json.dumps({"engine": {"max_handoffs_per_step": per_step}}))
 
     run("fig4", "base", 4, 3533.0)
@@ -427,7 +527,11 @@ def test_admission_experiment_is_set_beside_the_figure_run_not_in_it(tmp_path):
     runs = C.load_runs(tmp_path, "fig4")
     assert [r.path.name for r in runs] == ["base"]
     note = C.admission_experiment_note(tmp_path, runs)
-    assert "16 handoffs per step made 3,902 tok/s" in note and "3,533 tok/s" in note and "(1.10x;" in note
+    assert (
+        "16 handoffs per step made 3,902 tok/s" in note
+        and "3,533 tok/s" in note
+        and "(1.10x;" in note
+    )
 
 
 def test_paired_ratio_note_pairs_repeats_by_device_call(tmp_path):
@@ -440,14 +544,24 @@ def test_paired_ratio_note_pairs_repeats_by_device_call(tmp_path):
     def run(name, system, commit, t, tput):
         d = tmp_path / "fig4" / name
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({
-            "system": system, "concurrency": 128, "output_tok_s": tput,
-            "point": {"concurrency": 128, "tag": "c128"}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "system": system,
+                    "concurrency": 128,
+                    "output_tok_s": tput,
+                    "point": {"concurrency": 128, "tag": "c128"},
+                }
+            )
+        )
         (d / "env.json").write_text(json.dumps({"time_utc": t, "git_commit": commit}))
-        (d / "config.yaml").write_text(json.dumps({"workload": {"output_len": 320}, **({"rerun": t} if t[-1] != "0" else {})}))
+        (d / "config.yaml").write_text(
+            json.dumps({"workload": {"output_len": 320}, **({"rerun": t} if t[-1] != "0" else {})})
+        )
 
-    for i, (commit, a, b) in enumerate([("aaaaaaa", 3431.0, 3142.0), ("bbbbbbb", 4759.0, 4612.0),
-                                        ("ccccccc", 3696.0, 4685.0)]):
+    for i, (commit, a, b) in enumerate(
+        [("aaaaaaa", 3431.0, 3142.0), ("bbbbbbb", 4759.0, 4612.0), ("ccccccc", 3696.0, 4685.0)]
+    ):
         run(f"adhs{i}", "adaptive_dhisparse", commit, f"2026-01-0{i + 1}T00:0{i}", a)
         run(f"hs{i}", "hisparse", commit, f"2026-01-0{i + 1}T00:0{i}", b)
     runs = C.load_runs(tmp_path, "fig4")
@@ -457,18 +571,31 @@ def test_paired_ratio_note_pairs_repeats_by_device_call(tmp_path):
     assert C.paired_ratio_note(runs, (("adaptive_dhisparse", "resident"),), 128) is None
     # env.json's device_call, where present, separates two calls made at one commit
     for name in ("adhs9", "hs9"):
-        run(name, "adaptive_dhisparse" if name == "adhs9" else "hisparse", "ccccccc", "2026-01-05T00:09",
-            5000.0 if name == "adhs9" else 4000.0)
+        run(
+            name,
+            "adaptive_dhisparse" if name == "adhs9" else "hisparse",
+            "ccccccc",
+            "2026-01-05T00:09",
+            5000.0 if name == "adhs9" else 4000.0,
+        )
         env = json.loads((tmp_path / "fig4" / name / "env.json").read_text())
-        (tmp_path / "fig4" / name / "env.json").write_text(json.dumps({**env, "device_call": "call-9"}))
-    note = C.paired_ratio_note(C.load_runs(tmp_path, "fig4"), (("adaptive_dhisparse", "hisparse"),), 128)
+        (tmp_path / "fig4" / name / "env.json").write_text(
+            json.dumps({**env, "device_call": "call-9"})
+        )
+    note = C.paired_ratio_note(
+        C.load_runs(tmp_path, "fig4"), (("adaptive_dhisparse", "hisparse"),), 128
+    )
     assert "0.79 (ccccccc)" in note and "1.25 (call-9)" in note
     # records written since name it run_group (benchmarks/gpu_batch.sh), read the same way
     for name in ("adhs9", "hs9"):
         env = json.loads((tmp_path / "fig4" / name / "env.json").read_text())
         env.pop("device_call")
-        (tmp_path / "fig4" / name / "env.json").write_text(json.dumps({**env, "run_group": "batch-9"}))
-    note = C.paired_ratio_note(C.load_runs(tmp_path, "fig4"), (("adaptive_dhisparse", "hisparse"),), 128)
+        (tmp_path / "fig4" / name / "env.json").write_text(
+            json.dumps({**env, "run_group": "batch-9"})
+        )
+    note = C.paired_ratio_note(
+        C.load_runs(tmp_path, "fig4"), (("adaptive_dhisparse", "hisparse"),), 128
+    )
     assert "1.25 (batch-9)" in note
 
 
@@ -486,12 +613,19 @@ def test_batch_scaling_note_compares_like_with_like(tmp_path):
         d = tmp_path / "fig5" / f"{name}-c256-0"
         d.mkdir(parents=True)
         (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": 256}))
-        (d / "config.yaml").write_text(yaml.safe_dump(
-            {"system": {"name": system, "speculation": {"block_size": 8} if spec else None}}))
-        pd.DataFrame({"ts": [0.0, 1.0, 2.0], "dhs_num_running_reqs": [running] * 3,
-                      "dhs_num_steps": [0, 100, 200],
-                      "dhs_decode_seconds_total": [0.0, 100 * steps_s, 200 * steps_s]}
-                     ).to_parquet(d / "server_metrics.parquet")
+        (d / "config.yaml").write_text(
+            yaml.safe_dump(
+                {"system": {"name": system, "speculation": {"block_size": 8} if spec else None}}
+            )
+        )
+        pd.DataFrame(
+            {
+                "ts": [0.0, 1.0, 2.0],
+                "dhs_num_running_reqs": [running] * 3,
+                "dhs_num_steps": [0, 100, 200],
+                "dhs_decode_seconds_total": [0.0, 100 * steps_s, 200 * steps_s],
+            }
+        ).to_parquet(d / "server_metrics.parquet")
 
     run("a", "resident", False, 0.0114, 54)
     run("b", "hisparse", False, 0.0416, 205)
@@ -520,11 +654,16 @@ def test_admission_note_names_systems_whose_admission_set_the_batch(tmp_path):
         d.mkdir(parents=True)
         (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": 256}))
         (d / "config.yaml").write_text(yaml.safe_dump({"engine": {"max_handoffs_per_step": 4}}))
-        pd.DataFrame({"ts": [0.0, 5.0, 10.0], "dhs_num_running_reqs": [running] * 3,
-                      "dhs_num_waiting_reqs": [waiting] * 3, "dhs_num_slots": [256] * 3,
-                      "dhs_num_steps": [0, 40, 80],
-                      'dhs_admission_wait_events_total{reason="kv_pool_full"}': [0, refused, 2 * refused]}
-                     ).to_parquet(d / "server_metrics.parquet")
+        pd.DataFrame(
+            {
+                "ts": [0.0, 5.0, 10.0],
+                "dhs_num_running_reqs": [running] * 3,
+                "dhs_num_waiting_reqs": [waiting] * 3,
+                "dhs_num_slots": [256] * 3,
+                "dhs_num_steps": [0, 40, 80],
+                'dhs_admission_wait_events_total{reason="kv_pool_full"}': [0, refused, 2 * refused],
+            }
+        ).to_parquet(d / "server_metrics.parquet")
 
     run("a", "adaptive_dhisparse", 126, 92, 0)
     run("b", "resident", 54, 147, 10)
@@ -545,13 +684,25 @@ def test_fig7_maps_the_paper_loads_to_the_halved_ones(tmp_path):
     pts = []
     for c, base in ((32, 500.0), (64, 700.0), (128, 900.0)):
         for b in (4, 6, 8):
-            pts.append({"block": b, "concurrency": c, "emitted_tokens_per_round": 2.0 + 0.25 * b,
-                        "output_tok_s_per_gpu": base * (1.0 + (0.05 if (c, b) == (128, 6) else -0.01 * b)),
-                        "round_ms": 20.0 + b})
+            pts.append(
+                {
+                    "block": b,
+                    "concurrency": c,
+                    "emitted_tokens_per_round": 2.0 + 0.25 * b,
+                    "output_tok_s_per_gpu": base
+                    * (1.0 + (0.05 if (c, b) == (128, 6) else -0.01 * b)),
+                    "round_ms": 20.0 + b,
+                }
+            )
     (res / "fig7").mkdir(parents=True)
     (res / "fig7" / "summary.json").write_text(json.dumps({"points": pts}))
-    _write_run(res, "fig7", "adaptive_dhisparse-glm53_mini-c32-x", {"system": "adaptive_dhisparse"},
-               {"workload": {"concurrency": [32, 64, 128]}})
+    _write_run(
+        res,
+        "fig7",
+        "adaptive_dhisparse-glm53_mini-c32-x",
+        {"system": "adaptive_dhisparse"},
+        {"workload": {"concurrency": [32, 64, 128]}},
+    )
     rep = fig7.main(["--results", str(res), "--out", str(tmp_path / "out"), "--dpi", "30"])
     assert rep.value("C256.best") == 6  # the paper's C256 is our C128, where block 6 wins
     assert rep.value("C64.round_b6") == pytest.approx(100 * (26 / 24 - 1))
@@ -568,20 +719,43 @@ def test_fig10_with_replayed_graphs_does_not_split_what_the_trace_cannot(tmp_pat
     from tests.figures.fixture import _config, _summary, _write_run
 
     def build(root, graphs, sessions, exp="fig10", run=True, eager_scale=1.0):
-        prof = {"step_ms": 40.0 if graphs else 52.0, "sessions_per_step": sessions,
-                "cache_kernel_ms": {"resolver": 3.0, "follower_copy": 0.0 if graphs else 9.0},
-                "partition_pct": {"expert matrix products": 0.0 if graphs else 38.0 * eager_scale,
-                                  "dense projections": 45.0 if graphs else 7.0 * eager_scale,
-                                  "indexing and attention": 6, "other model kernels": 8,
-                                  "several families at once": 28, "cache kernels alone": 9, "no kernel running": 4}}
+        prof = {
+            "step_ms": 40.0 if graphs else 52.0,
+            "sessions_per_step": sessions,
+            "cache_kernel_ms": {"resolver": 3.0, "follower_copy": 0.0 if graphs else 9.0},
+            "partition_pct": {
+                "expert matrix products": 0.0 if graphs else 38.0 * eager_scale,
+                "dense projections": 45.0 if graphs else 7.0 * eager_scale,
+                "indexing and attention": 6,
+                "other model kernels": 8,
+                "several families at once": 28,
+                "cache kernels alone": 9,
+                "no kernel running": 4,
+            },
+        }
         s = _summary("adaptive_hisparse", "glm53_mini", exp, 128, b_over_k=2)
         s["point"] = {"concurrency": 128, "b_over_k": 2, "tag": "c128"}
         s["active_mean"] = 120.0
-        cfg = {**_config("adaptive_hisparse", "glm53_mini"), "device": "cuda",
-               "engine": {"disable_cuda_graph": not graphs}}
+        cfg = {
+            **_config("adaptive_hisparse", "glm53_mini"),
+            "device": "cuda",
+            "engine": {"disable_cuda_graph": not graphs},
+        }
         _write_run(root, exp, "adaptive_hisparse-glm53_mini-c128-x", s, cfg, None, None, prof)
-        return fig10.main(["--results", str(root), "--out", str(root.parent / f"out-{graphs}-{sessions}"),
-                           "--dpi", "30"]) if run else None
+        return (
+            fig10.main(
+                [
+                    "--results",
+                    str(root),
+                    "--out",
+                    str(root.parent / f"out-{graphs}-{sessions}"),
+                    "--dpi",
+                    "30",
+                ]
+            )
+            if run
+            else None
+        )
 
     rep = build(tmp_path / "graphs", True, 118.0)
     assert rep.value("glm.cache_ms.2") == pytest.approx(3.0)
@@ -608,7 +782,9 @@ def test_fig10_with_replayed_graphs_does_not_split_what_the_trace_cannot(tmp_pat
     assert "CUDA graphs off" in (tmp_path / "out-True-118.0" / "fig10.md").read_text()
     rep = build(tmp_path / "warmup", True, 1.0)
     assert rep.value("glm.cache_ms.2") is None
-    assert "covers steps carrying 1 request(s)" in (tmp_path / "out-True-1.0" / "fig10.md").read_text()
+    assert (
+        "covers steps carrying 1 request(s)" in (tmp_path / "out-True-1.0" / "fig10.md").read_text()
+    )
 
 
 def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
@@ -619,19 +795,50 @@ def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
     from tests.figures.fixture import _config, _summary, _write_run
 
     res = tmp_path / "results"
-    for c, cycles in ((16, [(4, 6, 2.0), (4, 12, 1.8), (4, 16, 1.2), (3, 16, 1.6), (4, 15.75, 1.0),
-                            (4, 9, 0.4), (0, 0, 0.0)]),
-                      (256, [(4, 100, 3.0), (4, 256, 5.0), (4, 256, 4.0), (4, 200, 2.0)])):
+    for c, cycles in (
+        (
+            16,
+            [
+                (4, 6, 2.0),
+                (4, 12, 1.8),
+                (4, 16, 1.2),
+                (3, 16, 1.6),
+                (4, 15.75, 1.0),
+                (4, 9, 0.4),
+                (0, 0, 0.0),
+            ],
+        ),
+        (256, [(4, 100, 3.0), (4, 256, 5.0), (4, 256, 4.0), (4, 200, 2.0)]),
+    ):
         s = _summary("adaptive_hisparse", "dsv41_mini", "fig11b", c)
-        d = _write_run(res, "fig11b", f"adaptive_hisparse-dsv41_mini-c{c}-x", s,
-                       _config("adaptive_hisparse", "dsv41_mini"))
+        d = _write_run(
+            res,
+            "fig11b",
+            f"adaptive_hisparse-dsv41_mini-c{c}-x",
+            s,
+            _config("adaptive_hisparse", "dsv41_mini"),
+        )
         (d / "kernels").mkdir()
-        (d / "kernels" / "kernel_summary.json").write_text(json.dumps({"cycles": [
-            {"num_steps": n, "sessions_per_step": ses, "resolver_share_pct_mean": sh, "step_ms": 20.0}
-            for n, ses, sh in cycles]}))
+        (d / "kernels" / "kernel_summary.json").write_text(
+            json.dumps(
+                {
+                    "cycles": [
+                        {
+                            "num_steps": n,
+                            "sessions_per_step": ses,
+                            "resolver_share_pct_mean": sh,
+                            "step_ms": 20.0,
+                        }
+                        for n, ses, sh in cycles
+                    ]
+                }
+            )
+        )
     ph = fig11.phase_shares(next(r for r in C.load_runs(res, "fig11b") if r.concurrency == 16))
     assert ph["fill"] == pytest.approx((4 * 2.0 + 4 * 1.8) / 8)
-    assert ph["middle"] == pytest.approx((4 * 1.2 + 3 * 1.6 + 4 * 1.0) / 11)  # 15.75: one step of four a request short
+    assert ph["middle"] == pytest.approx(
+        (4 * 1.2 + 3 * 1.6 + 4 * 1.0) / 11
+    )  # 15.75: one step of four a request short
     assert ph["drain"] == pytest.approx(0.4)
     rep = fig11.main(["--results", str(res), "--out", str(tmp_path / "out"), "--dpi", "30"])
     assert rep.value("share.C16 drain") == pytest.approx(0.4)
@@ -639,11 +846,34 @@ def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
     assert "our top load, C256" in (tmp_path / "out" / "fig11.md").read_text()
     # all C admitted at once (full from the first cycle): the fill is the prefill-heavy lead cycles
     d = next(r for r in C.load_runs(res, "fig11b") if r.concurrency == 16).path
-    (d / "kernels" / "kernel_summary.json").write_text(json.dumps({"cycles": [
-        {"num_steps": 4, "sessions_per_step": 16, "resolver_share_pct_mean": sh, "step_ms": ms}
-        for sh, ms in ((0.9, 300.0), (0.8, 70.0), (2.0, 20.0), (3.0, 21.0), (2.5, 19.0), (2.5, 22.0))]}))
+    (d / "kernels" / "kernel_summary.json").write_text(
+        json.dumps(
+            {
+                "cycles": [
+                    {
+                        "num_steps": 4,
+                        "sessions_per_step": 16,
+                        "resolver_share_pct_mean": sh,
+                        "step_ms": ms,
+                    }
+                    for sh, ms in (
+                        (0.9, 300.0),
+                        (0.8, 70.0),
+                        (2.0, 20.0),
+                        (3.0, 21.0),
+                        (2.5, 19.0),
+                        (2.5, 22.0),
+                    )
+                ]
+            }
+        )
+    )
     ph = fig11.phase_shares(next(r for r in C.load_runs(res, "fig11b") if r.concurrency == 16))
-    assert ph["fill"] == pytest.approx(0.85) and ph["middle"] == pytest.approx(2.5) and "drain" not in ph
+    assert (
+        ph["fill"] == pytest.approx(0.85)
+        and ph["middle"] == pytest.approx(2.5)
+        and "drain" not in ph
+    )
 
 
 def test_fig9_budget_spread_within_one_run_group():
@@ -659,11 +889,15 @@ def test_fig9_budget_spread_within_one_run_group():
     def point(bk, *runs):
         return NS(bk=bk, run=NS(repeats=list(runs)))
 
-    sel = [point(2, run("old", 1600.0), run("call-b", 2000.0)),
-           point(16, run("call-a", 2800.0), run("call-b", 1600.0))]
+    sel = [
+        point(2, run("old", 1600.0), run("call-b", 2000.0)),
+        point(16, run("call-a", 2800.0), run("call-b", 1600.0)),
+    ]
     note = within_call_spread(sel)
     assert note is not None and "25% in call-b" in note and "call-a" not in note
-    assert within_call_spread([point(2, run("x", 1.0)), point(4, run("x", 2.0))]) is None  # no repeats
+    assert (
+        within_call_spread([point(2, run("x", 1.0)), point(4, run("x", 2.0))]) is None
+    )  # no repeats
 
 
 def test_fig11b_a_lone_top_load_run_fills_no_low_load_row(tmp_path):
@@ -674,12 +908,29 @@ def test_fig11b_a_lone_top_load_run_fills_no_low_load_row(tmp_path):
 
     res = tmp_path / "results"
     s = _summary("adaptive_hisparse", "dsv41_mini", "fig11b", 256)
-    d = _write_run(res, "fig11b", "adaptive_hisparse-dsv41_mini-c256-x", s,
-                   {**_config("adaptive_hisparse", "dsv41_mini"), "workload": {"concurrency": [16, 256]}})
+    d = _write_run(
+        res,
+        "fig11b",
+        "adaptive_hisparse-dsv41_mini-c256-x",
+        s,
+        {**_config("adaptive_hisparse", "dsv41_mini"), "workload": {"concurrency": [16, 256]}},
+    )
     (d / "kernels").mkdir()
-    (d / "kernels" / "kernel_summary.json").write_text(json.dumps({"cycles": [
-        {"num_steps": 4, "sessions_per_step": ses, "resolver_share_pct_mean": sh, "step_ms": 20.0}
-        for ses, sh in ((100, 3.0), (256, 5.0), (256, 4.0), (90, 1.0))]}))
+    (d / "kernels" / "kernel_summary.json").write_text(
+        json.dumps(
+            {
+                "cycles": [
+                    {
+                        "num_steps": 4,
+                        "sessions_per_step": ses,
+                        "resolver_share_pct_mean": sh,
+                        "step_ms": 20.0,
+                    }
+                    for ses, sh in ((100, 3.0), (256, 5.0), (256, 4.0), (90, 1.0))
+                ]
+            }
+        )
+    )
     rep = fig11.main(["--results", str(res), "--out", str(tmp_path / "out"), "--dpi", "30"])
     assert rep.value("share.C512 pressure") == pytest.approx(4.5)
     assert rep.value("share.C16 fill") is None and rep.value("share.C16 middle") is None
@@ -693,13 +944,23 @@ def test_fig11a_splits_graph_replayed_model_kernels_by_the_eager_round(tmp_path)
     from tests.figures.fixture import _config, _summary, _write_run
 
     def write(root, exp, graphs, expert, other):
-        prof = {"sessions_per_step": 64.0,
-                "round_ms": {"cache kernels alone": 2.0, "expert matrix products": expert,
-                             "other model kernels": other, "several families at once": 2.0,
-                             "no kernel coverage": 4.0, "total": 8.0 + expert + other}}
+        prof = {
+            "sessions_per_step": 64.0,
+            "round_ms": {
+                "cache kernels alone": 2.0,
+                "expert matrix products": expert,
+                "other model kernels": other,
+                "several families at once": 2.0,
+                "no kernel coverage": 4.0,
+                "total": 8.0 + expert + other,
+            },
+        }
         s = _summary("adaptive_dhisparse", "glm53_mini", exp, 64)
-        cfg = {**_config("adaptive_dhisparse", "glm53_mini", speculation={"block_size": 4}), "device": "cuda",
-               "engine": {"disable_cuda_graph": not graphs}}
+        cfg = {
+            **_config("adaptive_dhisparse", "glm53_mini", speculation={"block_size": 4}),
+            "device": "cuda",
+            "engine": {"disable_cuda_graph": not graphs},
+        }
         _write_run(root, exp, f"adaptive_dhisparse-glm53_mini-c64-{exp}", s, cfg, None, None, prof)
 
     res = tmp_path / "results"
@@ -711,7 +972,9 @@ def test_fig11a_splits_graph_replayed_model_kernels_by_the_eager_round(tmp_path)
     rep = fig11.main(["--results", str(res), "--out", str(tmp_path / "o2"), "--dpi", "30"])
     assert rep.value("b4.expert matrix products") == pytest.approx(15.0)
     assert rep.value("b4.other model kernels") == pytest.approx(5.0)
-    assert rep.value("b4.total") == pytest.approx(28.0)  # the served round's time, not the eager one's
+    assert rep.value("b4.total") == pytest.approx(
+        28.0
+    )  # the served round's time, not the eager one's
     assert "75% expert" in (tmp_path / "o2" / "fig11.md").read_text()
 
 
@@ -722,19 +985,42 @@ def test_fig8_notes_the_phase_split_of_the_newest_phase_times_file(tmp_path):
 
     d = tmp_path / "fig8"
     d.mkdir()
-    row = {"batch": 8, "misses_per_request": 77, "phase_times": True, "us_median": 31.7, "program_us_median": 22.8,
-           "phase_us_slowest_request": {"B_scan": 7.7, "V_victims": 10.2}}
-    (d / "phase_times_old-h200.json").write_text(json.dumps({"date": "2026-01-01", "commit": "old",
-                                                             "fig8c_points": [dict(row, us_median=99.0)]}))
-    (d / "phase_times_new-h200.json").write_text(json.dumps({
-        "date": "2026-11-30", "commit": "abc1234", "gpu": "NVIDIA H200",
-        "fig8c_points": [{"batch": 8, "us_median": 40.0}, row,
-                         dict(row, early_copy=True, copy_programs_per_request=4),
-                         dict(row, resolved={"copy_programs_per_request": 1, "early_copy": False})]}))
+    row = {
+        "batch": 8,
+        "misses_per_request": 77,
+        "phase_times": True,
+        "us_median": 31.7,
+        "program_us_median": 22.8,
+        "phase_us_slowest_request": {"B_scan": 7.7, "V_victims": 10.2},
+    }
+    (d / "phase_times_old-h200.json").write_text(
+        json.dumps(
+            {"date": "2026-01-01", "commit": "old", "fig8c_points": [dict(row, us_median=99.0)]}
+        )
+    )
+    (d / "phase_times_new-h200.json").write_text(
+        json.dumps(
+            {
+                "date": "2026-11-30",
+                "commit": "abc1234",
+                "gpu": "NVIDIA H200",
+                "fig8c_points": [
+                    {"batch": 8, "us_median": 40.0},
+                    row,
+                    dict(row, early_copy=True, copy_programs_per_request=4),
+                    dict(row, resolved={"copy_programs_per_request": 1, "early_copy": False}),
+                ],
+            }
+        )
+    )
     notes = fig8.phase_notes(tmp_path)
     assert len(notes) == 3 and all("abc1234" in n for n in notes)
     # a row without knobs or resolved settings ran at its commit's defaults, which it does not name
-    assert "the defaults of commit abc1234" in notes[0] and "V_victims 10.2" in notes[0] and "of 31.7 µs" in notes[0]
+    assert (
+        "the defaults of commit abc1234" in notes[0]
+        and "V_victims 10.2" in notes[0]
+        and "of 31.7 µs" in notes[0]
+    )
     assert "77 misses at batch 8, early copy, 4 copy programs per request" in notes[1]
     assert "one program per request" in notes[2]
     assert fig8.phase_notes(tmp_path / "nothing") == []

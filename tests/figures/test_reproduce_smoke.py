@@ -24,7 +24,9 @@ def test_every_experiment_sets_global_keys():
     from systems.engine.config import compose
 
     for n in experiments():
-        text = (Path(__file__).resolve().parents[2] / "conf" / "experiment" / f"{n}.yaml").read_text()
+        text = (
+            Path(__file__).resolve().parents[2] / "conf" / "experiment" / f"{n}.yaml"
+        ).read_text()
         assert text.lstrip().startswith("# @package _global_"), n
         cfg = compose([f"experiment={n}"])
         assert "experiment" not in cfg and cfg.experiment_name, n
@@ -43,18 +45,25 @@ def test_smoke_reproduction_then_figures(tmp_path):
         d = json.loads(s.read_text())
         assert d["completed"] > 0 and d["errors"] == 0, s
     f6 = json.loads((res / "fig6" / "summary.json").read_text())
-    for k in ("host_fetch_share_low_on", "host_fetch_share_low_off", "coverage_low_on",
-              "seconds_to_coverage_below_1pct", "seconds_to_coverage_above_50pct_after_drop"):
+    for k in (
+        "host_fetch_share_low_on",
+        "host_fetch_share_low_off",
+        "coverage_low_on",
+        "seconds_to_coverage_below_1pct",
+        "seconds_to_coverage_above_50pct_after_drop",
+    ):
         assert k in f6
     assert f6["host_fetch_share_low_on"] is not None and f6["host_fetch_share_low_off"] is not None
     f7 = json.loads((res / "fig7" / "summary.json").read_text())
     assert {p["block"] for p in f7["points"]} == {4, 6, 8}
-    assert all(p["emitted_tokens_per_round"] and p["emitted_tokens_per_round"] >= 1
-               for p in f7["points"])
+    assert all(
+        p["emitted_tokens_per_round"] and p["emitted_tokens_per_round"] >= 1 for p in f7["points"]
+    )
     # a rerun of a point (a later run of the same block and load) replaces it in the summary
     import shutil
 
     from harness.summaries import fig7 as fig7_summary
+
     src = res / f7["points"][0]["run"]
     dup = src.with_name(src.name + "-rerun")
     shutil.copytree(src, dup)
@@ -66,8 +75,9 @@ def test_smoke_reproduction_then_figures(tmp_path):
     (dup / "summary.json").write_text(json.dumps(d))
     f7b = fig7_summary(res)
     assert len(f7b["points"]) == len(f7["points"])
-    assert [p["output_tok_s_per_gpu"] for p in f7b["points"]
-            if p["run"].endswith("-rerun")] == [12345.0]
+    assert [p["output_tok_s_per_gpu"] for p in f7b["points"] if p["run"].endswith("-rerun")] == [
+        12345.0
+    ]
     shutil.rmtree(dup)
     fig7_summary(res)
     # resumable: a second pass finds everything finished and redoes nothing
@@ -75,9 +85,19 @@ def test_smoke_reproduction_then_figures(tmp_path):
     assert reproduce_main(["--smoke", "--results", str(res), "--only", "fig4"]) == 0
     assert all(s.stat().st_mtime_ns == t for s, t in before.items())
     from figures.make_all import main as figures_main
+
     out = tmp_path / "out"
-    rc = figures_main(["--results", str(res), "--out", str(out), "--report",
-                       str(tmp_path / "REPRODUCTION.md"), "--quiet"])
+    rc = figures_main(
+        [
+            "--results",
+            str(res),
+            "--out",
+            str(out),
+            "--report",
+            str(tmp_path / "REPRODUCTION.md"),
+            "--quiet",
+        ]
+    )
     assert not rc["failures"] and len(rc["reports"]) == 15
     assert (out / "fig4.png").exists() and (out / "table2.md").exists()
     assert "paper" in (tmp_path / "REPRODUCTION.md").read_text().lower()
@@ -94,11 +114,30 @@ def test_subset_selection_keeps_the_full_sweeps_run_ids(tmp_path):
     assert all("system=hisparse" in r for r in sub)
     assert select(runs, None, ["b_over_k=3"]) == [] and select(runs, None, None) == runs
     res = tmp_path / "results"
-    assert reproduce_main(["--smoke", "--results", str(res), "--only", "fig9", "--system", "hisparse",
-                           "--where", "b_over_k=8", "--point", "c2"]) == 0
+    assert (
+        reproduce_main(
+            [
+                "--smoke",
+                "--results",
+                str(res),
+                "--only",
+                "fig9",
+                "--system",
+                "hisparse",
+                "--where",
+                "b_over_k=8",
+                "--point",
+                "c2",
+            ]
+        )
+        == 0
+    )
     first = {p.parent.name for p in res.glob("fig9/*/summary.json")}
     assert len(first) == 1  # one run: hisparse, B = 8k, C2
-    assert reproduce_main(["--smoke", "--results", str(res), "--only", "fig9", "--system", "hisparse"]) == 0
+    assert (
+        reproduce_main(["--smoke", "--results", str(res), "--only", "fig9", "--system", "hisparse"])
+        == 0
+    )
     after = {p.parent.name for p in res.glob("fig9/*/summary.json")}
     assert first < after and len(after) == 4  # the first run was kept, not redone or duplicated
 

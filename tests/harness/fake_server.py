@@ -55,7 +55,9 @@ class Program:
     ttft_s: float = 0.02  # arrival -> first chunk
     itl_s: float = 0.005  # gap between consecutive token chunks
     tokens_per_chunk: int = 1
-    empty_chunk_every: int = 0  # k > 0: after every k-th token chunk also send a 0-token chunk (same instant + itl/2)
+    empty_chunk_every: int = (
+        0  # k > 0: after every k-th token chunk also send a 0-token chunk (same instant + itl/2)
+    )
     token_text: str = " t"  # text of one token
     openai_num_tokens: bool = True  # add "num_tokens" to each OpenAI choice
     alloc_wait_s: float = 0.0  # reported in timing
@@ -242,13 +244,21 @@ class FakeServer:
             stream = bool(body.get("stream", False))
             rid = f"cmpl-{self.requests}"
         if not isinstance(ids, list) or not isinstance(n_total, int) or n_total < 1:
-            return _error(400, "need input_ids/prompt and max tokens >= 1", "invalid_request_error", "input_ids")
+            return _error(
+                400,
+                "need input_ids/prompt and max tokens >= 1",
+                "invalid_request_error",
+                "input_ids",
+            )
         if not stream:
             return _error(400, "fake server only streams", "invalid_request_error", "stream")
         if prog.queue_limit and self.inflight >= prog.queue_limit:
             self.rejected += 1
             return _error(
-                503, "server queue is full", "server_overloaded", headers={"Retry-After": str(prog.retry_after)}
+                503,
+                "server queue is full",
+                "server_overloaded",
+                headers={"Retry-After": str(prog.retry_after)},
             )
         if prog.error_every and self.requests % prog.error_every == 0:
             self.rejected += 1
@@ -256,7 +266,9 @@ class FakeServer:
 
         self.accepted += 1
         self._inflight_change(+1)
-        resp = _SSEResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = _SSEResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         resp.enable_chunked_encoding()
         try:
             await resp.prepare(request)  # headers stay buffered; sent with the first event
@@ -297,7 +309,9 @@ class FakeServer:
                 + nt
                 + b'}],"usage":null}\n\n'
             )
-        st.handle = loop.call_at(arrival_mono + st.events[0][0] - prog.timer_advance_s, self._emit, st)
+        st.handle = loop.call_at(
+            arrival_mono + st.events[0][0] - prog.timer_advance_s, self._emit, st
+        )
         try:
             await st.done
         except asyncio.CancelledError:  # client went away
@@ -393,7 +407,9 @@ class FakeServer:
             if not st.done.done():
                 st.done.set_result(None)
         else:
-            st.handle = loop.call_at(st.arrival_mono + events[st.k][0] - prog.timer_advance_s, self._emit, st)
+            st.handle = loop.call_at(
+                st.arrival_mono + events[st.k][0] - prog.timer_advance_s, self._emit, st
+            )
 
     def _timing(self, st: _Stream) -> dict:
         prog = self.program
@@ -450,9 +466,15 @@ class FakeServer:
         if prog.openai_num_tokens:
             choice["num_tokens"] = n
         if final:
-            choice["finish_reason"] = "abort" if (st.abort and st.sent_tokens < st.n_total) else "length"
+            choice["finish_reason"] = (
+                "abort" if (st.abort and st.sent_tokens < st.n_total) else "length"
+            )
         head = {"id": st.rid, "object": "text_completion", "created": st.created, "model": "fake"}
-        out = b"data: " + json.dumps(dict(head, choices=[choice], usage=None), separators=(",", ":")).encode() + b"\n\n"
+        out = (
+            b"data: "
+            + json.dumps(dict(head, choices=[choice], usage=None), separators=(",", ":")).encode()
+            + b"\n\n"
+        )
         if final:
             usage = {
                 "prompt_tokens": st.prompt_tokens,
@@ -497,7 +519,9 @@ def _error(
     status: int, message: str, etype: str, param: str | None = None, headers: dict | None = None
 ) -> web.Response:
     return web.json_response(
-        {"error": {"message": message, "type": etype, "param": param}}, status=status, headers=headers
+        {"error": {"message": message, "type": etype, "param": param}},
+        status=status,
+        headers=headers,
     )
 
 
@@ -534,7 +558,9 @@ class ServerProcess:
         self.stop()
 
 
-def start_server_process(program: Program | None = None, port: int = 0, cpu: int | None = None) -> ServerProcess:
+def start_server_process(
+    program: Program | None = None, port: int = 0, cpu: int | None = None
+) -> ServerProcess:
     """Start a :class:`FakeServer` in a child process (``python -m
     tests.harness.fake_server``), optionally pinned to ``cpu``, and wait until
     it listens."""
@@ -550,7 +576,9 @@ def start_server_process(program: Program | None = None, port: int = 0, cpu: int
     if cpu is not None:
         cmd += ["--cpu", str(cpu)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = _REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = _REPO_ROOT + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=_REPO_ROOT, env=env, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "fake server on http://127.0.0.1:PORT"

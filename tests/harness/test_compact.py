@@ -13,7 +13,9 @@ def _run_dir(root, name, finished):
     d = root / "fig4" / name
     d.mkdir(parents=True)
     rows = [{"index": i, "success": True, "ttft": 0.1 * i} for i in range(50)]
-    (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"index": 50, "succ')
+    (d / "records.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"index": 50, "succ'
+    )
     if finished:
         (d / "summary.json").write_text(json.dumps({"completed": 50}))
     return d, rows
@@ -62,10 +64,20 @@ def test_prune_unused_removes_only_committed_records_of_runs_no_figure_reads(tmp
     def run(name, t, tput, cap=320, conc=128, system="hisparse"):
         d = res / "fig4" / name
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"system": system, "concurrency": conc,
-                                                    "output_tok_s": tput, "point": {"tag": f"c{conc}"}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "system": system,
+                    "concurrency": conc,
+                    "output_tok_s": tput,
+                    "point": {"tag": f"c{conc}"},
+                }
+            )
+        )
         (d / "env.json").write_text(json.dumps({"time_utc": t}))
-        (d / "config.yaml").write_text(json.dumps({"workload": {"output_len": cap}, "model": {"x": t}}))
+        (d / "config.yaml").write_text(
+            json.dumps({"workload": {"output_len": cap}, "model": {"x": t}})
+        )
         (d / "records.jsonl").write_text('{"index": 0}\n')
         return d
 
@@ -78,18 +90,24 @@ def test_prune_unused_removes_only_committed_records_of_runs_no_figure_reads(tmp
     git = dict(cwd=tmp_path, check=True, capture_output=True)
     subprocess.run(["git", "init", "-q"], **git)
     subprocess.run(["git", "add", "-A"], **git)
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "runs"], **git)
+    subprocess.run(
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "runs"], **git
+    )
     late = run("late_old", "2025-12-31T00:00", 0.5)  # unused too, but never committed
     assert main(["--results", str(res), "--prune-unused"]) == 0
     out = capsys.readouterr().out
     assert "pruned 1 records files" in out and "kept 1 that git does not hold" in out
-    assert not (old / "records.jsonl").exists() and "git checkout" in (old / PRUNED_NOTE).read_text()
+    assert (
+        not (old / "records.jsonl").exists() and "git checkout" in (old / PRUNED_NOTE).read_text()
+    )
     # (then compacted like any finished run)
     assert (new / "records.jsonl.xz").is_file() and not (new / PRUNED_NOTE).exists()
     assert (late / "records.jsonl.xz").is_file()
     assert (partial / "records.jsonl.xz").is_file() and (also / "records.jsonl.xz").is_file()
-    assert "git checkout" in (old / PRUNED_NOTE).read_text() and "results/fig4/old/records.jsonl" in (
-        old / PRUNED_NOTE).read_text()
+    assert (
+        "git checkout" in (old / PRUNED_NOTE).read_text()
+        and "results/fig4/old/records.jsonl" in (old / PRUNED_NOTE).read_text()
+    )
     assert (old / "summary.json").is_file()  # the run itself stays
 
 
@@ -114,7 +132,9 @@ def test_prune_traces_keeps_what_the_figures_read(tmp_path, capsys):
     git = dict(cwd=tmp_path, check=True, capture_output=True)
     subprocess.run(["git", "init", "-q"], **git)
     subprocess.run(["git", "add", "-A"], **git)
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "runs"], **git)
+    subprocess.run(
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "runs"], **git
+    )
     (k / "trace_1.json.gz").write_bytes(b"new")  # not committed yet
     assert main(["--results", str(res), "--prune-traces"]) == 0
     out = capsys.readouterr().out

@@ -29,8 +29,16 @@ def test_offline_make_dashboard_writes_the_definition(tmp_path, capsys, monkeypa
 def test_panels_read_only_keys_that_runs_log(tmp_path, monkeypatch):
     runs = record_wandb(monkeypatch)
     # a serving run of the hierarchy through the real logger: history and summary keys
-    run(compose(BASE + [f"results_dir={tmp_path}", "system=adaptive_hisparse",
-                        "workload.schedule='2:1,3:1,2:1'"]))
+    run(
+        compose(
+            BASE
+            + [
+                f"results_dir={tmp_path}",
+                "system=adaptive_hisparse",
+                "workload.schedule='2:1,3:1,2:1'",
+            ]
+        )
+    )
     history_and_summary = logged_keys(runs[-1])
     # config keys: the logger's run_config for every experiment a section reads
     config_keys: set[str] = set()
@@ -42,15 +50,20 @@ def test_panels_read_only_keys_that_runs_log(tmp_path, monkeypatch):
             cfg = _run_cfg(ov, None)
             for c in cfg.workload.concurrency or [1]:
                 point = {"concurrency": int(c), "tag": f"c{c}"}
-                config_keys |= set(wl.run_config({}, {"concurrency": int(c),
-                                                      **run_labels(cfg, point)}))
+                config_keys |= set(
+                    wl.run_config({}, {"concurrency": int(c), **run_labels(cfg, point)})
+                )
     # figure images: attach_figures on one file per figure script
     figs = tmp_path / "figs"
     figs.mkdir()
-    names = [p.stem for p in (REPO / "figures").glob("*.py") if re.fullmatch(r"(fig|table)\w+", p.stem)]
+    names = [
+        p.stem for p in (REPO / "figures").glob("*.py") if re.fullmatch(r"(fig|table)\w+", p.stem)
+    ]
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     for n in names:
         plt.figure(figsize=(1, 1)).savefig(figs / f"{n}.png")
         plt.close("all")
@@ -68,6 +81,7 @@ def test_panels_read_only_keys_that_runs_log(tmp_path, monkeypatch):
     for fam in dashboard.FAMILIES:
         for exp in fam.experiments:
             tag = f"experiment:{exp}"
-            served = exp in conf_experiments and \
-                tag in wl.tags({"experiment": compose([f"experiment={exp}"]).experiment_name})
+            served = exp in conf_experiments and tag in wl.tags(
+                {"experiment": compose([f"experiment={exp}"]).experiment_name}
+            )
             assert served or tag in figure_run_tags, tag

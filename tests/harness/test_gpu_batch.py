@@ -31,8 +31,10 @@ exit 0
 STUB_IDLE = "#!/usr/bin/env bash\nexec sleep 30\n"
 
 
-@pytest.mark.skipif(shutil.which("timeout") is None or shutil.which("tar") is None,
-                    reason="needs coreutils timeout and tar")
+@pytest.mark.skipif(
+    shutil.which("timeout") is None or shutil.which("tar") is None,
+    reason="needs coreutils timeout and tar",
+)
 def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
     work = tmp_path / "repo"
     (work / "benchmarks").mkdir(parents=True)
@@ -59,20 +61,42 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
         (bin_dir / name).chmod(0o755)
     out = tmp_path / "out"
     stub_log = tmp_path / "calls.log"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out),
-               STUB_LOG=str(stub_log), DHS_ARGS_bench_resolver="--skip a,c")
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        OUT=str(out),
+        STUB_LOG=str(stub_log),
+        DHS_ARGS_bench_resolver="--skip a,c",
+    )
     proc = subprocess.run(
-        ["bash", "benchmarks/gpu_batch.sh",
-         "fig4_more+system=hisparse+point=c256+ov=^rerun=2:20 @bench_resolver:20",
-         "fig9+where=b_over_k=4,8+system=hisparse fig5:20", "--", "engine.disable_cuda_graph=true"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        [
+            "bash",
+            "benchmarks/gpu_batch.sh",
+            "fig4_more+system=hisparse+point=c256+ov=^rerun=2:20 @bench_resolver:20",
+            "fig9+where=b_over_k=4,8+system=hisparse fig5:20",
+            "--",
+            "engine.disable_cuda_graph=true",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     calls = stub_log.read_text().splitlines()
-    assert ("GPU=0 -m harness.reproduce --only fig4_more --results results --system hisparse "
-            "--point c256 +rerun=2 engine.disable_cuda_graph=true") in calls
-    assert ("GPU=1 -m harness.reproduce --only fig9 --results results --where b_over_k=4,8 "
-            "--system hisparse engine.disable_cuda_graph=true") in calls
-    assert "GPU=1 -m harness.reproduce --only fig5 --results results engine.disable_cuda_graph=true" in calls
+    assert (
+        "GPU=0 -m harness.reproduce --only fig4_more --results results --system hisparse "
+        "--point c256 +rerun=2 engine.disable_cuda_graph=true"
+    ) in calls
+    assert (
+        "GPU=1 -m harness.reproduce --only fig9 --results results --where b_over_k=4,8 "
+        "--system hisparse engine.disable_cuda_graph=true"
+    ) in calls
+    assert (
+        "GPU=1 -m harness.reproduce --only fig5 --results results engine.disable_cuda_graph=true"
+        in calls
+    )
     # one throwaway serving run per lane, before its items, all in one run group
     assert sum("+prewarm=1" in c for c in calls) == 2
     assert proc.stdout.count("[gpu_batch] run group ") == 1

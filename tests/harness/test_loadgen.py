@@ -28,7 +28,9 @@ def _get(url):
 
 
 def _post(url, obj):
-    req = urllib.request.Request(url, data=json.dumps(obj).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(obj).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.load(r)
 
@@ -65,7 +67,9 @@ def close(measured_s, programmed_s):
 
 
 def cfg(server, **kw):
-    base = dict(url=server.url, input_len=16, output_len=8, disable_progress=True, metrics_interval=0)
+    base = dict(
+        url=server.url, input_len=16, output_len=8, disable_progress=True, metrics_interval=0
+    )
     base.update(kw)
     return LoadConfig(**base)
 
@@ -106,7 +110,15 @@ def test_latency_accuracy_and_closed_loop(server, C, n, ttft, itl, out, k, api, 
     for _ in range(3):
         server.program(ttft_s=ttft, itl_s=itl, tokens_per_chunk=k)
         res = run_load_sync(
-            cfg(server, api=api, concurrency=C, num_requests=n, output_len=out, warmup=warmup, prefixes=4)
+            cfg(
+                server,
+                api=api,
+                concurrency=C,
+                num_requests=n,
+                output_len=out,
+                warmup=warmup,
+                prefixes=4,
+            )
         )
         s = res.summary
         st = server.stats()
@@ -118,11 +130,17 @@ def test_latency_accuracy_and_closed_loop(server, C, n, ttft, itl, out, k, api, 
         assert st["accepted"] == n + warmup
         if k > 1:
             assert s["itl_per_token_ms_mean"] < s["itl_ms_mean"]
-        bad = {key: (round(s[key], 3), w * 1e3) for key, w in want.items() if not close(s[key] / 1e3, w)}
+        bad = {
+            key: (round(s[key], 3), w * 1e3)
+            for key, w in want.items()
+            if not close(s[key] / 1e3, w)
+        }
         attempts.append(bad)
         if not bad:
             break
-    assert not attempts[-1], f"C={C}: measured vs programmed (ms) outside 1ms/2% in every attempt: {attempts}"
+    assert not attempts[-1], (
+        f"C={C}: measured vs programmed (ms) outside 1ms/2% in every attempt: {attempts}"
+    )
 
 
 def test_closed_loop_reaches_and_holds_c(server):
@@ -130,7 +148,9 @@ def test_closed_loop_reaches_and_holds_c(server):
     throughout: a replacement starts as soon as a request's stream ends."""
     C = 16
     server.program(ttft_s=0.1, itl_s=0.02, tokens_per_chunk=1)
-    res = run_load_sync(cfg(server, concurrency=C, num_requests=5 * C, output_len=6, metrics_interval=0.05))
+    res = run_load_sync(
+        cfg(server, concurrency=C, num_requests=5 * C, output_len=6, metrics_interval=0.05)
+    )
     st = server.stats(timeline=1)
     assert st["max_inflight"] == C
     tl = np.array(st["timeline"])  # (epoch, in-flight after each change)
@@ -156,7 +176,13 @@ def test_schedule_switches_on_time_without_draining(server, tmp_path):
     sched = ",".join(f"{c}:{d}" for c, d in phases)
     t_start = time.time()
     res = run_load_sync(
-        cfg(server, schedule=sched, output_len=10, metrics_interval=0.1, summary_out=str(tmp_path / "s.json"))
+        cfg(
+            server,
+            schedule=sched,
+            output_len=10,
+            metrics_interval=0.1,
+            summary_out=str(tmp_path / "s.json"),
+        )
     )
     wall = time.time() - t_start
     s = res.summary
@@ -247,7 +273,9 @@ def test_open_loop_poisson(server):
     assert server.stats()["max_inflight"] == 50
     # open loop capped at 5 in flight (SGLang's --max-concurrency)
     server.program(ttft_s=0.05, itl_s=0.002)
-    res = run_load_sync(cfg(server, request_rate=float("inf"), concurrency=5, num_requests=30, output_len=2))
+    res = run_load_sync(
+        cfg(server, request_rate=float("inf"), concurrency=5, num_requests=30, output_len=2)
+    )
     assert res.summary["completed"] == 30
     assert server.stats()["max_inflight"] == 5
     assert all(r.concurrency == 5 for r in res.records)
@@ -283,7 +311,9 @@ def test_http_500_and_aborts_counted(server):
     n500 = sum(1 for r in res.records if r.status == 500)
     n_abort = sum(1 for r in res.records if r.status == 200 and not r.success)
     assert n500 == st["rejected"] > 0
-    assert n_abort > 0 and all("abort" in r.error for r in res.records if r.status == 200 and not r.success)
+    assert n_abort > 0 and all(
+        "abort" in r.error for r in res.records if r.status == 200 and not r.success
+    )
     assert s["errors"] == n500 + n_abort
     assert s["completed"] == 30 - s["errors"]
 
@@ -304,8 +334,15 @@ def test_connection_refused_is_an_error():
     port = sock.getsockname()[1]
     sock.close()
     res = run_load_sync(
-        LoadConfig(url=f"http://127.0.0.1:{port}", concurrency=2, num_requests=4, input_len=4, output_len=2,
-                   disable_progress=True, metrics_interval=0)
+        LoadConfig(
+            url=f"http://127.0.0.1:{port}",
+            concurrency=2,
+            num_requests=4,
+            input_len=4,
+            output_len=2,
+            disable_progress=True,
+            metrics_interval=0,
+        )
     )
     assert res.summary["errors"] == 4 and res.summary["completed"] == 0
     assert all(r.status is None and r.error for r in res.records)
@@ -324,8 +361,16 @@ def test_records_flushed_per_request_and_survive_cancel(server, tmp_path):
 
     async def main():
         task = asyncio.create_task(
-            run_load(cfg(server, concurrency=4, num_requests=10_000, output_len=5, out=str(out),
-                         summary_out=str(summ)))
+            run_load(
+                cfg(
+                    server,
+                    concurrency=4,
+                    num_requests=10_000,
+                    output_len=5,
+                    out=str(out),
+                    summary_out=str(summ),
+                )
+            )
         )
         seen = []
         deadline = time.monotonic() + 20
@@ -353,36 +398,109 @@ def test_records_flushed_per_request_and_survive_cancel(server, tmp_path):
     assert s["interrupted"] is True and s["completed"] == len(after)
     # every record field the brief asks for
     r = after[0]
-    for key in ("rid", "phase", "concurrency", "send_mono", "send_epoch", "chunks", "prompt_tokens",
-                "completion_tokens", "timing", "status", "error", "success"):
+    for key in (
+        "rid",
+        "phase",
+        "concurrency",
+        "send_mono",
+        "send_epoch",
+        "chunks",
+        "prompt_tokens",
+        "completion_tokens",
+        "timing",
+        "status",
+        "error",
+        "success",
+    ):
         assert key in r
     assert r["prompt_tokens"] == 16 and r["completion_tokens"] == 5 and r["status"] == 200
-    assert set(r["timing"]) >= {"arrival_ts", "alloc_wait_s", "handoff_s", "prefill_s", "first_token_ts", "finish_ts"}
+    assert set(r["timing"]) >= {
+        "arrival_ts",
+        "alloc_wait_s",
+        "handoff_s",
+        "prefill_s",
+        "first_token_ts",
+        "finish_ts",
+    }
 
 
 def test_cli_writes_records_summary_and_metrics(server, tmp_path):
     server.program(ttft_s=0.02, itl_s=0.01, alloc_wait_s=0.005, handoff_s=0.002)
     out, summ, met = tmp_path / "r.jsonl", tmp_path / "s.json", tmp_path / "m.jsonl"
     cmd = [
-        sys.executable, "-m", "harness.loadgen", "--url", server.url, "--api", "generate",
+        sys.executable,
+        "-m",
+        "harness.loadgen",
+        "--url",
+        server.url,
+        "--api",
+        "generate",
         # 20 tokens 10 ms apart: the run lasts ~1.3 s, so the central half (Active) holds several
         # 0.05 s scrapes even on a loaded CI machine
-        "--concurrency", "4", "--num-requests", "24", "--input-len", "32", "--output-len", "20",
-        "--prefixes", "2", "--warmup", "2", "--out", str(out), "--summary-out", str(summ),
-        "--metrics-out", str(met), "--metrics-interval", "0.05", "--num-gpus", "2", "--disable-progress",
-        "--seed", "5",
+        "--concurrency",
+        "4",
+        "--num-requests",
+        "24",
+        "--input-len",
+        "32",
+        "--output-len",
+        "20",
+        "--prefixes",
+        "2",
+        "--warmup",
+        "2",
+        "--out",
+        str(out),
+        "--summary-out",
+        str(summ),
+        "--metrics-out",
+        str(met),
+        "--metrics-interval",
+        "0.05",
+        "--num-gpus",
+        "2",
+        "--disable-progress",
+        "--seed",
+        "5",
     ]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "output_tok_s" in p.stdout
     s = json.loads(summ.read_text())
-    for key in ("completed", "errors", "duration_s", "output_tok_s", "output_tok_s_per_gpu", "request_throughput",
-                "ttft_ms_mean", "ttft_ms_median", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_median",
-                "tpot_ms_p90", "tpot_ms_p99", "itl_ms_mean", "itl_ms_median", "itl_ms_p90", "itl_ms_p99",
-                "itl_per_token_ms_mean", "e2e_ms_mean", "e2e_ms_median", "e2e_ms_p90", "e2e_ms_p99",
-                "post_wave_ttft_ms_mean", "post_wave_ttft_ms_p99", "post_wave_tpot_ms_mean",
-                "post_wave_tpot_ms_p99", "alloc_wait_s_mean", "handoff_s_mean", "ttft_other_s_mean",
-                "active_mean", "phases"):
+    for key in (
+        "completed",
+        "errors",
+        "duration_s",
+        "output_tok_s",
+        "output_tok_s_per_gpu",
+        "request_throughput",
+        "ttft_ms_mean",
+        "ttft_ms_median",
+        "ttft_ms_p90",
+        "ttft_ms_p99",
+        "tpot_ms_mean",
+        "tpot_ms_median",
+        "tpot_ms_p90",
+        "tpot_ms_p99",
+        "itl_ms_mean",
+        "itl_ms_median",
+        "itl_ms_p90",
+        "itl_ms_p99",
+        "itl_per_token_ms_mean",
+        "e2e_ms_mean",
+        "e2e_ms_median",
+        "e2e_ms_p90",
+        "e2e_ms_p99",
+        "post_wave_ttft_ms_mean",
+        "post_wave_ttft_ms_p99",
+        "post_wave_tpot_ms_mean",
+        "post_wave_tpot_ms_p99",
+        "alloc_wait_s_mean",
+        "handoff_s_mean",
+        "ttft_other_s_mean",
+        "active_mean",
+        "phases",
+    ):
         assert key in s, key
     assert s["completed"] == 24 and s["errors"] == 0
     assert s["output_tok_s_per_gpu"] == pytest.approx(s["output_tok_s"] / 2)
@@ -397,8 +515,13 @@ def test_cli_writes_records_summary_and_metrics(server, tmp_path):
     assert all("ts" in ln and 'dhs_num_running_reqs{gpu="0"}' in ln["values"] for ln in lines)
     assert s["active_mean"] is not None and 1.0 <= s["active_mean"] <= 4.0
     # bad invocation
-    p = subprocess.run([sys.executable, "-m", "harness.loadgen", "--url", server.url], cwd=REPO,
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "harness.loadgen", "--url", server.url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2
 
 

@@ -27,7 +27,8 @@ except ImportError:
     HAVE_UVLOOP = False
 
 NEED_UVLOOP = pytest.mark.skipif(
-    not HAVE_UVLOOP, reason="uvloop not installed (optional extra: pip install -e '.[fast]'); asyncio path still tested"
+    not HAVE_UVLOOP,
+    reason="uvloop not installed (optional extra: pip install -e '.[fast]'); asyncio path still tested",
 )
 
 TTFT_S, ITL_S, C, N, OUT = 0.02, 0.005, 4, 12, 4
@@ -44,8 +45,17 @@ def server():
 
 def _closed_loop(server, event_loop: str) -> dict:
     res = run_load_sync(
-        LoadConfig(url=server.url, concurrency=C, num_requests=N, input_len=16, output_len=OUT, warmup=2,
-                   disable_progress=True, metrics_interval=0, event_loop=event_loop)
+        LoadConfig(
+            url=server.url,
+            concurrency=C,
+            num_requests=N,
+            input_len=16,
+            output_len=OUT,
+            warmup=2,
+            disable_progress=True,
+            metrics_interval=0,
+            event_loop=event_loop,
+        )
     )
     s = res.summary
     assert s["completed"] == N and s["errors"] == 0
@@ -84,9 +94,13 @@ def test_loop_factory_without_uvloop(monkeypatch):
 
 
 def test_cli_event_loop_flag():
-    args = build_arg_parser().parse_args(["--concurrency", "1", "--num-requests", "1", "--event-loop", "asyncio"])
+    args = build_arg_parser().parse_args(
+        ["--concurrency", "1", "--num-requests", "1", "--event-loop", "asyncio"]
+    )
     assert config_from_args(args).event_loop == "asyncio"
-    assert config_from_args(build_arg_parser().parse_args(["--concurrency", "1"])).event_loop == "auto"
+    assert (
+        config_from_args(build_arg_parser().parse_args(["--concurrency", "1"])).event_loop == "auto"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -97,11 +111,15 @@ def test_cli_event_loop_flag():
 def _generate_stream(k: int) -> list[bytes]:
     ev = [b": keep-alive comment\n\n"]
     for i in range(1, k + 1):
-        ev.append(b'data: {"text":"%s","output_ids":[%d],"meta_info":{"id":"r","prompt_tokens":5,'
-                  b'"completion_tokens":%d,"finish_reason":null}}\n\n' % (b" t" * i, i, i))
+        ev.append(
+            b'data: {"text":"%s","output_ids":[%d],"meta_info":{"id":"r","prompt_tokens":5,'
+            b'"completion_tokens":%d,"finish_reason":null}}\n\n' % (b" t" * i, i, i)
+        )
     ev.append(b"data:   \n\n")  # empty payload: ignored
-    ev.append(b'data: {"text":"x","output_ids":[1,2],"meta_info":{"id":"r","prompt_tokens":5,'
-              b'"completion_tokens":%d,"finish_reason":{"type":"length"}}}\r\n\r\n' % (k + 2))
+    ev.append(
+        b'data: {"text":"x","output_ids":[1,2],"meta_info":{"id":"r","prompt_tokens":5,'
+        b'"completion_tokens":%d,"finish_reason":{"type":"length"}}}\r\n\r\n' % (k + 2)
+    )
     ev.append(b"data: [DONE]\n\n")
     return ev
 
@@ -109,9 +127,14 @@ def _generate_stream(k: int) -> list[bytes]:
 def _openai_stream(k: int) -> list[bytes]:
     ev = []
     for _ in range(k):
-        ev.append(b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
-                  b'"text":" t t","logprobs":null,"finish_reason":null,"num_tokens":2}],"usage":null}\n\n')
-    ev.append(b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % (2 * k))
+        ev.append(
+            b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+            b'"text":" t t","logprobs":null,"finish_reason":null,"num_tokens":2}],"usage":null}\n\n'
+        )
+    ev.append(
+        b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n'
+        % (2 * k)
+    )
     ev.append(b"data: [DONE]\n\n")
     return ev
 
@@ -139,7 +162,9 @@ def _expected_stamps(events: list[bytes], reads: list[bytes]) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("cls,make", [(GenerateStreamParser, _generate_stream), (OpenAIStreamParser, _openai_stream)])
+@pytest.mark.parametrize(
+    "cls,make", [(GenerateStreamParser, _generate_stream), (OpenAIStreamParser, _openai_stream)]
+)
 def test_fast_path_matches_general_path(cls, make):
     rng = random.Random(0)
     for k in (1, 2, 7):
@@ -150,7 +175,9 @@ def test_fast_path_matches_general_path(cls, make):
         tokens = [n for _, n in whole[0]]
         blob = b"".join(events)
         splits = [[blob]]  # everything in one read
-        for _ in range(30):  # random splits: the general path (and the fast path where a read is one event)
+        for _ in range(
+            30
+        ):  # random splits: the general path (and the fast path where a read is one event)
             cuts = sorted(rng.sample(range(1, len(blob)), rng.randint(1, min(20, len(blob) - 1))))
             splits.append([blob[a:b] for a, b in zip([0] + cuts, cuts + [len(blob)])])
         for reads in splits:

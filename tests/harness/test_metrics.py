@@ -164,7 +164,9 @@ def test_post_wave_excludes_first_c_by_submission_order():
     assert s["post_wave_completed"] == len(keep) == 4
     assert s["post_wave_ttft_ms_mean"] == pytest.approx(np.mean([M.ttft_s(r) for r in keep]) * 1e3)
     assert s["post_wave_tpot_ms_mean"] == pytest.approx(np.mean([M.tpot_s(r) for r in keep]) * 1e3)
-    assert s["post_wave_ttft_ms_p99"] == pytest.approx(np.percentile([M.ttft_s(r) for r in keep], 99) * 1e3)
+    assert s["post_wave_ttft_ms_p99"] == pytest.approx(
+        np.percentile([M.ttft_s(r) for r in keep], 99) * 1e3
+    )
     s2 = M.summarize(recs, post_wave_exclude=None)
     assert s2["post_wave_ttft_ms_mean"] is None
 
@@ -219,11 +221,25 @@ def test_parse_prometheus():
 
 def test_active_mean_uses_central_half():
     # run from t0=100 for D=8 s -> window [102, 106]
-    samples = [{"ts": 100.0 + t, "values": {"dhs_num_running_reqs": float(v)}} for t, v in
-               [(0, 0), (1, 100), (2, 10), (3, 20), (4, 30), (5, 40), (6, 50), (7, 100), (8, 0)]]
+    samples = [
+        {"ts": 100.0 + t, "values": {"dhs_num_running_reqs": float(v)}}
+        for t, v in [
+            (0, 0),
+            (1, 100),
+            (2, 10),
+            (3, 20),
+            (4, 30),
+            (5, 40),
+            (6, 50),
+            (7, 100),
+            (8, 0),
+        ]
+    ]
     assert M.active_mean(samples, 100.0, 8.0) == pytest.approx(30.0)
     assert M.active_mean(samples, 100.0, 8.0, name="nope") is None
-    assert M.active_mean(samples, 100.0, 8.0, name=["nope", "dhs_num_running_reqs"]) == pytest.approx(30.0)
+    assert M.active_mean(
+        samples, 100.0, 8.0, name=["nope", "dhs_num_running_reqs"]
+    ) == pytest.approx(30.0)
     s = M.summarize([rec(0, 0.0, [(8.0, 1)], ct=1)], samples=samples, epoch_offset=100.0)
     assert s["active_mean"] == pytest.approx(30.0)
 
@@ -231,15 +247,38 @@ def test_active_mean_uses_central_half():
 def test_phase_stats_and_host_share():
     # two phases of 1 s: [0,1) and [1,2); epoch = mono + 1000
     recs = [
-        rec(0, 0.1, [(0.2, 1), (0.3, 1)], ct=2, phase=0, timing={"alloc_wait_s": 0.01, "handoff_s": 0}),
-        rec(1, 0.2, [(0.4, 1), (0.6, 1)], ct=2, phase=0, timing={"alloc_wait_s": 0.03, "handoff_s": 0}),
+        rec(
+            0,
+            0.1,
+            [(0.2, 1), (0.3, 1)],
+            ct=2,
+            phase=0,
+            timing={"alloc_wait_s": 0.01, "handoff_s": 0},
+        ),
+        rec(
+            1,
+            0.2,
+            [(0.4, 1), (0.6, 1)],
+            ct=2,
+            phase=0,
+            timing={"alloc_wait_s": 0.03, "handoff_s": 0},
+        ),
         rec(2, 0.9, [(1.0, 1), (1.2, 1)], ct=2, phase=0),  # finishes in phase 1 -> counted nowhere
         rec(3, 1.1, [(1.2, 1), (1.25, 1)], ct=2, phase=1),
     ]
     samples = [
-        {"ts": 1000.0, "values": {"dhs_selected_rows_total": 0, "dhs_selected_rows_from_host_total": 0}},
-        {"ts": 1001.0, "values": {"dhs_selected_rows_total": 100, "dhs_selected_rows_from_host_total": 10}},
-        {"ts": 1002.0, "values": {"dhs_selected_rows_total": 300, "dhs_selected_rows_from_host_total": 110}},
+        {
+            "ts": 1000.0,
+            "values": {"dhs_selected_rows_total": 0, "dhs_selected_rows_from_host_total": 0},
+        },
+        {
+            "ts": 1001.0,
+            "values": {"dhs_selected_rows_total": 100, "dhs_selected_rows_from_host_total": 10},
+        },
+        {
+            "ts": 1002.0,
+            "values": {"dhs_selected_rows_total": 300, "dhs_selected_rows_from_host_total": 110},
+        },
     ]
     phases = [
         {"phase": 0, "concurrency": 2, "start_mono": 0.0, "end_mono": 1.0},
@@ -284,14 +323,27 @@ def gen_stream(n_tokens, per_chunk=1, empty_every=0, spaces=False, text='x"\\y')
         ct += k
         i += 1
         fin = ct == n_tokens
-        mi = {"id": "a", "prompt_tokens": 5, "completion_tokens": ct,
-              "finish_reason": {"type": "length", "length": ct} if fin else None}
+        mi = {
+            "id": "a",
+            "prompt_tokens": 5,
+            "completion_tokens": ct,
+            "finish_reason": {"type": "length", "length": ct} if fin else None,
+        }
         if fin:
-            mi["timing"] = {"arrival_ts": 1.0, "alloc_wait_s": 0.25, "handoff_s": 0.0,
-                            "prefill_s": 0.1, "first_token_ts": 2.0, "finish_ts": 3.0}
+            mi["timing"] = {
+                "arrival_ts": 1.0,
+                "alloc_wait_s": 0.25,
+                "handoff_s": 0.0,
+                "prefill_s": 0.1,
+                "first_token_ts": 2.0,
+                "finish_ts": 3.0,
+            }
         # text contains quote/backslash and the key names, which must not fool the fast path
-        obj = {"text": (text + '"completion_tokens":999,"finish_reason":null') * ct,
-               "output_ids": list(range(ct - k, ct)), "meta_info": mi}
+        obj = {
+            "text": (text + '"completion_tokens":999,"finish_reason":null') * ct,
+            "output_ids": list(range(ct - k, ct)),
+            "meta_info": mi,
+        }
         out.append(b"data: " + json.dumps(obj, separators=sep).encode() + b"\n\n")
         if empty_every and i % empty_every == 0 and not fin:
             obj = dict(obj, output_ids=[])
@@ -305,15 +357,29 @@ def oai_stream(n_tokens, per_chunk=1, num_tokens_field=True):
     while ct < n_tokens:
         k = min(per_chunk, n_tokens - ct)
         ct += k
-        ch = {"index": 0, "text": "ab" * k, "logprobs": None,
-              "finish_reason": "length" if ct == n_tokens else None}
+        ch = {
+            "index": 0,
+            "text": "ab" * k,
+            "logprobs": None,
+            "finish_reason": "length" if ct == n_tokens else None,
+        }
         if num_tokens_field:
             ch["num_tokens"] = k
-        out.append(b"data: " + json.dumps({"id": "c", "object": "text_completion", "choices": [ch],
-                                           "usage": None}).encode() + b"\n\n")
+        out.append(
+            b"data: "
+            + json.dumps(
+                {"id": "c", "object": "text_completion", "choices": [ch], "usage": None}
+            ).encode()
+            + b"\n\n"
+        )
     usage = {"prompt_tokens": 5, "completion_tokens": n_tokens, "total_tokens": 5 + n_tokens}
-    out.append(b"data: " + json.dumps({"id": "c", "choices": [], "usage": usage,
-                                       "timing": {"alloc_wait_s": 0.5}}).encode() + b"\n\n")
+    out.append(
+        b"data: "
+        + json.dumps(
+            {"id": "c", "choices": [], "usage": usage, "timing": {"alloc_wait_s": 0.5}}
+        ).encode()
+        + b"\n\n"
+    )
     out.append(b"data: [DONE]\n\n")
     return out
 
@@ -357,7 +423,12 @@ def test_parsers_invariant_to_read_boundaries(splits, per_chunk, spaces):
     a, b = run_parser(GenerateStreamParser, ev), run_parser(GenerateStreamParser, ev, splits)
     assert [n for _, n in a.chunks] == [n for _, n in b.chunks]
     assert (b.prompt_tokens, b.completion_tokens, b.timing, b.error, b.done) == (
-        a.prompt_tokens, a.completion_tokens, a.timing, a.error, a.done)
+        a.prompt_tokens,
+        a.completion_tokens,
+        a.timing,
+        a.error,
+        a.done,
+    )
     ev = oai_stream(9, per_chunk)
     a, b = run_parser(OpenAIStreamParser, ev), run_parser(OpenAIStreamParser, ev, splits)
     assert [n for _, n in a.chunks] == [n for _, n in b.chunks]
@@ -376,17 +447,22 @@ def test_generate_parser_crlf_comments_and_no_final_newline():
 
 
 def test_generate_parser_fallback_to_output_ids():
-    ev = [b'data: {"text":"a","output_ids":[1,2]}\n\n',
-          b'data: {"text":"ab","output_ids":[3],"meta_info":{"finish_reason":{"type":"stop"}}}\n\n',
-          b"data: [DONE]\n\n"]
+    ev = [
+        b'data: {"text":"a","output_ids":[1,2]}\n\n',
+        b'data: {"text":"ab","output_ids":[3],"meta_info":{"finish_reason":{"type":"stop"}}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
     p = run_parser(GenerateStreamParser, ev)
     assert [n for _, n in p.chunks] == [2, 1]
     assert p.completion_tokens is None and p.error is None
 
 
 def test_generate_parser_abort_and_error_events():
-    ev = [b'data: {"text":"a","output_ids":[1],"meta_info":{"prompt_tokens":3,"completion_tokens":1,'
-          b'"finish_reason":{"type":"abort","message":"kv cache full"}}}\n\n', b"data: [DONE]\n\n"]
+    ev = [
+        b'data: {"text":"a","output_ids":[1],"meta_info":{"prompt_tokens":3,"completion_tokens":1,'
+        b'"finish_reason":{"type":"abort","message":"kv cache full"}}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
     p = run_parser(GenerateStreamParser, ev)
     assert p.error and "kv cache full" in p.error
     p = run_parser(GenerateStreamParser, [b'data: {"error": {"message": "boom", "type": "x"}}\n\n'])
@@ -402,7 +478,9 @@ def test_openai_parser(per_chunk, num_tokens_field):
     p = run_parser(OpenAIStreamParser, ev)
     toks = [n for _, n in p.chunks]
     if num_tokens_field:
-        assert toks[:-1] == [per_chunk] * (7 // per_chunk) + ([7 % per_chunk] if 7 % per_chunk else [])
+        assert toks[:-1] == [per_chunk] * (7 // per_chunk) + (
+            [7 % per_chunk] if 7 % per_chunk else []
+        )
     else:
         assert all(n == 1 for n in toks[:-1])  # 1 per non-empty chunk
     assert toks[-1] == 0  # the usage chunk
@@ -412,10 +490,17 @@ def test_openai_parser(per_chunk, num_tokens_field):
 
 
 def test_openai_parser_multiple_choices_use_slow_path():
-    e = {"id": "c", "choices": [{"index": 0, "text": "a", "finish_reason": None, "num_tokens": 2},
-                                {"index": 1, "text": "b", "finish_reason": None, "num_tokens": 3}],
-         "usage": None}
-    p = run_parser(OpenAIStreamParser, [b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n"])
+    e = {
+        "id": "c",
+        "choices": [
+            {"index": 0, "text": "a", "finish_reason": None, "num_tokens": 2},
+            {"index": 1, "text": "b", "finish_reason": None, "num_tokens": 3},
+        ],
+        "usage": None,
+    }
+    p = run_parser(
+        OpenAIStreamParser, [b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n"]
+    )
     assert [n for _, n in p.chunks] == [5]
 
 

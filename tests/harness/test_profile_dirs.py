@@ -31,8 +31,12 @@ def test_a_profile_schedule_inside_the_warmup_is_flagged(capsys):
     from harness.run import warn_profile_in_warmup
 
     def cfg(warmup, wait, name="kernels"):
-        return OmegaConf.create({"profile": {"name": name, "wait": wait},
-                                 "workload": {"warmup": warmup, "output_len": 320}})
+        return OmegaConf.create(
+            {
+                "profile": {"name": name, "wait": wait},
+                "workload": {"warmup": warmup, "output_len": 320},
+            }
+        )
 
     assert warn_profile_in_warmup(cfg(1, 80)) and "warm-up" in capsys.readouterr().out
     assert not warn_profile_in_warmup(cfg(1, 400))

@@ -17,14 +17,17 @@ def test_without_a_gpu_it_stops_at_once_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(rp, "run_one", lambda *a, **k: pytest.fail("started a run without a GPU"))
     assert rp.main(["--only", "fig9"]) == 2
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "needs a CUDA GPU" in out[0] and "DRY=1" in out[0] and "--smoke" in out[0]
+    assert (
+        len(out) == 1 and "needs a CUDA GPU" in out[0] and "DRY=1" in out[0] and "--smoke" in out[0]
+    )
 
 
 def test_make_reproduce_without_a_gpu_is_one_line_before_any_set_up():
     if subprocess.run("command -v nvidia-smi", shell=True).returncode == 0:
         pytest.skip("this machine has nvidia-smi")
-    r = subprocess.run(["make", "-s", "reproduce"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["make", "-s", "reproduce"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode != 0
     assert r.stdout.strip().count("\n") == 0 and "needs a CUDA GPU" in r.stdout
     assert "creating .venv" not in r.stdout
@@ -57,15 +60,25 @@ def test_skip_points_changes_no_run_id():
     assert "skip_points" not in cfg.reproduce  # not in config.yaml nor in the hash
     assert rp.skipped_points(ov) == ["c8"] and rp.skipped_points(ov[:2] + ["+b_over_k=1"]) == []
     _, plan = point_plan(cfg)
-    assert [rid for _, rid, _ in plan] == ["adaptive_hisparse-glm53_mini-c8-B1024-e624a6ba",
-                                           "adaptive_hisparse-glm53_mini-c128-828b96ed"]
+    assert [rid for _, rid, _ in plan] == [
+        "adaptive_hisparse-glm53_mini-c8-B1024-e624a6ba",
+        "adaptive_hisparse-glm53_mini-c128-828b96ed",
+    ]
 
 
 def test_a_run_never_appends_to_an_earlier_server_log(tmp_path):
     """A bundled server logs to a file of its own harness process, so a committed server.log of
     an earlier run stays as it was."""
-    cfg = compose(["experiment=default_cpu", "workload.concurrency=[1]", "workload.num_requests=1",
-                   "workload.output_len=2", "workload.warmup=0", f"results_dir={tmp_path}"])
+    cfg = compose(
+        [
+            "experiment=default_cpu",
+            "workload.concurrency=[1]",
+            "workload.num_requests=1",
+            "workload.output_len=2",
+            "workload.warmup=0",
+            f"results_dir={tmp_path}",
+        ]
+    )
     server_dir = tmp_path / "default_cpu" / ".server-resident-tiny"
     server_dir.mkdir(parents=True)
     (server_dir / "server.log").write_text("an earlier run\n")
@@ -75,6 +88,8 @@ def test_a_run_never_appends_to_an_earlier_server_log(tmp_path):
     assert (server_dir / "server_config.yaml").read_text() == "earlier: true\n"
     logs = list(server_dir.glob("server-*.log"))
     assert len(logs) == 1 and logs[0].stat().st_size > 0
-    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index",
-                              f"results/fig9/.server-x/{logs[0].name}"], cwd=REPO)
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "--no-index", f"results/fig9/.server-x/{logs[0].name}"],
+        cwd=REPO,
+    )
     assert ignored.returncode == 0, "new server logs must be ignored by git"

@@ -7,8 +7,14 @@ import pytest
 from harness.run import run
 from systems.engine.config import compose
 
-BASE = ["experiment=default_cpu", "server.mode=inprocess", "workload.concurrency=[2]",
-        "workload.num_requests=4", "workload.output_len=5", "workload.warmup=0"]
+BASE = [
+    "experiment=default_cpu",
+    "server.mode=inprocess",
+    "workload.concurrency=[2]",
+    "workload.num_requests=4",
+    "workload.output_len=5",
+    "workload.warmup=0",
+]
 
 
 def test_run_writes_every_result_file_and_resumes(tmp_path, capsys):
@@ -16,8 +22,7 @@ def test_run_writes_every_result_file_and_resumes(tmp_path, capsys):
     dirs = run(cfg)
     assert len(dirs) == 1
     d = dirs[0]
-    for f in ("config.yaml", "records.jsonl", "server_metrics.parquet", "summary.json",
-              "env.json"):
+    for f in ("config.yaml", "records.jsonl", "server_metrics.parquet", "summary.json", "env.json"):
         assert (d / f).exists(), f
     s = json.loads((d / "summary.json").read_text())
     assert s["completed"] == 4 and s["errors"] == 0 and s["system"] == "resident"
@@ -40,8 +45,18 @@ def test_bad_config_fails_before_any_server_starts(tmp_path):
 
 
 def test_profile_kernels_lands_in_the_run_directory(tmp_path):
-    dirs = run(compose(BASE + [f"results_dir={tmp_path}", "profile=kernels",
-                               "workload.num_requests=8", "profile.wait=1", "profile.active=3"]))
+    dirs = run(
+        compose(
+            BASE
+            + [
+                f"results_dir={tmp_path}",
+                "profile=kernels",
+                "workload.num_requests=8",
+                "profile.wait=1",
+                "profile.active=3",
+            ]
+        )
+    )
     summary = dirs[0] / "kernels" / "kernel_summary.json"
     assert summary.exists()
     d = json.loads(summary.read_text())
@@ -52,6 +67,7 @@ def test_min_waves_sets_a_floor_of_waves_times_concurrency():
     from omegaconf import OmegaConf
 
     from harness.run import num_requests
+
     w = OmegaConf.create({"num_requests": 64})
     assert [num_requests(w, c) for c in (4, 128)] == [64, 128]  # default: one wave at least
     w.min_waves = 2
@@ -70,7 +86,9 @@ def test_experiment_speculation_block_reaches_only_the_speculative_systems():
     point = {"concurrency": 4, "tag": "c4"}
     spec = compose(["experiment=fig4", "system=adaptive_dhisparse"])
     assert spec.system.speculation.acceptance == "calibrated"
-    exact = compose(["experiment=fig4", "system=adaptive_dhisparse", "system.speculation.acceptance=exact"])
+    exact = compose(
+        ["experiment=fig4", "system=adaptive_dhisparse", "system.speculation.acceptance=exact"]
+    )
     assert exact.system.speculation.acceptance == "exact"
     assert run_id(spec, point) != run_id(exact, point)  # a different measurement, a different id
     assert compose(["system=resident_dspark"]).system.speculation.acceptance == "exact"  # no block
@@ -94,7 +112,16 @@ def test_a_skipped_nsight_profile_says_why_on_the_console(tmp_path, capsys):
     ok, why = nsight_available()
     if ok:
         pytest.skip("nsight can run here")
-    run(compose(BASE + [f"results_dir={tmp_path}", "profile=nsight", "workload.num_requests=1",
-                        "workload.output_len=2"]))
+    run(
+        compose(
+            BASE
+            + [
+                f"results_dir={tmp_path}",
+                "profile=nsight",
+                "workload.num_requests=1",
+                "workload.output_len=2",
+            ]
+        )
+    )
     out = capsys.readouterr().out
     assert f"profile=nsight will be skipped: {why}" in out

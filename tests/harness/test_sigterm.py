@@ -47,8 +47,9 @@ def _alive(pid: int) -> bool:
 
 def test_sigterm_stops_the_server_child():
     env = dict(os.environ, PYTHONPATH=REPO)
-    parent = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True,
-                              env=env, cwd=REPO)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
     child = int(parent.stdout.readline())
     assert _alive(child)
     parent.send_signal(signal.SIGTERM)

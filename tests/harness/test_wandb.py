@@ -10,8 +10,14 @@ from harness.run import run
 from systems.engine.config import compose
 
 # a load step, so that the summary has phases and the live rows span the run
-BASE = ["experiment=default_cpu", "server.mode=inprocess", "workload.warmup=0",
-        "workload.schedule='2:1.5,3:1.5'", "workload.output_len=5", "logger=wandb"]
+BASE = [
+    "experiment=default_cpu",
+    "server.mode=inprocess",
+    "workload.warmup=0",
+    "workload.schedule='2:1.5,3:1.5'",
+    "workload.output_len=5",
+    "logger=wandb",
+]
 
 
 class RecordingRun:
@@ -63,8 +69,12 @@ def test_a_run_logs_live_rows_a_table_a_flat_summary_and_tags(tmp_path, monkeypa
     r = fake_run(tmp_path, monkeypatch, system="hisparse")
     kw = r.kw
     assert kw["mode"] == "offline" and kw["job_type"] == "serve" and kw["group"] == "default_cpu"
-    assert {"system:hisparse", "model:tiny", "experiment:default_cpu", "load:step"} <= set(kw["tags"])
-    assert any(t.startswith("commit:") for t in kw["tags"]) and any(t.startswith("gpu:") for t in kw["tags"])
+    assert {"system:hisparse", "model:tiny", "experiment:default_cpu", "load:step"} <= set(
+        kw["tags"]
+    )
+    assert any(t.startswith("commit:") for t in kw["tags"]) and any(
+        t.startswith("gpu:") for t in kw["tags"]
+    )
     assert kw["config"]["hot_cache_rows"] == 16 and kw["config"]["system"]["name"] == "hisparse"
     live = [row for row in r.rows if wl.STEP in row]
     assert len(live) >= 2, "one row per scrape while the load runs"
@@ -82,8 +92,11 @@ def test_a_run_logs_live_rows_a_table_a_flat_summary_and_tags(tmp_path, monkeypa
 
 
 def test_flatten_keeps_order_and_drops_non_finite():
-    assert wl.flatten({"a": {"b": 1.0, "c": [{"d": 2}, {"d": float("nan")}]}}) == \
-        {"a/b": 1.0, "a/c/0/d": 2, "a/c/1/d": None}
+    assert wl.flatten({"a": {"b": 1.0, "c": [{"d": 2}, {"d": float("nan")}]}}) == {
+        "a/b": 1.0,
+        "a/c/0/d": 2,
+        "a/c/1/d": None,
+    }
 
 
 def test_offline_by_default_writes_an_offline_run(tmp_path, monkeypatch):
@@ -105,16 +118,22 @@ def test_online_trouble_warns_once_and_falls_back_offline(tmp_path, monkeypatch,
         monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
         monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    run(compose(BASE + [f"results_dir={tmp_path}", "workload.schedule='2:1'",
-                        "logger.init_timeout_s=2"]))
+    run(
+        compose(
+            BASE + [f"results_dir={tmp_path}", "workload.schedule='2:1'", "logger.init_timeout_s=2"]
+        )
+    )
     assert len(list(tmp_path.rglob("summary.json"))) == 1
     assert not list(tmp_path.rglob("error.txt"))
     err = capsys.readouterr().err
     assert err.count("[harness] W&B:") == 1 and "logging offline" in err
     assert list(tmp_path.rglob("offline-run-*"))
     # the next run of this process goes offline at once, with no second warning
-    run(compose(BASE + [f"results_dir={tmp_path}", "workload.schedule='3:1'",
-                        "logger.init_timeout_s=2"]))
+    run(
+        compose(
+            BASE + [f"results_dir={tmp_path}", "workload.schedule='3:1'", "logger.init_timeout_s=2"]
+        )
+    )
     assert "[harness] W&B:" not in capsys.readouterr().err
     assert len(list(tmp_path.rglob("summary.json"))) == 2
 

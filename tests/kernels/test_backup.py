@@ -16,8 +16,9 @@ from tests.kernels.support import interpreted  # noqa: E402
 pytestmark = interpreted(bk._backup_kernel)
 
 
-@pytest.mark.parametrize("S,NG,NH,rb,N", [(1, 5, 7, 4, 1), (3, 41, 53, 656, 9), (2, 9, 30, 6, 5),
-                                          (5, 17, 40, 34, 17)])
+@pytest.mark.parametrize(
+    "S,NG,NH,rb,N", [(1, 5, 7, 4, 1), (3, 41, 53, 656, 9), (2, 9, 30, 6, 5), (5, 17, 40, 34, 17)]
+)
 def test_kernel_matches_reference(S, NG, NH, rb, N):
     g = torch.Generator().manual_seed(S * 100 + rb)
     kv = torch.randint(0, 256, (S, NG, rb), generator=g, dtype=torch.uint8)
@@ -37,11 +38,17 @@ def test_kernel_matches_reference(S, NG, NH, rb, N):
 def test_no_rows_is_a_no_op_and_bad_shapes_are_refused():
     kv = torch.zeros(2, 4, 8, dtype=torch.uint8)
     host = torch.ones(2, 6, 8, dtype=torch.uint8)
-    bk.backup_rows(kv, host, torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
-                   impl="triton")
+    bk.backup_rows(
+        kv,
+        host,
+        torch.zeros(0, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+        impl="triton",
+    )
     assert int(host.min()) == 1
     with pytest.raises(ValueError, match="pools disagree"):
-        bk.backup_rows_triton(kv, torch.ones(3, 6, 8, dtype=torch.uint8), torch.zeros(1).long(),
-                              torch.zeros(1).long())
+        bk.backup_rows_triton(
+            kv, torch.ones(3, 6, 8, dtype=torch.uint8), torch.zeros(1).long(), torch.zeros(1).long()
+        )
     with pytest.raises(ValueError, match="unknown backup impl"):
         bk.backup_rows(kv, host, torch.zeros(1).long(), torch.zeros(1).long(), impl="cuda")

@@ -18,8 +18,9 @@ pytestmark = interpreted(ix._index_scores_kernel)
 
 @pytest.mark.parametrize("form", ["dot", "fma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("B,Q,L,di,P", [(1, 1, 1, 16, 4), (3, 2, 37, 24, 8), (2, 17, 130, 64, 16),
-                                        (4, 5, 200, 40, 64)])
+@pytest.mark.parametrize(
+    "B,Q,L,di,P", [(1, 1, 1, 16, 4), (3, 2, 37, 24, 8), (2, 17, 130, 64, 16), (4, 5, 200, 40, 64)]
+)
 def test_kernel_matches_reference(B, Q, L, di, P, dtype, form):
     g = torch.Generator().manual_seed(B * 1000 + L)
     S, pages = 6, -(-L // P) + 1
@@ -40,8 +41,15 @@ def test_kernel_matches_reference(B, Q, L, di, P, dtype, form):
 def test_unknown_form_is_a_clear_error():
     z = torch.zeros(1, 1, 16)
     with pytest.raises(ValueError, match="dot or fma"):
-        ix.index_scores_triton(z, torch.zeros(4, 16), torch.zeros(1, 1, dtype=torch.int32),
-                               torch.zeros(1, dtype=torch.long), 1, 4, form="wmma")
+        ix.index_scores_triton(
+            z,
+            torch.zeros(4, 16),
+            torch.zeros(1, 1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.long),
+            1,
+            4,
+            form="wmma",
+        )
 
 
 _AOT = r"""
@@ -82,6 +90,7 @@ def test_auto_selfcheck_passes_and_falls_back_on_a_bad_kernel(monkeypatch):
 
     def broken(*a, **k):
         raise RuntimeError("no kernel image for this GPU")
+
     monkeypatch.setattr(ix, "index_scores_triton", broken)
     monkeypatch.setattr(sa, "sparse_attention_triton", real)
     ok, why = selfcheck.check_kernels(cpu)

@@ -31,7 +31,8 @@ def _interpreter_usable() -> bool:
         from triton.runtime.interpreter import InterpretedFunction
 
         return isinstance(tl.standard.zeros, InterpretedFunction) and isinstance(
-            rv._resolver_kernel, InterpretedFunction)
+            rv._resolver_kernel, InterpretedFunction
+        )
     except Exception:
         return False
 
@@ -50,14 +51,28 @@ if not _IN_PROCESS:
     def test_resolver_suite_in_subprocess():
         env = dict(os.environ, TRITON_INTERPRET="1")
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              os.path.abspath(__file__)], cwd=root, env=env,
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                os.path.abspath(__file__),
+            ],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
 
 
 # the interpreter converts 1-element arrays to Python ints (NumPy deprecation noise)
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim:DeprecationWarning"
+)
 
 POISON = 0xA5
 
@@ -70,8 +85,24 @@ POISON = 0xA5
 class State:
     """A consistent synthetic KV state for one source, plus ground truth for every row."""
 
-    def __init__(self, *, R, Q, K, B, row_bytes, page_size, hist_lens, tail_lens, seed,
-                 fill=0.5, direct=0.0, lru_max=20, staging=False, empty_lru_random=True):
+    def __init__(
+        self,
+        *,
+        R,
+        Q,
+        K,
+        B,
+        row_bytes,
+        page_size,
+        hist_lens,
+        tail_lens,
+        seed,
+        fill=0.5,
+        direct=0.0,
+        lru_max=20,
+        staging=False,
+        empty_lru_random=True,
+    ):
         g = torch.Generator().manual_seed(seed)
         self.g = g
         self.R, self.Q, self.K, self.B = R, Q, K, B
@@ -87,7 +118,9 @@ class State:
         # host store: distinct random page per (request, page)
         perm = torch.randperm(R * P, generator=g).to(torch.int32)
         self.host_page_table = perm.reshape(R, P).clone()
-        self.host_pool = torch.randint(0, 256, (R * P * ps, row_bytes), generator=g, dtype=torch.uint8)
+        self.host_pool = torch.randint(
+            0, 256, (R * P * ps, row_bytes), generator=g, dtype=torch.uint8
+        )
 
         # direct (optional history) pages: ready for a fraction of complete history pages
         dpt = torch.full((R, P), -1, dtype=torch.int32)
@@ -102,10 +135,15 @@ class State:
 
         tail_base = n_direct_rows + 5
         hot_region = tail_base + R * T + 7
-        self.hot_loc_base = torch.tensor([hot_region + r * (B + 3) for r in range(R)], dtype=torch.int32)
+        self.hot_loc_base = torch.tensor(
+            [hot_region + r * (B + 3) for r in range(R)], dtype=torch.int32
+        )
         stg_region = hot_region + R * (B + 3) + 11
-        self.staging_loc_base = (torch.tensor([stg_region + r * QK for r in range(R)], dtype=torch.int32)
-                                 if staging else None)
+        self.staging_loc_base = (
+            torch.tensor([stg_region + r * QK for r in range(R)], dtype=torch.int32)
+            if staging
+            else None
+        )
         N = stg_region + R * QK + 13
         kv = torch.full((N, row_bytes), POISON, dtype=torch.uint8)
 
@@ -151,7 +189,9 @@ class State:
         return self.host_rows(r, [p])[0]
 
     # selections -------------------------------------------------------------------------
-    def draw_selections(self, w_hit=1.0, w_miss=1.0, w_direct=1.0, w_tail=0.3, w_pad=0.1, w_dup=0.5):
+    def draw_selections(
+        self, w_hit=1.0, w_miss=1.0, w_direct=1.0, w_tail=0.3, w_pad=0.1, w_dup=0.5
+    ):
         """Fill selections with a mix of hits, misses, direct rows, tail rows, padding and
         duplicates (within and across queries)."""
         g = self.g
@@ -162,7 +202,11 @@ class State:
             hot = [int(x) for x in self.hot_pos[r] if x >= 0]
             ready = [p for p in range(h) if self.direct_page_table[r, p // self.ps] >= 0]
             hotset = set(hot)
-            miss = [p for p in range(h) if p not in hotset and self.direct_page_table[r, p // self.ps] < 0]
+            miss = [
+                p
+                for p in range(h)
+                if p not in hotset and self.direct_page_table[r, p // self.ps] < 0
+            ]
             tail = list(range(h, h + self.tail_len[r]))
             pools = [(w_hit, hot), (w_miss, miss), (w_direct, ready), (w_tail, tail)]
             flat = []
@@ -190,17 +234,34 @@ class State:
 
     def args(self, use_direct=True):
         return dict(
-            selections=self.selections.clone(), tail_start=self.tail_start.clone(),
-            tail_loc=self.tail_loc.clone(), hot_pos=self.hot_pos.clone(), hot_lru=self.hot_lru.clone(),
-            hot_loc_base=self.hot_loc_base.clone(), host_page_table=self.host_page_table.clone(),
-            kv_pool=self.kv_pool.clone(), host_pool=self.host_pool,  # read only (and may be a padded view)
-        ), dict(page_size=self.ps,
-                direct_page_table=self.direct_page_table.clone() if use_direct else None,
-                staging_loc_base=None if self.staging_loc_base is None else self.staging_loc_base.clone())
+            selections=self.selections.clone(),
+            tail_start=self.tail_start.clone(),
+            tail_loc=self.tail_loc.clone(),
+            hot_pos=self.hot_pos.clone(),
+            hot_lru=self.hot_lru.clone(),
+            hot_loc_base=self.hot_loc_base.clone(),
+            host_page_table=self.host_page_table.clone(),
+            kv_pool=self.kv_pool.clone(),
+            host_pool=self.host_pool,  # read only (and may be a padded view)
+        ), dict(
+            page_size=self.ps,
+            direct_page_table=self.direct_page_table.clone() if use_direct else None,
+            staging_loc_base=None
+            if self.staging_loc_base is None
+            else self.staging_loc_base.clone(),
+        )
 
 
-def run_and_compare(st_: State, stamp, *, use_direct=True, copy_programs=None, stamp_tensor=False,
-                    advance=True, **triton_kw):
+def run_and_compare(
+    st_: State,
+    stamp,
+    *,
+    use_direct=True,
+    copy_programs=None,
+    stamp_tensor=False,
+    advance=True,
+    **triton_kw,
+):
     """Run reference and kernel on identical copies; assert identical results and correct bytes.
     With advance=True the state object takes the (identical) post-call state."""
     pos_ref, kw_ref = st_.args(use_direct)
@@ -208,8 +269,11 @@ def run_and_compare(st_: State, stamp, *, use_direct=True, copy_programs=None, s
     s_ref = torch.tensor([stamp], dtype=torch.int64) if stamp_tensor else stamp
     s_tri = torch.tensor([stamp], dtype=torch.int64) if stamp_tensor else stamp
     ref = rv.resolve(**pos_ref, stamp=s_ref, impl="reference", **kw_ref)
-    launch = (lambda **a: rv.resolve_triton(**a, **triton_kw)) if triton_kw else (
-        lambda **a: rv.resolve(**a, impl="triton"))  # the dispatcher unless tuning knobs are set
+    launch = (
+        (lambda **a: rv.resolve_triton(**a, **triton_kw))
+        if triton_kw
+        else (lambda **a: rv.resolve(**a, impl="triton"))
+    )  # the dispatcher unless tuning knobs are set
     tri = launch(**pos_tri, stamp=s_tri, copy_programs_per_request=copy_programs, **kw_tri)
 
     assert torch.equal(ref.locations, tri.locations), (ref.locations, tri.locations)
@@ -243,7 +307,9 @@ def run_and_compare(st_: State, stamp, *, use_direct=True, copy_programs=None, s
     for r in range(R):
         for s in range(st_.B):
             if hp[r, s] >= 0:
-                assert torch.equal(kv[int(st_.hot_loc_base[r]) + s], st_.expected_row(r, int(hp[r, s])))
+                assert torch.equal(
+                    kv[int(st_.hot_loc_base[r]) + s], st_.expected_row(r, int(hp[r, s]))
+                )
     # counters are a partition of the valid selections
     assert int(tri.counters[:, :3].sum()) == n_valid
     assert int(rv.host_bytes_moved(tri.counters, st_.rb)) == int(tri.counters[:, 3].sum()) * st_.rb
@@ -259,7 +325,9 @@ def _scratch_clean():
         assert int(ws.ctrl[0]) == 0 and int(ws.ctrl[1]) == 0, "tickets not re-armed"
         if ws.pflags is not None:  # pid roles: a flag left set would let the next call's copy
             # programs run before their resolver
-            assert int(ws.pflags.abs().sum()) == 0 and int(ws.pdone.abs().sum()) == 0, "flags not re-armed"
+            assert int(ws.pflags.abs().sum()) == 0 and int(ws.pdone.abs().sum()) == 0, (
+                "flags not re-armed"
+            )
 
 
 # ----------------------------------------------------------------------------------------
@@ -268,8 +336,19 @@ def _scratch_clean():
 
 
 def test_basic_decode_odd_shapes():
-    s = State(R=3, Q=1, K=9, B=16, row_bytes=12, page_size=4, hist_lens=[30, 55, 17],
-              tail_lens=[2, 1, 3], seed=1, fill=0.6, direct=0.3)
+    s = State(
+        R=3,
+        Q=1,
+        K=9,
+        B=16,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[30, 55, 17],
+        tail_lens=[2, 1, 3],
+        seed=1,
+        fill=0.6,
+        direct=0.3,
+    )
     s.draw_selections()
     ref, tri = run_and_compare(s, stamp=100)
     assert int(tri.counters[:, 3].sum()) > 0
@@ -278,8 +357,19 @@ def test_basic_decode_odd_shapes():
 
 @pytest.mark.parametrize("copy_programs", [1, 3])
 def test_verification_k41_row656_duplicates(copy_programs):
-    s = State(R=3, Q=4, K=41, B=96, row_bytes=656, page_size=8, hist_lens=[200, 90, 150],
-              tail_lens=[4, 4, 2], seed=2, fill=0.5, direct=0.25)
+    s = State(
+        R=3,
+        Q=4,
+        K=41,
+        B=96,
+        row_bytes=656,
+        page_size=8,
+        hist_lens=[200, 90, 150],
+        tail_lens=[4, 4, 2],
+        seed=2,
+        fill=0.5,
+        direct=0.25,
+    )
     s.draw_selections(w_dup=2.0)
     ref, tri = run_and_compare(s, stamp=50, copy_programs=copy_programs)
     c = tri.counters
@@ -289,8 +379,18 @@ def test_verification_k41_row656_duplicates(copy_programs):
 
 
 def test_all_hit():
-    s = State(R=3, Q=2, K=9, B=32, row_bytes=12, page_size=4, hist_lens=[60, 60, 40],
-              tail_lens=[1, 1, 1], seed=3, fill=1.0)
+    s = State(
+        R=3,
+        Q=2,
+        K=9,
+        B=32,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[60, 60, 40],
+        tail_lens=[1, 1, 1],
+        seed=3,
+        fill=1.0,
+    )
     s.draw_selections(w_hit=1, w_miss=0, w_direct=0, w_tail=0, w_pad=0)
     ref, tri = run_and_compare(s, stamp=33)
     assert int(tri.counters[:, 2].sum()) == 0 and int(tri.counters[:, 3].sum()) == 0
@@ -298,8 +398,18 @@ def test_all_hit():
 
 
 def test_all_miss_cold_cache():
-    s = State(R=2, Q=1, K=17, B=32, row_bytes=656, page_size=4, hist_lens=[80, 100],
-              tail_lens=[1, 1], seed=4, fill=0.0)
+    s = State(
+        R=2,
+        Q=1,
+        K=17,
+        B=32,
+        row_bytes=656,
+        page_size=4,
+        hist_lens=[80, 100],
+        tail_lens=[1, 1],
+        seed=4,
+        fill=0.0,
+    )
     s.draw_selections(w_hit=0, w_miss=1, w_direct=0, w_tail=0, w_pad=0, w_dup=0.2)
     ref, tri = run_and_compare(s, stamp=7)
     assert int(tri.counters[:, 1].sum()) == 0
@@ -310,8 +420,19 @@ def test_all_miss_cold_cache():
 
 
 def test_b_equals_k_full_cache_lru_order():
-    s = State(R=2, Q=1, K=16, B=16, row_bytes=12, page_size=2, hist_lens=[64, 40],
-              tail_lens=[1, 2], seed=5, fill=1.0, lru_max=6)
+    s = State(
+        R=2,
+        Q=1,
+        K=16,
+        B=16,
+        row_bytes=12,
+        page_size=2,
+        hist_lens=[64, 40],
+        tail_lens=[1, 2],
+        seed=5,
+        fill=1.0,
+        lru_max=6,
+    )
     s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0, w_dup=0)
     old_lru = s.hot_lru.clone()
     old_pos = s.hot_pos.clone()
@@ -326,15 +447,28 @@ def test_b_equals_k_full_cache_lru_order():
 
 def test_empty_slots_are_victims_before_old_rows():
     """Empty slots go first even when their stale lru is larger than every filled slot's."""
-    s = State(R=2, Q=1, K=6, B=16, row_bytes=12, page_size=4, hist_lens=[90, 70],
-              tail_lens=[1, 1], seed=16, fill=0.5, lru_max=5)
+    s = State(
+        R=2,
+        Q=1,
+        K=6,
+        B=16,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[90, 70],
+        tail_lens=[1, 1],
+        seed=16,
+        fill=0.5,
+        lru_max=5,
+    )
     empty = s.hot_pos < 0
     s.hot_lru[empty] = 1000 + torch.arange(int(empty.sum()))
     s.draw_selections(w_hit=0, w_miss=1, w_direct=0, w_tail=0, w_pad=0, w_dup=0)
     pos_before = s.hot_pos.clone()
     ref, tri = run_and_compare(s, stamp=2000)
     for r in range(2):
-        assert torch.equal(s.hot_pos[r][~empty[r]], pos_before[r][~empty[r]])  # no filled slot evicted
+        assert torch.equal(
+            s.hot_pos[r][~empty[r]], pos_before[r][~empty[r]]
+        )  # no filled slot evicted
         n_new = int(tri.counters[r, 3])
         # all copies went to formerly empty slots, the lowest-index ones first
         new_slots = (empty[r] & (s.hot_pos[r] >= 0)).nonzero().squeeze(1)
@@ -343,8 +477,19 @@ def test_empty_slots_are_victims_before_old_rows():
 
 
 def test_tail_only_skips_scan():
-    s = State(R=3, Q=2, K=5, B=8, row_bytes=12, page_size=4, hist_lens=[20, 33, 9],
-              tail_lens=[6, 6, 6], seed=6, fill=0.5, direct=0.5)
+    s = State(
+        R=3,
+        Q=2,
+        K=5,
+        B=8,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[20, 33, 9],
+        tail_lens=[6, 6, 6],
+        seed=6,
+        fill=0.5,
+        direct=0.5,
+    )
     s.draw_selections(w_hit=0, w_miss=0, w_direct=1, w_tail=1, w_pad=0.2)
     before = (s.hot_pos.clone(), s.hot_lru.clone())
     ref, tri = run_and_compare(s, stamp=99)
@@ -353,8 +498,18 @@ def test_tail_only_skips_scan():
 
 
 def test_newest_row_and_padding():
-    s = State(R=2, Q=3, K=7, B=8, row_bytes=12, page_size=4, hist_lens=[25, 12],
-              tail_lens=[1, 3], seed=7, fill=0.5)
+    s = State(
+        R=2,
+        Q=3,
+        K=7,
+        B=8,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[25, 12],
+        tail_lens=[1, 3],
+        seed=7,
+        fill=0.5,
+    )
     s.draw_selections(w_pad=2.0, w_tail=1.0)
     # the newest row of each request appears in every query
     for r in range(2):
@@ -364,16 +519,38 @@ def test_newest_row_and_padding():
 
 
 def test_very_different_lengths_r5():
-    s = State(R=5, Q=2, K=11, B=24, row_bytes=12, page_size=4, hist_lens=[3, 500, 40, 1000, 17],
-              tail_lens=[1, 5, 2, 8, 1], seed=8, fill=0.7, direct=0.4)
+    s = State(
+        R=5,
+        Q=2,
+        K=11,
+        B=24,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[3, 500, 40, 1000, 17],
+        tail_lens=[1, 5, 2, 8, 1],
+        seed=8,
+        fill=0.7,
+        direct=0.4,
+    )
     s.draw_selections()
     run_and_compare(s, stamp=1000)
     _scratch_clean()
 
 
 def test_direct_map_partially_ready_and_no_direct_table():
-    s = State(R=3, Q=2, K=13, B=32, row_bytes=12, page_size=4, hist_lens=[100, 64, 80],
-              tail_lens=[2, 2, 2], seed=9, fill=0.5, direct=0.5)
+    s = State(
+        R=3,
+        Q=2,
+        K=13,
+        B=32,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[100, 64, 80],
+        tail_lens=[2, 2, 2],
+        seed=9,
+        fill=0.5,
+        direct=0.5,
+    )
     s.draw_selections(w_direct=3.0)
     ref, tri = run_and_compare(s, stamp=21, advance=False)
     assert int(tri.counters[:, 0].sum()) > 0
@@ -384,8 +561,19 @@ def test_direct_map_partially_ready_and_no_direct_table():
 
 @pytest.mark.parametrize("staging", [False, True])
 def test_overflow_q4(staging):
-    s = State(R=3, Q=4, K=8, B=8, row_bytes=12, page_size=4, hist_lens=[100, 100, 60],
-              tail_lens=[1, 1, 1], seed=10, fill=0.5, staging=staging)
+    s = State(
+        R=3,
+        Q=4,
+        K=8,
+        B=8,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[100, 100, 60],
+        tail_lens=[1, 1, 1],
+        seed=10,
+        fill=0.5,
+        staging=staging,
+    )
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0, w_dup=0.2)
     ref, tri = run_and_compare(s, stamp=300, copy_programs=2)
     assert int(tri.overflow.sum()) > 0
@@ -404,8 +592,19 @@ def test_overflow_q4(staging):
 def test_sequence_of_calls_state_evolves(copy_programs):
     """Several calls in a row on evolving state (stamps increase): the scratch is self-cleaning,
     the ticket counters re-arm and the epoch advances."""
-    s = State(R=3, Q=2, K=10, B=16, row_bytes=20, page_size=4, hist_lens=[70, 45, 90],
-              tail_lens=[2, 3, 1], seed=11, fill=0.3, direct=0.2)
+    s = State(
+        R=3,
+        Q=2,
+        K=10,
+        B=16,
+        row_bytes=20,
+        page_size=4,
+        hist_lens=[70, 45, 90],
+        tail_lens=[2, 3, 1],
+        seed=11,
+        fill=0.3,
+        direct=0.2,
+    )
     for step in range(4):
         s.draw_selections(w_hit=1.0, w_miss=1.0)
         run_and_compare(s, stamp=500 + step, copy_programs=copy_programs)
@@ -420,36 +619,76 @@ def test_early_copy_matches_the_reference(copy_programs, staging):
     The interpreter runs programs one after another in ticket order, so this checks the tile split
     and the results, not the flag ordering (the sm_90a compile test checks the release / acquire
     instructions; bench_resolver --check and benchmarks/check_cuda_graph.py run it on the GPU)."""
-    s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
-              tail_lens=[1, 1, 1], seed=13, fill=0.5, staging=staging)
+    s = State(
+        R=3,
+        Q=4,
+        K=8,
+        B=8,
+        row_bytes=20,
+        page_size=4,
+        hist_lens=[100, 100, 60],
+        tail_lens=[1, 1, 1],
+        seed=13,
+        fill=0.5,
+        staging=staging,
+    )
     for step in range(3):
         s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1, w_dup=0.2)
-        ref, tri = run_and_compare(s, stamp=700 + step, copy_programs=copy_programs, early_copy=True,
-                                   copy_rows=2)
+        ref, tri = run_and_compare(
+            s, stamp=700 + step, copy_programs=copy_programs, early_copy=True, copy_rows=2
+        )
         assert int(tri.counters[:, 3].sum()) > 2 * copy_programs  # several tiles per copy program
         _scratch_clean()
     with pytest.raises(ValueError, match="early_copy"):
-        rv.resolve_triton(**s.args(True)[0], stamp=800, copy_programs_per_request=1, early_copy=True,
-                          **s.args(True)[1])
+        rv.resolve_triton(
+            **s.args(True)[0],
+            stamp=800,
+            copy_programs_per_request=1,
+            early_copy=True,
+            **s.args(True)[1],
+        )
 
 
-@pytest.mark.parametrize("copy_programs,early,staging", [(2, False, True), (4, False, False), (3, True, False),
-                                                       (4, True, True)])
+@pytest.mark.parametrize(
+    "copy_programs,early,staging",
+    [(2, False, True), (4, False, False), (3, True, False), (4, True, True)],
+)
 def test_pid_roles_match_the_reference_and_re_arm(copy_programs, early, staging):
     """pid_roles: programs 0..R-1 resolve and the rest copy, with no ticket; each request's last copy
     program resets its flag and done counter, so every call starts from zero. Same results as the
     reference over a sequence of calls, and the per-request flags are zero after each call."""
-    s = State(R=3, Q=4, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 100, 60],
-              tail_lens=[1, 1, 1], seed=19, fill=0.5, staging=staging)
+    s = State(
+        R=3,
+        Q=4,
+        K=8,
+        B=8,
+        row_bytes=20,
+        page_size=4,
+        hist_lens=[100, 100, 60],
+        tail_lens=[1, 1, 1],
+        seed=19,
+        fill=0.5,
+        staging=staging,
+    )
     for step in range(3):
         s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1, w_dup=0.2)
-        ref, tri = run_and_compare(s, stamp=950 + step, copy_programs=copy_programs, pid_roles=True,
-                                   early_copy=early, copy_rows=1)
+        ref, tri = run_and_compare(
+            s,
+            stamp=950 + step,
+            copy_programs=copy_programs,
+            pid_roles=True,
+            early_copy=early,
+            copy_rows=1,
+        )
         assert int(tri.counters[:, 3].sum()) > copy_programs  # every copy program has rows to copy
         _scratch_clean()  # and the per-request flags are zero again
     # more waiting copy programs than multiprocessors could deadlock: such a call takes tickets
-    assert not rv.copy_settings(64, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)["pid_roles"]
-    assert rv.copy_settings(43, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)["pid_roles"]
+    assert not rv.copy_settings(64, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)[
+        "pid_roles"
+    ]
+    assert rv.copy_settings(43, 1, copy_programs_per_request=4, pid_roles=True, num_sms=132)[
+        "pid_roles"
+    ]
     assert not rv.copy_settings(8, 1, copy_programs_per_request=1, pid_roles=True)["pid_roles"]
 
 
@@ -458,8 +697,18 @@ def test_padded_host_store_rows(stride):
     """A host store whose rows are padded (the 20-byte rows a column slice of a 24- or 32-byte wide
     store, as a sector- or line-aligned host layout would be): same results and bytes as the
     reference, which reads the same view; the padding is never copied."""
-    s = State(R=3, Q=2, K=8, B=8, row_bytes=20, page_size=4, hist_lens=[100, 80, 60],
-              tail_lens=[1, 1, 1], seed=23, fill=0.5)
+    s = State(
+        R=3,
+        Q=2,
+        K=8,
+        B=8,
+        row_bytes=20,
+        page_size=4,
+        hist_lens=[100, 80, 60],
+        tail_lens=[1, 1, 1],
+        seed=23,
+        fill=0.5,
+    )
     wide = torch.full((s.host_pool.shape[0], stride), 0xEE, dtype=torch.uint8)
     wide[:, :20] = s.host_pool
     s.host_pool = wide[:, :20]
@@ -476,16 +725,36 @@ def test_padded_host_store_rows(stride):
 def test_workspace_reuse_across_shapes():
     shapes = [(2, 1, 9, 8, 40), (5, 2, 5, 16, 200), (1, 3, 4, 4, 12)]
     for n, (R, Q, K, B, H) in enumerate(shapes):
-        s = State(R=R, Q=Q, K=K, B=B, row_bytes=8, page_size=4, hist_lens=[H] * R,
-                  tail_lens=[1] * R, seed=20 + n, fill=0.5)
+        s = State(
+            R=R,
+            Q=Q,
+            K=K,
+            B=B,
+            row_bytes=8,
+            page_size=4,
+            hist_lens=[H] * R,
+            tail_lens=[1] * R,
+            seed=20 + n,
+            fill=0.5,
+        )
         s.draw_selections()
         run_and_compare(s, stamp=40 + n, copy_programs=2)
     _scratch_clean()
 
 
 def test_large_lru_values_many_radix_passes():
-    s = State(R=2, Q=1, K=20, B=64, row_bytes=12, page_size=8, hist_lens=[300, 300],
-              tail_lens=[1, 1], seed=12, fill=1.0)
+    s = State(
+        R=2,
+        Q=1,
+        K=20,
+        B=64,
+        row_bytes=12,
+        page_size=8,
+        hist_lens=[300, 300],
+        tail_lens=[1, 1],
+        seed=12,
+        fill=1.0,
+    )
     g = torch.Generator().manual_seed(3)
     s.hot_lru = torch.randint(0, 1 << 50, (2, 64), generator=g, dtype=torch.int64)
     s.hot_lru[:, ::7] = 12345  # ties at a small value
@@ -494,42 +763,96 @@ def test_large_lru_values_many_radix_passes():
     run_and_compare(s, stamp=(1 << 59) - 1)
 
 
-@pytest.mark.parametrize("tile,bits,scan,regs,rows", [
-    (16, 1, 16, None, None), (16, 3, 32, None, 1), (32, 8, 1024, None, 4),
-    (256, 4, 64, None, None), (16, 3, 128, True, 128), (16, 3, 128, False, 2),
-    (16, 12, 128, True, 32), (32, 11, 16, None, None)])
+@pytest.mark.parametrize(
+    "tile,bits,scan,regs,rows",
+    [
+        (16, 1, 16, None, None),
+        (16, 3, 32, None, 1),
+        (32, 8, 1024, None, 4),
+        (256, 4, 64, None, None),
+        (16, 3, 128, True, 128),
+        (16, 3, 128, False, 2),
+        (16, 12, 128, True, 32),
+        (32, 11, 16, None, None),
+    ],
+)
 def test_radix_tile_and_digit_width_do_not_change_results(tile, bits, scan, regs, rows):
     """Victim selection with several tiles per pass (B = 100 > tile), odd digit widths, ties
     and a wide stamp range: the same victims as the reference for every setting, with the
     victim keys in registers (B fits one scan tile: scan >= 128, the default there) or in
     the workspace."""
-    s = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
-              tail_lens=[1, 2], seed=31, fill=0.9)
+    s = State(
+        R=2,
+        Q=2,
+        K=24,
+        B=100,
+        row_bytes=12,
+        page_size=8,
+        hist_lens=[400, 300],
+        tail_lens=[1, 2],
+        seed=31,
+        fill=0.9,
+    )
     g = torch.Generator().manual_seed(4)
     s.hot_lru = torch.randint(0, 1 << 20, (2, 100), generator=g, dtype=torch.int64)
     s.hot_lru[:, ::5] = 777  # ties straddling the threshold
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
-    s2 = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
-               tail_lens=[1, 2], seed=31, fill=0.9)
+    s2 = State(
+        R=2,
+        Q=2,
+        K=24,
+        B=100,
+        row_bytes=12,
+        page_size=8,
+        hist_lens=[400, 300],
+        tail_lens=[1, 2],
+        seed=31,
+        fill=0.9,
+    )
     s2.hot_lru, s2.selections = s.hot_lru.clone(), s.selections.clone()
-    run_and_compare(s2, stamp=1 << 21, radix_tile=tile, radix_bits=bits, scan_tile=scan,
-                    keys_in_registers=regs, copy_rows=rows)
+    run_and_compare(
+        s2,
+        stamp=1 << 21,
+        radix_tile=tile,
+        radix_bits=bits,
+        scan_tile=scan,
+        keys_in_registers=regs,
+        copy_rows=rows,
+    )
     with pytest.raises(ValueError, match="radix_bits"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, radix_bits=13, **s.args(True)[1])
     with pytest.raises(ValueError, match="copy_rows"):
         rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, copy_rows=3, **s.args(True)[1])
     with pytest.raises(ValueError, match="keys_in_registers"):
-        rv.resolve_triton(**s.args(True)[0], stamp=1 << 22, scan_tile=64, keys_in_registers=True,
-                          **s.args(True)[1])
+        rv.resolve_triton(
+            **s.args(True)[0],
+            stamp=1 << 22,
+            scan_tile=64,
+            keys_in_registers=True,
+            **s.args(True)[1],
+        )
 
 
 def test_slots_already_stamped_with_the_calls_stamp():
     """Slots that hold lru == stamp before the call (stamps need not exceed every old lru) are
     candidate victims like any other: the keys rebuilt from the slot state must not take them for
     this call's hits (the scratch decides then), with the oldest stamps tied at the threshold."""
-    s = State(R=2, Q=1, K=8, B=40, row_bytes=12, page_size=8, hist_lens=[300, 200], tail_lens=[1, 1],
-              seed=37, fill=1.0, lru_max=20)
-    s.hot_lru = torch.randint(10, 20, (2, 40), generator=torch.Generator().manual_seed(5), dtype=torch.int64)
+    s = State(
+        R=2,
+        Q=1,
+        K=8,
+        B=40,
+        row_bytes=12,
+        page_size=8,
+        hist_lens=[300, 200],
+        tail_lens=[1, 1],
+        seed=37,
+        fill=1.0,
+        lru_max=20,
+    )
+    s.hot_lru = torch.randint(
+        10, 20, (2, 40), generator=torch.Generator().manual_seed(5), dtype=torch.int64
+    )
     s.hot_lru[:, ::5] = 7  # the oldest slots, so the victims: unless mistaken for this call's hits
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
     for step in range(3):  # stamp 7, then again 7 (every hit slot now holds it), then 8
@@ -537,18 +860,36 @@ def test_slots_already_stamped_with_the_calls_stamp():
         s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0, w_pad=0)
 
 
-@pytest.mark.parametrize("scan,regs,stages", [(128, None, 1), (16, False, 1), (16, False, 2), (32, False, 1)])
+@pytest.mark.parametrize(
+    "scan,regs,stages", [(128, None, 1), (16, False, 1), (16, False, 2), (32, False, 1)]
+)
 def test_scan_by_position_scratch_matches_the_bitmap(scan, regs, stages):
     """The scan's membership test either reads a bit per pending position or gathers the
     position scratch (the default below SCAN_WIDE_BATCH): the same locations and state as the
     reference either way, with
     duplicates across queries, tail and padding selections."""
-    s = State(R=3, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300, 90],
-              tail_lens=[1, 2, 3], seed=35, fill=0.9)
+    s = State(
+        R=3,
+        Q=2,
+        K=24,
+        B=100,
+        row_bytes=12,
+        page_size=8,
+        hist_lens=[400, 300, 90],
+        tail_lens=[1, 2, 3],
+        seed=35,
+        fill=0.9,
+    )
     s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
     for bitmap in (False, True):
-        run_and_compare(s, stamp=1 << 21, scan_tile=scan, keys_in_registers=regs,
-                        pending_bitmap=bitmap, scan_stages=stages)
+        run_and_compare(
+            s,
+            stamp=1 << 21,
+            scan_tile=scan,
+            keys_in_registers=regs,
+            pending_bitmap=bitmap,
+            scan_stages=stages,
+        )
 
 
 def test_default_scan_tile_for_a_cache_larger_than_one_tile(monkeypatch):
@@ -556,8 +897,18 @@ def test_default_scan_tile_for_a_cache_larger_than_one_tile(monkeypatch):
     scaled down: one tile would be 64 slots, B = 100 takes 16-slot tiles)."""
     monkeypatch.setattr(rv, "SCAN_TILE", 64)
     monkeypatch.setattr(rv, "SCAN_TILE_MULTI", 16)
-    s = State(R=2, Q=2, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300],
-              tail_lens=[1, 2], seed=33, fill=0.9)
+    s = State(
+        R=2,
+        Q=2,
+        K=24,
+        B=100,
+        row_bytes=12,
+        page_size=8,
+        hist_lens=[400, 300],
+        tail_lens=[1, 2],
+        seed=33,
+        fill=0.9,
+    )
     s.draw_selections(w_hit=0.3, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
     run_and_compare(s, stamp=1 << 21, radix_bits=8)
 
@@ -569,16 +920,36 @@ def test_wide_batch_defaults_take_small_tiles_and_the_bitmap(monkeypatch):
     monkeypatch.setattr(rv, "SCAN_WIDE_BATCH", 2)
     monkeypatch.setattr(rv, "PENDING_BITMAP_BYTES", 0)
     monkeypatch.setattr(rv, "SCAN_TILE_MULTI", 32)
-    s = State(R=3, Q=1, K=24, B=100, row_bytes=12, page_size=8, hist_lens=[400, 300, 200],
-              tail_lens=[1, 2, 3], seed=37, fill=0.9)
+    s = State(
+        R=3,
+        Q=1,
+        K=24,
+        B=100,
+        row_bytes=12,
+        page_size=8,
+        hist_lens=[400, 300, 200],
+        tail_lens=[1, 2, 3],
+        seed=37,
+        fill=0.9,
+    )
     for step in range(3):
         s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0, w_tail=0.1, w_pad=0.1)
         run_and_compare(s, stamp=(1 << 21) + step, radix_bits=8)
 
 
 def test_stamp_tensor_accumulate_and_out():
-    s = State(R=2, Q=2, K=6, B=8, row_bytes=12, page_size=4, hist_lens=[30, 30],
-              tail_lens=[1, 1], seed=13, fill=0.5)
+    s = State(
+        R=2,
+        Q=2,
+        K=6,
+        B=8,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[30, 30],
+        tail_lens=[1, 1],
+        seed=13,
+        fill=0.5,
+    )
     s.draw_selections()
     run_and_compare(s, stamp=9, stamp_tensor=True)
     # accumulate into preallocated outputs
@@ -586,7 +957,9 @@ def test_stamp_tensor_accumulate_and_out():
     loc = torch.empty((2, 2, 6), dtype=torch.int32)
     cnt = torch.full((2, 4), 5, dtype=torch.int64)
     ovf = torch.empty(2, dtype=torch.int32)
-    res = rv.resolve(**pos, stamp=torch.tensor([10]), out=(loc, cnt, ovf), accumulate_counters=True, **kw)
+    res = rv.resolve(
+        **pos, stamp=torch.tensor([10]), out=(loc, cnt, ovf), accumulate_counters=True, **kw
+    )
     assert res.locations is loc and res.counters is cnt
     pos2, kw2 = s.args()
     ref = rv.resolve(**pos2, stamp=10, impl="reference", **kw2)
@@ -595,8 +968,18 @@ def test_stamp_tensor_accumulate_and_out():
 
 @pytest.mark.parametrize("row_bytes", [1, 6, 12, 656])
 def test_row_widths(row_bytes):
-    s = State(R=2, Q=1, K=9, B=12, row_bytes=row_bytes, page_size=4, hist_lens=[50, 31],
-              tail_lens=[1, 2], seed=14 + row_bytes, fill=0.4)
+    s = State(
+        R=2,
+        Q=1,
+        K=9,
+        B=12,
+        row_bytes=row_bytes,
+        page_size=4,
+        hist_lens=[50, 31],
+        tail_lens=[1, 2],
+        seed=14 + row_bytes,
+        fill=0.4,
+    )
     s.draw_selections()
     run_and_compare(s, stamp=3)
 
@@ -604,7 +987,15 @@ def test_row_widths(row_bytes):
 def test_empty_batch():
     s = State(R=1, Q=2, K=3, B=4, row_bytes=4, page_size=4, hist_lens=[10], tail_lens=[1], seed=17)
     pos, kw = s.args()
-    for k in ("selections", "tail_start", "tail_loc", "hot_pos", "hot_lru", "hot_loc_base", "host_page_table"):
+    for k in (
+        "selections",
+        "tail_start",
+        "tail_loc",
+        "hot_pos",
+        "hot_lru",
+        "hot_loc_base",
+        "host_page_table",
+    ):
         pos[k] = pos[k][:0]
     kw["direct_page_table"] = kw["direct_page_table"][:0]
     for impl in ("reference", "triton"):
@@ -632,19 +1023,40 @@ def test_reference_rejects_invalid_input():
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    R=st.integers(1, 3), Q=st.integers(1, 3), K=st.integers(1, 12), B=st.integers(1, 20),
-    ps=st.sampled_from([1, 2, 4]), rb=st.sampled_from([1, 4, 12]),
-    fill=st.floats(0, 1), direct=st.floats(0, 0.8), staging=st.booleans(),
-    copy_programs=st.integers(1, 3), seed=st.integers(0, 10_000),
+    R=st.integers(1, 3),
+    Q=st.integers(1, 3),
+    K=st.integers(1, 12),
+    B=st.integers(1, 20),
+    ps=st.sampled_from([1, 2, 4]),
+    rb=st.sampled_from([1, 4, 12]),
+    fill=st.floats(0, 1),
+    direct=st.floats(0, 0.8),
+    staging=st.booleans(),
+    copy_programs=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
     weights=st.tuples(*[st.floats(0, 1)] * 6),
 )
-def test_property_kernel_matches_reference(R, Q, K, B, ps, rb, fill, direct, staging, copy_programs,
-                                           seed, weights):
+def test_property_kernel_matches_reference(
+    R, Q, K, B, ps, rb, fill, direct, staging, copy_programs, seed, weights
+):
     g = torch.Generator().manual_seed(seed)
     hist = torch.randint(1, 60, (R,), generator=g).tolist()
     tails = torch.randint(1, 4, (R,), generator=g).tolist()
-    s = State(R=R, Q=Q, K=K, B=B, row_bytes=rb, page_size=ps, hist_lens=hist, tail_lens=tails,
-              seed=seed, fill=fill, direct=direct, staging=staging, lru_max=4)
+    s = State(
+        R=R,
+        Q=Q,
+        K=K,
+        B=B,
+        row_bytes=rb,
+        page_size=ps,
+        hist_lens=hist,
+        tail_lens=tails,
+        seed=seed,
+        fill=fill,
+        direct=direct,
+        staging=staging,
+        lru_max=4,
+    )
     for step in range(2):
         s.draw_selections(*weights)
         run_and_compare(s, stamp=10 + step, copy_programs=copy_programs)
@@ -694,16 +1106,34 @@ def test_bench_script_cpu_dry_run(tmp_path):
     """benchmarks/bench_resolver.py end to end at toy sizes on CPU (--check included)."""
     out = tmp_path / "fig8.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    res = subprocess.run([sys.executable, os.path.join(_ROOT, "benchmarks", "bench_resolver.py"), "--cpu-dry-run",
-                          "--check", "--out", str(out)], cwd=_ROOT, env=env, capture_output=True, text=True,
-                         timeout=240)
+    res = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(_ROOT, "benchmarks", "bench_resolver.py"),
+            "--cpu-dry-run",
+            "--check",
+            "--out",
+            str(out),
+        ],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     import json
 
     summary = json.loads(out.read_text())
     assert summary["check"]["passed"]
-    for k in ("host_path_gbps", "fit_r2", "nomiss_b4096_batch8_us", "nomiss_b4096_batch160_us",
-              "miss77_b4096_batch8_us", "miss77_b4096_batch160_us"):
+    for k in (
+        "host_path_gbps",
+        "fit_r2",
+        "nomiss_b4096_batch8_us",
+        "nomiss_b4096_batch160_us",
+        "miss77_b4096_batch8_us",
+        "miss77_b4096_batch160_us",
+    ):
         assert k in summary
     assert len(summary["fig8a"]["points"]) == 6
 
@@ -714,27 +1144,58 @@ def test_bench_script_ablation_of_the_miss_path(tmp_path):
     passes, each checked to copy every miss (toy sizes on CPU; the GPU run gives the times)."""
     out = tmp_path / "fig8.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    res = subprocess.run([sys.executable, os.path.join(_ROOT, "benchmarks", "bench_resolver.py"), "--cpu-dry-run",
-                          "--skip", "a", "--ablate-c", "--sweep-copy-programs",
-                          "--sweep-scan", "64sbp2,64g", "--sweep-copy-rows", "32", "--sweep-radix", "4096:12",
-                          "--interleave", "1", "--sweep-kw", "copy_rows=2",
-                          # one program per request where a variant names no copy grid: the sweeps'
-                          # machinery is under test here, and the interpreter runs programs in turn
-                          "--copy-programs", "1",
-                          "--out", str(out)], cwd=_ROOT, env=env,
-                         capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(_ROOT, "benchmarks", "bench_resolver.py"),
+            "--cpu-dry-run",
+            "--skip",
+            "a",
+            "--ablate-c",
+            "--sweep-copy-programs",
+            "--sweep-scan",
+            "64sbp2,64g",
+            "--sweep-copy-rows",
+            "32",
+            "--sweep-radix",
+            "4096:12",
+            "--interleave",
+            "1",
+            "--sweep-kw",
+            "copy_rows=2",
+            # one program per request where a variant names no copy grid: the sweeps'
+            # machinery is under test here, and the interpreter runs programs in turn
+            "--copy-programs",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     import json
 
     rows = [p for p in json.loads(out.read_text())["fig8c_points"] if p.get("ablate")]
-    assert {p["ablate"] for p in rows} == {"baseline", "host_in_hbm", "stamps_1pass", "stamps_3pass", "l2_warm"}
+    assert {p["ablate"] for p in rows} == {
+        "baseline",
+        "host_in_hbm",
+        "stamps_1pass",
+        "stamps_3pass",
+        "l2_warm",
+    }
     pts = json.loads(out.read_text())["fig8c_points"]
     assert any(p.get("keys_in_registers") is False and p.get("scan_stages") == 2 for p in pts)
     assert {p.get("copy_programs_per_request") for p in pts} >= {1, 2, 4, 8}
     assert any(p.get("copy_rows") == 32 for p in pts)
     assert any(p.get("radix_bits") == 12 for p in pts)
     inter = [p for p in pts if p.get("interleaved")]
-    assert {p["variant"] for p in inter} == {"defaults", "copy_rows=2"} and len({p["batch"] for p in inter}) == 2
+    assert {p["variant"] for p in inter} == {"defaults", "copy_rows=2"} and len(
+        {p["batch"] for p in inter}
+    ) == 2
     assert len({p["batch"] for p in rows}) == 2 and all(p["us_median"] > 0 for p in rows)
 
 
@@ -743,23 +1204,31 @@ def test_phase_summary_takes_the_slowest_request_per_phase():
     time in it (a request that skipped a phase counts 0), and the slowest start-to-end time."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_resolver", os.path.join(_ROOT, "benchmarks",
-                                                                                 "bench_resolver.py"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_resolver", os.path.join(_ROOT, "benchmarks", "bench_resolver.py")
+    )
     br = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(br)
     names = ("start", "a", "b")
     # 3 timings x 2 requests x 3 boundaries (ns); request 1 skips phase b in the first timing
-    t = torch.tensor([[[0, 1000, 4000], [0, 2000, 2000]],
-                      [[0, 3000, 5000], [0, 1000, 2000]],
-                      [[0, 2000, 3000], [0, 1000, 9000]]], dtype=torch.int64)
+    t = torch.tensor(
+        [
+            [[0, 1000, 4000], [0, 2000, 2000]],
+            [[0, 3000, 5000], [0, 1000, 2000]],
+            [[0, 2000, 3000], [0, 1000, 9000]],
+        ],
+        dtype=torch.int64,
+    )
     per, program = br.phase_summary(t, names)
     assert per == {"a": 2.0, "b": 3.0}  # a: max per timing 2, 3, 2; b: 3, 2, 8
-    assert program == 5.0               # totals' maxima 4, 5, 9
+    assert program == 5.0  # totals' maxima 4, 5, 9
 
 
 def test_phase_times_needs_a_gpu():
     """phase_times reads the GPU's global timer: the interpreter refuses it with a clear error."""
-    st_ = State(R=2, Q=1, K=8, B=16, row_bytes=16, page_size=4, hist_lens=[40, 50], tail_lens=[4, 4], seed=3)
+    st_ = State(
+        R=2, Q=1, K=8, B=16, row_bytes=16, page_size=4, hist_lens=[40, 50], tail_lens=[4, 4], seed=3
+    )
     st_.draw_selections()
     pos, kw = st_.args()
     with pytest.raises(ValueError, match="global timer"):

@@ -43,8 +43,9 @@ def test_kernel_matches_reference(fmt, d, rope, N, H, k):
 
 
 @pytest.mark.parametrize("fmt,d,rope", [("bf16", 40, 0), ("fp8", 176, 48)])
-@pytest.mark.parametrize("N,H,k,splits", [(1, 1, 1, 4), (3, 3, 37, 3), (5, 4, 70, 2),
-                                          (2, 5, 45, 100)])
+@pytest.mark.parametrize(
+    "N,H,k,splits", [(1, 1, 1, 4), (3, 3, 37, 3), (5, 4, 70, 2), (2, 5, 45, 100)]
+)
 def test_split_k_matches_reference(fmt, d, rope, N, H, k, splits):
     """Chunks of the k rows per (query, head), merged by the combine launch: same function
     (a split count past the tiles is clamped to one chunk per tile)."""
@@ -66,8 +67,9 @@ def test_split_k_with_a_chunk_of_padding_only():
 
 
 @pytest.mark.parametrize("fmt,d,rope", [("bf16", 40, 0), ("fp8", 176, 48)])
-@pytest.mark.parametrize("N,H,k,splits", [(1, 1, 1, None), (3, 3, 37, 3), (5, 4, 70, None),
-                                          (2, 17, 45, 2)])
+@pytest.mark.parametrize(
+    "N,H,k,splits", [(1, 1, 1, None), (3, 3, 37, 3), (5, 4, 70, None), (2, 17, 45, 2)]
+)
 def test_mma_kernel_matches_reference(fmt, d, rope, N, H, k, splits):
     """All heads per program with dots (float32 here; the bf16 tensor-core path is checked by
     the sm90 compile below and on the GPU, bf16 arithmetic being unreliable in the
@@ -75,16 +77,24 @@ def test_mma_kernel_matches_reference(fmt, d, rope, N, H, k, splits):
     cfg, kv, sel, loc, q = _case(fmt, N, H, k, d, rope, M=53, pad=0.3, seed=N * 100 + k)
     kw = dict(kv_format=fmt, kv_dim=d, rope_dim=cfg.kv_rope_dim, row_dtype=torch.float32)
     ref = sa.sparse_attention_reference(q, kv, sel, loc, **kw)
-    tri = sa.sparse_attention_triton(q, kv, sel, loc, kernel="mma", splits=splits, block_k=16,
-                                     **kw)
+    tri = sa.sparse_attention_triton(q, kv, sel, loc, kernel="mma", splits=splits, block_k=16, **kw)
     torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
 
 
 def test_unknown_kernel_is_a_clear_error():
     cfg, kv, sel, loc, q = _case("bf16", 1, 1, 4, 16, 0, M=5, pad=0.0, seed=1)
     with pytest.raises(ValueError, match="unknown sparse attention kernel"):
-        sa.sparse_attention_triton(q, kv, sel, loc, kv_format="bf16", kv_dim=16, rope_dim=0,
-                                   row_dtype=torch.float32, kernel="nope")
+        sa.sparse_attention_triton(
+            q,
+            kv,
+            sel,
+            loc,
+            kv_format="bf16",
+            kv_dim=16,
+            rope_dim=0,
+            row_dtype=torch.float32,
+            kernel="nope",
+        )
 
 
 def test_split_count_fills_the_gpu_only_when_needed():
@@ -102,8 +112,9 @@ def test_bf16_rounding_of_decoded_rows_is_the_references():
     ref = sa.sparse_attention(q, kv, sel, loc, impl="reference", **kw)
     tri = sa.sparse_attention(q, kv, sel, loc, impl="triton", **kw)
     torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
-    unrounded = sa.sparse_attention(q, kv, sel, loc, impl="reference",
-                                    **dict(kw, row_dtype=torch.float32))
+    unrounded = sa.sparse_attention(
+        q, kv, sel, loc, impl="reference", **dict(kw, row_dtype=torch.float32)
+    )
     assert not torch.allclose(unrounded, ref, rtol=1e-6, atol=1e-6)  # the rounding is visible
 
 
@@ -115,15 +126,19 @@ def test_padding_is_masked_and_negative_locations_read_row_zero():
     sel2[:, 4:] = -1  # padded selections do not count, wherever their locations point
     loc2[:, 4:] = torch.randint(0, 9, (2, 4))
     out_a = sa.sparse_attention(q, kv, sel2, loc2, impl="triton", **kw)
-    out_b = sa.sparse_attention(q, kv, sel2[:, :4].contiguous(), loc2[:, :4].contiguous(),
-                                impl="triton", **kw)
+    out_b = sa.sparse_attention(
+        q, kv, sel2[:, :4].contiguous(), loc2[:, :4].contiguous(), impl="triton", **kw
+    )
     torch.testing.assert_close(out_a, out_b, rtol=1e-6, atol=1e-6)
     assert not torch.allclose(out_a, base)
     loc3 = loc.clone()
     loc3[:, 1] = -5  # a selected position at a negative location: row 0 (reference's clamp)
     torch.testing.assert_close(
         sa.sparse_attention(q, kv, sel, loc3, impl="triton", **kw),
-        sa.sparse_attention(q, kv, sel, loc3, impl="reference", **kw), rtol=2e-5, atol=2e-5)
+        sa.sparse_attention(q, kv, sel, loc3, impl="reference", **kw),
+        rtol=2e-5,
+        atol=2e-5,
+    )
 
 
 _AOT = r"""

@@ -21,7 +21,7 @@ def _scores(kind: str, B: int, Q: int, L: int, g: torch.Generator) -> torch.Tens
         vals = torch.tensor([-1.5, -0.0, 0.0, 0.25, 3.0, -INF])
         return vals[torch.randint(0, len(vals), (B, Q, L), generator=g)]
     if kind == "near":  # one top 16 bits for all: the threshold is in the low bits, with ties
-        return 1.0 + torch.randint(0, 40, (B, Q, L), generator=g).float() * 2.0 ** -17
+        return 1.0 + torch.randint(0, 40, (B, Q, L), generator=g).float() * 2.0**-17
     return torch.randn(B, Q, L, generator=g) * 4.0  # both signs, several exponents, rare ties
 
 
@@ -38,19 +38,22 @@ def _positions(B: int, Q: int, L: int, g: torch.Generator) -> torch.Tensor:
 pytestmark = interpreted(tk._topk_kernel)
 
 
-@pytest.mark.parametrize("B,Q,L,k,block,kind", [
-    (3, 1, 1, 1, 16, "few"),
-    (3, 4, 1, 8, 16, "randn"),
-    (3, 4, 9, 1, 16, "few"),
-    (3, 1, 9, 64, 16, "near"),      # k > L: everything visible, then -1
-    (3, 1, 41, 8, 16, "few"),
-    (3, 4, 41, 8, 16, "near"),
-    (3, 1, 341, 64, 32, "few"),
-    (3, 4, 341, 8, 64, "randn"),
-    (3, 1, 200, 256, 32, "near"),   # k > L
-    (3, 1, 1000, 64, 128, "near"),
-    (3, 4, 1000, 8, 256, "few"),
-])
+@pytest.mark.parametrize(
+    "B,Q,L,k,block,kind",
+    [
+        (3, 1, 1, 1, 16, "few"),
+        (3, 4, 1, 8, 16, "randn"),
+        (3, 4, 9, 1, 16, "few"),
+        (3, 1, 9, 64, 16, "near"),  # k > L: everything visible, then -1
+        (3, 1, 41, 8, 16, "few"),
+        (3, 4, 41, 8, 16, "near"),
+        (3, 1, 341, 64, 32, "few"),
+        (3, 4, 341, 8, 64, "randn"),
+        (3, 1, 200, 256, 32, "near"),  # k > L
+        (3, 1, 1000, 64, 128, "near"),
+        (3, 4, 1000, 8, 256, "few"),
+    ],
+)
 def test_kernel_equals_reference(B, Q, L, k, block, kind):
     g = torch.Generator().manual_seed(L * 100 + k)
     scores = _scores(kind, B, Q, L, g)
@@ -82,8 +85,9 @@ def test_rows_without_history_and_all_ties():
 
 def test_dispatch_and_limits():
     s, p = torch.zeros(1, 1, 4), torch.zeros(1, 1, dtype=torch.long)
-    assert torch.equal(tk.topk_positions(s, p, 2, impl="triton"),
-                       tk.topk_positions(s, p, 2, impl="reference"))
+    assert torch.equal(
+        tk.topk_positions(s, p, 2, impl="triton"), tk.topk_positions(s, p, 2, impl="reference")
+    )
     with pytest.raises(ValueError, match="unknown top-k impl"):
         tk.topk_positions(s, p, 2, impl="sort")
     with pytest.raises(ValueError, match="k <= "):

@@ -12,8 +12,13 @@ GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").
 
 
 def _engine(*extra, pool="0.01"):
-    return make_engine("system=adaptive_hisparse", "system.kv.hot_cache_rows=8",
-                       f"hardware.kv_pool_gib={pool}", "system.kv.verify_rows=true", *extra)
+    return make_engine(
+        "system=adaptive_hisparse",
+        "system.kv.hot_cache_rows=8",
+        f"hardware.kv_pool_gib={pool}",
+        "system.kv.verify_rows=true",
+        *extra,
+    )
 
 
 def _tight_pool(model: str, *extra) -> str:
@@ -30,9 +35,13 @@ def _tight_pool(model: str, *extra) -> str:
 @pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
 @pytest.mark.parametrize("residency", ["true", "false"])
 def test_golden_tokens_with_reclaim_mid_decode(model, residency):
-    eng = _engine(f"model={model}", f"system.kv.optional_residency={residency}",
-                  "system.kv.admission_reserve_pages=0", "hardware.max_running_requests=8",
-                  pool=_tight_pool(model))
+    eng = _engine(
+        f"model={model}",
+        f"system.kv.optional_residency={residency}",
+        "system.kv.admission_reserve_pages=0",
+        "hardware.max_running_requests=8",
+        pool=_tight_pool(model),
+    )
     # first two requests take the spare pages as optional history; later ones force reclaim
     reqs = []
     for p in GOLDEN["prompts"]:
@@ -62,9 +71,15 @@ def test_reclaim_plan_is_the_minimal_prefix_of_the_order():
     eng = _engine("system.kv.reclaim_order=oldest_first")
     be = eng.backend
     from systems.kv.adaptive import _Residency
+
     for slot, n in ((0, 3), (1, 1), (2, 4)):
-        be.res[slot] = _Residency(order=slot, num_complete=n, page=list(range(10 * slot,
-                                  10 * slot + n)), ready=[True] * n, backed=[False] * n)
+        be.res[slot] = _Residency(
+            order=slot,
+            num_complete=n,
+            page=list(range(10 * slot, 10 * slot + n)),
+            ready=[True] * n,
+            backed=[False] * n,
+        )
     assert be._reclaim_plan(0) == []
     assert be._reclaim_plan(3) == [0]
     assert be._reclaim_plan(4) == [0, 1]
@@ -79,8 +94,10 @@ def test_uncoverable_deficit_waits_then_admits():
     """No free hot-cache page and nothing optional to reclaim: admission waits (kv_pool_full),
     then admits once a page is free. (The slot count never exceeds the hot caches the pool
     holds, so the pages are taken by hand here.)"""
-    eng = _engine("hardware.max_running_requests=16",
-                  pool=_tight_pool("tiny", "hardware.max_running_requests=16"))
+    eng = _engine(
+        "hardware.max_running_requests=16",
+        pool=_tight_pool("tiny", "hardware.max_running_requests=16"),
+    )
     be = eng.backend
     assert be.payload_pages.num_pages >= be.num_slots
     taken = be.payload_pages.alloc(be.payload_pages.num_free)
@@ -97,8 +114,12 @@ def test_uncoverable_deficit_waits_then_admits():
 
 
 def test_population_refills_after_load_falls():
-    eng = _engine("system.kv.admission_reserve_pages=0", "system.kv.populate_pages_per_step=1",
-                  "hardware.max_running_requests=8", pool=_tight_pool("tiny"))
+    eng = _engine(
+        "system.kv.admission_reserve_pages=0",
+        "system.kv.populate_pages_per_step=1",
+        "hardware.max_running_requests=8",
+        pool=_tight_pool("tiny"),
+    )
     be = eng.backend
     long = GOLDEN["prompts"][4]  # 130 tokens: 5 complete pages of G = 24
     a = Request(eng.new_rid(), long, SamplingParams(max_new_tokens=200))
@@ -126,12 +147,25 @@ def test_population_refills_after_load_falls():
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.tuples(st.sampled_from(["submit", "step", "step", "abort"]),
-                          st.integers(0, 4), st.integers(1, 30)), min_size=5, max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["submit", "step", "step", "abort"]),
+            st.integers(0, 4),
+            st.integers(1, 30),
+        ),
+        min_size=5,
+        max_size=30,
+    )
+)
 def test_random_operation_sequences_keep_the_invariants(ops):
-    eng = _engine("system.kv.verify_rows=false", "system.kv.populate_pages_per_step=2",
-                  "system.kv.admission_reserve_pages=0", "hardware.max_running_requests=8",
-                  pool=_tight_pool("tiny"))
+    eng = _engine(
+        "system.kv.verify_rows=false",
+        "system.kv.populate_pages_per_step=2",
+        "system.kv.admission_reserve_pages=0",
+        "hardware.max_running_requests=8",
+        pool=_tight_pool("tiny"),
+    )
     be = eng.backend
     live = []
     for op, i, n in ops:

@@ -9,9 +9,15 @@ GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").
 
 
 def _engine(model, B, impl="reference", *extra):
-    return make_engine(f"model={model}", "system=hisparse", f"system.kv.hot_cache_rows={B}",
-                       "hardware.kv_pool_gib=0.01", f"system.kv.resolver_impl={impl}",
-                       "system.kv.verify_rows=true", *extra)
+    return make_engine(
+        f"model={model}",
+        "system=hisparse",
+        f"system.kv.hot_cache_rows={B}",
+        "hardware.kv_pool_gib=0.01",
+        f"system.kv.resolver_impl={impl}",
+        "system.kv.verify_rows=true",
+        *extra,
+    )
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
@@ -61,12 +67,18 @@ def test_tail_rows_are_backed_up_and_stay_exact():
 def test_admission_waits_when_the_pool_holds_fewer_sessions_than_slots():
     """A pool of fewer sessions than max_running_requests: the slot count is capped at what
     fits (a hot cache for each), and the other requests wait for a slot, then finish."""
-    eng = make_engine("system=hisparse", "hardware.kv_pool_gib=0.0001", "system.kv.hot_cache_rows=64",
-                      "hardware.max_running_requests=4", "model.max_context_len=256")
+    eng = make_engine(
+        "system=hisparse",
+        "hardware.kv_pool_gib=0.0001",
+        "system.kv.hot_cache_rows=64",
+        "hardware.max_running_requests=4",
+        "model.max_context_len=256",
+    )
     n = eng.backend.num_slots
     assert 1 <= n < 4 and eng.backend.payload_pages.num_pages >= n
     prompts = [GOLDEN["prompts"][0]] * 4
     from systems.engine.request import Request, SamplingParams
+
     reqs = [Request(eng.new_rid(), p, SamplingParams(max_new_tokens=8)) for p in prompts]
     for r in reqs:
         eng.submit(r)
@@ -101,8 +113,11 @@ def test_pages_come_out_ascending_so_backups_move_runs_not_pages():
 
     def counting(slot, p0, p1, rows):
         segs = list(be._host_segments(slot, p0, p1))
-        merged = sum(1 for i, (a_, b_, h) in enumerate(segs)
-                     if i == 0 or not (segs[i - 1][1] == a_ and segs[i - 1][2] + (a_ - segs[i - 1][0]) == h))
+        merged = sum(
+            1
+            for i, (a_, b_, h) in enumerate(segs)
+            if i == 0 or not (segs[i - 1][1] == a_ and segs[i - 1][2] + (a_ - segs[i - 1][0]) == h)
+        )
         runs.append((len(segs), merged))
         return orig(slot, p0, p1, rows)
 
@@ -156,19 +171,28 @@ def test_the_prefetch_stream_is_joined_only_after_a_step_forked_it(model, forks,
     assert not be._side_forked
 
 
-@pytest.mark.parametrize("system,pool,ctx", [("hisparse", 0.001, 512),
-                                             ("adaptive_dhisparse", 0.1, 16384)])
+@pytest.mark.parametrize(
+    "system,pool,ctx", [("hisparse", 0.001, 512), ("adaptive_dhisparse", 0.1, 16384)]
+)
 def test_running_requests_are_capped_at_what_the_pool_holds(system, pool, ctx):
     """max_running_requests is a cap: with more slots than the pool holds sessions of (index
     history, staging, one hot cache), the slot count comes down to what fits instead of the
     backend refusing to start or starving the hot caches; the engine still serves exactly."""
-    big = make_engine("model=tiny", f"system={system}", f"hardware.kv_pool_gib={pool}",
-                      "hardware.max_running_requests=40", "system.kv.hot_cache_rows=16",
-                      f"model.max_context_len={ctx}")
+    big = make_engine(
+        "model=tiny",
+        f"system={system}",
+        f"hardware.kv_pool_gib={pool}",
+        "hardware.max_running_requests=40",
+        "system.kv.hot_cache_rows=16",
+        f"model.max_context_len={ctx}",
+    )
     b = big.backend
     assert 1 <= b.num_slots < 40 and len(b.free_slots) == b.num_slots
-    per_slot = (b.max_pages_per_req * b.index_page_bytes + b.payload_page_bytes
-                + (b.chi * b.q_max * b.mcfg.index_topk * b.mcfg.row_bytes if b.q_max > 1 else 0))
+    per_slot = (
+        b.max_pages_per_req * b.index_page_bytes
+        + b.payload_page_bytes
+        + (b.chi * b.q_max * b.mcfg.index_topk * b.mcfg.row_bytes if b.q_max > 1 else 0)
+    )
     assert b.num_slots == b.capacity // per_slot
     assert b.payload_pages.num_free >= b.num_slots  # a hot cache for every slot
     outs = run_greedy(big, GOLDEN["prompts"][:2], 4)

@@ -20,11 +20,15 @@ def test_union_of_overlapping_intervals():
 
 
 def test_busy_share_counts_kernels_and_copies_inside_the_step_window():
-    ev = [_x("k0", "kernel", -50, 20),  # before the first step: not counted
-          _x(B.STEP_RANGE, "user_annotation", 0, 100),
-          _x("k", "kernel", 10, 50), _x("k", "kernel", 40, 30), _x("m", "gpu_memcpy", 90, 10),
-          _x(B.STEP_RANGE, "user_annotation", 100, 100),
-          _x("k", "kernel", 150, 100)]
+    ev = [
+        _x("k0", "kernel", -50, 20),  # before the first step: not counted
+        _x(B.STEP_RANGE, "user_annotation", 0, 100),
+        _x("k", "kernel", 10, 50),
+        _x("k", "kernel", 40, 30),
+        _x("m", "gpu_memcpy", 90, 10),
+        _x(B.STEP_RANGE, "user_annotation", 100, 100),
+        _x("k", "kernel", 150, 100),
+    ]
     got = B.trace_activity({"traceEvents": ev})
     # busy: [10, 70) + [90, 100) + [150, 250) = 170 us of a [0, 250) window
     assert got["busy_share"] == 170 / 250

@@ -9,21 +9,54 @@ from systems.models.config import ModelConfig
 
 
 def snap(**kw):
-    base = {C.SELECTED: 0, C.DIRECT: 0, C.HOT: 0, C.FROM_HOST: 0, C.HOST_ROWS: 0,
-            C.HOST_BYTES: 0, C.RESOLVER_CALLS: 0, C.BACKUP_ROWS: 0, C.TOKENS: 0,
-            C.REQUESTS: 0, C.STEPS: 0}
+    base = {
+        C.SELECTED: 0,
+        C.DIRECT: 0,
+        C.HOT: 0,
+        C.FROM_HOST: 0,
+        C.HOST_ROWS: 0,
+        C.HOST_BYTES: 0,
+        C.RESOLVER_CALLS: 0,
+        C.BACKUP_ROWS: 0,
+        C.TOKENS: 0,
+        C.REQUESTS: 0,
+        C.STEPS: 0,
+    }
     base.update(kw)
     return base
 
 
 def test_census_between_two_snapshots():
-    a = snap(**{C.SELECTED: 1000, C.DIRECT: 600, C.HOT: 350, C.FROM_HOST: 50, C.HOST_ROWS: 40,
-                C.HOST_BYTES: 40 * 656, C.RESOLVER_CALLS: 10, C.TOKENS: 5, C.REQUESTS: 1,
-                C.STEPS: 5, C.BACKUP_ROWS: 3})
-    b = snap(**{C.SELECTED: 1000 + 8192, C.DIRECT: 600 + 5710, C.HOT: 350 + 2478,
-                C.FROM_HOST: 50 + 4, C.HOST_ROWS: 40 + 4, C.HOST_BYTES: (40 + 4) * 656,
-                C.RESOLVER_CALLS: 10 + 32, C.TOKENS: 5 + 16, C.REQUESTS: 1 + 2,
-                C.STEPS: 5 + 8, C.BACKUP_ROWS: 3 + 16})
+    a = snap(
+        **{
+            C.SELECTED: 1000,
+            C.DIRECT: 600,
+            C.HOT: 350,
+            C.FROM_HOST: 50,
+            C.HOST_ROWS: 40,
+            C.HOST_BYTES: 40 * 656,
+            C.RESOLVER_CALLS: 10,
+            C.TOKENS: 5,
+            C.REQUESTS: 1,
+            C.STEPS: 5,
+            C.BACKUP_ROWS: 3,
+        }
+    )
+    b = snap(
+        **{
+            C.SELECTED: 1000 + 8192,
+            C.DIRECT: 600 + 5710,
+            C.HOT: 350 + 2478,
+            C.FROM_HOST: 50 + 4,
+            C.HOST_ROWS: 40 + 4,
+            C.HOST_BYTES: (40 + 4) * 656,
+            C.RESOLVER_CALLS: 10 + 32,
+            C.TOKENS: 5 + 16,
+            C.REQUESTS: 1 + 2,
+            C.STEPS: 5 + 8,
+            C.BACKUP_ROWS: 3 + 16,
+        }
+    )
     c = C.census(a, b, interval_s=2.0)
     assert c.tokens == 16 and c.requests == 2 and c.steps == 8
     assert c.row_lookups == 8192 and c.row_lookups_per_token == 512
@@ -60,14 +93,22 @@ def test_counter_going_backwards_is_an_error():
 
 
 def glm_like():
-    return ModelConfig(name="g", index_topk=8, kv_dim=32,
-                       layer_roles=["full", "follower", "follower", "full", "follower"])
+    return ModelConfig(
+        name="g",
+        index_topk=8,
+        kv_dim=32,
+        layer_roles=["full", "follower", "follower", "full", "follower"],
+    )
 
 
 def dsv_like():
-    return ModelConfig(name="d", index_topk=8, kv_dim=32,
-                       layer_roles=["full", "reuse", "reindex", "reuse", "full", "reuse"],
-                       layer_sources=[0, 0, 0, 0, 1, 1])
+    return ModelConfig(
+        name="d",
+        index_topk=8,
+        kv_dim=32,
+        layer_roles=["full", "reuse", "reindex", "reuse", "full", "reuse"],
+        layer_sources=[0, 0, 0, 0, 1, 1],
+    )
 
 
 def test_geometry_glm_like():
@@ -92,8 +133,9 @@ def test_geometry_scales_lookups_to_producer_selections():
     g = C.retrieval_geometry(glm_like(), hot_cache_rows=16)
     # per token every resolver call (2 producers + 3 followers) looks up k = 8 rows
     a = snap()
-    b = snap(**{C.SELECTED: 10 * 5 * 8, C.DIRECT: 400, C.RESOLVER_CALLS: 50, C.TOKENS: 10,
-                C.STEPS: 10})
+    b = snap(
+        **{C.SELECTED: 10 * 5 * 8, C.DIRECT: 400, C.RESOLVER_CALLS: 50, C.TOKENS: 10, C.STEPS: 10}
+    )
     c = C.census(a, b, geometry=g)
     assert c.row_lookups_per_token == 40
     assert c.selections_per_token == 16  # = geometry's selections per token

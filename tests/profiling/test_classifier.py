@@ -15,28 +15,38 @@ from profiling.kernel_timeline import (
 )
 
 
-@pytest.mark.parametrize("name,family", [
-    ("_resolver_kernel", "resolver"),
-    ("Memcpy DtoH (Device -> Pinned)", "host_backup"),
-    ("Memcpy HtoD (Pinned -> Device)", "host_backup"),
-    ("void at::native::index_put_kernel_impl<...>", "page_bookkeeping"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, ...>",
-     "page_bookkeeping"),
-    ("Memset (Device)", "page_bookkeeping"),
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "dense_projection"),
-    ("nvjet_tst_128x64_64x8_2x1_v_bz_TNT", "dense_projection"),
-    ("cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm>", "dense_projection"),
-    ("aten::mm", "dense_projection"),
-    ("aten::matmul", "dense_projection"),
-    ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>", "indexing_attention"),
-    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>",
-     "indexing_attention"),
-    ("void at::native::masked_fill_kernel<bool>", "indexing_attention"),
-    ("void at::native::index_elementwise_kernel<128, 4, ...>", "indexing_attention"),
-    ("aten::softmax", "indexing_attention"),
-    ("void at::native::reduce_kernel<512, 1, ...>", "other_model"),
-    ("aten::rsqrt", "other_model"),
-])
+@pytest.mark.parametrize(
+    "name,family",
+    [
+        ("_resolver_kernel", "resolver"),
+        ("Memcpy DtoH (Device -> Pinned)", "host_backup"),
+        ("Memcpy HtoD (Pinned -> Device)", "host_backup"),
+        ("void at::native::index_put_kernel_impl<...>", "page_bookkeeping"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, ...>",
+            "page_bookkeeping",
+        ),
+        ("Memset (Device)", "page_bookkeeping"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "dense_projection"),
+        ("nvjet_tst_128x64_64x8_2x1_v_bz_TNT", "dense_projection"),
+        ("cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm>", "dense_projection"),
+        ("aten::mm", "dense_projection"),
+        ("aten::matmul", "dense_projection"),
+        (
+            "void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>",
+            "indexing_attention",
+        ),
+        (
+            "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>",
+            "indexing_attention",
+        ),
+        ("void at::native::masked_fill_kernel<bool>", "indexing_attention"),
+        ("void at::native::index_elementwise_kernel<128, 4, ...>", "indexing_attention"),
+        ("aten::softmax", "indexing_attention"),
+        ("void at::native::reduce_kernel<512, 1, ...>", "other_model"),
+        ("aten::rsqrt", "other_model"),
+    ],
+)
 def test_name_patterns(name, family):
     assert classify_name(name) == family
 
@@ -73,8 +83,16 @@ def test_every_range_maps_to_a_known_family():
 
 # ------------------------------------------------------------------ a synthetic GPU trace
 def _x(cat, name, ts, dur, pid=1, tid=10, **args):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid,
-            "args": args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "pid": pid,
+        "tid": tid,
+        "args": args,
+    }
 
 
 def gpu_trace():
@@ -85,7 +103,8 @@ def gpu_trace():
     whose kernel runs past the end of the step's other kernels, and a backup memcpy.
     A kernel launched outside any step (admission) overlaps step 0 on the GPU."""
     ev = [
-        _x("user_annotation", R.STEP, 0, 50), _x("user_annotation", R.STEP, 60, 40),
+        _x("user_annotation", R.STEP, 0, 50),
+        _x("user_annotation", R.STEP, 60, 40),
         _x("user_annotation", R.PROJ, 1, 4),
         _x("user_annotation", R.RESOLVER, 6, 4),
         _x("user_annotation", R.FOLLOWER_PREFETCH, 11, 6),
@@ -108,11 +127,27 @@ def gpu_trace():
         _x("kernel", "_resolver_kernel", 110, 5, pid=0, tid=7, correlation=2, stream=7),
         _x("kernel", "_resolver_kernel", 112, 8, pid=0, tid=9, correlation=3, stream=9),
         _x("kernel", "sm90_xmma_gemm_bf16", 120, 20, pid=0, tid=7, correlation=4, stream=7),
-        _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 135, 15, pid=0, tid=9,
-           correlation=5, stream=9),
+        _x(
+            "gpu_memcpy",
+            "Memcpy HtoD (Pinned -> Device)",
+            135,
+            15,
+            pid=0,
+            tid=9,
+            correlation=5,
+            stream=9,
+        ),
         _x("kernel", "sm90_xmma_gemm_bf16", 200, 30, pid=0, tid=7, correlation=6, stream=7),
-        _x("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 205, 5, pid=0, tid=9,
-           correlation=7, stream=9),
+        _x(
+            "gpu_memcpy",
+            "Memcpy DtoH (Device -> Pinned)",
+            205,
+            5,
+            pid=0,
+            tid=9,
+            correlation=7,
+            stream=9,
+        ),
     ]
     return {"traceEvents": ev}
 
@@ -168,8 +203,8 @@ def test_profiler_step_ranges_are_the_fallback():
 def test_trace_roundtrip_through_a_file(tmp_path):
     import gzip
     import json
+
     p = tmp_path / "t.json.gz"
     with gzip.open(p, "wt") as f:
         json.dump(gpu_trace(), f)
     assert len(analyze_trace(p).steps) == 2
-

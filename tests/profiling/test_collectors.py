@@ -30,6 +30,7 @@ def test_unknown_name_is_an_error():
 
 def test_hydra_configs_compose():
     from systems.engine.config import compose
+
     for name in ("none", "kernels", "memory", "census", "nsight"):
         cfg = compose([f"profile={name}"])
         assert cfg.profile.name == name
@@ -51,8 +52,14 @@ def test_ranges_are_noops_when_off():
 def test_kernels_profile_on_cpu_classifies_ops(tmp_path):
     """A real torch.profiler run: CPU ops stand in for kernels and inherit range families."""
     x = torch.randn(16, 16)
-    cfg = {"name": "kernels", "wait": 1, "warmup": 1, "active": 2, "repeat": 1,
-           "write_events": True}
+    cfg = {
+        "name": "kernels",
+        "wait": 1,
+        "warmup": 1,
+        "active": 2,
+        "repeat": 1,
+        "write_events": True,
+    }
     before = R.ranges_enabled()
     with maybe_profile(cfg, out_dir=tmp_path) as prof:
         assert prof is not None and R.ranges_enabled()
@@ -88,10 +95,16 @@ def test_kernels_profile_on_cpu_classifies_ops(tmp_path):
 
 def _run_engine(eng, n_req=2, new_tokens=4, prof=None):
     from systems.engine.request import Request, SamplingParams
+
     g = torch.Generator().manual_seed(0)
     for _ in range(n_req):
-        eng.submit(Request(eng.new_rid(), torch.randint(2, 500, (40,), generator=g).tolist(),
-                           SamplingParams(max_new_tokens=new_tokens)))
+        eng.submit(
+            Request(
+                eng.new_rid(),
+                torch.randint(2, 500, (40,), generator=g).tolist(),
+                SamplingParams(max_new_tokens=new_tokens),
+            )
+        )
     for _ in range(1000):
         did = eng.step()
         if prof is not None and did:
@@ -103,11 +116,12 @@ def _run_engine(eng, n_req=2, new_tokens=4, prof=None):
 
 def test_memory_and_census_collectors_on_an_engine(tmp_path):
     from tests.helpers import make_engine
+
     eng = make_engine("system=hisparse")
-    with maybe_profile({"name": "census", "interval_s": 0.0}, out_dir=tmp_path,
-                       source=eng) as cen:
-        with maybe_profile({"name": "memory", "interval_s": 0.0}, out_dir=tmp_path,
-                           source=eng) as mem:
+    with maybe_profile({"name": "census", "interval_s": 0.0}, out_dir=tmp_path, source=eng) as cen:
+        with maybe_profile(
+            {"name": "memory", "interval_s": 0.0}, out_dir=tmp_path, source=eng
+        ) as mem:
             _run_engine(eng, prof=None)
             mem.step()
             cen.step()
@@ -124,6 +138,7 @@ def test_memory_and_census_collectors_on_an_engine(tmp_path):
 
 def test_nsight_skips_without_ncu(tmp_path, capsys):
     from profiling import nsight as N
+
     ok, why = N.nsight_available()
     if ok:
         pytest.skip("nsight-python and ncu are present here")
@@ -134,11 +149,14 @@ def test_nsight_skips_without_ncu(tmp_path, capsys):
     assert "skipped" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case_kw", [
-    dict(batch=2, queries=1, k=16, hot_rows=32, misses=5, direct=3),
-    dict(batch=2, queries=3, k=16, hot_rows=32, misses=4, disjoint=True),
-    dict(batch=1, queries=2, k=16, hot_rows=16, misses=10, disjoint=True),  # overflow: staging
-])
+@pytest.mark.parametrize(
+    "case_kw",
+    [
+        dict(batch=2, queries=1, k=16, hot_rows=32, misses=5, direct=3),
+        dict(batch=2, queries=3, k=16, hot_rows=32, misses=4, disjoint=True),
+        dict(batch=1, queries=2, k=16, hot_rows=16, misses=10, disjoint=True),  # overflow: staging
+    ],
+)
 def test_resolver_case_builder_counts(case_kw):
     """The synthetic call resolves as designed: exactly the planned host rows are copied."""
     from profiling import nsight as N
@@ -148,6 +166,7 @@ def test_resolver_case_builder_counts(case_kw):
         COUNTER_HOST_SEL,
         COUNTER_HOT_HIT,
     )
+
     case = N.ResolverCase(page_size=16, row_bytes=32, **case_kw)
     call = N.warm(N.build_call(case, "cpu"), impl="reference")
     Q, k, m, d = case.queries, case.k, case.misses, case.direct
@@ -167,13 +186,16 @@ def test_resolver_case_builder_counts(case_kw):
 
 def test_step_from_another_thread_warns():
     import threading
+
     cfg = {"name": "kernels", "wait": 100, "warmup": 1, "active": 1}
     caught = []
     with maybe_profile(cfg) as prof:
+
         def other():
             with pytest.warns(RuntimeWarning, match="engine thread") as w:
                 prof.step()
             caught.extend(w)
+
         t = threading.Thread(target=other)
         t.start()
         t.join()

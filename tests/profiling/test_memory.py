@@ -11,9 +11,18 @@ from systems.kv.base import MemoryReport
 
 
 def rep():
-    return MemoryReport(capacity=1000, required=300, optional=200, reserve=50,
-                        components={"index": 100, "hot_cache_and_tail": 200,
-                                    "optional_history": 200, "host_backup": 4000})
+    return MemoryReport(
+        capacity=1000,
+        required=300,
+        optional=200,
+        reserve=50,
+        components={
+            "index": 100,
+            "hot_cache_and_tail": 200,
+            "optional_history": 200,
+            "host_backup": 4000,
+        },
+    )
 
 
 def test_component_locations():
@@ -32,7 +41,7 @@ def test_memory_table_and_per_session():
     ps = M.per_session(rep(), 4)
     assert ps["required_bytes_per_session"] == 75
     assert ps["host_backup_bytes_per_session"] == 1000
-    assert ps["required_gib_per_session"] == pytest.approx(75 / 2 ** 30)
+    assert ps["required_gib_per_session"] == pytest.approx(75 / 2**30)
     assert M.per_session(rep(), 0)["required_bytes_per_session"] is None
     assert M.report_dict(rep())["free"] == 1000 - 300 - 200 - 50
 
@@ -56,6 +65,7 @@ def test_sampler_rate_limit_and_save(tmp_path):
 
 def test_sampler_on_a_real_engine():
     from tests.helpers import make_engine
+
     eng = make_engine("system=hisparse")
     s = M.MemorySampler(eng)
     row = s.sample()

@@ -87,8 +87,9 @@ def test_invalid_inputs():
 
 
 def test_cache_work_sums_cache_families_only():
-    p = partition([(0, 2, "resolver"), (1, 4, "follower_copy"), (0, 10, "expert_mlp_matmul")],
-                  (0, 10))
+    p = partition(
+        [(0, 2, "resolver"), (1, 4, "follower_copy"), (0, 10, "expert_mlp_matmul")], (0, 10)
+    )
     assert p.cache_work() == 5
     assert p.cache_under_model == 4
     assert close(sum(p.shares().values()), 1.0)
@@ -110,7 +111,8 @@ def brute(intervals, window):
 
 
 interval = st.tuples(st.integers(-5, 40), st.integers(0, 15), st.sampled_from("abcd")).map(
-    lambda x: (x[0], x[0] + x[1], x[2]))
+    lambda x: (x[0], x[0] + x[1], x[2])
+)
 
 
 @settings(max_examples=150, deadline=None)

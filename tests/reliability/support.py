@@ -18,8 +18,12 @@ PROMPTS = golden_prompts()  # lengths 5, 23, 40, 77, 130
 
 # The speculative system of the storm/fault tests, sized for the CPU pools: a short drafter window
 # keeps the draft ring (a fixed allocation taken out of the KV pool) small.
-SPEC = ("system=adaptive_dhisparse", "system.kv.hot_cache_rows=16", "system.speculation.window=64",
-        "hardware.kv_pool_gib=0.01")
+SPEC = (
+    "system=adaptive_dhisparse",
+    "system.kv.hot_cache_rows=16",
+    "system.speculation.window=64",
+    "hardware.kv_pool_gib=0.01",
+)
 
 SYSTEMS = {
     "resident": ("system=resident",),
@@ -69,8 +73,7 @@ def assert_drained(eng: Engine) -> None:
 
 
 @contextlib.asynccontextmanager
-async def served(*overrides: str, engine: Engine | None = None,
-                 config: ServerConfig | None = None):
+async def served(*overrides: str, engine: Engine | None = None, config: ServerConfig | None = None):
     """An engine on its own thread behind the real app, served as ``python -m
     systems.engine.server`` serves it (timeouts, connection cap, disconnect handling), on a
     loopback port of this loop. Yields (session, engine, base_url). The session has no

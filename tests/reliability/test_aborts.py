@@ -32,11 +32,25 @@ def cli_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("cli") / "server.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "systems.engine.server", "--port", str(port),
-             "--parent-pid", str(os.getpid()), "device=cpu", "hardware.kv_pool_gib=0.01",
-             "engine.max_new_tokens_cap=500", "hardware.max_running_requests=1",
-             "engine.max_waiting=4"], stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"))
+            [
+                sys.executable,
+                "-m",
+                "systems.engine.server",
+                "--port",
+                str(port),
+                "--parent-pid",
+                str(os.getpid()),
+                "device=cpu",
+                "hardware.kv_pool_gib=0.01",
+                "engine.max_new_tokens_cap=500",
+                "hardware.max_running_requests=1",
+                "engine.max_waiting=4",
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"),
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, 120, proc, log)
@@ -47,8 +61,11 @@ def cli_server(tmp_path_factory):
 
 def _metrics(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return {ln.split()[0]: float(ln.split()[1]) for ln in r.read().decode().splitlines()
-                if ln and not ln.startswith("#")}
+        return {
+            ln.split()[0]: float(ln.split()[1])
+            for ln in r.read().decode().splitlines()
+            if ln and not ln.startswith("#")
+        }
 
 
 async def _settled(url: str, timeout: float = 60) -> dict[str, float]:
@@ -62,9 +79,11 @@ async def _settled(url: str, timeout: float = 60) -> dict[str, float]:
 
 
 def _body(max_new: int, stream: bool = False) -> dict:
-    return {"input_ids": PROMPTS[0], "stream": stream,
-            "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
-                                "ignore_eos": True}}
+    return {
+        "input_ids": PROMPTS[0],
+        "stream": stream,
+        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True},
+    }
 
 
 async def _vanish(base: str, body: dict, after_s: float, read_headers: bool) -> None:
@@ -87,8 +106,10 @@ async def test_non_streaming_disconnects_abort_running_and_queued_requests(cli_s
     # one runs, three wait; all four clients leave after 0.3 s
     await asyncio.gather(*(_vanish(cli_server, _body(LONG), 0.3, False) for _ in range(4)))
     after = await _settled(cli_server)
-    delta = {k: after[k] - before[k] for k in ("dhs_aborted_total", "dhs_finished_total",
-                                               "dhs_generated_tokens_total")}
+    delta = {
+        k: after[k] - before[k]
+        for k in ("dhs_aborted_total", "dhs_finished_total", "dhs_generated_tokens_total")
+    }
     assert delta["dhs_aborted_total"] == 4 and delta["dhs_finished_total"] == 0, delta
     # far fewer tokens than the 2,000 asked for: the work stopped with the clients
     assert delta["dhs_generated_tokens_total"] < LONG, delta
@@ -101,8 +122,12 @@ async def test_vanished_queued_clients_free_their_slots_at_once(cli_server):
         while (await asyncio.to_thread(_metrics, cli_server))["dhs_num_running_reqs"] < 1:
             await asyncio.sleep(0.01)
         # four waiting clients (two streaming, two not) fill the queue, then vanish
-        await asyncio.gather(*(_vanish(cli_server, _body(8, stream=i % 2 == 0), 0.3,
-                                       read_headers=i % 2 == 0) for i in range(4)))
+        await asyncio.gather(
+            *(
+                _vanish(cli_server, _body(8, stream=i % 2 == 0), 0.3, read_headers=i % 2 == 0)
+                for i in range(4)
+            )
+        )
         await asyncio.sleep(0.05)  # the server sees the four connections close
         # four new requests fit in the queue now, while the runner still decodes
         assert (await asyncio.to_thread(_metrics, cli_server))["dhs_num_running_reqs"] == 1
@@ -122,16 +147,24 @@ def test_a_stale_abort_cannot_touch_a_later_request_with_the_same_id():
     eng.run_until_idle()
     assert first.finish_reason["type"] == "length"
     told = []
-    later = Request("same-id", PROMPTS[1], SamplingParams(max_new_tokens=3),
-                    on_output=lambda r, ids, done: told.append(done))
+    later = Request(
+        "same-id",
+        PROMPTS[1],
+        SamplingParams(max_new_tokens=3),
+        on_output=lambda r, ids, done: told.append(done),
+    )
     eng.submit(later)
     eng.abort(first)  # e.g. a handler cancelled after its request finished
     eng.run_until_idle()
     assert later.finish_reason["type"] == "length" and len(later.output_ids) == 3
     assert eng.stats["aborted_total"] == 0
     # while live, the id is not reusable, and an abort of the live object lands and is told
-    again = Request("same-id", PROMPTS[2], SamplingParams(max_new_tokens=50),
-                    on_output=lambda r, ids, done: told.append(done))
+    again = Request(
+        "same-id",
+        PROMPTS[2],
+        SamplingParams(max_new_tokens=50),
+        on_output=lambda r, ids, done: told.append(done),
+    )
     eng.submit(again)
     try:
         eng.submit(Request("same-id", PROMPTS[2], SamplingParams(max_new_tokens=2)))
@@ -147,8 +180,7 @@ def test_a_stale_abort_cannot_touch_a_later_request_with_the_same_id():
 
 def test_an_aborted_waiting_request_stops_counting_against_the_queue_bound():
     eng = make_engine("hardware.kv_pool_gib=0.01", "engine.max_waiting=2")
-    reqs = [Request(eng.new_rid(), PROMPTS[0], SamplingParams(max_new_tokens=2))
-            for _ in range(2)]
+    reqs = [Request(eng.new_rid(), PROMPTS[0], SamplingParams(max_new_tokens=2)) for _ in range(2)]
     for r in reqs:
         eng.submit(r)
     eng.abort(reqs[0])  # not yet taken in by the engine thread (no step has run)

@@ -48,4 +48,11 @@ def test_ties_rank_by_position_whatever_the_padding():
         assert topk_positions_reference(sp, pos, k)[0, 0].tolist() == want
     # -0.0 and +0.0 are equal scores; k beyond the visible history pads with -1
     z = torch.tensor([[[0.0, -0.0, 0.0, -1.0]]])
-    assert topk_positions_reference(z, torch.tensor([[3]]), 6)[0, 0].tolist() == [3, 0, 1, 2, -1, -1]
+    assert topk_positions_reference(z, torch.tensor([[3]]), 6)[0, 0].tolist() == [
+        3,
+        0,
+        1,
+        2,
+        -1,
+        -1,
+    ]

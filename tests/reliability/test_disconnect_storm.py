@@ -20,10 +20,14 @@ CLIENTS = {"resident": 2000, "hisparse": 1000, "adaptive_hisparse": 1000, "adapt
 IN_FLIGHT = 96  # clients connected at once
 
 
-async def _vanishing_client(s: aiohttp.ClientSession, i: int, rng: random.Random,
-                            outcome: dict) -> None:
-    body = {"input_ids": PROMPTS[i % 3], "stream": True,
-            "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+async def _vanishing_client(
+    s: aiohttp.ClientSession, i: int, rng: random.Random, outcome: dict
+) -> None:
+    body = {
+        "input_ids": PROMPTS[i % 3],
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 200, "ignore_eos": True},
+    }
     kind = rng.choice(("before_headers", "after_headers", "after_tokens", "after_tokens"))
     try:
         if kind == "before_headers":  # the request is sent, the client is gone at once
@@ -54,8 +58,13 @@ async def _vanishing_client(s: aiohttp.ClientSession, i: int, rng: random.Random
 
 
 async def _greedy(s: aiohttp.ClientSession) -> list[int]:
-    r = await s.post("/generate", json={"input_ids": PROMPTS[2], "sampling_params": {
-        "max_new_tokens": 12, "temperature": 0, "ignore_eos": True}})
+    r = await s.post(
+        "/generate",
+        json={
+            "input_ids": PROMPTS[2],
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        },
+    )
     assert r.status == 200, await r.text()
     return (await r.json())["output_ids"]
 

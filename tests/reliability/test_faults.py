@@ -83,12 +83,17 @@ def test_host_budget_exhausted_waits_with_host_pool_full_others_continue():
 def test_reclaim_that_cannot_cover_the_deficit_waits_not_fails():
     # 16 slots over 4 hot caches: the slot count is kept (not capped at the pool's sessions),
     # so admissions wait for pages and long prompts' optional history must be reclaimed
-    base = ("system=adaptive_hisparse", "system.kv.admission_reserve_pages=0",
-            "hardware.max_running_requests=16", "system.kv.cap_slots_to_pool=false")
+    base = (
+        "system=adaptive_hisparse",
+        "system.kv.admission_reserve_pages=0",
+        "hardware.max_running_requests=16",
+        "system.kv.cap_slots_to_pool=false",
+    )
     probe = make_engine(*base).backend
     hot_pages = 4  # room for 4 hot/tail pages: long prompts' optional history must be reclaimed
-    pool = (probe.index_pages.num_pages * probe.index_page_bytes
-            + hot_pages * probe.payload_page_bytes) / GiB
+    pool = (
+        probe.index_pages.num_pages * probe.index_page_bytes + hot_pages * probe.payload_page_bytes
+    ) / GiB
     ov = (*base, f"hardware.kv_pool_gib={pool!r}")
     eng = make_engine(*ov)
     be = eng.backend
@@ -127,8 +132,10 @@ def _poison_handoff(eng):
             return orig_admit(prefix, max_new_tokens)
         calls["n"] += 1
         if hasattr(be, "_backup"):
+
             def failing_backup(*a, **k):
                 raise InjectedFault(INJECTED)
+
             be._backup = failing_backup
             try:
                 return orig_admit(prefix, max_new_tokens)
@@ -181,8 +188,10 @@ def test_failed_prefill_fails_only_that_request():
     eng.prefixes._prefill = prefill
     reqs = _reqs(eng, [PROMPTS[0], POISON, PROMPTS[1]])
     _run(eng, reqs)
-    assert reqs[1].finish_reason == {"type": "error",
-                                     "message": "InjectedFault: injected fault: prefill failed"}
+    assert reqs[1].finish_reason == {
+        "type": "error",
+        "message": "InjectedFault: injected fault: prefill failed",
+    }
     assert all(len(r.output_ids) == 10 for r in (reqs[0], reqs[2]))
     assert_drained(eng)
 
@@ -210,8 +219,9 @@ def test_failed_drafter_setup_fails_only_that_request():
 @pytest.mark.parametrize("system", ["resident", "hisparse", "adaptive_dhisparse"])
 @pytest.mark.parametrize("where", ["resolve", "commit"])
 def test_failed_decode_step_fails_its_requests_and_the_engine_goes_on(system, where):
-    ov = (SPEC if system == "adaptive_dhisparse" else (f"system={system}",)) + \
-        ("hardware.max_running_requests=2",)
+    ov = (SPEC if system == "adaptive_dhisparse" else (f"system={system}",)) + (
+        "hardware.max_running_requests=2",
+    )
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[4]]
     want = _clean_outputs(ov, prompts)
     eng = make_engine(*ov)
@@ -257,13 +267,17 @@ async def test_failures_reach_http_clients_as_errors_and_others_continue():
     _poison_handoff(eng)
     async with served(engine=eng) as (s, eng, base):
         sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-        good = [s.post("/generate", json={"input_ids": PROMPTS[i], "sampling_params": sp})
-                for i in (0, 1, 2)]
+        good = [
+            s.post("/generate", json={"input_ids": PROMPTS[i], "sampling_params": sp})
+            for i in (0, 1, 2)
+        ]
         bad_full = s.post("/generate", json={"input_ids": POISON, "sampling_params": sp})
-        bad_stream = s.post("/generate", json={"input_ids": POISON, "sampling_params": sp,
-                                               "stream": True})
-        bad_openai = s.post("/v1/completions", json={"prompt": POISON, "max_tokens": 8,
-                                                     "stream": True})
+        bad_stream = s.post(
+            "/generate", json={"input_ids": POISON, "sampling_params": sp, "stream": True}
+        )
+        bad_openai = s.post(
+            "/v1/completions", json={"prompt": POISON, "max_tokens": 8, "stream": True}
+        )
         rs = await asyncio.gather(*good, bad_full, bad_stream, bad_openai)
         for r in rs[:3]:
             assert r.status == 200 and len((await r.json())["output_ids"]) == 8
@@ -293,8 +307,14 @@ async def test_failures_reach_http_clients_as_errors_and_others_continue():
             return orig(*a, **k)
 
         eng.backend.resolve = failing
-        r = await s.post("/generate", json={"input_ids": PROMPTS[1], "stream": True,
-                                            "sampling_params": {**sp, "max_new_tokens": 5}})
+        r = await s.post(
+            "/generate",
+            json={
+                "input_ids": PROMPTS[1],
+                "stream": True,
+                "sampling_params": {**sp, "max_new_tokens": 5},
+            },
+        )
         events = await read_sse(r)
         assert events[-1] == "[DONE]"
         assert "injected fault in resolve" in events[-2]["error"]["message"]
@@ -331,14 +351,17 @@ async def test_unrecoverable_rollback_stops_the_engine_loudly_and_nobody_hangs()
     be.admit, be.release = admit, release
     async with served(engine=eng) as (s, eng, base):
         sp = {"max_new_tokens": 200, "ignore_eos": True}
-        running = await s.post("/generate", json={"input_ids": PROMPTS[0], "stream": True,
-                                                  "sampling_params": sp})
+        running = await s.post(
+            "/generate", json={"input_ids": PROMPTS[0], "stream": True, "sampling_params": sp}
+        )
         await running.content.readline()  # it runs (one slot): the next ones wait
-        poison = asyncio.ensure_future(s.post("/generate", json={"input_ids": POISON,
-                                                                 "sampling_params": sp}))
+        poison = asyncio.ensure_future(
+            s.post("/generate", json={"input_ids": POISON, "sampling_params": sp})
+        )
         await asyncio.sleep(0.1)
-        waiting = asyncio.ensure_future(s.post("/generate", json={"input_ids": PROMPTS[1],
-                                                                  "sampling_params": sp}))
+        waiting = asyncio.ensure_future(
+            s.post("/generate", json={"input_ids": PROMPTS[1], "sampling_params": sp})
+        )
         await asyncio.sleep(0.2)
         assert len(eng.scheduler.waiting) == 2
         running.close()  # frees the slot: the poisoned request is admitted, its rollback fails

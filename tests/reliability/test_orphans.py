@@ -37,9 +37,13 @@ def test_a_killed_runner_takes_its_server_with_it_and_stale_files_go(tmp_path):
     stale.write_text("{}\n")
     live = tmp_path / f"server_config-{os.getpid()}.yaml"  # a live runner's (the other lane)
     live.write_text("{}\n")
-    runner = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True, cwd=REPO,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+    runner = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     try:
         line = ""
         while not line.startswith("SERVER "):

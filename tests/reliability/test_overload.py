@@ -8,14 +8,27 @@ N = 60
 
 
 async def test_flood_gets_503s_counted_as_errors_and_server_survives(tmp_path):
-    async with served("engine.max_waiting=4", "hardware.max_running_requests=2",
-                      "hardware.kv_pool_gib=0.01") as (s, eng, base):
+    async with served(
+        "engine.max_waiting=4", "hardware.max_running_requests=2", "hardware.kv_pool_gib=0.01"
+    ) as (s, eng, base):
         # everything at once: 2 run, 4 wait, the rest must be turned away at the door
-        res = await run_load(LoadConfig(
-            url=base, api="generate", request_rate=float("inf"), num_requests=N,
-            input_len=23, output_len=12, prefixes=2, vocab_size=512, seed=3,
-            out=str(tmp_path / "records.jsonl"), metrics_interval=0, quiet=True,
-            disable_progress=True))
+        res = await run_load(
+            LoadConfig(
+                url=base,
+                api="generate",
+                request_rate=float("inf"),
+                num_requests=N,
+                input_len=23,
+                output_len=12,
+                prefixes=2,
+                vocab_size=512,
+                seed=3,
+                out=str(tmp_path / "records.jsonl"),
+                metrics_interval=0,
+                quiet=True,
+                disable_progress=True,
+            )
+        )
         recs = res.records
         assert len(recs) == N
         rejected = [r for r in recs if r.status == 503]
@@ -35,20 +48,37 @@ async def test_flood_gets_503s_counted_as_errors_and_server_survives(tmp_path):
         await wait_idle(eng)
         assert_drained(eng)
         # and it still serves, with the queue bound intact
-        r = await s.post("/generate", json={"input_ids": PROMPTS[1], "sampling_params": {
-            "max_new_tokens": 5, "ignore_eos": True}})
+        r = await s.post(
+            "/generate",
+            json={
+                "input_ids": PROMPTS[1],
+                "sampling_params": {"max_new_tokens": 5, "ignore_eos": True},
+            },
+        )
         assert r.status == 200 and len((await r.json())["output_ids"]) == 5
         h = await s.get("/health")
         assert h.status == 200
 
 
 async def test_openai_api_overload_is_also_503(tmp_path):
-    async with served("engine.max_waiting=1", "hardware.max_running_requests=1",
-                      "hardware.kv_pool_gib=0.01") as (s, eng, base):
-        res = await run_load(LoadConfig(
-            url=base, api="openai", request_rate=float("inf"), num_requests=20, input_len=5,
-            output_len=8, prefixes=1, vocab_size=512, metrics_interval=0, quiet=True,
-            disable_progress=True))
+    async with served(
+        "engine.max_waiting=1", "hardware.max_running_requests=1", "hardware.kv_pool_gib=0.01"
+    ) as (s, eng, base):
+        res = await run_load(
+            LoadConfig(
+                url=base,
+                api="openai",
+                request_rate=float("inf"),
+                num_requests=20,
+                input_len=5,
+                output_len=8,
+                prefixes=1,
+                vocab_size=512,
+                metrics_interval=0,
+                quiet=True,
+                disable_progress=True,
+            )
+        )
         codes = {r.status for r in res.records}
         assert 503 in codes and 200 in codes
         assert res.summary["errors"] == sum(r.status == 503 for r in res.records)

@@ -21,15 +21,20 @@ INVALID = [
     ("/generate", {"sampling_params": {"min_p": 99}}, "sampling_params.min_p"),
     ("/generate", {"sampling_params": {"stop": {"a": 1}}}, "sampling_params.stop"),
     ("/generate", {"sampling_params": {"stop": [""]}}, "sampling_params.stop"),
-    ("/generate", {"sampling_params": {"stop_token_ids": ["x"]}},
-     "sampling_params.stop_token_ids"),
-    ("/generate", {"sampling_params": {"stop_token_ids": [100_000]}},
-     "sampling_params.stop_token_ids"),
+    ("/generate", {"sampling_params": {"stop_token_ids": ["x"]}}, "sampling_params.stop_token_ids"),
+    (
+        "/generate",
+        {"sampling_params": {"stop_token_ids": [100_000]}},
+        "sampling_params.stop_token_ids",
+    ),
     ("/generate", {"sampling_params": {"n": True}}, "sampling_params.n"),
     ("/generate", {"sampling_params": []}, "sampling_params"),
     ("/generate", {"sampling_params": {"no_stop_trim": "yes"}}, "sampling_params.no_stop_trim"),
-    ("/generate", {"sampling_params": {"temperature": 0.7, "top_p": 0.9}},
-     "sampling_params.top_p"),  # valid, but the sampler cannot apply it: refused, not ignored
+    (
+        "/generate",
+        {"sampling_params": {"temperature": 0.7, "top_p": 0.9}},
+        "sampling_params.top_p",
+    ),  # valid, but the sampler cannot apply it: refused, not ignored
     ("/generate", {"return_logprob": True}, "return_logprob"),
     ("/generate", {"lora_path": "adapter"}, "lora_path"),
     ("/v1/completions", {"top_p": 5}, "top_p"),
@@ -44,8 +49,11 @@ INVALID = [
     ("/v1/completions", {"best_of": 2}, "best_of"),
     ("/v1/completions", {"echo": "no"}, "echo"),
     ("/v1/completions", {"user": 5}, "user"),
-    ("/v1/completions", {"stream_options": {"include_usage": "yes"}},
-     "stream_options.include_usage"),
+    (
+        "/v1/completions",
+        {"stream_options": {"include_usage": "yes"}},
+        "stream_options.include_usage",
+    ),
     ("/v1/completions", {"stream_options": {"x": 1}}, "stream_options.x"),
 ]
 
@@ -76,20 +84,37 @@ async def test_invalid_values_are_400s_naming_the_field(server):
         out = await r.json()
         assert r.status == 400, (path, extra, out)
         assert out["error"]["param"] == field, (path, extra, out)
-    r = await s.post("/generate", data=json.dumps({"input_ids": "1 2 3"}),
-                     headers={"Content-Type": "application/json"})
+    r = await s.post(
+        "/generate",
+        data=json.dumps({"input_ids": "1 2 3"}),
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status == 400 and (await r.json())["error"]["param"] == "input_ids"
     assert eng.stats["finished_total"] == 0
 
 
 async def test_neutral_values_are_accepted(server):
     s, _, _ = server
-    ok = [("/generate", {"sampling_params": {"top_p": 1, "top_k": -1, "min_p": 0,
-                                             "temperature": 0.7, "n": 1}}),
-          ("/generate", {"sampling_params": {"top_p": 0.5, "top_k": 3, "temperature": 0}}),
-          ("/generate", {"return_logprob": False, "lora_path": None, "top_logprobs_num": 0}),
-          ("/v1/completions", {"seed": None, "presence_penalty": 0, "n": 1, "best_of": 1,
-                               "echo": False, "logprobs": None, "user": "u"})]
+    ok = [
+        (
+            "/generate",
+            {"sampling_params": {"top_p": 1, "top_k": -1, "min_p": 0, "temperature": 0.7, "n": 1}},
+        ),
+        ("/generate", {"sampling_params": {"top_p": 0.5, "top_k": 3, "temperature": 0}}),
+        ("/generate", {"return_logprob": False, "lora_path": None, "top_logprobs_num": 0}),
+        (
+            "/v1/completions",
+            {
+                "seed": None,
+                "presence_penalty": 0,
+                "n": 1,
+                "best_of": 1,
+                "echo": False,
+                "logprobs": None,
+                "user": "u",
+            },
+        ),
+    ]
     for path, extra in ok:
         r = await s.post(path, json=_with(path, extra))
         assert r.status == 200, (extra, await r.text())
@@ -103,8 +128,13 @@ async def test_seed_is_refused_as_unsupported(server):
 
 
 async def _greedy(s, n: int = 12) -> list[int]:
-    r = await s.post("/generate", json={"input_ids": P, "sampling_params": {
-        "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+    r = await s.post(
+        "/generate",
+        json={
+            "input_ids": P,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        },
+    )
     return (await r.json())["output_ids"]
 
 
@@ -112,38 +142,59 @@ async def test_stop_strings_end_the_output_as_sglang_and_openai_define_them(serv
     s, eng, _ = server
     ids = await _greedy(s)
     # a word whose first occurrence in the text is token k (" w12" also occurs in " w123")
-    k = next(i for i in range(2, len(ids))
-             if f" w{ids[i]}" not in "".join(f" w{t}" for t in ids[:i]))
+    k = next(
+        i for i in range(2, len(ids)) if f" w{ids[i]}" not in "".join(f" w{t}" for t in ids[:i])
+    )
     word = f" w{ids[k]}"
-    base = {"input_ids": P, "sampling_params": {"max_new_tokens": 12, "temperature": 0,
-                                                 "ignore_eos": True, "stop": [" zz", word]}}
+    base = {
+        "input_ids": P,
+        "sampling_params": {
+            "max_new_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stop": [" zz", word],
+        },
+    }
     out = await (await s.post("/generate", json=base)).json()
     # generation stops at the token that completes the stop string; the text is cut before it
-    assert out["output_ids"] == ids[:k + 1]
+    assert out["output_ids"] == ids[: k + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
     assert out["text"] == "".join(f" w{i}" for i in ids[:k])
-    kept = await (await s.post("/generate", json={**base, "sampling_params": {
-        **base["sampling_params"], "no_stop_trim": True}})).json()
-    assert kept["text"] == "".join(f" w{i}" for i in ids[:k + 1])
+    kept = await (
+        await s.post(
+            "/generate",
+            json={**base, "sampling_params": {**base["sampling_params"], "no_stop_trim": True}},
+        )
+    ).json()
+    assert kept["text"] == "".join(f" w{i}" for i in ids[: k + 1])
     # streaming: the last event's cumulative text is the trimmed one
     r = await s.post("/generate", json={**base, "stream": True})
-    events = [json.loads(ln[6:]) for ln in (await r.read()).split(b"\n")
-              if ln.startswith(b"data: {")]
-    assert [t for e in events for t in e["output_ids"]] == ids[:k + 1]
+    events = [
+        json.loads(ln[6:]) for ln in (await r.read()).split(b"\n") if ln.startswith(b"data: {")
+    ]
+    assert [t for e in events for t in e["output_ids"]] == ids[: k + 1]
     assert events[-1]["text"] == out["text"]
     # OpenAI: a string stop, finish_reason "stop", the stop sequence not returned
-    o = await (await s.post("/v1/completions", json={"prompt": P, "max_tokens": 12,
-                                                       "temperature": 0, "stop": word})).json()
+    o = await (
+        await s.post(
+            "/v1/completions", json={"prompt": P, "max_tokens": 12, "temperature": 0, "stop": word}
+        )
+    ).json()
     assert o["choices"][0]["finish_reason"] == "stop"
     assert o["choices"][0]["text"] == out["text"] and o["usage"]["completion_tokens"] == k + 1
-    r = await s.post("/v1/completions", json={"prompt": P, "max_tokens": 12, "temperature": 0,
-                                              "stop": word, "stream": True})
-    chunks = [json.loads(ln[6:]) for ln in (await r.read()).split(b"\n")
-              if ln.startswith(b"data: {")]
+    r = await s.post(
+        "/v1/completions",
+        json={"prompt": P, "max_tokens": 12, "temperature": 0, "stop": word, "stream": True},
+    )
+    chunks = [
+        json.loads(ln[6:]) for ln in (await r.read()).split(b"\n") if ln.startswith(b"data: {")
+    ]
     assert "".join(c["choices"][0]["text"] for c in chunks) == out["text"]
     # a stop string applies under ignore_eos too (SGLang); one never produced changes nothing
-    r = await s.post("/generate", json={**base, "sampling_params": {
-        **base["sampling_params"], "stop": "w999999"}})
+    r = await s.post(
+        "/generate",
+        json={**base, "sampling_params": {**base["sampling_params"], "stop": "w999999"}},
+    )
     assert (await r.json())["output_ids"] == ids
 
 
@@ -152,21 +203,25 @@ async def test_stop_token_ids_end_the_output_unless_ignore_eos(server):
     ids = await _greedy(s)
     eos = eng.cfg.model.eos_token_id
     k = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
-    assert eos not in ids[:k + 1]  # else the run without ignore_eos would end at EOS first
+    assert eos not in ids[: k + 1]  # else the run without ignore_eos would end at EOS first
     sp = {"max_new_tokens": 12, "temperature": 0, "stop_token_ids": [ids[k]]}
     out = await (await s.post("/generate", json={"input_ids": P, "sampling_params": sp})).json()
-    assert out["output_ids"] == ids[:k + 1]  # the stop token is part of the output (SGLang)
+    assert out["output_ids"] == ids[: k + 1]  # the stop token is part of the output (SGLang)
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[k]}
     # like EOS, it does not stop a request that ignores EOS
-    out = await (await s.post("/generate", json={"input_ids": P, "sampling_params": {
-        **sp, "ignore_eos": True}})).json()
+    out = await (
+        await s.post(
+            "/generate", json={"input_ids": P, "sampling_params": {**sp, "ignore_eos": True}}
+        )
+    ).json()
     assert out["output_ids"] == ids
 
 
 async def test_a_prompt_word_of_thousands_of_digits_is_a_word(server):
     s, _, _ = server
-    for path, body in (("/generate", {"text": "w" + "9" * 5000 + " w5",
-                                      "sampling_params": {"max_new_tokens": 2}}),
-                       ("/v1/completions", {"prompt": "w" + "1" * 4400, "max_tokens": 2})):
+    for path, body in (
+        ("/generate", {"text": "w" + "9" * 5000 + " w5", "sampling_params": {"max_new_tokens": 2}}),
+        ("/v1/completions", {"prompt": "w" + "1" * 4400, "max_tokens": 2}),
+    ):
         r = await s.post(path, json=body)
         assert r.status == 200, await r.text()

@@ -35,11 +35,36 @@ def test_records_survive_killing_the_load_generator(tmp_path):
     with ThreadedServer(eng) as srv:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.loadgen", "--url", srv.url, "--concurrency", "4",
-             "--num-requests", "100000", "--input-len", "23", "--output-len", "6",
-             "--prefixes", "2", "--vocab-size", "512", "--out", str(out),
-             "--metrics-interval", "0", "--quiet", "--disable-progress"],
-            env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                sys.executable,
+                "-m",
+                "harness.loadgen",
+                "--url",
+                srv.url,
+                "--concurrency",
+                "4",
+                "--num-requests",
+                "100000",
+                "--input-len",
+                "23",
+                "--output-len",
+                "6",
+                "--prefixes",
+                "2",
+                "--vocab-size",
+                "512",
+                "--out",
+                str(out),
+                "--metrics-interval",
+                "0",
+                "--quiet",
+                "--disable-progress",
+            ],
+            env=env,
+            cwd=str(REPO),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -103,11 +128,22 @@ def test_failed_summary_write_leaves_the_old_file_intact(tmp_path, monkeypatch, 
 
 # ---------------------------------------------------------------- resumable sweeps
 def _cfg(tmp_path, *extra):
-    return compose(["device=cpu", "server.mode=inprocess", "experiment_name=rel",
-                    f"results_dir={tmp_path}", "workload.concurrency=[1,2]",
-                    "workload.num_requests=3", "workload.input_len=8", "workload.output_len=3",
-                    "workload.warmup=0", "workload.prefixes=1", "hardware.kv_pool_gib=0.01",
-                    *extra])
+    return compose(
+        [
+            "device=cpu",
+            "server.mode=inprocess",
+            "experiment_name=rel",
+            f"results_dir={tmp_path}",
+            "workload.concurrency=[1,2]",
+            "workload.num_requests=3",
+            "workload.input_len=8",
+            "workload.output_len=3",
+            "workload.warmup=0",
+            "workload.prefixes=1",
+            "hardware.kv_pool_gib=0.01",
+            *extra,
+        ]
+    )
 
 
 def _snapshot(d: Path) -> dict:
@@ -171,8 +207,9 @@ def test_a_server_that_dies_mid_run_leaves_records_and_error_txt(tmp_path, monke
     ok = [r for r in recs if r.success]
     bad = [r for r in recs if not r.success]
     assert ok and bad
-    assert all("engine stopped" in r.error or "HTTP 503" in r.error for r in bad), \
-        {r.error for r in bad}
+    assert all("engine stopped" in r.error or "HTTP 503" in r.error for r in bad), {
+        r.error for r in bad
+    }
     assert (d / "config.yaml").exists() and (d / "env.json").exists()
 
     monkeypatch.setattr(Engine, "_decode", orig)  # the server is fixed: the resume redoes it

@@ -45,8 +45,20 @@ def test_harness_servers_bind_loopback_by_default():
 
 # ---------------------------------------------------------------- no path to config or files
 # Audit events that would mean a request reached the filesystem, a process, or code loading.
-_WATCH = ("open", "os.", "shutil.", "subprocess.", "exec", "compile", "import", "ctypes.",
-          "pickle.", "marshal.", "socket.connect", "urllib.")
+_WATCH = (
+    "open",
+    "os.",
+    "shutil.",
+    "subprocess.",
+    "exec",
+    "compile",
+    "import",
+    "ctypes.",
+    "pickle.",
+    "marshal.",
+    "socket.connect",
+    "urllib.",
+)
 _AUDIT = {"on": False, "threads": set(), "events": []}
 
 
@@ -66,22 +78,56 @@ def _install_audit_hook():
 
 HOSTILE = [
     ("/generate", {"input_ids": [1, 2], "_target_": "os.system"}, 400, "_target_"),
-    ("/generate", {"input_ids": [1, 2], "sampling_params": {"_target_": "builtins.exec",
-                                                            "max_new_tokens": 2}}, 400,
-     "_target_"),
+    (
+        "/generate",
+        {
+            "input_ids": [1, 2],
+            "sampling_params": {"_target_": "builtins.exec", "max_new_tokens": 2},
+        },
+        400,
+        "_target_",
+    ),
     ("/generate", {"input_ids": [1, 2], "hydra": {"run": {"dir": "/tmp/pwned"}}}, 400, "hydra"),
     ("/generate", {"input_ids": [1, 2], "config": "/etc/passwd"}, 400, "config"),
-    ("/generate", {"input_ids": [1, 2], "lora_path": "/etc/passwd",
-                   "sampling_params": {"max_new_tokens": 2}}, 400, "lora_path"),  # unsupported
-    ("/generate", {"text": "/etc/passwd ../../x ${oc.env:HOME} ${now:%H}",
-                   "rid": "../../../tmp/pwned-rid", "sampling_params": {"max_new_tokens": 2}},
-     200, None),
-    ("/v1/completions", {"prompt": "${oc.env:HOME}", "model": "/etc/passwd", "max_tokens": 2,
-                         "user": "../../tmp/pwned"}, 200, None),
-    ("/v1/completions", {"prompt": [1, 2], "max_tokens": 2, "_target_": "os.system"}, 400,
-     "_target_"),
-    ("/v1/completions", {"prompt": [1, 2], "max_tokens": 2, "model_path": "/tmp/pwned"}, 400,
-     "model_path"),
+    (
+        "/generate",
+        {"input_ids": [1, 2], "lora_path": "/etc/passwd", "sampling_params": {"max_new_tokens": 2}},
+        400,
+        "lora_path",
+    ),  # unsupported
+    (
+        "/generate",
+        {
+            "text": "/etc/passwd ../../x ${oc.env:HOME} ${now:%H}",
+            "rid": "../../../tmp/pwned-rid",
+            "sampling_params": {"max_new_tokens": 2},
+        },
+        200,
+        None,
+    ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "${oc.env:HOME}",
+            "model": "/etc/passwd",
+            "max_tokens": 2,
+            "user": "../../tmp/pwned",
+        },
+        200,
+        None,
+    ),
+    (
+        "/v1/completions",
+        {"prompt": [1, 2], "max_tokens": 2, "_target_": "os.system"},
+        400,
+        "_target_",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": [1, 2], "max_tokens": 2, "model_path": "/tmp/pwned"},
+        400,
+        "model_path",
+    ),
 ]
 
 
@@ -92,16 +138,27 @@ def test_no_request_field_reaches_config_or_filesystem(tmp_path, monkeypatch):
     work.mkdir()
     monkeypatch.chdir(work)
     calls = []
-    for mod, name in ((hydra.utils, "instantiate"), (hydra.utils, "get_method"),
-                      (hydra.utils, "get_class"), (OmegaConf, "load"), (OmegaConf, "create"),
-                      (OmegaConf, "from_dotlist"), (server_mod, "compose_engine_config")
-                      if hasattr(server_mod, "compose_engine_config") else (OmegaConf, "merge")):
+    for mod, name in (
+        (hydra.utils, "instantiate"),
+        (hydra.utils, "get_method"),
+        (hydra.utils, "get_class"),
+        (OmegaConf, "load"),
+        (OmegaConf, "create"),
+        (OmegaConf, "from_dotlist"),
+        (server_mod, "compose_engine_config")
+        if hasattr(server_mod, "compose_engine_config")
+        else (OmegaConf, "merge"),
+    ):
         orig = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _n=name, _o=orig, **k:
-                            (_AUDIT["on"] and calls.append(_n), _o(*a, **k))[1])
+        monkeypatch.setattr(
+            mod,
+            name,
+            lambda *a, _n=name, _o=orig, **k: (_AUDIT["on"] and calls.append(_n), _o(*a, **k))[1],
+        )
     _install_audit_hook()
     eng = make_engine("hardware.kv_pool_gib=0.01")
     with ThreadedServer(eng) as srv:
+
         def post(path, body):
             c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
             c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -154,11 +211,18 @@ def _raw(srv, body: bytes, headers: dict, chunked=False):
     c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
     try:
         if chunked:
+
             def gen():
                 for i in range(0, len(body), 1 << 20):
-                    yield body[i:i + (1 << 20)]
-            c.request("POST", "/generate", gen(), {**headers, "Transfer-Encoding": "chunked"},
-                      encode_chunked=True)
+                    yield body[i : i + (1 << 20)]
+
+            c.request(
+                "POST",
+                "/generate",
+                gen(),
+                {**headers, "Transfer-Encoding": "chunked"},
+                encode_chunked=True,
+            )
         else:
             c.request("POST", "/generate", body, headers)
         r = c.getresponse()
@@ -183,8 +247,9 @@ def test_bodies_over_16_mib_are_413(capped):
 def test_compressed_bodies_are_capped_after_decompression(capped):
     bomb = gzip.compress(b" " * (24 << 20))  # 24 KiB on the wire, 24 MiB inflated
     assert len(bomb) < 100_000
-    status, out = _raw(capped, bomb, {"Content-Type": "application/json",
-                                      "Content-Encoding": "gzip"})
+    status, out = _raw(
+        capped, bomb, {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    )
     assert status == 413 and out["error"]["param"] == "body"
 
 
@@ -226,11 +291,15 @@ async def test_a_live_request_id_cannot_be_reused_to_hijack_it():
     id of one in flight is refused, so one client cannot abort another's request."""
     async with served("hardware.kv_pool_gib=0.01") as (s, eng, base):
         sp = {"max_new_tokens": 60, "ignore_eos": True}
-        first = await s.post("/generate", json={"input_ids": PROMPTS[1], "rid": "job-1",
-                                                "stream": True, "sampling_params": sp})
+        first = await s.post(
+            "/generate",
+            json={"input_ids": PROMPTS[1], "rid": "job-1", "stream": True, "sampling_params": sp},
+        )
         await first.content.readline()
-        second = await s.post("/generate", json={"input_ids": PROMPTS[0], "rid": "job-1",
-                                                 "stream": True, "sampling_params": sp})
+        second = await s.post(
+            "/generate",
+            json={"input_ids": PROMPTS[0], "rid": "job-1", "stream": True, "sampling_params": sp},
+        )
         assert second.status == 400
         assert (await second.json())["error"]["param"] == "rid"
         body = await first.read()
@@ -238,6 +307,12 @@ async def test_a_live_request_id_cannot_be_reused_to_hijack_it():
         last = json.loads(body.rstrip().split(b"\n\n")[-2][6:])
         assert last["meta_info"]["completion_tokens"] == 60  # not aborted by the second one
         # once finished, the id is free again
-        again = await s.post("/generate", json={"input_ids": PROMPTS[0], "rid": "job-1",
-                                                "sampling_params": {"max_new_tokens": 2}})
+        again = await s.post(
+            "/generate",
+            json={
+                "input_ids": PROMPTS[0],
+                "rid": "job-1",
+                "sampling_params": {"max_new_tokens": 2},
+            },
+        )
         assert again.status == 200

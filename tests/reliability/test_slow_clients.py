@@ -20,20 +20,29 @@ from tests.reliability.support import ThreadedServer, assert_drained, wait_idle_
 
 TIMEOUT = 1.0
 SLACK = 5.0  # scheduling on 2 shared cores; the defaults it stands for are 30-60 s
-CFG = ServerConfig(header_timeout_s=TIMEOUT, body_timeout_s=TIMEOUT, write_timeout_s=TIMEOUT,
-                   max_connections=400)
+CFG = ServerConfig(
+    header_timeout_s=TIMEOUT, body_timeout_s=TIMEOUT, write_timeout_s=TIMEOUT, max_connections=400
+)
 PER_KIND = 16  # 5 kinds: 80 held connections
 
 
 def _body(stream: bool, max_new: int = 4) -> bytes:
-    return json.dumps({"input_ids": [5, 6, 7], "stream": stream, "sampling_params": {
-        "max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}).encode()
+    return json.dumps(
+        {
+            "input_ids": [5, 6, 7],
+            "stream": stream,
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True},
+        }
+    ).encode()
 
 
 def _request(body: bytes, length: int | None = None, extra: bytes = b"") -> bytes:
-    return (b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            + extra + b"Content-Length: %d\r\n\r\n" % (len(body) if length is None else length)
-            + body)
+    return (
+        b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + extra
+        + b"Content-Length: %d\r\n\r\n" % (len(body) if length is None else length)
+        + body
+    )
 
 
 def _hold(port: int, kind: str) -> socket.socket:
@@ -42,7 +51,7 @@ def _hold(port: int, kind: str) -> socket.socket:
         s.sendall(_request(_body(False))[:40])
     elif kind == "half_body":
         full = _request(_body(False))
-        s.sendall(full[:len(full) - 10])
+        s.sendall(full[: len(full) - 10])
     elif kind == "not_reading":
         s.sendall(_request(_body(False)))
     elif kind == "not_reading_stream":
@@ -123,8 +132,7 @@ def test_write_timeout_drops_a_client_that_does_not_read_and_aborts_its_request(
                 break
             time.sleep(0.01)
         (h,) = conns
-        h.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
-                                                        4096)
+        h.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         srv.loop.call_soon_threadsafe(lambda: h.transport.set_write_buffer_limits(high=1024))
         s.sendall(_request(_body(True, max_new=500)))
         t0 = time.monotonic()
@@ -163,16 +171,22 @@ def test_connection_cap_refuses_cleanly_and_recovers():
         assert_drained(eng)
 
 
-@pytest.mark.parametrize("extra, status", [
-    (b"Content-Type: application/json\r\n", b"413"),
-    (b"Content-Type: text/plain\r\n", b"413"),  # the size is checked first
-])
+@pytest.mark.parametrize(
+    "extra, status",
+    [
+        (b"Content-Type: application/json\r\n", b"413"),
+        (b"Content-Type: text/plain\r\n", b"413"),  # the size is checked first
+    ],
+)
 def test_oversized_expect_100_continue_is_refused_at_once(extra, status):
     eng = make_engine("hardware.kv_pool_gib=0.01")
     with ThreadedServer(eng, CFG) as srv:
         s = socket.create_connection(("127.0.0.1", srv.port))
-        s.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra
-                  + b"Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n")
+        s.sendall(
+            b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + extra
+            + b"Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n"
+        )
         got, _ = _read_to_eof(s, time.monotonic() + 5)
         s.close()
         assert got.startswith(b"HTTP/1.1 " + status), got[:200]  # no "100 Continue" first
@@ -190,8 +204,10 @@ def test_oversized_expect_100_continue_is_refused_at_once(extra, status):
 
 def test_accept_errors_are_logged_at_a_bounded_rate(caplog):
     handler = _AcceptErrors(interval_s=60)
-    ctx = {"message": "socket.accept() out of system resource",
-           "exception": OSError(errno.EMFILE, "Too many open files")}
+    ctx = {
+        "message": "socket.accept() out of system resource",
+        "exception": OSError(errno.EMFILE, "Too many open files"),
+    }
     other = []
 
     class Loop:

@@ -14,17 +14,33 @@ SOAK_S = float(os.environ.get("DHS_SOAK_S", "48"))
 
 async def test_soak_no_growth_no_leaks_stable_latency(tmp_path, monkeypatch):
     monkeypatch.setenv("DHS_GIT_COMMIT", "reliability-test")
-    ov = ["device=cpu", "system=adaptive_hisparse", "hardware.max_running_requests=12",
-          "hardware.kv_pool_gib=0.0006"]
+    ov = [
+        "device=cpu",
+        "system=adaptive_hisparse",
+        "hardware.max_running_requests=12",
+        "hardware.kv_pool_gib=0.0006",
+    ]
     eng = make_engine(*ov[1:])
     be = eng.backend
     assert be.payload_pages.num_pages < 12 * 10  # less than 12 full prompts: reclaim must run
     out = tmp_path / "soak.json"
-    cfg = SoakConfig(overrides=ov, duration_s=SOAK_S, windows=6, warmup_windows=1,
-                     concurrency=10, prompt_lens=[8, 40, 120, 300], max_new=(4, 48),
-                     distinct_prompts=24, abort_prob=0.25, cancel_prob=0.05, seed=7,
-                     max_rss_growth_mib=48, max_object_growth=5000, max_tpot_ratio=3.0,
-                     out=str(out))
+    cfg = SoakConfig(
+        overrides=ov,
+        duration_s=SOAK_S,
+        windows=6,
+        warmup_windows=1,
+        concurrency=10,
+        prompt_lens=[8, 40, 120, 300],
+        max_new=(4, 48),
+        distinct_prompts=24,
+        abort_prob=0.25,
+        cancel_prob=0.05,
+        seed=7,
+        max_rss_growth_mib=48,
+        max_object_growth=5000,
+        max_tpot_ratio=3.0,
+        out=str(out),
+    )
     rec = await run_soak(cfg, engine=eng)
     failed = {k: c for k, c in rec["checks"].items() if not c["ok"]}
     assert rec["passed"], failed

@@ -10,7 +10,7 @@ from harness.sglang_launch import compose
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 FAKE_SGLANG = Path(__file__).with_name("fake_sglang.py")
-MODEL_PATH = "/models/target"   # never opened: argument lists are parsed, not launched
+MODEL_PATH = "/models/target"  # never opened: argument lists are parsed, not launched
 DRAFT_PATH = "/models/draft"
 
 
@@ -20,10 +20,20 @@ def conf_names(group: str) -> list[str]:
 
 def sglang_cfg(*overrides: str):
     """Our composed config with server=sglang and the paths SGLang needs."""
-    return compose(["server=sglang", f"server.sglang.model_path={MODEL_PATH}",
-                    f"server.sglang.speculative.draft_model_path={DRAFT_PATH}", *overrides])
+    return compose(
+        [
+            "server=sglang",
+            f"server.sglang.model_path={MODEL_PATH}",
+            f"server.sglang.speculative.draft_model_path={DRAFT_PATH}",
+            *overrides,
+        ]
+    )
 
 
 def repo_env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                PYTHONUNBUFFERED="1", **extra)
+    return dict(
+        os.environ,
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )

@@ -27,9 +27,21 @@ def bundled_server(tmp_path_factory):
     port = free_port()
     log_path = tmp_path_factory.mktemp("bundled") / "server.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "systems.engine.server", "--port",
-                                 str(port), "model=tiny", "device=cpu"], stdout=log,
-                                stderr=subprocess.STDOUT, env=repo_env(), cwd=str(REPO))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "systems.engine.server",
+                "--port",
+                str(port),
+                "model=tiny",
+                "device=cpu",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=repo_env(),
+            cwd=str(REPO),
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, 60, proc, log_path, "bundled server")

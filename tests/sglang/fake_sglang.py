@@ -23,12 +23,18 @@ def main() -> None:
     record = os.environ.get("FAKE_SGLANG_RECORD")
     if record:
         with open(os.path.join(record, f"{args.port}.json"), "w") as f:
-            json.dump({"argv": sys.argv[1:],
-                       "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
+            json.dump(
+                {
+                    "argv": sys.argv[1:],
+                    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                },
+                f,
+            )
     if args.fake_exit is not None:
         print(f"fake sglang: exiting with {args.fake_exit} as asked", flush=True)
         sys.exit(args.fake_exit)
     from systems.engine.server import main as serve
+
     serve(["--host", args.host, "--port", str(args.port), "model=tiny", "device=cpu"])
 
 

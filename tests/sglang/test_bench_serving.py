@@ -25,28 +25,53 @@ from tests.sglang.common import REPO, SGLANG_PYTHON, repo_env
 pytestmark = pytest.mark.skipif(
     not SGLANG_PYTHON.exists(),
     reason=".venv-sglang is absent: `bash scripts/sglang_env.sh` (make test-sglang) builds it; "
-           "sglang 0.5.23 pins torch 2.14.1 and cannot share the main environment")
+    "sglang 0.5.23 pins torch 2.14.1 and cannot share the main environment",
+)
 
 N, INPUT_LEN, OUTPUT_LEN, VOCAB = 8, 32, 8, 512
 COUNTERS = ("dhs_finished_total", "dhs_prompt_tokens_total", "dhs_generated_tokens_total")
 
 
 def offline_env(home: Path) -> dict[str, str]:
-    return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(home),
-                PYTHONWARNINGS="ignore")
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HOME=str(home),
+        PYTHONWARNINGS="ignore",
+    )
 
 
 @pytest.fixture(scope="module")
 def bench_inputs(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("bench_inputs")
     tok = d / "tokenizer"
-    subprocess.run([str(SGLANG_PYTHON), str(Path(__file__).with_name("make_word_tokenizer.py")),
-                    str(tok), str(VOCAB)], check=True, timeout=120, env=offline_env(d / "hf"))
+    subprocess.run(
+        [
+            str(SGLANG_PYTHON),
+            str(Path(__file__).with_name("make_word_tokenizer.py")),
+            str(tok),
+            str(VOCAB),
+        ],
+        check=True,
+        timeout=120,
+        env=offline_env(d / "hf"),
+    )
     # ShareGPT-shaped conversations in the server's words (ids 2.., clear of the special 0/1)
-    convs = [{"conversations": [
-        {"from": "human", "value": " ".join(f"w{2 + (7 * i + 3 * j) % (VOCAB - 2)}"
-                                             for j in range(INPUT_LEN + 5))},
-        {"from": "gpt", "value": "w2 w3"}]} for i in range(4 * N)]
+    convs = [
+        {
+            "conversations": [
+                {
+                    "from": "human",
+                    "value": " ".join(
+                        f"w{2 + (7 * i + 3 * j) % (VOCAB - 2)}" for j in range(INPUT_LEN + 5)
+                    ),
+                },
+                {"from": "gpt", "value": "w2 w3"},
+            ]
+        }
+        for i in range(4 * N)
+    ]
     sharegpt = d / "sharegpt.json"
     sharegpt.write_text(json.dumps(convs))
     return {"tokenizer": tok, "sharegpt": sharegpt, "home": d / "hf"}
@@ -61,16 +86,47 @@ def counters(url: str) -> dict[str, float]:
 
 
 def run_bench(backend: str, url: str, inputs: dict[str, Path], out: Path) -> dict:
-    cmd = [str(SGLANG_PYTHON), "-m", "sglang.bench_serving", "--backend", backend,
-           "--base-url", url, "--dataset-name", "random",
-           "--dataset-path", str(inputs["sharegpt"]),
-           "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-           "--random-range-ratio", "1", "--num-prompts", str(N),
-           "--tokenizer", str(inputs["tokenizer"]), "--model", str(inputs["tokenizer"]),
-           "--output-file", str(out), "--output-details", "--warmup-requests", "0",
-           "--disable-tqdm", "--seed", "0"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
-                       env=offline_env(inputs["home"]), cwd=str(out.parent))
+    cmd = [
+        str(SGLANG_PYTHON),
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        backend,
+        "--base-url",
+        url,
+        "--dataset-name",
+        "random",
+        "--dataset-path",
+        str(inputs["sharegpt"]),
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--random-range-ratio",
+        "1",
+        "--num-prompts",
+        str(N),
+        "--tokenizer",
+        str(inputs["tokenizer"]),
+        "--model",
+        str(inputs["tokenizer"]),
+        "--output-file",
+        str(out),
+        "--output-details",
+        "--warmup-requests",
+        "0",
+        "--disable-tqdm",
+        "--seed",
+        "0",
+    ]
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=offline_env(inputs["home"]),
+        cwd=str(out.parent),
+    )
     if p.returncode != 0 or not out.exists():
         pytest.fail(f"bench_serving exited with {p.returncode}:\n{(p.stdout + p.stderr)[-4000:]}")
     return json.loads(out.read_text().strip().splitlines()[-1])
@@ -80,25 +136,59 @@ def run_bench(backend: str, url: str, inputs: dict[str, Path], out: Path) -> dic
 def our_records(bundled_server, tmp_path_factory) -> dict:
     """The same shape through harness.loadgen (8 requests in flight, 32 in, 8 out)."""
     d = tmp_path_factory.mktemp("loadgen")
-    subprocess.run([sys.executable, "-m", "harness.loadgen", "--url", bundled_server,
-                    "--api", "generate", "--concurrency", str(N), "--num-requests", str(N),
-                    "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN),
-                    "--vocab-size", str(VOCAB), "--out", str(d / "records.jsonl"),
-                    "--summary-out", str(d / "summary.json"), "--metrics-interval", "0",
-                    "--disable-progress", "--quiet"],
-                   check=True, env=repo_env(), cwd=str(REPO), timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.loadgen",
+            "--url",
+            bundled_server,
+            "--api",
+            "generate",
+            "--concurrency",
+            str(N),
+            "--num-requests",
+            str(N),
+            "--input-len",
+            str(INPUT_LEN),
+            "--output-len",
+            str(OUTPUT_LEN),
+            "--vocab-size",
+            str(VOCAB),
+            "--out",
+            str(d / "records.jsonl"),
+            "--summary-out",
+            str(d / "summary.json"),
+            "--metrics-interval",
+            "0",
+            "--disable-progress",
+            "--quiet",
+        ],
+        check=True,
+        env=repo_env(),
+        cwd=str(REPO),
+        timeout=120,
+    )
     records = [json.loads(line) for line in (d / "records.jsonl").read_text().splitlines()]
     return {"summary": json.loads((d / "summary.json").read_text()), "records": records}
 
 
 def generate_rejects_bench_fields(url: str) -> str | None:
     """bench_serving's /generate body (sglang 0.5.23) on the bundled server; the error, if any."""
-    body = {"text": "w5 w6", "sampling_params": {"temperature": 0.0, "max_new_tokens": 1,
-                                                 "ignore_eos": True},
-            "stream": False, "lora_path": None, "return_logprob": False,
-            "return_routed_experts": False, "logprob_start_len": -1}
-    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "text": "w5 w6",
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True},
+        "stream": False,
+        "lora_path": None,
+        "return_logprob": False,
+        "return_routed_experts": False,
+        "logprob_start_len": -1,
+    }
+    req = urllib.request.Request(
+        url + "/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30):
             return None
@@ -107,8 +197,9 @@ def generate_rejects_bench_fields(url: str) -> str | None:
 
 
 @pytest.mark.parametrize("backend", ["sglang", "sglang-oai"])
-def test_bench_serving_counts_match_ours(backend, bundled_server, bench_inputs, our_records,
-                                         tmp_path):
+def test_bench_serving_counts_match_ours(
+    backend, bundled_server, bench_inputs, our_records, tmp_path
+):
     if backend == "sglang":
         # every field bench_serving sends to /generate must be accepted (_GENERATE_IGNORED)
         assert generate_rejects_bench_fields(bundled_server) is None

@@ -28,17 +28,44 @@ def _closed(url: str) -> bool:
         return s.connect_ex((host, int(port))) != 0
 
 
-def run_loadgen(url: str, out: Path, n: int = 8, conc: int = 4, input_len: int = 16,
-                output_len: int = 4) -> dict:
+def run_loadgen(
+    url: str, out: Path, n: int = 8, conc: int = 4, input_len: int = 16, output_len: int = 4
+) -> dict:
     """harness.loadgen as its own process, as the runner's load is."""
     summary = out / "summary.json"
-    subprocess.run([sys.executable, "-m", "harness.loadgen", "--url", url, "--api", "generate",
-                    "--concurrency", str(conc), "--num-requests", str(n),
-                    "--input-len", str(input_len), "--output-len", str(output_len),
-                    "--vocab-size", "512", "--out", str(out / "records.jsonl"),
-                    "--summary-out", str(summary), "--metrics-interval", "0.2",
-                    "--disable-progress", "--quiet"],
-                   check=True, env=repo_env(), cwd=str(REPO), timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.loadgen",
+            "--url",
+            url,
+            "--api",
+            "generate",
+            "--concurrency",
+            str(conc),
+            "--num-requests",
+            str(n),
+            "--input-len",
+            str(input_len),
+            "--output-len",
+            str(output_len),
+            "--vocab-size",
+            "512",
+            "--out",
+            str(out / "records.jsonl"),
+            "--summary-out",
+            str(summary),
+            "--metrics-interval",
+            "0.2",
+            "--disable-progress",
+            "--quiet",
+        ],
+        check=True,
+        env=repo_env(),
+        cwd=str(REPO),
+        timeout=120,
+    )
     return json.loads(summary.read_text())
 
 
@@ -60,9 +87,12 @@ def _recorded(record: Path, url: str) -> dict:
 
 
 def test_attach_waits_for_health_and_runs_the_load(bundled_server, tmp_path):
-    cfg = sglang_cfg("system=hisparse", "server.sglang.launch=attach",
-                     f"server.url={bundled_server}/",
-                     f"server.sglang.attach_health_urls=[{bundled_server}]")
+    cfg = sglang_cfg(
+        "system=hisparse",
+        "server.sglang.launch=attach",
+        f"server.url={bundled_server}/",
+        f"server.sglang.attach_health_urls=[{bundled_server}]",
+    )
     with sglang_server(cfg, tmp_path) as url:
         assert url == bundled_server
         s = run_loadgen(url, tmp_path)
@@ -74,13 +104,18 @@ def test_attach_waits_for_health_and_runs_the_load(bundled_server, tmp_path):
 
 def test_attach_refuses_unsupported_systems_and_dead_endpoints(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
-    cfg = sglang_cfg("system=adaptive_hisparse", "server.sglang.launch=attach",
-                     f"server.url={dead}")
+    cfg = sglang_cfg(
+        "system=adaptive_hisparse", "server.sglang.launch=attach", f"server.url={dead}"
+    )
     with pytest.raises(ValueError, match="no SGLang equivalent"):
         with sglang_server(cfg, tmp_path):
             pass
-    cfg = sglang_cfg("system=resident", "server.sglang.launch=attach", f"server.url={dead}",
-                     "server.startup_timeout_s=1")
+    cfg = sglang_cfg(
+        "system=resident",
+        "server.sglang.launch=attach",
+        f"server.url={dead}",
+        "server.startup_timeout_s=1",
+    )
     with pytest.raises(TimeoutError, match="not healthy"):
         with sglang_server(cfg, tmp_path):
             pass
@@ -103,10 +138,14 @@ def test_launch_one_server_runs_the_load_and_stops_it(tmp_path):
 
 
 def test_launch_pd_starts_prefill_decode_router_and_stops_all(tmp_path):
-    cfg, record = _fake_cfg(tmp_path, "system=hisparse", "server.sglang.pd.enabled=true",
-                            "server.sglang.pd.prefill.gpus=[0]",
-                            "server.sglang.pd.decode.gpus=[1]",
-                            f"server.sglang.pd.bootstrap_port={free_port()}")
+    cfg, record = _fake_cfg(
+        tmp_path,
+        "system=hisparse",
+        "server.sglang.pd.enabled=true",
+        "server.sglang.pd.prefill.gpus=[0]",
+        "server.sglang.pd.decode.gpus=[1]",
+        f"server.sglang.pd.bootstrap_port={free_port()}",
+    )
     plan = launch.build_plan(cfg, pick_port=free_port)
     prefill, decode = plan.servers
     with launch.launch_plan(plan, tmp_path / "work", 60) as url:
@@ -116,11 +155,18 @@ def test_launch_pd_starts_prefill_decode_router_and_stops_all(tmp_path):
     assert s["completed"] == 4
     assert (p["cuda_visible_devices"], d["cuda_visible_devices"]) == ("0", "1")
     assert "--enable-hisparse" not in p["argv"] and "--enable-hisparse" in d["argv"]
-    assert r["argv"][:4] == ["--pd-disaggregation", "--prefill", prefill.url,
-                             str(plan.router_args[3])]
+    assert r["argv"][:4] == [
+        "--pd-disaggregation",
+        "--prefill",
+        prefill.url,
+        str(plan.router_args[3]),
+    ]
     assert all(_closed(u) for u in (prefill.url, decode.url, url))
-    assert {f.name for f in (tmp_path / "work").iterdir()} == \
-        {"sglang-prefill.log", "sglang-decode.log", "sglang-router.log"}
+    assert {f.name for f in (tmp_path / "work").iterdir()} == {
+        "sglang-prefill.log",
+        "sglang-decode.log",
+        "sglang-router.log",
+    }
 
 
 def test_a_server_that_dies_at_start_up_reports_its_log(tmp_path):
@@ -134,14 +180,25 @@ def test_a_server_that_dies_at_start_up_reports_its_log(tmp_path):
 def test_runner_drives_an_attached_endpoint(bundled_server, tmp_path):
     """harness.run end to end with server=sglang attached to a stand-in endpoint."""
     import harness.servers
+
     if "sglang" not in Path(harness.servers.__file__).read_text():
         pytest.skip("harness/servers.py has no server.mode=sglang hook yet (see docs/sglang.md)")
     from harness.run import run
-    cfg = sglang_cfg("system=resident", "model=tiny", "device=cpu",
-                     "server.sglang.launch=attach", f"server.url={bundled_server}",
-                     f"results_dir={tmp_path}", "experiment_name=sglang_attach",
-                     "workload.concurrency=[2]", "workload.num_requests=4",
-                     "workload.input_len=16", "workload.output_len=4", "workload.warmup=0")
+
+    cfg = sglang_cfg(
+        "system=resident",
+        "model=tiny",
+        "device=cpu",
+        "server.sglang.launch=attach",
+        f"server.url={bundled_server}",
+        f"results_dir={tmp_path}",
+        "experiment_name=sglang_attach",
+        "workload.concurrency=[2]",
+        "workload.num_requests=4",
+        "workload.input_len=16",
+        "workload.output_len=4",
+        "workload.warmup=0",
+    )
     (run_dir,) = run(cfg)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["completed"], summary["errors"]) == (4, 0)

@@ -19,8 +19,11 @@ import subprocess
 
 import pytest
 
-pytest.importorskip("sglang", reason="sglang is not importable here: these tests run in "
-                    ".venv-sglang (bash scripts/sglang_env.sh, or make test-sglang)")
+pytest.importorskip(
+    "sglang",
+    reason="sglang is not importable here: these tests run in "
+    ".venv-sglang (bash scripts/sglang_env.sh, or make test-sglang)",
+)
 server_args_mod = pytest.importorskip("sglang.srt.server_args")
 
 from harness.sglang_launch import sglang_server  # noqa: E402
@@ -37,11 +40,16 @@ def _supported(system: str) -> bool:
 
 
 def _cfg(system: str, model: str, pd: bool, hardware: str = "h200", *extra: str):
-    return sglang_cfg(f"system={system}", f"model={model}", f"hardware={hardware}",
-                      f"server.port={PORTS['front']}",
-                      f"server.sglang.pd.prefill.port={PORTS['prefill']}",
-                      f"server.sglang.pd.decode.port={PORTS['decode']}",
-                      f"server.sglang.pd.enabled={str(pd).lower()}", *extra)
+    return sglang_cfg(
+        f"system={system}",
+        f"model={model}",
+        f"hardware={hardware}",
+        f"server.port={PORTS['front']}",
+        f"server.sglang.pd.prefill.port={PORTS['prefill']}",
+        f"server.sglang.pd.decode.port={PORTS['decode']}",
+        f"server.sglang.pd.enabled={str(pd).lower()}",
+        *extra,
+    )
 
 
 def parse(args: list[str]):
@@ -88,14 +96,18 @@ def check_server(sa, cfg, role: str, port: int) -> None:
     assert sa.enable_hisparse is hisparse
     if hisparse:
         h = json.loads(sa.hisparse_config)
-        assert h == {"top_k": model["index_topk"],
-                     "device_buffer_size": (system.get("kv") or {}).get("hot_cache_rows")
-                     or 2 * model["index_topk"],
-                     "host_to_device_ratio": max(1, int(hw["host_pool_gib"] //
-                                                        hw["kv_pool_gib"]))}
+        assert h == {
+            "top_k": model["index_topk"],
+            "device_buffer_size": (system.get("kv") or {}).get("hot_cache_rows")
+            or 2 * model["index_topk"],
+            "host_to_device_ratio": max(1, int(hw["host_pool_gib"] // hw["kv_pool_gib"])),
+        }
         parsed = sglang_sparse_config(sa.hisparse_config)
-        assert (parsed.top_k, parsed.device_buffer_size, parsed.host_to_device_ratio) == \
-            (h["top_k"], h["device_buffer_size"], h["host_to_device_ratio"])
+        assert (parsed.top_k, parsed.device_buffer_size, parsed.host_to_device_ratio) == (
+            h["top_k"],
+            h["device_buffer_size"],
+            h["host_to_device_ratio"],
+        )
     else:
         assert sa.hisparse_config is None
     spec = system.get("speculation")
@@ -119,8 +131,9 @@ def check_server(sa, cfg, role: str, port: int) -> None:
 COMBOS = list(itertools.product(SYSTEMS, MODELS, [False, True]))
 
 
-@pytest.mark.parametrize("system,model,pd", COMBOS,
-                         ids=[f"{s}-{m}-{'pd' if p else 'colo'}" for s, m, p in COMBOS])
+@pytest.mark.parametrize(
+    "system,model,pd", COMBOS, ids=[f"{s}-{m}-{'pd' if p else 'colo'}" for s, m, p in COMBOS]
+)
 def test_every_argument_list_parses(system, model, pd):
     cfg = _cfg(system, model, pd)
     if not _supported(system):
@@ -136,8 +149,9 @@ def test_every_argument_list_parses(system, model, pd):
     prefill, decode = plan.servers
     check_server(parse(prefill.args), cfg, "prefill", PORTS["prefill"])
     check_server(parse(decode.args), cfg, "decode", PORTS["decode"])
-    router = pytest.importorskip("sglang_router.launch_router",
-                                 reason="sglang-router is not installed in this environment")
+    router = pytest.importorskip(
+        "sglang_router.launch_router", reason="sglang-router is not installed in this environment"
+    )
     ra = router.parse_router_args(plan.router_args)
     assert ra.pd_disaggregation is True and ra.mini_lb is False
     assert ra.prefill_urls == [(prefill.url, 8998)]
@@ -147,20 +161,31 @@ def test_every_argument_list_parses(system, model, pd):
 
 def test_cpu_hardware_and_overrides_parse():
     """The other hardware preset, explicit overrides and extra arguments also parse."""
-    cfg = _cfg("hisparse", "glm53_mini", True, "cpu",
-               "server.sglang.hisparse.top_k=2048",
-               "server.sglang.hisparse.device_buffer_size=4096",
-               "server.sglang.hisparse.host_to_device_ratio=10",
-               "server.sglang.pd.decode.tp=4", "server.sglang.pd.transfer_backend=nixl",
-               "server.sglang.pd.ib_device=mlx5_0", "server.sglang.pd.mini_lb=true",
-               "server.sglang.page_size=64", "server.sglang.context_length=81920",
-               "server.sglang.mem_fraction_static=0.85",
-               "server.sglang.extra_args=[--chunked-prefill-size,8192]")
+    cfg = _cfg(
+        "hisparse",
+        "glm53_mini",
+        True,
+        "cpu",
+        "server.sglang.hisparse.top_k=2048",
+        "server.sglang.hisparse.device_buffer_size=4096",
+        "server.sglang.hisparse.host_to_device_ratio=10",
+        "server.sglang.pd.decode.tp=4",
+        "server.sglang.pd.transfer_backend=nixl",
+        "server.sglang.pd.ib_device=mlx5_0",
+        "server.sglang.pd.mini_lb=true",
+        "server.sglang.page_size=64",
+        "server.sglang.context_length=81920",
+        "server.sglang.mem_fraction_static=0.85",
+        "server.sglang.extra_args=[--chunked-prefill-size,8192]",
+    )
     plan = adapter.build_plan(cfg)
     prefill, decode = map(parse, (s.args for s in plan.servers))
     assert decode.tp_size == 4 and prefill.tp_size == 1
-    assert json.loads(decode.hisparse_config) == {"top_k": 2048, "device_buffer_size": 4096,
-                                                  "host_to_device_ratio": 10}
+    assert json.loads(decode.hisparse_config) == {
+        "top_k": 2048,
+        "device_buffer_size": 4096,
+        "host_to_device_ratio": 10,
+    }
     assert decode.disaggregation_ib_device == "mlx5_0"
     assert decode.disaggregation_transfer_backend == "nixl"
     for sa in (prefill, decode):
@@ -172,29 +197,56 @@ def test_cpu_hardware_and_overrides_parse():
 
 
 def test_window_and_dspark_without_draft_parse():
-    cfg = _cfg("resident_dflash2", "glm53_mini", False, "h200",
-               "server.sglang.speculative.draft_window_size=2048",
-               "server.sglang.speculative.block_size=6")
+    cfg = _cfg(
+        "resident_dflash2",
+        "glm53_mini",
+        False,
+        "h200",
+        "server.sglang.speculative.draft_window_size=2048",
+        "server.sglang.speculative.block_size=6",
+    )
     sa = parse(adapter.build_plan(cfg).servers[0].args)
     assert (sa.speculative_draft_window_size, sa.speculative_dflash_block_size) == (2048, 6)
-    cfg = _cfg("resident_dspark", "dsv41_mini", False, "h200",
-               "server.sglang.speculative.draft_model_path=null")
+    cfg = _cfg(
+        "resident_dspark",
+        "dsv41_mini",
+        False,
+        "h200",
+        "server.sglang.speculative.draft_model_path=null",
+    )
     sa = parse(adapter.build_plan(cfg).servers[0].args)
     assert sa.speculative_algorithm == "DSPARK" and sa.speculative_draft_model_path is None
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["system=resident_dflash2", "server.sglang.speculative.draft_model_path=null"],
-     "DFLASH needs a draft checkpoint"),
-    (["system=hisparse", "server.sglang.hisparse.device_buffer_size=100",
-      "server.sglang.hisparse.top_k=512"], "must be >= top_k"),
-    (["system=resident", "server.sglang.model_path=null"], "model_path is required"),
-    (["system=resident", "+server.sglang.bogus=1"], "unknown key"),
-    (["system=resident", "server.sglang.pd.enabled=true", "server.sglang.pd.transfer_backend=tcp"],
-     "transfer_backend"),
-    (["system=resident_dspark", "system.speculation.drafter=eagle"], "no SGLang equivalent"),
-    (["system=adaptive_dhisparse_dspark"], "no SGLang equivalent"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (
+            ["system=resident_dflash2", "server.sglang.speculative.draft_model_path=null"],
+            "DFLASH needs a draft checkpoint",
+        ),
+        (
+            [
+                "system=hisparse",
+                "server.sglang.hisparse.device_buffer_size=100",
+                "server.sglang.hisparse.top_k=512",
+            ],
+            "must be >= top_k",
+        ),
+        (["system=resident", "server.sglang.model_path=null"], "model_path is required"),
+        (["system=resident", "+server.sglang.bogus=1"], "unknown key"),
+        (
+            [
+                "system=resident",
+                "server.sglang.pd.enabled=true",
+                "server.sglang.pd.transfer_backend=tcp",
+            ],
+            "transfer_backend",
+        ),
+        (["system=resident_dspark", "system.speculation.drafter=eagle"], "no SGLang equivalent"),
+        (["system=adaptive_dhisparse_dspark"], "no SGLang equivalent"),
+    ],
+)
 def test_unsupported_combinations_fail_before_launch(overrides, match, tmp_path, monkeypatch):
     def no_process(*a, **k):
         raise AssertionError("a process was started for a configuration that must fail")

@@ -41,9 +41,14 @@ class ScriptedDrafter(DFlash2Drafter):
 
 
 def _spec_engine(system, model, block, scripted=True, *extra):
-    eng = make_engine(f"system={system}", f"model={model}", "hardware.kv_pool_gib=0.01",
-                      "system.speculation.window=64", f"system.speculation.block_size={block}",
-                      *extra)
+    eng = make_engine(
+        f"system={system}",
+        f"model={model}",
+        "hardware.kv_pool_gib=0.01",
+        "system.speculation.window=64",
+        f"system.speculation.block_size={block}",
+        *extra,
+    )
     if scripted:
         d = eng.decoder.drafter
         d.__class__ = ScriptedDrafter
@@ -55,8 +60,9 @@ def _spec_engine(system, model, block, scripted=True, *extra):
 @pytest.mark.parametrize("system", ["resident_dflash2", "adaptive_dhisparse"])
 @pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
 def test_greedy_speculation_reproduces_golden_tokens(system, model, block):
-    extra = ["system.kv.hot_cache_rows=8", "system.kv.verify_rows=true"] \
-        if "adaptive" in system else []
+    extra = (
+        ["system.kv.hot_cache_rows=8", "system.kv.verify_rows=true"] if "adaptive" in system else []
+    )
     eng = _spec_engine(system, model, block, True, *extra)
     outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"][model]
@@ -71,8 +77,15 @@ def test_verification_through_the_graph_protocol_is_exact(system):
     """Verification passes (Q = K queries) through the emulated CUDA-graph runner: golden
     tokens, graphs keyed by the pass width, the verification staging path inside the region."""
     extra = ["system.kv.hot_cache_rows=8"] if "adaptive" in system else []
-    eng = _spec_engine(system, "tiny", 4, True, "+engine.cuda_graph_emulate=true",
-                       "engine.cuda_graph_scan_step=16", *extra)
+    eng = _spec_engine(
+        system,
+        "tiny",
+        4,
+        True,
+        "+engine.cuda_graph_emulate=true",
+        "engine.cuda_graph_scan_step=16",
+        *extra,
+    )
     outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"]["tiny"]
     r = eng.graph_runner
@@ -111,29 +124,46 @@ def test_dspark_under_calibrated_acceptance_verifies_drafts():
     """Calibrated acceptance drives DSpark's prefix choice with the calibrated per-position
     acceptance: rounds verify drafts (K_r > 1) and emit about what the calibration promises,
     where the random drafter's own confidences would pick K_r = 1."""
-    eng = _spec_engine("resident_dspark", "tiny", 8, False, "system.speculation.acceptance=calibrated")
+    eng = _spec_engine(
+        "resident_dspark", "tiny", 8, False, "system.speculation.acceptance=calibrated"
+    )
     dec = eng.decoder
     props = torch.zeros((3, 7), dtype=torch.long)
     k_r = dec._k_r(None, props)
     a = dec.alpha
-    exp = [sum(a ** i for i in range(k)) / (dec.cost0 + dec.cost_per_query * k) for k in range(1, 9)]
+    exp = [sum(a**i for i in range(k)) / (dec.cost0 + dec.cost_per_query * k) for k in range(1, 9)]
     assert k_r.tolist() == [max(range(8), key=lambda i: exp[i]) + 1] * 3 and int(k_r[0]) > 1
     run_greedy(eng, GOLDEN["prompts"][:2], 24)
     st_ = dec.stats
     assert st_["spec_queries_total"] > 1.5 * st_["spec_rounds_total"]
     assert st_["spec_accepted_total"] > 0
-    drafter = _spec_engine("resident_dspark", "tiny", 8, False, "system.speculation.acceptance=calibrated",
-                           "system.speculation.scheduler_confidence=drafter").decoder
+    drafter = _spec_engine(
+        "resident_dspark",
+        "tiny",
+        8,
+        False,
+        "system.speculation.acceptance=calibrated",
+        "system.speculation.scheduler_confidence=drafter",
+    ).decoder
     assert not drafter.calibrated_confidence
     with pytest.raises(ValueError, match="scheduler_confidence"):
-        _spec_engine("resident_dspark", "tiny", 8, False, "system.speculation.scheduler_confidence=maybe")
+        _spec_engine(
+            "resident_dspark", "tiny", 8, False, "system.speculation.scheduler_confidence=maybe"
+        )
 
 
 def test_union_resolution_copies_each_distinct_miss_once():
     # B == k and a block of 8 queries: the union of selections overflows the hot cache, so the
     # staging arena is used; every distinct missing row is copied once per call
-    eng = _spec_engine("adaptive_dhisparse", "tiny", 8, True, "system.kv.hot_cache_rows=8",
-                       "system.kv.optional_residency=false", "system.kv.verify_rows=true")
+    eng = _spec_engine(
+        "adaptive_dhisparse",
+        "tiny",
+        8,
+        True,
+        "system.kv.hot_cache_rows=8",
+        "system.kv.optional_residency=false",
+        "system.kv.verify_rows=true",
+    )
     outs = run_greedy(eng, GOLDEN["prompts"][3:], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"]["tiny"][3:]
     m = eng.metrics()
@@ -150,14 +180,16 @@ def test_kv_after_rejection_equals_non_speculative_kv():
     rows = []
     for eng in (ref, spec):
         from systems.engine.request import Request, SamplingParams
+
         r = Request(eng.new_rid(), p, SamplingParams(max_new_tokens=20))
         eng.submit(r)
         while len(r.output_ids) < 15:
             eng.step()
         be = eng.backend
         n = len(p) + 10
-        loc = be._token_locs(be.req_to_index_page, torch.tensor([r.slot]),
-                             torch.arange(n).unsqueeze(0))[0]
+        loc = be._token_locs(
+            be.req_to_index_page, torch.tensor([r.slot]), torch.arange(n).unsqueeze(0)
+        )[0]
         rows.append(be.kv_pool[:, loc].clone())
     assert spec.decoder.stats["spec_accepted_total"] < 3 * spec.decoder.stats["spec_rounds_total"]
     assert torch.equal(rows[0], rows[1])
@@ -168,8 +200,13 @@ def test_ring_size_matches_the_paper():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(1, 300), st.integers(1, 64), st.integers(1, 8), st.integers(0, 5000),
-       st.integers(0, 7))
+@given(
+    st.integers(1, 300),
+    st.integers(1, 64),
+    st.integers(1, 8),
+    st.integers(0, 5000),
+    st.integers(0, 7),
+)
 def test_ring_never_aliases_two_live_positions(window, page, k_max, t0, slot):
     r_d = ring_rows(window, page, k_max)
     live = range(max(0, t0 - window), t0 + k_max)  # window + current block
@@ -185,8 +222,17 @@ V = 4
 
 def _toy(prev):
     """Prefix-dependent target p and draft q over 4 tokens (rows indexed by the previous token)."""
-    P = torch.tensor([[.5, .2, .2, .1], [.1, .6, .2, .1], [.25, .25, .25, .25], [.05, .05, .1, .8]])
-    Qd = torch.tensor([[.25, .25, .25, .25], [.4, .3, .2, .1], [.7, .1, .1, .1], [.1, .1, .1, .7]])
+    P = torch.tensor(
+        [
+            [0.5, 0.2, 0.2, 0.1],
+            [0.1, 0.6, 0.2, 0.1],
+            [0.25, 0.25, 0.25, 0.25],
+            [0.05, 0.05, 0.1, 0.8],
+        ]
+    )
+    Qd = torch.tensor(
+        [[0.25, 0.25, 0.25, 0.25], [0.4, 0.3, 0.2, 0.1], [0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]]
+    )
     return P[prev], Qd[prev]
 
 
@@ -214,7 +260,7 @@ def _simulate(rule, N=30000, K=3, seed=0):
         A, nxt = rule(logits, props, qs, torch.full((B,), K), torch.ones(B), g)
         keep = []
         for b, i in enumerate(active):
-            toks = props[b, :A[b]].tolist() + [nxt[b]]
+            toks = props[b, : A[b]].tolist() + [nxt[b]]
             out[i].extend(toks)
             prev[i] = out[i][-1]
             if len(out[i]) < 2:
@@ -269,10 +315,11 @@ def test_the_distribution_test_rejects_broken_rules(control):
 
 def test_calibrated_alpha_matches_the_target_mean():
     a = acceptance.calibrated_alpha(4, 2.88)
-    assert abs((1 - a ** 4) / (1 - a) - 2.88) < 1e-6
+    assert abs((1 - a**4) / (1 - a) - 2.88) < 1e-6
     logits = torch.randn(20000, 4, 8)
-    A, _ = acceptance.accept_calibrated(logits, torch.full((20000,), 4), a,
-                                        torch.Generator().manual_seed(0))
+    A, _ = acceptance.accept_calibrated(
+        logits, torch.full((20000,), 4), a, torch.Generator().manual_seed(0)
+    )
     assert abs(sum(A) / len(A) + 1 - 2.88) < 0.03
 
 
@@ -296,7 +343,10 @@ def test_phase_timer_splits_each_round_into_its_phases():
     eng = _spec_engine("resident_dflash2", "tiny", 4, False)
     timer = eng.decoder.phase_timer = PhaseTimer(eng.device)
     from systems.engine.request import Request, SamplingParams
-    reqs = [Request(eng.new_rid(), p, SamplingParams(max_new_tokens=8)) for p in GOLDEN["prompts"][:2]]
+
+    reqs = [
+        Request(eng.new_rid(), p, SamplingParams(max_new_tokens=8)) for p in GOLDEN["prompts"][:2]
+    ]
     for r in reqs:
         eng.submit(r)
     eng.step()  # admissions + the first round
