@@ -177,12 +177,8 @@ def index_scores(
 
 def aot_compile(arch: int = 90, num_warps: int = 4, pool_type: str = "bf16", **constexprs):
     """Compile for an NVIDIA target without a GPU (see resolver.aot_compile)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
+    from systems.kernels.aot import compile_for_nvidia
 
-    fn = _index_scores_kernel
-    if not isinstance(fn, triton.runtime.jit.JITFunction):
-        raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     c = dict(DI=64, DI_P=64, BLOCK_Q=16, BLOCK_L=128, FMA=False)
     c.update(constexprs)
     ptrs = {
@@ -192,14 +188,4 @@ def aot_compile(arch: int = 90, num_warps: int = 4, pool_type: str = "bf16", **c
         "slots_ptr": "*i64",
         "out_ptr": "*fp32",
     }
-    sig = {n: ("constexpr" if n in c else ptrs.get(n, "i32")) for n in fn.arg_names}
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(fn.arg_names)
-        if sig[n].startswith("*")
-    }
-    return triton.compile(
-        ASTSource(fn, sig, c, attrs=attrs),
-        target=GPUTarget("cuda", arch, 32),
-        options=dict(num_warps=num_warps),
-    )
+    return compile_for_nvidia(_index_scores_kernel, c, ptrs, arch, num_warps)

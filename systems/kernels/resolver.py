@@ -1438,14 +1438,11 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     real-launch alignment hints. Catches compile-mode errors the interpreter does not see.
     Needs a process where TRITON_INTERPRET is unset. Returns the compiled kernel (``.asm``
     holds ttir/ttgir/llir/ptx/cubin)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
+    from systems.kernels.aot import compile_for_nvidia
 
     fn = _resolver_kernel
-    if not isinstance(fn, triton.runtime.jit.JITFunction):
-        raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     ptr64 = {"hot_lru_ptr", "counters_ptr", "flags_ptr", "ctrl_ptr", "pflags_ptr", "dbg_ptr"}
-    sig = {}
+    types = {}
     c = dict(
         HAS_DIRECT=True,
         HAS_STAGING=True,
@@ -1470,23 +1467,13 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     c.update(constexprs)
     c.setdefault("HSTRIDE", c["WORDS"])  # unpadded host rows unless asked
     for name in fn.arg_names:
-        if name in c:
-            sig[name] = "constexpr"
-        elif name in ("kv_ptr", "host_ptr"):
-            sig[name] = "*" + word_type
+        if name in ("kv_ptr", "host_ptr"):
+            types[name] = "*" + word_type
         elif name == "stamp_arg":
-            sig[name] = "*i64" if c["STAMP_IS_PTR"] else "i64"
+            types[name] = "*i64" if c["STAMP_IS_PTR"] else "i64"
         elif name.endswith("_ptr"):
-            sig[name] = "*i64" if name in ptr64 else "*i32"
-        else:
-            sig[name] = "i32"
-    names = list(fn.arg_names)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
-    return triton.compile(
-        ASTSource(fn, sig, c, attrs=attrs),
-        target=GPUTarget("cuda", arch, 32),
-        options=dict(num_warps=num_warps),
-    )
+            types[name] = "*i64" if name in ptr64 else "*i32"
+    return compile_for_nvidia(fn, c, types, arch, num_warps)
 
 
 def resolve(

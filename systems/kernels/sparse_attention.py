@@ -534,12 +534,9 @@ def aot_compile(
     """Compile the kernel for an NVIDIA target without a GPU (Triton bundles ptxas): catches
     compile-mode errors the interpreter does not see. Needs a process where TRITON_INTERPRET
     is unset. Returns the compiled kernel (``.asm`` holds ttir/ttgir/llir/ptx/cubin)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
+    from systems.kernels.aot import compile_for_nvidia
 
     fn = _sparse_attention_kernel if kernel == "per_head" else _sparse_attention_mma_kernel
-    if not isinstance(fn, triton.runtime.jit.JITFunction):
-        raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     c = dict(
         H=4,
         D=576,
@@ -569,23 +566,5 @@ def aot_compile(
         "l_ptr": "*fp32",
         "acc_ptr": "*fp32",
     }
-    sig = {}
-    for name in fn.arg_names:
-        if name in c:
-            sig[name] = "constexpr"
-        elif name in ptrs:
-            sig[name] = ptrs[name]
-        elif name == "sm_scale":
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(fn.arg_names)
-        if sig[n].startswith("*")
-    }
-    return triton.compile(
-        ASTSource(fn, sig, c, attrs=attrs),
-        target=GPUTarget("cuda", arch, 32),
-        options=dict(num_warps=num_warps),
-    )
+    ptrs["sm_scale"] = "fp32"
+    return compile_for_nvidia(fn, c, ptrs, arch, num_warps)

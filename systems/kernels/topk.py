@@ -281,12 +281,8 @@ def topk_positions(
 
 def aot_compile(arch: int = 90, num_warps: int = 8, **constexprs):
     """Compile for an NVIDIA target without a GPU (see resolver.aot_compile)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
+    from systems.kernels.aot import compile_for_nvidia
 
-    fn = _topk_kernel
-    if not isinstance(fn, triton.runtime.jit.JITFunction):
-        raise RuntimeError("aot_compile needs TRITON_INTERPRET unset when triton is imported")
     c = dict(BLOCK=2048, KP=512)
     c.update(constexprs)
     ptrs = {
@@ -296,14 +292,4 @@ def aot_compile(arch: int = 90, num_warps: int = 8, **constexprs):
         "cand_ptr": "*i32",
         "sel_ptr": "*i64",
     }
-    sig = {n: ("constexpr" if n in c else ptrs.get(n, "i32")) for n in fn.arg_names}
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(fn.arg_names)
-        if sig[n].startswith("*")
-    }
-    return triton.compile(
-        ASTSource(fn, sig, c, attrs=attrs),
-        target=GPUTarget("cuda", arch, 32),
-        options=dict(num_warps=num_warps),
-    )
+    return compile_for_nvidia(_topk_kernel, c, ptrs, arch, num_warps)
