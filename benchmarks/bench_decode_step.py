@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 HBM_BPS = 4.22e12
+PAPER_ROUND_OVER_STEP = 2.2  # a block-4 round against a plain step (paper sec. 4.2.1)
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP_RANGE = "bench_decode_step"
 
@@ -222,6 +223,12 @@ def main() -> None:
     for r in rows:
         base = plain.get((r["model"], r["batch"]))
         r["round_over_step"] = r["step_ms"] / base if "phases_ms" in r and base else None
+        if r["round_over_step"] is not None:
+            print(
+                f"{r['model']:12s} {r['system']:20s} B={r['batch']:3d} round / hisparse step "
+                f"ours {r['round_over_step']:.2f}  paper {PAPER_ROUND_OVER_STEP}",
+                flush=True,
+            )
     env = environment()
     out = Path(args.out)
     old = json.loads(out.read_text()).get("rows", []) if out.exists() else []
