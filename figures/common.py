@@ -75,6 +75,7 @@ from harness.results import (  # noqa: F401
     by_system,
     canonical_system,
     change_mix,
+    compared_loads,
     counter_share,
     curve,
     engine_time_split,

@@ -26,7 +26,7 @@ def main(argv=None) -> C.Report:
     )
     fig.tight_layout()
     P = PAPER["fig1"]
-    rep.loads = {c: c for c in sorted({r.concurrency for r in runs if r.concurrency})}
+    rep.loads = C.compared_loads(runs)
     tr = C.Tracker(runs)
     o = lambda s, c: tr.val(s, c, OUT)  # noqa: E731
 

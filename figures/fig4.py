@@ -36,7 +36,7 @@ def main(argv=None) -> C.Report:
         axes[0], runs, rep, output_key=OUT, output_label="Output throughput (tok/s/GPU)"
     )
     fig.tight_layout()
-    rep.loads = {c: c for c in sorted({r.concurrency for r in runs if r.concurrency})}
+    rep.loads = C.compared_loads(runs)
     P = PAPER["fig4"]
     tr = C.Tracker(runs)
 

@@ -22,8 +22,13 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import os
+import shutil
+import socket
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf  # noqa: E402
@@ -62,8 +67,22 @@ def _value(v) -> str:
     return str(v)
 
 
-def plan(exp: str, smoke: bool) -> list[list[str]]:
-    """Override lists, one per harness.run invocation."""
+@dataclass
+class Group:
+    """The runs of one sweep combination of an experiment, in the order they run. Without
+    ``reproduce.repeats`` a run per system; with ``reproduce.repeats: N`` the compared systems
+    run interleaved, back to back, N rounds (A B C A B C ...), the i-th round's runs marked
+    ``+repeat=i`` (a distinct run id each), after one throwaway warm-up run (see ``warm_up``),
+    and every run of the group records one ``run_group``."""
+
+    name: str  # the experiment and the sweep values: "fig9 b_over_k=4"
+    runs: list[list[str]]  # override lists, one harness.run each
+    repeats: int | None = None  # None: one run per system, not interleaved
+
+
+def groups(exp: str, smoke: bool) -> list[Group]:
+    """The experiment's plan, one Group per sweep combination (one per system when an
+    experiment without repeats sweeps nothing: the order the plan always had, system-major)."""
     from systems.engine.config import compose
 
     base = compose([f"experiment={exp}"])
@@ -71,21 +90,42 @@ def plan(exp: str, smoke: bool) -> list[list[str]]:
     systems = list(rep.get("systems") or [base.system.name])
     sweep = rep.get("sweep")
     sweep = OmegaConf.to_container(sweep, resolve=True) if sweep is not None else {}
+    repeats = rep.get("repeats")
+    if repeats is not None and int(repeats) < 1:
+        raise ValueError(f"{exp}: reproduce.repeats must be an integer >= 1, got {repeats}")
     extra = []
     if smoke:
         extra = list(SMOKE) + [f"{k}={_value(v)}" for k, v in (rep.get("smoke") or {}).items()]
     keys = list(sweep)
-    runs = []
-    for system in systems:
-        for values in itertools.product(*[sweep[k] for k in keys]) if keys else [()]:
-            ov = [f"experiment={exp}", f"system={system}"] + extra
-            for k, v in zip(keys, values):
-                if k == "b_over_k":
-                    ov.append(f"+b_over_k={v}")
-                else:
-                    ov.append(f"{k}={_value(v)}")
-            runs.append(ov)
-    return runs
+    combos = []
+    for values in itertools.product(*[sweep[k] for k in keys]) if keys else [()]:
+        sets = []
+        for k, v in zip(keys, values):
+            sets.append(f"+b_over_k={v}" if k == "b_over_k" else f"{k}={_value(v)}")
+        combos.append(sets)
+
+    def runs(system: str, sets: list[str], repeat: int | None = None) -> list[str]:
+        mark = [f"+repeat={repeat}"] if repeat is not None else []
+        return [f"experiment={exp}", f"system={system}"] + extra + sets + mark
+
+    def name(sets: list[str]) -> str:
+        return " ".join([exp] + [s.lstrip("+") for s in sets])
+
+    if repeats is None:
+        return [Group(name(sets), [runs(system, sets)]) for system in systems for sets in combos]
+    return [
+        Group(
+            name(sets),
+            [runs(s, sets, i) for i in range(1, int(repeats) + 1) for s in systems],
+            int(repeats),
+        )
+        for sets in combos
+    ]
+
+
+def plan(exp: str, smoke: bool) -> list[list[str]]:
+    """Override lists, one per harness.run invocation, in the order they run."""
+    return [ov for g in groups(exp, smoke) for ov in g.runs]
 
 
 def select(
@@ -163,10 +203,65 @@ def skipped_points(overrides: list[str]) -> list[str]:
     return out
 
 
-def run_one(overrides: list[str], results: str | None, only_tags: list[str] | None = None) -> None:
+def run_one(
+    overrides: list[str],
+    results: str | None,
+    only_tags: list[str] | None = None,
+    run_group: str | None = None,
+) -> None:
     from harness.run import run
 
-    run(_run_cfg(overrides, results), only_tags=only_tags, reproduce_keys=True)
+    run(_run_cfg(overrides, results), only_tags=only_tags, reproduce_keys=True, run_group=run_group)
+
+
+# The warm-up's load where the group's first point is not closed-loop (a load step, a rate)
+WARM_UP_CONCURRENCY = 8
+
+
+def warm_up_point(overrides: list[str], only_tags: list[str] | None) -> tuple[str, int]:
+    """(the tag of the point the warm-up stands in for, the concurrency it runs at)."""
+    from harness.run import _load_points
+
+    points = _load_points(_run_cfg(overrides, None))
+    p = next((p for p in points if only_tags is None or p["tag"] in only_tags), points[0])
+    return p["tag"], int(p.get("concurrency") or WARM_UP_CONCURRENCY)
+
+
+def warm_up(overrides: list[str], only_tags: list[str] | None) -> None:
+    """One throwaway run before an interleaved group, so that its first measured run is warm:
+    a fresh machine's first serving run measured up to 2x slower than the same run after it,
+    also with Triton's cache carried in (results/cold_cache/). The group's first run, at its
+    first load point, one wave of requests (closed loop), into a scratch results directory
+    that is removed afterwards: no figure can read it."""
+    from omegaconf import open_dict
+
+    from harness.run import run
+
+    _, c = warm_up_point(overrides, only_tags)
+    scratch = tempfile.mkdtemp(prefix="dhs-warm-up-")
+    try:
+        cfg = _run_cfg(overrides, scratch)
+        with open_dict(cfg):
+            for key, value in {
+                "schedule": None,
+                "request_rate": None,
+                "paper_concurrency": None,
+                "concurrency": [c],
+                "num_requests": c,
+                "min_waves": 1,
+            }.items():
+                cfg.workload[key] = value
+        run(cfg, reproduce_keys=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def session_name() -> str:
+    """What this reproduce call's run groups start with: DHS_RUN_GROUP (benchmarks/gpu_batch.sh
+    sets one per batch), else the time and host."""
+    return os.environ.get("DHS_RUN_GROUP") or (
+        f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{socket.gethostname()}"
+    )
 
 
 def _duration_guide(exp_dir: Path, prefix: str, cfg) -> str:
@@ -210,6 +305,8 @@ def show_plan(
     exp_dir, plan = point_plan(cfg, only_tags)
     done = pending = 0
     for p, rid, finished in plan:
+        if "paper_concurrency" in p:  # harness.run mapped the paper's C to ours
+            rid = f"{rid} (paper C{p['paper_concurrency']})"
         if p["tag"] in skip:
             print(
                 f"    {p['tag']:>6s} {rid}: not in the plan (reproduce.skip_points: no figure "
@@ -224,6 +321,16 @@ def show_plan(
         prefix = legacy_run_id(cfg, p).rsplit("-", 1)[0] + "-"  # system-model-tag-: any setting
         print(f"    {p['tag']:>6s} {rid}: pending{_duration_guide(exp_dir, prefix, cfg)}")
     return done, pending
+
+
+def has_pending(
+    overrides: list[str], results: str | None, only_tags: list[str] | None, skip: list[str] = ()
+) -> bool:
+    """Whether a run of the plan has a load point left to measure."""
+    from harness.run import point_plan
+
+    _, plan = point_plan(_run_cfg(overrides, results), only_tags)
+    return any(not done and p["tag"] not in skip for p, _, done in plan)
 
 
 def _points_to_run(overrides: list[str], point: list[str] | None) -> list[str] | None:
@@ -291,32 +398,55 @@ def main(argv: list[str] | None = None) -> int:
         results = str(Path("/tmp") / f"dhs-smoke-{int(time.time())}")
     failed = []
     totals: dict[str, list[int]] = {}
+    session = session_name()
     for exp in names:
-        runs = plan(exp, args.smoke)
-        chosen = select(runs, args.system, args.where)
+        exp_groups = groups(exp, args.smoke)
+        chosen = [(g, select(g.runs, args.system, args.where)) for g in exp_groups]
+        chosen = [(g, runs) for g, runs in chosen if runs]
         if not chosen:
-            ap.error(f"{exp}: --system / --where select none of its {len(runs)} runs")
-        for ov in chosen:
-            ov = ov + list(args.overrides)
-            tags = _points_to_run(ov, args.point)
-            print(
-                "[reproduce]",
-                " ".join(ov),
-                *(["points", *tags] if tags is not None else []),
-                flush=True,
-            )
-            if args.dry_run:
-                counts = show_plan(ov, results, args.point, skipped_points(ov))
-                totals[exp] = [a + b for a, b in zip(totals.get(exp, [0, 0]), counts)]
-                continue
-            if tags == []:
-                print("    every point of this run is left out (reproduce.skip_points)")
-                continue
-            try:
-                run_one(ov, results, tags)
-            except Exception as e:  # keep going: one failed run must not lose the others
-                print(f"[reproduce] FAILED: {e!r}", flush=True)
-                failed.append((exp, ov, repr(e)))
+            n = sum(len(g.runs) for g in exp_groups)
+            ap.error(f"{exp}: --system / --where select none of its {n} runs")
+        for g, runs in chosen:
+            runs = [ov + list(args.overrides) for ov in runs]
+            todo = [(ov, _points_to_run(ov, args.point)) for ov in runs]
+            todo = [(ov, tags) for ov, tags in todo if tags != []]
+            group = f"{session}/{g.name.replace(' ', '/')}" if g.repeats else None
+            if g.repeats and todo:
+                tag, c = warm_up_point(*todo[0])
+                print(
+                    f"[reproduce] interleaved group {g.name!r}: {g.repeats} repeat(s) of "
+                    f"{len(runs) // g.repeats} run(s), back to back, run group {group}; first a "
+                    f"throwaway warm-up run ({todo[0][0][1]} for {tag}: one wave at C{c}, "
+                    "not kept)",
+                    flush=True,
+                )
+                if not args.dry_run and any(
+                    has_pending(ov, results, tags, skipped_points(ov)) for ov, tags in todo
+                ):
+                    try:
+                        warm_up(*todo[0])
+                    except Exception as e:  # the measured runs still run, and say if they fail
+                        print(f"[reproduce] warm-up FAILED: {e!r}; the first run is cold", flush=True)
+            for ov in runs:
+                tags = _points_to_run(ov, args.point)
+                print(
+                    "[reproduce]",
+                    " ".join(ov),
+                    *(["points", *tags] if tags is not None else []),
+                    flush=True,
+                )
+                if args.dry_run:
+                    counts = show_plan(ov, results, args.point, skipped_points(ov))
+                    totals[exp] = [a + b for a, b in zip(totals.get(exp, [0, 0]), counts)]
+                    continue
+                if tags == []:
+                    print("    every point of this run is left out (reproduce.skip_points)")
+                    continue
+                try:
+                    run_one(ov, results, tags, run_group=group)
+                except Exception as e:  # keep going: one failed run must not lose the others
+                    print(f"[reproduce] FAILED: {e!r}", flush=True)
+                    failed.append((exp, ov, repr(e)))
     if args.dry_run:
         print("\n[reproduce] the plan per experiment (load points):")
         for exp, (done, pending) in totals.items():

@@ -159,6 +159,13 @@ class Run:
             return None
 
     @property
+    def paper_concurrency(self) -> int | None:
+        """The paper's concurrency this run stands for where its experiment was written in the
+        paper's C (harness.run records it in the point), else None."""
+        c = self.point.get("paper_concurrency")
+        return None if c is None else int(c)
+
+    @property
     def tag(self) -> str:
         return str(self.point.get("tag", ""))
 
@@ -463,9 +470,9 @@ def setting(r: Run) -> tuple:
     )
 
 
-# config keys that do not change what a run measures (run_id drops the same, and ``rerun`` is
-# the key that forces a repeat)
-_VOLATILE = ("server", "logger", "results_dir", "hydra", "rerun")
+# config keys that do not change what a run measures (run_id drops the same, and ``rerun`` /
+# ``repeat`` are the keys that force a repeat: by hand, or harness.reproduce's interleaved ones)
+_VOLATILE = ("server", "logger", "results_dir", "hydra", "rerun", "repeat")
 
 
 def _repeat_key(r: Run) -> str:
@@ -476,8 +483,9 @@ def _repeat_key(r: Run) -> str:
     # the engine served is not volatile: an SGLang run never repeats a bundled one
     material["server.mode"] = srv.get("mode") if isinstance(srv, dict) else None
     rep = material.get("reproduce")
-    if isinstance(rep, dict):  # hashed through system.speculation (see harness.run.run_id)
-        rest = {k: v for k, v in rep.items() if k != "speculation"}
+    if isinstance(rep, dict):  # hashed through system.speculation (see harness.run.run_id);
+        # reproduce.repeats is how many runs the plan makes, not what one measures
+        rest = {k: v for k, v in rep.items() if k not in ("speculation", "repeats")}
         if rest:
             material["reproduce"] = rest
         else:
@@ -503,6 +511,17 @@ def fold_repeats(runs: list[Run]) -> list[Run]:
 # experiment -> (older runs left out, the output cap kept, newer runs waiting for the rest of
 # their sweep), for the reports' notes
 SUPERSEDED: dict[str, tuple[int, Any, int]] = {}
+
+
+def compared_loads(runs: Iterable[Run]) -> dict[int, int]:
+    """{paper C: ours C} over the runs' loads, for a Report's load line: the paper's C that a
+    run recorded (harness.load_mapping), else ours (runs made before the mapping ran our C as the
+    paper's; load_label then says what they are per decode GPU)."""
+    out = {}
+    for r in runs:
+        if r.concurrency:
+            out[r.paper_concurrency or r.concurrency] = r.concurrency
+    return dict(sorted(out.items()))
 
 
 def by_system(runs: Iterable[Run]) -> dict[str, list[Run]]:

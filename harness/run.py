@@ -29,20 +29,40 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from harness.environment import REPO, environment
+from harness.load_mapping import ours_concurrency
 from harness.records import atomic_write_json
 from harness.servers import bundled_server
 from harness.sglang_launch import sglang_server
 from harness.wandb_logger import make_logger, run_config, tags
 
 
+def _ints(v) -> list[int]:
+    return [int(c) for c in (v if OmegaConf.is_list(v) or isinstance(v, list) else [v])]
+
+
 def _load_points(cfg: DictConfig) -> list[dict]:
+    """The workload's load points. A closed-loop workload written in the paper's concurrency
+    (``workload.paper_concurrency``) is mapped to ours here and nowhere else
+    (harness/load_mapping.py: paper C runs as C/4 on one H200); each point then carries both, and
+    the paper's C is hashed into its run id, so it is recorded in summary.json's point."""
     w = cfg.workload
     if w.get("schedule"):
         return [{"schedule": str(w.schedule), "tag": "step"}]
     if w.get("request_rate") is not None:
         return [{"request_rate": float(w.request_rate), "tag": f"r{w.request_rate}"}]
-    conc = w.concurrency
-    conc = [int(c) for c in (conc if OmegaConf.is_list(conc) or isinstance(conc, list) else [conc])]
+    if w.get("paper_concurrency") is not None:
+        paper = _ints(w.paper_concurrency)
+        ours = [ours_concurrency(c) for c in paper]  # a clear error for a C that does not map
+        if w.get("concurrency") is not None and _ints(w.concurrency) != ours:
+            raise ValueError(
+                f"workload.paper_concurrency {paper} runs as ours {ours} on one H200, but "
+                f"workload.concurrency says {_ints(w.concurrency)}: set workload.concurrency to "
+                "null (or workload.paper_concurrency to null to give our loads directly)"
+            )
+        return [
+            {"concurrency": o, "paper_concurrency": p, "tag": f"c{o}"} for p, o in zip(paper, ours)
+        ]
+    conc = _ints(w.concurrency)
     if not conc or min(conc) < 1:
         raise ValueError(f"workload.concurrency must list integers >= 1, got {conc}")
     return [{"concurrency": c, "tag": f"c{c}"} for c in conc]
@@ -70,6 +90,8 @@ def run_labels(cfg: DictConfig, point: dict) -> dict:
     kv = cfg.system.get("kv") or {}
     if kv.get("optional_residency") is False:
         labels["optional_residency"] = False
+    if cfg.get("repeat") is not None:  # harness.reproduce's interleaved repeats
+        labels["repeat"] = int(cfg.repeat)
     return labels
 
 
@@ -111,6 +133,7 @@ _LABEL_PARTS = {
     "hot_cache_rows": "B{}",
     "block_size": "K{}",
     "optional_residency": lambda v: "resoff",
+    "repeat": "rep{}",
 }
 
 
@@ -120,7 +143,9 @@ def _config_hash(cfg: DictConfig, point: dict) -> str:
         material.pop(volatile, None)
     # reproduce.speculation reaches the speculative systems through system.speculation (the
     # system configs interpolate it) and is hashed there; the others must keep their ids
-    for key in ("speculation", "kv"):  # likewise reproduce.kv through system.kv
+    # likewise reproduce.kv through system.kv; reproduce.repeats says how many runs the plan
+    # makes, not what one of them measures (each repeat is told apart by its ``repeat`` key)
+    for key in ("speculation", "kv", "repeats"):
         (material.get("reproduce") or {}).pop(key, None)
     material["point"] = point
     return hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]
@@ -146,9 +171,11 @@ def legacy_run_id(cfg: DictConfig, point: dict) -> str:
 
 
 # Keys a config may carry beyond conf/config.yaml's own: an experiment's ``reproduce`` block, the
-# markers ``+rerun=<tag>`` / ``+smoke=true``, and the collectors' folder the server launcher sets.
-_EXTRA_TOP_KEYS = {"reproduce", "rerun", "smoke", "profile_dir"}
-_EXTRA_WORKLOAD_KEYS = {"min_waves"}
+# markers ``+rerun=<tag>`` / ``+repeat=<i>`` (harness.reproduce's interleaved repeats) /
+# ``+smoke=true`` / ``+prewarm=1`` (benchmarks/gpu_batch.sh's throwaway run), and the collectors'
+# folder the server launcher sets. Optional workload keys: ``min_waves``, ``paper_concurrency``.
+_EXTRA_TOP_KEYS = {"reproduce", "rerun", "repeat", "smoke", "prewarm", "profile_dir"}
+_EXTRA_WORKLOAD_KEYS = {"min_waves", "paper_concurrency"}
 # Sweep keys that only harness.reproduce understands (it turns them into config values).
 REPRODUCE_KEYS = {"b_over_k": "system.kv.hot_cache_rows=<B> (B = b_over_k x model.index_topk)"}
 
@@ -252,12 +279,16 @@ def point_plan(
 
 
 def run(
-    cfg: DictConfig, only_tags: list[str] | None = None, reproduce_keys: bool = False
+    cfg: DictConfig,
+    only_tags: list[str] | None = None,
+    reproduce_keys: bool = False,
+    run_group: str | None = None,
 ) -> list[Path]:
     """Run every load point of ``cfg`` not finished earlier. ``only_tags`` (e.g. ["c128"])
     restricts this call to those points without touching the config, so the run ids stay
     those of the full sweep and a later full call resumes around them. ``reproduce_keys``:
-    harness.reproduce's sweep keys are allowed (it has applied them)."""
+    harness.reproduce's sweep keys are allowed (it has applied them). ``run_group`` names the
+    runs measured together (env.json; default DHS_RUN_GROUP)."""
     from harness.loadgen import LoadConfig, run_load_sync
     from systems.engine.config import resolve_engine_config
 
@@ -283,6 +314,8 @@ def run(
     warn_profile_in_warmup(cfg)
     warn_profile_skipped(cfg)
     env = environment()
+    if run_group:
+        env["run_group"] = run_group
     exp_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     server_dir = exp_dir / f".server-{cfg.system.name}-{cfg.model.name}"

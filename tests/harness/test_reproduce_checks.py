@@ -42,16 +42,25 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
     assert "fig10               0 done    6 pending" in out
 
 
+# Experiments added to the plan and not yet run on the GPU (no figure reads them yet); each must
+# leave this list once its runs are committed (the test below fails until it does).
+NOT_YET_MEASURED = {"fig4_protocol"}  # issue 23: the protocol, written in the paper's C
+
+
 def test_the_committed_plan_has_nothing_pending():
     """Every point of every experiment's plan is measured in results/ (REPRODUCTION.md says so);
     points no figure reads are out of the plan, not pending."""
-    pending = []
+    pending = {}
     for exp in rp.experiments():
         for ov in rp.plan(exp, smoke=False):
             skip = rp.skipped_points(ov)
             _, plan = point_plan(rp._run_cfg(ov, None))
-            pending += [rid for p, rid, done in plan if not done and p["tag"] not in skip]
-    assert not pending, pending
+            pending.setdefault(exp, []).extend(
+                rid for p, rid, done in plan if not done and p["tag"] not in skip
+            )
+    left = {exp: rids for exp, rids in pending.items() if rids and exp not in NOT_YET_MEASURED}
+    assert not left, left
+    assert all(pending[exp] for exp in NOT_YET_MEASURED), "measured now: leave NOT_YET_MEASURED"
 
 
 def test_skip_points_changes_no_run_id():

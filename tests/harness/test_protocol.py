@@ -1,0 +1,174 @@
+"""Issue 23's protocol: experiments written in the paper's concurrency (mapped to ours in
+harness.run, one place), and interleaved repeats in harness.reproduce (A B C A B C ..., a
+throwaway warm-up run first, one run group, a distinct run id per repeat), without changing the
+id of any run committed before."""
+
+import json
+
+import pytest
+
+import harness.reproduce as rp
+from harness.environment import REPO
+from harness.results import compared_loads, load_runs
+from harness.run import _load_points, check_keys, point_plan, run_id
+from systems.engine.config import compose
+
+# Run ids of committed runs, as harness.run derived them before the paper-C key and the repeats
+# existed (the hash part is what results/ holds: the legacy names keep the same hash).
+COMMITTED_IDS = {
+    ("fig4", "system=hisparse"): [
+        "hisparse-glm53_mini-c4-B1024-4d20f7cc",
+        "hisparse-glm53_mini-c16-B1024-7ed5de0b",
+        "hisparse-glm53_mini-c64-B1024-3f5137a0",
+        "hisparse-glm53_mini-c128-B1024-cf88e968",
+    ],
+    ("fig7", "system=adaptive_dhisparse"): [
+        "adaptive_dhisparse-glm53_mini-c32-B1024-K4-80a44872",
+        "adaptive_dhisparse-glm53_mini-c64-B1024-K4-03c9a8bc",
+        "adaptive_dhisparse-glm53_mini-c128-B1024-K4-4d3b3bec",
+    ],
+    ("fig9", "system=hisparse"): [
+        "hisparse-glm53_mini-c8-B512-d3e3e36b",
+        "hisparse-glm53_mini-c128-B512-d50a45e2",
+    ],
+    ("fig6", "system=adaptive_hisparse"): ["adaptive_hisparse-glm53_mini-step-B1024-c7f2794a"],
+}
+
+
+@pytest.mark.parametrize("exp,system", list(COMMITTED_IDS))
+def test_configs_without_the_new_keys_keep_their_run_ids(exp, system):
+    ov = next(o for o in rp.plan(exp, smoke=False) if system in o)
+    cfg = rp._run_cfg(ov, None)
+    assert "repeat" not in cfg and "paper_concurrency" not in cfg.workload
+    assert [run_id(cfg, p) for p in _load_points(cfg)] == COMMITTED_IDS[(exp, system)]
+    _, plan = point_plan(cfg)
+    assert all(done for _, _, done in plan)  # and results/ holds them finished
+    for (_, rid, _), want in zip(plan, COMMITTED_IDS[(exp, system)]):
+        assert rid.rsplit("-", 1)[1] == want.rsplit("-", 1)[1]
+
+
+def test_paper_concurrency_is_mapped_in_one_place():
+    cfg = compose(["experiment=fig4_protocol", "system=hisparse"])
+    assert cfg.workload.concurrency is None and list(cfg.workload.paper_concurrency) == [32, 128]
+    assert _load_points(cfg) == [
+        {"concurrency": 8, "paper_concurrency": 32, "tag": "c8"},
+        {"concurrency": 32, "paper_concurrency": 128, "tag": "c32"},
+    ]
+    # the same loads given in our C measure something else: another id (the paper's C is hashed)
+    ours = compose(
+        ["experiment=fig4_protocol", "system=hisparse", "workload.paper_concurrency=null"]
+        + ["workload.concurrency=[8,32]"]
+    )
+    assert [p["tag"] for p in _load_points(ours)] == ["c8", "c32"]
+    assert run_id(ours, _load_points(ours)[1]) != run_id(cfg, _load_points(cfg)[1])
+    # our C agreeing with the mapping is accepted; a contradiction or an unmappable C is an error
+    same = compose(["experiment=fig4_protocol", "system=hisparse", "workload.concurrency=[8,32]"])
+    assert _load_points(same) == _load_points(cfg)
+    with pytest.raises(ValueError, match="workload.concurrency says"):
+        _load_points(compose(["experiment=fig4_protocol", "workload.concurrency=[32,128]"]))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        _load_points(compose(["experiment=fig4_protocol", "workload.paper_concurrency=[30]"]))
+    check_keys(cfg)  # an optional workload key, not an unknown one
+
+
+def test_a_repeat_is_part_of_the_id_only_when_set():
+    base = ["experiment=fig4_protocol", "system=hisparse"]
+    ids = {}
+    for extra in ([], ["+repeat=1"], ["+repeat=2"], ["+repeat=2", "reproduce.repeats=5"]):
+        cfg = rp._run_cfg(base + extra, None)
+        check_keys(cfg, reproduce_keys=True)
+        ids[tuple(extra)] = run_id(cfg, _load_points(cfg)[1])
+    assert "-rep" not in ids[()] and "-rep1-" in ids[("+repeat=1",)]
+    assert len({ids[()], ids[("+repeat=1",)], ids[("+repeat=2",)]}) == 3
+    # how many repeats the plan makes is no part of what one of them measured
+    assert ids[("+repeat=2",)] == ids[("+repeat=2", "reproduce.repeats=5")]
+
+
+def test_the_plan_interleaves_the_compared_systems():
+    (group,) = rp.groups("fig4_protocol", smoke=False)
+    assert group.repeats == 3
+    order = [(o[1], o[-1]) for o in group.runs]
+    systems = ["system=hisparse", "system=adaptive_hisparse", "system=adaptive_dhisparse"]
+    assert order == [(s, f"+repeat={i}") for i in (1, 2, 3) for s in systems]
+    assert rp.plan("fig4_protocol", smoke=False) == group.runs
+    # --where picks one round, --system one system's repeats, without changing a run
+    assert rp.select(group.runs, None, ["repeat=2"]) == group.runs[3:6]
+    assert rp.select(group.runs, ["hisparse"], None) == group.runs[0::3]
+    # an experiment without repeats keeps its plan: one run per system and sweep value
+    assert all(g.repeats is None and len(g.runs) == 1 for g in rp.groups("fig9", smoke=False))
+
+
+def _main_calls(monkeypatch, tmp_path, pending=True, argv=()):
+    calls = []
+    monkeypatch.setattr(rp, "has_gpu", lambda: True)
+    monkeypatch.setattr(rp, "has_pending", lambda *a, **k: pending)
+    monkeypatch.setattr(rp, "warm_up", lambda ov, tags: calls.append(("warm-up", ov, None)))
+    monkeypatch.setattr(
+        rp, "run_one", lambda ov, res, tags, run_group=None: calls.append(("run", ov, run_group))
+    )
+    monkeypatch.setattr("harness.summaries.write_all", lambda *a: {})
+    monkeypatch.setenv("DHS_RUN_GROUP", "batch-7")
+    assert rp.main(["--only", "fig4_protocol", "--results", str(tmp_path), *argv]) == 0
+    return calls
+
+
+def test_reproduce_runs_a_warm_up_then_the_rounds_in_one_run_group(monkeypatch, tmp_path):
+    calls = _main_calls(monkeypatch, tmp_path)
+    assert calls[0][0] == "warm-up" and calls[0][1][1] == "system=hisparse"
+    runs = calls[1:]
+    assert [c[0] for c in runs] == ["run"] * 9
+    assert [(c[1][1], c[1][-1]) for c in runs] == [
+        (s, f"+repeat={i}")
+        for i in (1, 2, 3)
+        for s in ("system=hisparse", "system=adaptive_hisparse", "system=adaptive_dhisparse")
+    ]
+    assert {c[2] for c in runs} == {"batch-7/fig4_protocol"}
+    # nothing left to measure: no warm-up (the runs themselves skip their finished points)
+    calls = _main_calls(monkeypatch, tmp_path, pending=False)
+    assert [c[0] for c in calls] == ["run"] * 9
+    # a subset keeps the interleaving and the warm-up
+    calls = _main_calls(monkeypatch, tmp_path, argv=["--system", "adaptive_dhisparse"])
+    assert [c[0] for c in calls] == ["warm-up"] + ["run"] * 3
+    assert calls[0][1][1] == "system=adaptive_dhisparse"
+
+
+def test_dry_run_shows_the_interleaved_order(capsys, tmp_path):
+    assert rp.main(["--dry-run", "--only", "fig4_protocol", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("[reproduce] experiment=")]
+    assert [ln.split()[2:4] for ln in lines] == [
+        [s, f"+repeat={i}"]
+        for i in (1, 2, 3)
+        for s in ("system=hisparse", "system=adaptive_hisparse", "system=adaptive_dhisparse")
+    ]
+    assert "interleaved group 'fig4_protocol': 3 repeat(s) of 3 run(s)" in out
+    assert "throwaway warm-up run (system=hisparse for c8: one wave at C8" in out
+    assert "-rep2-" in out and "(paper C128): pending" in out
+    assert "fig4_protocol       0 done   18 pending" in out
+
+
+def test_smoke_protocol_end_to_end(tmp_path):
+    """On CPU, two systems interleaved: distinct ids per repeat, one run group, the paper's C
+    recorded in each run, no warm-up run among the results, and the figures fold the repeats."""
+    res = tmp_path / "results"
+    argv = ["--smoke", "--only", "fig4_protocol", "--results", str(res)]
+    assert rp.main(argv + ["--system", "hisparse", "--system", "adaptive_hisparse"]) == 0
+    dirs = sorted(d for d in (res / "fig4_protocol").iterdir() if not d.name.startswith("."))
+    assert len(dirs) == 6 and all((d / "summary.json").is_file() for d in dirs)
+    assert sorted(d.name.split("-")[-2] for d in dirs) == sorted(["rep1", "rep2", "rep3"] * 2)
+    groups = {json.loads((d / "env.json").read_text())["run_group"] for d in dirs}
+    assert len(groups) == 1 and groups.pop().endswith("/fig4_protocol")
+    points = [json.loads((d / "summary.json").read_text())["point"] for d in dirs]
+    assert all(p == {"concurrency": 2, "paper_concurrency": 8, "tag": "c2"} for p in points)
+    assert sorted(p.name for p in res.iterdir()) == ["fig4_protocol"]  # the warm-up is not kept
+    runs = load_runs(res, "fig4_protocol")
+    assert len(runs) == 2 and all(len(r.repeats) == 3 for r in runs)
+    assert compared_loads(runs) == {8: 2}
+
+
+def test_gpu_batch_prewarm_overrides_are_accepted():
+    """benchmarks/gpu_batch.sh's throwaway run marks itself +prewarm=1: an unknown key would stop
+    it before it serves anything (and its output is filtered, so nobody would see why)."""
+    text = (REPO / "benchmarks" / "gpu_batch.sh").read_text()
+    assert "+prewarm=1" in text
+    check_keys(compose(["experiment=hisparse_e2e", "system=adaptive_dhisparse", "+prewarm=1"]))
