@@ -426,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         warm_up(*todo[0])
                     except Exception as e:  # the measured runs still run, and say if they fail
-                        print(f"[reproduce] warm-up FAILED: {e!r}; the first run is cold", flush=True)
+                        print(
+                            f"[reproduce] warm-up FAILED: {e!r}; the first run is cold", flush=True
+                        )
             for ov in runs:
                 tags = _points_to_run(ov, args.point)
                 print(

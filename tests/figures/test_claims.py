@@ -164,6 +164,68 @@ def test_step_cost_takes_every_repeat(tmp_path):
     )  # medians, not the newest 40 / 90
 
 
+def test_interleaved_repeats_are_one_point_and_every_repeat_counts(tmp_path):
+    """harness.reproduce's interleaved group (``repeat: i`` in each run's config, one run group):
+    the repeats fold into one point per system with an earlier plain run of the same config, and
+    the paired note and step cost use all of them, not the newest of each system."""
+
+    def metrics(ms, running):
+        n = 5
+        return pd.DataFrame(
+            {
+                "ts": np.arange(float(n)),
+                "dhs_num_running_reqs": [running] * n,
+                "dhs_num_steps": np.arange(n) * 100.0,
+                "dhs_decode_seconds_total": np.arange(n) * 100.0 * ms / 1e3,
+            }
+        )
+
+    rounds = [
+        (3000.0, 20.0, 4000.0, 25.0),
+        (3600.0, 24.0, 4000.0, 30.0),
+        (3300.0, 40.0, 4400.0, 40.0),
+    ]
+    for i, (a, a_ms, b, b_ms) in enumerate(rounds, start=1):  # A B, A B, A B
+        for name, system, out, ms in (
+            ("a", "adaptive_dhisparse", a, a_ms),
+            ("h", "hisparse", b, b_ms),
+        ):
+            _run(
+                tmp_path,
+                f"{name}{i}",
+                system,
+                f"2026-01-02T00:0{i}",
+                out,
+                group="s/fig4_protocol",
+                metrics=metrics(ms, 30),
+            )
+            cfg = {"workload": {"output_len": 320}, "repeat": i, "reproduce": {"repeats": 3}}
+            (tmp_path / "fig4" / f"{name}{i}" / "config.yaml").write_text(json.dumps(cfg))
+    for name, system, out in (("a0", "adaptive_dhisparse", 2000.0), ("h0", "hisparse", 4000.0)):
+        _run(
+            tmp_path,
+            name,
+            system,
+            "2026-01-01T00:00",
+            out,
+            group="earlier",
+            metrics=metrics(10.0, 30),
+        )
+        (tmp_path / "fig4" / name / "config.yaml").write_text(
+            json.dumps({"workload": {"output_len": 320}})
+        )
+    runs = load_runs(tmp_path, "fig4")
+    assert len(runs) == 2 and all(len(r.repeats) == 4 for r in runs)
+    a = next(r for r in runs if r.system == "adaptive_dhisparse")
+    note = paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
+    # the group's ratio is of its medians, 3300 / 4000; the newest pair alone would give 0.75
+    assert "0.82 (s/fig4_protocol)" in note and "0.50 (earlier)" in note
+    st = ratio_stats(a, next(r for r in runs if r.system == "hisparse"), "output_tok_s")
+    assert st.runs == (4, 4) and st.point == pytest.approx(3150 / 4000)
+    assert "over all 4 and 4 runs 0.79, 90% interval" in note
+    assert step_cost(a) == pytest.approx((22.0, 30.0))  # median of 10, 20, 24, 40 ms
+
+
 def test_breakdown_is_measured_numbers(tmp_path):
     """A claim's why-not: the run's own step cost, queue, admission rate and engine time split,
     the median over its repeats."""
