@@ -15,6 +15,11 @@ first when device time is short) without changing any run's config, so their run
 full sweep's and the rest of the sweep resumes around them later.
 ``--smoke`` applies the experiment's ``reproduce.smoke`` overrides plus CPU sizes and writes to
 a scratch results directory unless ``--results`` is given.
+
+``reproduce.repeats: N`` (3 or more for a claim) makes each sweep combination an interleaved
+group: one throwaway warm-up run, then the systems back to back, N times (A B C A B C ...), each
+run marked ``+repeat=i`` (its own run id) and all recorded under one ``run_group``, so that the
+figures compare systems measured together (docs/running.md, "Loads and repeats").
 """
 
 from __future__ import annotations
@@ -128,6 +133,15 @@ def plan(exp: str, smoke: bool) -> list[list[str]]:
     return [ov for g in groups(exp, smoke) for ov in g.runs]
 
 
+def setting(ov: list[str], key: str) -> str | None:
+    """The value an override list gives ``key`` (``+key`` alike), or None."""
+    for o in ov:
+        k, _, v = o.partition("=")
+        if k.lstrip("+") == key:
+            return v
+    return None
+
+
 def select(
     runs: list[list[str]], systems: list[str] | None, where: list[str] | None
 ) -> list[list[str]]:
@@ -139,13 +153,6 @@ def select(
             raise ValueError(f"--where wants key=value[,value...], got {w!r}")
         k, vs = w.split("=", 1)
         conds.append((k.lstrip("+"), {v.strip() for v in vs.split(",")}))
-
-    def setting(ov: list[str], key: str) -> str | None:
-        for o in ov:
-            k, _, v = o.partition("=")
-            if k.lstrip("+") == key:
-                return v
-        return None
 
     return [
         ov
@@ -254,6 +261,35 @@ def warm_up(overrides: list[str], only_tags: list[str] | None) -> None:
         run(cfg, reproduce_keys=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def begin_interleaved(
+    g: Group,
+    runs: list[list[str]],
+    group: str,
+    results: str | None,
+    point: list[str] | None,
+    dry_run: bool,
+) -> None:
+    """Say what an interleaved group runs, then (unless a dry run, or when every point of
+    ``runs`` finished earlier) make its throwaway warm-up run."""
+    todo = [(ov, tags) for ov in runs if (tags := _points_to_run(ov, point)) != []]
+    if not todo:
+        return
+    tag, c = warm_up_point(*todo[0])
+    print(
+        f"[reproduce] interleaved group {g.name!r}: {len({setting(o, 'repeat') for o in runs})} "
+        f"repeat(s) of {len({setting(o, 'system') for o in runs})} system(s), back to back, run "
+        f"group {group}; first a throwaway warm-up run ({todo[0][0][1]} for {tag}: one wave at "
+        f"C{c}, not kept)",
+        flush=True,
+    )
+    if dry_run or not any(has_pending(ov, results, t, skipped_points(ov)) for ov, t in todo):
+        return
+    try:
+        warm_up(*todo[0])
+    except Exception as e:  # the measured runs still run, and say so if they fail
+        print(f"[reproduce] warm-up FAILED: {e!r}; the group's first run is cold", flush=True)
 
 
 def session_name() -> str:
@@ -408,27 +444,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{exp}: --system / --where select none of its {n} runs")
         for g, runs in chosen:
             runs = [ov + list(args.overrides) for ov in runs]
-            todo = [(ov, _points_to_run(ov, args.point)) for ov in runs]
-            todo = [(ov, tags) for ov, tags in todo if tags != []]
-            group = f"{session}/{g.name.replace(' ', '/')}" if g.repeats else None
-            if g.repeats and todo:
-                tag, c = warm_up_point(*todo[0])
-                print(
-                    f"[reproduce] interleaved group {g.name!r}: {g.repeats} repeat(s) of "
-                    f"{len(runs) // g.repeats} run(s), back to back, run group {group}; first a "
-                    f"throwaway warm-up run ({todo[0][0][1]} for {tag}: one wave at C{c}, "
-                    "not kept)",
-                    flush=True,
-                )
-                if not args.dry_run and any(
-                    has_pending(ov, results, tags, skipped_points(ov)) for ov, tags in todo
-                ):
-                    try:
-                        warm_up(*todo[0])
-                    except Exception as e:  # the measured runs still run, and say if they fail
-                        print(
-                            f"[reproduce] warm-up FAILED: {e!r}; the first run is cold", flush=True
-                        )
+            group = None
+            if g.repeats:
+                group = f"{session}/{g.name.replace(' ', '/')}"
+                begin_interleaved(g, runs, group, results, args.point, args.dry_run)
             for ov in runs:
                 tags = _points_to_run(ov, args.point)
                 print(

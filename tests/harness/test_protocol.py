@@ -141,7 +141,7 @@ def test_dry_run_shows_the_interleaved_order(capsys, tmp_path):
         for i in (1, 2, 3)
         for s in ("system=hisparse", "system=adaptive_hisparse", "system=adaptive_dhisparse")
     ]
-    assert "interleaved group 'fig4_protocol': 3 repeat(s) of 3 run(s)" in out
+    assert "interleaved group 'fig4_protocol': 3 repeat(s) of 3 system(s)" in out
     assert "throwaway warm-up run (system=hisparse for c8: one wave at C8" in out
     assert "-rep2-" in out and "(paper C128): pending" in out
     assert "fig4_protocol       0 done   18 pending" in out
