@@ -54,7 +54,8 @@ What the model says the presets cannot keep
   round, the index keys are read once per request and call (only the scores grow with K), and
   the union fetches each missing row once. The paper's MoE target reads more experts for four
   times the tokens. The band is 2.2 +- 20 %, and glm53_h200 sits at the weights' share's low
-  end (~52 %) to come closest.
+  end (~52 %) to come closest. DeepSeek's round is only ~1.2x its step in the model: its step
+  is mostly the index scan (8 selecting layers over 125,000 keys), which a round reads once.
 - *DeepSeek's per-GPU load.* The paper runs DeepSeek-V4.1-Flash on two decode GPUs (sec. 4.1), so
   its C128 is 64 requests per GPU, not the C / 4 of harness/load_mapping.py (GLM's four).
   dsv41_h200 is derived at 64; the mapping should be per model.
@@ -616,7 +617,8 @@ def preset_summary(preset: str) -> str:
         f"{m.intermediate_size}, {m.num_heads} heads, {m.weight_bytes(2) / 1e9:.2f} GB of bf16 "
         f"weights; k = {m.index_topk}, B = {B}, context {d.input_len:,} + {d.output_len:,}; "
         f"KV pool {mem['kv_pool_gib']:.2f} GiB, host backing {mem['host_backing_gib']:.1f} GiB; "
-        f"batch {d.batch} at the paper's C128; selection locality {m.selection_locality} "
+        f"batch {d.batch} at the paper's C128 (on {d.paper_decode_gpus} decode GPUs); "
+        f"selection locality {m.selection_locality} "
         f"(glm53_mini's fit, to be recalibrated to Fig. {'9e' if d.paper == 'glm' else '9g'} "
         "on the GPU: benchmarks/calibrate_locality.py)."
     )
