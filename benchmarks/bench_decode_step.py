@@ -151,7 +151,7 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         prof.export_chrome_trace(path)
         row.update(trace_activity(json.loads(Path(path).read_text())))
     for r in reqs:
-        eng.abort(r.rid)
+        eng.abort(r)
     eng.run_until_idle()
     row["cuda_graph"] = eng.graph_runner is not None and not eng.graph_runner.broken
     return row
