@@ -34,6 +34,7 @@ from figures.claims import (
     judge,
 )
 from harness.load_mapping import PAPER_DECODE_GPUS
+from harness.results import start_read_log
 
 SCRIPTS = (
     "table1",
@@ -261,7 +262,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--dpi", type=int, default=150)
     ap.add_argument("--only", default="", help="comma-separated subset of scripts")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument(
+        "--inputs",
+        type=Path,
+        default=None,
+        help="also write the request records and server samples the scripts read, as JSON "
+        "(harness.compact --prune-unused keeps exactly these)",
+    )
     args = ap.parse_args(argv)
+    read_log = start_read_log() if args.inputs else None
     names = [n for n in (args.only.split(",") if args.only else SCRIPTS) if n]
     reports: dict[str, C.Report] = {}
     failures: dict[str, str] = {}
@@ -281,6 +290,8 @@ def main(argv=None) -> dict:
     claims_path.parent.mkdir(parents=True, exist_ok=True)
     claims_path.write_text(json.dumps(claims, indent=1) + "\n")
     write_report(args.report, reports, failures, claims, args.out, args.results)
+    if read_log is not None:
+        args.inputs.write_text(json.dumps(read_log.as_json(args.results), indent=1) + "\n")
     print(
         f"[make_all] {len(reports)} scripts ok, {len(failures)} failed in "
         f"{time.perf_counter() - t0:.1f} s -> {args.report}, {claims_path}"
