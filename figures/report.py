@@ -309,7 +309,11 @@ class Report:
             sources = [paper_source(r.paper) for r in self.rows]
             common = max(set(sources), key=sources.count)
             if common and sources.count(common) > 1:
-                out += [f"Paper values from {common} unless the full report names another.", ""]
+                # how a long source was read (Fig. 11's segments) is in the full report
+                src = common
+                if len(common) > CELL_MAX:
+                    src = f"{common.split(' (')[0]} (read as the full report says)"
+                out += [f"Paper values from {src} unless the full report names another.", ""]
             grids, rest = fold_grids(self.rows)
             for columns, lines in grids:
                 out += [
@@ -427,7 +431,8 @@ def fold_grids(rows: Sequence[Row]) -> tuple[list, list[Row]]:
 
     A group is a run of at least two consecutive rows with one prefix and distinct quantities; a
     grid collects the groups that share a quantity with it (a row between them that belongs to
-    no group does not end it), so Table A3's 126 rows become one grid of 21 groups x 6. Returns
+    no group does not end it), so Table A3's 126 rows become one grid of 21 groups x 6; a grid
+    of one group or with fewer than two thirds of its cells filled stays rows. Returns
     ([(columns, [(group label, {column: row})])], rows in no grid), both in the rows' order."""
     groups: list[tuple[str | None, list[Row]]] = []
     for r in rows:
@@ -449,9 +454,16 @@ def fold_grids(rows: Sequence[Row]) -> tuple[list, list[Row]]:
         columns, lines = grids[-1]
         columns += [c for c in cols if c not in columns]
         lines.append((key.replace("|", "\\|"), dict(zip(cols, rs))))
-    for _, lines in [g for g in grids if len(g[1]) < 2]:
-        rest += [r for _, by_col in lines for r in by_col.values()]
-    grids = [g for g in grids if len(g[1]) >= 2]
+    # a grid of one group, or one mostly empty (Fig. 7's loads each compare other blocks), reads
+    # better as rows
+    kept = []
+    for columns, lines in grids:
+        filled = sum(len(by_col) for _, by_col in lines)
+        if len(lines) >= 2 and 3 * filled >= 2 * len(columns) * len(lines):
+            kept.append((columns, lines))
+        else:
+            rest += [r for _, by_col in lines for r in by_col.values()]
+    grids = kept
     order = {id(r): i for i, r in enumerate(rows)}
     return grids, sorted(rest, key=lambda r: order[id(r)])
 
