@@ -8,7 +8,7 @@ DEFAULT_EXP := $(if $(HAS_GPU),default_h200,default_cpu)
 EXP ?=
 ARGS ?=
 
-.PHONY: help venv run test lint server figures reproduce gpu-check compact clean test-sglang dashboard
+.PHONY: help venv run test lint server figures reproduce gpu-check compact clean test-sglang dashboard presets-doc
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ WANDB ?=
 figures: $(STAMP)  ## draw every figure/table from results/ (CPU) and write REPRODUCTION.md; WANDB=1 also logs them to W&B
 	$(PY) -m figures.make_all
 	$(if $(WANDB),$(PY) -m harness.wandb_logger --attach-figures figures/out)
+
+presets-doc: $(STAMP)  ## regenerate docs/presets.md (the H200 presets' derivation) from figures/presets.py
+	$(PY) -m figures.presets --write docs/presets.md
 
 dashboard: $(STAMP)  ## the W&B workspace + report (harness/dashboard.py): published with WANDB_MODE=online, else written to outputs/
 	$(PY) -m harness.dashboard $(ARGS)

@@ -2,7 +2,8 @@
 
 Reads nothing under results/: every value comes from figures/capacity.py, for the paper's
 GLM-5.3 geometry (compared cell by cell with the paper) and for our scaled presets
-(conf/model/glm53_mini.yaml, dsv41_mini.yaml; pool size from conf/hardware/h200.yaml).
+(conf/model/glm53_mini.yaml, dsv41_mini.yaml; pool size from conf/hardware/h200.yaml), and from
+figures/presets.py for the derivation of the H200 presets (glm53_h200, dsv41_h200: panels e, f).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pandas as pd
 
 from figures import capacity as cap
 from figures import common as C
-from figures.paper_values import PAPER, SYSTEM_LABELS
+from figures import presets as derived
+from figures.paper_values import PAPER, PV, SYSTEM_LABELS
 
 NAME = "table1"
 METHOD_TO_SYSTEM = {
@@ -242,8 +244,44 @@ def main(argv=None) -> C.Report:
             df.astype(object).fillna("—"),
         )
 
+    # ---------------------------------------------------------------- H200 presets (derived)
+    derivations = {}
+    for name in derived.DEPLOYMENTS:
+        try:
+            rows = derived.derivation(name)
+        except Exception as e:  # noqa: BLE001 - a preset being edited must not break the table
+            rep.note(f"preset {name} could not be derived: {e}")
+            continue
+        derivations[name] = rows
+        prov = f"computed (figures/presets.py step model and pool sizing, preset {name})"
+        for r in rows:
+            paper_v = None if r.paper is None else PV(r.paper, r.source)
+            if r.paper_range:
+                paper_v = {"lo": PV(r.paper_range[0], r.source), "hi": PV(r.paper_range[1], "")}
+            rep.compare(
+                f"preset.{name}.{r.key}", f"{name}: {r.quantity}", paper_v, r.ours, "", prov
+            )
+        rep.table(
+            f"Derivation of {name} (docs/presets.md; band: what tests/figures/test_presets.py "
+            "holds it to)",
+            pd.DataFrame(
+                {
+                    "quantity": [r.quantity for r in rows],
+                    "paper": [r.paper_text for r in rows],
+                    "ours": [r.ours for r in rows],
+                    "ours/paper": [r.ratio for r in rows],
+                    "band": [
+                        "—" if r.band is None else f"{C.fmt(r.band[0])}–{C.fmt(r.band[1])}"
+                        for r in rows
+                    ],
+                }
+            )
+            .astype(object)
+            .fillna("—"),
+        )
+
     # ---------------------------------------------------------------- figure
-    fig, axes = C.subplots(2, 2, width=4.6, height=3.0)
+    fig, axes = C.subplots(3, 2, width=4.6, height=3.0)
     for ax, (col, what), lt in zip((axes[0][0], axes[0][1], axes[1][0]), cols, "abc"):
         meths = [m for m in t1 if paper.get(METHOD_TO_SYSTEM[m], {}).get(col) is not None]
         syss = [METHOD_TO_SYSTEM[m] for m in meths]
@@ -300,6 +338,25 @@ def main(argv=None) -> C.Report:
         C.not_measured_panel(ax, "presets not loadable")
         rep.panel("d", f"{C.NOT_MEASURED} (presets not loadable)")
     C.panel_title(ax, "d", "Our scaled presets: GPU required (computed)")
+    for ax, (lt, name) in zip(axes[2], zip("ef", derived.DEPLOYMENTS)):
+        rows = [r for r in derivations.get(name, []) if r.ratio is not None]
+        if not rows:
+            C.not_measured_panel(ax, "preset not derivable")
+            rep.panel(lt, f"{C.NOT_MEASURED} (preset {name} not derivable)")
+        else:
+            y = range(len(rows))
+            ax.barh(
+                list(y),
+                [r.ratio for r in rows],
+                color=[C.PALETTE[0] if r.in_band else C.PALETTE[3] for r in rows],
+            )
+            ax.axvline(1.0, color="black", linewidth=0.6)
+            ax.set_yticks(list(y))
+            ax.set_yticklabels([r.quantity for r in rows], fontsize=6)
+            ax.invert_yaxis()
+            ax.set_xlabel("ours / paper")
+            rep.panel(lt, f"computed from the derivation of {name} (figures/presets.py)")
+        C.panel_title(ax, lt, f"{name}: derived per decode GPU (model)")
     fig.tight_layout()
     return rep.finish(fig, args)
 

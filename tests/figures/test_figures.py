@@ -115,6 +115,11 @@ def test_table1_always_has_values(empty):
     rep = empty["reports"]["table1"]
     assert rep.rows and all(r.measured for r in rep.rows)
     assert rep.value("resident.gpu_100k") == pytest.approx(4.444, abs=5e-4)
+    # panels e, f: the H200 presets' derivation beside the paper's values (figures/presets.py)
+    assert rep.panels["e"].startswith("computed") and rep.panels["f"].startswith("computed")
+    fixed = rep.row("preset.glm53_h200.fixed_share")
+    assert fixed.paper["lo"] == 0.5 and fixed.paper["hi"] == 0.65 and 0.5 <= fixed.ours <= 0.65
+    assert rep.row("preset.glm53_h200.slots").ours == rep.row("preset.glm53_h200.slots").paper
 
 
 def test_known_values_on_fixture(full):

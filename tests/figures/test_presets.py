@@ -1,0 +1,167 @@
+"""The H200 presets (conf/model/glm53_h200.yaml, dsv41_h200.yaml) and their derivation
+(figures/presets.py, docs/presets.md): they compose through the real Hydra configs, fit the
+H200's memory, keep every derived quantity in its band, and the pool arithmetic is the engine's.
+Nothing full-size is built: the presets are GPU-only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from figures import presets as P
+from systems.engine.config import compose, resolve_engine_config
+from systems.kv.base import KVConfig
+from systems.kv.hisparse import HiSparseOptions
+from systems.kv.registry import create_backend
+from systems.spec.config import SpeculationConfig
+
+PRESETS = list(P.DEPLOYMENTS)
+SYSTEMS = ["resident", "hisparse", "adaptive_hisparse"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_composes_with_its_overrides(preset):
+    d = P.DEPLOYMENTS[preset]
+    for system in [*SYSTEMS, d.spec_system]:
+        spec = system == d.spec_system
+        cfg = compose(["device=cpu", f"system={system}", *P.overrides(preset, speculative=spec)])
+        e = resolve_engine_config(cfg)
+        m = e.model
+        assert m.name == preset
+        assert m.max_context_len == d.max_context_len  # the YAML holds the deployment's context
+        assert e.kv.max_running_requests == d.hierarchy_slots
+        assert e.kv.kv_pool_gib == pytest.approx(
+            P.memory(m, d, P.hot_cache_rows(preset))["kv_pool_gib"]
+        )
+        if system != "resident":
+            assert e.kv.options.hot_cache_rows == P.hot_cache_rows(preset)
+        if spec:
+            assert (e.speculation.draft_layers, e.speculation.draft_dim) == (
+                d.draft_layers,
+                d.draft_dim,
+            )
+            assert e.speculation.drafter == d.drafter
+        else:
+            assert e.speculation is None
+
+
+def test_geometry_follows_the_paper():
+    glm, dsv = P.model_config("glm53_h200"), P.model_config("dsv41_h200")
+    # GLM-like: 7 producers announce for 26 payload layers that keep their own rows (21 : 78)
+    assert (len(glm.index_sources), glm.num_sources, glm.row_bytes) == (7, 26, 656)
+    assert P.hot_cache_rows("glm53_h200") == 2 * glm.index_topk
+    # DeepSeek-like: 8 selecting layers over 4 shared sources; B = 16k
+    assert (dsv.num_selecting_layers, dsv.num_sources) == (8, 4)
+    assert P.hot_cache_rows("dsv41_h200") == 16 * dsv.index_topk
+    # the mini presets stay what the CPU tests use
+    assert P.model_config("glm53_mini").hidden_size == 1024
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_derivation_in_band(preset):
+    rows = P.derivation(preset)
+    out = [(r.key, r.ours, r.band) for r in rows if not r.in_band]
+    assert not out, f"{preset}: derived quantities out of their bands: {out}"
+    by = {r.key: r for r in rows}
+    assert by["hbm_share"].ours < 1.0  # the H200's 141 GB with pools, drafter, prefixes
+    assert by["host_share"].ours <= P.HOST_USABLE  # pinned backing within 128 GiB
+    lo, hi = P.PAPER_FIXED_SHARE
+    assert lo <= by["fixed_share"].ours <= hi
+    assert by["drafter_share"].ours <= 0.05
+
+
+def test_glm_derivation_numbers():
+    by = {r.key: r for r in P.derivation("glm53_h200")}
+    assert by["slots"].ours == 52 and by["slots"].paper == 52
+    assert by["spec_slots"].paper == 35 and 32 <= by["spec_slots"].ours <= 38
+    assert by["round_over_step"].paper == pytest.approx(2.2)
+    assert by["resident_over_offloaded"].paper == pytest.approx(10.3)
+    assert by["k_over_context"].ours == pytest.approx(2048 / 100_000)
+    # the step model's terms add up, and a round reads the weights once
+    d, m = P.GLM, P.model_config("glm53_h200")
+    step, rnd = P.step_ms(m, d, 1), P.step_ms(m, d, 4)
+    assert step["total"] == pytest.approx(sum(v for k, v in step.items() if k != "total"))
+    assert rnd["weights"] == step["weights"] and rnd["index_keys"] == step["index_keys"]
+    assert rnd["selected_rows"] == pytest.approx(4 * step["selected_rows"])
+    assert by["fixed_share"].ours == pytest.approx(step["weights"] / step["total"])
+
+
+@pytest.mark.parametrize(
+    "preset, change, key",
+    [
+        ("glm53_h200", {"intermediate_size": 3 * 7680}, "fixed_share"),  # weights 2x heavier
+        ("glm53_h200", {"index_topk": 512}, "k_over_context"),
+        ("glm53_h200", {"index_dim": 256}, "resident_over_offloaded"),
+        ("dsv41_h200", {"intermediate_size": 4096}, "fixed_share"),
+    ],
+)
+def test_an_edit_out_of_band_fails(preset, change, key):
+    """The band check can fail: the derivation of an edited preset leaves its band."""
+    m = dataclasses.replace(P.model_config(preset), **change)
+    row = {r.key: r for r in P.derivation(preset, m)}[key]
+    assert not row.in_band, (key, row.ours, row.band)
+
+
+def test_doc_is_generated():
+    """docs/presets.md is the module's output (make presets-doc), so it cannot drift."""
+    assert P.DOC.read_text() == P.markdown(), "run make presets-doc"
+
+
+# ------------------------------------------------------------------- the pool arithmetic
+def _small(preset, **kw):
+    return dataclasses.replace(P.model_config(preset), max_context_len=1024, **kw)
+
+
+@pytest.mark.parametrize(
+    "preset, topk, b_over_k, q_max",
+    [("glm53_h200", 64, 2, 1), ("glm53_h200", 64, 2, 8), ("dsv41_h200", 32, 16, 8)],
+)
+def test_slot_bytes_is_the_backends(preset, topk, b_over_k, q_max):
+    """slot_bytes / host_slot_bytes size a hierarchy slot as systems/kv/hisparse.py does: a pool
+    of 5.5 slots holds 5, on a small model of the preset's layer structure."""
+    m = _small(preset, index_topk=topk)
+    B = b_over_k * topk
+    per_slot = P.slot_bytes(m, B, q_max)
+    kv = KVConfig(
+        backend="hisparse",
+        kv_pool_gib=5.5 * per_slot / P.GIB,
+        max_running_requests=64,
+        host_pool_gib=1.0,
+        max_queries_per_step=q_max,
+        options=HiSparseOptions(hot_cache_rows=B).resolved(m, "cpu", q_max),
+    )
+    be = create_backend(m, kv, "cpu")
+    assert be.num_slots == 5
+    assert be.host_pool.numel() == 5 * P.host_slot_bytes(m, B, q_max)
+
+
+def test_resident_pages_are_the_backends():
+    m = _small("glm53_h200", index_topk=64)
+    per_token = m.num_sources * m.row_bytes + len(m.index_sources) * m.index_row_bytes
+    kv = KVConfig(backend="resident", kv_pool_gib=0.05, max_running_requests=4)
+    be = create_backend(m, kv, "cpu")
+    assert be.pages.num_pages == int(0.05 * P.GIB) // (m.page_size * per_token)
+
+
+def test_drafter_fixed_bytes_are_the_drafters():
+    from systems.engine.config import model_config_from
+    from systems.models.drafters import DRAFTERS
+    from systems.models.sparse_model import SparseModel
+
+    tiny = model_config_from(compose(["model=tiny"]).model, "cpu")
+    target = SparseModel(tiny, torch.device("cpu"))
+    spec = SpeculationConfig(draft_layers=2, draft_dim=32, window=128)
+    d = dataclasses.replace(P.GLM, draft_layers=2, draft_dim=32, window=128)
+    dr = DRAFTERS["dflash2"](
+        target,
+        num_layers=2,
+        dim=32,
+        window=spec.window,
+        num_slots=3,
+        page=tiny.page_size,
+        k_max=spec.k_max,
+        seed=0,
+    )
+    assert dr.fixed_bytes == P.drafter_fixed_elements(tiny, d, 3) * target.dtype.itemsize
