@@ -30,6 +30,8 @@ NOT_MEASURED = "not yet measured"
 # numbered notes under the table
 CELL_MAX = 120
 SHORT_MAX = 60
+# the most quantities a summary grid puts side by side (Table 2 has 8)
+GRID_MAX_COLUMNS = 8
 
 
 class Footnotes:
@@ -432,7 +434,8 @@ def fold_grids(rows: Sequence[Row]) -> tuple[list, list[Row]]:
     A group is a run of at least two consecutive rows with one prefix and distinct quantities; a
     grid collects the groups that share a quantity with it (a row between them that belongs to
     no group does not end it), so Table A3's 126 rows become one grid of 21 groups x 6; a grid
-    of one group or with fewer than two thirds of its cells filled stays rows. Returns
+    of one group, with fewer than two thirds of its cells filled or more than GRID_MAX_COLUMNS
+    quantities stays rows. Returns
     ([(columns, [(group label, {column: row})])], rows in no grid), both in the rows' order."""
     groups: list[tuple[str | None, list[Row]]] = []
     for r in rows:
@@ -454,12 +457,13 @@ def fold_grids(rows: Sequence[Row]) -> tuple[list, list[Row]]:
         columns, lines = grids[-1]
         columns += [c for c in cols if c not in columns]
         lines.append((key.replace("|", "\\|"), dict(zip(cols, rs))))
-    # a grid of one group, or one mostly empty (Fig. 7's loads each compare other blocks), reads
-    # better as rows
+    # a grid of one group, one mostly empty (Fig. 7's loads each compare other blocks) or one
+    # wider than a screen (Table 1's two derived presets, 20 quantities) reads better as rows
     kept = []
     for columns, lines in grids:
         filled = sum(len(by_col) for _, by_col in lines)
-        if len(lines) >= 2 and 3 * filled >= 2 * len(columns) * len(lines):
+        wide = len(columns) > GRID_MAX_COLUMNS
+        if len(lines) >= 2 and not wide and 3 * filled >= 2 * len(columns) * len(lines):
             kept.append((columns, lines))
         else:
             rest += [r for _, by_col in lines for r in by_col.values()]
