@@ -75,6 +75,7 @@ def _pruned(run_dir: Path, name: str) -> None:
     if lines:
         print(f"[results] {run_dir.name}: {name} was pruned; {lines[-1]}", file=sys.stderr)
 
+
 SYSTEM_ORDER = (
     "resident",
     "hisparse",
