@@ -22,6 +22,7 @@ Rows go to results/engine_step/summary.json: {"gpu", "commit", "rows": [...]} (m
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import os
@@ -77,12 +78,14 @@ def trace_activity(trace: dict) -> dict:
         return {"busy_share": None, "kernels_per_step": None}
     # the window: the first step's launch to the GPU's last interval (the last step's end)
     t1 = max(max(e["ts"] + e["dur"] for e in steps), max(b for _, b in gpu))
-    kernels = sum(
-        1 for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X" and e["ts"] >= t0
+    names = collections.Counter(
+        e["name"] for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X" and e["ts"] >= t0
     )
     return {
         "busy_share": union_ms(gpu) / ((t1 - t0) / 1e3),
-        "kernels_per_step": kernels / len(steps),
+        "kernels_per_step": sum(names.values()) / len(steps),
+        # where the launches go (what fusion should target next): name -> launches per step
+        "top_kernels": {n[:80]: c / len(steps) for n, c in names.most_common(25)},
     }
 
 
@@ -148,7 +151,7 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         prof.export_chrome_trace(path)
         row.update(trace_activity(json.loads(Path(path).read_text())))
     for r in reqs:
-        eng.abort(r.rid)
+        eng.abort(r)
     eng.run_until_idle()
     row["cuda_graph"] = eng.graph_runner is not None and not eng.graph_runner.broken
     return row

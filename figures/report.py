@@ -30,6 +30,8 @@ NOT_MEASURED = "not yet measured"
 # numbered notes under the table
 CELL_MAX = 120
 SHORT_MAX = 60
+# the most quantities a summary grid puts side by side (Table 2 has 8)
+GRID_MAX_COLUMNS = 8
 
 
 class Footnotes:
@@ -90,9 +92,6 @@ def short_label(text: str, limit: int = SHORT_MAX) -> str:
     if len(head) > limit:
         head = head[:limit].rsplit(" ", 1)[0] + " ..."
     return head
-
-
-NOT_MEASURED = "not yet measured"
 
 
 def fmt(v: Any, unit: str = "") -> str:
@@ -275,37 +274,99 @@ class Report:
                 "|---|---|---|---|---|",
             ]
             for r, src in zip(self.rows, sources):
-                u = f" {r.unit}" if r.unit else ""
-                ours = fmt(r.ours) + u if r.ours is not None else f"*{NOT_MEASURED}*"
-                ours += interval_text(r)
+                q = quantity_cell(r, notes)  # its note numbered before the sources'
                 ratio = fmt(r.ratio) if r.ratio is not None else "—"
-                q = r.quantity + (f" ({r.note})" if r.note else "")
-                if len(q) > CELL_MAX:
-                    q = f"{r.quantity} {notes.ref(r.note[0].upper() + r.note[1:])}"
-                q = q.replace("|", "\\|")  # an absolute value's bars would end the cell
                 src = (
                     "" if src == common and sources.count(common) > 1 else notes.cell(src, limit=30)
                 )
                 prov = r.prov if r.prov == NOT_MEASURED else notes.sources(r.prov)
                 out.append(
-                    f"| {q} | {fmt(r.paper)}{u if r.paper is not None else ''} | {ours} | "
+                    f"| {q} | {paper_text(r)} | {ours_text(r)} | "
                     f"{ratio} | {'; '.join(x for x in (src, prov) if x)} |"
                 )
             out.append("")
         out += notes.markdown()
         for title, md in self.tables:
             out += [f"{h}# {title}", "", md, ""]
+        out += self._not_measured(h)
+        notes = self.all_notes()
+        if notes:
+            out += [f"{h}# Notes", ""] + [f"- {n}" for n in notes] + [""]
+        return "\n".join(out)
+
+    def summary_markdown(self, heading_level: int, image: str, detail: str) -> str:
+        """This report as REPRODUCTION.md shows it: the figure, its loads and panels, a compact
+        paper-vs-ours table (rows named '<group>: <quantity>' folded into a group x quantity
+        grid) and a link to ``detail``, the full report (every row's paper source and
+        provenance, the run lists, the extra tables and the notes). Numbers are the full
+        report's, formatted alike."""
+        h = "#" * heading_level
+        out = [f"{h} {self.title}", "", f"![{self.name}]({image})", ""]
+        if self.loads:
+            out += [f"Loads: {loads_line(self.loads)}.", ""]
+        if self.panels:
+            out += ["Panels: " + "; ".join(f"**{k}** {v}" for k, v in self.panels.items()), ""]
+        notes = Footnotes()
+        if self.rows:
+            sources = [paper_source(r.paper) for r in self.rows]
+            common = max(set(sources), key=sources.count)
+            if common and sources.count(common) > 1:
+                # how a long source was read (Fig. 11's segments) is in the full report
+                src = common
+                if len(common) > CELL_MAX:
+                    src = f"{common.split(' (')[0]} (read as the full report says)"
+                out += [f"Paper values from {src} unless the full report names another.", ""]
+            grids, rest = fold_grids(self.rows)
+            for columns, lines in grids:
+                out += [
+                    "| paper / ours | " + " | ".join(columns) + " |",
+                    "|---|" + "---|" * len(columns),
+                ]
+                for label, by_col in lines:
+                    cells = [
+                        f"{paper_text(r)} / {ours_text(r)}" if r else ""
+                        for r in (by_col.get(c) for c in columns)
+                    ]
+                    out.append(f"| {label} | " + " | ".join(cells) + " |")
+                out.append("")
+            if rest:
+                out += ["| quantity | paper | ours | ours/paper |", "|---|---|---|---|"]
+                for r in rest:
+                    ratio = fmt(r.ratio) if r.ratio is not None else "—"
+                    out.append(
+                        f"| {quantity_cell(r, notes)} | {paper_text(r)} | {ours_text(r)} | "
+                        f"{ratio} |"
+                    )
+                out.append("")
+        out += notes.markdown()
+        out += self._not_measured(h)
+        n_tables, n_notes = len(self.tables), len(self.all_notes())
+        more = [
+            f"{n} {what}{'s' if n > 1 else ''}"
+            for what, n in (("table", n_tables), ("note", n_notes))
+            if n
+        ]
+        out += [
+            "Where each number came from (paper source, preset, run list, commits)"
+            f"{', ' + ' and '.join(more) if more else ''}: [{detail}]({detail}).",
+            "",
+        ]
+        return "\n".join(out)
+
+    def _not_measured(self, h: str) -> list[str]:
         missing = [r for r in self.rows if not r.measured]
-        if missing or any(NOT_MEASURED in v for v in self.panels.values()):
-            out += [f"{h}# Not yet measured", ""]
-            for k, v in self.panels.items():
-                if NOT_MEASURED in v:
-                    out.append(f"- panel {k}: {v}")
-            for r in missing:
-                out.append(
-                    f"- {r.quantity} (paper: {fmt(r.paper)}{(' ' + r.unit) if r.unit else ''})"
-                )
-            out.append("")
+        if not missing and not any(NOT_MEASURED in v for v in self.panels.values()):
+            return []
+        out = [f"{h}# Not yet measured", ""]
+        for k, v in self.panels.items():
+            if NOT_MEASURED in v:
+                out.append(f"- panel {k}: {v}")
+        for r in missing:
+            out.append(f"- {r.quantity} (paper: {fmt(r.paper)}{(' ' + r.unit) if r.unit else ''})")
+        return out + [""]
+
+    def all_notes(self) -> list[str]:
+        """The report's notes, then what the output-cap rule left out (harness.results)."""
         notes = list(self.notes)
         if self.name in SUPERSEDED:
             n, cap, newer = SUPERSEDED[self.name]
@@ -320,9 +381,7 @@ class Report:
                     f"every system and setting this figure's {cap}-token runs measured at "
                     "their loads (a partial rerun)."
                 )
-        if notes:
-            out += [f"{h}# Notes", ""] + [f"- {n}" for n in notes] + [""]
-        return "\n".join(out)
+        return notes
 
     def print(self) -> None:
         print(f"== {self.title}")
@@ -347,6 +406,70 @@ class Report:
         if not getattr(args, "quiet", False):
             self.print()
         return self
+
+
+def paper_text(r: Row) -> str:
+    return fmt(r.paper) + (f" {r.unit}" if r.unit and r.paper is not None else "")
+
+
+def ours_text(r: Row) -> str:
+    """Our value with its unit and interval, or the not-measured marker."""
+    if r.ours is None:
+        return f"*{NOT_MEASURED}*"
+    return fmt(r.ours) + (f" {r.unit}" if r.unit else "") + interval_text(r)
+
+
+def quantity_cell(r: Row, notes: Footnotes) -> str:
+    """The row's quantity with its note in parentheses, or with the note as a numbered note where
+    both do not fit a cell."""
+    q = r.quantity + (f" ({r.note})" if r.note else "")
+    if len(q) > CELL_MAX:
+        q = f"{r.quantity} {notes.ref(r.note[0].upper() + r.note[1:])}"
+    return q.replace("|", "\\|")  # an absolute value's bars would end the cell
+
+
+def fold_grids(rows: Sequence[Row]) -> tuple[list, list[Row]]:
+    """Rows named '<group>: <quantity>' as grids of group x quantity, and the rows left over.
+
+    A group is a run of at least two consecutive rows with one prefix and distinct quantities; a
+    grid collects the groups that share a quantity with it (a row between them that belongs to
+    no group does not end it), so Table A3's 126 rows become one grid of 21 groups x 6; a grid
+    of one group, with fewer than two thirds of its cells filled or more than GRID_MAX_COLUMNS
+    quantities stays rows. Returns
+    ([(columns, [(group label, {column: row})])], rows in no grid), both in the rows' order."""
+    groups: list[tuple[str | None, list[Row]]] = []
+    for r in rows:
+        prefix, sep, _ = r.quantity.partition(": ")
+        key = prefix if sep and not r.note else None  # a row's note has no place in a grid cell
+        if key is not None and groups and groups[-1][0] == key:
+            groups[-1][1].append(r)
+        else:
+            groups.append((key, [r]))
+    grids: list[tuple[list[str], list]] = []
+    rest: list[Row] = []
+    for key, rs in groups:
+        cols = [r.quantity.partition(": ")[2] for r in rs]
+        if key is None or len(rs) < 2 or len(set(cols)) < len(cols):
+            rest += rs
+            continue
+        if not grids or not set(cols) & set(grids[-1][0]):
+            grids.append(([], []))
+        columns, lines = grids[-1]
+        columns += [c for c in cols if c not in columns]
+        lines.append((key.replace("|", "\\|"), dict(zip(cols, rs))))
+    # a grid of one group, one mostly empty (Fig. 7's loads each compare other blocks) or one
+    # wider than a screen (Table 1's two derived presets, 20 quantities) reads better as rows
+    kept = []
+    for columns, lines in grids:
+        filled = sum(len(by_col) for _, by_col in lines)
+        wide = len(columns) > GRID_MAX_COLUMNS
+        if len(lines) >= 2 and not wide and 3 * filled >= 2 * len(columns) * len(lines):
+            kept.append((columns, lines))
+        else:
+            rest += [r for _, by_col in lines for r in by_col.values()]
+    grids = kept
+    order = {id(r): i for i, r in enumerate(rows)}
+    return grids, sorted(rest, key=lambda r: order[id(r)])
 
 
 def interval_text(r: Row) -> str:

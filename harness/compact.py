@@ -11,20 +11,28 @@ token timestamps), and the GPU machine takes at most 64 MiB of working tree per 
 preset 9 keeps them about a third smaller than gzip did (1.10 against 1.55 MB for a Fig. 1 run of
 256 requests x 1,024 tokens). A finished run's ``server_metrics.jsonl`` (the /metrics samples as
 streamed during the run) goes once its ``server_metrics.parquet`` holds every sample.
+
+``--prune-unused`` asks the figures what they read (``figures.make_all --inputs`` in a child
+process) and removes, from the experiments they list, every committed request-records file and
+``server_metrics.parquet`` they do not open; a note in the run names the commit to restore from.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import lzma
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from harness.environment import REPO
 from harness.records import _fsync_dir
+from harness.results import PRUNED_NOTE, finished_runs
 
 
 def _write_xz(src_open, target: Path) -> int:
@@ -92,22 +100,6 @@ def drop_streamed_metrics(results: Path, dry_run: bool = False) -> tuple[int, in
     return n, size
 
 
-# the result folders the figure scripts read (harness.results.load_runs), and only those: a run
-# elsewhere (a benchmark's own folder, lane_interference/) is never pruned
-FIGURE_EXPERIMENTS = (
-    "fig1",
-    "fig4",
-    "fig5",
-    "fig6",
-    "fig7",
-    "fig9",
-    "fig9_dsv",
-    "fig11",
-    "admission",
-)
-PRUNED_NOTE = "RECORDS_PRUNED.txt"
-
-
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess | None:
     """``git args`` run in ``cwd`` (None where git cannot run there)."""
     try:
@@ -123,42 +115,62 @@ def _committed_unchanged(path: Path) -> bool:
     return bool(tracked and tracked.returncode == 0 and same and same.returncode == 0)
 
 
-def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list[Path]]:
-    """Remove the request records of finished runs that no figure reads any more (an older output
-    cap, a setting re-measured since), where git keeps their bytes at HEAD; each such run keeps
-    its summary, config and env, and a RECORDS_PRUNED.txt naming the commit to restore from.
-    Returns (pruned record files, record files kept because git does not hold them unchanged)."""
-    from harness.results import caps_newest_first, finished_runs, load_runs, output_cap
+def figure_inputs(results: Path) -> dict[str, set[Path]]:
+    """What the figures read from ``results``, as resolved paths: the experiment directories they
+    list, the request records and server samples they open, and the runs at a newer output cap
+    they will plot once its sweep is complete (``figures.make_all --inputs``, run in a child
+    process: the harness imports nothing from the figures). Raises where a script fails, since
+    its reads would then be missing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        cmd = [sys.executable, "-m", "figures.make_all", "--results", str(results.resolve())]
+        cmd += ["--out", str(t / "out"), "--report", str(t / "R.md")]
+        cmd += ["--claims", str(t / "claims.json"), "--inputs", str(t / "inputs.json")]
+        p = subprocess.run(
+            [*cmd, "--dpi", "30", "--quiet"], cwd=REPO, capture_output=True, text=True
+        )
+        if p.returncode != 0 or not (t / "inputs.json").is_file():
+            raise RuntimeError(
+                "figures.make_all failed, so what the figures read is unknown; nothing pruned:\n"
+                + (p.stderr or p.stdout)[-3000:]
+            )
+        listed = json.loads((t / "inputs.json").read_text())
+    root = results.resolve()
+    return {kind: {root / rel for rel in paths} for kind, paths in listed.items()}
 
+
+# the files of a finished run that --prune-unused may remove: summary, config and env always stay
+PRUNABLE = ("records.jsonl", "records.jsonl.gz", "records.jsonl.xz", "server_metrics.parquet")
+
+
+def prune_unused(results: Path, dry_run: bool = False) -> tuple[list[Path], list[Path]]:
+    """Remove the request records and server samples that no figure reads (an older output cap,
+    a setting re-measured since, a repeat whose samples the notes take from a newer one) from
+    the finished runs of the experiments the figures read, where git keeps their bytes at HEAD.
+    Runs the figures never list (a benchmark's own folder, lane_interference/) and runs at a
+    newer output cap waiting for its sweep to complete keep everything. Each pruned run keeps
+    its summary, config and env, and a RECORDS_PRUNED.txt naming the commit to restore from.
+    Returns (pruned files, files kept because git does not hold them unchanged)."""
+    read = figure_inputs(results)
     head, top = _git_head(results)
     pruned, kept = [], []
-    for exp in FIGURE_EXPERIMENTS:
-        plotted = load_runs(results, exp)
-        used = set()
-        for r in plotted:
-            used |= {r.path.resolve()} | {x.path.resolve() for x in r.repeats}
-        every = finished_runs(results, exp)
-        # a newer output cap that does not yet cover the older sweep is not plotted but will be
-        # once its sweep is complete: its runs keep their records
-        caps = caps_newest_first(every)
-        current = output_cap(plotted[-1]) if plotted else None
-        waiting = set(caps[: caps.index(current)]) if current in caps else set(caps)
-        for run in every:
-            if run.path.resolve() in used or output_cap(run) in waiting:
+    for exp in sorted(read["experiments"]):
+        for run in finished_runs(results, exp.name):
+            if run.path.resolve() in read["waiting"]:
                 continue
-            for rec in sorted(
-                p for p in run.path.glob("records.jsonl*") if not p.name.endswith(".tmp")
-            ):
+            for f in (run.path / name for name in PRUNABLE):
+                if not f.is_file() or f.resolve() in read["files"]:
+                    continue
                 done = _remove_committed(
-                    rec,
+                    f,
                     run.path / PRUNED_NOTE,
                     "--prune-unused",
-                    "no figure reads this run",
+                    "no figure reads it",
                     head,
                     top,
                     dry_run,
                 )
-                (pruned if done else kept).append(rec)
+                (pruned if done else kept).append(f)
     return pruned, kept
 
 
@@ -225,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--prune-unused",
         action="store_true",
-        help="also remove the request records of runs no figure reads (superseded output caps, "
-        "settings re-measured since) where git holds them unchanged at HEAD; a note in the "
-        "run directory names the commit to restore them from",
+        help="also remove the request records and server samples no figure reads (runs "
+        "figures.make_all --inputs does not list: superseded output caps, settings re-measured "
+        "since) where git holds them unchanged at HEAD; a note in the run directory names the "
+        "commit to restore them from",
     )
     ap.add_argument(
         "--prune-traces",
@@ -242,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[compact] no such directory: {root}", file=sys.stderr)
         return 2
     for wanted, prune, what in (
-        (args.prune_unused, prune_unused, "records files of runs no figure reads"),
+        (args.prune_unused, prune_unused, "records and server-sample files no figure reads"),
         (args.prune_traces, prune_traces, "kernel traces"),
     ):
         if not wanted:

@@ -31,6 +31,50 @@ from harness.environment import REPO
 from harness.records import read_jsonl
 
 DEFAULT_RESULTS = REPO / "results"
+# the note a run directory keeps where harness.compact --prune-unused removed a file
+PRUNED_NOTE = "RECORDS_PRUNED.txt"
+
+
+@dataclass
+class ReadLog:
+    """What the figures read while ``start_read_log()`` is on (``figures.make_all --inputs``):
+    the experiment directories they listed, the request-record and server-sample files they
+    opened, and the runs at a newer output cap that a figure will plot once their sweep is
+    complete. harness.compact --prune-unused keeps exactly these."""
+
+    experiments: set[Path] = field(default_factory=set)
+    files: set[Path] = field(default_factory=set)
+    waiting: set[Path] = field(default_factory=set)
+
+    def as_json(self, root: Path) -> dict[str, list[str]]:
+        """Sorted paths relative to ``root`` (the results directory)."""
+        rel = lambda ps: sorted(str(p.relative_to(root.resolve())) for p in ps)  # noqa: E731
+        return {k: rel(getattr(self, k)) for k in ("experiments", "files", "waiting")}
+
+
+_read_log: ReadLog | None = None
+
+
+def start_read_log() -> ReadLog:
+    """Record from now on what the figures read; returns the live log."""
+    global _read_log
+    _read_log = ReadLog()
+    return _read_log
+
+
+def _log(kind: str, paths: Iterable[Path]) -> None:
+    if _read_log is not None:
+        getattr(_read_log, kind).update(p.resolve() for p in paths)
+
+
+def _pruned(run_dir: Path, name: str) -> None:
+    """Say on stderr where to restore ``name`` from if harness.compact pruned it."""
+    note = run_dir / PRUNED_NOTE
+    text = note.read_text() if note.is_file() else ""
+    lines = [line for line in text.splitlines() if line.startswith(name)]
+    if lines:
+        print(f"[results] {run_dir.name}: {name} was pruned; {lines[-1]}", file=sys.stderr)
+
 
 SYSTEM_ORDER = (
     "resident",
@@ -224,23 +268,20 @@ class Run:
     def records(self) -> list[dict]:
         """One dict per request, from records.jsonl or its compacted records.jsonl.xz or .gz (a torn
         last line of an interrupted run is skipped)."""
+        _log("files", self.path.glob("records.jsonl*"))
         try:
             return list(read_jsonl(self.path / "records.jsonl"))
         except FileNotFoundError:
-            note = self.path / "RECORDS_PRUNED.txt"  # harness.compact --prune-unused took them
-            if note.is_file():
-                print(
-                    f"[results] {self.path.name}: request records were pruned; "
-                    f"{note.read_text().strip()}",
-                    file=sys.stderr,
-                )
+            _pruned(self.path, "records.jsonl")
             return []
 
     @cached_property
     def metrics(self) -> pd.DataFrame | None:
         p = self.path / "server_metrics.parquet"
         if not p.is_file():
+            _pruned(self.path, p.name)
             return None
+        _log("files", [p])
         return _read_metrics(str(p), p.stat().st_mtime_ns)
 
     @cached_property
@@ -397,6 +438,7 @@ def finished_runs(results: str | Path, experiment: str) -> list[Run]:
     d = Path(results) / experiment
     if not d.is_dir():
         return []
+    _log("experiments", [d])
     runs = []
     for sub in sorted(p for p in d.iterdir() if p.is_dir()):
         s = load_json(sub / "summary.json")
@@ -429,8 +471,9 @@ def load_runs(results: str | Path, experiment: str) -> list[Run]:
             break
     kept = [r for r in runs if output_cap(r) == current]
     if len(kept) < len(runs):
-        newer = sum(1 for r in runs if output_cap(r) in caps[: caps.index(current)])
-        SUPERSEDED[experiment] = (len(runs) - len(kept) - newer, current, newer)
+        waiting = [r for r in runs if output_cap(r) in caps[: caps.index(current)]]
+        _log("waiting", (r.path for r in waiting))
+        SUPERSEDED[experiment] = (len(runs) - len(kept) - len(waiting), current, len(waiting))
     else:
         SUPERSEDED.pop(experiment, None)
     # a rerun after a config change replaces the older run of its setting (notes and

@@ -3,7 +3,8 @@
 ``model.attention_impl: auto`` picks the Triton kernels (fused sparse attention, indexer scores)
 on a GPU; for attention the all-heads tensor-core kernel (``triton_mma``), which the H200
 measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (docs/design.md).
-Before the first use in a process, the kernels (attention, indexer scores, top-k) run on a small
+Before the first use in a process, the kernels (attention, indexer scores, top-k, the
+layer's fused norm / SiLU product / fp8 row encoding) run on a small
 random case and are compared with their PyTorch references; if any raises or disagrees,
 ``auto`` falls back to the references for the whole process with a warning naming why, so a
 kernel that misbehaves on some GPU or Triton build costs speed, never tokens. ``triton`` or
@@ -41,6 +42,7 @@ def check_kernels(device: torch.device) -> tuple[bool, str]:
 
 
 def _run(device: torch.device) -> tuple[bool, str]:
+    from systems.kernels.fused_ops import add_rms_norm, encode_fp8_rows, silu_mul
     from systems.kernels.index_scores import index_scores
     from systems.kernels.sparse_attention import sparse_attention
     from systems.kernels.topk import topk_positions
@@ -84,6 +86,17 @@ def _run(device: torch.device) -> tuple[bool, str]:
     a = topk_positions(scores, positions, 12, impl="triton")
     if not torch.equal(a, topk_positions(scores, positions, 12, impl="reference")):
         return False, "top-k positions differ from the reference"
+    # the layer's fused kernels: norm and SiLU product close, the fp8 rows byte for byte
+    x, d = torch.randn(2, 3, 100, generator=g).to(device), torch.randn(2, 3, 100).to(device)
+    for a, b in zip(add_rms_norm(x, d), add_rms_norm(x, d, impl="reference")):
+        if not torch.allclose(a, b, rtol=1e-5, atol=1e-5):
+            return False, f"add + RMSNorm differs by {(a - b).abs().max().item():.3g}"
+    a, b = silu_mul(x, impl="triton"), silu_mul(x, impl="reference")
+    if not torch.allclose(a, b, rtol=1e-5, atol=1e-5):
+        return False, f"SiLU product differs by {(a - b).abs().max().item():.3g}"
+    rows = torch.randn(7, 192, generator=g).to(device) * 4
+    if not torch.equal(encode_fp8_rows(rows, 192, 64, cfg.row_bytes), encode_rows(rows, cfg)):
+        return False, "fp8 row encoding differs from the reference"
     return True, "ok"
 
 

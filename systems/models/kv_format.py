@@ -25,7 +25,9 @@ def encode_rows(x: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     nope_dim = cfg.kv_dim - cfg.kv_rope_dim
     xf = x.float()
     nope = xf[..., :nope_dim].reshape(*lead, nope_dim // FP8_BLOCK, FP8_BLOCK)
-    scale = nope.abs().amax(-1, keepdim=True).clamp_min(1e-8) / FP8_MAX  # (..., nb, 1)
+    # times the float32 reciprocal, not a division: what torch does on a GPU for a tensor over
+    # a Python scalar, so the rows are the same bytes on every device (and from the kernel)
+    scale = nope.abs().amax(-1, keepdim=True).clamp_min(1e-8) * (1.0 / FP8_MAX)  # (..., nb, 1)
     q = (nope / scale).to(torch.float8_e4m3fn).reshape(*lead, nope_dim)
     parts = [
         q.view(torch.uint8),

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
+from systems.kernels.fused_ops import add_rms_norm, encode_fp8_rows, silu_mul
 from systems.kernels.selfcheck import resolve_impl
 from systems.kernels.sparse_attention import sparse_attention
 from systems.kernels.topk import topk_positions
@@ -69,6 +70,10 @@ class SparseModel(torch.nn.Module):
         self.attention_impl = resolve_impl(cfg.attention_impl, self.device)
         # the indexer's top-k follows: the radix-select kernel wherever the kernels run
         self.topk_impl = "triton" if self.attention_impl.startswith("triton") else "reference"
+        # and so do the layer's small fused kernels (norms, SiLU product, fp8 row encoding)
+        # with the concatenated projection weights they come with
+        self.fused = self.topk_impl == "triton"
+        self.norm_impl = self.topk_impl
         g = torch.Generator().manual_seed(cfg.seed)  # CPU generator: same weights on every device
 
         def w(*shape, fan_in=None):
@@ -103,20 +108,68 @@ class SparseModel(torch.nn.Module):
                 p["wiq"] = w(D, di)
                 sal = torch.randn(di, generator=g)
                 p["w_sal"] = (sal / sal.norm()).to(self.device, torch.float32)
+            if self.fused:
+                self._fuse_weights(p)
             self.layers.append(p)
         self.scale = 1.0 / math.sqrt(d)
 
-    # ------------------------------------------------------------------ building blocks
     @staticmethod
-    def _norm(x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+    def _fuse_weights(p: dict) -> None:
+        """One GEMM for every projection of the layer input (KV row, queries, index key,
+        index query) and one for the MLP's gate and up projections: the same weights,
+        concatenated by columns, so a layer launches two GEMMs where it launched up to six."""
+        names = [n for n in ("wkv", "wq", "wik", "wiq") if n in p]
+        cols, c0 = {}, 0
+        for n in names:
+            cols[n] = (c0, c0 + p[n].shape[1])
+            c0 = cols[n][1]
+        p["w_in"] = torch.cat([p.pop(n) for n in names], dim=1)
+        p["in_cols"] = cols
+        p["w13"] = torch.cat([p.pop("w1"), p.pop("w3")], dim=1)
+
+    @staticmethod
+    def _weight(p: dict, name: str) -> torch.Tensor:
+        """A projection's weight, a column view of the fused ``w_in`` where it was fused."""
+        if name in p:
+            return p[name]
+        c0, c1 = p["in_cols"][name]
+        return p["w_in"][:, c0:c1]
+
+    # ------------------------------------------------------------------ building blocks
+    def _add_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, rms_norm(x + delta)): the residual add and the next norm, one kernel."""
+        return add_rms_norm(x, delta, impl=self.norm_impl)
+
+    def _project(self, spec: LayerSpec, p: dict, h: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The layer input's projections by weight name (wkv, wq, wik, wiq, as the role has
+        them): one GEMM and column views when the weights are fused."""
+        if "w_in" not in p:  # the index query is projected per query chunk (forward)
+            return {n: h @ p[n] for n in ("wkv", "wq", "wik") if n in p}
+        y = h @ p["w_in"]
+        return {n: y[..., c0:c1] for n, (c0, c1) in p["in_cols"].items()}
+
+    def _encode(self, kv: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        if self.fused and cfg.kv_format == "fp8":
+            return encode_fp8_rows(kv, cfg.kv_dim, cfg.kv_rope_dim, cfg.row_bytes)
+        return encode_rows(kv, cfg)
+
+    def _mlp(self, p: dict, h: torch.Tensor) -> torch.Tensor:
+        if "w13" in p:
+            return silu_mul(h @ p["w13"], impl=self.norm_impl) @ p["w2"]
+        return (F.silu(h @ p["w1"]) * (h @ p["w3"])) @ p["w2"]
 
     def index_query(self, p: dict, h: torch.Tensor) -> torch.Tensor:
-        """h (B,Qc,D) -> the indexer's float32 queries (B,Qc,di), blended with the layer's fixed
-        direction by the selection-locality knob."""
+        """h (B,Qc,D) -> the indexer's float32 queries (B,Qc,di)."""
+        return self._blend_index_query(p, h @ self._weight(p, "wiq"))
+
+    def _blend_index_query(self, p: dict, iq: torch.Tensor) -> torch.Tensor:
+        """The index projection, normalized and blended with the layer's fixed direction by
+        the selection-locality knob."""
         lam = self.cfg.selection_locality
-        iq = (h @ p["wiq"]).float()
+        iq = iq.float()
         iq = iq / iq.norm(dim=-1, keepdim=True).clamp_min(1e-6)
         return (1.0 - lam) * iq + lam * p["w_sal"]
 
@@ -181,22 +234,27 @@ class SparseModel(torch.nn.Module):
         H, d = cfg.num_heads, cfg.kv_dim
         q_chunk = q_chunk or Q
         x = self.embed[tokens.long()]  # (B, Q, D)
+        x, h = self._add_norm(x, None)
         last_sel: torch.Tensor | None = None
         last_sel_src: dict[int, torch.Tensor] = {}
         for spec, p in zip(self.specs, self.layers):
-            h = self._norm(x)
             with nvtx_range(PROJ):  # ranges name kernel families for the profiler (Fig. 10)
+                proj = self._project(spec, p, h)
                 if spec.writes_source:
-                    ctx.write_kv(spec.source, encode_rows(h @ p["wkv"], cfg))
+                    ctx.write_kv(spec.source, self._encode(proj["wkv"]))
                 if spec.role == "full":
-                    ctx.write_index(spec.source, (h @ p["wik"]))
-                q = (h @ p["wq"]).view(B, Q, H, d)
+                    ctx.write_index(spec.source, proj["wik"])
+                q = proj["wq"].reshape(B, Q, H, d)
             sels, outs = [], []
             for c0 in range(0, Q, q_chunk):
                 c1 = min(Q, c0 + q_chunk)
                 if spec.selects:
                     with nvtx_range(SELECT):
-                        scores = ctx.index_scores(spec.source, self.index_query(p, h[:, c0:c1]))
+                        if "wiq" in proj:
+                            iq = self._blend_index_query(p, proj["wiq"][:, c0:c1])
+                        else:
+                            iq = self.index_query(p, h[:, c0:c1])
+                        scores = ctx.index_scores(spec.source, iq)
                         sel = self.select_from_scores(scores, positions[:, c0:c1])
                 elif spec.role == "follower":
                     sel = last_sel[:, c0:c1]
@@ -218,11 +276,11 @@ class SparseModel(torch.nn.Module):
                 last_sel_src[spec.source] = last_sel
             attn = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
             with nvtx_range(PROJ):
-                x = x + attn.reshape(B, Q, H * d) @ p["wo"]
+                x, h2 = self._add_norm(x, attn.reshape(B, Q, H * d) @ p["wo"])
             with nvtx_range(MLP):
-                h2 = self._norm(x)
-                x = x + (F.silu(h2 @ p["w1"]) * (h2 @ p["w3"])) @ p["w2"]
-        hidden = self._norm(x)
+                # the next layer's input norm (the final norm after the last layer) fused in
+                x, h = self._add_norm(x, self._mlp(p, h2))
+        hidden = h
         logits = ((hidden[:, -1:] if last_only else hidden) @ self.lm_head).float()
         return logits, hidden
 

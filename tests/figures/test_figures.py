@@ -15,6 +15,7 @@ import pytest
 from figures import common as C
 from figures import make_all
 from figures.paper_values import AMBIGUITIES, PAPER, PV, flatten, get
+from figures.report import CELL_MAX, fold_grids
 from harness import results as R
 from tests.figures.fixture import build
 
@@ -173,13 +174,73 @@ def test_claims_json(full, empty):
             assert c["ours"] is None and c["holds"] is None, cid
 
 
+def _cells(md: str) -> list[str]:
+    """The cells of every markdown table row (an escaped bar stays inside its cell)."""
+    return [
+        c.strip()
+        for line in md.splitlines()
+        if line.startswith("|")
+        for c in re.split(r"(?<!\\)\|", line)[1:-1]
+    ]
+
+
+def _headline_rows(md: str) -> list[str]:
+    block = md.split("## Headline claims", 1)[1].split("\n\n")
+    table = next(b for b in block if b.startswith("| claim"))
+    return table.splitlines()[2:]
+
+
 def test_reproduction_md(full, empty):
     t = full["report"].read_text()
     assert "## Headline claims" in t
     for name in SCRIPTS:
         assert f'<a id="{name}"></a>' in t
+        # the summary links each figure's full report, which exists beside its image
+        assert f"](out/{name}.md)" in t and (full["out"] / f"{name}.md").is_file()
+    assert (
+        "](out/headline.md)" in t and "| ours from |" in (full["out"] / "headline.md").read_text()
+    )
     assert "scaled preset" in t and "calibrated input" in t and "computed" in t
     assert C.NOT_MEASURED in empty["report"].read_text()
+    # a ratio's direction and magnitude share one headline row
+    assert len(_headline_rows(t)) == sum(
+        1 for c in make_all.CLAIMS.values() if c.kind not in ("magnitude", "geometry")
+    )
+    for md in (t, empty["report"].read_text()):
+        assert max(len(c) for c in _cells(md)) <= CELL_MAX
+
+
+def test_committed_reproduction_md_stays_scannable():
+    """The committed REPRODUCTION.md (from results/) stays a summary: under 60 KB, no table cell
+    over 120 characters, a headline table of one screen; the detail lives in figures/out/."""
+    t = (REPO / "REPRODUCTION.md").read_text()
+    assert len(t.encode()) <= 60_000
+    assert max(len(c) for c in _cells(t)) <= CELL_MAX
+    assert len(_headline_rows(t)) <= 25
+    for link in re.findall(r"\]\((figures/out/[\w.]+\.md)\)", t):
+        assert (REPO / link).is_file(), link
+
+
+def test_fold_grids_keeps_every_row_once():
+    rep = C.Report("x", "X")
+    for g in ("C4", "C8"):
+        for m in ("TTFT", "TPOT"):
+            rep.compare(f"{g}.{m}", f"{g}: {m}", 1.0, 2.0)
+    rep.compare("lone", "C16: TTFT", 1.0, 3.0)  # one row: no group of its own
+    rep.compare("dup.a", "D: TTFT", 1.0, 4.0)
+    rep.compare("dup.b", "D: TTFT", 1.0, 5.0)  # a repeated quantity cannot share a grid row
+    rep.compare("plain", "output ratio", 1.0, None)
+    for g, ms in (("E", "ab"), ("F", "bc"), ("G", "cd")):  # 6 of 12 cells: stays rows
+        for m in ms:
+            rep.compare(f"{g}.{m}", f"{g}: {m}", 1.0, 1.0)
+    grids, rest = fold_grids(rep.rows)
+    assert [(cols, [label for label, _ in lines]) for cols, lines in grids] == [
+        (["TTFT", "TPOT"], ["C4", "C8"])
+    ]
+    assert [r.key for r in rest][:4] == ["lone", "dup.a", "dup.b", "plain"] and len(rest) == 10
+    md = rep.summary_markdown(2, "x.png", "x.md")
+    assert "| C8 | 1 / 2 | 1 / 2 |" in md and "| output ratio | 1 | *not yet measured* | — |" in md
+    assert "[x.md](x.md)" in md
 
 
 def test_cli_arguments(tmp_path):

@@ -3,6 +3,9 @@ reader still sees the same rows."""
 
 import gzip
 import json
+import shutil
+
+import pytest
 
 from harness.compact import main
 from harness.records import read_jsonl
@@ -46,69 +49,61 @@ def test_compact_finished_runs_only_and_readers_see_the_same_rows(tmp_path, caps
     assert main(["--results", str(tmp_path / "missing")]) == 2
 
 
-def test_prune_unused_removes_only_committed_records_of_runs_no_figure_reads(tmp_path, capsys):
-    """An older run of a setting re-measured since is not read by any figure: its records go
-    (git keeps them, a note says from which commit), the figure's run keeps its own, and records
-    git does not hold unchanged are never removed."""
-    import shutil
+def _commit_all(root):
     import subprocess
 
-    import pytest
-
-    if shutil.which("git") is None:
-        pytest.skip("git not installed")
-    from harness.compact import PRUNED_NOTE
-
-    res = tmp_path / "results"
-
-    def run(name, t, tput, cap=320, conc=128, system="hisparse"):
-        d = res / "fig4" / name
-        d.mkdir(parents=True)
-        (d / "summary.json").write_text(
-            json.dumps(
-                {
-                    "system": system,
-                    "concurrency": conc,
-                    "output_tok_s": tput,
-                    "point": {"tag": f"c{conc}"},
-                }
-            )
-        )
-        (d / "env.json").write_text(json.dumps({"time_utc": t}))
-        (d / "config.yaml").write_text(
-            json.dumps({"workload": {"output_len": cap}, "model": {"x": t}})
-        )
-        (d / "records.jsonl").write_text('{"index": 0}\n')
-        return d
-
-    old = run("old", "2026-01-01T00:00", 1.0)
-    new = run("new", "2026-01-02T00:00", 2.0)
-    also = run("c8", "2026-01-02T00:01", 2.0, conc=8, system="adaptive_hisparse")
-    # a newer cap with HiSparse at C8 only: not plotted while Adaptive HiSparse's C8 at this cap is
-    # missing, but it will be
-    partial = run("partial", "2026-01-03T00:00", 3.0, cap=640, conc=8)
-    git = dict(cwd=tmp_path, check=True, capture_output=True)
+    git = dict(cwd=root, check=True, capture_output=True)
     subprocess.run(["git", "init", "-q"], **git)
     subprocess.run(["git", "add", "-A"], **git)
     subprocess.run(
         ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "runs"], **git
     )
-    late = run("late_old", "2025-12-31T00:00", 0.5)  # unused too, but never committed
+
+
+@pytest.mark.slow
+def test_prune_unused_never_removes_what_a_figure_reads(tmp_path, capsys):
+    """On the figures' fixture: --prune-unused removes committed request records and server
+    samples that no figure opens (a note says from which commit to restore them), keeps the ones
+    the figures read, files git does not hold and runs outside the figures' experiments, and
+    make_all regenerates the same report and claims afterwards."""
+    from figures import make_all
+    from harness.compact import PRUNED_NOTE
+    from tests.figures.fixture import build
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    res = build(tmp_path / "results")
+    bench = res / "lane_interference" / "run-a"  # no figure lists this experiment
+    bench.mkdir(parents=True)
+    (bench / "summary.json").write_text("{}")
+    (bench / "records.jsonl").write_text('{"index": 0}\n')
+    _commit_all(tmp_path)
+    late = res / "fig9" / "hisparse-dsv41_mini-B2k-C8" / "server_metrics.parquet"
+    late.write_bytes(late.read_bytes() + b"\0")  # changed since the commit: git lacks its bytes
+
+    def report(name):
+        out = tmp_path / name
+        args = ["--results", str(res), "--out", str(out / "out"), "--report", str(out / "R.md")]
+        make_all.main([*args, "--claims", str(out / "claims.json"), "--dpi", "30", "--quiet"])
+        return (out / "R.md").read_text(), (out / "claims.json").read_text()
+
+    before = report("before")
     assert main(["--results", str(res), "--prune-unused"]) == 0
     out = capsys.readouterr().out
-    assert "pruned 1 records files" in out and "kept 1 that git does not hold" in out
+    assert "kept 1 that git does not hold" in out
+    unread = res / "fig4" / "resident-glm53_mini-C128-x" / "records.jsonl"
+    unread_samples = res / "fig9" / "hisparse-dsv41_mini-B4k-C8" / "server_metrics.parquet"
+    assert not unread.exists() and not unread_samples.exists()
+    note = (unread.parent / PRUNED_NOTE).read_text()
     assert (
-        not (old / "records.jsonl").exists() and "git checkout" in (old / PRUNED_NOTE).read_text()
+        "git checkout" in note and "results/fig4/resident-glm53_mini-C128-x/records.jsonl" in note
     )
-    # (then compacted like any finished run)
-    assert (new / "records.jsonl.xz").is_file() and not (new / PRUNED_NOTE).exists()
-    assert (late / "records.jsonl.xz").is_file()
-    assert (partial / "records.jsonl.xz").is_file() and (also / "records.jsonl.xz").is_file()
-    assert (
-        "git checkout" in (old / PRUNED_NOTE).read_text()
-        and "results/fig4/old/records.jsonl" in (old / PRUNED_NOTE).read_text()
-    )
-    assert (old / "summary.json").is_file()  # the run itself stays
+    assert (unread.parent / "summary.json").is_file() and late.is_file()
+    # what Table A2, the notes and Fig. 9 read stays (then compacted like any finished run)
+    read = res / "fig4" / "hisparse-glm53_mini-C128-x"
+    assert (read / "records.jsonl.xz").is_file() and (read / "server_metrics.parquet").is_file()
+    assert (bench / "records.jsonl.xz").is_file()
+    assert report("after") == before
 
 
 def test_prune_traces_keeps_what_the_figures_read(tmp_path, capsys):

@@ -1,0 +1,89 @@
+"""The layer's small fused kernels (TRITON_INTERPRET=1 on CPU, float32 compute: bf16 arithmetic
+is not faithful in the interpreter) against their plain-PyTorch references, on odd shapes."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from systems.kernels import fused_ops as fo  # noqa: E402
+from systems.models.config import ModelConfig  # noqa: E402
+from systems.models.kv_format import encode_rows  # noqa: E402
+from tests.kernels.support import interpreted  # noqa: E402
+
+pytestmark = interpreted(fo._add_rms_norm_kernel)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 7), (3, 5, 64), (2, 1, 130), (0, 1, 16)])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_add_rms_norm_matches_reference(shape, with_delta):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=g) * 3
+    d = torch.randn(*shape, generator=g) if with_delta else None
+    want_x, want_h = fo.add_rms_norm_reference(x, d)
+    got_x, got_h = fo.add_rms_norm(x, d)
+    assert torch.equal(got_x, want_x)
+    torch.testing.assert_close(got_h, want_h, rtol=2e-6, atol=1e-6)
+    if not with_delta:
+        assert got_x is x  # nothing to add: the residual is passed through, not copied
+
+
+def test_add_rms_norm_refuses_mismatched_delta_and_unknown_impl():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="does not match"):
+        fo.add_rms_norm(x, torch.randn(2, 9))
+    with pytest.raises(ValueError, match="unknown add_rms_norm impl"):
+        fo.add_rms_norm(x, None, impl="cuda")
+
+
+@pytest.mark.parametrize("rows,F", [(1, 1), (5, 37), (3, 1500), (0, 8)])
+def test_silu_mul_matches_reference(rows, F):
+    g = torch.Generator().manual_seed(rows * 7 + F)
+    gu = torch.randn(rows, 2 * F, generator=g) * 4
+    torch.testing.assert_close(fo.silu_mul(gu), fo.silu_mul_reference(gu), rtol=2e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="even"):
+        fo.silu_mul(torch.randn(2, 5))
+
+
+def _fp8_cfg(kv_dim, rope):
+    return ModelConfig(kv_dim=kv_dim, kv_rope_dim=rope, kv_format="fp8")
+
+
+@pytest.mark.parametrize("kv_dim,rope,rows", [(576, 64, 7), (128, 0, 3), (386, 2, 1), (262, 6, 5)])
+def test_encode_fp8_rows_is_byte_identical_to_the_reference(kv_dim, rope, rows):
+    cfg = _fp8_cfg(kv_dim, rope)
+    g = torch.Generator().manual_seed(kv_dim + rope)
+    x = torch.randn(2, rows, kv_dim, generator=g) * 5
+    # the hard cases of the rounding: a block spanning subnormals, exact ties, zeros, huge range
+    x[0, 0, :128] = torch.logspace(-12, 2, 128) * torch.sign(torch.randn(128, generator=g))
+    x[0, -1, :16] = 0.0
+    want = encode_rows(x, cfg)
+    got = fo.encode_fp8_rows(x, kv_dim, rope, cfg.row_bytes)
+    assert got.shape == want.shape and got.dtype == torch.uint8
+    assert torch.equal(got, want), (got != want).nonzero()[:8]
+
+
+def test_e4m3_rounding_on_every_tie_and_the_subnormals():
+    # values on every code and on every midpoint between neighbouring codes (both signs):
+    # rounding to nearest even must agree with torch's cast everywhere
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = (codes[1:] + codes[:-1]) / 2
+    vals = torch.cat([codes, mids, mids.nextafter(torch.tensor(0.0)), -codes, -mids])
+    vals = torch.cat([vals, torch.tensor([448.0] * 127)])[: 5 * 128]  # whole blocks of 128
+    x = vals.reshape(-1, 128)
+    x[:, 0] = 448.0  # pin each block's scale to 1 so the values are encoded as given
+    cfg = _fp8_cfg(128, 0)
+    want = encode_rows(x, cfg)
+    got = fo.encode_fp8_rows(x, 128, 0, cfg.row_bytes)
+    assert torch.equal(got, want), (got != want).nonzero()[:8]
+
+
+def test_encode_fp8_rows_refuses_a_non_fp8_layout():
+    with pytest.raises(ValueError, match="multiple of 128"):
+        fo.encode_fp8_rows(torch.randn(2, 100), 100, 0, 100)
+    with pytest.raises(ValueError, match="not the fp8 layout"):
+        fo.encode_fp8_rows(torch.randn(2, 128), 128, 0, 129)
