@@ -250,6 +250,7 @@ def _check_args(
     page_size,
     direct_page_table,
     staging_loc_base,
+    hot_rows=None,
 ):
     if selections.dim() != 3:
         raise ValueError("selections must be int32 [R, Q, k]")
@@ -269,8 +270,15 @@ def _check_args(
             raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     if hot_lru.dtype != torch.int64:
         raise TypeError(f"hot_lru must be int64, got {hot_lru.dtype}")
-    if hot_pos.dim() != 2 or hot_pos.shape[0] != R or tuple(hot_lru.shape) != tuple(hot_pos.shape):
+    rows = R if hot_rows is None else hot_pos.shape[0]
+    if (
+        hot_pos.dim() != 2
+        or hot_pos.shape[0] != rows
+        or tuple(hot_lru.shape) != tuple(hot_pos.shape)
+    ):
         raise ValueError("hot_pos int32 [R, B] and hot_lru int64 [R, B] expected")
+    if hot_rows is not None and (hot_rows.dtype != torch.int64 or tuple(hot_rows.shape) != (R,)):
+        raise ValueError("hot_rows must be int64 [R] (the rows of hot_pos / hot_lru) or None")
     if tail_loc.dim() != 2 or tail_loc.shape[0] != R:
         raise ValueError("tail_loc must be int32 [R, T]")
     if host_page_table.dim() != 2 or host_page_table.shape[0] != R:
@@ -590,6 +598,7 @@ if _HAVE_TRITON:
         hot_pos_stride,
         hot_lru_ptr,
         hot_lru_stride,
+        hot_rows_ptr,
         hot_base_ptr,
         stg_base_ptr,
         kv_ptr,
@@ -617,6 +626,7 @@ if _HAVE_TRITON:
         S,
         HAS_DIRECT: tl.constexpr,
         HAS_STAGING: tl.constexpr,
+        HAS_HOT_ROWS: tl.constexpr,
         STAMP_IS_PTR: tl.constexpr,
         ACCUM: tl.constexpr,
         COPY_PROGRAMS: tl.constexpr,
@@ -664,8 +674,12 @@ if _HAVE_TRITON:
         bm_row = bm_ptr + r64 * bm_stride
         mpos_row = mpos_ptr + r64 * list_stride
         vic_row = vic_ptr + r64 * list_stride
-        hp_row = hot_pos_ptr + r64 * hot_pos_stride
-        hl_row = hot_lru_ptr + r64 * hot_lru_stride
+        if HAS_HOT_ROWS:  # the slot state in place: no gather / scatter around the call
+            slot_row = tl.load(hot_rows_ptr + r64)
+        else:
+            slot_row = r64
+        hp_row = hot_pos_ptr + slot_row * hot_pos_stride
+        hl_row = hot_lru_ptr + slot_row * hot_lru_stride
         hot_base = tl.load(hot_base_ptr + r64)
         if HAS_STAGING:
             stg_base = tl.load(stg_base_ptr + r64)
@@ -1198,6 +1212,7 @@ def resolve_triton(
     page_size,
     direct_page_table=None,
     staging_loc_base=None,
+    hot_rows=None,
     out=None,
     accumulate_counters=False,
     workspace: ResolverWorkspace | None = None,
@@ -1247,6 +1262,7 @@ def resolve_triton(
             page_size,
             direct_page_table,
             staging_loc_base,
+            hot_rows,
         )
     dev = kv_pool.device
     interpret = not isinstance(_resolver_kernel, triton.runtime.jit.JITFunction)
@@ -1382,6 +1398,7 @@ def resolve_triton(
         hot_pos.stride(0),
         hot_lru,
         hot_lru.stride(0),
+        hot_rows if hot_rows is not None else hot_loc_base,
         hot_loc_base,
         stg,
         kv_w,
@@ -1409,6 +1426,7 @@ def resolve_triton(
         S,
         HAS_DIRECT=direct_page_table is not None,
         HAS_STAGING=staging_loc_base is not None,
+        HAS_HOT_ROWS=hot_rows is not None,
         STAMP_IS_PTR=stamp_is_ptr,
         ACCUM=bool(accumulate_counters),
         COPY_PROGRAMS=S > 1,
@@ -1441,11 +1459,20 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     from systems.kernels.aot import compile_for_nvidia
 
     fn = _resolver_kernel
-    ptr64 = {"hot_lru_ptr", "counters_ptr", "flags_ptr", "ctrl_ptr", "pflags_ptr", "dbg_ptr"}
+    ptr64 = {
+        "hot_lru_ptr",
+        "hot_rows_ptr",
+        "counters_ptr",
+        "flags_ptr",
+        "ctrl_ptr",
+        "pflags_ptr",
+        "dbg_ptr",
+    }
     types = {}
     c = dict(
         HAS_DIRECT=True,
         HAS_STAGING=True,
+        HAS_HOT_ROWS=True,
         STAMP_IS_PTR=False,
         ACCUM=False,
         COPY_PROGRAMS=True,
@@ -1496,6 +1523,7 @@ def resolve(
     accumulate_counters: bool = False,
     workspace: ResolverWorkspace | None = None,
     copy_programs_per_request: int | None = None,
+    hot_rows=None,
 ) -> ResolveResult:
     """Resolve selected positions to device locations (see the module docstring).
 
@@ -1506,7 +1534,9 @@ def resolve(
         host_page_table int32 [R, P]; kv_pool uint8 [N, row_bytes] (in/out);
         host_pool uint8 [H, row_bytes] (pinned on GPU runs); stamp int or int64 tensor [1];
         page_size int; direct_page_table int32 [R, P] or None;
-        staging_loc_base int32 [R] or None; out optional preallocated
+        staging_loc_base int32 [R] or None; hot_rows int64 [R] or None: when given, hot_pos /
+        hot_lru are tables of any number of rows and request r owns row hot_rows[r] (updated
+        in place, no gathered copy); out optional preallocated
         (locations, counters, overflow); accumulate_counters adds into ``out[1]``.
     Returns ResolveResult(locations int32 [R, Q, k], counters int64 [R, 4], overflow int32 [R]).
     """
@@ -1531,8 +1561,28 @@ def resolve(
             stamp,
             workspace=workspace,
             copy_programs_per_request=copy_programs_per_request,
+            hot_rows=hot_rows,
             **kw,
         )
+    if impl == "reference" and hot_rows is not None:  # the same semantics on gathered rows
+        if hot_rows.dtype != torch.int64 or tuple(hot_rows.shape) != (selections.shape[0],):
+            raise ValueError("hot_rows must be int64 [R] (the rows of hot_pos / hot_lru) or None")
+        hp, hl = hot_pos[hot_rows], hot_lru[hot_rows]
+        res = resolve_reference(
+            selections,
+            tail_start,
+            tail_loc,
+            hp,
+            hl,
+            hot_loc_base,
+            host_page_table,
+            kv_pool,
+            host_pool,
+            stamp,
+            **kw,
+        )
+        hot_pos[hot_rows], hot_lru[hot_rows] = hp, hl
+        return res
     if impl == "reference":
         return resolve_reference(
             selections,

@@ -166,6 +166,8 @@ class HiSparseBackend(KVBackend):
             self.stage0 + self.chi * self.stage_rows, rb, dtype=torch.uint8, device=self.device
         )
         self.kv_pool = self.kv_flat[: self.stage0].view(S, self.NG, rb)
+        # the row of kv_flat where each source's region starts, (S, 1)
+        self.src_row0 = (torch.arange(S, device=self.device) * self.NG).unsqueeze(1)
         self.stage_bytes = stage_bytes
         # host store: full history of every admitted request, pinned when a GPU reads it
         self.max_host_pages = math.ceil((self.max_total_tokens + self.q_max) / G)
@@ -372,9 +374,22 @@ class HiSparseBackend(KVBackend):
         st["write_loc"] = page.unsqueeze(1) * self.G + self.B + pos.long() % self.T
         st["host_pt"] = self.host_page_table[st["slots"].long()]
         st["prefetched"] = {}
-        # per step, not per resolver call: each call adds only its source's offset
-        st["hot_base"] = page * self.G
-        st["direct"] = self._direct_table()
+        # every source's tables in one kernel each per step: a resolver call then takes a view
+        # (one offset kernel per call and table was ~80 launches of a glm53_mini step)
+        off = self.src_row0  # (S, 1)
+        st["hot_base"] = (page.unsqueeze(0) * self.G + off).to(torch.int32)  # (S, R)
+        st["tail_loc"] = st["tail_loc"].unsqueeze(0) + off.unsqueeze(2).to(torch.int32)
+        direct = self._direct_table()
+        if direct is not None:  # ready optional pages, as pages of each source's region
+            direct = torch.where(direct >= 0, direct + (off // self.G).unsqueeze(2), -1)
+            direct = direct.to(torch.int32)
+        st["direct"] = direct
+        if Q > 1 and self.stage_rows:  # verification: each staging arena's rows per request
+            arenas = torch.arange(self.chi, device=dev).unsqueeze(1) * self.stage_rows
+            per_req = sl * (self.q_max * self.mcfg.index_topk)
+            st["staging"] = (self.stage0 + arenas + per_req.unsqueeze(0)).to(torch.int32)
+        # each call's counters and overflow, summed once when the forward ends
+        st["counters"], st["overflow"] = [], []
 
     def write_kv(self, source, rows):
         self.kv_pool[source][self._step["write_loc"].reshape(-1)] = rows.reshape(-1, rows.shape[-1])
@@ -398,29 +413,23 @@ class HiSparseBackend(KVBackend):
         st = self._step
         src = layer.source
         sl = st["slots"].long()
-        hot_pos = self.hot_pos[src][sl].contiguous()  # gathered per call, scattered back
-        hot_lru = self.hot_lru[src][sl].contiguous()
         self.stamp_dev += 1  # in place: the resolver reads the clock from the device
-        off = src * self.NG  # this source's region of the flat pool
         direct = st["direct"]
         if direct is not None:
-            direct = torch.where(direct >= 0, direct + src * (self.NG // self.G), -1)
+            direct = direct[src]
         staging = None
         if selections.shape[1] > 1 and self.stage_rows:
-            arena = self._arena.get(layer.index, 0)
-            staging = (
-                self.stage0 + arena * self.stage_rows + sl * (self.q_max * self.mcfg.index_topk)
-            ).to(torch.int32)
+            staging = st["staging"][self._arena.get(layer.index, 0)]
         # the resolver on CPU (reference, or Triton's interpreter) syncs by design; the kernel
         # on the GPU never does, and a capture there proves it
         with allow_host_sync() if self.device.type == "cpu" else nullcontext():
             res = resolve(
                 selections.to(torch.int32).contiguous(),
                 st["tail_start"],
-                st["tail_loc"] + off,
-                hot_pos,
-                hot_lru,
-                (st["hot_base"] + off).to(torch.int32),
+                st["tail_loc"][src],
+                self.hot_pos[src],  # the slots' rows, updated in place (hot_rows)
+                self.hot_lru[src],
+                st["hot_base"][src],
                 st["host_pt"],
                 self.kv_flat,
                 self.host_pool[src],
@@ -430,12 +439,10 @@ class HiSparseBackend(KVBackend):
                 staging_loc_base=staging,
                 impl=self.resolver_impl,
                 workspace=self._workspace(),
+                hot_rows=sl,
             )
-        self.hot_pos[src][sl] = hot_pos
-        self.hot_lru[src][sl] = hot_lru
-        self.census += res.counters.sum(0)
-        self.overflow_dev += res.overflow.sum()
-        self.calls_dev += 1
+        st["counters"].append(res.counters)
+        st["overflow"].append(res.overflow)
         return res.locations.long()
 
     def _workspace(self):
@@ -526,6 +533,12 @@ class HiSparseBackend(KVBackend):
         if self._side is not None and self._side_forked:
             torch.cuda.current_stream(self.device).wait_stream(self._side)
             self._side_forked = False
+        st = self._step
+        if st is not None and st.get("counters"):  # once per step, after the streams joined
+            self.census += torch.stack(st["counters"]).sum((0, 1))
+            self.overflow_dev += torch.stack(st["overflow"]).sum()
+            self.calls_dev += len(st["counters"])  # a graph replays the same number of calls
+            st["counters"], st["overflow"] = [], []
 
     @property
     def resolver_calls(self) -> int:

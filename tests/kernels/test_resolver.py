@@ -355,6 +355,48 @@ def test_basic_decode_odd_shapes():
     _scratch_clean()
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_hot_rows_update_the_slot_tables_in_place(impl):
+    """hot_rows: the slot state stays in a table of every slot, each request reads and writes
+    its own row in place; the result is the call on gathered rows, other rows are untouched."""
+    s = State(
+        R=3,
+        Q=2,
+        K=7,
+        B=16,
+        row_bytes=12,
+        page_size=4,
+        hist_lens=[30, 55, 17],
+        tail_lens=[2, 1, 3],
+        seed=4,
+        fill=0.6,
+        direct=0.3,
+    )
+    s.draw_selections()
+    pos, kw = s.args()
+    want = rv.resolve(**pos, stamp=77, impl="reference", **kw)
+    rows = torch.tensor([5, 0, 3])  # a slot table of 7 rows, requests on rows 5, 0, 3
+    g = torch.Generator().manual_seed(9)
+    table_pos = torch.randint(-1, 40, (7, s.B), generator=g, dtype=torch.int32)
+    table_lru = torch.randint(0, 50, (7, s.B), generator=g)
+    pos2, kw2 = s.args()
+    table_pos[rows], table_lru[rows] = pos2.pop("hot_pos"), pos2.pop("hot_lru")
+    before_pos, before_lru = table_pos.clone(), table_lru.clone()
+    got = rv.resolve(
+        **pos2, hot_pos=table_pos, hot_lru=table_lru, stamp=77, impl=impl, hot_rows=rows, **kw2
+    )
+    assert torch.equal(got.locations, want.locations)
+    assert torch.equal(got.counters, want.counters)
+    assert torch.equal(table_pos[rows], pos["hot_pos"])
+    assert torch.equal(table_lru[rows], pos["hot_lru"])
+    assert torch.equal(pos2["kv_pool"], pos["kv_pool"])
+    others = torch.tensor([1, 2, 4, 6])
+    assert torch.equal(table_pos[others], before_pos[others])
+    assert torch.equal(table_lru[others], before_lru[others])
+    with pytest.raises(ValueError, match="hot_rows must be int64"):
+        rv.resolve(**s.args()[0], stamp=78, impl=impl, hot_rows=rows[:2], **s.args()[1])
+
+
 @pytest.mark.parametrize("copy_programs", [1, 3])
 def test_verification_k41_row656_duplicates(copy_programs):
     s = State(
