@@ -14,6 +14,7 @@ outstanding request is failed instead of left hanging. The normal path pays one 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import logging
@@ -37,6 +38,39 @@ from systems.spec.config import SpeculationConfig
 from systems.spec.decoder import PlainDecoder, SpeculativeDecoder
 
 log = logging.getLogger("dhs.engine")
+
+
+class DecodeGpuTime:
+    """GPU time of the decode steps, from a pair of CUDA events around each step, read without
+    a sync: a pair is added once its end event has completed (polled at later steps).
+
+    Why events and not a profiler: they cost two records per step, so every served run reports
+    how much of its decode wall time the GPU spent inside steps (``dhs_decode_gpu_share``); the
+    rest is host time between steps (scheduling, handoffs, output). The span of a step includes
+    any gaps between its kernels, so the share is an upper bound of the kernel-busy share
+    (benchmarks/bench_decode_step.py measures that one from a profiler trace)."""
+
+    def __init__(self, device: torch.device):
+        self.on = device.type == "cuda"
+        self.pending: collections.deque = collections.deque()
+        self.seconds = 0.0
+
+    def start(self):
+        if not self.on:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def stop(self, start) -> None:
+        if start is None:
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.pending.append((start, end))
+        while self.pending and self.pending[0][1].query():
+            a, b = self.pending.popleft()
+            self.seconds += a.elapsed_time(b) / 1e3
 
 
 class EngineStopped(RuntimeError):
@@ -153,10 +187,12 @@ class Engine:
             "admit_seconds_total": 0.0,
             "handoffs_total": 0,
             "decode_seconds_total": 0.0,
+            "decode_gpu_seconds_total": 0.0,  # CUDA-event time inside steps (DecodeGpuTime)
             "capture_step_seconds_total": 0.0,
             "capture_steps_total": 0,
         }
         self.error: BaseException | None = None
+        self._gpu_time = DecodeGpuTime(self.device)
 
     # ------------------------------------------------------------------ thread-safe API
     def new_rid(self) -> str:
@@ -254,7 +290,10 @@ class Engine:
         if not batch:
             return bool(admitted)
         captures = self._graph_captures()
+        ev = self._gpu_time.start()
         self._decode(batch)
+        self._gpu_time.stop(ev)
+        self.stats["decode_gpu_seconds_total"] = self._gpu_time.seconds
         dt = time.perf_counter() - t0
         self.stats["last_step_ms"] = dt * 1e3
         self.stats["num_steps"] += 1
@@ -527,4 +566,9 @@ class Engine:
         for reason, n in self.scheduler.wait_reason_counts.items():
             m[f'dhs_admission_wait_events_total{{reason="{reason}"}}'] = n
         m["dhs_admission_blocked"] = 1.0 if self.scheduler.wait_reason else 0.0
+        if self._gpu_time.on and self.stats["decode_seconds_total"] > 0:
+            # share of the decode wall time the GPU spent inside steps (1 - host gaps)
+            m["dhs_decode_gpu_share"] = (
+                self.stats["decode_gpu_seconds_total"] / self.stats["decode_seconds_total"]
+            )
         return m

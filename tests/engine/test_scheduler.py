@@ -155,6 +155,27 @@ def test_engine_time_counters_split_admission_decode_and_captures():
     assert 0 < m["dhs_capture_step_seconds_total"] <= m["dhs_decode_seconds_total"]
 
 
+def test_decode_gpu_time_is_reported_only_where_events_measure_it():
+    """CPU: no CUDA events, so no GPU time and no share (rather than a made-up 1.0)."""
+    eng = make_engine()
+    eng.submit(_req(eng, golden_prompts()[0], 3))
+    eng.run_until_idle()
+    m = eng.metrics()
+    assert m["dhs_decode_gpu_seconds_total"] == 0.0 and m["dhs_decode_seconds_total"] > 0
+    assert "dhs_decode_gpu_share" not in m
+
+
+@pytest.mark.gpu
+def test_decode_gpu_share_is_a_share_of_the_decode_wall_time():
+    eng = make_engine("device=cuda")
+    for p in golden_prompts()[:3]:
+        eng.submit(_req(eng, p, 8))
+    eng.run_until_idle()
+    m = eng.metrics()
+    assert 0 < m["dhs_decode_gpu_seconds_total"] <= m["dhs_decode_seconds_total"]
+    assert 0 < m["dhs_decode_gpu_share"] <= 1
+
+
 def test_engine_records_its_start_up_phases():
     eng = make_engine("system=hisparse", "model=tiny")
     assert set(eng.startup_s) == {"model", "decoder", "kv_backend"}
