@@ -158,6 +158,7 @@ if _HAVE_TRITON:
         CHUNK,
         row_bytes,
         sm_scale,
+        q_stride,
         H: tl.constexpr,
         D: tl.constexpr,
         NOPE: tl.constexpr,
@@ -179,7 +180,7 @@ if _HAVE_TRITON:
         h = tl.program_id(1)
         c = tl.program_id(2)
         jn = tl.arange(0, NOPE_P)
-        qb = q_ptr + (n * H + h) * D
+        qb = q_ptr + n * q_stride + h * D  # q rows may be a column slice of a wider GEMM output
         qn = tl.load(qb + jn, mask=jn < NOPE, other=0.0).to(tl.float32)
         if ROPE > 0:
             jr = tl.arange(0, ROPE_P)
@@ -253,6 +254,7 @@ if _HAVE_TRITON:
         CHUNK,
         row_bytes,
         sm_scale,
+        q_stride,
         H: tl.constexpr,
         HP: tl.constexpr,
         D: tl.constexpr,
@@ -278,7 +280,7 @@ if _HAVE_TRITON:
         hh = tl.arange(0, HP)
         hm = hh < H
         jn = tl.arange(0, NOPE_P)
-        qrow = q_ptr + (n * H + hh) * D
+        qrow = q_ptr + n * q_stride + hh * D
         qn = tl.load(
             qrow[:, None] + jn[None, :], mask=hm[:, None] & (jn[None, :] < NOPE), other=0.0
         )
@@ -441,7 +443,9 @@ def sparse_attention_triton(
     nope, rope = (kv_dim - rope_dim, rope_dim) if fp8 else (kv_dim, 0)
     row_bytes = kv.shape[1]
     assert kv.is_contiguous() and row_bytes % 4 == 0, "rows must be whole float32 words"
-    out = torch.empty_like(q)
+    if q.stride(2) != 1 or q.stride(1) != d:  # heads packed in a row; rows may be strided
+        q = q.contiguous()
+    out = torch.empty((N, H, d), dtype=q.dtype, device=q.device)
     if N == 0:
         return out
     if kernel not in ("per_head", "mma"):
@@ -463,7 +467,7 @@ def sparse_attention_triton(
     else:
         m = l_ = acc = out  # unused
     args = (
-        q.contiguous(),
+        q,
         selections.contiguous(),
         locations.contiguous(),
         kv,
@@ -477,6 +481,7 @@ def sparse_attention_triton(
         chunk,
         row_bytes,
         1.0 / math.sqrt(kv_dim),
+        q.stride(0),
     )
     common = dict(
         H=H,

@@ -314,7 +314,8 @@ class KVBackend(ABC):
 
     @abstractmethod
     def resolve(self, layer: LayerSpec, selections: torch.Tensor, q0: int) -> torch.Tensor:
-        """(B, Qc, k) positions -> (B, Qc, k) int64 locations into ``kv_buffer(source)``."""
+        """(B, Qc, k) positions -> (B, Qc, k) integer locations (int32 or int64) into
+        ``kv_buffer(source)``."""
 
     @abstractmethod
     def kv_buffer(self, source: int) -> torch.Tensor:

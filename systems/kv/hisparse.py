@@ -204,6 +204,10 @@ class HiSparseBackend(KVBackend):
         # Counters and the LRU clock are device tensors advanced by device work: a graph replay
         # advances them without any Python running. Read them at scrape time (one sync).
         self.stamp_dev = torch.zeros(1, dtype=torch.int64, device=dev)
+        # a step's i-th resolver call reads clock + i from a table built once per step (no
+        # increment kernel per call); at most one call per layer (backends take a step's
+        # queries in one chunk)
+        self._steps_ar = torch.arange(1, len(m.layers) + 1, device=dev)
         self.census = torch.zeros(4, dtype=torch.int64, device=dev)
         self.overflow_dev = torch.zeros((), dtype=torch.int64, device=dev)
         self.calls_dev = torch.zeros((), dtype=torch.int64, device=dev)
@@ -390,6 +394,7 @@ class HiSparseBackend(KVBackend):
             st["staging"] = (self.stage0 + arenas + per_req.unsqueeze(0)).to(torch.int32)
         # each call's counters and overflow, summed once when the forward ends
         st["counters"], st["overflow"] = [], []
+        st["stamps"] = self.stamp_dev + self._steps_ar
 
     def write_kv(self, source, rows):
         self.kv_pool[source][self._step["write_loc"].reshape(-1)] = rows.reshape(-1, rows.shape[-1])
@@ -413,7 +418,7 @@ class HiSparseBackend(KVBackend):
         st = self._step
         src = layer.source
         sl = st["slots"].long()
-        self.stamp_dev += 1  # in place: the resolver reads the clock from the device
+        stamp = st["stamps"][len(st["counters"])].view(1)  # the device clock of this call
         direct = st["direct"]
         if direct is not None:
             direct = direct[src]
@@ -433,7 +438,7 @@ class HiSparseBackend(KVBackend):
                 st["host_pt"],
                 self.kv_flat,
                 self.host_pool[src],
-                self.stamp_dev,
+                stamp,
                 page_size=self.G,
                 direct_page_table=direct,
                 staging_loc_base=staging,
@@ -443,7 +448,7 @@ class HiSparseBackend(KVBackend):
             )
         st["counters"].append(res.counters)
         st["overflow"].append(res.overflow)
-        return res.locations.long()
+        return res.locations  # int32: attention reads them as they are
 
     def _workspace(self):
         """The resolver scratch of the stream this call runs on (main or follower prefetch)."""
@@ -538,6 +543,7 @@ class HiSparseBackend(KVBackend):
             self.census += torch.stack(st["counters"]).sum((0, 1))
             self.overflow_dev += torch.stack(st["overflow"]).sum()
             self.calls_dev += len(st["counters"])  # a graph replays the same number of calls
+            self.stamp_dev += len(st["counters"])
             st["counters"], st["overflow"] = [], []
 
     @property

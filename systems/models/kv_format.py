@@ -25,9 +25,11 @@ def encode_rows(x: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     nope_dim = cfg.kv_dim - cfg.kv_rope_dim
     xf = x.float()
     nope = xf[..., :nope_dim].reshape(*lead, nope_dim // FP8_BLOCK, FP8_BLOCK)
-    # times the float32 reciprocal, not a division: what torch does on a GPU for a tensor over
-    # a Python scalar, so the rows are the same bytes on every device (and from the kernel)
-    scale = nope.abs().amax(-1, keepdim=True).clamp_min(1e-8) * (1.0 / FP8_MAX)  # (..., nb, 1)
+    # over a tensor, not a Python scalar: torch on a GPU turns a division by a Python scalar into
+    # a product with its reciprocal (another last bit than the CPU's division); a true division
+    # gives the same bytes on every device and from the kernel, and decode -> encode is exact
+    amax = nope.abs().amax(-1, keepdim=True).clamp_min(1e-8)
+    scale = amax / torch.full_like(amax, FP8_MAX)  # (..., nb, 1)
     q = (nope / scale).to(torch.float8_e4m3fn).reshape(*lead, nope_dim)
     parts = [
         q.view(torch.uint8),

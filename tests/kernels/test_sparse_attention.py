@@ -81,6 +81,21 @@ def test_mma_kernel_matches_reference(fmt, d, rope, N, H, k, splits):
     torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("kernel", ["per_head", "mma"])
+def test_strided_query_rows_and_int32_locations(kernel):
+    """q as a column slice of a wider projection (rows strided, heads packed) is read in place,
+    and int32 locations (the resolver's) give the same result as int64 ones."""
+    cfg, kv, sel, loc, q = _case("fp8", 3, 3, 37, 176, 48, M=53, pad=0.3, seed=11)
+    wide = torch.randn(3, 7 + 3 * 176 + 5)
+    wide[:, 7 : 7 + 3 * 176] = q.reshape(3, -1)
+    q_view = wide[:, 7 : 7 + 3 * 176].reshape(3, 3, 176)
+    assert not q_view.is_contiguous() and q_view.data_ptr() == wide[:, 7:].data_ptr()
+    kw = dict(kv_format="fp8", kv_dim=176, rope_dim=48, row_dtype=torch.float32)
+    ref = sa.sparse_attention_reference(q, kv, sel, loc, **kw)
+    tri = sa.sparse_attention_triton(q_view, kv, sel, loc.to(torch.int32), kernel=kernel, **kw)
+    torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
+
+
 def test_unknown_kernel_is_a_clear_error():
     cfg, kv, sel, loc, q = _case("bf16", 1, 1, 4, 16, 0, M=5, pad=0.0, seed=1)
     with pytest.raises(ValueError, match="unknown sparse attention kernel"):
