@@ -126,6 +126,11 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
     for key, default in _KV_IMPLICIT_BEFORE.items():
         if isinstance(kv, dict) and key in kv and kv[key] == default:
             del kv[key]
+    # overlap scheduling, on by default, changes when tokens are read, not which: the runs
+    # made before the key existed keep their ids (off is part of the id)
+    engine = material.get("engine")
+    if isinstance(engine, dict) and engine.get("overlap_schedule") is True:
+        del engine["overlap_schedule"]
     return material
 
 

@@ -93,6 +93,11 @@ class EngineConfig:
     # over several decode steps instead of stalling the running batch for all of its handoffs
     # (SGLang's decode side likewise merges transferred requests between decode iterations)
     max_handoffs_per_step: int = 0
+    # overlap scheduling (SGLang's overlap scheduler, vLLM's async scheduling): a plain decode
+    # step is launched with the previous step's tokens still on the device, and those tokens are
+    # read back while the new step runs, so the host's part of a step hides behind the GPU's.
+    # Finishes are seen one step late (that step's token for a finished request is dropped).
+    overlap_schedule: bool = True
     seed: int = 0
     speculation: SpeculationConfig | None = None  # system.speculation
     profile: dict | None = None  # conf/profile/<name>.yaml; None or name=none: off
@@ -188,11 +193,16 @@ class Engine:
             "handoffs_total": 0,
             "decode_seconds_total": 0.0,
             "decode_gpu_seconds_total": 0.0,  # CUDA-event time inside steps (DecodeGpuTime)
+            "overlapped_steps_total": 0,  # launched before the previous step was read back
             "capture_step_seconds_total": 0.0,
             "capture_steps_total": 0,
         }
         self.error: BaseException | None = None
         self._gpu_time = DecodeGpuTime(self.device)
+        # the decoder says whether it can launch a step before the previous one is read back
+        self._overlap = cfg.overlap_schedule and getattr(self.decoder, "supports_overlap", False)
+        self._inflight = None  # the launched, not yet read step (overlap scheduling)
+        self._deferred: list[Request] | None = None  # finished while their slot is in flight
 
     # ------------------------------------------------------------------ thread-safe API
     def new_rid(self) -> str:
@@ -286,17 +296,28 @@ class Engine:
         if admitted:
             self.stats["admit_seconds_total"] += t0 - t_admit
             self.stats["handoffs_total"] += len(admitted)
-        batch = list(self.scheduler.running.values())
-        if not batch:
+        # requests that finished while their slot was in flight wait for their release here
+        batch = [r for r in self.scheduler.running.values() if r.finish_reason is None]
+        prev = self._inflight
+        if prev is not None:  # a request whose in-flight token reaches its cap is done
+            batch = [
+                r
+                for r in batch
+                if id(r) not in prev.index or len(r.output_ids) + 1 < r.params.max_new_tokens
+            ]
+        if not batch and prev is None:
             return bool(admitted)
         captures = self._graph_captures()
         ev = self._gpu_time.start()
-        self._decode(batch)
+        if self._overlap:
+            self._overlapped_step(batch, prev)
+        else:
+            self._decode(batch)
         self._gpu_time.stop(ev)
         self.stats["decode_gpu_seconds_total"] = self._gpu_time.seconds
         dt = time.perf_counter() - t0
         self.stats["last_step_ms"] = dt * 1e3
-        self.stats["num_steps"] += 1
+        self.stats["num_steps"] += bool(batch)  # a round that only read back the last step is none
         self.stats["decode_seconds_total"] += dt
         if self._graph_captures() != captures:  # this step recorded a graph (target or drafter)
             self.stats["capture_steps_total"] += 1
@@ -312,6 +333,7 @@ class Engine:
         """Nothing submitted, waiting, running, or waiting to be aborted."""
         return (
             not self.scheduler.running
+            and self._inflight is None
             and not self.scheduler.waiting
             and self._pending == 0
             and self._inbox.empty()
@@ -350,7 +372,12 @@ class Engine:
         """Drive the engine from the calling thread until nothing is left (tests, offline)."""
         for _ in range(max_steps):
             self.step()
-            if not self.scheduler.running and not self.scheduler.waiting and self._inbox.empty():
+            if (
+                not self.scheduler.running
+                and not self.scheduler.waiting
+                and self._inbox.empty()
+                and self._inflight is None
+            ):
                 return
         raise RuntimeError("engine did not go idle")
 
@@ -364,6 +391,8 @@ class Engine:
                 aborts.append(self._aborts.get_nowait())
             except queue.Empty:
                 break
+        if aborts and self._inflight is not None:
+            self._drain()  # an abort releases a slot: never one the in-flight step still uses
         while True:
             try:
                 req = self._inbox.get_nowait()
@@ -424,6 +453,49 @@ class Engine:
         tok = sample(entry.last_logits.unsqueeze(0), self._temperatures([req]), self.gen)
         self.stats["prompt_tokens_total"] += req.num_prompt_tokens
         self._append_tokens(req, [int(tok.item())])
+
+    def _overlapped_step(self, batch: list[Request], prev) -> None:
+        """Launch this step, then read the previous one's tokens while it runs."""
+        cur = None
+        if batch:
+            try:
+                with nvtx_range(STEP):
+                    cur = self.decoder.launch(batch, prev)
+            except Exception as e:  # the previous step's tokens are good: deliver them first
+                self._inflight = None
+                if prev is not None:
+                    self._complete(prev, None)
+                self._fail_step([r for r in batch if r.status == ReqStatus.RUNNING], e)
+                return
+        self._inflight = cur
+        if prev is not None:
+            self.stats["overlapped_steps_total"] += cur is not None
+            self._complete(prev, cur)
+
+    def _complete(self, done, running) -> None:
+        """Deliver the tokens of the completed step ``done``; release the slots that waited for
+        it, and defer those of requests that finished now to the step ``running`` they are in."""
+        toks = done.read()
+        self._deferred = []
+        try:
+            for r, t in zip(done.batch, toks):
+                if r.finish_reason is None and r.status == ReqStatus.RUNNING:
+                    self._append_tokens(r, [t])
+        finally:
+            deferred, self._deferred = self._deferred, None
+        for r in done.release_after:
+            self.scheduler.finish(r)
+        for r in deferred:
+            if running is not None and id(r) in running.index:
+                running.release_after.append(r)
+            else:
+                self.scheduler.finish(r)
+
+    def _drain(self) -> None:
+        """Read back the in-flight step and release what waited for it (a sync)."""
+        prev, self._inflight = self._inflight, None
+        if prev is not None:
+            self._complete(prev, None)
 
     def _decode(self, batch: list[Request]) -> None:
         try:
@@ -536,7 +608,10 @@ class Engine:
         done = req.finish_reason is not None
         if done:
             req.finish_ts = now
-            self.scheduler.finish(req)
+            if self._deferred is not None:  # its slot may be in the in-flight step
+                self._deferred.append(req)
+            else:
+                self.scheduler.finish(req)
             self.stats["finished_total"] += 1
             self.requests.pop(req.rid, None)
             self._live.discard(req.rid)

@@ -6,11 +6,18 @@ import torch
 
 
 def sample(
-    logits: torch.Tensor, temperatures: torch.Tensor, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    generator: torch.Generator | None = None,
+    any_sampled: bool | None = None,
 ) -> torch.Tensor:
-    """logits (B, V) float32, temperatures (B,) -> token ids (B,). Temperature 0 is argmax."""
+    """logits (B, V) float32, temperatures (B,) -> token ids (B,). Temperature 0 is argmax.
+    ``any_sampled``: whether any temperature is > 0, when the caller knows it on the host (then
+    greedy batches never sync with the device here)."""
     greedy = logits.argmax(dim=-1)
-    if not bool((temperatures > 0).any()):
+    if any_sampled is None:
+        any_sampled = bool((temperatures > 0).any())
+    if not any_sampled:
         return greedy
     t = temperatures.clamp_min(1e-5).unsqueeze(-1)
     probs = torch.softmax(logits / t, dim=-1)

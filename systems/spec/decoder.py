@@ -10,6 +10,7 @@ the anchor and accepted drafts (eq. 7). The engine calls ``decode(batch)`` on ei
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,14 +46,72 @@ class PhaseTimer:
         return out
 
 
+@dataclass
+class InflightStep:
+    """A plain decode step launched but not yet read back (overlap scheduling): its batch, the
+    sampled tokens on the device and their pinned host copy in flight, and the requests whose
+    slots are released once this step has completed (they finished while it was queued)."""
+
+    batch: list
+    tokens: torch.Tensor  # (B,) int64 on the device: the next step's inputs
+    host: torch.Tensor  # (B,) int64, pinned on a GPU: filled by a non-blocking copy
+    done: object  # CUDA event after the copy, or None on CPU (the copy was synchronous)
+    index: dict = field(default_factory=dict)  # id(request) -> row in this step
+    release_after: list = field(default_factory=list)
+
+    def read(self) -> list[int]:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()
+
+
 class PlainDecoder:
+    """One query per request per step. ``decode`` runs a step and reads its tokens; ``launch``
+    (overlap scheduling) runs a step whose inputs may be the previous step's tokens still on
+    the device, and leaves its own tokens to be read later (``InflightStep.read``)."""
+
     max_queries = 1
+    supports_overlap = True
 
     def __init__(self, engine):
         self.e = engine
 
     def on_admit(self, req, entry) -> None:
         pass
+
+    def launch(self, batch, prev: InflightStep | None) -> InflightStep:
+        """Launch one step of ``batch``. A request of ``prev``'s batch takes prev's sampled token
+        (on the device, one position further than its host state says); the others their last
+        output token. Commits the step's rows (one token per request) without reading them."""
+        e = self.e
+        dev = e.device
+        B = len(batch)
+        src = [prev.index.get(id(r), -1) if prev is not None else -1 for r in batch]
+        pos = [r.seq_len + (i >= 0) for r, i in zip(batch, src)]
+        host_tok = [0 if i >= 0 else r.output_ids[-1] for r, i in zip(batch, src)]
+        temps = [r.params.temperature for r in batch]
+        # one host->device copy for the step's metadata (pinned, non-blocking)
+        meta = torch.tensor([*pos, *host_tok, *src], dtype=torch.int64)
+        if dev.type == "cuda":
+            meta = meta.pin_memory().to(dev, non_blocking=True)
+        positions = meta[:B].unsqueeze(1)
+        tokens = meta[B : 2 * B]
+        if prev is not None and any(i >= 0 for i in src):
+            idx = meta[2 * B :]
+            tokens = torch.where(idx >= 0, prev.tokens[idx.clamp_min(0)], tokens)
+        slots = [r.slot for r in batch]
+        logits, _ = e.run_target(slots, tokens.unsqueeze(1), positions, max(pos) + 1)
+        sampled = any(x > 0 for x in temps)
+        t = torch.tensor(temps, dtype=torch.float32)  # read by sample only when sampled
+        new = sample(logits[:, -1], t.to(dev) if sampled else t, e.gen, sampled)
+        e.backend.commit(slots, [p + 1 for p in pos])
+        host = torch.empty(B, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        host.copy_(new, non_blocking=True)
+        done = None
+        if dev.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return InflightStep(batch, new, host, done, {id(r): i for i, r in enumerate(batch)})
 
     def decode(self, batch) -> list[list[int]]:
         e = self.e

@@ -53,8 +53,11 @@ def test_handoffs_per_step_bound_lets_the_batch_decode_while_a_wave_joins(system
     prompts = golden_prompts()[:5]
     outs = {}
     for bound in (0, 2):
-        eng = make_engine(
-            f"system={system}", "hardware.kv_pool_gib=0.01", f"engine.max_handoffs_per_step={bound}"
+        eng = make_engine(  # synchronous steps: the test counts the tokens each round delivers
+            f"system={system}",
+            "hardware.kv_pool_gib=0.01",
+            f"engine.max_handoffs_per_step={bound}",
+            "engine.overlap_schedule=false",
         )
         reqs = [_req(eng, p, 6) for p in prompts]
         for r in reqs:
