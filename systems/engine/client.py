@@ -60,7 +60,7 @@ class InProcessClient:
         finished = False
         try:
             while not finished:
-                _, finished = await q.get()
+                _, finished, _ = await q.get()
         finally:
             if not finished:
                 self.server.engine.abort(req)
@@ -77,7 +77,7 @@ class InProcessClient:
         finished = False
         try:
             while not finished:
-                new_ids, finished = await q.get()
+                new_ids, finished, n = await q.get()
                 if finished and _failed(req):
                     raise ClientError(
                         500,
@@ -85,7 +85,7 @@ class InProcessClient:
                         None,
                         "engine_error",
                     )
-                yield json.loads(fmt(req, new_ids, finished, parsed)[len(b"data: ") :])
+                yield json.loads(fmt(req, new_ids, finished, parsed, n)[len(b"data: ") :])
         finally:
             if not finished:  # the caller stopped iterating: abort, as a disconnect would
                 self.server.engine.abort(req)

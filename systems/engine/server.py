@@ -509,7 +509,9 @@ class Server:
         def on_output(req, new_ids, done):  # engine thread
             if loop.is_closed():  # server shutting down under a running batch: nobody is listening
                 return
-            loop.call_soon_threadsafe(q.put_nowait, (list(new_ids), done))
+            # the count as of this output: the engine thread may append the next token before
+            # the event loop writes this chunk
+            loop.call_soon_threadsafe(q.put_nowait, (list(new_ids), done, len(req.output_ids)))
 
         req = Request(rid or self.engine.new_rid(), ids, params, on_output=on_output)
         self.engine.submit(req)
@@ -546,11 +548,11 @@ class Server:
                 try:
                     await _bounded_write(request, cfg, resp.prepare(request))
                     while not finished:
-                        new_ids, finished = await q.get()
+                        new_ids, finished, n = await q.get()
                         if finished and _failed(req):
                             data = _error_event(req)
                         else:
-                            data = respond_stream(req, new_ids, finished, parsed)
+                            data = respond_stream(req, new_ids, finished, parsed, n)
                         await _bounded_write(request, cfg, resp.write(data))
                     await _bounded_write(request, cfg, resp.write(b"data: [DONE]\n\n"))
                     await _bounded_write(request, cfg, resp.write_eof())
@@ -558,7 +560,7 @@ class Server:
                     pass
                 return resp
             while not finished:
-                _, finished = await q.get()
+                _, finished, _ = await q.get()
             if _failed(req):
                 return _error(
                     500, req.finish_reason.get("message") or "request failed", None, "engine_error"
@@ -578,20 +580,20 @@ class Server:
         return text
 
     # ------------------------------------------------------------------ /generate
-    def _meta(self, req: Request, finished: bool) -> dict:
+    def _meta(self, req: Request, finished: bool, n: int | None = None) -> dict:
         meta = {
             "id": req.rid,
             "prompt_tokens": req.num_prompt_tokens,
-            "completion_tokens": len(req.output_ids),
+            "completion_tokens": len(req.output_ids) if n is None else n,
             "finish_reason": req.finish_reason if finished else None,
         }
         if finished:
             meta["timing"] = req.timing()
         return meta
 
-    def _generate_chunk(self, req, new_ids, finished, parsed) -> bytes:
-        text = self._text(req, parsed) if finished else self.tok.decode(req.output_ids)
-        out = {"text": text, "output_ids": new_ids, "meta_info": self._meta(req, finished)}
+    def _generate_chunk(self, req, new_ids, finished, parsed, n) -> bytes:
+        text = self._text(req, parsed) if finished else self.tok.decode(req.output_ids[:n])
+        out = {"text": text, "output_ids": new_ids, "meta_info": self._meta(req, finished, n)}
         return b"data: " + json.dumps(out).encode() + b"\n\n"
 
     def _generate_full(self, req, parsed) -> dict:
@@ -622,7 +624,7 @@ class Server:
             return None
         return {"length": "length", "stop": "stop"}.get(fr["type"], fr["type"])
 
-    def _openai_chunk(self, req, new_ids, finished, parsed) -> bytes:
+    def _openai_chunk(self, req, new_ids, finished, parsed, n) -> bytes:
         include_usage = parsed[3]
         text = self.tok.decode(new_ids)
         if finished and isinstance(req.finish_reason.get("matched"), str):
