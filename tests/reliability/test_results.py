@@ -183,16 +183,20 @@ class SimulatedCrash(BaseException):
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_server_that_dies_mid_run_leaves_records_and_error_txt(tmp_path, monkeypatch):
-    orig = Engine._decode
     calls = {"n": 0}
 
-    def dying_decode(self, batch):
-        calls["n"] += 1
-        if calls["n"] > 12:  # a few requests complete first
-            raise SimulatedCrash("simulated engine crash")
-        return orig(self, batch)
+    def dying(orig):  # the step of either mode (synchronous or overlapped) dies
+        def step(self, *args):
+            calls["n"] += 1
+            if calls["n"] > 12:  # a few requests complete first
+                raise SimulatedCrash("simulated engine crash")
+            return orig(self, *args)
 
-    monkeypatch.setattr(Engine, "_decode", dying_decode)
+        return step
+
+    originals = {name: getattr(Engine, name) for name in ("_decode", "_overlapped_step")}
+    for name, orig in originals.items():
+        monkeypatch.setattr(Engine, name, dying(orig))
     cfg = _cfg(tmp_path, "workload.concurrency=[2]", "workload.num_requests=12")
     with pytest.raises(run_mod.ServerFailed, match="server failed during the run"):
         run_mod.run(cfg)
@@ -212,7 +216,8 @@ def test_a_server_that_dies_mid_run_leaves_records_and_error_txt(tmp_path, monke
     }
     assert (d / "config.yaml").exists() and (d / "env.json").exists()
 
-    monkeypatch.setattr(Engine, "_decode", orig)  # the server is fixed: the resume redoes it
+    for name, orig in originals.items():  # the server is fixed: the resume redoes it
+        monkeypatch.setattr(Engine, name, orig)
     (d2,) = run_mod.run(cfg)
     assert d2 == d and (d / "summary.json").exists() and not (d / "error.txt").exists()
     aside = [p for p in d.parent.iterdir() if p.name.startswith(d.name + ".failed-")]
