@@ -6,6 +6,9 @@
 Per (model, system, batch) row:
 - ``step_ms``: median wall time of an engine step (schedule + forward + sample + postprocess;
   for a speculative system one round), synchronized before and after, after warm-up.
+- ``step_ms_pipelined``: the same steps run back to back with one synchronization at the end,
+  total over count: what a served step costs when overlap scheduling hides the host's part of a
+  step behind the GPU's (``engine.overlap_schedule``); equal to ``step_ms`` when nothing overlaps.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): all weights in bf16 + the selected KV rows (B x layers x k x row bytes) + the
   indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
@@ -107,7 +110,7 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     from systems.spec.decoder import PhaseTimer
 
     spec = eng.cfg.speculation
-    rounds = args.warmup + args.steps + args.profile_steps + 2
+    rounds = args.warmup + 2 * args.steps + args.profile_steps + 2
     new_tokens = rounds * (spec.k_max if spec else 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, m.vocab_size, (args.context,), generator=g).tolist()
@@ -134,6 +137,12 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         "step_ms_p10": statistics.quantiles(times, n=10)[0] * 1e3,
         "step_ms_p90": statistics.quantiles(times, n=10)[-1] * 1e3,
     }
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        eng.step()
+    torch.cuda.synchronize()
+    row["step_ms_pipelined"] = (time.perf_counter() - t0) / args.steps * 1e3
     if timer is not None:
         torch.cuda.synchronize()
         row["phases_ms"] = {p: statistics.median(v) for p, v in timer.ms().items() if v}
@@ -183,7 +192,7 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for system in args.systems.split(","):
-            rounds = args.warmup + args.steps + args.profile_steps + 2
+            rounds = args.warmup + 2 * args.steps + args.profile_steps + 2
             cfg = compose(
                 [
                     "device=cuda",
@@ -213,7 +222,8 @@ def main() -> None:
                 }
                 rows.append(row)
                 print(
-                    f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  floor "
+                    f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
+                    f"pipelined {row['step_ms_pipelined']:7.2f} ms  floor "
                     f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f}  kernels "
                     f"{row['kernels_per_step'] or 0:6.0f}"
                     + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
