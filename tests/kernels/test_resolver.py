@@ -335,21 +335,27 @@ def _scratch_clean():
 # ----------------------------------------------------------------------------------------
 
 
-def test_basic_decode_odd_shapes():
+def _odd_state(Q: int, K: int, seed: int) -> State:
+    """Three requests of odd history and tail lengths, a partly filled cache, some direct pages."""
     s = State(
         R=3,
-        Q=1,
-        K=9,
+        Q=Q,
+        K=K,
         B=16,
         row_bytes=12,
         page_size=4,
         hist_lens=[30, 55, 17],
         tail_lens=[2, 1, 3],
-        seed=1,
+        seed=seed,
         fill=0.6,
         direct=0.3,
     )
     s.draw_selections()
+    return s
+
+
+def test_basic_decode_odd_shapes():
+    s = _odd_state(Q=1, K=9, seed=1)
     ref, tri = run_and_compare(s, stamp=100)
     assert int(tri.counters[:, 3].sum()) > 0
     _scratch_clean()
@@ -359,20 +365,7 @@ def test_basic_decode_odd_shapes():
 def test_hot_rows_update_the_slot_tables_in_place(impl):
     """hot_rows: the slot state stays in a table of every slot, each request reads and writes
     its own row in place; the result is the call on gathered rows, other rows are untouched."""
-    s = State(
-        R=3,
-        Q=2,
-        K=7,
-        B=16,
-        row_bytes=12,
-        page_size=4,
-        hist_lens=[30, 55, 17],
-        tail_lens=[2, 1, 3],
-        seed=4,
-        fill=0.6,
-        direct=0.3,
-    )
-    s.draw_selections()
+    s = _odd_state(Q=2, K=7, seed=4)
     pos, kw = s.args()
     want = rv.resolve(**pos, stamp=77, impl="reference", **kw)
     rows = torch.tensor([5, 0, 3])  # a slot table of 7 rows, requests on rows 5, 0, 3
