@@ -237,6 +237,11 @@ def host_bytes_moved(counters: torch.Tensor, row_bytes: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
+def _check_hot_rows(hot_rows: torch.Tensor, R: int) -> None:
+    if hot_rows.dtype != torch.int64 or tuple(hot_rows.shape) != (R,):
+        raise ValueError("hot_rows must be int64 [R] (the rows of hot_pos / hot_lru) or None")
+
+
 def _check_args(
     selections,
     tail_start,
@@ -277,8 +282,8 @@ def _check_args(
         or tuple(hot_lru.shape) != tuple(hot_pos.shape)
     ):
         raise ValueError("hot_pos int32 [R, B] and hot_lru int64 [R, B] expected")
-    if hot_rows is not None and (hot_rows.dtype != torch.int64 or tuple(hot_rows.shape) != (R,)):
-        raise ValueError("hot_rows must be int64 [R] (the rows of hot_pos / hot_lru) or None")
+    if hot_rows is not None:
+        _check_hot_rows(hot_rows, R)
     if tail_loc.dim() != 2 or tail_loc.shape[0] != R:
         raise ValueError("tail_loc must be int32 [R, T]")
     if host_page_table.dim() != 2 or host_page_table.shape[0] != R:
@@ -1547,54 +1552,23 @@ def resolve(
         out=out,
         accumulate_counters=accumulate_counters,
     )
+    if impl not in ("triton", "reference"):
+        raise ValueError(f"unknown resolver impl {impl!r}")
+    state = [hot_pos, hot_lru]
+    if impl == "reference" and hot_rows is not None:  # the same semantics on gathered rows
+        _check_hot_rows(hot_rows, selections.shape[0])
+        state = [hot_pos[hot_rows], hot_lru[hot_rows]]
+    args = (selections, tail_start, tail_loc, *state, hot_loc_base, host_page_table, kv_pool)
+    args += (host_pool, stamp)
     if impl == "triton":
         return resolve_triton(
-            selections,
-            tail_start,
-            tail_loc,
-            hot_pos,
-            hot_lru,
-            hot_loc_base,
-            host_page_table,
-            kv_pool,
-            host_pool,
-            stamp,
+            *args,
             workspace=workspace,
             copy_programs_per_request=copy_programs_per_request,
             hot_rows=hot_rows,
             **kw,
         )
-    if impl == "reference" and hot_rows is not None:  # the same semantics on gathered rows
-        if hot_rows.dtype != torch.int64 or tuple(hot_rows.shape) != (selections.shape[0],):
-            raise ValueError("hot_rows must be int64 [R] (the rows of hot_pos / hot_lru) or None")
-        hp, hl = hot_pos[hot_rows], hot_lru[hot_rows]
-        res = resolve_reference(
-            selections,
-            tail_start,
-            tail_loc,
-            hp,
-            hl,
-            hot_loc_base,
-            host_page_table,
-            kv_pool,
-            host_pool,
-            stamp,
-            **kw,
-        )
-        hot_pos[hot_rows], hot_lru[hot_rows] = hp, hl
-        return res
-    if impl == "reference":
-        return resolve_reference(
-            selections,
-            tail_start,
-            tail_loc,
-            hot_pos,
-            hot_lru,
-            hot_loc_base,
-            host_page_table,
-            kv_pool,
-            host_pool,
-            stamp,
-            **kw,
-        )
-    raise ValueError(f"unknown resolver impl {impl!r}")
+    res = resolve_reference(*args, **kw)
+    if hot_rows is not None:
+        hot_pos[hot_rows], hot_lru[hot_rows] = state
+    return res
