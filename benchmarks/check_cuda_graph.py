@@ -3,9 +3,10 @@
     python benchmarks/check_cuda_graph.py --systems resident,hisparse,adaptive_hisparse \
         --batch 8 --context 4096 --new-tokens 32 --out results/cuda_graph/check.json
 
-For every system, two engines serve the same prompts greedily: one with
-``engine.disable_cuda_graph=true`` (eager, scans bucketed like the graphs) and one with graphs.
-The tokens must be identical (a replay must reproduce the eager step bit for bit: the same
+For every system, three engines serve the same prompts greedily: one with
+``engine.disable_cuda_graph=true`` (eager, scans bucketed like the graphs), one with graphs, and
+one with graphs and ``engine.overlap_schedule=false`` (synchronous steps). The tokens must be
+identical (a replay must reproduce the eager step bit for bit: the same
 selections, the same hot-cache decisions, the same bytes). The hot cache is kept small
 (``--hot-cache-rows``) so that host misses, victims and the follower prefetch all happen inside
 the graphs. Step times are medians of the decode steps after the first ``--warmup`` ones
@@ -126,18 +127,22 @@ def main() -> None:
             [*ov, "engine.disable_cuda_graph=true"], prompts, args.new_tokens, args.warmup
         )
         graph = _serve(ov, prompts, args.new_tokens, args.warmup)
+        sync = _serve([*ov, "engine.overlap_schedule=false"], prompts, args.new_tokens, args.warmup)
         same = eager["tokens"] == graph["tokens"]
+        overlap_same = sync["tokens"] == graph["tokens"]
         rep = ([7, 11, 13, 17, 19, 23] * (args.context // 6 + 1))[: args.context]
         alone = _serve(ov, [rep], args.new_tokens, args.warmup)["tokens"][0]
         beside = _serve(ov, [*prompts, rep], args.new_tokens, args.warmup)["tokens"][-1]
         invariant = alone == beside
-        bad += (not same) + (not invariant)
+        bad += (not same) + (not invariant) + (not overlap_same)
         row = {
             "system": system,
             "tokens_identical": same,
             "batch_invariant": invariant,
+            "overlap_identical": overlap_same,
             "eager_step_ms": eager["step_ms_median"],
             "graph_step_ms": graph["step_ms_median"],
+            "sync_graph_step_ms": sync["step_ms_median"],
             "speedup": eager["step_ms_median"] / graph["step_ms_median"],
             "graph_stats": graph.get("graph_stats"),
             "drafter_graph_stats": graph.get("drafter_graph_stats"),
@@ -146,7 +151,7 @@ def main() -> None:
         }
         rows.append(row)
         print(
-            f"[cuda_graph] {system:22s} identical={same} batch_invariant={invariant} eager {row['eager_step_ms']:.2f} ms "
+            f"[cuda_graph] {system:22s} identical={same} batch_invariant={invariant} overlap_identical={overlap_same} eager {row['eager_step_ms']:.2f} ms "
             f"graph {row['graph_step_ms']:.2f} ms ({row['speedup']:.1f}x) "
             f"{row['graph_stats']}",
             flush=True,
