@@ -9,6 +9,11 @@ Per (model, system, batch) row:
 - ``step_ms_pipelined``: the same steps run back to back with one synchronization at the end,
   total over count: what a served step costs when overlap scheduling hides the host's part of a
   step behind the GPU's (``engine.overlap_schedule``); equal to ``step_ms`` when nothing overlaps.
+- ``replay_ms``: the target forward's CUDA graph replayed alone, back to back (no host work at
+  all): the device time of a step's forward, what ``step_ms_pipelined`` would be if the host
+  kept ahead of the GPU (null when the step does not run under a graph).
+- ``host_profile`` (with ``--host-profile N``): the N functions with the most own host time over
+  the pipelined steps (cProfile), to show what the host does when it is the step's bound.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): all weights in bf16 + the selected KV rows (B x layers x k x row bytes) + the
   indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
@@ -104,6 +109,25 @@ def floor_bytes(m, batch: int, context: int, queries: int) -> dict:
     }
 
 
+def replay_ms(eng, n: int, torch) -> float | None:
+    """The last replayed target graph, replayed ``n`` times back to back: device time only.
+    Replaying rewrites the last step's KV rows with the same bytes and re-runs its selections,
+    so the engine's state stays consistent for the steps after."""
+    gr = eng.graph_runner
+    if gr is None or gr.broken or not gr.graphs:
+        return None
+    g = next(reversed(gr.graphs.values())).graph
+    if g is None:
+        return None
+    g.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
 def measure(eng, m, batch: int, args, torch) -> dict:
     """Fill ``batch`` requests, time steps, profile a few, let the batch finish."""
     from systems.engine.request import Request, SamplingParams
@@ -159,6 +183,29 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
         row.update(trace_activity(json.loads(Path(path).read_text())))
+    if args.host_profile:
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        torch.cuda.synchronize()
+        pr.enable()
+        for _ in range(args.steps):
+            eng.step()
+        torch.cuda.synchronize()
+        pr.disable()
+        st = pstats.Stats(pr).sort_stats("tottime")
+        row["host_profile"] = [
+            {
+                "function": f"{Path(f).name}:{line}:{name}",
+                "calls_per_step": n / args.steps,
+                "own_ms_per_step": tt / args.steps * 1e3,
+            }
+            for (f, line, name), (_, n, tt, _, _) in sorted(
+                st.stats.items(), key=lambda kv: -kv[1][2]
+            )[: args.host_profile]
+        ]
+    row["replay_ms"] = replay_ms(eng, args.steps, torch)
     for r in reqs:
         eng.abort(r)
     eng.run_until_idle()
@@ -175,6 +222,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="record the N functions with the most own host time per step",
+    )
     ap.add_argument("--kv-pool-gib", type=float, default=24.0)
     ap.add_argument("--out", default=str(REPO / "results" / "engine_step" / "summary.json"))
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every engine")
@@ -223,7 +277,7 @@ def main() -> None:
                 rows.append(row)
                 print(
                     f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
-                    f"pipelined {row['step_ms_pipelined']:7.2f} ms  floor "
+                    f"pipelined {row['step_ms_pipelined']:7.2f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
                     f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f}  kernels "
                     f"{row['kernels_per_step'] or 0:6.0f}"
                     + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
