@@ -109,6 +109,14 @@ def floor_bytes(m, batch: int, context: int, queries: int) -> dict:
     }
 
 
+def steps_per_row(args) -> int:
+    """Engine steps a row runs; every request's output cap covers them all, so the batch stays
+    whole until the graph replays at the end (a finished request's slot is released, and a
+    replay over a released slot would read freed pages)."""
+    host = args.steps if args.host_profile else 0
+    return args.warmup + 2 * args.steps + host + args.profile_steps + 2
+
+
 def replay_ms(eng, n: int, torch) -> float | None:
     """The last replayed target graph, replayed ``n`` times back to back: device time only.
     Replaying rewrites the last step's KV rows with the same bytes and re-runs its selections,
@@ -134,7 +142,7 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     from systems.spec.decoder import PhaseTimer
 
     spec = eng.cfg.speculation
-    rounds = args.warmup + 2 * args.steps + args.profile_steps + 2
+    rounds = steps_per_row(args)
     new_tokens = rounds * (spec.k_max if spec else 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, m.vocab_size, (args.context,), generator=g).tolist()
@@ -246,7 +254,7 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for system in args.systems.split(","):
-            rounds = args.warmup + 2 * args.steps + args.profile_steps + 2
+            rounds = steps_per_row(args)
             cfg = compose(
                 [
                     "device=cuda",
