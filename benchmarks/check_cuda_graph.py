@@ -18,6 +18,7 @@ Exits 1 on any token mismatch.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -62,6 +63,7 @@ def _serve(overrides, prompts, new_tokens, warmup):
     m = eng.backend.metrics()
     out["host_rows_copied"] = m.get("dhs_host_rows_copied_total")
     del eng
+    gc.collect()  # the engine and its decoder refer to each other: free its pools now
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         # pinned host blocks go back to a cache, not to the OS: ten engines in one process
@@ -97,7 +99,11 @@ def main() -> None:
 
     dev = ["device=cuda", "hardware=h200"]
     if args.cpu_dry_run:
-        dev = ["device=cpu", "+engine.cuda_graph_emulate=true", "engine.cuda_graph_scan_step=64"]
+        dev = [
+            "device=cpu",
+            "+engine.cuda_graph_emulate=true",
+            "engine.cuda_graph_scan_step=64",
+        ]
     elif not torch.cuda.is_available():
         sys.exit("check_cuda_graph: no CUDA device here; run it on the GPU machine")
     g = torch.Generator().manual_seed(0)
@@ -110,8 +116,8 @@ def main() -> None:
     base = [
         *dev,
         f"model={args.model}",
-        "hardware.kv_pool_gib=8",
-        "hardware.host_pool_gib=4",
+        f"hardware.kv_pool_gib={1 if args.cpu_dry_run else 8}",
+        f"hardware.host_pool_gib={0.25 if args.cpu_dry_run else 4}",
         f"hardware.max_running_requests={args.batch}",
         f"model.max_context_len={args.context + 8 * args.batch + args.new_tokens + 16}",
         f"+reproduce.kv.hot_cache_rows={args.hot_cache_rows}",  # the hierarchy systems read it

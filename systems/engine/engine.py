@@ -30,6 +30,7 @@ from systems.engine.prefill import PrefixStore
 from systems.engine.request import ReqStatus, Request
 from systems.engine.sampler import sample
 from systems.engine.scheduler import QueueFull, Scheduler
+from systems.host_sync import to_device
 from systems.kv.base import KVConfig
 from systems.kv.registry import create_backend
 from systems.models.config import ModelConfig
@@ -151,6 +152,7 @@ class Engine:
             self.backend, self.prefixes, cfg.max_waiting, cfg.max_handoffs_per_step
         )
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.host_gen = torch.Generator().manual_seed(cfg.seed)  # first tokens (admission)
         self.graph_runner = None
         if not cfg.disable_cuda_graph and (self.device.type == "cuda" or cfg.cuda_graph_emulate):
             from systems.engine.cuda_graph import CudaGraphRunner
@@ -421,14 +423,19 @@ class Engine:
             self._notify(req, [], True)  # whoever still waits on it learns it ended
 
     def run_target(
-        self, slots: list[int], tokens: torch.Tensor, positions: torch.Tensor, max_len: int
+        self,
+        slots: list[int] | torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        max_len: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The target model's forward over this step's queries, through the KV backend:
         a CUDA graph replay when one applies, else eager. tokens / positions (B, Q) on the
         device; max_len = the largest query position + 1 (known on the host). Returns
-        (logits, hidden); with graphs they stay valid until the next call only."""
+        (logits, hidden); with graphs they stay valid until the next call only. ``slots``: a
+        list, or already on the device (one copy with the step's other metadata)."""
         be = self.backend
-        dev_slots = torch.tensor(slots, device=self.device)
+        dev_slots = slots if torch.is_tensor(slots) else to_device(slots, self.device, torch.int64)
         r = self.graph_runner
         if r is not None and r.can_run(len(slots)):
             be.host_prepare()
@@ -445,14 +452,15 @@ class Engine:
         return out
 
     def _temperatures(self, reqs: list[Request]) -> torch.Tensor:
-        return torch.tensor(
-            [r.params.temperature for r in reqs], device=self.device, dtype=torch.float32
-        )
+        return to_device([r.params.temperature for r in reqs], self.device, torch.float32)
 
     def _emit_first_token(self, req: Request, entry) -> None:
-        tok = sample(entry.last_logits.unsqueeze(0), self._temperatures([req]), self.gen)
+        # on the host, from the prefill's copy: a device sample read back here would wait for
+        # the step in flight (overlap scheduling)
+        t = torch.tensor([req.params.temperature], dtype=torch.float32)
+        tok = sample(entry.last_logits_host.unsqueeze(0), t, self.host_gen)
         self.stats["prompt_tokens_total"] += req.num_prompt_tokens
-        self._append_tokens(req, [int(tok.item())])
+        self._append_tokens(req, [int(tok)])
 
     def _overlapped_step(self, batch: list[Request], prev) -> None:
         """Launch this step, then read the previous one's tokens while it runs."""

@@ -22,6 +22,7 @@ from systems.models.sparse_model import PrefillContext, SparseModel, prefill_chu
 class PrefillEntry:
     prefix: PrefixKV
     last_logits: torch.Tensor  # (V,) float32: the first output token is sampled from these
+    last_logits_host: torch.Tensor  # the same on the host: admission samples there, no sync
     tail_hidden: torch.Tensor  # (L, D): target features of the last L positions (drafters)
     prefill_s: float
 
@@ -64,6 +65,7 @@ class PrefixStore:
         return PrefillEntry(
             PrefixKV(T, ctx.kv, ctx.index),
             logits[0, -1],
+            logits[0, -1].float().cpu(),
             hidden[0, -self.keep_hidden :].clone(),
             time.perf_counter() - t0,
         )

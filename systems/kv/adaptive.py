@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from profiling.ranges import BOOKKEEPING, POPULATE, nvtx_range
+from systems.host_sync import to_device
 from systems.kv.base import MemoryReport, PrefixKV
 from systems.kv.hisparse import HiSparseBackend, HiSparseOptions
 from systems.kv.registry import register
@@ -174,9 +175,7 @@ class AdaptiveBackend(HiSparseBackend):
             for j, pg in enumerate(pages):
                 self.kv_pool[:, pg * G : (pg + 1) * G] = prefix.kv[:, j * G : (j + 1) * G]
                 r.ready[j] = True
-            self.direct_table[slot, :keep] = torch.tensor(
-                pages, dtype=torch.int32, device=self.device
-            )
+            self.direct_table[slot, :keep] = to_device(pages, self.device, torch.int32)
             self.stats_adaptive["resident_first_pages_total"] += keep
             self.stats_adaptive["deferred_backup_pages_total"] += keep
         # everything not kept on device goes to host now (incl. the partial boundary page)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from systems.host_sync import to_device
 from systems.kernels.index_scores import index_scores
 from systems.kernels.selfcheck import resolve_impl
 from systems.models.config import LayerSpec, ModelConfig
@@ -190,9 +191,7 @@ class KVBackend(ABC):
     def _alloc_index(self, slot: int, num_tokens: int) -> None:
         pages = self.index_pages.alloc(math.ceil(num_tokens / self.P))
         self._slot_index_pages[slot] = pages
-        self.req_to_index_page[slot, : len(pages)] = torch.tensor(
-            pages, dtype=torch.int32, device=self.device
-        )
+        self.req_to_index_page[slot, : len(pages)] = to_device(pages, self.device, torch.int32)
 
     def _free_index(self, slot: int) -> None:
         self.index_pages.free(self._slot_index_pages.pop(slot, []))
@@ -213,9 +212,7 @@ class KVBackend(ABC):
     def _import_index(self, slot: int, prefix: PrefixKV) -> None:
         T = prefix.num_tokens
         pos = torch.arange(T, device=self.device).unsqueeze(0)
-        loc = self._token_locs(
-            self.req_to_index_page, torch.tensor([slot], device=self.device), pos
-        )[0]
+        loc = self._token_locs(self.req_to_index_page, to_device([slot], self.device), pos)[0]
         for s, i in self.index_src_ids.items():
             self.index_pool[i, loc] = prefix.index[s].to(self.device, torch.bfloat16)
 

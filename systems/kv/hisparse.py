@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
-from systems.host_sync import allow_host_sync
+from systems.host_sync import allow_host_sync, to_device
 from systems.kernels.backup import backup_rows
 from systems.kernels.resolver import (
     COUNTER_DIRECT,
@@ -282,9 +282,7 @@ class HiSparseBackend(KVBackend):
     def _init_slot(self, slot, prefix, total, page, hpages) -> None:
         self._alloc_index(slot, total)
         self.slot_page[slot] = page
-        self.host_page_table[slot, : len(hpages)] = torch.tensor(
-            hpages, dtype=torch.int32, device=self.device
-        )
+        self.host_page_table[slot, : len(hpages)] = to_device(hpages, self.device, torch.int32)
         self.hot_pos[:, slot] = -1
         self.hot_lru[:, slot] = 0
         self._import_index(slot, prefix)
@@ -522,9 +520,7 @@ class HiSparseBackend(KVBackend):
             return
         with nvtx_range(BACKUP):
             # one pinned host->device copy of the row lists and of the new tail starts
-            meta = torch.tensor([*dev_rows, *host_rows, *moved, *moved.values()], dtype=torch.int64)
-            if self.device.type == "cuda":
-                meta = meta.pin_memory().to(self.device, non_blocking=True)
+            meta = to_device([*dev_rows, *host_rows, *moved, *moved.values()], self.device)
             N, M = len(dev_rows), len(moved)
             backup_rows(self.kv_pool, self.host_pool, meta[:N], meta[N : 2 * N], self.backup_impl)
             self.tail_start_dev[meta[2 * N : 2 * N + M]] = meta[2 * N + M :].to(torch.int32)

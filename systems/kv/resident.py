@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from systems.host_sync import to_device
 from systems.kv.base import KVBackend, KVOptions, MemoryReport, PrefixKV
 from systems.kv.registry import register
 
@@ -50,9 +51,7 @@ class ResidentBackend(KVBackend):
         self.slot_max_tokens[slot] = total
         # handoff: the prompt's rows go straight into this request's device pages
         pos = torch.arange(prefix.num_tokens, device=self.device).unsqueeze(0)
-        loc = self._token_locs(
-            self.req_to_index_page, torch.tensor([slot], device=self.device), pos
-        )[0]
+        loc = self._token_locs(self.req_to_index_page, to_device([slot], self.device), pos)[0]
         self.kv_pool[:, loc] = prefix.kv.to(self.device)
         self._import_index(slot, prefix)
         self.slot_len[slot] = prefix.num_tokens

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from systems.engine.sampler import sample
+from systems.host_sync import to_device
 from systems.spec.acceptance import accept_calibrated, accept_exact, calibrated_alpha
 from systems.spec.config import SpeculationConfig
 
@@ -91,16 +92,14 @@ class PlainDecoder:
         host_tok = [0 if i >= 0 else r.output_ids[-1] for r, i in zip(batch, src)]
         temps = [r.params.temperature for r in batch]
         # one host->device copy for the step's metadata (pinned, non-blocking)
-        meta = torch.tensor([*pos, *host_tok, *src], dtype=torch.int64)
-        if dev.type == "cuda":
-            meta = meta.pin_memory().to(dev, non_blocking=True)
+        slots = [r.slot for r in batch]
+        meta = to_device([*pos, *host_tok, *src, *slots], dev, torch.int64)
         positions = meta[:B].unsqueeze(1)
         tokens = meta[B : 2 * B]
         if prev is not None and any(i >= 0 for i in src):
-            idx = meta[2 * B :]
+            idx = meta[2 * B : 3 * B]
             tokens = torch.where(idx >= 0, prev.tokens[idx.clamp_min(0)], tokens)
-        slots = [r.slot for r in batch]
-        logits, _ = e.run_target(slots, tokens.unsqueeze(1), positions, max(pos) + 1)
+        logits, _ = e.run_target(meta[3 * B :], tokens.unsqueeze(1), positions, max(pos) + 1)
         sampled = any(x > 0 for x in temps)
         t = torch.tensor(temps, dtype=torch.float32)  # read by sample only when sampled
         new = sample(logits[:, -1], t.to(dev) if sampled else t, e.gen, sampled)
@@ -116,8 +115,11 @@ class PlainDecoder:
     def decode(self, batch) -> list[list[int]]:
         e = self.e
         dev = e.device
-        positions = torch.tensor([[r.seq_len] for r in batch], device=dev)  # (B, 1)
-        tokens = torch.tensor([[r.output_ids[-1]] for r in batch], device=dev)
+        B = len(batch)
+        meta = to_device(
+            [*(r.seq_len for r in batch), *(r.output_ids[-1] for r in batch)], dev, torch.int64
+        )
+        positions, tokens = meta[:B].unsqueeze(1), meta[B:].unsqueeze(1)  # (B, 1) each
         slots = [r.slot for r in batch]
         logits, _ = e.run_target(slots, tokens, positions, max(r.seq_len for r in batch) + 1)
         new = sample(logits[:, -1], e._temperatures(batch), e.gen).tolist()
@@ -176,10 +178,10 @@ class SpeculativeDecoder:
         L = hid.shape[0]
         T = req.num_prompt_tokens
         dev = self.e.device
-        toks = torch.tensor([req.prompt_ids[T - L :]], device=dev)
+        toks = to_device([req.prompt_ids[T - L :]], dev)
         pos = torch.arange(T - L, T, device=dev).unsqueeze(0)
         self.drafter.catch_up(
-            torch.tensor([req.slot], device=dev),
+            to_device([req.slot], dev),
             toks,
             pos,
             hid.unsqueeze(0),
