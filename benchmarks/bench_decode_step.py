@@ -14,6 +14,10 @@ Per (model, system, batch) row:
   kept ahead of the GPU (null when the step does not run under a graph).
 - ``host_profile`` (with ``--host-profile N``): the N functions with the most own host time over
   the pipelined steps (cProfile), to show what the host does when it is the step's bound.
+- ``handoff_step_ms``: the same step while four more requests of the same context arrive
+  (asynchronous handoffs: their history copied on a side stream), median over the steps until
+  all four have arrived (``handoff_steps``); ``handoff_admit_step_ms`` is the step that admits
+  them (reservations, copies queued).
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): all weights in bf16 + the selected KV rows (B x layers x k x row bytes) + the
   indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
@@ -114,7 +118,7 @@ def steps_per_row(args) -> int:
     whole until the graph replays at the end (a finished request's slot is released, and a
     replay over a released slot would read freed pages)."""
     host = args.steps if args.host_profile else 0
-    return args.warmup + 2 * args.steps + host + args.profile_steps + 2
+    return args.warmup + 2 * args.steps + host + HANDOFF_STEPS + args.profile_steps + 4
 
 
 def replay_ms(eng, n: int, torch) -> float | None:
@@ -134,6 +138,43 @@ def replay_ms(eng, n: int, torch) -> float | None:
         g.replay()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n * 1e3
+
+
+HANDOFFS = 4  # handoffs in flight for ``handoff_step_ms`` (issue 22's target: <= +10%)
+HANDOFF_STEPS = 60  # at most this many steps wait for them
+
+
+def handoff_steps(eng, prompt, args, torch) -> dict:
+    """Step time while ``HANDOFFS`` requests of the same context arrive (their prefill is
+    cached: only the handoff runs), synchronized per step like ``step_ms``; the new requests
+    are aborted as soon as they have all arrived."""
+    from systems.engine.request import Request, SamplingParams
+
+    extra = [
+        Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=HANDOFF_STEPS))
+        for _ in range(HANDOFFS)
+    ]
+    for r in extra:
+        eng.submit(r)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    eng.step()  # intake and admission: reservations, the copies queued
+    torch.cuda.synchronize()
+    admit_ms = (time.perf_counter() - t0) * 1e3
+    times = []
+    while eng.scheduler.arriving and len(times) < HANDOFF_STEPS:
+        t0 = time.perf_counter()
+        eng.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    for r in extra:
+        eng.abort(r)
+    eng.step()
+    return {
+        "handoff_admit_step_ms": admit_ms,
+        "handoff_step_ms": statistics.median(times) * 1e3 if times else None,
+        "handoff_steps": len(times),
+    }
 
 
 def measure(eng, m, batch: int, args, torch) -> dict:
@@ -175,6 +216,7 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         eng.step()
     torch.cuda.synchronize()
     row["step_ms_pipelined"] = (time.perf_counter() - t0) / args.steps * 1e3
+    row.update(handoff_steps(eng, prompt, args, torch))
     if timer is not None:
         torch.cuda.synchronize()
         row["phases_ms"] = {p: statistics.median(v) for p, v in timer.ms().items() if v}
@@ -262,7 +304,7 @@ def main() -> None:
                     f"model={model}",
                     f"system={system}",
                     f"hardware.kv_pool_gib={args.kv_pool_gib}",
-                    f"hardware.max_running_requests={max(batches)}",
+                    f"hardware.max_running_requests={max(batches) + HANDOFFS}",
                     f"workload.input_len={args.context}",
                     f"workload.output_len={rounds * 8}",
                     "+reproduce.speculation.acceptance=calibrated",
@@ -285,7 +327,7 @@ def main() -> None:
                 rows.append(row)
                 print(
                     f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
-                    f"pipelined {row['step_ms_pipelined']:7.2f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
+                    f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']}  replay {row['replay_ms'] or 0:6.2f} ms  floor "
                     f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f}  kernels "
                     f"{row['kernels_per_step'] or 0:6.0f}"
                     + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),

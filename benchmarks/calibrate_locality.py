@@ -53,8 +53,8 @@ def measure(lam: float, b_over_k: int, args) -> dict:
     prompt = torch.randint(2, ecfg.model.vocab_size, (args.context,), generator=g).tolist()
     for _ in range(args.requests):
         eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=args.steps + 8)))
-    eng.step()
-    assert len(eng.scheduler.running) == args.requests
+    while len(eng.scheduler.running) < args.requests:  # admission: prefill, handoffs
+        eng.step()
     for _ in range(args.warmup):
         eng.step()
     m0 = eng.backend.metrics()

@@ -42,7 +42,7 @@ def _serve(overrides, prompts, new_tokens, warmup):
     for r in reqs:
         eng.submit(r)
     times = []
-    while eng.scheduler.running or eng.scheduler.waiting or not eng._inbox.empty():
+    while not eng.is_idle:
         sync()
         t0 = time.perf_counter()
         eng.step()

@@ -126,11 +126,13 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
     for key, default in _KV_IMPLICIT_BEFORE.items():
         if isinstance(kv, dict) and key in kv and kv[key] == default:
             del kv[key]
-    # overlap scheduling, on by default, changes when tokens are read, not which: the runs
-    # made before the key existed keep their ids (off is part of the id)
+    # overlap scheduling and asynchronous handoffs, on by default, change when tokens are read
+    # and when a request joins the batch, not which tokens: the runs made before the keys
+    # existed keep their ids (off is part of the id)
     engine = material.get("engine")
-    if isinstance(engine, dict) and engine.get("overlap_schedule") is True:
-        del engine["overlap_schedule"]
+    for key in ("overlap_schedule", "async_handoffs"):
+        if isinstance(engine, dict) and engine.get(key) is True:
+            del engine[key]
     return material
 
 

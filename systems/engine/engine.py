@@ -99,6 +99,10 @@ class EngineConfig:
     # read back while the new step runs, so the host's part of a step hides behind the GPU's.
     # Finishes are seen one step late (that step's token for a finished request is dropped).
     overlap_schedule: bool = True
+    # asynchronous handoffs: an admitted request's history is copied on a side stream while the
+    # running batch keeps decoding; it joins the batch when the copies are done (false: every
+    # handoff completes before the next step, the decode stream waits for it)
+    async_handoffs: bool = True
     seed: int = 0
     speculation: SpeculationConfig | None = None  # system.speculation
     profile: dict | None = None  # conf/profile/<name>.yaml; None or name=none: off
@@ -149,7 +153,11 @@ class Engine:
         keep = self.decoder.window if cfg.speculation else 1
         self.prefixes = PrefixStore(self.model, cfg.prefix_cache_entries, keep_hidden=keep)
         self.scheduler = Scheduler(
-            self.backend, self.prefixes, cfg.max_waiting, cfg.max_handoffs_per_step
+            self.backend,
+            self.prefixes,
+            cfg.max_waiting,
+            cfg.max_handoffs_per_step,
+            async_handoffs=cfg.async_handoffs,
         )
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.host_gen = torch.Generator().manual_seed(cfg.seed)  # first tokens (admission)
@@ -285,6 +293,8 @@ class Engine:
         self._intake()
         t_admit = time.perf_counter()
         admitted = self.scheduler.admit(on_error=self._fail_admission)
+        if not admitted and not self.scheduler.running and self._inflight is None:
+            admitted = self.scheduler.arrivals(wait=True)  # nothing to decode meanwhile
         for req, entry in admitted:
             try:
                 self.decoder.on_admit(req, entry)
@@ -335,6 +345,7 @@ class Engine:
         """Nothing submitted, waiting, running, or waiting to be aborted."""
         return (
             not self.scheduler.running
+            and not self.scheduler.arriving
             and self._inflight is None
             and not self.scheduler.waiting
             and self._pending == 0
@@ -376,6 +387,7 @@ class Engine:
             self.step()
             if (
                 not self.scheduler.running
+                and not self.scheduler.arriving
                 and not self.scheduler.waiting
                 and self._inbox.empty()
                 and self._inflight is None
@@ -633,6 +645,7 @@ class Engine:
     def metrics(self) -> dict[str, float]:
         m = {
             "dhs_num_running_reqs": len(self.scheduler.running),
+            "dhs_num_handoff_reqs": len(self.scheduler.arriving),  # history on its way
             "dhs_num_waiting_reqs": len(self.scheduler.waiting) + self._pending,
             "dhs_num_prefills_total": self.prefixes.num_prefills,
         }

@@ -23,6 +23,7 @@ class SamplingParams:
 
 class ReqStatus(str, Enum):
     WAITING = "waiting"
+    HANDOFF = "handoff"  # admitted, its history on its way (asynchronous handoff)
     RUNNING = "running"
     FINISHED = "finished"
 

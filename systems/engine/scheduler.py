@@ -5,6 +5,11 @@ runs, so a running request never has to be preempted. A request that does not fi
 head of the queue (FCFS: later requests do not overtake it) with the backend's reason recorded,
 which /metrics exposes.
 
+Handoffs are asynchronous (``async_handoffs``, on a GPU): admission reserves the request's
+memory and queues its history's copies on the backend's handoff stream, and the request waits in
+``arriving`` (status HANDOFF) while the decode steps of the others go on; ``arrivals()`` moves
+those whose copies have completed into the running batch, in the order they were admitted.
+
 A request whose admission raises (prefill, ``can_admit``, the handoff copy in ``admit``) is taken
 out of the queue, whatever the backend allocated for it is released (the slot it took, found by
 comparing ``active_slots``), and ``on_error(req, exc)`` fails it; the requests behind it are
@@ -33,6 +38,7 @@ class Scheduler:
         prefixes: PrefixStore,
         max_waiting: int,
         max_handoffs_per_step: int = 0,
+        async_handoffs: bool = False,
     ):
         if max_handoffs_per_step < 0:
             raise ValueError(
@@ -45,6 +51,9 @@ class Scheduler:
         self.max_handoffs = max_handoffs_per_step
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # slot -> request
+        self.async_handoffs = async_handoffs
+        # slot -> (request, prefill entry): handoffs started, history still on its way
+        self.arriving: dict[int, tuple[Request, object]] = {}
         self.wait_reason = ""
         self.wait_reason_counts: dict[str, int] = {}
 
@@ -52,14 +61,15 @@ class Scheduler:
         self, on_error: Callable[[Request, Exception], None] | None = None
     ) -> list[tuple[Request, object]]:
         """Admit waiting requests while they fit, at most ``max_handoffs_per_step`` of them
-        (0: no bound; the rest stay queued for the next round). Returns (request, prefill
-        entry) pairs.
+        (0: no bound; the rest stay queued for the next round), and start their handoffs.
+        Returns the requests whose handoff completed (``arrivals``): (request, prefill entry)
+        pairs, now running.
 
         With ``on_error``, a request whose admission raises is rolled back and handed to it
         (the others go on); without, the exception propagates."""
-        admitted = []
+        started = 0
         self.wait_reason = ""
-        while self.waiting and not (self.max_handoffs and len(admitted) >= self.max_handoffs):
+        while self.waiting and not (self.max_handoffs and started >= self.max_handoffs):
             req = self.waiting[0]
             held = None
             try:
@@ -79,22 +89,43 @@ class Scheduler:
                 self.waiting.popleft()
                 req.alloc_ts = time.time()
                 held = set(self.backend.active_slots)
-                req.slot = self.backend.admit(entry.prefix, req.params.max_new_tokens)
-                if self.backend.device.type == "cuda":
-                    import torch
-
-                    torch.cuda.synchronize(self.backend.device)
+                req.slot = self.backend.admit(
+                    entry.prefix, req.params.max_new_tokens, asynchronous=self.async_handoffs
+                )
             except Exception as e:
                 if on_error is None:
                     raise
                 self._roll_back(req, held)
                 on_error(req, e)
                 continue
+            req.status = ReqStatus.HANDOFF
+            self.arriving[req.slot] = (req, entry)
+            started += 1
+        return self.arrivals()
+
+    def arrivals(self, wait: bool = False) -> list[tuple[Request, object]]:
+        """Move the requests whose history has arrived into the running batch, in admission
+        order (a later handoff never overtakes an earlier one: they share one stream).
+        ``wait``: block for the oldest one if none has arrived (nothing else to do)."""
+        out = []
+        for slot, (req, entry) in list(self.arriving.items()):
+            if not self.backend.import_done(slot, wait=wait and not out):
+                break
+            del self.arriving[slot]
             req.handoff_done_ts = time.time()
             req.status = ReqStatus.RUNNING
-            self.running[req.slot] = req
-            admitted.append((req, entry))
-        return admitted
+            self.running[slot] = req
+            out.append((req, entry))
+        if self.backend.device.type == "cuda" and out and not self.async_handoffs:
+            import torch
+
+            # synchronous handoffs: the copies are done before the next step is queued, so
+            # TTFT's handoff part is the copies' time (the pre-async engine's behaviour)
+            torch.cuda.synchronize(self.backend.device)
+            now = time.time()
+            for req, _ in out:
+                req.handoff_done_ts = now
+        return out
 
     def _roll_back(self, req: Request, held: set[int] | None) -> None:
         """Undo a failed admission: dequeue the request, release any slot it took."""
@@ -108,7 +139,8 @@ class Scheduler:
 
     def finish(self, req: Request) -> None:
         self.running.pop(req.slot, None)
-        self.backend.release(req.slot)
+        self.arriving.pop(req.slot, None)
+        self.backend.release(req.slot)  # waits for a handoff still copying into the slot
         req.status = ReqStatus.FINISHED
 
     def remove_waiting(self, req: Request) -> None:

@@ -45,6 +45,7 @@ class _Residency:
     ready: list[bool] = field(default_factory=list)
     backed: list[bool] = field(default_factory=list)  # complete host copy exists
     pending: dict[int, object] = field(default_factory=dict)  # j -> event (or None on CPU)
+    kept: int = 0  # prompt pages kept on device at admission (resident-first)
 
     @property
     def num_pages(self) -> int:
@@ -116,7 +117,9 @@ class AdaptiveBackend(HiSparseBackend):
         return False, "reclaim_insufficient" if self.optional_pages else "kv_pool_full"
 
     def _ordered(self) -> list[int]:
-        slots = list(self.res)
+        # a slot whose handoff is still copying into its pages is not reclaimed: its pages'
+        # bytes are not there yet
+        slots = [s for s in self.res if s not in self.importing]
         key = {
             "newest_first": lambda s: -self.res[s].order,
             "oldest_first": lambda s: self.res[s].order,
@@ -140,7 +143,7 @@ class AdaptiveBackend(HiSparseBackend):
         return None
 
     # ------------------------------------------------------------------ admission
-    def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+    def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
         if self.payload_pages.num_free < 1:
             plan = self._reclaim_plan(1 - self.payload_pages.num_free)
             assert plan is not None, "admit called without can_admit"
@@ -149,13 +152,15 @@ class AdaptiveBackend(HiSparseBackend):
             self.stats_adaptive["reclaim_events_total"] += 1
         slot = self._alloc_slot(prefix, max_new_tokens)
         try:
-            self._admit_history(slot, prefix)
+            self._reserve_history(slot, prefix)
         except BaseException:
             self.release(slot)  # frees the optional pages registered so far too
             raise
         return slot
 
-    def _admit_history(self, slot: int, prefix: PrefixKV) -> None:
+    def _reserve_history(self, slot: int, prefix: PrefixKV) -> None:
+        """Resident-first: complete prompt pages stay on device while pages are spare. Their
+        pages are taken and published here; ``import_history`` fills them."""
         T, G = prefix.num_tokens, self.G
         nc = T // G if self.optional_on else 0
         r = _Residency(
@@ -167,21 +172,23 @@ class AdaptiveBackend(HiSparseBackend):
         )
         self._seq += 1
         self.res[slot] = r
-        # resident-first: complete prompt pages stay on device while pages are spare
-        keep = min(nc, max(0, self._spare()))
+        keep = r.kept = min(nc, max(0, self._spare()))
         if keep:
             pages = self.payload_pages.alloc(keep)
             r.page[:keep] = pages  # registered before any copy, so release finds them
-            for j, pg in enumerate(pages):
-                self.kv_pool[:, pg * G : (pg + 1) * G] = prefix.kv[:, j * G : (j + 1) * G]
-                r.ready[j] = True
+            r.ready[:keep] = [True] * keep
             self.direct_table[slot, :keep] = to_device(pages, self.device, torch.int32)
             self.stats_adaptive["resident_first_pages_total"] += keep
             self.stats_adaptive["deferred_backup_pages_total"] += keep
+        r.backed[keep:] = [True] * (nc - keep)  # the import backs them up
+
+    def _import_rows(self, slot: int, prefix: PrefixKV) -> None:
+        G, r = self.G, self.res[slot]
+        keep = r.kept
+        for j, pg in enumerate(r.page[:keep]):
+            self.kv_pool[:, pg * G : (pg + 1) * G] = prefix.kv[:, j * G : (j + 1) * G]
         # everything not kept on device goes to host now (incl. the partial boundary page)
-        self._backup(slot, keep * G, T, prefix.kv[:, keep * G : T])
-        for j in range(keep, nc):
-            r.backed[j] = True
+        self._backup(slot, keep * G, prefix.num_tokens, prefix.kv[:, keep * G :])
 
     def _reclaim(self, slot: int) -> None:
         """Back up the request's unbacked optional pages, then retire all of them."""
@@ -213,7 +220,7 @@ class AdaptiveBackend(HiSparseBackend):
     def _populate(self) -> None:
         """Bounded round-robin: copy host history into free pages, publish after completion."""
         budget = min(self.populate_pages_per_step, self._spare())
-        slots = sorted(self.res)
+        slots = sorted(s for s in self.res if s not in self.importing)  # arrived only
         if budget <= 0 or not slots or not self.optional_on:
             return
         G = self.G

@@ -159,6 +159,9 @@ class KVBackend(ABC):
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
         self.active_slots: set[int] = set()
         self._step: dict[str, Any] | None = None
+        # asynchronous handoffs: slot -> the event after its history's copies (handoff stream)
+        self.importing: dict[int, Any] = {}
+        self._handoff_stream = None
 
     def _set_num_slots(self, n: int) -> None:
         """Lower the slot count before any slot is used (a backend whose pool holds fewer
@@ -223,6 +226,11 @@ class KVBackend(ABC):
         return slot
 
     def _return_slot(self, slot: int) -> None:
+        # every release ends here, before anything reuses the memory it freed: a handoff still
+        # copying into that memory must finish first
+        done = self.importing.pop(slot, None)
+        if done is not None:
+            done.synchronize()
         self.active_slots.discard(slot)
         self.slot_len[slot] = 0
         self.free_slots.append(slot)
@@ -233,8 +241,71 @@ class KVBackend(ABC):
         """Whether a request fits now; the reason names what is missing when it does not."""
 
     @abstractmethod
-    def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
-        """Reserve a slot and import the prefix's history (the handoff). Returns the slot."""
+    def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+        """Take a slot and the memory the request needs and set its tables; the first half
+        of a handoff. Runs on the decode stream: it may change other requests' state (the
+        adaptive backend reclaims their optional pages here). Atomic: on failure nothing is
+        held. Returns the slot."""
+
+    @abstractmethod
+    def import_history(self, slot: int, prefix: PrefixKV) -> None:
+        """Copy the prefix's history into the slot's memory; the second half of a handoff,
+        the bytes. Writes only memory that ``reserve`` gave this slot, so it may run on a side
+        stream while steps of other requests run."""
+
+    def admit(self, prefix: PrefixKV, max_new_tokens: int, asynchronous: bool = False) -> int:
+        """Reserve a slot and import the prefix's history (the handoff). Returns the slot.
+
+        ``asynchronous`` (on a GPU): the import's copies are queued on the handoff stream,
+        after everything queued on the decode stream so far, and the call returns at once;
+        the slot must not join a step before ``import_done(slot)`` says so (releasing it
+        earlier, an abort, waits for its copies). As a
+        disaggregated decode node receives a prefill node's KV while it keeps decoding."""
+        slot = self.reserve(prefix, max_new_tokens)
+        stream = self._handoff(asynchronous)
+        try:
+            if stream is None:
+                self.import_history(slot, prefix)
+            else:
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    self.import_history(slot, prefix)
+                    done = torch.cuda.Event()
+                    done.record(stream)
+                # the prefix's tensors were allocated on the decode stream: keep their memory
+                # from being reused there before the copies have read it
+                for t in (prefix.kv, *prefix.index.values()):
+                    if t.device.type == "cuda":
+                        t.record_stream(stream)
+                self.importing[slot] = done
+        except BaseException:
+            if stream is not None:
+                stream.synchronize()  # nothing may still write the memory released below
+            self.release(slot)
+            raise
+        return slot
+
+    def _handoff(self, asynchronous: bool):
+        if not asynchronous or self.device.type != "cuda":
+            return None
+        if self._handoff_stream is None:
+            self._handoff_stream = torch.cuda.Stream(self.device)
+        return self._handoff_stream
+
+    def import_done(self, slot: int, wait: bool = False) -> bool:
+        """Whether the slot's history has arrived (``wait``: block until it has). Once it
+        has, the decode stream is ordered after its copies."""
+        done = self.importing.get(slot)
+        if done is None:
+            return True
+        if wait:
+            done.synchronize()
+        elif not done.query():
+            return False
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).wait_event(done)
+        del self.importing[slot]
+        return True
 
     @abstractmethod
     def release(self, slot: int) -> None:

@@ -285,21 +285,22 @@ class HiSparseBackend(KVBackend):
         self.host_page_table[slot, : len(hpages)] = to_device(hpages, self.device, torch.int32)
         self.hot_pos[:, slot] = -1
         self.hot_lru[:, slot] = 0
-        self._import_index(slot, prefix)
         self.slot_len[slot] = prefix.num_tokens
         self._set_tail_start(slot, prefix.num_tokens)
         if self.verify:
             self._shadow[slot] = torch.zeros(self.S, total, self.mcfg.row_bytes, dtype=torch.uint8)
+
+    def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+        return self._alloc_slot(prefix, max_new_tokens)
+
+    def import_history(self, slot: int, prefix: PrefixKV) -> None:
+        self._import_index(slot, prefix)
+        self._import_rows(slot, prefix)
+        if self.verify:
             self._shadow[slot][:, : prefix.num_tokens] = prefix.kv.cpu()
 
-    def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
-        slot = self._alloc_slot(prefix, max_new_tokens)
-        try:
-            self._backup(slot, 0, prefix.num_tokens, prefix.kv)  # history to host on arrival
-        except BaseException:
-            self.release(slot)
-            raise
-        return slot
+    def _import_rows(self, slot: int, prefix: PrefixKV) -> None:
+        self._backup(slot, 0, prefix.num_tokens, prefix.kv)  # history to host on arrival
 
     def release(self, slot: int) -> None:
         if slot not in self.active_slots:

@@ -44,18 +44,24 @@ class ResidentBackend(KVBackend):
             return False, "kv_pool_full"
         return True, ""
 
-    def admit(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+    def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
         slot = self._take_slot()
         total = prefix.num_tokens + max_new_tokens + self.q_extra  # room for a draft block
-        self._alloc_index(slot, total)
+        try:
+            self._alloc_index(slot, total)
+        except BaseException:
+            self._return_slot(slot)
+            raise
         self.slot_max_tokens[slot] = total
-        # handoff: the prompt's rows go straight into this request's device pages
+        self.slot_len[slot] = prefix.num_tokens
+        return slot
+
+    def import_history(self, slot: int, prefix: PrefixKV) -> None:
+        # the prompt's rows go straight into this request's device pages
         pos = torch.arange(prefix.num_tokens, device=self.device).unsqueeze(0)
         loc = self._token_locs(self.req_to_index_page, to_device([slot], self.device), pos)[0]
         self.kv_pool[:, loc] = prefix.kv.to(self.device)
         self._import_index(slot, prefix)
-        self.slot_len[slot] = prefix.num_tokens
-        return slot
 
     def release(self, slot: int) -> None:
         if slot not in self.active_slots:

@@ -127,9 +127,9 @@ def _poison_handoff(eng):
     orig_admit = be.admit
     calls = {"n": 0}
 
-    def admit(prefix, max_new_tokens):
+    def admit(prefix, max_new_tokens, **kw):
         if prefix.num_tokens != len(POISON):
-            return orig_admit(prefix, max_new_tokens)
+            return orig_admit(prefix, max_new_tokens, **kw)
         calls["n"] += 1
         if hasattr(be, "_backup"):
 
@@ -138,10 +138,10 @@ def _poison_handoff(eng):
 
             be._backup = failing_backup
             try:
-                return orig_admit(prefix, max_new_tokens)
+                return orig_admit(prefix, max_new_tokens, **kw)
             finally:
                 del be._backup
-        orig_admit(prefix, max_new_tokens)  # slot and pages taken, rows copied...
+        orig_admit(prefix, max_new_tokens, **kw)  # slot and pages taken, rows copied...
         raise InjectedFault(INJECTED)  # ...and then the handoff fails
 
     be.admit = admit
@@ -337,8 +337,8 @@ async def test_unrecoverable_rollback_stops_the_engine_loudly_and_nobody_hangs()
     be = eng.backend
     orig_admit, orig_release = be.admit, be.release
 
-    def admit(prefix, n):
-        slot = orig_admit(prefix, n)
+    def admit(prefix, n, **kw):
+        slot = orig_admit(prefix, n, **kw)
         if prefix.num_tokens == len(POISON):
             raise InjectedFault(INJECTED)
         return slot

@@ -1,0 +1,155 @@
+"""Asynchronous handoffs: an admitted request waits in ``arriving`` until its history's copies
+are done, the running batch decodes meanwhile, and nothing else changes.
+
+On a GPU the copies run on the backend's handoff stream and a CUDA event says when they are done
+(benchmarks/check_cuda_graph.py compares the tokens there). Here a stand-in event stays
+pending for a number of polls, so the engine meets a handoff still in flight: the request must
+not decode before it arrives, must produce the tokens it produces with synchronous handoffs, and
+an abort while its copies run must wait for them and free everything."""
+
+from __future__ import annotations
+
+import pytest
+
+from systems.engine.request import ReqStatus, Request, SamplingParams
+from tests.helpers import golden_prompts, make_engine
+
+SYSTEMS = ["resident", "hisparse", "adaptive_hisparse", "adaptive_dhisparse"]
+
+
+class SlowCopy:
+    """Stands in for a handoff's CUDA event: complete after ``polls`` queries."""
+
+    def __init__(self, polls: int):
+        self.left = polls
+        self.waited = False
+
+    def query(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+    def synchronize(self) -> None:
+        self.left, self.waited = -1, True
+
+
+def slow_handoffs(eng, polls: int) -> list[SlowCopy]:
+    """Every asynchronous handoff of ``eng`` stays in flight for ``polls`` polls."""
+    be, orig, made = eng.backend, eng.backend.admit, []
+
+    def admit(prefix, max_new_tokens, asynchronous=False):
+        slot = orig(prefix, max_new_tokens, asynchronous=asynchronous)
+        if asynchronous:
+            made.append(SlowCopy(polls))
+            be.importing[slot] = made[-1]
+        return slot
+
+    be.admit = admit
+    return made
+
+
+def _engine(system: str, *extra: str):
+    spec = ["system.speculation.window=64"] if "dhisparse" in system else []
+    return make_engine(f"system={system}", "hardware.kv_pool_gib=0.05", *spec, *extra)
+
+
+def _serve(eng, caps: list[int]) -> list[list[int]]:
+    reqs = [
+        Request(eng.new_rid(), p, SamplingParams(max_new_tokens=n))
+        for p, n in zip(golden_prompts(), caps)
+    ]
+    for r in reqs:
+        eng.submit(r)
+    eng.run_until_idle()
+    eng.backend.check_integrity()
+    assert eng.backend.is_empty and not eng.backend.importing
+    return [r.output_ids for r in reqs]
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_slow_handoffs_give_the_tokens_of_synchronous_ones(system):
+    caps = [9, 3, 12, 1, 7]
+    sync = _serve(_engine(system, "engine.async_handoffs=false"), caps)
+    # two admissions per round: later requests arrive while earlier ones decode
+    eng = _engine(system, "engine.max_handoffs_per_step=2")
+    copies = slow_handoffs(eng, polls=3)
+    assert _serve(eng, caps) == sync
+    assert len(copies) == len(caps) and all(c.left < 0 for c in copies)
+
+
+def test_a_request_decodes_only_after_its_history_arrived():
+    eng = _engine("hisparse")
+    p = golden_prompts()
+    first = Request(eng.new_rid(), p[0], SamplingParams(max_new_tokens=20))
+    eng.submit(first)
+    eng.step()
+    assert first.status == ReqStatus.RUNNING  # synchronous on CPU: arrived at once
+    slow_handoffs(eng, polls=4)
+    late = Request(eng.new_rid(), p[1], SamplingParams(max_new_tokens=4))
+    eng.submit(late)
+    steps_before = eng.stats["num_steps"]
+    eng.step()
+    assert late.status == ReqStatus.HANDOFF and late.slot in eng.scheduler.arriving
+    assert eng.metrics()["dhs_num_handoff_reqs"] == 1
+    while late.status == ReqStatus.HANDOFF:
+        assert not late.output_ids  # not even its first token before the history is there
+        eng.step()
+    # the running request kept decoding while the copies ran
+    assert eng.stats["num_steps"] - steps_before >= 4
+    assert len(late.output_ids) == 1 and late.timing()["handoff_s"] > 0
+    eng.run_until_idle()
+    assert len(late.output_ids) == 4 and len(first.output_ids) == 20
+
+
+def test_with_nothing_to_decode_the_engine_waits_for_the_oldest_handoff():
+    eng = _engine("hisparse")
+    copies = slow_handoffs(eng, polls=1000)
+    req = Request(eng.new_rid(), golden_prompts()[0], SamplingParams(max_new_tokens=2))
+    eng.submit(req)
+    eng.step()
+    assert copies[0].waited and req.status == ReqStatus.RUNNING
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_abort_while_its_handoff_is_in_flight_waits_for_the_copies_and_frees_everything(system):
+    eng = _engine(system)
+    p = golden_prompts()
+    keep = Request(eng.new_rid(), p[0], SamplingParams(max_new_tokens=6))
+    eng.submit(keep)
+    eng.step()
+    copies = slow_handoffs(eng, polls=1000)
+    gone = Request(eng.new_rid(), p[1], SamplingParams(max_new_tokens=50))
+    seen = []
+    gone.on_output = lambda req, ids, done: seen.append((ids, done))
+    eng.submit(gone)
+    eng.step()
+    assert gone.status == ReqStatus.HANDOFF
+    eng.abort(gone)
+    eng.run_until_idle()
+    assert copies[0].waited  # the slot's memory was released only after its copies
+    assert gone.finish_reason == {"type": "abort"} and seen == [([], True)]
+    assert len(keep.output_ids) == 6
+    eng.backend.check_integrity()
+    assert eng.backend.is_empty and eng.is_idle and not eng.backend.importing
+
+
+def test_adaptive_never_reclaims_or_populates_a_slot_whose_history_is_on_its_way():
+    eng = _engine("adaptive_hisparse")
+    be = eng.backend
+    slow_handoffs(eng, polls=1000)
+    req = Request(eng.new_rid(), golden_prompts()[-1], SamplingParams(max_new_tokens=4))
+    eng.submit(req)
+    eng._intake()
+    spare = be._spare
+    be._spare = lambda: 0  # keep no page at admission: all of its history is to populate
+    eng.scheduler.admit()
+    be._spare = spare
+    slot = req.slot
+    assert req.status == ReqStatus.HANDOFF and slot in be.importing
+    r = be.res[slot]
+    assert r.num_complete > 0 and r.num_pages == 0 and be._spare() > 0
+    be._populate()  # the step hook that fills optional pages from their host copies
+    assert r.num_pages == 0  # its host copies are still being written
+    assert slot not in be._ordered()  # and it is never a reclaim victim meanwhile
+    assert be.import_done(slot, wait=True)
+    be._populate()
+    assert r.num_pages > 0 and slot in be._ordered()  # arrived: both apply again
