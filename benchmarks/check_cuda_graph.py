@@ -5,8 +5,8 @@
 
 For every system, three engines serve the same prompts greedily: one with
 ``engine.disable_cuda_graph=true`` (eager, scans bucketed like the graphs), one with graphs, and
-one with graphs and ``engine.overlap_schedule=false`` (synchronous steps). The tokens must be
-identical (a replay must reproduce the eager step bit for bit: the same
+one with graphs, ``engine.overlap_schedule=false`` and ``engine.async_handoffs=false``
+(synchronous steps and handoffs). The tokens must be identical (a replay must reproduce the eager step bit for bit: the same
 selections, the same hot-cache decisions, the same bytes). The hot cache is kept small
 (``--hot-cache-rows``) so that host misses, victims and the follower prefetch all happen inside
 the graphs. Step times are medians of the decode steps after the first ``--warmup`` ones
@@ -133,7 +133,12 @@ def main() -> None:
             [*ov, "engine.disable_cuda_graph=true"], prompts, args.new_tokens, args.warmup
         )
         graph = _serve(ov, prompts, args.new_tokens, args.warmup)
-        sync = _serve([*ov, "engine.overlap_schedule=false"], prompts, args.new_tokens, args.warmup)
+        sync = _serve(
+            [*ov, "engine.overlap_schedule=false", "engine.async_handoffs=false"],
+            prompts,
+            args.new_tokens,
+            args.warmup,
+        )
         same = eager["tokens"] == graph["tokens"]
         overlap_same = sync["tokens"] == graph["tokens"]
         rep = ([7, 11, 13, 17, 19, 23] * (args.context // 6 + 1))[: args.context]
