@@ -74,18 +74,34 @@ def calibrated_alpha(block: int, emitted: float) -> float:
     return (lo + hi) / 2
 
 
+def accepted_prefix(match: torch.Tensor, k_r: torch.Tensor) -> torch.Tensor:
+    """match (B, K-1) bool: whether draft position j is accepted on its own; k_r (B,) queries
+    verified per request. Returns A (B,) int64: the leading accepted positions, at most
+    k_r - 1 (acceptance stops at the first rejection). On the device, no host round trip."""
+    j = torch.arange(match.shape[1], device=match.device)
+    ok = match & (j < (k_r.to(match.device) - 1).unsqueeze(1))
+    return ok.long().cumprod(1).sum(1)
+
+
+def accept_greedy(
+    target_logits: torch.Tensor, proposals: torch.Tensor, k_r: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact acceptance at temperature 0 on the device: accept while a draft equals the
+    target's argmax; the next token is the argmax after the accepted prefix. Returns device
+    tensors (A (B,), next (B,)), equal to ``accept_exact``'s greedy branch."""
+    greedy = target_logits.argmax(-1)  # (B, K)
+    K1 = proposals.shape[1]
+    A = accepted_prefix(proposals == greedy[:, :K1], k_r)
+    return A, greedy.gather(1, A.unsqueeze(1)).squeeze(1)
+
+
 def accept_calibrated(
     target_logits: torch.Tensor, k_r: torch.Tensor, alpha: float, gen: torch.Generator | None
-) -> tuple[list[int], list[int]]:
-    """Accept a geometric prefix with per-position probability alpha; bonus = target argmax."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept a geometric prefix with per-position probability alpha; bonus = target argmax.
+    On the device: returns tensors (A (B,), next (B,))."""
     B, K, _ = target_logits.shape
-    greedy = target_logits.argmax(-1).tolist()
-    u = torch.rand(B, K, generator=gen, device=target_logits.device).tolist()
-    A, nxt = [], []
-    for b, kr in enumerate(k_r.tolist()):
-        a = 0
-        while a < kr - 1 and u[b][a] < alpha:
-            a += 1
-        A.append(a)
-        nxt.append(greedy[b][a])
-    return A, nxt
+    greedy = target_logits.argmax(-1)
+    u = torch.rand(B, K, generator=gen, device=target_logits.device)
+    A = accepted_prefix(u[:, : K - 1] < alpha, k_r)
+    return A, greedy.gather(1, A.unsqueeze(1)).squeeze(1)

@@ -16,7 +16,12 @@ import torch
 
 from systems.engine.sampler import sample
 from systems.host_sync import to_device
-from systems.spec.acceptance import accept_calibrated, accept_exact, calibrated_alpha
+from systems.spec.acceptance import (
+    accept_calibrated,
+    accept_exact,
+    accept_greedy,
+    calibrated_alpha,
+)
 from systems.spec.config import SpeculationConfig
 
 
@@ -24,7 +29,9 @@ class PhaseTimer:
     """Per-round time of the phases of a speculative round (off unless a benchmark turns it on):
     CUDA events on a GPU (read after the caller synchronizes), wall clock on CPU."""
 
-    PHASES = ("propose", "verify", "accept_commit", "catch_up", "emit")
+    # accept: acceptance and the one readback queued; catch_up: the drafter's catch-up (the host
+    # reads the readback meanwhile); commit_emit: the commit's backups and the host's output
+    PHASES = ("propose", "verify", "accept", "catch_up", "commit_emit")
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -255,13 +262,23 @@ class SpeculativeDecoder:
         return 1.0, max(b, 0.0) / a  # only the ratio matters for the argmax
 
     def decode(self, batch) -> list[list[int]]:
+        """One round. The host reads the device once, after acceptance: the accepted lengths,
+        next tokens and drafts come back in one pinned copy queued before the drafter's
+        catch-up, so the catch-up runs while the host takes them in and commits."""
         e = self.e
         dev = e.device
         K = self.block
         B = len(batch)
-        slots = torch.tensor([r.slot for r in batch], device=dev)
-        n = torch.tensor([r.seq_len for r in batch], device=dev)  # anchor positions
-        anchors = torch.tensor([r.output_ids[-1] for r in batch], device=dev)
+        meta = to_device(
+            [
+                *(r.slot for r in batch),
+                *(r.seq_len for r in batch),  # anchor positions
+                *(r.output_ids[-1] for r in batch),
+            ],
+            dev,
+            torch.int64,
+        )
+        slots, n, anchors = meta[:B], meta[B : 2 * B], meta[2 * B :]
         temps = e._temperatures(batch)
         sampled = any(r.params.temperature > 0 for r in batch)
         pt, marks = self.phase_timer, []
@@ -284,53 +301,61 @@ class SpeculativeDecoder:
         mark()
         k_r = self._k_r(q, proposals)
         # the pass verifies the widest prefix any request asked for (DSpark saves work here)
-        K = int(k_r.max())
-        proposals, q = proposals[:, : K - 1], q[:, : K - 1]
+        Kv = int(k_r.max())
+        proposals, q = proposals[:, : Kv - 1], q[:, : Kv - 1]
         t0 = time.perf_counter()
         # verification: queries [anchor, x_1 .. x_{K-1}] at positions n .. n + K - 1
         tokens = torch.cat([anchors.unsqueeze(1), proposals], dim=1)
-        positions = n.unsqueeze(1) + torch.arange(K, device=dev)
+        positions = n.unsqueeze(1) + torch.arange(Kv, device=dev)
         be = e.backend
-        logits, hidden = e.run_target(
-            [r.slot for r in batch], tokens, positions, max(r.seq_len for r in batch) + K
-        )
+        logits, hidden = e.run_target(slots, tokens, positions, max(r.seq_len for r in batch) + Kv)
         mark()
-        if self.mode == "exact":
-            A, nxt = accept_exact(logits, proposals, q, k_r, temps, e.gen)
+        if self.mode == "exact" and sampled:  # rejection sampling: a host loop (rare)
+            A_l, nxt_l = accept_exact(logits, proposals, q, k_r, temps, e.gen)
+            A = to_device(A_l, dev, torch.int64)
+            nxt = to_device(nxt_l, dev, torch.int64)
+        elif self.mode == "exact":
+            A, nxt = accept_greedy(logits, proposals, k_r)
         else:
             A, nxt = accept_calibrated(logits, k_r, self.alpha, e.gen)
-        ms = (time.perf_counter() - t0) * 1e3  # acceptance read the logits: the pass is done
-        prev = self._round_ms.get(K)
-        self._round_ms[K] = ms if prev is None else 0.9 * prev + 0.1 * ms
-        # commit the anchor and accepted drafts (eq. 7); rejected rows are never published
-        new_len = [r.seq_len + 1 + a for r, a in zip(batch, A)]
-        be.commit([r.slot for r in batch], new_len)
-        # the drafter advances with the same prefix: anchor + accepted, with target features
-        props = proposals.tolist()  # before the drafter's next graph reuses its buffers
+        # one readback (A, next, drafts), queued before the catch-up reuses the drafter's buffers
+        back = torch.cat([A.unsqueeze(1), nxt.unsqueeze(1), proposals.long()], dim=1)
+        host = torch.empty(back.shape, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        host.copy_(back, non_blocking=True)
+        read = None
+        if dev.type == "cuda":
+            read = torch.cuda.Event()
+            read.record()
         mark()
-        L = 1 + max(A)
-        valid = torch.arange(L, device=dev).unsqueeze(0) < (
-            1 + torch.tensor(A, device=dev)
-        ).unsqueeze(1)
+        # the drafter advances with the same prefix: anchor + accepted, with target features;
+        # over the whole block (one graph per batch size), rows past 1 + A masked
+        valid = torch.arange(Kv, device=dev).unsqueeze(0) < (1 + A).unsqueeze(1)
         if graphs is not None:
             graphs.run(
-                ("catch_up", B, L),
+                ("catch_up", B, Kv),
                 self._catch_up_region,
                 slots,
-                tokens[:, :L],
-                positions[:, :L],
-                hidden[:, :L],
+                tokens,
+                positions,
+                hidden[:, :Kv],
                 valid,
             )
         else:
-            self.drafter.catch_up(slots, tokens[:, :L], positions[:, :L], hidden[:, :L], valid)
+            self.drafter.catch_up(slots, tokens, positions, hidden[:, :Kv], valid)
         mark()
-        out = []
-        for b in range(B):
-            out.append(props[b][: A[b]] + [nxt[b]])
+        if read is not None:
+            read.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3  # verification and acceptance are done
+        prev = self._round_ms.get(Kv)
+        self._round_ms[Kv] = ms if prev is None else 0.9 * prev + 0.1 * ms
+        rows = host.tolist()
+        # commit the anchor and accepted drafts (eq. 7); rejected rows are never published
+        be.commit([r.slot for r in batch], [r.seq_len + 1 + row[0] for r, row in zip(batch, rows)])
+        out = [row[2 : 2 + row[0]] + [row[1]] for row in rows]
+        acc = sum(row[0] for row in rows)
         self.stats["spec_rounds_total"] += B
         self.stats["spec_queries_total"] += int(k_r.sum())
-        self.stats["spec_accepted_total"] += sum(A)
-        self.stats["spec_emitted_total"] += sum(A) + B
+        self.stats["spec_accepted_total"] += acc
+        self.stats["spec_emitted_total"] += acc + B
         mark()
         return out
