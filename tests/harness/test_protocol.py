@@ -112,10 +112,16 @@ def _main_calls(monkeypatch, tmp_path, pending=True, argv=()):
     return calls
 
 
-def test_reproduce_runs_a_warm_up_then_the_rounds_in_one_run_group(monkeypatch, tmp_path):
+def test_reproduce_runs_a_warm_up_per_system_then_the_rounds_in_one_run_group(
+    monkeypatch, tmp_path
+):
     calls = _main_calls(monkeypatch, tmp_path)
-    assert calls[0][0] == "warm-up" and calls[0][1][1] == "system=hisparse"
-    runs = calls[1:]
+    assert [(c[0], c[1][1]) for c in calls[:3]] == [
+        ("warm-up", "system=hisparse"),
+        ("warm-up", "system=adaptive_hisparse"),
+        ("warm-up", "system=adaptive_dhisparse"),
+    ]
+    runs = calls[3:]
     assert [c[0] for c in runs] == ["run"] * 9
     assert [(c[1][1], c[1][-1]) for c in runs] == [
         (s, f"+repeat={i}")
@@ -142,7 +148,10 @@ def test_dry_run_shows_the_interleaved_order(capsys, tmp_path):
         for s in ("system=hisparse", "system=adaptive_hisparse", "system=adaptive_dhisparse")
     ]
     assert "interleaved group 'fig4_protocol': 3 repeat(s) of 3 system(s)" in out
-    assert "throwaway warm-up run (system=hisparse for c8: one wave at C8" in out
+    assert (
+        "throwaway warm-up run per system (hisparse, adaptive_hisparse, adaptive_dhisparse for "
+        "c8: one wave at C8" in out
+    )
     assert "-rep2-" in out and "(paper C128): pending" in out
     assert "fig4_protocol       0 done   18 pending" in out
 
