@@ -214,6 +214,16 @@ def build(root: Path) -> Path:
                 s["point"]["input_len"] = 26214
                 _write_run(root, exp, f"{sys_}-{model}-C512-short", s, _config(sys_, model))
 
+    # ---------------------------------------------------------------- fig4_protocol
+    # paper C128 = ours C32: three interleaved repeats per system, around one median
+    for sys_ in ("hisparse", "adaptive_hisparse", "adaptive_dhisparse"):
+        cfg = _config(sys_, "glm53_mini", acceptance_mode="calibrated" if "dh" in sys_ else None)
+        for i, f in enumerate((0.97, 1.0, 1.03), start=1):
+            s = _summary(sys_, "glm53_mini", "fig4_protocol", 32, scale=f)
+            _write_run(
+                root, "fig4_protocol", f"{sys_}-glm53_mini-C32-rep{i}", s, {**cfg, "repeat": i}
+            )
+
     # ---------------------------------------------------------------- fig6: load step on / off
     for arm, on in (("on", True), ("off", False)):
         t = np.arange(0.0, 900.0, 1.0)

@@ -141,6 +141,20 @@ def test_known_values_on_fixture(full):
     assert row.ratio == pytest.approx(want / 1.45)
     assert "scaled preset (glm53_mini)" in row.prov and "selection locality 0.3" in row.prov
     assert "calibrated input: acceptance" in row.prov
+    # the claims' C128 ratios come from the protocol's runs at the paper's per-GPU load
+    proto = {
+        sys_: [
+            json.loads(d.joinpath("summary.json").read_text())["output_tok_s_per_gpu"]
+            for d in sorted((full["results"] / "fig4_protocol").glob(f"{sys_}-glm53_mini-*"))
+        ]
+        for sys_ in ("hisparse", "adaptive_dhisparse")
+    }
+    row = r["fig4"].row("protocol.adhs_vs_hisparse_paperC128")
+    assert len(proto["hisparse"]) == 3 and "paper C128 = ours C32 on one H200" in row.quantity
+    assert row.ours == pytest.approx(
+        sorted(proto["adaptive_dhisparse"])[1] / sorted(proto["hisparse"])[1]
+    )
+    assert row.stats is not None and row.stats.runs == (3, 3)
     # HiSparse-only numbers do not inherit the drafter's calibrated acceptance
     assert "acceptance" not in r["fig4"].row("output.hisparse.C128").prov
     assert r["fig8"].value("host_path_gbps") == pytest.approx(49.0)
