@@ -18,6 +18,7 @@ import seaborn as sns
 
 from figures import common as C
 from figures.paper_values import FIG11_FAMILIES, PAPER
+from harness.load_mapping import DEEPSEEK_DECODE_GPUS
 
 NAME = "fig11"
 
@@ -192,6 +193,7 @@ def main(argv=None) -> C.Report:
     if b_runs:  # panel b: the paper's C16 phases and C512 under pressure
         low, top = b_loads(b_runs)
         rep.loads = {16: low, 512: top}
+        rep.decode_gpus = DEEPSEEK_DECODE_GPUS  # panel b's loads: the DeepSeek-like runs
     P = PAPER["fig11"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.0)
     colors = dict(zip(FIG11_FAMILIES, sns.color_palette("Set2", len(FIG11_FAMILIES))))

@@ -57,8 +57,8 @@ What the model says the presets cannot keep
   end (~52 %) to come closest. DeepSeek's round is only ~1.2x its step in the model: its step
   is mostly the index scan (8 selecting layers over 125,000 keys), which a round reads once.
 - *DeepSeek's per-GPU load.* The paper runs DeepSeek-V4.1-Flash on two decode GPUs (sec. 4.1), so
-  its C128 is 64 requests per GPU, not the C / 4 of harness/load_mapping.py (GLM's four).
-  dsv41_h200 is derived at 64; the mapping should be per model.
+  its C128 is 64 requests per GPU; harness/load_mapping.py maps the DeepSeek-like presets' C to
+  C / 2 (GLM's to C / 4), and dsv41_h200 is derived at 64.
 - *DeepSeek's memory per session.* The paper gives no DeepSeek Table 1 and no slot count; the
   preset keeps the loads of Fig. 5's text (the hierarchy still scales at C512 = 256 per GPU,
   resident stops at C128 = 64) and one B for all four sources (the paper: 16k on the five-layer

@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 
 from figures.paper_values import PV  # noqa: E402
 from figures.stats import RatioStats  # noqa: E402
-from harness.load_mapping import loads_line  # noqa: E402
+from harness.load_mapping import PAPER_DECODE_GPUS, loads_line  # noqa: E402
 from harness.results import DEFAULT_RESULTS, REPO, SUPERSEDED, as_float  # noqa: E402
 
 DEFAULT_OUT = REPO / "figures" / "out"
@@ -181,6 +181,7 @@ class Report:
     why: dict[str, str] = field(default_factory=dict)  # row key -> measured reason it differs
     # the compared loads, {paper C: ours C} (harness.load_mapping labels both)
     loads: dict[int, int] = field(default_factory=dict)
+    decode_gpus: int = PAPER_DECODE_GPUS  # the paper's decode GPUs for the figure's model
     measured_with: str = ""
     png: Path | None = None
     md: Path | None = None
@@ -256,7 +257,7 @@ class Report:
             out += [f"![{self.name}]({image})", ""]
         notes = Footnotes()
         if self.loads:
-            out += [f"Loads: {loads_line(self.loads)}.", ""]
+            out += [f"Loads: {loads_line(self.loads, self.decode_gpus)}.", ""]
         if self.measured_with:
             mw = self.measured_with
             out += [f"Measured with: {mw if len(mw) <= CELL_MAX else notes.sources(mw)}", ""]
@@ -303,7 +304,7 @@ class Report:
         h = "#" * heading_level
         out = [f"{h} {self.title}", "", f"![{self.name}]({image})", ""]
         if self.loads:
-            out += [f"Loads: {loads_line(self.loads)}.", ""]
+            out += [f"Loads: {loads_line(self.loads, self.decode_gpus)}.", ""]
         if self.panels:
             out += ["Panels: " + "; ".join(f"**{k}** {v}" for k, v in self.panels.items()), ""]
         notes = Footnotes()

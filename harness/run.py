@@ -29,7 +29,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from harness.environment import REPO, environment
-from harness.load_mapping import ours_concurrency
+from harness.load_mapping import decode_gpus, ours_concurrency
 from harness.records import atomic_write_json
 from harness.servers import bundled_server
 from harness.sglang_launch import sglang_server
@@ -43,7 +43,8 @@ def _ints(v) -> list[int]:
 def _load_points(cfg: DictConfig) -> list[dict]:
     """The workload's load points. A closed-loop workload written in the paper's concurrency
     (``workload.paper_concurrency``) is mapped to ours here and nowhere else
-    (harness/load_mapping.py: paper C runs as C/4 on one H200); each point then carries both, and
+    (harness/load_mapping.py: paper C runs as C/4 on one H200, C/2 for the DeepSeek-like presets);
+    each point then carries both, and
     the paper's C is hashed into its run id, so it is recorded in summary.json's point."""
     w = cfg.workload
     if w.get("schedule"):
@@ -52,7 +53,8 @@ def _load_points(cfg: DictConfig) -> list[dict]:
         return [{"request_rate": float(w.request_rate), "tag": f"r{w.request_rate}"}]
     if w.get("paper_concurrency") is not None:
         paper = _ints(w.paper_concurrency)
-        ours = [ours_concurrency(c) for c in paper]  # a clear error for a C that does not map
+        gpus = decode_gpus(cfg.model.get("name"))
+        ours = [ours_concurrency(c, gpus) for c in paper]  # a clear error for a C that cannot map
         if w.get("concurrency") is not None and _ints(w.concurrency) != ours:
             raise ValueError(
                 f"workload.paper_concurrency {paper} runs as ours {ours} on one H200, but "

@@ -14,7 +14,13 @@ from figures.claims import DIRECTION, EQ13, GEOMETRY, MAGNITUDE, THRESHOLD, Clai
 from figures.notes import breakdown, paired_ratio_note
 from figures.report import Report
 from figures.stats import RatioStats, bootstrap_ratio, ratio_stats
-from harness.load_mapping import load_label, loads_line, ours_concurrency, paper_concurrency
+from harness.load_mapping import (
+    decode_gpus,
+    load_label,
+    loads_line,
+    ours_concurrency,
+    paper_concurrency,
+)
 from harness.results import load_runs, step_cost
 
 
@@ -265,3 +271,11 @@ def test_one_load_mapping_labels_both():
     assert "4x the paper's per-GPU load" in loads_line(
         {2: 2, 3: 3}
     )  # smoke loads, no multiple of 4
+    # DeepSeek-V4.1-Flash ran on two decode GPUs: its C maps to C/2
+    assert decode_gpus("dsv41_h200") == decode_gpus("tiny_dsv") == 2
+    assert decode_gpus("glm53_h200") == decode_gpus(None) == 4
+    assert ours_concurrency(512, 2) == 256 and paper_concurrency(256, 2) == 512
+    assert load_label(512, 512, 2) == (
+        "paper C512: ours C512 on one H200 = paper C1024 per decode GPU"
+    )
+    assert "2x the paper's per-GPU load" in loads_line({128: 128, 512: 512}, 2)

@@ -69,6 +69,11 @@ def test_paper_concurrency_is_mapped_in_one_place():
     with pytest.raises(ValueError, match="multiple of 4"):
         _load_points(compose(["experiment=fig4_protocol", "workload.paper_concurrency=[30]"]))
     check_keys(cfg)  # an optional workload key, not an unknown one
+    # the DeepSeek-like presets stand for a deployment of two decode GPUs: C maps to C/2
+    dsv = compose(
+        ["model=dsv41_mini", "workload.concurrency=null", "+workload.paper_concurrency=[128]"]
+    )
+    assert _load_points(dsv) == [{"concurrency": 64, "paper_concurrency": 128, "tag": "c64"}]
 
 
 def test_a_repeat_is_part_of_the_id_only_when_set():
