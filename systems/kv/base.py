@@ -259,8 +259,8 @@ class KVBackend(ABC):
         ``asynchronous`` (on a GPU): the import's copies are queued on the handoff stream,
         after everything queued on the decode stream so far, and the call returns at once;
         the slot must not join a step before ``import_done(slot)`` says so (releasing it
-        earlier, an abort, waits for its copies). As a
-        disaggregated decode node receives a prefill node's KV while it keeps decoding."""
+        earlier, an abort, waits for its copies). As a disaggregated decode node receives a
+        prefill node's KV while it keeps decoding."""
         slot = self.reserve(prefix, max_new_tokens)
         stream = self._handoff(asynchronous)
         try:
