@@ -211,6 +211,15 @@ class Engine:
         self._gpu_time = DecodeGpuTime(self.device)
         # the decoder says whether it can launch a step before the previous one is read back
         self._overlap = cfg.overlap_schedule and getattr(self.decoder, "supports_overlap", False)
+        if self._overlap:
+            self.backend.blocks_in_flight = 1 + self.decoder.commit_lag
+            T = getattr(self.backend, "T", None)
+            if T is not None and T < self.backend.blocks_in_flight * self.backend.q_max:
+                raise ValueError(
+                    f"system.kv.tail_rows={T} cannot hold {self.backend.blocks_in_flight} blocks "
+                    f"of {self.backend.q_max} queries in flight (overlap scheduling): raise it "
+                    "or set engine.overlap_schedule=false"
+                )
         self._inflight = None  # the launched, not yet read step (overlap scheduling)
         self._deferred: list[Request] | None = None  # finished while their slot is in flight
 
@@ -312,10 +321,11 @@ class Engine:
         batch = [r for r in self.scheduler.running.values() if r.finish_reason is None]
         prev = self._inflight
         if prev is not None:  # a request whose in-flight token reaches its cap is done
+            most = self.decoder.max_emit  # tokens a step or round can emit per request
             batch = [
                 r
                 for r in batch
-                if id(r) not in prev.index or len(r.output_ids) + 1 < r.params.max_new_tokens
+                if id(r) not in prev.index or len(r.output_ids) + most < r.params.max_new_tokens
             ]
         if not batch and prev is None:
             return bool(admitted)
@@ -495,12 +505,16 @@ class Engine:
     def _complete(self, done, running) -> None:
         """Deliver the tokens of the completed step ``done``; release the slots that waited for
         it, and defer those of requests that finished now to the step ``running`` they are in."""
-        toks = done.read()
+        try:
+            toks = done.read()
+        except Exception as e:  # its read-back or commit failed (a speculative round)
+            self._fail_read(done, running, e)
+            return
         self._deferred = []
         try:
             for r, t in zip(done.batch, toks):
                 if r.finish_reason is None and r.status == ReqStatus.RUNNING:
-                    self._append_tokens(r, [t])
+                    self._append_tokens(r, t)
         finally:
             deferred, self._deferred = self._deferred, None
         for r in done.release_after:
@@ -510,6 +524,23 @@ class Engine:
                 running.release_after.append(r)
             else:
                 self.scheduler.finish(r)
+
+    def _fail_read(self, done, running, exc: Exception) -> None:
+        """Reading back the step ``done`` raised: its tokens are lost, so its requests fail
+        as those of a failed step. A failed request that is also in the step ``running``
+        (queued behind it) keeps its slot until that step has been read back."""
+        self.stats["failed_steps_total"] += 1
+        for r in done.batch:
+            if r.status != ReqStatus.RUNNING or r.finish_reason is not None:
+                continue
+            if running is not None and id(r) in running.index:
+                running.release_after.append(r)
+            else:
+                self.scheduler.finish(r)
+            self._fail(r, exc)
+        for r in done.release_after:
+            self.scheduler.finish(r)
+        self._check_after_failure()
 
     def _drain(self) -> None:
         """Read back the in-flight step and release what waited for it (a sync)."""
@@ -544,7 +575,8 @@ class Engine:
             self.abort(req)
 
     def _fail(self, req: Request, exc: BaseException) -> None:
-        """Finish one request with an error. Its memory must already be released."""
+        """Finish one request with an error. Its memory must already be released (or be
+        released once the step still using its slot has been read back)."""
         if req.status == ReqStatus.FINISHED and req.finish_reason is not None:
             log.error("%s failed after it finished: %r", req.rid, exc)
             return

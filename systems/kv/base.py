@@ -162,6 +162,9 @@ class KVBackend(ABC):
         # asynchronous handoffs: slot -> the event after its history's copies (handoff stream)
         self.importing: dict[int, Any] = {}
         self._handoff_stream = None
+        # query blocks a slot may have queued beyond its last commit: 2 when the engine launches
+        # a speculative round before committing the previous one (overlap scheduling)
+        self.blocks_in_flight = 1
 
     def _set_num_slots(self, n: int) -> None:
         """Lower the slot count before any slot is used (a backend whose pool holds fewer

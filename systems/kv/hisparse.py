@@ -509,7 +509,8 @@ class HiSparseBackend(KVBackend):
         for s, n in zip(slots, lengths):
             self.slot_len[s] = n
             t0 = self.tail_start[s]
-            if n - t0 + self.q_max > T:
+            # room for the blocks queued before the next commit (two under overlapped rounds)
+            if n - t0 + self.blocks_in_flight * self.q_max > T:
                 page = self._slot_pages[s][0]
                 for a, b, h in self._host_segments(s, t0, n):
                     dev_rows.extend(page * G + B + p % T for p in range(a, b))

@@ -30,8 +30,9 @@ class PhaseTimer:
     CUDA events on a GPU (read after the caller synchronizes), wall clock on CPU."""
 
     # accept: acceptance and the one readback queued; catch_up: the drafter's catch-up (the host
-    # reads the readback meanwhile); commit_emit: the commit's backups and the host's output
-    PHASES = ("propose", "verify", "accept", "catch_up", "commit_emit")
+    # reads the readback meanwhile). The commit's backups run when the round is read, which under
+    # overlap scheduling is after the next round was queued: they are not a phase of this one.
+    PHASES = ("propose", "verify", "accept", "catch_up")
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -67,10 +68,31 @@ class InflightStep:
     index: dict = field(default_factory=dict)  # id(request) -> row in this step
     release_after: list = field(default_factory=list)
 
-    def read(self) -> list[int]:
+    def read(self) -> list[list[int]]:
+        """Each request's new tokens (one per request), after the copy has landed."""
         if self.done is not None:
             self.done.synchronize()
-        return self.host.tolist()
+        return [[t] for t in self.host.tolist()]
+
+
+@dataclass
+class InflightRound(InflightStep):
+    """A speculative round launched but not yet read back: ``tokens`` are its next tokens and
+    ``n_next`` the next anchor positions (the following round's inputs, on the device);
+    ``host`` receives (accepted, next, drafts) per request. Reading it commits it."""
+
+    n_next: torch.Tensor | None = None
+    decoder: object = None
+    k_r: torch.Tensor | None = None
+    width: int = 0
+    t0: float = 0.0
+
+    @property
+    def next_tokens(self) -> torch.Tensor:
+        return self.tokens
+
+    def read(self) -> list[list[int]]:
+        return self.decoder._finish_round(self)
 
 
 class PlainDecoder:
@@ -79,7 +101,9 @@ class PlainDecoder:
     the device, and leaves its own tokens to be read later (``InflightStep.read``)."""
 
     max_queries = 1
+    max_emit = 1  # tokens a step can emit per request
     supports_overlap = True
+    commit_lag = 0  # launch commits its step's rows at once (the lengths are known)
 
     def __init__(self, engine):
         self.e = engine
@@ -146,6 +170,11 @@ class SpeculativeDecoder:
         self.block = int(spec.block_size)
         self.k_max = int(spec.k_max)
         self.max_queries = self.k_max
+        # overlap scheduling: a round is launched before the previous one is read back and
+        # committed (``launch``), so a slot has up to two blocks beyond its last commit
+        self.supports_overlap = True
+        self.commit_lag = 1
+        self.max_emit = self.block  # accepted drafts + the next token: at most the block
         self.mode = spec.acceptance
         emitted = spec.calibrated_emitted_per_round
         if emitted is None:  # not resolved (a test building the decoder directly)
@@ -262,12 +291,7 @@ class SpeculativeDecoder:
         return 1.0, max(b, 0.0) / a  # only the ratio matters for the argmax
 
     def decode(self, batch) -> list[list[int]]:
-        """One round. The host reads the device once, after acceptance: the accepted lengths,
-        next tokens and drafts come back in one pinned copy queued before the drafter's
-        catch-up, so the catch-up runs while the host takes them in and commits."""
-        e = self.e
-        dev = e.device
-        K = self.block
+        """One round, read back and committed before it returns (synchronous scheduling)."""
         B = len(batch)
         meta = to_device(
             [
@@ -275,10 +299,51 @@ class SpeculativeDecoder:
                 *(r.seq_len for r in batch),  # anchor positions
                 *(r.output_ids[-1] for r in batch),
             ],
-            dev,
+            self.e.device,
             torch.int64,
         )
-        slots, n, anchors = meta[:B], meta[B : 2 * B], meta[2 * B :]
+        rnd = self._round(
+            batch, meta[:B], meta[B : 2 * B], meta[2 * B :], max(r.seq_len for r in batch)
+        )
+        return rnd.read()
+
+    def launch(self, batch, prev: InflightRound | None) -> InflightRound:
+        """Launch one round of ``batch`` without reading it back (overlap scheduling). A
+        request of ``prev``'s batch takes its anchor position and token from ``prev`` on the
+        device (its host state is one round behind); ``prev`` is committed when it is read,
+        after this round was queued, so the tail ring keeps room for two blocks in flight."""
+        e = self.e
+        B = len(batch)
+        src = [prev.index.get(id(r), -1) if prev is not None else -1 for r in batch]
+        meta = to_device(
+            [
+                *(r.slot for r in batch),
+                *(r.seq_len for r in batch),
+                *(r.output_ids[-1] for r in batch),
+                *src,
+            ],
+            e.device,
+            torch.int64,
+        )
+        slots, n, anchors = meta[:B], meta[B : 2 * B], meta[2 * B : 3 * B]
+        if prev is not None and any(i >= 0 for i in src):
+            idx = meta[3 * B :]
+            j = idx.clamp_min(0)
+            n = torch.where(idx >= 0, prev.n_next[j], n)
+            anchors = torch.where(idx >= 0, prev.next_tokens[j], anchors)
+        # the scan's bound from the host: a request of prev is at most a block further
+        hi = max(r.seq_len + (self.max_emit if i >= 0 else 0) for r, i in zip(batch, src))
+        return self._round(batch, slots, n, anchors, hi, index=True)
+
+    def _round(self, batch, slots, n, anchors, max_pos: int, index: bool = False):
+        """Propose, verify, accept on the device; queue the one readback (accepted lengths,
+        next tokens, drafts) before the drafter's catch-up, which the host's reading then
+        overlaps. ``max_pos``: the largest anchor position (or a bound), known on the host.
+        Returns the round in flight (``InflightRound``); its ``read`` commits it."""
+        e = self.e
+        dev = e.device
+        K = self.block
+        B = len(batch)
         temps = e._temperatures(batch)
         sampled = any(r.params.temperature > 0 for r in batch)
         pt, marks = self.phase_timer, []
@@ -307,8 +372,7 @@ class SpeculativeDecoder:
         # verification: queries [anchor, x_1 .. x_{K-1}] at positions n .. n + K - 1
         tokens = torch.cat([anchors.unsqueeze(1), proposals], dim=1)
         positions = n.unsqueeze(1) + torch.arange(Kv, device=dev)
-        be = e.backend
-        logits, hidden = e.run_target(slots, tokens, positions, max(r.seq_len for r in batch) + Kv)
+        logits, hidden = e.run_target(slots, tokens, positions, max_pos + Kv)
         mark()
         if self.mode == "exact" and sampled:  # rejection sampling: a host loop (rare)
             A_l, nxt_l = accept_exact(logits, proposals, q, k_r, temps, e.gen)
@@ -343,19 +407,37 @@ class SpeculativeDecoder:
         else:
             self.drafter.catch_up(slots, tokens, positions, hidden[:, :Kv], valid)
         mark()
-        if read is not None:
-            read.synchronize()
-        ms = (time.perf_counter() - t0) * 1e3  # verification and acceptance are done
-        prev = self._round_ms.get(Kv)
-        self._round_ms[Kv] = ms if prev is None else 0.9 * prev + 0.1 * ms
-        rows = host.tolist()
+        return InflightRound(
+            batch,
+            nxt,
+            host,
+            read,
+            {id(r): i for i, r in enumerate(batch)} if index else {},
+            n_next=n + 1 + A,
+            decoder=self,
+            k_r=k_r,
+            width=Kv,
+            t0=t0,
+        )
+
+    def _finish_round(self, rnd: InflightRound) -> list[list[int]]:
+        """Read a round back, commit what it accepted and return each request's new tokens.
+        Requests that finished meanwhile (their slot waits for release) are not committed."""
+        if rnd.done is not None:
+            rnd.done.synchronize()
+        ms = (time.perf_counter() - rnd.t0) * 1e3  # verification and acceptance are done
+        prev = self._round_ms.get(rnd.width)
+        self._round_ms[rnd.width] = ms if prev is None else 0.9 * prev + 0.1 * ms
+        rows = rnd.host.tolist()
         # commit the anchor and accepted drafts (eq. 7); rejected rows are never published
-        be.commit([r.slot for r in batch], [r.seq_len + 1 + row[0] for r, row in zip(batch, rows)])
+        live = [(r, row) for r, row in zip(rnd.batch, rows) if r.finish_reason is None]
+        self.e.backend.commit(
+            [r.slot for r, _ in live], [r.seq_len + 1 + row[0] for r, row in live]
+        )
         out = [row[2 : 2 + row[0]] + [row[1]] for row in rows]
         acc = sum(row[0] for row in rows)
-        self.stats["spec_rounds_total"] += B
-        self.stats["spec_queries_total"] += int(k_r.sum())
+        self.stats["spec_rounds_total"] += len(rows)
+        self.stats["spec_queries_total"] += int(rnd.k_r.sum())
         self.stats["spec_accepted_total"] += acc
-        self.stats["spec_emitted_total"] += acc + B
-        mark()
+        self.stats["spec_emitted_total"] += acc + len(rows)
         return out

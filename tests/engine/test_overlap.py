@@ -49,11 +49,68 @@ def test_overlap_on_and_off_give_the_same_tokens(system, emulate):
     assert m_over["dhs_overlapped_steps_total"] > 0  # the overlap path really ran
 
 
-def test_speculative_systems_decode_synchronously():
-    eng = make_engine(
-        "system=adaptive_dhisparse", "system.speculation.window=64", "hardware.kv_pool_gib=0.05"
+SPEC = ["resident_dflash2", "adaptive_dhisparse"]
+
+
+def _serve_spec(overlap: bool, system: str, emulate: bool, acceptance: str = "exact"):
+    from tests.spec.test_speculative import _spec_engine
+
+    eng = _spec_engine(
+        system,
+        "tiny",
+        4,
+        acceptance == "exact",  # the scripted drafter: rounds accept 0 to 3 drafts
+        f"engine.overlap_schedule={str(overlap).lower()}",
+        f"system.speculation.acceptance={acceptance}",
+        *(["+engine.cuda_graph_emulate=true"] if emulate else []),
     )
-    assert eng.cfg.overlap_schedule and not eng._overlap
+    params = [
+        SamplingParams(max_new_tokens=9),
+        SamplingParams(max_new_tokens=3),
+        SamplingParams(max_new_tokens=12, stop_token_ids=frozenset({98}), ignore_eos=False),
+        SamplingParams(max_new_tokens=1),
+        SamplingParams(max_new_tokens=7, stop_token_ids=frozenset({429}), ignore_eos=False),
+    ]
+    reqs = [Request(eng.new_rid(), p, sp) for p, sp in zip(golden_prompts(), params)]
+    for r in reqs:
+        eng.submit(r)
+    eng.run_until_idle()
+    eng.backend.check_integrity()
+    assert eng.backend.is_empty
+    assert [len(r.output_ids) for r in reqs][1::2] == [3, 1]  # caps hold across a round
+    return [r.output_ids for r in reqs], eng
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+@pytest.mark.parametrize("system", SPEC)
+def test_overlapped_rounds_give_the_tokens_of_synchronous_ones(system, emulate):
+    """A round launched before the previous one is read back (its anchors and positions taken
+    on the device, the previous round committed afterwards, two blocks in the tail ring)."""
+    sync, e_sync = _serve_spec(False, system, emulate)
+    over, e_over = _serve_spec(True, system, emulate)
+    assert over == sync
+    assert e_sync.stats["overlapped_steps_total"] == 0
+    assert e_over.stats["overlapped_steps_total"] > 0
+    assert e_over.backend.blocks_in_flight == 2 and e_sync.backend.blocks_in_flight == 1
+    # the rounds really accepted several drafts at once (the scripted drafter)
+    assert e_over.decoder.stats["spec_accepted_total"] > 0
+
+
+def test_overlapped_rounds_under_calibrated_acceptance_commit_every_token():
+    """Calibrated draws follow the batch of each round, which overlap changes near the caps,
+    so the tokens may differ from synchronous rounds; the commits must still match them."""
+    toks, eng = _serve_spec(True, "adaptive_dhisparse", True, "calibrated")
+    assert eng.stats["overlapped_steps_total"] > 0 and all(toks)
+
+
+def test_a_tail_ring_too_small_for_two_blocks_is_refused():
+    with pytest.raises(ValueError, match="tail_rows"):
+        make_engine(
+            "system=adaptive_dhisparse",
+            "system.speculation.window=64",
+            "hardware.kv_pool_gib=0.05",
+            "system.kv.tail_rows=6",
+        )
 
 
 @pytest.mark.parametrize("system", PLAIN)
