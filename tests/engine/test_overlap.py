@@ -20,9 +20,12 @@ def _serve(overlap: bool, system: str, emulate: bool) -> tuple[list[list[int]], 
         f"engine.overlap_schedule={str(overlap).lower()}",
         *(["+engine.cuda_graph_emulate=true"] if emulate else []),
     )
-    prompts = golden_prompts()
-    # different caps and stop tokens: requests leave the batch at different steps, some by
-    # a stop token seen one step late under overlap
+    return [r.output_ids for r in _run_mixed(eng)], eng.metrics()
+
+
+def _run_mixed(eng) -> list[Request]:
+    """The golden prompts with different caps and stop tokens, run to the end: requests leave
+    the batch at different steps, some by a stop token seen one step late under overlap."""
     params = [
         SamplingParams(max_new_tokens=9),
         SamplingParams(max_new_tokens=3),
@@ -30,13 +33,13 @@ def _serve(overlap: bool, system: str, emulate: bool) -> tuple[list[list[int]], 
         SamplingParams(max_new_tokens=1),
         SamplingParams(max_new_tokens=7, stop_token_ids=frozenset({429}), ignore_eos=False),
     ]
-    reqs = [Request(eng.new_rid(), p, sp) for p, sp in zip(prompts, params)]
+    reqs = [Request(eng.new_rid(), p, sp) for p, sp in zip(golden_prompts(), params)]
     for r in reqs:
         eng.submit(r)
     eng.run_until_idle()
     eng.backend.check_integrity()
     assert eng.backend.is_empty
-    return [r.output_ids for r in reqs], eng.metrics()
+    return reqs
 
 
 @pytest.mark.parametrize("emulate", [False, True])
@@ -64,19 +67,7 @@ def _serve_spec(overlap: bool, system: str, emulate: bool, acceptance: str = "ex
         f"system.speculation.acceptance={acceptance}",
         *(["+engine.cuda_graph_emulate=true"] if emulate else []),
     )
-    params = [
-        SamplingParams(max_new_tokens=9),
-        SamplingParams(max_new_tokens=3),
-        SamplingParams(max_new_tokens=12, stop_token_ids=frozenset({98}), ignore_eos=False),
-        SamplingParams(max_new_tokens=1),
-        SamplingParams(max_new_tokens=7, stop_token_ids=frozenset({429}), ignore_eos=False),
-    ]
-    reqs = [Request(eng.new_rid(), p, sp) for p, sp in zip(golden_prompts(), params)]
-    for r in reqs:
-        eng.submit(r)
-    eng.run_until_idle()
-    eng.backend.check_integrity()
-    assert eng.backend.is_empty
+    reqs = _run_mixed(eng)
     assert [len(r.output_ids) for r in reqs][1::2] == [3, 1]  # caps hold across a round
     return [r.output_ids for r in reqs], eng
 
