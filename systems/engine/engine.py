@@ -212,14 +212,7 @@ class Engine:
         # the decoder says whether it can launch a step before the previous one is read back
         self._overlap = cfg.overlap_schedule and getattr(self.decoder, "supports_overlap", False)
         if self._overlap:
-            self.backend.blocks_in_flight = 1 + self.decoder.commit_lag
-            T = getattr(self.backend, "T", None)
-            if T is not None and T < self.backend.blocks_in_flight * self.backend.q_max:
-                raise ValueError(
-                    f"system.kv.tail_rows={T} cannot hold {self.backend.blocks_in_flight} blocks "
-                    f"of {self.backend.q_max} queries in flight (overlap scheduling): raise it "
-                    "or set engine.overlap_schedule=false"
-                )
+            self.backend.set_blocks_in_flight(1 + self.decoder.commit_lag)
         self._inflight = None  # the launched, not yet read step (overlap scheduling)
         self._deferred: list[Request] | None = None  # finished while their slot is in flight
 
@@ -354,15 +347,18 @@ class Engine:
     def is_idle(self) -> bool:
         """Nothing submitted, waiting, running, or waiting to be aborted."""
         return (
-            not self.scheduler.running
-            and not self.scheduler.arriving
-            and self._inflight is None
-            and not self.scheduler.waiting
+            not self._holds_requests
             and self._pending == 0
             and self._inbox.empty()
             and self._aborts.empty()
             and not self.requests
         )
+
+    @property
+    def _holds_requests(self) -> bool:
+        """Requests the scheduler holds (waiting, arriving, running) or a step in flight."""
+        sc = self.scheduler
+        return bool(sc.running or sc.arriving or sc.waiting) or self._inflight is not None
 
     def _idle_waiter(self, timeout: float):
         """Yields sleep intervals until the engine is idle and one more quiet interval passed
@@ -395,13 +391,7 @@ class Engine:
         """Drive the engine from the calling thread until nothing is left (tests, offline)."""
         for _ in range(max_steps):
             self.step()
-            if (
-                not self.scheduler.running
-                and not self.scheduler.arriving
-                and not self.scheduler.waiting
-                and self._inbox.empty()
-                and self._inflight is None
-            ):
+            if not self._holds_requests and self._inbox.empty():
                 return
         raise RuntimeError("engine did not go idle")
 
@@ -517,9 +507,13 @@ class Engine:
                     self._append_tokens(r, t)
         finally:
             deferred, self._deferred = self._deferred, None
-        for r in done.release_after:
-            self.scheduler.finish(r)
-        for r in deferred:
+        self._release(done.release_after, None)
+        self._release(deferred, running)
+
+    def _release(self, reqs: list[Request], running) -> None:
+        """Release finished requests' slots now, or, for those in the step ``running`` (still
+        queued on the device), once that step has been read back."""
+        for r in reqs:
             if running is not None and id(r) in running.index:
                 running.release_after.append(r)
             else:
@@ -530,16 +524,13 @@ class Engine:
         as those of a failed step. A failed request that is also in the step ``running``
         (queued behind it) keeps its slot until that step has been read back."""
         self.stats["failed_steps_total"] += 1
-        for r in done.batch:
-            if r.status != ReqStatus.RUNNING or r.finish_reason is not None:
-                continue
-            if running is not None and id(r) in running.index:
-                running.release_after.append(r)
-            else:
-                self.scheduler.finish(r)
+        failed = [
+            r for r in done.batch if r.status == ReqStatus.RUNNING and r.finish_reason is None
+        ]
+        self._release(failed, running)
+        for r in failed:
             self._fail(r, exc)
-        for r in done.release_after:
-            self.scheduler.finish(r)
+        self._release(done.release_after, None)
         self._check_after_failure()
 
     def _drain(self) -> None:

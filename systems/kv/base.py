@@ -166,6 +166,12 @@ class KVBackend(ABC):
         # a speculative round before committing the previous one (overlap scheduling)
         self.blocks_in_flight = 1
 
+    def set_blocks_in_flight(self, n: int) -> None:
+        """Query blocks a slot may have queued beyond its last commit (the engine's overlap
+        scheduling decides); a backend that keeps uncommitted rows in a bounded buffer checks
+        it can hold them."""
+        self.blocks_in_flight = n
+
     def _set_num_slots(self, n: int) -> None:
         """Lower the slot count before any slot is used (a backend whose pool holds fewer
         sessions than kv.max_running_requests)."""

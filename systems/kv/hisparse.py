@@ -499,6 +499,14 @@ class HiSparseBackend(KVBackend):
         if not torch.cuda.is_current_stream_capturing():  # a graph's pool outlives the replay
             selections.record_stream(self._side)
 
+    def set_blocks_in_flight(self, n: int) -> None:
+        if self.T < n * self.q_max:
+            raise ValueError(
+                f"system.kv.tail_rows={self.T} cannot hold {n} blocks of {self.q_max} queries "
+                "in flight (overlap scheduling): raise it or set engine.overlap_schedule=false"
+            )
+        super().set_blocks_in_flight(n)
+
     def commit(self, slots, lengths):
         """Committed rows are immutable: back up what the tail cannot keep for the next block,
         for every request of the batch in one kernel launch (systems/kernels/backup.py)."""

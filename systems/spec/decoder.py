@@ -77,8 +77,8 @@ class InflightStep:
 
 @dataclass
 class InflightRound(InflightStep):
-    """A speculative round launched but not yet read back: ``tokens`` are its next tokens and
-    ``n_next`` the next anchor positions (the following round's inputs, on the device);
+    """A speculative round launched but not yet read back: ``tokens`` are its next tokens (the
+    following round's anchors) and ``n_next`` the next anchor positions (the following round's inputs, on the device);
     ``host`` receives (accepted, next, drafts) per request. Reading it commits it."""
 
     n_next: torch.Tensor | None = None
@@ -86,10 +86,6 @@ class InflightRound(InflightStep):
     k_r: torch.Tensor | None = None
     width: int = 0
     t0: float = 0.0
-
-    @property
-    def next_tokens(self) -> torch.Tensor:
-        return self.tokens
 
     def read(self) -> list[list[int]]:
         return self.decoder._finish_round(self)
@@ -144,18 +140,8 @@ class PlainDecoder:
         return InflightStep(batch, new, host, done, {id(r): i for i, r in enumerate(batch)})
 
     def decode(self, batch) -> list[list[int]]:
-        e = self.e
-        dev = e.device
-        B = len(batch)
-        meta = to_device(
-            [*(r.seq_len for r in batch), *(r.output_ids[-1] for r in batch)], dev, torch.int64
-        )
-        positions, tokens = meta[:B].unsqueeze(1), meta[B:].unsqueeze(1)  # (B, 1) each
-        slots = [r.slot for r in batch]
-        logits, _ = e.run_target(slots, tokens, positions, max(r.seq_len for r in batch) + 1)
-        new = sample(logits[:, -1], e._temperatures(batch), e.gen).tolist()
-        e.backend.commit(slots, [r.seq_len + 1 for r in batch])
-        return [[t] for t in new]
+        """One step, read back before it returns (synchronous scheduling)."""
+        return self.launch(batch, None).read()
 
 
 class SpeculativeDecoder:
@@ -292,20 +278,7 @@ class SpeculativeDecoder:
 
     def decode(self, batch) -> list[list[int]]:
         """One round, read back and committed before it returns (synchronous scheduling)."""
-        B = len(batch)
-        meta = to_device(
-            [
-                *(r.slot for r in batch),
-                *(r.seq_len for r in batch),  # anchor positions
-                *(r.output_ids[-1] for r in batch),
-            ],
-            self.e.device,
-            torch.int64,
-        )
-        rnd = self._round(
-            batch, meta[:B], meta[B : 2 * B], meta[2 * B :], max(r.seq_len for r in batch)
-        )
-        return rnd.read()
+        return self.launch(batch, None).read()
 
     def launch(self, batch, prev: InflightRound | None) -> InflightRound:
         """Launch one round of ``batch`` without reading it back (overlap scheduling). A
@@ -330,12 +303,12 @@ class SpeculativeDecoder:
             idx = meta[3 * B :]
             j = idx.clamp_min(0)
             n = torch.where(idx >= 0, prev.n_next[j], n)
-            anchors = torch.where(idx >= 0, prev.next_tokens[j], anchors)
+            anchors = torch.where(idx >= 0, prev.tokens[j], anchors)
         # the scan's bound from the host: a request of prev is at most a block further
         hi = max(r.seq_len + (self.max_emit if i >= 0 else 0) for r, i in zip(batch, src))
-        return self._round(batch, slots, n, anchors, hi, index=True)
+        return self._round(batch, slots, n, anchors, hi)
 
-    def _round(self, batch, slots, n, anchors, max_pos: int, index: bool = False):
+    def _round(self, batch, slots, n, anchors, max_pos: int):
         """Propose, verify, accept on the device; queue the one readback (accepted lengths,
         next tokens, drafts) before the drafter's catch-up, which the host's reading then
         overlaps. ``max_pos``: the largest anchor position (or a bound), known on the host.
@@ -412,7 +385,7 @@ class SpeculativeDecoder:
             nxt,
             host,
             read,
-            {id(r): i for i, r in enumerate(batch)} if index else {},
+            {id(r): i for i, r in enumerate(batch)},
             n_next=n + 1 + A,
             decoder=self,
             k_r=k_r,

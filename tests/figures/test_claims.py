@@ -148,20 +148,29 @@ def test_ratio_and_paired_note_use_every_run_of_a_group(tmp_path):
     assert "over all 4 and 4 runs" in note and "90% interval" in note
 
 
-def test_step_cost_takes_every_repeat(tmp_path):
-    def metrics(ms_per_step, running):
-        n = 5
-        return pd.DataFrame(
-            {
-                "ts": np.arange(float(n)),
-                "dhs_num_running_reqs": [running] * n,
-                "dhs_num_steps": np.arange(n) * 100.0,
-                "dhs_decode_seconds_total": np.arange(n) * 100.0 * ms_per_step / 1e3,
-            }
-        )
+def _step_metrics(ms_per_step: float, running: int) -> pd.DataFrame:
+    """Server samples of a run whose steps take ``ms_per_step`` with ``running`` requests."""
+    n = 5
+    return pd.DataFrame(
+        {
+            "ts": np.arange(float(n)),
+            "dhs_num_running_reqs": [running] * n,
+            "dhs_num_steps": np.arange(n) * 100.0,
+            "dhs_decode_seconds_total": np.arange(n) * 100.0 * ms_per_step / 1e3,
+        }
+    )
 
+
+def test_step_cost_takes_every_repeat(tmp_path):
     for i, (ms, n) in enumerate([(20.0, 100), (30.0, 110), (40.0, 90)]):
-        _run(tmp_path, f"h{i}", "hisparse", f"2026-01-01T00:0{i}", 4000.0, metrics=metrics(ms, n))
+        _run(
+            tmp_path,
+            f"h{i}",
+            "hisparse",
+            f"2026-01-01T00:0{i}",
+            4000.0,
+            metrics=_step_metrics(ms, n),
+        )
     (run,) = load_runs(tmp_path, "fig4")
     assert len(run.repeats) == 3
     ms, held = step_cost(run)
@@ -174,17 +183,6 @@ def test_interleaved_repeats_are_one_point_and_every_repeat_counts(tmp_path):
     """harness.reproduce's interleaved group (``repeat: i`` in each run's config, one run group):
     the repeats fold into one point per system with an earlier plain run of the same config, and
     the paired note and step cost use all of them, not the newest of each system."""
-
-    def metrics(ms, running):
-        n = 5
-        return pd.DataFrame(
-            {
-                "ts": np.arange(float(n)),
-                "dhs_num_running_reqs": [running] * n,
-                "dhs_num_steps": np.arange(n) * 100.0,
-                "dhs_decode_seconds_total": np.arange(n) * 100.0 * ms / 1e3,
-            }
-        )
 
     rounds = [
         (3000.0, 20.0, 4000.0, 25.0),
@@ -203,7 +201,7 @@ def test_interleaved_repeats_are_one_point_and_every_repeat_counts(tmp_path):
                 f"2026-01-02T00:0{i}",
                 out,
                 group="s/fig4_protocol",
-                metrics=metrics(ms, 30),
+                metrics=_step_metrics(ms, 30),
             )
             cfg = {"workload": {"output_len": 320}, "repeat": i, "reproduce": {"repeats": 3}}
             (tmp_path / "fig4" / f"{name}{i}" / "config.yaml").write_text(json.dumps(cfg))
@@ -215,7 +213,7 @@ def test_interleaved_repeats_are_one_point_and_every_repeat_counts(tmp_path):
             "2026-01-01T00:00",
             out,
             group="earlier",
-            metrics=metrics(10.0, 30),
+            metrics=_step_metrics(10.0, 30),
         )
         (tmp_path / "fig4" / name / "config.yaml").write_text(
             json.dumps({"workload": {"output_len": 320}})
