@@ -272,9 +272,8 @@ def begin_interleaved(
     dry_run: bool,
 ) -> None:
     """Say what an interleaved group runs, then (unless a dry run, or when every point of
-    ``runs`` finished earlier) make its throwaway warm-up runs, one per system: on a fresh H200
-    the first repeat of each system that had not served yet measured 35% below its later
-    repeats (fig4_protocol at 8bd5e3d, one warm-up for the group's first system only)."""
+    ``runs`` finished earlier) make its throwaway warm-up runs, one per system: a system's first
+    serving run on a machine measures slow, whatever ran before it (docs/running.md)."""
     todo = [(ov, tags) for ov in runs if (tags := _points_to_run(ov, point)) != []]
     if not todo:
         return

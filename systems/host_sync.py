@@ -58,9 +58,9 @@ def to_device(values, device, dtype=None):
 
     ``torch.tensor(values, device=cuda)`` copies from pageable memory, which waits for
     everything queued on the stream: under overlap scheduling that is the step in flight, and
-    one such call per step serialized the host with the GPU again (2 ms of a 2.2 ms step on the
-    H200, benchmarks/bench_decode_step.py --host-profile). A pinned buffer's copy is queued
-    instead; the caching host allocator keeps the buffer until the copy has run."""
+    one such call per step serializes the host with the GPU again (docs/engine.md). A pinned
+    buffer's copy is queued instead; the caching host allocator keeps the buffer until the copy
+    has run."""
     import torch
 
     t = torch.tensor(values, dtype=dtype)
