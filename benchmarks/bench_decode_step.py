@@ -90,14 +90,18 @@ def trace_activity(trace: dict) -> dict:
         return {"busy_share": None, "kernels_per_step": None}
     # the window: the first step's launch to the GPU's last interval (the last step's end)
     t1 = max(max(e["ts"] + e["dur"] for e in steps), max(b for _, b in gpu))
-    names = collections.Counter(
-        e["name"] for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X" and e["ts"] >= t0
-    )
+    kern = [e for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X" and e["ts"] >= t0]
+    names = collections.Counter(e["name"] for e in kern)
+    us = collections.Counter()
+    for e in kern:
+        us[e["name"]] += e.get("dur", 0)
     return {
         "busy_share": union_ms(gpu) / ((t1 - t0) / 1e3),
         "kernels_per_step": sum(names.values()) / len(steps),
         # where the launches go (what fusion should target next): name -> launches per step
         "top_kernels": {n[:80]: c / len(steps) for n, c in names.most_common(25)},
+        # where the device time goes: name -> microseconds per step (a kernel's own duration)
+        "top_kernel_us": {n[:80]: t / len(steps) for n, t in us.most_common(25)},
     }
 
 
