@@ -144,6 +144,37 @@ def replay_ms(eng, n: int, torch) -> float | None:
     return (time.perf_counter() - t0) / n * 1e3
 
 
+def host_profiler(args):
+    """A running cProfile when ``--host-profile`` asks for one, else None."""
+    if not args.host_profile:
+        return None
+    import cProfile
+
+    pr = cProfile.Profile()
+    pr.enable()
+    return pr
+
+
+def host_profile_rows(pr, steps: int, top: int) -> list[dict] | None:
+    """Stop ``pr``; its ``top`` functions by own host time, per step."""
+    if pr is None:
+        return None
+    import pstats
+
+    pr.disable()
+    st = pstats.Stats(pr).sort_stats("tottime")
+    return [
+        {
+            "function": f"{Path(f).name}:{line}:{name}",
+            "calls_per_step": n / steps,
+            "own_ms_per_step": tt / steps * 1e3,
+        }
+        for (f, line, name), (_, n, tt, _, _) in sorted(
+            st.stats.items(), key=lambda kv: -kv[1][2]
+        )[:top]
+    ]
+
+
 HANDOFFS = 4  # handoffs in flight for ``handoff_step_ms`` (issue 22's target: <= +10%)
 HANDOFF_STEPS = 60  # at most this many steps wait for them
 
@@ -164,10 +195,12 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
     # timing the copies instead of the steps beside them
     sync = torch.cuda.current_stream().synchronize
     sync()
+    pr = host_profiler(args)
     t0 = time.perf_counter()
     eng.step()  # intake and admission: reservations, the copies queued
     sync()
     admit_ms = (time.perf_counter() - t0) * 1e3
+    admit_profile = host_profile_rows(pr, 1, args.host_profile)
     times = []
     while eng.scheduler.arriving and len(times) < HANDOFF_STEPS:
         t0 = time.perf_counter()
@@ -176,6 +209,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     return {
+        **({"handoff_admit_host_profile": admit_profile} if admit_profile else {}),
         "handoff_admit_step_ms": admit_ms,
         "handoff_step_ms": statistics.median(times) * 1e3 if times else None,
         "handoff_steps": len(times),
@@ -239,27 +273,12 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         prof.export_chrome_trace(path)
         row.update(trace_activity(json.loads(Path(path).read_text())))
     if args.host_profile:
-        import cProfile
-        import pstats
-
-        pr = cProfile.Profile()
         torch.cuda.synchronize()
-        pr.enable()
+        pr = host_profiler(args)
         for _ in range(args.steps):
             eng.step()
         torch.cuda.synchronize()
-        pr.disable()
-        st = pstats.Stats(pr).sort_stats("tottime")
-        row["host_profile"] = [
-            {
-                "function": f"{Path(f).name}:{line}:{name}",
-                "calls_per_step": n / args.steps,
-                "own_ms_per_step": tt / args.steps * 1e3,
-            }
-            for (f, line, name), (_, n, tt, _, _) in sorted(
-                st.stats.items(), key=lambda kv: -kv[1][2]
-            )[: args.host_profile]
-        ]
+        row["host_profile"] = host_profile_rows(pr, args.steps, args.host_profile)
     row["replay_ms"] = replay_ms(eng, args.steps, torch)
     for r in reqs:
         eng.abort(r)

@@ -1,5 +1,5 @@
-"""The small fused kernels of a decoder layer: residual add + RMSNorm, SiLU-gated product, and
-the fp8 encoding of new KV rows.
+"""The small fused kernels of a decoder layer: residual add + RMSNorm, SiLU-gated product, the
+fp8 encoding of new KV rows, and the indexer's query blend.
 
 Why: a decode step of the mini presets reads under 1 GB, so its time is set by how many kernels
 it launches, not by bytes (about 60 per layer in plain PyTorch: the norm alone is six
@@ -17,6 +17,11 @@ Contracts (M rows; every tensor contiguous in its last dimension):
                             Bytes: 3 x M x F.
     encode_fp8_rows(x, ...) x (M, kv_dim) -> (M, row_bytes) uint8 in kv_format.py's fp8 layout:
                             nope values as e4m3 with one float32 scale per 128, rope as bf16.
+    blend_index_query(iq, w_sal, lam)
+                            iq (..., di) bf16/float32, w_sal (di,) float32 -> float32 (..., di)
+                            contiguous: (1 - lam) * iq / max(|iq|, 1e-6) + lam * w_sal per row.
+                            iq may be a column view of a wider GEMM output (rows strided).
+                            Bytes: M x di reads of iq's dtype + 4 x di + 4 x M x di written.
 
 The fp8 and bf16 roundings are done with integer arithmetic (round to nearest even; fp8
 saturating at 448) rather than casts: Triton's interpreter rounds both casts differently from
@@ -56,6 +61,12 @@ def add_rms_norm_reference(x, delta):
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     g, u = gate_up.chunk(2, dim=-1)
     return F.silu(g) * u
+
+
+def blend_index_query_reference(iq: torch.Tensor, w_sal: torch.Tensor, lam: float) -> torch.Tensor:
+    iq = iq.float()
+    iq = iq / iq.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    return (1.0 - lam) * iq + lam * w_sal
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -148,6 +159,25 @@ if _HAVE_TRITON:
             w = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
             _store_bytes(o + NOPE + 4 * NB, r, w, 2, rm)
 
+    @triton.jit
+    def _blend_index_query_kernel(
+        iq_ptr, w_ptr, out_ptr, R, stride_b, stride_r, DI, a, b, BLOCK: tl.constexpr
+    ):
+        # rows are (b, r) of a (B, R, DI) view: two strides, so a column slice of a wider GEMM
+        # output split along its middle dimension (a query chunk) is read in place
+        row = tl.program_id(0).to(tl.int64)
+        i = row // R
+        r = row - i * R
+        cols = tl.arange(0, BLOCK)
+        m = cols < DI
+        x = tl.load(iq_ptr + i * stride_b + r * stride_r + cols, mask=m, other=0.0)
+        x = x.to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=m, other=0.0)
+        # IEEE sqrt and division (Triton's defaults lower to the approximate ones on NVIDIA), and
+        # a clamp that keeps NaN as clamp_min does
+        n = tl.maximum(tl.sqrt_rn(tl.sum(x * x, 0)), 1e-6, propagate_nan=tl.PropagateNan.ALL)
+        tl.store(out_ptr + row * DI + cols, a * tl.math.div_rn(x, n) + b * w, mask=m)
+
 
 # ---------------------------------------------------------------------------- wrappers
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -231,3 +261,41 @@ def encode_fp8_rows(x: torch.Tensor, kv_dim: int, rope_dim: int, row_bytes: int)
             ROPE_P=triton.next_power_of_2(max(rope_dim, 1)),
         )
     return out.view(*lead, row_bytes)
+
+
+def blend_index_query(
+    iq: torch.Tensor, w_sal: torch.Tensor, lam: float, impl: str = "triton"
+) -> torch.Tensor:
+    """(1 - lam) * iq / max(|iq|, 1e-6) + lam * w_sal along iq's last dimension, float32."""
+    if impl == "reference":
+        return blend_index_query_reference(iq, w_sal, lam)
+    if impl != "triton":
+        raise ValueError(f"unknown blend_index_query impl {impl!r}")
+    di = iq.shape[-1]
+    if w_sal.shape != (di,):
+        raise ValueError(f"w_sal {tuple(w_sal.shape)} does not match iq's last dimension {di}")
+    lead = iq.shape[:-1]
+    # a (B, R, di) view with the row strides as they are: .contiguous() would be a copy kernel
+    if iq.dim() < 3:
+        x3 = iq.reshape(1, -1, di)
+    else:
+        x3 = iq.reshape(iq.shape[:-2].numel(), iq.shape[-2], di)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    B, R, _ = x3.shape
+    out = torch.empty(B, R, di, dtype=torch.float32, device=iq.device)
+    if out.numel():
+        _blend_index_query_kernel[(B * R,)](
+            x3,
+            w_sal.float().contiguous(),
+            out,
+            R,
+            x3.stride(0),
+            x3.stride(1),
+            di,
+            # the two coefficients in double, rounded once, as the reference's scalars are
+            1.0 - lam,
+            lam,
+            BLOCK=triton.next_power_of_2(di),
+        )
+    return out.view(*lead, di)

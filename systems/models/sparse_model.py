@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
-from systems.kernels.fused_ops import add_rms_norm, encode_fp8_rows, silu_mul
+from systems.kernels.fused_ops import add_rms_norm, blend_index_query, encode_fp8_rows, silu_mul
 from systems.kernels.selfcheck import resolve_impl
 from systems.kernels.sparse_attention import sparse_attention
 from systems.kernels.topk import topk_positions
@@ -168,10 +168,7 @@ class SparseModel(torch.nn.Module):
     def _blend_index_query(self, p: dict, iq: torch.Tensor) -> torch.Tensor:
         """The index projection, normalized and blended with the layer's fixed direction by
         the selection-locality knob."""
-        lam = self.cfg.selection_locality
-        iq = iq.float()
-        iq = iq / iq.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-        return (1.0 - lam) * iq + lam * p["w_sal"]
+        return blend_index_query(iq, p["w_sal"], self.cfg.selection_locality, impl=self.norm_impl)
 
     def select(
         self, p: dict, h: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor

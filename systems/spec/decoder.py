@@ -128,8 +128,9 @@ class PlainDecoder:
             tokens = torch.where(idx >= 0, prev.tokens[idx.clamp_min(0)], tokens)
         logits, _ = e.run_target(meta[3 * B :], tokens.unsqueeze(1), positions, max(pos) + 1)
         sampled = any(x > 0 for x in temps)
-        t = torch.tensor(temps, dtype=torch.float32)  # read by sample only when sampled
-        new = sample(logits[:, -1], t.to(dev) if sampled else t, e.gen, sampled)
+        # read by sample only when sampled; then on the device without waiting for it
+        t = to_device(temps, dev, torch.float32) if sampled else torch.tensor(temps)
+        new = sample(logits[:, -1], t, e.gen, sampled)
         e.backend.commit(slots, [p + 1 for p in pos])
         host = torch.empty(B, dtype=torch.int64, pin_memory=dev.type == "cuda")
         host.copy_(new, non_blocking=True)
@@ -351,10 +352,13 @@ class SpeculativeDecoder:
             A_l, nxt_l = accept_exact(logits, proposals, q, k_r, temps, e.gen)
             A = to_device(A_l, dev, torch.int64)
             nxt = to_device(nxt_l, dev, torch.int64)
-        elif self.mode == "exact":
-            A, nxt = accept_greedy(logits, proposals, k_r)
         else:
-            A, nxt = accept_calibrated(logits, k_r, self.alpha, e.gen)
+            # k_r is host data: a pageable copy here would wait for the verification pass
+            k_dev = to_device(k_r.tolist(), dev, torch.int64)
+            if self.mode == "exact":
+                A, nxt = accept_greedy(logits, proposals, k_dev)
+            else:
+                A, nxt = accept_calibrated(logits, k_dev, self.alpha, e.gen)
         # one readback (A, next, drafts), queued before the catch-up reuses the drafter's buffers
         back = torch.cat([A.unsqueeze(1), nxt.unsqueeze(1), proposals.long()], dim=1)
         host = torch.empty(back.shape, dtype=torch.int64, pin_memory=dev.type == "cuda")

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from systems.kernels import fused_ops as fo  # noqa: E402
 from systems.models.config import ModelConfig  # noqa: E402
 from systems.models.kv_format import encode_rows  # noqa: E402
-from tests.kernels.support import interpreted  # noqa: E402
+from tests.kernels.support import interpreted, needs_nvidia_backend, run_compiled  # noqa: E402
 
 pytestmark = interpreted(fo._add_rms_norm_kernel)
 
@@ -87,3 +87,72 @@ def test_encode_fp8_rows_refuses_a_non_fp8_layout():
         fo.encode_fp8_rows(torch.randn(2, 100), 100, 0, 100)
     with pytest.raises(ValueError, match="not the fp8 layout"):
         fo.encode_fp8_rows(torch.randn(2, 128), 128, 0, 129)
+
+
+@pytest.mark.parametrize("di", [17, 64, 100])
+@pytest.mark.parametrize("rows", [1, 3, 7])
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
+def test_blend_index_query_matches_reference_on_a_strided_column_slice(di, rows, lam):
+    g = torch.Generator().manual_seed(di * 31 + rows)
+    # as in decode/prefill: a column slice of a wider GEMM output, cut to a query chunk, so the
+    # batch and row strides are both wider than di and not each other's multiple of rows
+    y = torch.randn(2, rows + 2, di + 45, generator=g) * 3
+    iq = y[:, 1 : rows + 1, 20 : 20 + di]
+    assert iq.stride() == (y.stride(0), di + 45, 1) and not iq.is_contiguous()
+    iq[0, 0] = 0.0  # a zero row: the norm's clamp
+    iq[1, -1] *= 1e-8  # a row whose norm is below the clamp
+    w_sal = torch.randn(di, generator=g)
+    w_sal /= w_sal.norm()
+    want = fo.blend_index_query_reference(iq, w_sal, lam)
+    got = fo.blend_index_query(iq, w_sal, lam)
+    assert got.shape == (2, rows, di) and got.dtype == torch.float32 and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+    assert torch.equal(got[0, 0], lam * w_sal)  # (1 - lam) * 0 + lam * w_sal, exactly
+
+
+@pytest.mark.parametrize("shape", [(5,), (4, 9), (2, 3, 2, 33), (0, 3, 8), (2, 0, 8)])
+def test_blend_index_query_other_ranks_and_empty(shape):
+    g = torch.Generator().manual_seed(len(shape))
+    iq = torch.randn(*shape, generator=g)
+    w_sal = torch.randn(shape[-1], generator=g)
+    got = fo.blend_index_query(iq, w_sal, 0.3)
+    assert got.shape == iq.shape and got.dtype == torch.float32
+    torch.testing.assert_close(
+        got, fo.blend_index_query_reference(iq, w_sal, 0.3), rtol=2e-6, atol=1e-6
+    )
+
+
+def test_blend_index_query_reads_bf16():
+    # bf16 values are exact in float32, so only the float32 compute may differ
+    g = torch.Generator().manual_seed(3)
+    y = (torch.randn(1, 4, 96, generator=g) * 2).to(torch.bfloat16)
+    iq, w_sal = y[..., 10:74], torch.randn(64, generator=g)
+    want = fo.blend_index_query_reference(iq, w_sal, 0.3)
+    torch.testing.assert_close(fo.blend_index_query(iq, w_sal, 0.3), want, rtol=2e-6, atol=1e-6)
+
+
+def test_blend_index_query_refuses_unknown_impl_and_mismatched_w_sal():
+    iq = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="unknown blend_index_query impl"):
+        fo.blend_index_query(iq, torch.randn(8), 0.3, impl="cuda")
+    with pytest.raises(ValueError, match="does not match"):
+        fo.blend_index_query(iq, torch.randn(9), 0.3)
+
+
+_BLEND_AOT = r"""
+from systems.kernels import fused_ops as fo
+from systems.kernels.aot import compile_for_nvidia
+for dt in ("*bf16", "*fp32"):
+    types = {"iq_ptr": dt, "w_ptr": "*fp32", "out_ptr": "*fp32", "a": "fp32", "b": "fp32"}
+    types.update(stride_b="i64", stride_r="i64")
+    ptx = compile_for_nvidia(fo._blend_index_query_kernel, dict(BLOCK=128), types).asm["ptx"]
+    # the IEEE sqrt and division the reference's are, not the approximate defaults
+    assert "sqrt.rn.f32" in ptx and "div.rn.f32" in ptx and "approx" not in ptx, dt
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@needs_nvidia_backend
+def test_blend_index_query_compiles_for_sm90_without_gpu():
+    run_compiled(_BLEND_AOT)
