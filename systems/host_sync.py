@@ -67,3 +67,22 @@ def to_device(values, device, dtype=None):
     if torch.device(device).type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t
+
+
+def start_readback(t):
+    """Queue ``t``'s copy to the host without waiting: returns (host tensor, CUDA event recorded
+    after the copy, or None on CPU where the copy is already done). On a GPU the copy is a kernel
+    storing into pinned memory (systems/kernels/readback.py): an asynchronous memcpy would queue
+    behind a handoff's history backup on the device-to-host copy engine."""
+    import torch
+
+    if t.device.type != "cuda":
+        return t.clone(), None
+    from systems.kernels.readback import readback
+
+    src = t.contiguous()
+    host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+    readback(src.view(-1), host.view(-1))
+    done = torch.cuda.Event()
+    done.record()
+    return host, done

@@ -27,20 +27,39 @@ class PrefillEntry:
     prefill_s: float
 
 
+class _PromptKey:
+    """A prompt as a dict key, hashed once: hashing a 16K-token tuple takes ~0.1 ms, and a
+    lookup that finds the entry and moves it to the end hashed it three times, on the decode
+    thread at every admission."""
+
+    __slots__ = ("ids", "h")
+
+    def __init__(self, ids: list[int]):
+        self.ids = tuple(ids)
+        self.h = hash(self.ids)
+
+    def __hash__(self) -> int:
+        return self.h
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _PromptKey) and self.h == other.h and self.ids == other.ids
+
+
 class PrefixStore:
     def __init__(self, model: SparseModel, max_entries: int = 16, keep_hidden: int = 1):
         self.model = model
         self.keep_hidden = keep_hidden
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[int, ...], PrefillEntry] = OrderedDict()
+        self._entries: OrderedDict[_PromptKey, PrefillEntry] = OrderedDict()
         self.num_prefills = 0
 
     def get(self, prompt_ids: list[int]) -> tuple[PrefillEntry, bool]:
         """Returns (entry, computed_now)."""
-        key = tuple(prompt_ids)
-        if key in self._entries:
+        key = _PromptKey(prompt_ids)
+        entry = self._entries.get(key)
+        if entry is not None:
             self._entries.move_to_end(key)
-            return self._entries[key], False
+            return entry, False
         entry = self._prefill(prompt_ids)
         self._entries[key] = entry
         while len(self._entries) > self.max_entries:

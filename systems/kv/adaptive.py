@@ -185,8 +185,10 @@ class AdaptiveBackend(HiSparseBackend):
     def _import_rows(self, slot: int, prefix: PrefixKV) -> None:
         G, r = self.G, self.res[slot]
         keep = r.kept
-        for j, pg in enumerate(r.page[:keep]):
-            self.kv_pool[:, pg * G : (pg + 1) * G] = prefix.kv[:, j * G : (j + 1) * G]
+        if keep:  # one indexed copy for every kept page (a copy per page cost ~6 us of host each)
+            pages = to_device(r.page[:keep], self.device)
+            rows = (pages.unsqueeze(1) * G + torch.arange(G, device=self.device)).view(-1)
+            self.kv_pool[:, rows] = prefix.kv[:, : keep * G]
         # everything not kept on device goes to host now (incl. the partial boundary page)
         self._backup(slot, keep * G, prefix.num_tokens, prefix.kv[:, keep * G :])
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from systems.engine.sampler import sample
-from systems.host_sync import to_device
+from systems.host_sync import start_readback, to_device
 from systems.spec.acceptance import (
     accept_calibrated,
     accept_exact,
@@ -63,7 +63,7 @@ class InflightStep:
 
     batch: list
     tokens: torch.Tensor  # (B,) int64 on the device: the next step's inputs
-    host: torch.Tensor  # (B,) int64, pinned on a GPU: filled by a non-blocking copy
+    host: torch.Tensor  # (B,) int64, pinned on a GPU: filled by start_readback
     done: object  # CUDA event after the copy, or None on CPU (the copy was synchronous)
     index: dict = field(default_factory=dict)  # id(request) -> row in this step
     release_after: list = field(default_factory=list)
@@ -132,12 +132,7 @@ class PlainDecoder:
         t = to_device(temps, dev, torch.float32) if sampled else torch.tensor(temps)
         new = sample(logits[:, -1], t, e.gen, sampled)
         e.backend.commit(slots, [p + 1 for p in pos])
-        host = torch.empty(B, dtype=torch.int64, pin_memory=dev.type == "cuda")
-        host.copy_(new, non_blocking=True)
-        done = None
-        if dev.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
+        host, done = start_readback(new.long())
         return InflightStep(batch, new, host, done, {id(r): i for i, r in enumerate(batch)})
 
     def decode(self, batch) -> list[list[int]]:
@@ -361,12 +356,7 @@ class SpeculativeDecoder:
                 A, nxt = accept_calibrated(logits, k_dev, self.alpha, e.gen)
         # one readback (A, next, drafts), queued before the catch-up reuses the drafter's buffers
         back = torch.cat([A.unsqueeze(1), nxt.unsqueeze(1), proposals.long()], dim=1)
-        host = torch.empty(back.shape, dtype=torch.int64, pin_memory=dev.type == "cuda")
-        host.copy_(back, non_blocking=True)
-        read = None
-        if dev.type == "cuda":
-            read = torch.cuda.Event()
-            read.record()
+        host, read = start_readback(back)
         mark()
         # the drafter advances with the same prefix: anchor + accepted, with target features;
         # over the whole block (one graph per batch size), rows past 1 + A masked
