@@ -91,17 +91,19 @@ def trace_activity(trace: dict) -> dict:
     # the window: the first step's launch to the GPU's last interval (the last step's end)
     t1 = max(max(e["ts"] + e["dur"] for e in steps), max(b for _, b in gpu))
     kern = [e for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X" and e["ts"] >= t0]
-    names = collections.Counter(e["name"] for e in kern)
+    # names cut to 80 characters, counted after the cut: templated kernels that share a prefix
+    # are one entry, not one overwriting the other
+    names = collections.Counter(e["name"][:80] for e in kern)
     us = collections.Counter()
     for e in kern:
-        us[e["name"]] += e.get("dur", 0)
+        us[e["name"][:80]] += e.get("dur", 0)
     return {
         "busy_share": union_ms(gpu) / ((t1 - t0) / 1e3),
         "kernels_per_step": sum(names.values()) / len(steps),
         # where the launches go (what fusion should target next): name -> launches per step
-        "top_kernels": {n[:80]: c / len(steps) for n, c in names.most_common(25)},
+        "top_kernels": {n: c / len(steps) for n, c in names.most_common(25)},
         # where the device time goes: name -> microseconds per step (a kernel's own duration)
-        "top_kernel_us": {n[:80]: t / len(steps) for n, t in us.most_common(25)},
+        "top_kernel_us": {n: t / len(steps) for n, t in us.most_common(25)},
     }
 
 
@@ -169,9 +171,9 @@ def host_profile_rows(pr, steps: int, top: int) -> list[dict] | None:
             "calls_per_step": n / steps,
             "own_ms_per_step": tt / steps * 1e3,
         }
-        for (f, line, name), (_, n, tt, _, _) in sorted(
-            st.stats.items(), key=lambda kv: -kv[1][2]
-        )[:top]
+        for (f, line, name), (_, n, tt, _, _) in sorted(st.stats.items(), key=lambda kv: -kv[1][2])[
+            :top
+        ]
     ]
 
 
@@ -317,6 +319,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_decode_step: no CUDA device here; run it on the GPU machine")
     batches = [int(b) for b in args.batches.split(",")]
+    env = environment()
     rows = []
     for model in args.models.split(","):
         for system in args.systems.split(","):
@@ -349,6 +352,7 @@ def main() -> None:
                     **floor_bytes(m, B, args.context, queries),
                 }
                 rows.append(row)
+                write_rows(Path(args.out), rows, env, args.overrides, torch)
                 print(
                     f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
                     f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']}  replay {row['replay_ms'] or 0:6.2f} ms  floor "
@@ -360,33 +364,39 @@ def main() -> None:
             del eng
             gc.collect()
             torch.cuda.empty_cache()
-    plain = {(r["model"], r["batch"]): r["step_ms"] for r in rows if r["system"] == "hisparse"}
     for r in rows:
-        base = plain.get((r["model"], r["batch"]))
-        r["round_over_step"] = r["step_ms"] / base if "phases_ms" in r and base else None
         if r["round_over_step"] is not None:
             print(
                 f"{r['model']:12s} {r['system']:20s} B={r['batch']:3d} round / hisparse step "
                 f"ours {r['round_over_step']:.2f}  paper {PAPER_ROUND_OVER_STEP}",
                 flush=True,
             )
-    env = environment()
-    out = Path(args.out)
-    old = json.loads(out.read_text()).get("rows", []) if out.exists() else []
+    print(f"wrote {args.out}")
+
+
+def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) -> None:
+    """Merge ``rows`` into the summary at ``path`` by (model, system, batch, context), with
+    each speculative row's round / plain-step ratio where the plain row of its model and batch
+    is known. Called after every row, so a run cut by a time box keeps what it measured."""
+    plain = {(r["model"], r["batch"]): r["step_ms"] for r in rows if r["system"] == "hisparse"}
+    for r in rows:
+        base = plain.get((r["model"], r["batch"]))
+        r["round_over_step"] = r["step_ms"] / base if "phases_ms" in r and base else None
+        r["commit"] = env.get("git_commit")
+    old = json.loads(path.read_text()).get("rows", []) if path.exists() else []
     key = lambda r: (r["model"], r["system"], r["batch"], r["context"])  # noqa: E731
     new_keys = {key(r) for r in rows}
-    for r in rows:
-        r["commit"] = env.get("git_commit")
     rec = {
         "gpu": env.get("gpu") or torch.cuda.get_device_name(),
         "commit": env.get("git_commit"),
         "hbm_bytes_per_s": HBM_BPS,
-        "overrides": args.overrides,
+        "overrides": overrides,
         "rows": [r for r in old if key(r) not in new_keys] + rows,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=1) + "\n")
-    print(f"wrote {out}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp.replace(path)  # a reader never sees half a file
 
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ def readback_triton(src: torch.Tensor, dst: torch.Tensor) -> None:
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use the reference")
     if src.shape != dst.shape or src.dtype != dst.dtype:
-        raise ValueError(f"readback {tuple(src.shape)} {src.dtype} -> {tuple(dst.shape)} {dst.dtype}")
+        raise ValueError(
+            f"readback {tuple(src.shape)} {src.dtype} -> {tuple(dst.shape)} {dst.dtype}"
+        )
     if not (src.is_contiguous() and dst.is_contiguous()):
         raise ValueError("readback needs contiguous tensors")
     if dst.device.type == "cpu" and src.is_cuda and not dst.is_pinned():

@@ -34,3 +34,45 @@ def test_busy_share_counts_kernels_and_copies_inside_the_step_window():
     assert got["busy_share"] == 170 / 250
     assert got["kernels_per_step"] == 1.5
     assert B.trace_activity({"traceEvents": []}) == {"busy_share": None, "kernels_per_step": None}
+
+
+def test_kernel_names_sharing_a_prefix_add_up():
+    long_a, long_b = "k" * 80 + "<int>", "k" * 80 + "<long>"
+    ev = [
+        _x(B.STEP_RANGE, "user_annotation", 0, 100),
+        _x(long_a, "kernel", 10, 5),
+        _x(long_b, "kernel", 20, 7),
+        _x("short", "kernel", 30, 3),
+    ]
+    got = B.trace_activity({"traceEvents": ev})
+    assert got["top_kernels"] == {"k" * 80: 2.0, "short": 1.0}
+    assert got["top_kernel_us"] == {"k" * 80: 12.0, "short": 3.0}
+
+
+class _Torch:  # write_rows asks torch for the GPU name only when env has none
+    class cuda:
+        @staticmethod
+        def get_device_name():
+            return "GPU"
+
+
+def test_rows_are_merged_after_each_row_with_round_over_step(tmp_path):
+    import json
+
+    out = tmp_path / "summary.json"
+    old = {"model": "m", "system": "hisparse", "batch": 8, "context": 16, "step_ms": 9.0}
+    out.write_text(json.dumps({"rows": [old]}))
+    env = {"git_commit": "abc", "gpu": "H"}
+    rows = [{"model": "m", "system": "hisparse", "batch": 1, "context": 16, "step_ms": 2.0}]
+    B.write_rows(out, rows, env, [], _Torch)
+    rows.append(
+        {"model": "m", "system": "spec", "batch": 1, "context": 16, "step_ms": 5.0, "phases_ms": {}}
+    )
+    B.write_rows(out, rows, env, [], _Torch)
+    rec = json.loads(out.read_text())
+    by = {(r["system"], r["batch"]): r for r in rec["rows"]}
+    assert set(by) == {("hisparse", 8), ("hisparse", 1), ("spec", 1)}  # the old row is kept
+    assert by[("spec", 1)]["round_over_step"] == 2.5
+    assert by[("hisparse", 1)]["round_over_step"] is None
+    assert rec["commit"] == "abc" and by[("spec", 1)]["commit"] == "abc"
+    assert not out.with_suffix(".tmp").exists()
