@@ -16,7 +16,9 @@ Contracts (M rows; every tensor contiguous in its last dimension):
     silu_mul(gate_up)       gate_up (M, 2F) = [gate | up] -> silu(gate) * up, (M, F).
                             Bytes: 3 x M x F.
     encode_fp8_rows(x, ...) x (M, kv_dim) -> (M, row_bytes) uint8 in kv_format.py's fp8 layout:
-                            nope values as e4m3 with one float32 scale per 128, rope as bf16.
+                            nope values as e4m3 with one float32 scale per 128, rope as bf16;
+                            or written in place at rows ``out_rows`` of a pool ``out``.
+                            Bytes: M x kv_dim x itemsize read, M x row_bytes written.
     blend_index_query(iq, w_sal, lam)
                             iq (..., di) bf16/float32, w_sal (di,) float32 -> float32 (..., di)
                             contiguous: (1 - lam) * iq / max(|iq|, 1e-6) + lam * w_sal per row.
@@ -129,7 +131,9 @@ if _HAVE_TRITON:
     def _encode_fp8_kernel(
         x_ptr,
         out_ptr,
+        dst_ptr,
         x_stride,
+        SCATTER: tl.constexpr,
         RB: tl.constexpr,
         NOPE: tl.constexpr,
         NB: tl.constexpr,
@@ -147,7 +151,8 @@ if _HAVE_TRITON:
         amax = tl.max(tl.abs(x), 1)
         scale = tl.math.div_rn(tl.maximum(amax, 1e-8), 448.0)  # a true division, as encode_rows
         code = _e4m3_code(tl.math.div_rn(x, scale[:, None]))
-        o = out_ptr + row * RB
+        # SCATTER: row i lands at out[dst[i]] (the KV pool's row of its position), else out[i]
+        o = out_ptr + (tl.load(dst_ptr + row).to(tl.int64) if SCATTER else row) * RB
         tl.store(o + offs, code.to(tl.uint8), mask=m2)
         _store_bytes(o + NOPE, blk, scale.to(tl.int32, bitcast=True), 4, bm)
         if ROPE > 0:
@@ -232,8 +237,19 @@ def silu_mul(gate_up: torch.Tensor, impl: str = "triton") -> torch.Tensor:
     return out.view(*lead, Fdim)
 
 
-def encode_fp8_rows(x: torch.Tensor, kv_dim: int, rope_dim: int, row_bytes: int) -> torch.Tensor:
-    """(..., kv_dim) -> (..., row_bytes) uint8, byte for byte ``kv_format.encode_rows`` (fp8)."""
+def encode_fp8_rows(
+    x: torch.Tensor,
+    kv_dim: int,
+    rope_dim: int,
+    row_bytes: int,
+    out: torch.Tensor | None = None,
+    out_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(..., kv_dim) -> (..., row_bytes) uint8, byte for byte ``kv_format.encode_rows`` (fp8).
+
+    With ``out`` (M, row_bytes) uint8 and ``out_rows`` (N,) integer, N the number of rows of
+    ``x``, row i is written to ``out[out_rows[i]]`` instead (the step's new rows straight into
+    the KV pool: no encoded copy and no scatter launch), and ``out`` is returned."""
     nope = kv_dim - rope_dim
     if x.shape[-1] != kv_dim or nope % FP8_BLOCK:
         raise ValueError(
@@ -247,12 +263,27 @@ def encode_fp8_rows(x: torch.Tensor, kv_dim: int, rope_dim: int, row_bytes: int)
     x2 = x.reshape(-1, kv_dim)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    out = torch.empty(x2.shape[0], row_bytes, dtype=torch.uint8, device=x.device)
+    scatter = out is not None
+    if scatter:
+        if out_rows is None or out_rows.numel() != x2.shape[0]:
+            raise ValueError("out needs out_rows, one destination row per row of x")
+        if out.dtype != torch.uint8 or out.dim() != 2 or out.shape[1] != row_bytes:
+            raise ValueError(f"out must be (M, {row_bytes}) uint8, got {tuple(out.shape)}")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+        dst = out_rows.reshape(-1)
+        if dst.stride(0) != 1:
+            dst = dst.contiguous()
+    else:
+        out = torch.empty(x2.shape[0], row_bytes, dtype=torch.uint8, device=x.device)
+        dst = out  # not read
     if x2.shape[0]:
         _encode_fp8_kernel[(x2.shape[0],)](
             x2,
             out,
+            dst,
             x2.stride(0),
+            SCATTER=scatter,
             RB=row_bytes,
             NOPE=nope,
             NB=nb,
@@ -260,7 +291,7 @@ def encode_fp8_rows(x: torch.Tensor, kv_dim: int, rope_dim: int, row_bytes: int)
             ROPE=rope_dim,
             ROPE_P=triton.next_power_of_2(max(rope_dim, 1)),
         )
-    return out.view(*lead, row_bytes)
+    return out if scatter else out.view(*lead, row_bytes)
 
 
 def blend_index_query(

@@ -4,7 +4,8 @@ A backend owns the device storage of request histories for one engine. Per decod
 runner calls, in order:
 
     begin_step(slots, positions)        # which requests run, at which query positions (B, Q)
-    write_kv / write_index              # the new rows of the step (once per writing layer)
+    write_kv / write_index              # the new rows of the step (once per writing layer;
+                                        # kv_write_target: the model encodes them in place)
     index_scores(source, iq)            # indexer scores of the visible history (keys on device)
     locate(layer, selections, q0, ...)  # -> resolve(...) -> device locations (gather: the rows)
     end_step()                          # counters, backups that became possible
@@ -388,6 +389,11 @@ class KVBackend(ABC):
 
     @abstractmethod
     def write_kv(self, source: int, rows: torch.Tensor) -> None: ...
+
+    def kv_write_target(self, source: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where the step's new rows of ``source`` go (KVContext.kv_write_target); None: the
+        backend takes them through ``write_kv``."""
+        return None
 
     @abstractmethod
     def resolve(self, layer: LayerSpec, selections: torch.Tensor, q0: int) -> torch.Tensor:

@@ -395,6 +395,11 @@ class HiSparseBackend(KVBackend):
         st["counters"], st["overflow"] = [], []
         st["stamps"] = self.stamp_dev + self._steps_ar
 
+    def kv_write_target(self, source):
+        if self.verify:  # the shadow copy needs the rows (write_kv)
+            return None
+        return self.kv_pool[source], self._step["write_loc"].reshape(-1)
+
     def write_kv(self, source, rows):
         self.kv_pool[source][self._step["write_loc"].reshape(-1)] = rows.reshape(-1, rows.shape[-1])
         if self.verify:

@@ -74,6 +74,9 @@ class ResidentBackend(KVBackend):
     def _prepare_step(self):
         self._step["write_loc"] = self._step["index_write_loc"]
 
+    def kv_write_target(self, source):
+        return self.kv_pool[source], self._step["write_loc"].reshape(-1)
+
     def write_kv(self, source, rows):
         self.kv_pool[source][self._step["write_loc"].reshape(-1)] = rows.reshape(-1, rows.shape[-1])
 

@@ -30,6 +30,11 @@ class KVContext(Protocol):
     def write_kv(self, source: int, rows: torch.Tensor) -> None:
         """rows: (B, Q, row_bytes) uint8, the new rows of the Q query positions."""
 
+    def kv_write_target(self, source: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(buffer (M, row_bytes) uint8, rows (B * Q,)): where this step's new rows of
+        ``source`` go, for a model that encodes them in place; None when the context must see
+        the rows themselves (``write_kv``)."""
+
     def write_index(self, source: int, keys: torch.Tensor) -> None:
         """keys: (B, Q, di), index keys of the Q query positions."""
 
@@ -156,6 +161,19 @@ class SparseModel(torch.nn.Module):
             return encode_fp8_rows(kv, cfg.kv_dim, cfg.kv_rope_dim, cfg.row_bytes)
         return encode_rows(kv, cfg)
 
+    def _write_kv(self, ctx: KVContext, source: int, kv: torch.Tensor) -> None:
+        """The step's new rows of ``source``: encoded straight into the context's pool where it
+        says where (one launch), else encoded and handed to ``write_kv``."""
+        cfg = self.cfg
+        target = None
+        if self.fused and cfg.kv_format == "fp8":
+            target = ctx.kv_write_target(source)
+        if target is None:
+            ctx.write_kv(source, self._encode(kv))
+        else:
+            buf, rows = target
+            encode_fp8_rows(kv, cfg.kv_dim, cfg.kv_rope_dim, cfg.row_bytes, buf, rows)
+
     def _mlp(self, p: dict, h: torch.Tensor) -> torch.Tensor:
         if "w13" in p:
             return silu_mul(h @ p["w13"], impl=self.norm_impl) @ p["w2"]
@@ -238,7 +256,7 @@ class SparseModel(torch.nn.Module):
             with nvtx_range(PROJ):  # ranges name kernel families for the profiler (Fig. 10)
                 proj = self._project(spec, p, h)
                 if spec.writes_source:
-                    ctx.write_kv(spec.source, self._encode(proj["wkv"]))
+                    self._write_kv(ctx, spec.source, proj["wkv"])
                 if spec.role == "full":
                     ctx.write_index(spec.source, proj["wik"])
                 q = proj["wq"].reshape(B, Q, H, d)
@@ -296,6 +314,9 @@ class PrefillContext:
             s: torch.zeros(T, cfg.index_dim, dtype=torch.bfloat16, device=device)
             for s in cfg.index_sources
         }
+
+    def kv_write_target(self, source):
+        return None  # the prompt's rows are written whole (write_kv)
 
     def write_kv(self, source, rows):
         self.kv[source] = rows[0]

@@ -74,3 +74,40 @@ def test_fused_attention_kernel_reproduces_golden_tokens(backend, impl):
     assert eng.model.attention_impl == impl and eng.backend.index_impl == "triton"
     outs = run_greedy(eng, GOLDEN["prompts"][:3], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"]["tiny"][:3]
+
+
+@pytest.mark.parametrize("backend", ["resident", "adaptive_hisparse"])
+def test_fp8_rows_encoded_in_place_give_the_write_kv_path_tokens(backend):
+    """The fused path encodes a step's new fp8 rows straight into the backend's pool
+    (``kv_write_target``); forcing the same engine through ``write_kv`` (encode, then scatter)
+    must give the same tokens, and the in-place path must actually have run."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from systems.kernels.fused_ops import _encode_fp8_kernel
+
+    if not isinstance(_encode_fp8_kernel, InterpretedFunction):
+        pytest.skip("triton imported without TRITON_INTERPRET=1 in this process")
+    args = (
+        "model=tiny",
+        "model.kv_format=fp8",
+        "model.kv_dim=160",
+        "model.kv_rope_dim=32",
+        f"system.kv_backend={backend}",
+        "hardware.kv_pool_gib=0.01",
+        "model.attention_impl=triton",
+    )
+    outs = []
+    for in_place in (True, False):
+        eng = make_engine(*args)
+        target = eng.backend.kv_write_target
+        used = []
+
+        def spy(source, target=target, used=used, in_place=in_place):
+            used.append(source)
+            return target(source) if in_place else None
+
+        eng.backend.kv_write_target = spy
+        outs.append(run_greedy(eng, GOLDEN["prompts"][:3], 6))
+        assert used  # the model asked for the target on the fused path
+        eng.backend.check_integrity()
+    assert outs[0] == outs[1]

@@ -82,6 +82,41 @@ def test_e4m3_rounding_on_every_tie_and_the_subnormals():
     assert torch.equal(got, want), (got != want).nonzero()[:8]
 
 
+@pytest.mark.parametrize("kv_dim,rope,rows", [(576, 64, 5), (262, 6, 3), (128, 0, 1)])
+def test_encode_fp8_rows_in_place_writes_each_row_at_its_pool_row(kv_dim, rope, rows):
+    cfg = _fp8_cfg(kv_dim, rope)
+    g = torch.Generator().manual_seed(kv_dim * 7 + rows)
+    # a column slice of a wider projection output, as the model passes it
+    x = (torch.randn(2, rows, kv_dim + 40, generator=g) * 3)[..., 20 : 20 + kv_dim]
+    pool = torch.randint(0, 256, (4 * rows + 3, cfg.row_bytes), generator=g, dtype=torch.uint8)
+    before = pool.clone()
+    dst = torch.randperm(pool.shape[0], generator=g)[: 2 * rows]  # distinct rows, any order
+    got = fo.encode_fp8_rows(x, kv_dim, rope, cfg.row_bytes, pool, dst)
+    assert got is pool
+    assert torch.equal(pool[dst], encode_rows(x, cfg).reshape(-1, cfg.row_bytes))
+    others = torch.ones(pool.shape[0], dtype=torch.bool)
+    others[dst] = False
+    assert torch.equal(pool[others], before[others])  # nothing else is written
+
+
+def test_encode_fp8_rows_in_place_refuses_bad_targets():
+    x = torch.randn(3, 128)
+    rb = _fp8_cfg(128, 0).row_bytes
+    pool = torch.zeros(8, rb, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="one destination row per row"):
+        fo.encode_fp8_rows(x, 128, 0, rb, pool, torch.arange(2))
+    with pytest.raises(ValueError, match="one destination row per row"):
+        fo.encode_fp8_rows(x, 128, 0, rb, pool)
+    with pytest.raises(ValueError, match="uint8"):
+        fo.encode_fp8_rows(
+            x, 128, 0, rb, torch.zeros(8, rb + 1, dtype=torch.uint8), torch.arange(3)
+        )
+    with pytest.raises(ValueError, match="contiguous"):
+        fo.encode_fp8_rows(
+            x, 128, 0, rb, torch.zeros(rb, 8, dtype=torch.uint8).t(), torch.arange(3)
+        )
+
+
 def test_encode_fp8_rows_refuses_a_non_fp8_layout():
     with pytest.raises(ValueError, match="multiple of 128"):
         fo.encode_fp8_rows(torch.randn(2, 100), 100, 0, 100)
