@@ -297,9 +297,11 @@ class Engine:
         admitted = self.scheduler.admit(on_error=self._fail_admission)
         if not admitted and not self.scheduler.running and self._inflight is None:
             admitted = self.scheduler.arrivals(wait=True)  # nothing to decode meanwhile
+        failed = self._decoder_admit(admitted)
         for req, entry in admitted:
             try:
-                self.decoder.on_admit(req, entry)
+                if id(req) in failed:
+                    raise failed[id(req)]
                 self._emit_first_token(req, entry)
             except Exception as e:  # this request's handoff failed: release it, fail it alone
                 if req.status == ReqStatus.RUNNING:
@@ -462,6 +464,26 @@ class Engine:
         out = self.model(tokens, positions, be)
         be.end_step()
         return out
+
+    def _decoder_admit(self, admitted) -> dict[int, Exception]:
+        """The decoder's set-up of the arrivals (a drafter fills its ring) in one call. When it
+        fails, one call per request, so that only a request that fails on its own is failed:
+        returns id(request) -> its error."""
+        if not admitted:
+            return {}
+        try:
+            self.decoder.on_admit(admitted)
+            return {}
+        except Exception as e:
+            if len(admitted) == 1:
+                return {id(admitted[0][0]): e}
+        failed = {}
+        for item in admitted:
+            try:
+                self.decoder.on_admit([item])
+            except Exception as e:
+                failed[id(item[0])] = e
+        return failed
 
     def _temperatures(self, reqs: list[Request]) -> torch.Tensor:
         return to_device([r.params.temperature for r in reqs], self.device, torch.float32)

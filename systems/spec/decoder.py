@@ -104,7 +104,7 @@ class PlainDecoder:
     def __init__(self, engine):
         self.e = engine
 
-    def on_admit(self, req, entry) -> None:
+    def on_admit(self, arrivals) -> None:
         pass
 
     def launch(self, batch, prev: InflightStep | None) -> InflightStep:
@@ -190,20 +190,34 @@ class SpeculativeDecoder:
         }
 
     # ------------------------------------------------------------------ admission
-    def on_admit(self, req, entry) -> None:
-        """Fill the drafter's ring with the last W prompt positions and their target features."""
-        hid = entry.tail_hidden  # (L, D): hidden of the last L prompt positions
-        L = hid.shape[0]
-        T = req.num_prompt_tokens
+    def on_admit(self, arrivals) -> None:
+        """Fill the drafter's ring with the last W prompt positions of each arrival, (request,
+        prefill entry), and their target features: one catch-up for all of them (a catch-up is
+        ~1 ms of eager host work, and a wave of handoffs joins in the same step). Shorter tails
+        are padded at the end and masked; padded positions are never written."""
         dev = self.e.device
-        toks = to_device([req.prompt_ids[T - L :]], dev)
-        pos = torch.arange(T - L, T, device=dev).unsqueeze(0)
+        tails = [(req, entry.tail_hidden) for req, entry in arrivals]  # (L, D) each
+        Lm = max(h.shape[0] for _, h in tails)
+        toks, starts = [], []
+        for req, h in tails:
+            T, L = req.num_prompt_tokens, h.shape[0]
+            toks.append(req.prompt_ids[T - L :] + [0] * (Lm - L))
+            starts.append(T - L)
+        meta = to_device(
+            [*(r.slot for r, _ in tails), *starts, *(h.shape[0] for _, h in tails)], dev
+        )
+        n = len(tails)
+        slots, start, length = meta[:n], meta[n : 2 * n], meta[2 * n :]
+        ar = torch.arange(Lm, device=dev)
+        hid = torch.stack(
+            [torch.nn.functional.pad(h, (0, 0, 0, Lm - h.shape[0])) for _, h in tails]
+        )
         self.drafter.catch_up(
-            to_device([req.slot], dev),
-            toks,
-            pos,
-            hid.unsqueeze(0),
-            torch.ones_like(toks, dtype=torch.bool),
+            slots,
+            to_device(toks, dev),
+            start.unsqueeze(1) + ar,
+            hid,
+            ar < length.unsqueeze(1),
         )
 
     # ------------------------------------------------------------------ drafter graphs

@@ -202,10 +202,10 @@ def test_failed_drafter_setup_fails_only_that_request():
     eng = make_engine(*SPEC)
     orig = eng.decoder.on_admit
 
-    def on_admit(req, entry):
-        if req.num_prompt_tokens == len(POISON):
+    def on_admit(arrivals):
+        if any(req.num_prompt_tokens == len(POISON) for req, _ in arrivals):
             raise InjectedFault("injected fault: draft ring fill failed")
-        return orig(req, entry)
+        return orig(arrivals)
 
     eng.decoder.on_admit = on_admit
     reqs = _reqs(eng, prompts)

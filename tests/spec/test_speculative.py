@@ -377,3 +377,30 @@ def test_phase_timer_splits_each_round_into_its_phases():
     last = sum(v[-1] for v in ms.values())
     assert 0 < last <= wall_ms
     assert ms["verify"][-1] > 0 and ms["propose"][-1] > 0
+
+
+def test_arrivals_fill_the_draft_ring_in_one_catch_up_as_one_by_one():
+    """A wave of handoffs sets up the drafter in one catch-up (tails of different lengths,
+    padded and masked): the ring holds what one catch-up per request writes, and nothing at the
+    padded positions."""
+    import types
+
+    prompts = [GOLDEN["prompts"][i] for i in range(3)]
+    prompts.append(list(range(2, 90)))  # longer than the window: its last 64 positions
+    rings = []
+    for batched in (True, False):
+        eng = _spec_engine("resident_dflash2", "tiny", 4, False)
+        arrivals = []
+        for slot, p in enumerate(prompts):
+            entry, _ = eng.prefixes.get(p)
+            req = types.SimpleNamespace(slot=slot, prompt_ids=p, num_prompt_tokens=len(p))
+            arrivals.append((req, entry))
+        if batched:
+            eng.decoder.on_admit(arrivals)
+        else:
+            for a in arrivals:
+                eng.decoder.on_admit([a])
+        rings.append(eng.decoder.drafter.ring.kv.clone())
+    assert {len(e.tail_hidden) for _, e in arrivals} == {len(p) for p in prompts[:3]} | {64}
+    torch.testing.assert_close(rings[0], rings[1], rtol=1e-5, atol=1e-6)
+    assert rings[0].abs().sum() > 0
