@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from profiling.ranges import BOOKKEEPING, POPULATE, nvtx_range
+from profiling.ranges import BACKUP, BOOKKEEPING, POPULATE, nvtx_range
 from systems.host_sync import to_device
+from systems.kernels.backup import backup_rows
 from systems.kv.base import MemoryReport, PrefixKV
 from systems.kv.hisparse import HiSparseBackend, HiSparseOptions
 from systems.kv.registry import register
@@ -193,21 +194,40 @@ class AdaptiveBackend(HiSparseBackend):
         self._backup(slot, keep * G, prefix.num_tokens, prefix.kv[:, keep * G :])
 
     def _reclaim(self, slot: int) -> None:
-        """Back up the request's unbacked optional pages, then retire all of them."""
+        """Back up the request's unbacked optional pages, then retire all of them.
+
+        The backups of every unbacked page go in one kernel launch (systems/kernels/backup.py),
+        as the commit's tail backups do: a copy per page and source was ~20,000 copies for one
+        50K-token request, tens of milliseconds of launches on the decode stream. Nothing is
+        marked backed or retired until the launch is queued, so a failure leaves every page as
+        it was."""
         r = self.res[slot]
         G = self.G
-        for j, pg in enumerate(r.page):
-            if pg < 0:
-                continue
-            r.pending.pop(j, None)  # a page still being populated already has a host copy
-            if not r.backed[j]:
-                self._backup(slot, j * G, (j + 1) * G, self.kv_pool[:, pg * G : (pg + 1) * G])
+        owned = [j for j, pg in enumerate(r.page) if pg >= 0]
+        unbacked = [j for j in owned if not r.backed[j]]
+        if unbacked:
+            dev_rows: list[int] = []
+            host_rows: list[int] = []
+            for j in unbacked:
+                base = r.page[j] * G - j * G  # pool row of position p: base + p
+                for a, b, h in self._host_segments(slot, j * G, (j + 1) * G):
+                    dev_rows.extend(range(base + a, base + b))
+                    host_rows.extend(range(h, h + b - a))
+            with nvtx_range(BACKUP):
+                meta = to_device([*dev_rows, *host_rows], self.device)
+                N = len(dev_rows)
+                backup_rows(self.kv_pool, self.host_pool, meta[:N], meta[N:], self.backup_impl)
+            self.backup_rows += N
+            for j in unbacked:
                 r.backed[j] = True
-            # page by page: a backup that fails part-way leaves every page consistent
-            self.direct_table[slot, j] = -1
+        if not owned:
+            return
+        self.direct_table[slot] = -1  # every published page of the slot retires
+        self.payload_pages.free([r.page[j] for j in owned])
+        for j in owned:
+            r.pending.pop(j, None)  # a page still being populated already has a host copy
             r.page[j], r.ready[j] = -1, False
-            self.payload_pages.free([pg])
-            self.stats_adaptive["reclaimed_pages_total"] += 1
+        self.stats_adaptive["reclaimed_pages_total"] += len(owned)
 
     def release(self, slot: int) -> None:
         if slot not in self.active_slots:
