@@ -211,7 +211,12 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     return {
-        **({"handoff_admit_host_profile": admit_profile} if admit_profile else {}),
+        # with --host-profile the admitting step was timed under cProfile (slower)
+        **(
+            {"handoff_admit_host_profile": admit_profile, "handoff_admit_profiled": True}
+            if admit_profile
+            else {}
+        ),
         "handoff_admit_step_ms": admit_ms,
         "handoff_step_ms": statistics.median(times) * 1e3 if times else None,
         "handoff_steps": len(times),

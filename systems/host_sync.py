@@ -69,20 +69,29 @@ def to_device(values, device, dtype=None):
     return t
 
 
+# (pinned host tensor, event) of readbacks whose kernel may still be storing: held here so the
+# caching host allocator cannot hand the memory out again before the kernel is done, even when
+# the reader drops its step unread (a failed round). The allocator only tracks uses by copies.
+_pending_readbacks: list = []
+
+
 def start_readback(t):
     """Queue ``t``'s copy to the host without waiting: returns (host tensor, CUDA event recorded
     after the copy, or None on CPU where the copy is already done). On a GPU the copy is a kernel
     storing into pinned memory (systems/kernels/readback.py): an asynchronous memcpy would queue
-    behind a handoff's history backup on the device-to-host copy engine."""
+    behind a handoff's history backup on the device-to-host copy engine. Without Triton it is
+    that memcpy."""
     import torch
 
     if t.device.type != "cuda":
         return t.clone(), None
-    from systems.kernels.readback import readback
+    from systems.kernels.readback import readback, readback_available
 
     src = t.contiguous()
     host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-    readback(src.view(-1), host.view(-1))
+    readback(src.view(-1), host.view(-1), impl="triton" if readback_available() else "reference")
     done = torch.cuda.Event()
     done.record()
+    _pending_readbacks[:] = [(h, e) for h, e in _pending_readbacks if not e.query()]
+    _pending_readbacks.append((host, done))
     return host, done

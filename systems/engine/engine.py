@@ -477,6 +477,7 @@ class Engine:
         except Exception as e:
             if len(admitted) == 1:
                 return {id(admitted[0][0]): e}
+            log.warning("decoder set-up of %d arrivals failed (%r): one by one", len(admitted), e)
         failed = {}
         for item in admitted:
             try:

@@ -28,9 +28,9 @@ class PrefillEntry:
 
 
 class _PromptKey:
-    """A prompt as a dict key, hashed once: hashing a 16K-token tuple takes ~0.1 ms, and a
-    lookup that finds the entry and moves it to the end hashed it three times, on the decode
-    thread at every admission."""
+    """A prompt as a dict key, hashed once: hashing a 16K-token tuple takes ~0.1 ms, and an
+    admission's lookup (find the entry, move it to the end) hashes its key more than once, on
+    the decode thread."""
 
     __slots__ = ("ids", "h")
 

@@ -179,7 +179,8 @@ if _HAVE_TRITON:
         x = x.to(tl.float32)
         w = tl.load(w_ptr + cols, mask=m, other=0.0)
         # IEEE sqrt and division (Triton's defaults lower to the approximate ones on NVIDIA), and
-        # a clamp that keeps NaN as clamp_min does
+        # a clamp that keeps NaN as clamp_min does; the sum of squares and the blend's fused
+        # multiply-add round in their own order: the reference to float32 rounding, per row
         n = tl.maximum(tl.sqrt_rn(tl.sum(x * x, 0)), 1e-6, propagate_nan=tl.PropagateNan.ALL)
         tl.store(out_ptr + row * DI + cols, a * tl.math.div_rn(x, n) + b * w, mask=m)
 

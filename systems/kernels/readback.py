@@ -9,10 +9,12 @@ into pinned memory (through its UVA address) travel over PCIe beside the bulk co
 behind them, ordered on the step's stream like any kernel.
 
 Contract
-    src     int64 [N]   device tensor, contiguous
-    dst     int64 [N]   pinned (page-locked) host tensor: a kernel can store to its address
+    src     [N]   device tensor, contiguous (any dtype; the step's are int64)
+    dst     [N]   pinned (page-locked) host tensor of src's dtype: a kernel can store to its
+                  address. The caching host allocator does not see a kernel's use of its memory:
+                  the caller keeps dst alive until the kernel is done (host_sync.start_readback)
     effect  dst[:] = src, once the stream reaches the launch
-Bytes: 8N read from HBM, 8N written over PCIe (a few hundred bytes per step).
+Bytes: N x itemsize read from HBM and written over PCIe (a few hundred bytes per step).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ if _HAVE_TRITON:
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < N
         tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=m), mask=m)
+
+
+def readback_available() -> bool:
+    return _HAVE_TRITON
 
 
 def readback_reference(src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -33,7 +33,8 @@ class KVContext(Protocol):
     def kv_write_target(self, source: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(buffer (M, row_bytes) uint8, rows (B * Q,)): where this step's new rows of
         ``source`` go, for a model that encodes them in place; None when the context must see
-        the rows themselves (``write_kv``)."""
+        the rows themselves (``write_kv``). Every row must be a valid row of the buffer: the
+        kernel writing there does not check (an indexed write would have raised)."""
 
     def write_index(self, source: int, keys: torch.Tensor) -> None:
         """keys: (B, Q, di), index keys of the Q query positions."""

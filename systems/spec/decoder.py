@@ -194,7 +194,12 @@ class SpeculativeDecoder:
         """Fill the drafter's ring with the last W prompt positions of each arrival, (request,
         prefill entry), and their target features: one catch-up for all of them (a catch-up is
         ~1 ms of eager host work, and a wave of handoffs joins in the same step). Shorter tails
-        are padded at the end and masked; padded positions are never written."""
+        are padded at the end and masked; padded positions are never written. The ring's values
+        match one catch-up per request to float rounding, not bit for bit (a batched GEMM sums
+        in its own order), as the drafter's batched proposals already do: greedy exact output
+        never depends on them; calibrated and sampled drafts may follow the arrival grouping."""
+        if not arrivals:
+            return
         dev = self.e.device
         tails = [(req, entry.tail_hidden) for req, entry in arrivals]  # (L, D) each
         Lm = max(h.shape[0] for _, h in tails)
