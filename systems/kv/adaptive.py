@@ -286,8 +286,8 @@ class AdaptiveBackend(HiSparseBackend):
         with nvtx_range(BOOKKEEPING):
             self._publish()
 
-    def _direct_table(self):
-        return self.direct_table[self._step["slots"].long()] if self.optional_on else None
+    def _direct_pages(self):
+        return self.direct_table if self.optional_on else None
 
     def end_step(self) -> None:
         super().end_step()

@@ -347,11 +347,15 @@ class KVBackend(ABC):
         if max_len is None:
             max_len = int(positions.max().item()) + 1 if positions.numel() else 0
         self._step = {"slots": slots, "positions": positions, "L": max_len}
-        self._step["index_write_loc"] = self._token_locs(self.req_to_index_page, slots, positions)
         self._prepare_step()
 
     def _prepare_step(self) -> None:
-        """Hook: backend-specific per-step preparation (write locations, tails); device-only."""
+        """Hook: the step's tables (write locations, tails), device-only. Here: where each
+        query's index key goes; a backend adds its own, or computes them all at once."""
+        st = self._step
+        st["index_write_loc"] = self._token_locs(
+            self.req_to_index_page, st["slots"], st["positions"]
+        )
 
     def finish_forward(self) -> None:
         """Hook, the device-side end of a step (joins side streams); part of a captured graph.

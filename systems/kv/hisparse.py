@@ -42,6 +42,7 @@ from systems.kernels.resolver import (
     ResolverWorkspace,
     resolve,
 )
+from systems.kernels.step_tables import step_tables
 from systems.kv.base import GiB, KVBackend, KVOptions, MemoryReport, PagePool, PrefixKV
 from systems.kv.host_memory import host_empty
 from systems.kv.registry import register
@@ -364,32 +365,31 @@ class HiSparseBackend(KVBackend):
         Q = pos.shape[1]
         if Q > self.q_max:
             raise ValueError(f"{Q} queries per step exceed kv.max_queries_per_step={self.q_max}")
-        dev = self.device
-        sl = st["slots"].long()
-        ts = self.tail_start_dev[sl]
-        page = self.slot_page[sl].long()
-        ar = torch.arange(self.T, device=dev)
-        # tail ring: position tail_start + j lives at page*G + B + (tail_start + j) % T
-        st["tail_start"] = ts
-        st["tail_loc"] = (
-            page.unsqueeze(1) * self.G + self.B + (ts.long().unsqueeze(1) + ar) % self.T
-        ).to(torch.int32)
-        st["write_loc"] = page.unsqueeze(1) * self.G + self.B + pos.long() % self.T
-        st["host_pt"] = self.host_page_table[st["slots"].long()]
+        # every table of the step in one launch (systems/kernels/step_tables.py): tail ring
+        # (position tail_start + j lives at page*G + B + (tail_start + j) % T), write rows, and
+        # every source's tables at once, so a resolver call takes a view
+        st.update(
+            step_tables(
+                st["slots"],
+                pos,
+                self.req_to_index_page,
+                self.P,
+                self.tail_start_dev,
+                self.slot_page,
+                self.host_page_table,
+                self._direct_pages(),
+                S=self.S,
+                NG=self.NG,
+                G=self.G,
+                hot=self.B,
+                T=self.T,
+                impl=self.index_impl,
+            )
+        )
         st["prefetched"] = {}
-        # every source's tables in one kernel each per step: a resolver call then takes a view
-        # (one offset kernel per call and table was ~80 launches of a glm53_mini step)
-        off = self.src_row0  # (S, 1)
-        st["hot_base"] = (page.unsqueeze(0) * self.G + off).to(torch.int32)  # (S, R)
-        st["tail_loc"] = st["tail_loc"].unsqueeze(0) + off.unsqueeze(2).to(torch.int32)
-        direct = self._direct_table()
-        if direct is not None:  # ready optional pages, as pages of each source's region
-            direct = torch.where(direct >= 0, direct + (off // self.G).unsqueeze(2), -1)
-            direct = direct.to(torch.int32)
-        st["direct"] = direct
         if Q > 1 and self.stage_rows:  # verification: each staging arena's rows per request
-            arenas = torch.arange(self.chi, device=dev).unsqueeze(1) * self.stage_rows
-            per_req = sl * (self.q_max * self.mcfg.index_topk)
+            arenas = torch.arange(self.chi, device=self.device).unsqueeze(1) * self.stage_rows
+            per_req = st["slots"].long() * (self.q_max * self.mcfg.index_topk)
             st["staging"] = (self.stage0 + arenas + per_req.unsqueeze(0)).to(torch.int32)
         # each call's counters and overflow, summed once when the forward ends
         st["counters"], st["overflow"] = [], []
@@ -410,8 +410,9 @@ class HiSparseBackend(KVBackend):
     def kv_buffer(self, source):
         return self.kv_flat
 
-    def _direct_table(self) -> torch.Tensor | None:
-        """Hook for the adaptive backend: ready optional history pages, or None."""
+    def _direct_pages(self) -> torch.Tensor | None:
+        """Hook for the adaptive backend: its slots' ready optional history pages (one row per
+        slot, -1 where not ready), or None."""
         return None
 
     def resolve(self, layer, selections, q0):

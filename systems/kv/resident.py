@@ -72,6 +72,7 @@ class ResidentBackend(KVBackend):
 
     # ------------------------------------------------------------------ step
     def _prepare_step(self):
+        super()._prepare_step()
         self._step["write_loc"] = self._step["index_write_loc"]
 
     def kv_write_target(self, source):
