@@ -117,11 +117,14 @@ if _HAVE_TRITON:
         if FP8:
             raw = tl.load(kv_u8 + row[:, None] * row_bytes + jn[None, :], mask=nmask, other=0)
             xn = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            sc = tl.load(
-                kv_f32 + row[:, None] * (row_bytes // 4) + NOPE // 4 + jn[None, :] // 128,
-                mask=nmask,
-                other=0.0,
-            )
+            # each row's NOPE / 128 scales, loaded once per row and spread over their blocks
+            # by selects (a gather of the scale per value issued 128 times the loads)
+            sc = tl.zeros(xn.shape, dtype=tl.float32)
+            for blk in tl.static_range(NOPE // 128):
+                s_b = tl.load(
+                    kv_f32 + row * (row_bytes // 4) + NOPE // 4 + blk, mask=valid, other=0.0
+                )
+                sc = tl.where(jn[None, :] // 128 == blk, s_b[:, None], sc)
             xn = xn * sc
         else:
             xn = tl.load(
