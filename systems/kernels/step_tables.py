@@ -7,7 +7,9 @@ with the adaptive backend's direct table), each a launch of a few microseconds i
 
 Contract (B requests, Q queries each, S sources; every table indexed by slot)
     slots            int64 [B]        the requests' slots
-    positions        int64 [B, Q]     query positions (a negative one: no row, locations -1)
+    positions        int64 [B, Q]     query positions; the engine passes no negative one (a
+                                      negative one gets index row -1 and a tail row wrapped
+                                      modulo T, as the reference computes them)
     index_pages      int32 [*, PI]    index page id per logical page (page size ``index_page``)
     tail_start       int32 [*]        first position each slot's tail ring holds
     slot_page        int32 [*]        each slot's hot/tail page (rows page*G .. page*G + G - 1)
@@ -131,9 +133,15 @@ def step_tables_triton(
         raise RuntimeError("triton is not installed; use impl='reference'")
     B, Q = positions.shape
     dev = positions.device
-    for name, t in (("index_pages", index_pages), ("host_pages", host_pages)):
-        if t.stride(1) != 1:
+    for name, t in (
+        ("index_pages", index_pages),
+        ("host_pages", host_pages),
+        ("direct_pages", direct_pages),
+    ):
+        if t is not None and t.stride(1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension")
+    if tail_start.stride(0) != 1 or slot_page.stride(0) != 1:
+        raise ValueError("tail_start and slot_page must be contiguous")
     PH = host_pages.shape[1]
     PD = direct_pages.shape[1] if direct_pages is not None else 0
     out = {

@@ -167,8 +167,6 @@ class HiSparseBackend(KVBackend):
             self.stage0 + self.chi * self.stage_rows, rb, dtype=torch.uint8, device=self.device
         )
         self.kv_pool = self.kv_flat[: self.stage0].view(S, self.NG, rb)
-        # the row of kv_flat where each source's region starts, (S, 1)
-        self.src_row0 = (torch.arange(S, device=self.device) * self.NG).unsqueeze(1)
         self.stage_bytes = stage_bytes
         # host store: full history of every admitted request, pinned when a GPU reads it
         self.max_host_pages = math.ceil((self.max_total_tokens + self.q_max) / G)
