@@ -4,7 +4,8 @@
 on a GPU; for attention the all-heads tensor-core kernel (``triton_mma``), which the H200
 measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (docs/design.md).
 Before the first use in a process, the kernels (attention, indexer scores, top-k, the
-layer's fused norm / SiLU product / fp8 row encoding) run on a small
+layer's fused norm / SiLU product / fp8 row encoding, in place too / index query blend, the
+HiSparse step tables) run on a small
 random case and are compared with their PyTorch references; if any raises or disagrees,
 ``auto`` falls back to the references for the whole process with a warning naming why, so a
 kernel that misbehaves on some GPU or Triton build costs speed, never tokens. ``triton`` or
@@ -42,7 +43,12 @@ def check_kernels(device: torch.device) -> tuple[bool, str]:
 
 
 def _run(device: torch.device) -> tuple[bool, str]:
-    from systems.kernels.fused_ops import add_rms_norm, encode_fp8_rows, silu_mul
+    from systems.kernels.fused_ops import (
+        add_rms_norm,
+        blend_index_query,
+        encode_fp8_rows,
+        silu_mul,
+    )
     from systems.kernels.index_scores import index_scores
     from systems.kernels.sparse_attention import sparse_attention
     from systems.kernels.topk import topk_positions
@@ -95,8 +101,42 @@ def _run(device: torch.device) -> tuple[bool, str]:
     if not torch.allclose(a, b, rtol=1e-5, atol=1e-5):
         return False, f"SiLU product differs by {(a - b).abs().max().item():.3g}"
     rows = torch.randn(7, 192, generator=g).to(device) * 4
-    if not torch.equal(encode_fp8_rows(rows, 192, 64, cfg.row_bytes), encode_rows(rows, cfg)):
+    want = encode_rows(rows, cfg)
+    if not torch.equal(encode_fp8_rows(rows, 192, 64, cfg.row_bytes), want):
         return False, "fp8 row encoding differs from the reference"
+    pool = torch.zeros(11, cfg.row_bytes, dtype=torch.uint8, device=device)
+    dst = torch.tensor([9, 0, 4, 10, 2, 7, 5], device=device)
+    encode_fp8_rows(rows, 192, 64, cfg.row_bytes, pool, dst)
+    if not torch.equal(pool[dst], want):
+        return False, "fp8 row encoding in place differs from the reference"
+    w = torch.randn(100, generator=g).to(device)
+    a, b = blend_index_query(x, w, 0.3), blend_index_query(x, w, 0.3, impl="reference")
+    if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
+        return False, f"index query blend differs by {(a - b).abs().max().item():.3g}"
+    return _check_step_tables(device, g)
+
+
+def _check_step_tables(device: torch.device, g: torch.Generator) -> tuple[bool, str]:
+    from systems.kernels.step_tables import step_tables
+
+    def table(*shape, hi):
+        return torch.randint(-1, hi, shape, generator=g, dtype=torch.int32).to(device)
+
+    args = (
+        torch.tensor([3, 0, 5], device=device),
+        torch.randint(0, 40, (3, 2), generator=g).to(device),
+        table(6, 5, hi=30),
+        8,
+        torch.randint(0, 100, (6,), generator=g, dtype=torch.int32).to(device),
+        torch.randint(0, 9, (6,), generator=g, dtype=torch.int32).to(device),
+        table(6, 7, hi=90),
+        table(6, 7, hi=20),
+    )
+    kw = dict(S=3, NG=320, G=32, hot=12, T=10)
+    a, b = step_tables(*args, **kw), step_tables(*args, impl="reference", **kw)
+    for k in b:
+        if not torch.equal(a[k], b[k]):
+            return False, f"step tables ({k}) differ from the reference"
     return True, "ok"
 
 

@@ -79,3 +79,24 @@ print("ok")
 @needs_nvidia_backend
 def test_compiles_for_sm90_without_gpu():
     run_compiled(_AOT)
+
+
+def test_auto_selfcheck_covers_the_step_tables(monkeypatch):
+    """Step tables that differ from the reference send model.attention_impl=auto to the
+    references, with the reason; the real kernel passes (under the interpreter here)."""
+    from systems.kernels import selfcheck
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+    assert selfcheck.check_kernels(cpu) == (True, "ok")
+    real = st.step_tables_triton
+
+    def off_by_one(*a, **k):
+        out = real(*a, **k)
+        out["tail_loc"] = out["tail_loc"] + 1
+        return out
+
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+    monkeypatch.setattr(st, "step_tables_triton", off_by_one)
+    ok, why = selfcheck.check_kernels(cpu)
+    assert not ok and "step tables (tail_loc) differ" in why
