@@ -117,7 +117,6 @@ class PlainDecoder:
         src = [prev.index.get(id(r), -1) if prev is not None else -1 for r in batch]
         pos = [r.seq_len + (i >= 0) for r, i in zip(batch, src)]
         host_tok = [0 if i >= 0 else r.output_ids[-1] for r, i in zip(batch, src)]
-        temps = [r.params.temperature for r in batch]
         # one host->device copy for the step's metadata (pinned, non-blocking)
         slots = [r.slot for r in batch]
         meta = to_device([*pos, *host_tok, *src, *slots], dev, torch.int64)
@@ -127,9 +126,9 @@ class PlainDecoder:
             idx = meta[2 * B : 3 * B]
             tokens = torch.where(idx >= 0, prev.tokens[idx.clamp_min(0)], tokens)
         logits, _ = e.run_target(meta[3 * B :], tokens.unsqueeze(1), positions, max(pos) + 1)
-        sampled = any(x > 0 for x in temps)
-        # read by sample only when sampled; then on the device without waiting for it
-        t = to_device(temps, dev, torch.float32) if sampled else torch.tensor(temps)
+        sampled = any(r.params.temperature > 0 for r in batch)
+        # sample reads the temperatures only when sampling: copy them to the device only then
+        t = e._temperatures(batch) if sampled else torch.zeros(B)
         new = sample(logits[:, -1], t, e.gen, sampled)
         e.backend.commit(slots, [p + 1 for p in pos])
         host, done = start_readback(new.long())
