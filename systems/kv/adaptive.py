@@ -186,7 +186,7 @@ class AdaptiveBackend(HiSparseBackend):
     def _import_rows(self, slot: int, prefix: PrefixKV) -> None:
         G, r = self.G, self.res[slot]
         keep = r.kept
-        if keep:  # one indexed copy for every kept page (a copy per page cost ~6 us of host each)
+        if keep:  # one indexed copy for every kept page: a copy per page costs host time each
             pages = to_device(r.page[:keep], self.device)
             rows = (pages.unsqueeze(1) * G + torch.arange(G, device=self.device)).view(-1)
             self.kv_pool[:, rows] = prefix.kv[:, : keep * G]
@@ -197,8 +197,8 @@ class AdaptiveBackend(HiSparseBackend):
         """Back up the request's unbacked optional pages, then retire all of them.
 
         The backups of every unbacked page go in one kernel launch (systems/kernels/backup.py),
-        as the commit's tail backups do: a copy per page and source was ~20,000 copies for one
-        50K-token request, tens of milliseconds of launches on the decode stream. Nothing is
+        as the commit's tail backups do: a copy per page and source would be ~20,000 copies for
+        one 50K-token request, tens of milliseconds of launches on the decode stream. Nothing is
         marked backed or retired until the launch is queued, so a failure leaves every page as
         it was."""
         r = self.res[slot]
