@@ -11,6 +11,7 @@ k selected rows, L visible history, D hidden, H heads, d kv_dim, di index_dim.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Protocol
 
@@ -24,6 +25,7 @@ from systems.kernels.sparse_attention import sparse_attention
 from systems.kernels.topk import topk_positions
 from systems.models.config import LayerSpec, ModelConfig
 from systems.models.kv_format import decode_rows, encode_rows
+from systems.models.weight_cache import load_or_draw
 
 
 class KVContext(Protocol):
@@ -59,6 +61,13 @@ class KVContext(Protocol):
         """The rows themselves: ``buffer[locations]``, (B, Qc, k, row_bytes) uint8."""
 
 
+def _source(fn) -> str:
+    try:
+        return inspect.getsource(fn)
+    except OSError:  # no source shipped: the bytecode stands for it
+        return repr(fn.__code__.co_code)
+
+
 def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
@@ -80,7 +89,27 @@ class SparseModel(torch.nn.Module):
         # with the concatenated projection weights they come with
         self.fused = self.topk_impl == "triton"
         self.norm_impl = self.topk_impl
-        g = torch.Generator().manual_seed(cfg.seed)  # CPU generator: same weights on every device
+        # drawn once per set of weights when DHS_WEIGHT_CACHE is set (systems/models/weight_cache.py)
+        key = repr((_source(SparseModel._draw_weights), self._weight_fields(), self.dtype))
+        drawn = load_or_draw(key, self._draw_weights, self.device)
+        self.embed, self.lm_head, self.layers = drawn["embed"], drawn["lm_head"], drawn["layers"]
+        if self.fused:
+            for p in self.layers:
+                self._fuse_weights(p)
+        self.scale = 1.0 / math.sqrt(cfg.kv_dim)
+
+    def _weight_fields(self) -> tuple:
+        """What the drawn weights depend on besides the drawing code: the weight cache's key."""
+        c = self.cfg
+        roles = tuple((s.writes_source, s.role, s.selects) for s in self.specs)
+        dims = (c.hidden_size, c.intermediate_size, c.num_heads, c.kv_dim, c.index_dim)
+        return (*dims, c.vocab_size, c.seed, roles)
+
+    def _draw_weights(self) -> dict:
+        """The model's weights from one seeded CPU generator (the same on every device), in
+        a fixed order: {"embed", "lm_head", "layers": [per-layer dict]}."""
+        cfg = self.cfg
+        g = torch.Generator().manual_seed(cfg.seed)
 
         def w(*shape, fan_in=None):
             fan_in = fan_in or shape[0]
@@ -95,9 +124,9 @@ class SparseModel(torch.nn.Module):
             cfg.index_dim,
             cfg.vocab_size,
         )
-        self.embed = torch.randn(V, D, generator=g).to(self.device, self.dtype)
-        self.lm_head = w(D, V)
-        self.layers = []
+        embed = torch.randn(V, D, generator=g).to(self.device, self.dtype)
+        lm_head = w(D, V)
+        layers = []
         for spec in self.specs:
             p = {
                 "wq": w(D, H * d),
@@ -114,10 +143,8 @@ class SparseModel(torch.nn.Module):
                 p["wiq"] = w(D, di)
                 sal = torch.randn(di, generator=g)
                 p["w_sal"] = (sal / sal.norm()).to(self.device, torch.float32)
-            if self.fused:
-                self._fuse_weights(p)
-            self.layers.append(p)
-        self.scale = 1.0 / math.sqrt(d)
+            layers.append(p)
+        return {"embed": embed, "lm_head": lm_head, "layers": layers}
 
     @staticmethod
     def _fuse_weights(p: dict) -> None:

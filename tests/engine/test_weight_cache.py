@@ -1,0 +1,62 @@
+"""The weight cache (systems/models/weight_cache.py): a cached build has the drawn weights."""
+
+import torch
+
+from systems.models import sparse_model
+from systems.models.config import ModelConfig
+from systems.models.sparse_model import SparseModel
+
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=2,
+    kv_dim=16,
+    kv_rope_dim=8,
+    index_dim=8,
+    index_topk=8,
+    vocab_size=40,
+    max_context_len=64,
+)
+
+
+def _weights(m: SparseModel) -> list[torch.Tensor]:
+    out = [m.embed, m.lm_head]
+    for p in m.layers:
+        out += [p[k] for k in sorted(p) if torch.is_tensor(p[k])]
+    return out
+
+
+def _same(a: SparseModel, b: SparseModel) -> bool:
+    wa, wb = _weights(a), _weights(b)
+    return len(wa) == len(wb) and all(torch.equal(x, y) for x, y in zip(wa, wb))
+
+
+def test_cached_build_loads_the_drawn_weights(tmp_path, monkeypatch):
+    cfg = ModelConfig(**SMALL)
+    drawn = SparseModel(cfg)  # cache off: drawn
+    monkeypatch.setenv("DHS_WEIGHT_CACHE", str(tmp_path))
+    first = SparseModel(cfg)  # drawn and saved
+    assert len(list(tmp_path.glob("weights-*.pt"))) == 1
+    assert _same(drawn, first)
+
+    draws = []
+    real = SparseModel._draw_weights
+    monkeypatch.setattr(SparseModel, "_draw_weights", lambda self: draws.append(1) or real(self))
+    monkeypatch.setattr(sparse_model, "_source", lambda fn: sparse_model.inspect.getsource(real))
+    second = SparseModel(cfg)
+    assert draws == [] and _same(drawn, second)
+
+    other = SparseModel(ModelConfig(**{**SMALL, "seed": cfg.seed + 1}))  # other weights: drawn
+    assert draws == [1] and not _same(drawn, other)
+    assert len(list(tmp_path.glob("weights-*.pt"))) == 2
+
+
+def test_unreadable_cache_file_is_drawn_over(tmp_path, monkeypatch):
+    cfg = ModelConfig(**SMALL)
+    drawn = SparseModel(cfg)
+    monkeypatch.setenv("DHS_WEIGHT_CACHE", str(tmp_path))
+    SparseModel(cfg)
+    (path,) = tmp_path.glob("weights-*.pt")
+    path.write_bytes(b"not a checkpoint")
+    assert _same(drawn, SparseModel(cfg))
+    assert not list(tmp_path.glob("*.tmp*"))  # no temporary left behind
