@@ -175,8 +175,10 @@ def _headline_intro(measured: list[dict]) -> list[str]:
         f"magnitude when ours is within ±{MAGNITUDE_TOLERANCE:.0%} of the paper's. Loads: one H200 "
         f"stands for one of the paper's {PAPER_DECODE_GPUS} decode GPUs (paper C128 = ours C32 "
         "on one H200); the load column gives the paper's C and the one our runs used. The GLM "
-        "C128 ratios come from `fig4_protocol`, which follows the mapping; the other runs were "
-        "made before it (ours C128 on one H200 = paper C512 per decode GPU).",
+        "C128 ratios come from `fig4_h200`, which follows the mapping on the GLM-like H200 preset "
+        "derived from the paper (docs/presets.md), or `fig4_protocol` (glm53_mini) where that has "
+        "no runs; the other runs were made before the mapping, on the mini presets (ours C128 on "
+        "one H200 = paper C512 per decode GPU).",
         "",
     ]
 

@@ -424,7 +424,7 @@ def quantity_cell(r: Row, notes: Footnotes) -> str:
     """The row's quantity with its note in parentheses, or with the note as a numbered note where
     both do not fit a cell."""
     q = r.quantity + (f" ({r.note})" if r.note else "")
-    if len(q) > CELL_MAX:
+    if len(q) > CELL_MAX and r.note:  # a long quantity without a note stays as it is
         q = f"{r.quantity} {notes.ref(r.note[0].upper() + r.note[1:])}"
     return q.replace("|", "\\|")  # an absolute value's bars would end the cell
 

@@ -56,7 +56,6 @@ SMOKE = [
     "workload.prefixes=1",
     "+smoke=true",
 ]
-SPEC_SMOKE = ["system.speculation.window=64"]
 
 
 def experiments() -> list[str]:
@@ -177,7 +176,10 @@ def _run_cfg(overrides: list[str], results: str | None):
             )
         cfg.system.kv.hot_cache_rows = int(cfg.b_over_k) * int(cfg.model.index_topk)
     if cfg.system.get("speculation") and "+smoke=true" in overrides:
+        # a smoke run's pool holds a small drafter: a short window and the default width,
+        # whatever drafter the experiment sizes for its preset (reproduce.speculation.draft_dim)
         cfg.system.speculation.window = 64
+        cfg.system.speculation.draft_dim = 64
     rep = cfg.get("reproduce")
     if rep is not None and "skip_points" in rep:
         # read by skipped_points and dropped here: which points the plan leaves out is no part
