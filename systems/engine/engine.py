@@ -207,6 +207,9 @@ class Engine:
             "capture_step_seconds_total": 0.0,
             "capture_steps_total": 0,
         }
+        # admission's phases on the engine's side (the scheduler keeps its own): the decoder's
+        # set-up of arrivals and their first tokens (/metrics: dhs_admit_phase_seconds_total)
+        self._admit_phases = {"decoder": 0.0, "first_token": 0.0}
         self.error: BaseException | None = None
         self._gpu_time = DecodeGpuTime(self.device)
         # the decoder says whether it can launch a step before the previous one is read back
@@ -297,7 +300,9 @@ class Engine:
         admitted = self.scheduler.admit(on_error=self._fail_admission)
         if not admitted and not self.scheduler.running and self._inflight is None:
             admitted = self.scheduler.arrivals(wait=True)  # nothing to decode meanwhile
+        t_decoder = time.perf_counter()
         failed = self._decoder_admit(admitted)
+        t_first = time.perf_counter()
         for req, entry in admitted:
             try:
                 if id(req) in failed:
@@ -312,6 +317,8 @@ class Engine:
         if admitted:
             self.stats["admit_seconds_total"] += t0 - t_admit
             self.stats["handoffs_total"] += len(admitted)
+            self._admit_phases["decoder"] += t_first - t_decoder  # a drafter's set-up
+            self._admit_phases["first_token"] += t0 - t_first
         # requests that finished while their slot was in flight wait for their release here
         batch = [r for r in self.scheduler.running.values() if r.finish_reason is None]
         prev = self._inflight
@@ -707,6 +714,8 @@ class Engine:
             m[f"dhs_{k}"] = v
         for reason, n in self.scheduler.wait_reason_counts.items():
             m[f'dhs_admission_wait_events_total{{reason="{reason}"}}'] = n
+        for phase, sec in {**self.scheduler.admit_phase_seconds, **self._admit_phases}.items():
+            m[f'dhs_admit_phase_seconds_total{{phase="{phase}"}}'] = sec
         m["dhs_admission_blocked"] = 1.0 if self.scheduler.wait_reason else 0.0
         if self._gpu_time.on and self.stats["decode_seconds_total"] > 0:
             # share of the decode wall time the GPU spent inside steps (1 - host gaps)

@@ -56,6 +56,13 @@ class Scheduler:
         self.arriving: dict[int, tuple[Request, object]] = {}
         self.wait_reason = ""
         self.wait_reason_counts: dict[str, int] = {}
+        # host seconds of admission by phase (/metrics: dhs_admit_phase_seconds_total): which
+        # part of a handoff holds up the engine thread. prefix: the prefill store's lookup (and
+        # the prefill itself when the prompt is new); can_admit; handoff: reserve + queueing the
+        # history's copies; arrivals: checking (or waiting for) copies that completed
+        self.admit_phase_seconds = dict.fromkeys(
+            ("prefix", "can_admit", "handoff", "arrivals"), 0.0
+        )
 
     def admit(
         self, on_error: Callable[[Request, Exception], None] | None = None
@@ -73,13 +80,18 @@ class Scheduler:
             req = self.waiting[0]
             held = None
             try:
+                t0 = time.perf_counter()
                 entry, computed = self.prefixes.get(req.prompt_ids)
                 if req.prefill_done_ts is None:
                     req.prefill_s = entry.prefill_s if computed else 0.0
                     req.prefill_done_ts = time.time()
+                t1 = time.perf_counter()
                 ok, reason = self.backend.can_admit(
                     req.num_prompt_tokens, req.params.max_new_tokens
                 )
+                t2 = time.perf_counter()
+                self._add_phase("prefix", t1 - t0)
+                self._add_phase("can_admit", t2 - t1)
                 if not ok:
                     self.wait_reason = reason
                     if req.wait_reason != reason:
@@ -92,6 +104,7 @@ class Scheduler:
                 req.slot = self.backend.admit(
                     entry.prefix, req.params.max_new_tokens, asynchronous=self.async_handoffs
                 )
+                self._add_phase("handoff", time.perf_counter() - t2)
             except Exception as e:
                 if on_error is None:
                     raise
@@ -103,10 +116,20 @@ class Scheduler:
             started += 1
         return self.arrivals()
 
+    def _add_phase(self, phase: str, seconds: float) -> None:
+        self.admit_phase_seconds[phase] += seconds
+
     def arrivals(self, wait: bool = False) -> list[tuple[Request, object]]:
         """Move the requests whose history has arrived into the running batch, in admission
         order (a later handoff never overtakes an earlier one: they share one stream).
         ``wait``: block for the oldest one if none has arrived (nothing else to do)."""
+        t0 = time.perf_counter()
+        try:
+            return self._arrivals(wait)
+        finally:
+            self._add_phase("arrivals", time.perf_counter() - t0)
+
+    def _arrivals(self, wait: bool) -> list[tuple[Request, object]]:
         out = []
         for slot, (req, entry) in list(self.arriving.items()):
             if not self.backend.import_done(slot, wait=wait and not out):
