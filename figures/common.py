@@ -62,7 +62,7 @@ from figures.report import (  # noqa: F401
     pct_change,
     ratio,
 )
-from figures.stats import ratio_stats  # noqa: F401
+from figures.stats import SPREAD_TARGET, ratio_stats, within_call_spread  # noqa: F401
 from harness.results import (  # noqa: F401
     DEFAULT_RESULTS,
     REPO,

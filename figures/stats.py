@@ -93,3 +93,21 @@ def ratio_stats(a: Run | None, b: Run | None, key: str) -> RatioStats | None:
         (len(va), len(vb)),
         per_group,
     )
+
+
+# issue 23's bound on the noise of one point measured within one call
+SPREAD_TARGET = 0.10
+
+
+def within_call_spread(run: Run | None, key: str) -> dict[str, tuple[float, int]]:
+    """{run group: ((max - min) / median of ``key`` over the run's repeats in that group, runs)}
+    for each group that measured the point at least twice: the noise of one config on one
+    machine, which the effects a claim compares must exceed."""
+    if run is None:
+        return {}
+    out = {}
+    for group, d in values_by_run_group({"x": run}, key).items():
+        v = d.get("x") or []
+        if len(v) >= 2 and float(np.median(v)) > 0:
+            out[group] = ((max(v) - min(v)) / float(np.median(v)), len(v))
+    return out

@@ -13,7 +13,7 @@ import pytest
 from figures.claims import DIRECTION, EQ13, GEOMETRY, MAGNITUDE, THRESHOLD, Claim, judge
 from figures.notes import breakdown, paired_ratio_note
 from figures.report import Report
-from figures.stats import RatioStats, bootstrap_ratio, ratio_stats
+from figures.stats import RatioStats, bootstrap_ratio, ratio_stats, within_call_spread
 from harness.load_mapping import (
     decode_gpus,
     load_label,
@@ -146,6 +146,16 @@ def test_ratio_and_paired_note_use_every_run_of_a_group(tmp_path):
     note = paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
     assert "0.85 (g1)" in note and "1.10 (g0)" in note  # newest-only would give 3500/4200 = 0.83
     assert "over all 4 and 4 runs" in note and "90% interval" in note
+
+
+def test_within_call_spread_is_per_run_group(tmp_path):
+    """One config's spread over its repeats, within each run group that measured it twice or
+    more; a group with one run has none."""
+    for i, (out, group) in enumerate([(3800.0, "g1"), (4000.0, "g1"), (4200.0, "g1"), (9.0, "g2")]):
+        _run(tmp_path, f"h{i}", "hisparse", f"2026-01-01T00:0{i}", out, group=group)
+    (run,) = load_runs(tmp_path, "fig4")
+    assert within_call_spread(run, "output_tok_s") == {"g1": (pytest.approx(0.1), 3)}
+    assert within_call_spread(None, "output_tok_s") == {}
 
 
 def _step_metrics(ms_per_step: float, running: int) -> pd.DataFrame:
