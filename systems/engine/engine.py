@@ -42,36 +42,58 @@ log = logging.getLogger("dhs.engine")
 
 
 class DecodeGpuTime:
-    """GPU time of the decode steps, from a pair of CUDA events around each step, read without
-    a sync: a pair is added once its end event has completed (polled at later steps).
+    """The GPU's time inside decode steps, and the GPU timeline they run on, from a pair of CUDA
+    events around each step, read without a sync: a pair is taken once its end event has
+    completed (polled at later steps).
 
-    Why events and not a profiler: they cost two records per step, so every served run reports
-    how much of its decode wall time the GPU spent inside steps (``dhs_decode_gpu_share``); the
-    rest is host time between steps (scheduling, handoffs, output). The span of a step includes
-    any gaps between its kernels, so the share is an upper bound of the kernel-busy share
-    (benchmarks/bench_decode_step.py measures that one from a profiler trace)."""
+    ``seconds``: the steps' spans. ``span_seconds``: the GPU timeline from the start of a busy
+    period's first step to the end of its last; a busy period ends when the engine has nothing
+    to decode (``pause``), so time without requests is not counted. ``seconds / span_seconds``
+    (``dhs_decode_gpu_share``) is the share of the GPU's serving time spent inside steps; the
+    rest is the GPU waiting for the host between steps (scheduling, handoffs, output). It is a
+    share of the GPU's timeline, not of the host's time in steps: under overlap scheduling the
+    GPU runs a step while the host admits or reads back, so GPU time over host step time can
+    exceed 1. A step's span includes any gaps between its kernels, so the share is an upper
+    bound of the kernel-busy share (benchmarks/bench_decode_step.py measures that one from a
+    profiler trace). Why events and not a profiler: two records per step, so every served run
+    reports it."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, event=None):
         self.on = device.type == "cuda"
-        self.pending: collections.deque = collections.deque()
+        self._event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.pending: collections.deque = collections.deque()  # (start, end, continues)
         self.seconds = 0.0
+        self.span_seconds = 0.0
+        self._last_end = None
+        self._continues = False
 
     def start(self):
         if not self.on:
             return None
-        ev = torch.cuda.Event(enable_timing=True)
+        ev = self._event()
         ev.record()
         return ev
 
     def stop(self, start) -> None:
         if start is None:
             return
-        end = torch.cuda.Event(enable_timing=True)
+        end = self._event()
         end.record()
-        self.pending.append((start, end))
+        self.pending.append((start, end, self._continues))
+        self._continues = True
         while self.pending and self.pending[0][1].query():
-            a, b = self.pending.popleft()
-            self.seconds += a.elapsed_time(b) / 1e3
+            a, b, continues = self.pending.popleft()
+            busy = a.elapsed_time(b) / 1e3
+            self.seconds += busy
+            if continues and self._last_end is not None:
+                self.span_seconds += self._last_end.elapsed_time(b) / 1e3  # the gap, then the step
+            else:
+                self.span_seconds += busy
+            self._last_end = b
+
+    def pause(self) -> None:
+        """Nothing to decode: the next step starts a new busy period."""
+        self._continues = False
 
 
 class EngineStopped(RuntimeError):
@@ -203,6 +225,7 @@ class Engine:
             "handoffs_total": 0,
             "decode_seconds_total": 0.0,
             "decode_gpu_seconds_total": 0.0,  # CUDA-event time inside steps (DecodeGpuTime)
+            "decode_gpu_span_seconds_total": 0.0,  # the GPU timeline the steps ran on
             "overlapped_steps_total": 0,  # launched before the previous step was read back
             "capture_step_seconds_total": 0.0,
             "capture_steps_total": 0,
@@ -296,6 +319,8 @@ class Engine:
         """One scheduling round: intake, admission (handoffs), one decode step. Returns whether
         any work was done."""
         self._intake()
+        if not self.scheduler.running and self._inflight is None:
+            self._gpu_time.pause()  # an idle GPU now is no host overhead of serving
         t_admit = time.perf_counter()
         admitted = self.scheduler.admit(on_error=self._fail_admission)
         if not admitted and not self.scheduler.running and self._inflight is None:
@@ -339,6 +364,7 @@ class Engine:
             self._decode(batch)
         self._gpu_time.stop(ev)
         self.stats["decode_gpu_seconds_total"] = self._gpu_time.seconds
+        self.stats["decode_gpu_span_seconds_total"] = self._gpu_time.span_seconds
         dt = time.perf_counter() - t0
         self.stats["last_step_ms"] = dt * 1e3
         self.stats["num_steps"] += bool(batch)  # a round that only read back the last step is none
@@ -717,9 +743,9 @@ class Engine:
         for phase, sec in {**self.scheduler.admit_phase_seconds, **self._admit_phases}.items():
             m[f'dhs_admit_phase_seconds_total{{phase="{phase}"}}'] = sec
         m["dhs_admission_blocked"] = 1.0 if self.scheduler.wait_reason else 0.0
-        if self._gpu_time.on and self.stats["decode_seconds_total"] > 0:
-            # share of the decode wall time the GPU spent inside steps (1 - host gaps)
+        if self._gpu_time.on and self.stats["decode_gpu_span_seconds_total"] > 0:
+            # share of the GPU's serving timeline spent inside steps (1 - host gaps)
             m["dhs_decode_gpu_share"] = (
-                self.stats["decode_gpu_seconds_total"] / self.stats["decode_seconds_total"]
+                self.stats["decode_gpu_seconds_total"] / self.stats["decode_gpu_span_seconds_total"]
             )
         return m

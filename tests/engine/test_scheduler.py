@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from systems.engine.request import Request, SamplingParams
 from systems.engine.scheduler import QueueFull
@@ -168,14 +169,53 @@ def test_decode_gpu_time_is_reported_only_where_events_measure_it():
     assert "dhs_decode_gpu_share" not in m
 
 
+class _Clock:
+    """Stands in for the GPU's clock: events record its current time."""
+
+    t = 0.0
+
+
+class _Event:
+    def record(self):
+        self.t = _Clock.t
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def _step(gpu_time, t0, t1):
+    _Clock.t = t0
+    ev = gpu_time.start()
+    _Clock.t = t1
+    gpu_time.stop(ev)
+
+
+def test_decode_gpu_share_counts_the_gaps_between_steps_not_idle_time():
+    """Steps of one busy period: their spans over the timeline from the first start to the
+    last end; a pause (nothing to decode) starts a new period, its gap uncounted."""
+    from systems.engine.engine import DecodeGpuTime
+
+    g = DecodeGpuTime(torch.device("cuda"), event=_Event)
+    _step(g, 0.0, 1.0)
+    _step(g, 1.5, 2.5)  # 0.5 s of the GPU waiting for the host
+    assert (g.seconds, g.span_seconds) == (2.0, 2.5)
+    g.pause()
+    _step(g, 10.0, 11.0)  # after an idle period: its gap is not the host's overhead
+    assert (g.seconds, g.span_seconds) == (3.0, 3.5)
+    assert DecodeGpuTime(torch.device("cpu")).start() is None
+
+
 @pytest.mark.gpu
-def test_decode_gpu_share_is_a_share_of_the_decode_wall_time():
+def test_decode_gpu_share_is_a_share_of_the_gpu_timeline():
     eng = make_engine("device=cuda")
     for p in golden_prompts()[:3]:
         eng.submit(_req(eng, p, 8))
     eng.run_until_idle()
     m = eng.metrics()
-    assert 0 < m["dhs_decode_gpu_seconds_total"] <= m["dhs_decode_seconds_total"]
+    assert 0 < m["dhs_decode_gpu_seconds_total"] <= m["dhs_decode_gpu_span_seconds_total"]
     assert 0 < m["dhs_decode_gpu_share"] <= 1
 
 
