@@ -1,21 +1,25 @@
-"""Tail backup: committed rows copied from the device payload pool to the pinned host store in
-one launch for the whole batch (HiSparse's commit, when a tail cannot take the next block).
+"""Row copies between the device payload pool and the pinned host store, in one launch.
 
-Contract
-    kv_pool    uint8 [S, NG, rb]   device payload pool (hot caches and tails of every source)
-    host_pool  uint8 [S, NH, rb]   host store: pinned CPU memory on a GPU (written through UVA)
-    dev_rows   int64 [N]           pool rows to copy (the same row index in every source)
-    host_rows  int64 [N]           where each lands in the host store
-    effect     host_pool[s, host_rows[i]] = kv_pool[s, dev_rows[i]] for every s, i
+Contract (either direction)
+    src        uint8 [S, NS, rb]   rows to read: the device payload pool (a backup) or the host
+                                   store (a restore)
+    dst        uint8 [S, ND, rb]   where they land; the host store is pinned CPU memory on a GPU,
+                                   read or written through UVA
+    src_rows   int64 [N]           rows to copy (the same row index in every source)
+    dst_rows   int64 [N]           where each lands
+    effect     dst[s, dst_rows[i]] = src[s, src_rows[i]] for every s, i
 
-Why a kernel: the per-request path issued one asynchronous copy per KV source and run of host
-pages (26 sources x every request whose tail filled: ~400 copies and ~8 ms of a batch-32
-speculative round on the H200), each paying the driver's launch cost for 656 bytes x a few
-rows. The kernel's stores go straight over PCIe into the pinned store, ordered on the stream
-with everything that later reads those rows.
+``backup_rows`` copies device rows to the host store (HiSparse's commit, when a tail cannot take
+the next block; adaptive reclaim); ``restore_rows`` copies host rows into device pages (adaptive
+population). Why a kernel: the per-request path issued one asynchronous copy per KV source and
+run of host pages (26 sources x every request whose tail filled: ~400 copies and ~8 ms of a
+batch-32 speculative round on the H200), each paying the driver's launch cost for 656 bytes x a
+few rows; and a copy of a [S, n, rb] slice across devices is strided, which PyTorch stages
+through contiguous temporaries on both sides. The kernel's loads or stores go straight over
+PCIe, ordered on the stream with everything that later reads those rows.
 
-Bytes moved: N x S x rb read from device memory + the same written over PCIe (8.7 MB for 32
-requests x 16 rows x 26 sources x 656 bytes: ~0.2 ms at 50 GB/s).
+Bytes moved: N x S x rb read on one side and written on the other (8.7 MB for 32 requests x 16
+rows x 26 sources x 656 bytes: ~0.2 ms at 50 GB/s).
 """
 
 from __future__ import annotations
@@ -31,19 +35,19 @@ except Exception:  # pragma: no cover
     _HAVE_TRITON = False
 
 
-def backup_rows_reference(kv_pool, host_pool, dev_rows, host_rows) -> None:
-    rows = kv_pool[:, dev_rows.to(kv_pool.device)]  # (S, N, rb)
-    host_pool[:, host_rows.to(host_pool.device)] = rows.to(host_pool.device)
+def copy_rows_reference(src, dst, src_rows, dst_rows) -> None:
+    rows = src[:, src_rows.to(src.device)]  # (S, N, rb)
+    dst[:, dst_rows.to(dst.device)] = rows.to(dst.device)
 
 
 if _HAVE_TRITON:
 
     @triton.jit
-    def _backup_kernel(
+    def _copy_rows_kernel(
         src_ptr,
         dst_ptr,
-        dev_rows_ptr,
-        host_rows_ptr,
+        src_rows_ptr,
+        dst_rows_ptr,
         src_stride,
         dst_stride,
         W: tl.constexpr,
@@ -52,12 +56,12 @@ if _HAVE_TRITON:
         # one program per (row, source): W words of one row
         i = tl.program_id(0)
         s = tl.program_id(1).to(tl.int64)
-        d = tl.load(dev_rows_ptr + i)
-        h = tl.load(host_rows_ptr + i)
+        a = tl.load(src_rows_ptr + i)
+        b = tl.load(dst_rows_ptr + i)
         ww = tl.arange(0, W_P)
         m = ww < W
-        x = tl.load(src_ptr + s * src_stride + d * W + ww, mask=m)
-        tl.store(dst_ptr + s * dst_stride + h * W + ww, x, mask=m)
+        x = tl.load(src_ptr + s * src_stride + a * W + ww, mask=m)
+        tl.store(dst_ptr + s * dst_stride + b * W + ww, x, mask=m)
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -69,35 +73,46 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def backup_rows_triton(kv_pool, host_pool, dev_rows, host_rows) -> None:
+def copy_rows_triton(src, dst, src_rows, dst_rows) -> None:
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use the reference")
-    if not (kv_pool.is_contiguous() and host_pool.is_contiguous()):
-        raise ValueError("kv_pool and host_pool must be contiguous [S, rows, row_bytes]")
-    if kv_pool.shape[0] != host_pool.shape[0] or kv_pool.shape[2] != host_pool.shape[2]:
-        raise ValueError(f"pools disagree: {tuple(kv_pool.shape)} vs {tuple(host_pool.shape)}")
-    N = dev_rows.numel()
+    if not (src.is_contiguous() and dst.is_contiguous()):
+        raise ValueError("both pools must be contiguous [S, rows, row_bytes]")
+    if src.shape[0] != dst.shape[0] or src.shape[2] != dst.shape[2]:
+        raise ValueError(f"pools disagree: {tuple(src.shape)} vs {tuple(dst.shape)}")
+    N = src_rows.numel()
     if N == 0:
         return
-    src, dst = _words(kv_pool), _words(host_pool)
-    if src.dtype != dst.dtype:
-        src, dst = kv_pool, host_pool
-    W = src.shape[-1]
-    _backup_kernel[(N, kv_pool.shape[0])](
-        src,
-        dst,
-        dev_rows,
-        host_rows,
-        src.stride(0),
-        dst.stride(0),
+    s_words, d_words = _words(src), _words(dst)
+    if s_words.dtype != d_words.dtype:
+        s_words, d_words = src, dst
+    W = s_words.shape[-1]
+    _copy_rows_kernel[(N, src.shape[0])](
+        s_words,
+        d_words,
+        src_rows,
+        dst_rows,
+        s_words.stride(0),
+        d_words.stride(0),
         W=W,
         W_P=triton.next_power_of_2(W),
     )
 
 
-def backup_rows(kv_pool, host_pool, dev_rows, host_rows, impl: str = "reference") -> None:
+def copy_rows(src, dst, src_rows, dst_rows, impl: str = "reference") -> None:
+    """``dst[s, dst_rows[i]] = src[s, src_rows[i]]`` for every source s (see the module)."""
     if impl == "triton":
-        return backup_rows_triton(kv_pool, host_pool, dev_rows, host_rows)
+        return copy_rows_triton(src, dst, src_rows, dst_rows)
     if impl == "reference":
-        return backup_rows_reference(kv_pool, host_pool, dev_rows, host_rows)
-    raise ValueError(f"unknown backup impl {impl!r}")
+        return copy_rows_reference(src, dst, src_rows, dst_rows)
+    raise ValueError(f"unknown row-copy impl {impl!r}")
+
+
+def backup_rows(kv_pool, host_pool, dev_rows, host_rows, impl: str = "reference") -> None:
+    """Device pool rows to the host store."""
+    copy_rows(kv_pool, host_pool, dev_rows, host_rows, impl)
+
+
+def restore_rows(host_pool, kv_pool, host_rows, dev_rows, impl: str = "reference") -> None:
+    """Host store rows into device pool rows."""
+    copy_rows(host_pool, kv_pool, host_rows, dev_rows, impl)

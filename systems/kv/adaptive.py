@@ -32,7 +32,7 @@ import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, POPULATE, nvtx_range
 from systems.host_sync import to_device
-from systems.kernels.backup import backup_rows
+from systems.kernels.backup import backup_rows, restore_rows
 from systems.kv.base import MemoryReport, PrefixKV
 from systems.kv.hisparse import HiSparseBackend, HiSparseOptions
 from systems.kv.registry import register
@@ -240,13 +240,19 @@ class AdaptiveBackend(HiSparseBackend):
 
     # ------------------------------------------------------------------ population
     def _populate(self) -> None:
-        """Bounded round-robin: copy host history into free pages, publish after completion."""
+        """Bounded round-robin: copy host history into free pages, publish after completion.
+        The step's pages are restored in one kernel launch (systems/kernels/backup.py): a
+        [S, G, rb] slice is strided on both sides, and a copy_ across devices stages it through
+        contiguous temporaries, a CPU copy on the engine thread per page."""
         budget = min(self.populate_pages_per_step, self._spare())
         slots = sorted(s for s in self.res if s not in self.importing)  # arrived only
         if budget <= 0 or not slots or not self.optional_on:
             return
         G = self.G
         n = len(slots)
+        taken: list[tuple[_Residency, int]] = []  # (request, prompt page) restored this step
+        host_rows: list[int] = []
+        dev_rows: list[int] = []
         for i in range(n):
             if budget <= 0:
                 break
@@ -260,18 +266,30 @@ class AdaptiveBackend(HiSparseBackend):
                 assert r.backed[j]
                 pg = self.payload_pages.alloc(1)[0]
                 for a, b, h in self._host_segments(s, j * G, (j + 1) * G):
-                    self.kv_pool[:, pg * G + a - j * G : pg * G + b - j * G].copy_(
-                        self.host_pool[:, h : h + b - a], non_blocking=True
-                    )
-                ev = None
-                if self.device.type == "cuda":
-                    ev = torch.cuda.Event()
-                    ev.record()
+                    host_rows.extend(range(h, h + b - a))
+                    dev_rows.extend(range(pg * G + a - j * G, pg * G + b - j * G))
                 r.page[j] = pg
-                r.pending[j] = ev
+                taken.append((r, j))
                 budget -= 1
-                self.stats_adaptive["populated_pages_total"] += 1
         self._rr = (self._rr + 1) % max(1, n)
+        if not taken:
+            return
+        try:
+            meta = to_device([*host_rows, *dev_rows], self.device)
+            N = len(host_rows)
+            restore_rows(self.host_pool, self.kv_pool, meta[:N], meta[N:], self.backup_impl)
+        except BaseException:  # nothing was queued: the pages go back as they were
+            self.payload_pages.free([r.page[j] for r, j in taken])
+            for r, j in taken:
+                r.page[j] = -1
+            raise
+        ev = None
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()
+        for r, j in taken:
+            r.pending[j] = ev
+        self.stats_adaptive["populated_pages_total"] += len(taken)
 
     def _publish(self) -> None:
         for s, r in self.res.items():

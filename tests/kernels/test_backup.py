@@ -1,5 +1,6 @@
-"""Tail backup kernel (TRITON_INTERPRET=1 on CPU) against the reference: every source's row
-lands at its host row, bit for bit, and nothing else in the host store changes."""
+"""Row-copy kernel (TRITON_INTERPRET=1 on CPU) against the reference, both ways (backup to the
+host store, restore into device pages): every source's row lands at its destination row, bit
+for bit, and nothing else in the destination changes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch  # noqa: E402
 from systems.kernels import backup as bk  # noqa: E402
 from tests.kernels.support import interpreted  # noqa: E402
 
-pytestmark = interpreted(bk._backup_kernel)
+pytestmark = interpreted(bk._copy_rows_kernel)
 
 
 @pytest.mark.parametrize(
@@ -26,7 +27,7 @@ def test_kernel_matches_reference(S, NG, NH, rb, N):
     dev_rows = torch.randint(0, NG, (N,), generator=g)
     host_rows = torch.randperm(NH, generator=g)[:N]  # distinct destinations
     want, got = host0.clone(), host0.clone()
-    bk.backup_rows_reference(kv, want, dev_rows, host_rows)
+    bk.copy_rows_reference(kv, want, dev_rows, host_rows)
     bk.backup_rows(kv, got, dev_rows, host_rows, impl="triton")
     assert torch.equal(got, want)
     untouched = torch.ones(NH, dtype=torch.bool)
@@ -47,8 +48,23 @@ def test_no_rows_is_a_no_op_and_bad_shapes_are_refused():
     )
     assert int(host.min()) == 1
     with pytest.raises(ValueError, match="pools disagree"):
-        bk.backup_rows_triton(
+        bk.copy_rows_triton(
             kv, torch.ones(3, 6, 8, dtype=torch.uint8), torch.zeros(1).long(), torch.zeros(1).long()
         )
-    with pytest.raises(ValueError, match="unknown backup impl"):
+    with pytest.raises(ValueError, match="unknown row-copy impl"):
         bk.backup_rows(kv, host, torch.zeros(1).long(), torch.zeros(1).long(), impl="cuda")
+
+
+@pytest.mark.parametrize("S,NG,NH,rb,N", [(1, 5, 7, 4, 1), (3, 41, 53, 656, 9), (2, 9, 30, 6, 5)])
+def test_restore_matches_reference(S, NG, NH, rb, N):
+    """Host store rows into device pages (adaptive population): the same kernel, reversed."""
+    g = torch.Generator().manual_seed(S * 7 + rb)
+    host = torch.randint(0, 256, (S, NH, rb), generator=g, dtype=torch.uint8)
+    kv0 = torch.randint(0, 256, (S, NG, rb), generator=g, dtype=torch.uint8)
+    host_rows = torch.randint(0, NH, (N,), generator=g)
+    dev_rows = torch.randperm(NG, generator=g)[:N]
+    want, got = kv0.clone(), kv0.clone()
+    bk.copy_rows_reference(host, want, host_rows, dev_rows)
+    bk.restore_rows(host, got, host_rows, dev_rows, impl="triton")
+    assert torch.equal(got, want)
+    assert torch.equal(got[:, dev_rows], host[:, host_rows])
