@@ -331,13 +331,18 @@ def protocol_key(name: str, paper_c: int = 128) -> str:
     return f"protocol.{name}_paperC{paper_c}"
 
 
-def protocol_experiment(results) -> tuple[str, list]:
-    """The first of ``PROTOCOL_EXPERIMENTS`` with runs, and its runs."""
+def protocol_experiment(results, paper_c: int = 128) -> tuple[str, list]:
+    """The first of ``PROTOCOL_EXPERIMENTS`` with a run of every compared system at the point
+    (a partial one, e.g. a batch cut short, does not hide a complete one), and its runs."""
+    from harness.load_mapping import ours_concurrency
+
+    c = ours_concurrency(paper_c)
+    systems = {s for row in PROTOCOL_ROWS for s in row[3]}
     for exp in PROTOCOL_EXPERIMENTS:
         runs = C.load_runs(results, exp)
-        if runs:
+        if runs and all(C.pick(runs, s, c) is not None for s in systems):
             return exp, runs
-    return PROTOCOL_EXPERIMENTS[-1], []
+    return PROTOCOL_EXPERIMENTS[-1], C.load_runs(results, PROTOCOL_EXPERIMENTS[-1])
 
 
 def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
@@ -347,7 +352,7 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
     Every protocol experiment's paired ratios are noted, so the presets can be compared."""
     from harness.load_mapping import load_label, ours_concurrency
 
-    exp, runs = protocol_experiment(results)
+    exp, runs = protocol_experiment(results, paper_c)
     c = ours_concurrency(paper_c)
     tr = C.Tracker(runs)
     model = _model_name(runs)
@@ -391,7 +396,7 @@ def _spread_note(runs, c: int) -> str | None:
 
 
 def _model_name(runs) -> str:
-    names = sorted({str(((r.config or {}).get("model") or {}).get("name", "?")) for r in runs})
+    names = sorted({r.model or "?" for r in runs})
     return ", ".join(names) or "no runs"
 
 

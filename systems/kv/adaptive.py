@@ -253,28 +253,28 @@ class AdaptiveBackend(HiSparseBackend):
         taken: list[tuple[_Residency, int]] = []  # (request, prompt page) restored this step
         host_rows: list[int] = []
         dev_rows: list[int] = []
-        for i in range(n):
-            if budget <= 0:
-                break
-            s = slots[(self._rr + i) % n]
-            r = self.res[s]
-            for j in range(r.num_complete):
+        try:
+            for i in range(n):
                 if budget <= 0:
                     break
-                if r.page[j] >= 0:
-                    continue
-                assert r.backed[j]
-                pg = self.payload_pages.alloc(1)[0]
-                for a, b, h in self._host_segments(s, j * G, (j + 1) * G):
-                    host_rows.extend(range(h, h + b - a))
-                    dev_rows.extend(range(pg * G + a - j * G, pg * G + b - j * G))
-                r.page[j] = pg
-                taken.append((r, j))
-                budget -= 1
-        self._rr = (self._rr + 1) % max(1, n)
-        if not taken:
-            return
-        try:
+                s = slots[(self._rr + i) % n]
+                r = self.res[s]
+                for j in range(r.num_complete):
+                    if budget <= 0:
+                        break
+                    if r.page[j] >= 0:
+                        continue
+                    assert r.backed[j]
+                    pg = self.payload_pages.alloc(1)[0]
+                    r.page[j] = pg
+                    taken.append((r, j))
+                    for a, b, h in self._host_segments(s, j * G, (j + 1) * G):
+                        host_rows.extend(range(h, h + b - a))
+                        dev_rows.extend(range(pg * G + a - j * G, pg * G + b - j * G))
+                    budget -= 1
+            self._rr = (self._rr + 1) % max(1, n)
+            if not taken:
+                return
             meta = to_device([*host_rows, *dev_rows], self.device)
             N = len(host_rows)
             restore_rows(self.host_pool, self.kv_pool, meta[:N], meta[N:], self.backup_impl)

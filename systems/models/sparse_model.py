@@ -90,7 +90,15 @@ class SparseModel(torch.nn.Module):
         self.fused = self.topk_impl == "triton"
         self.norm_impl = self.topk_impl
         # drawn once per set of weights when DHS_WEIGHT_CACHE is set (systems/models/weight_cache.py)
-        key = repr((_source(SparseModel._draw_weights), self._weight_fields(), self.dtype))
+        # torch's version too: its CPU generator's stream is not promised across releases
+        key = repr(
+            (
+                _source(SparseModel._draw_weights),
+                self._weight_fields(),
+                self.dtype,
+                torch.__version__,
+            )
+        )
         drawn = load_or_draw(key, self._draw_weights, self.device)
         self.embed, self.lm_head, self.layers = drawn["embed"], drawn["lm_head"], drawn["layers"]
         if self.fused:

@@ -68,10 +68,32 @@ def load_or_draw(key: str, draw: Callable[[], dict], device: torch.device) -> di
     return state
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _remove_stale(root: Path) -> None:
+    """Temporaries of writers that died mid-save (a killed server leaves ~10 GB behind)."""
+    for f in root.glob("weights-*.tmp*"):
+        pid = f.suffix.removeprefix(".tmp")
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            f.unlink(missing_ok=True)
+
+
 def _save(state: dict, path: Path) -> None:
     size = _nbytes(state)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(path.parent)
+        if any(path.parent.glob(f"{path.stem}.tmp*")):  # another process is writing them
+            log.info("weight cache: %s is being written by another process: not saved", path)
+            return
         free = shutil.disk_usage(path.parent).free
         if free < 2 * size:  # leave the disk to the runs' results
             log.warning(

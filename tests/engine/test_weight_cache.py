@@ -1,5 +1,7 @@
 """The weight cache (systems/models/weight_cache.py): a cached build has the drawn weights."""
 
+import os
+
 import torch
 
 from systems.models import sparse_model
@@ -60,3 +62,21 @@ def test_unreadable_cache_file_is_drawn_over(tmp_path, monkeypatch):
     path.write_bytes(b"not a checkpoint")
     assert _same(drawn, SparseModel(cfg))
     assert not list(tmp_path.glob("*.tmp*"))  # no temporary left behind
+
+
+def test_a_dead_writers_temporary_goes_and_a_live_writer_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("DHS_WEIGHT_CACHE", str(tmp_path))
+    cfg = ModelConfig(**SMALL)
+    SparseModel(cfg)
+    (path,) = tmp_path.glob("weights-*.pt")
+    path.unlink()
+    dead = tmp_path / f"{path.stem}.tmp999999999"  # no such process
+    dead.write_bytes(b"half a checkpoint")
+    SparseModel(cfg)
+    assert path.exists() and not dead.exists()
+
+    path.unlink()
+    live = tmp_path / f"{path.stem}.tmp{os.getppid()}"  # a live process is writing it
+    live.write_bytes(b"being written")
+    SparseModel(cfg)
+    assert not path.exists() and live.exists()
