@@ -76,3 +76,49 @@ def test_rows_are_merged_after_each_row_with_round_over_step(tmp_path):
     assert by[("hisparse", 1)]["round_over_step"] is None
     assert rec["commit"] == "abc" and by[("spec", 1)]["commit"] == "abc"
     assert not out.with_suffix(".tmp").exists()
+
+
+class _FakeEngine:
+    """Admits what was submitted in one step; a wave arrives ``lag`` steps later."""
+
+    def __init__(self, lag: int):
+        self.lag = lag
+        self.submitted, self.left, self.steps = 0, 0, 0
+        self.scheduler = type("S", (), {"arriving": {}})()
+
+    def new_rid(self):
+        return f"r{self.submitted}"
+
+    def submit(self, req):
+        self.submitted += 1
+
+    def step(self):
+        self.steps += 1
+        if self.submitted and not self.scheduler.arriving:
+            self.scheduler.arriving, self.left, self.submitted = {0: 1}, self.lag, 0
+        elif self.scheduler.arriving:
+            self.left -= 1
+            if self.left <= 0:
+                self.scheduler.arriving = {}
+
+
+class _FakeTorch:
+    class cuda:
+        @staticmethod
+        def current_stream():
+            return type("St", (), {"synchronize": staticmethod(lambda: None)})()
+
+        @staticmethod
+        def synchronize():
+            pass
+
+
+def test_handoff_steps_repeat_waves_until_enough_steps_saw_copies_in_flight():
+    args = type("A", (), {"host_profile": 0})()
+    eng = _FakeEngine(lag=3)  # three steps per wave with copies in flight
+    row = B.handoff_steps(eng, [1, 2, 3], args, _FakeTorch)
+    assert row["handoff_steps"] == 9 and row["handoff_waves"] == 3  # 3 waves to reach 8
+    assert eng.steps == 12  # an admitting step per wave, not timed as in flight
+    slow = _FakeEngine(lag=10_000)  # never arrives: the step budget ends it
+    row = B.handoff_steps(slow, [1], args, _FakeTorch)
+    assert slow.steps == B.HANDOFF_STEPS and row["handoff_waves"] == 1
