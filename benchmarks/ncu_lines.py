@@ -6,8 +6,8 @@ CASE_sass.csv is ``ncu -i CASE.ncu-rep --page source --csv --print-source sass``
 writes it); CASE.cubin is the profiled kernel (ncu_resolver.py --dump-cubin). ``nvdisasm -g`` gives each
 instruction offset's source line; the samples of every profiled launch are summed per line and per
 stall reason. Prints the lines with the most samples and the share of each contiguous line range
-named in --ranges (e.g. A=688:719,B=720:762), or with ``--ranges phases`` of the resolver kernel's
-phases, found from the phase comments in its source.
+named in --ranges (e.g. A=688:719,B=720:762), or with ``--ranges phases`` of the kernel's phases,
+found from the phase comments in its source (the resolver's, or the top-k's with --file topk.py).
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def kernels(path: str):
     return header, out
 
 
-# the comments that open each part of systems/kernels/resolver.py's kernel, in source order
-PHASE_MARKERS = (
+# the comments that open each part of a kernel, in source order, per kernel source file
+RESOLVER_PHASES = (
     ("helpers", "def _victim_key("),
     ("role", "# ---- role"),
     ("A", "-- phase A"),
@@ -85,12 +85,24 @@ PHASE_MARKERS = (
     ("end", "if COPY_PROGRAMS and PID_ROLES:"),
     (None, "# Workspace"),
 )
+TOPK_PHASES = (
+    ("helpers", "def _score_keys("),  # inlined: their samples land on these lines
+    ("setup", "def _topk_kernel("),
+    ("histograms", "# 1. the top 16 bits of the threshold key"),
+    ("compaction", "# 2. keys above the 16-bit threshold"),
+    ("candidates", "# 3. the low 16 bits of the threshold"),
+    ("sort", "# 4. the n_win = min(k, selectable) winners"),
+    (None, "def _p2("),
+)
+PHASE_MARKERS = {"resolver.py": RESOLVER_PHASES, "topk.py": TOPK_PHASES}
 
 
-def phase_ranges(src: dict[int, str]) -> str:
-    """--ranges for the resolver kernel's parts: each from its marker line to the next one's."""
+def phase_ranges(src: dict[int, str], file: str = "resolver.py") -> str:
+    """--ranges for a kernel's parts: each from its marker line to the next one's."""
+    if file not in PHASE_MARKERS:
+        sys.exit(f"ncu_lines: no phase markers for {file!r} (known: {', '.join(PHASE_MARKERS)})")
     at = []
-    for name, marker in PHASE_MARKERS:
+    for name, marker in PHASE_MARKERS[file]:
         line = next(
             (n for n, text in sorted(src.items()) if marker in text and (not at or n > at[-1][1])),
             None,
@@ -145,7 +157,7 @@ def main() -> None:
         print(
             f"{line:5d} {c['samples'] / max(1, total) * 100:5.1f}%  [{top}]  {src.get(line, '').strip()[:70]}"
         )
-    ranges = phase_ranges(src) if args.ranges == "phases" else args.ranges
+    ranges = phase_ranges(src, args.file) if args.ranges == "phases" else args.ranges
     for item in (x for x in ranges.split(",") if x):
         name, _, span = item.partition("=")
         lo, _, hi = span.partition(":")
