@@ -25,6 +25,9 @@ Per (model, system, batch) row:
   speculative round's floor counts its K queries' rows and scans.
 - ``busy_share``: union of the GPU's kernel / copy intervals over the wall time of the profiled
   steps (torch.profiler's CUDA activity, after the timed steps), and ``kernels_per_step``.
+- ``phase_kernel_us`` (speculative systems): over the profiled rounds, each phase's kernel time
+  and its top kernels in microseconds per round, each kernel attributed to the phase whose range
+  launched it (the drafter's share of a round: propose + catch_up).
 - ``round_over_step``: a speculative round's time over the plain hisparse step of the same
   model and batch (the paper's block-4 round costs 2.2x a step); null for other systems.
 Speculative systems verify with calibrated acceptance (random-weight drafters accept nothing).
@@ -99,12 +102,52 @@ def trace_activity(trace: dict) -> dict:
     for e in kern:
         us[e["name"][:80]] += e.get("dur", 0)
     return {
+        **phase_kernels(ev, kern, len(steps)),
         "busy_share": union_ms(gpu) / ((t1 - t0) / 1e3),
         "kernels_per_step": sum(names.values()) / len(steps),
         # where the launches go (what fusion should target next): name -> launches per step
         "top_kernels": {n: c / len(steps) for n, c in names.most_common(25)},
         # where the device time goes: name -> microseconds per step (a kernel's own duration)
         "top_kernel_us": {n: t / len(steps) for n, t in us.most_common(25)},
+    }
+
+
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # kernel and graph launches (Triton: the driver)
+
+
+def phase_kernels(ev: list, kern: list, steps: int) -> dict:
+    """A speculative round's kernel time per phase (``phase_kernel_us``: phase -> its total and
+    its kernels' microseconds per round), from the phase ranges of a PhaseTimer with ranges on:
+    a kernel belongs to the phase whose range launched it (the launch call's correlation id,
+    which a CUDA graph's kernels share with its cudaGraphLaunch). Empty without such ranges."""
+    from systems.spec.decoder import PHASE_RANGE
+
+    ranges = [
+        e for e in ev if e.get("ph") == "X" and str(e.get("name", "")).startswith(PHASE_RANGE)
+    ]
+    if not ranges:
+        return {}
+    launches = [e for e in ev if e.get("cat") in LAUNCH_CATS and e.get("ph") == "X"]
+    phase_of = {}
+    for r in ranges:
+        a, b = r["ts"], r["ts"] + r.get("dur", 0)
+        for e in launches:
+            c = (e.get("args") or {}).get("correlation")
+            if c is not None and e.get("tid") == r.get("tid") and a <= e["ts"] <= b:
+                phase_of[c] = r["name"][len(PHASE_RANGE) :]
+    per = collections.defaultdict(collections.Counter)
+    for e in kern:
+        phase = phase_of.get((e.get("args") or {}).get("correlation"))
+        if phase is not None:
+            per[phase][e["name"][:80]] += e.get("dur", 0)
+    return {
+        "phase_kernel_us": {
+            phase: {
+                "total": sum(c.values()) / steps,
+                "top": {n: t / steps for n, t in c.most_common(8)},
+            }
+            for phase, c in per.items()
+        }
     }
 
 
@@ -275,7 +318,8 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     if timer is not None:
         torch.cuda.synchronize()
         row["phases_ms"] = {p: statistics.median(v) for p, v in timer.ms().items() if v}
-        eng.decoder.phase_timer = None
+        # the profiled rounds open a range per phase: their kernels, per phase
+        eng.decoder.phase_timer = PhaseTimer(eng.device, ranges=True)
     from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()
@@ -284,6 +328,8 @@ def measure(eng, m, batch: int, args, torch) -> dict:
             with record_function(STEP_RANGE):
                 eng.step()
         torch.cuda.synchronize()
+    if timer is not None:
+        eng.decoder.phase_timer = None
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)

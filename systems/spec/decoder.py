@@ -24,21 +24,37 @@ from systems.spec.acceptance import (
 )
 from systems.spec.config import SpeculationConfig
 
+# names of the profiler ranges a PhaseTimer with ``ranges`` opens: PHASE_RANGE + phase
+PHASE_RANGE = "spec_phase:"
+
 
 class PhaseTimer:
     """Per-round time of the phases of a speculative round (off unless a benchmark turns it on):
-    CUDA events on a GPU (read after the caller synchronizes), wall clock on CPU."""
+    CUDA events on a GPU (read after the caller synchronizes), wall clock on CPU. With
+    ``ranges``, each phase is also a profiler range (``PHASE_RANGE`` + its name), so a trace can
+    say which kernels each phase launched (benchmarks/bench_decode_step.py)."""
 
     # accept: acceptance and the one readback queued; catch_up: the drafter's catch-up (the host
     # reads the readback meanwhile). The commit's backups run when the round is read, which under
     # overlap scheduling is after the next round was queued: they are not a phase of this one.
     PHASES = ("propose", "verify", "accept", "catch_up")
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, ranges: bool = False):
         self.cuda = device.type == "cuda"
         self.rounds: list[list] = []
+        self.ranges = ranges
+        self._open = None  # the phase range entered and not yet exited
 
     def mark(self, round_marks: list) -> None:
+        """A phase boundary: the i-th mark of a round ends phase i - 1 and starts phase i."""
+        if self.ranges:
+            if self._open is not None:
+                self._open.__exit__(None, None, None)
+                self._open = None
+            i = len(round_marks)
+            if i < len(self.PHASES):
+                self._open = torch.profiler.record_function(PHASE_RANGE + self.PHASES[i])
+                self._open.__enter__()
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()

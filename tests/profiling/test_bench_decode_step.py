@@ -122,3 +122,59 @@ def test_handoff_steps_repeat_waves_until_enough_steps_saw_copies_in_flight():
     slow = _FakeEngine(lag=10_000)  # never arrives: the step budget ends it
     row = B.handoff_steps(slow, [1], args, _FakeTorch)
     assert slow.steps == B.HANDOFF_STEPS and row["handoff_waves"] == 1
+
+
+def test_phase_kernels_attribute_kernels_to_the_range_that_launched_them():
+    from systems.spec.decoder import PHASE_RANGE
+
+    def launch(ts, corr, tid=1, name="cudaLaunchKernel", cat="cuda_runtime"):
+        return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": 1, "tid": tid,
+                "args": {"correlation": corr}}  # fmt: skip
+
+    def kernel(name, corr, dur):
+        return {"name": name, "cat": "kernel", "ph": "X", "ts": 1000 + corr, "dur": dur,
+                "args": {"correlation": corr}}  # fmt: skip
+
+    ev = [
+        {
+            "name": PHASE_RANGE + "propose",
+            "cat": "user_annotation",
+            "ph": "X",
+            "ts": 0,
+            "dur": 10,
+            "tid": 1,
+        },  # fmt: skip
+        {
+            "name": PHASE_RANGE + "verify",
+            "cat": "user_annotation",
+            "ph": "X",
+            "ts": 10,
+            "dur": 10,
+            "tid": 1,
+        },  # fmt: skip
+        launch(2, 1),
+        launch(5, 2, name="cuLaunchKernel", cat="cuda_driver"),  # a Triton kernel
+        launch(12, 3, name="cudaGraphLaunch"),
+        launch(30, 4),  # outside every phase: not attributed
+    ]
+    kern = [kernel("a", 1, 4), kernel("b", 2, 6), kernel("g1", 3, 10), kernel("g2", 3, 20),
+            kernel("x", 4, 99)]  # fmt: skip
+    out = B.phase_kernels(ev + kern, kern, steps=2)["phase_kernel_us"]
+    assert out["propose"]["total"] == 5 and out["propose"]["top"] == {"b": 3, "a": 2}
+    assert out["verify"]["total"] == 15 and set(out["verify"]["top"]) == {"g1", "g2"}
+    assert B.phase_kernels(kern, kern, steps=1) == {}
+
+
+def test_phase_timer_opens_a_range_per_phase():
+    import torch
+
+    from systems.spec.decoder import PHASE_RANGE, PhaseTimer
+
+    pt = PhaseTimer(torch.device("cpu"), ranges=True)
+    marks = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(len(PhaseTimer.PHASES) + 1):
+            pt.mark(marks)
+    names = [e.name for e in prof.events() if e.name.startswith(PHASE_RANGE)]
+    assert names == [PHASE_RANGE + p for p in PhaseTimer.PHASES]
+    assert len(pt.ms()["propose"]) == 0 and len(marks) == 5  # the rounds list is the caller's
