@@ -4,8 +4,9 @@ On glm53_mini at a high load, HiSparse's share of selected rows fetched from hos
 {1, 2, 4, 8} should follow the paper's Fig. 9e (33% at B = k falling to 3.9% at B = 8k). For each
 candidate lambda we admit N requests over one prepared prefix, run warm-up steps, and read the
 resolver census over measured steps. The fitted lambda minimizes the squared error in
-log-share at the two published points; it is written to results/calibration/locality.json and
-should be set as the preset's default (conf/model/glm53_mini.yaml: selection_locality).
+log-share at the two published points; it is written to results/calibration/locality.json
+(locality-<model>.json for another model, e.g. glm53_h200), after every point, and should be set
+as the preset's default (conf/model/<model>.yaml: selection_locality).
 
     python benchmarks/calibrate_locality.py --lams 0,0.5,0.7,0.8,0.9 --requests 16 --context 16384
 """
@@ -97,20 +98,20 @@ def main() -> None:
     ap.add_argument("--pool-gib", type=float, default=8.0)
     ap.add_argument("--host-gib", type=float, default=8.0)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default=str(REPO / "results" / "calibration" / "locality.json"))
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default: results/calibration/locality.json for glm53_mini, "
+        "locality-<model>.json for another model",
+    )
     args = ap.parse_args()
+    if args.out is None:
+        name = "locality.json" if args.model == "glm53_mini" else f"locality-{args.model}.json"
+        args.out = str(REPO / "results" / "calibration" / name)
     from harness.environment import environment
 
+    env = environment()
     rows = []
-    for lam in [float(x) for x in args.lams.split(",")]:
-        for bk in [int(x) for x in args.budgets.split(",")]:
-            r = measure(lam, bk, args)
-            rows.append(r)
-            print(
-                f"lambda={lam:.2f} B/k={bk}: host share {r['host_share_pct']:6.2f}% "
-                f"step {r['step_ms']:.1f} ms",
-                flush=True,
-            )
 
     def err(lam):
         e = 0.0
@@ -121,21 +122,41 @@ def main() -> None:
             e += (math.log(max(ours[0], 1e-3)) - math.log(paper)) ** 2
         return e
 
-    lams = sorted({r["lambda"] for r in rows})
-    best = min(lams, key=err)
-    out = {
-        "model": args.model,
-        "paper_fig9e_host_share_pct": PAPER,
-        "fitted_lambda": best,
-        "fit_error_log2": err(best),
-        "points": rows,
-        "settings": vars(args),
-        "env": environment(),
-        "note": "grid fit of model.selection_locality; the single calibrated input",
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"fitted lambda = {best} (log-error {err(best):.3f}) -> {args.out}")
+    def write() -> float | None:
+        """The points so far and the fit over the lambdas measured at both published budgets:
+        written after every point, so a run cut by its time box keeps what it measured."""
+        lams = sorted({r["lambda"] for r in rows})
+        best = min(lams, key=err) if lams else None
+        fitted = best is not None and math.isfinite(err(best))
+        out = {
+            "model": args.model,
+            "paper_fig9e_host_share_pct": PAPER,
+            "fitted_lambda": best if fitted else None,
+            "fit_error_log2": err(best) if fitted else None,
+            "points": rows,
+            "settings": vars(args),
+            "env": env,
+            "note": "grid fit of model.selection_locality; the single calibrated input",
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        return best if fitted else None
+
+    for lam in [float(x) for x in args.lams.split(",")]:
+        for bk in [int(x) for x in args.budgets.split(",")]:
+            r = measure(lam, bk, args)
+            rows.append(r)
+            print(
+                f"lambda={lam:.2f} B/k={bk}: host share {r['host_share_pct']:6.2f}% "
+                f"step {r['step_ms']:.1f} ms",
+                flush=True,
+            )
+            write()
+    best = write()
+    if best is None:
+        print(f"no fit: no lambda was measured at B/k = {sorted(PAPER)} -> {args.out}")
+    else:
+        print(f"fitted lambda = {best} (log-error {err(best):.3f}) -> {args.out}")
 
 
 if __name__ == "__main__":
