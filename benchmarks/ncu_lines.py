@@ -22,6 +22,39 @@ import sys
 from pathlib import Path
 
 
+def add_call_args(ap) -> None:
+    """The arguments every single-kernel call script for Nsight Compute takes."""
+    ap.add_argument("--calls", type=int, default=6, help="calls after the compile call")
+    ap.add_argument(
+        "--dump-cubin",
+        default="",
+        metavar="PATH",
+        help="write the compiled kernel's cubin here (nvdisasm -g maps its instructions to source "
+        "lines; benchmarks/ncu_lines.py joins that with ncu's per-instruction samples)",
+    )
+
+
+def require_cuda(who: str):
+    """torch, or exit: the call scripts exist to be profiled on the GPU machine."""
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"{who}: no CUDA device here (this script exists to be profiled on the GPU machine)"
+        )
+    return torch
+
+
+def dump_cubin(jit_fn, path: str, who: str) -> None:
+    """Write the one compiled variant of a Triton kernel to ``path`` (nothing when empty)."""
+    if not path:
+        return
+    kernels = [k for cache in jit_fn.device_caches.values() for k in cache[0].values()]
+    if len(kernels) != 1:
+        sys.exit(f"{who}: expected one compiled variant, found {len(kernels)}")
+    Path(path).write_bytes(kernels[0].asm["cubin"])
+
+
 def nvdisasm() -> str:
     found = shutil.which("nvdisasm")
     if found:

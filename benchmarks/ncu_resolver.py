@@ -18,6 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ncu_lines import add_call_args, dump_cubin, require_cuda  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -26,26 +28,14 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=512)
     ap.add_argument("--misses", type=int, default=77)
     ap.add_argument("--ctx", type=int, default=500_000)
-    ap.add_argument("--calls", type=int, default=6, help="calls after the compile call")
     ap.add_argument(
         "--kw",
         default="",
         help="resolver keyword arguments, e.g. early_copy=True+copy_programs_per_request=4",
     )
-    ap.add_argument(
-        "--dump-cubin",
-        default="",
-        metavar="PATH",
-        help="write the compiled kernel's cubin here (nvdisasm -g maps its instructions to source "
-        "lines; benchmarks/ncu_lines.py joins that with ncu's per-instruction samples)",
-    )
+    add_call_args(ap)
     args = ap.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        sys.exit(
-            "ncu_resolver: no CUDA device here (this script exists to be profiled on the GPU machine)"
-        )
+    torch = require_cuda("ncu_resolver")
     import bench_resolver as br
 
     from systems.kernels import resolver as rv
@@ -72,13 +62,7 @@ def main() -> None:
     copies = int(res.counters[:, 3].sum())
     if copies != args.batch * args.misses:
         sys.exit(f"ncu_resolver: expected {args.batch * args.misses} copies, got {copies}")
-    if args.dump_cubin:
-        kernels = [
-            k for cache in rv._resolver_kernel.device_caches.values() for k in cache[0].values()
-        ]
-        if len(kernels) != 1:
-            sys.exit(f"ncu_resolver: expected one compiled variant, found {len(kernels)}")
-        Path(args.dump_cubin).write_bytes(kernels[0].asm["cubin"])
+    dump_cubin(rv._resolver_kernel, args.dump_cubin, "ncu_resolver")
     print(
         f"ncu_resolver: batch {args.batch} B {args.B} misses {args.misses} {kw or 'defaults'}: "
         f"{1 + args.calls} calls, {copies} copies in the last"

@@ -20,6 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ncu_lines import add_call_args, dump_cubin, require_cuda  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -27,21 +29,9 @@ def main() -> None:
     ap.add_argument("--q", type=int, default=1, help="queries per request")
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--k", type=int, default=512)
-    ap.add_argument("--calls", type=int, default=6, help="calls after the compile call")
-    ap.add_argument(
-        "--dump-cubin",
-        default="",
-        metavar="PATH",
-        help="write the compiled kernel's cubin here (benchmarks/ncu_lines.py maps its "
-        "instructions to source lines)",
-    )
+    add_call_args(ap)
     args = ap.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        sys.exit(
-            "ncu_topk: no CUDA device here (this script exists to be profiled on the GPU machine)"
-        )
+    torch = require_cuda("ncu_topk")
     from systems.kernels import topk as tk
 
     dev = torch.device("cuda")
@@ -55,11 +45,7 @@ def main() -> None:
     want = tk.topk_positions_reference(scores, positions, args.k)
     if not torch.equal(out, want):
         sys.exit("ncu_topk: the kernel disagrees with the reference")
-    if args.dump_cubin:
-        kernels = [k for cache in tk._topk_kernel.device_caches.values() for k in cache[0].values()]
-        if len(kernels) != 1:
-            sys.exit(f"ncu_topk: expected one compiled variant, found {len(kernels)}")
-        Path(args.dump_cubin).write_bytes(kernels[0].asm["cubin"])
+    dump_cubin(tk._topk_kernel, args.dump_cubin, "ncu_topk")
     print(f"ncu_topk: batch {B} q {Q} context {L} k {args.k}: {1 + args.calls} calls")
 
 
