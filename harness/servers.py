@@ -25,6 +25,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from systems.pids import remove_files_of_dead_pids
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -149,26 +151,13 @@ def server_profile_dir(workdir: Path) -> Path:
     return Path(workdir) / f"profile-{os.getpid()}"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 def remove_stale_launch_configs(workdir: Path) -> list[Path]:
     """Delete ``server_config-<pid>.yaml`` files whose harness process is gone (killed before
     its ``finally`` ran); a live harness's file (the other lane's) stays."""
-    removed = []
-    for f in Path(workdir).glob("server_config-*.yaml"):
-        pid = f.stem.removeprefix("server_config-")
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            f.unlink(missing_ok=True)
-            removed.append(f)
-    return removed
+    return remove_files_of_dead_pids(
+        Path(workdir).glob("server_config-*.yaml"),
+        lambda f: f.stem.removeprefix("server_config-"),
+    )
 
 
 @contextlib.contextmanager

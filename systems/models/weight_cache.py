@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from systems.pids import remove_files_of_dead_pids
+
 log = logging.getLogger("dhs.weights")
 ENV = "DHS_WEIGHT_CACHE"
 
@@ -68,22 +70,9 @@ def load_or_draw(key: str, draw: Callable[[], dict], device: torch.device) -> di
     return state
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
 def _remove_stale(root: Path) -> None:
     """Temporaries of writers that died mid-save (a killed server leaves ~10 GB behind)."""
-    for f in root.glob("weights-*.tmp*"):
-        pid = f.suffix.removeprefix(".tmp")
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            f.unlink(missing_ok=True)
+    remove_files_of_dead_pids(root.glob("weights-*.tmp*"), lambda f: f.suffix.removeprefix(".tmp"))
 
 
 def _save(state: dict, path: Path) -> None:
