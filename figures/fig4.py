@@ -331,18 +331,24 @@ def protocol_key(name: str, paper_c: int = 128) -> str:
     return f"protocol.{name}_paperC{paper_c}"
 
 
-def protocol_experiment(results, paper_c: int = 128) -> tuple[str, list]:
-    """The first of ``PROTOCOL_EXPERIMENTS`` with a run of every compared system at the point
-    (a partial one, e.g. a batch cut short, does not hide a complete one), and its runs."""
+def _protocol_systems() -> list[str]:
+    return list(dict.fromkeys(s for row in PROTOCOL_ROWS for s in row[3]))
+
+
+def protocol_experiment(results, paper_c: int = 128, by_exp: dict | None = None):
+    """(name, runs) of the first of ``PROTOCOL_EXPERIMENTS`` with a run of every compared
+    system at the point (a partial one, e.g. a batch cut short, does not hide a complete one).
+    ``by_exp``: the experiments' runs when the caller loaded them already."""
     from harness.load_mapping import ours_concurrency
 
+    if by_exp is None:
+        by_exp = {e: C.load_runs(results, e) for e in PROTOCOL_EXPERIMENTS}
     c = ours_concurrency(paper_c)
-    systems = {s for row in PROTOCOL_ROWS for s in row[3]}
     for exp in PROTOCOL_EXPERIMENTS:
-        runs = C.load_runs(results, exp)
-        if runs and all(C.pick(runs, s, c) is not None for s in systems):
+        runs = by_exp[exp]
+        if runs and all(C.pick(runs, s, c) is not None for s in _protocol_systems()):
             return exp, runs
-    return PROTOCOL_EXPERIMENTS[-1], C.load_runs(results, PROTOCOL_EXPERIMENTS[-1])
+    return PROTOCOL_EXPERIMENTS[-1], by_exp[PROTOCOL_EXPERIMENTS[-1]]
 
 
 def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
@@ -352,7 +358,8 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
     Every protocol experiment's paired ratios are noted, so the presets can be compared."""
     from harness.load_mapping import load_label, ours_concurrency
 
-    exp, runs = protocol_experiment(results, paper_c)
+    by_exp = {e: C.load_runs(results, e) for e in PROTOCOL_EXPERIMENTS}
+    exp, runs = protocol_experiment(results, paper_c, by_exp)
     c = ours_concurrency(paper_c)
     tr = C.Tracker(runs)
     model = _model_name(runs)
@@ -373,8 +380,7 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
     spread = _spread_note(runs, c)
     if spread:
         rep.note(f"Within-call spread of output under the protocol (`{exp}`): {spread}.")
-    for e in PROTOCOL_EXPERIMENTS:
-        e_runs = runs if e == exp else C.load_runs(results, e)
+    for e, e_runs in by_exp.items():
         paired = C.paired_ratio_note(e_runs, [row[3] for row in PROTOCOL_ROWS[:3]], c)
         if paired:
             rep.note(
@@ -386,9 +392,8 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
 def _spread_note(runs, c: int) -> str | None:
     """Each protocol system's output spread over its repeats within one run group, against
     issue 23's bound (the effects must stand above it)."""
-    systems = dict.fromkeys(s for row in PROTOCOL_ROWS for s in row[3])
     parts = []
-    for system in systems:
+    for system in _protocol_systems():
         for group, (sp, n) in C.within_call_spread(C.pick(runs, system, c), OUT).items():
             mark = "" if sp <= C.SPREAD_TARGET else f", above the {C.SPREAD_TARGET:.0%} bound"
             parts.append(f"{label(system)} {sp:.1%} over {n} runs in {group}{mark}")

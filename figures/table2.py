@@ -121,13 +121,12 @@ def main(argv=None) -> C.Report:
 
     E = PAPER["eq13"]
     proto, proto_runs = protocol_experiment(args.results)
-    for cl in ("C128", "C256"):
-        if cl == "C128":
-            src, c = proto_runs, ours_concurrency(128)
-            at = f"{load_label(128, c)} (`{proto}`)"
-        else:
-            src, c = runs, int(cl[1:])
-            at = cl
+    c128 = ours_concurrency(128)
+    eq13_points = (  # (paper load, runs, ours C, label)
+        ("C128", proto_runs, c128, f"{load_label(128, c128)} (`{proto}`)"),
+        ("C256", runs, 256, "C256"),
+    )
+    for cl, src, c, at in eq13_points:
         s_, z = C.pick(src, "adaptive_dhisparse", c), C.pick(src, "adaptive_hisparse", c)
         prov = C.provenance([x for x in (s_, z) if x])
         share = C.ratio(s_ and s_.num("active_mean"), z and z.num("active_mean"))
@@ -173,7 +172,7 @@ def main(argv=None) -> C.Report:
         "solid: ours); absolute values are in the table."
     )
     fig.tight_layout()
-    for cl, src, c in (("C128", proto_runs, ours_concurrency(128)), ("C256", runs, 256)):
+    for cl, src, c, _ in eq13_points:
         b = C.claim_breakdown(src, ("adaptive_dhisparse", "adaptive_hisparse"), c)
         if b:
             rep.diagnose((f"eq13.{cl}.predicted", f"eq13.{cl}.measured"), b)
