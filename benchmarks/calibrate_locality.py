@@ -2,8 +2,11 @@
 
 On glm53_mini at a high load, HiSparse's share of selected rows fetched from host against B/k in
 {1, 2, 4, 8} should follow the paper's Fig. 9e (33% at B = k falling to 3.9% at B = 8k). For each
-candidate lambda we admit N requests over one prepared prefix, run warm-up steps, and read the
-resolver census over measured steps. The fitted lambda minimizes the squared error in
+candidate lambda we admit N requests over one prepared prefix, decode a whole output (1,024
+steps by default) and read the resolver census over all of it, as a served run's share counts
+every position of its requests' outputs (the hot cache warms over decode: the share of the first
+steps is several times the whole output's, see each point's ``host_share_pct_by_window``). The
+fitted lambda minimizes the squared error in
 log-share at the two published points; it is written to results/calibration/locality.json
 (locality-<model>.json for another model, e.g. glm53_h200), after every point, and should be set
 as the preset's default (conf/model/<model>.yaml: selection_locality).
@@ -56,23 +59,34 @@ def measure(lam: float, b_over_k: int, args) -> dict:
         eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=args.steps + 8)))
     while len(eng.scheduler.running) < args.requests:  # admission: prefill, handoffs
         eng.step()
-    for _ in range(args.warmup):
-        eng.step()
+    keys = (
+        "dhs_selected_rows_total",
+        "dhs_selected_rows_from_host_total",
+        "dhs_host_rows_copied_total",
+        "dhs_selected_rows_hot_total",
+    )
     m0 = eng.backend.metrics()
-    t0 = time.perf_counter()
-    for _ in range(args.steps - args.warmup):
+    # the share counts every decode step from admission to the output cap: a served run's
+    # requests sit at every position of their output, and the hot cache warms over decode,
+    # so a window right after admission overstates the whole run's share (windows below)
+    windows, mw = [], m0
+    t0 = None
+    for i in range(args.steps):
+        if i == args.warmup:  # step time from here: capture and first launches are behind
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
         eng.step()
+        if (i + 1) % args.window == 0 or i + 1 == args.steps:
+            m = eng.backend.metrics()
+            rows_ = m[keys[0]] - mw[keys[0]]
+            windows.append(100.0 * (m[keys[1]] - mw[keys[1]]) / max(1, rows_))
+            mw = m
+    if args.device == "cuda":
+        torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     m1 = eng.backend.metrics()
-    d = {
-        k: m1[k] - m0[k]
-        for k in (
-            "dhs_selected_rows_total",
-            "dhs_selected_rows_from_host_total",
-            "dhs_host_rows_copied_total",
-            "dhs_selected_rows_hot_total",
-        )
-    }
+    d = {k: m1[k] - m0[k] for k in keys}
     share = 100.0 * d["dhs_selected_rows_from_host_total"] / max(1, d["dhs_selected_rows_total"])
     del eng
     if args.device == "cuda":
@@ -82,6 +96,8 @@ def measure(lam: float, b_over_k: int, args) -> dict:
         "b_over_k": b_over_k,
         "host_share_pct": share,
         "step_ms": 1e3 * dt / (args.steps - args.warmup),
+        "host_share_pct_by_window": windows,
+        "window_steps": args.window,
         **d,
     }
 
@@ -93,8 +109,11 @@ def main() -> None:
     ap.add_argument("--budgets", default="1,2,4,8")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--context", type=int, default=16384)
-    ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument(
+        "--steps", type=int, default=1024, help="decode steps counted (default: a 1,024-token cap)"
+    )
+    ap.add_argument("--warmup", type=int, default=8, help="steps left out of the step time only")
+    ap.add_argument("--window", type=int, default=128, help="steps per reported share window")
     ap.add_argument("--pool-gib", type=float, default=8.0)
     ap.add_argument("--host-gib", type=float, default=8.0)
     ap.add_argument("--device", default="cuda")
@@ -105,6 +124,8 @@ def main() -> None:
         "locality-<model>.json for another model",
     )
     args = ap.parse_args()
+    if not 0 <= args.warmup < args.steps:
+        ap.error("--warmup must be below --steps")
     if args.out is None:
         name = "locality.json" if args.model == "glm53_mini" else f"locality-{args.model}.json"
         args.out = str(REPO / "results" / "calibration" / name)

@@ -14,7 +14,7 @@ import calibrate_locality as cl  # noqa: E402
 import pytest  # noqa: E402
 
 ARGS = ["--model", "tiny", "--device", "cpu", "--context", "120", "--requests", "2", "--steps",
-        "2", "--warmup", "1", "--pool-gib", "0.05", "--host-gib", "0.1"]  # fmt: skip
+        "3", "--warmup", "1", "--window", "2", "--pool-gib", "0.05", "--host-gib", "0.1"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -28,6 +28,9 @@ def test_points_and_fit(tmp_path, monkeypatch, lams, budgets, points, fitted):
     cl.main()
     d = json.loads(out.read_text())
     assert len(d["points"]) == points and d["model"] == "tiny"
+    # the share over all 3 steps, and per window of 2 (the last window is the 1 step left)
+    assert all(len(p["host_share_pct_by_window"]) == 2 for p in d["points"])
+    assert all(0 <= p["host_share_pct"] <= 100 for p in d["points"])
     if fitted:
         assert d["fitted_lambda"] in (0.0, 0.5) and d["fit_error_log2"] >= 0
     else:
