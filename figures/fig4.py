@@ -8,10 +8,12 @@ policy, filled markers for the speculative systems.
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 
 from figures import common as C
-from figures.paper_values import PAPER, label
+from figures.paper_values import PAPER, TABLEA1, label
 
 NAME = "fig4"
 OUT = "output_tok_s_per_gpu"
@@ -380,6 +382,15 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
     spread = _spread_note(runs, c)
     if spread:
         rep.note(f"Within-call spread of output under the protocol (`{exp}`): {spread}.")
+    shares = _host_share_note(runs, c)
+    if shares:
+        rep.note(
+            f"Selected rows fetched from host under the protocol (`{exp}`, over each run): "
+            f"{shares}; paper: HiSparse {TABLEA1['C256']['off']['host_pct']:.1f} % at B = 2k "
+            "(Table A1, residency off; it barely moves with load). The locality knob sets "
+            "HiSparse's share, and with it how much residency and speculation can save "
+            "(docs/presets.md)."
+        )
     for e, e_runs in by_exp.items():
         paired = C.paired_ratio_note(e_runs, [row[3] for row in PROTOCOL_ROWS[:3]], c)
         if paired:
@@ -397,6 +408,31 @@ def _spread_note(runs, c: int) -> str | None:
         for group, (sp, n) in C.within_call_spread(C.pick(runs, system, c), OUT).items():
             mark = "" if sp <= C.SPREAD_TARGET else f", above the {C.SPREAD_TARGET:.0%} bound"
             parts.append(f"{label(system)} {sp:.1%} over {n} runs in {group}{mark}")
+    return "; ".join(parts) or None
+
+
+def _host_share_note(runs, c: int) -> str | None:
+    """Each protocol system's share of selected rows fetched from host, the median over its
+    repeats, from the runs' server counters."""
+    from harness.results import counter_ratio
+
+    parts = []
+    for system in _protocol_systems():
+        r = C.pick(runs, system, c)
+        vals = [
+            v
+            for x in (r.repeats or [r] if r is not None else [])
+            if (
+                v := counter_ratio(
+                    x, "dhs_selected_rows_from_host_total", "dhs_selected_rows_total"
+                )
+            )
+            is not None
+        ]
+        if vals:
+            parts.append(
+                f"{label(system)} {100 * statistics.median(vals):.1f} % ({len(vals)} runs)"
+            )
     return "; ".join(parts) or None
 
 

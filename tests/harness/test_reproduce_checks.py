@@ -45,6 +45,9 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
 # Experiments added to the plan and not yet run on the GPU (no figure reads them yet); each must
 # leave this list once its runs are committed (the test below fails until it does).
 NOT_YET_MEASURED = {"fig4_protocol"}  # issue 23: the protocol, written in the paper's C
+# Single runs cut by their GPU call's time box, the rest of their experiment committed; the next
+# call resumes them (finished runs are skipped). Each must leave once it is committed.
+CUT_RUNS = {"fig4_h200": {"adaptive_dhisparse-glm53_h200-c32-B2048-K4-rep3-bde95c87"}}
 
 
 def test_the_committed_plan_has_nothing_pending():
@@ -58,8 +61,14 @@ def test_the_committed_plan_has_nothing_pending():
             pending.setdefault(exp, []).extend(
                 rid for p, rid, done in plan if not done and p["tag"] not in skip
             )
-    left = {exp: rids for exp, rids in pending.items() if rids and exp not in NOT_YET_MEASURED}
-    assert not left, left
+    left = {
+        exp: set(rids) - CUT_RUNS.get(exp, set())
+        for exp, rids in pending.items()
+        if rids and exp not in NOT_YET_MEASURED
+    }
+    assert not any(left.values()), left
+    for exp, cut in CUT_RUNS.items():
+        assert cut <= set(pending.get(exp, [])), f"measured now: leave CUT_RUNS[{exp!r}]"
     assert all(pending[exp] for exp in NOT_YET_MEASURED), "measured now: leave NOT_YET_MEASURED"
 
 
