@@ -15,10 +15,11 @@ Per (model, system, batch) row:
 - ``host_profile`` (with ``--host-profile N``): the N functions with the most own host time over
   the pipelined steps (cProfile), to show what the host does when it is the step's bound.
 - ``handoff_step_ms``: the same step while four more requests of the same context arrive
-  (asynchronous handoffs: their history copied on a side stream), median over the steps until
-  all four have arrived, in waves of four until at least 8 such steps ran (``handoff_steps``,
+  (asynchronous handoffs: their history copied on a side stream), median over the steps with
+  copies in flight, in waves of four until at least 8 such steps ran (``handoff_steps``,
   ``handoff_waves``); ``handoff_admit_step_ms`` is the median step that admits a wave
-  (reservations, copies queued).
+  (reservations, copies queued),
+  ``handoff_arrival_step_ms`` the median step in which requests landed.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): all weights in bf16 + the selected KV rows (B x layers x k x row bytes) + the
   indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
@@ -231,17 +232,29 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
     cached: only the handoff runs), synchronized per step like ``step_ms``. The new requests
     ask for one token, the prefill's: they finish on arrival and never join the batch, so the
     steps timed are the batch's own (a larger batch would be a new graph, eager at first).
-    A wave's copies often complete within a step or two of its admitting step, so waves are
-    repeated until ``HANDOFF_SAMPLES`` steps ran with copies in flight; the admitting steps
-    are reported apart (median), the first of them with its host profile."""
+    Steps are told apart by what happened in them: the admitting step (reservations, the
+    copies queued), steps with copies in flight beside them (``handoff_step_ms``, the
+    target's subject) and steps in which requests landed (``handoff_arrival_step_ms``: their
+    first token, release and, for the adaptive backend, the population that follows). A
+    wave's copies often complete within a step or two of its admitting step, so waves are
+    repeated until ``HANDOFF_SAMPLES`` steps ran with copies in flight; the first admitting
+    step is profiled on the host. The backend's counters over the waves say what the steps
+    did besides (``handoff_counters``: populated pages, host backups, host-fetched rows)."""
     from systems.engine.request import Request, SamplingParams
 
     # the decode stream only: torch.cuda.synchronize() would also wait for the handoff stream,
     # timing the copies instead of the steps beside them
     sync = torch.cuda.current_stream().synchronize
-    times, admits, admit_profile = [], [], None
+    inflight, landed, admits, admit_profile = [], [], [], None
+    keys = (
+        "dhs_populated_pages_total",
+        "dhs_host_backup_rows_total",
+        "dhs_selected_rows_from_host_total",
+        "dhs_selected_rows_total",
+    )
+    c0 = eng.backend.metrics()
     steps = 0
-    while len(times) < HANDOFF_SAMPLES and steps < HANDOFF_STEPS:
+    while len(inflight) < HANDOFF_SAMPLES and steps < HANDOFF_STEPS:
         for _ in range(HANDOFFS):
             eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
         sync()
@@ -255,12 +268,19 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
             admit_profile = host_profile_rows(pr, 1, args.host_profile)
         # until the wave has arrived (its requests finish in the step they arrive in)
         while eng.scheduler.arriving and steps < HANDOFF_STEPS:
+            waiting = len(eng.scheduler.arriving)
             t0 = time.perf_counter()
             eng.step()
             sync()
-            times.append(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            (landed if len(eng.scheduler.arriving) < waiting else inflight).append(dt)
             steps += 1
         torch.cuda.synchronize()
+    c1 = eng.backend.metrics()
+
+    def med_ms(v):
+        return statistics.median(v) * 1e3 if v else None
+
     return {
         # with --host-profile the first admitting step was timed under cProfile (slower)
         **(
@@ -269,9 +289,12 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
             else {}
         ),
         "handoff_admit_step_ms": statistics.median(admits),
-        "handoff_step_ms": statistics.median(times) * 1e3 if times else None,
-        "handoff_steps": len(times),
+        "handoff_step_ms": med_ms(inflight),
+        "handoff_steps": len(inflight),
+        "handoff_arrival_step_ms": med_ms(landed),
+        "handoff_arrival_steps": len(landed),
         "handoff_waves": len(admits),
+        "handoff_counters": {k: c1[k] - c0[k] for k in keys if k in c0 and k in c1},
     }
 
 
@@ -415,7 +438,7 @@ def main() -> None:
                 write_rows(Path(args.out), rows, env, args.overrides, torch)
                 print(
                     f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
-                    f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']}  replay {row['replay_ms'] or 0:6.2f} ms  floor "
+                    f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
                     f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f}  kernels "
                     f"{row['kernels_per_step'] or 0:6.0f}"
                     + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),

@@ -113,31 +113,40 @@ class _DraftCore(torch.nn.Module):
                 ring[r] = torch.where(keep, ring[r], new.reshape(-1, self.dim))
 
     def _window(self, slots: torch.Tensor, first_pos: torch.Tensor):
-        """Ring rows of the W positions before first_pos (B, 1): (rows (B, W), valid (B, W))."""
-        W = self.window
-        pos = first_pos - W + torch.arange(W, device=first_pos.device)  # (B, W)
-        return self.ring.rows(slots, pos.clamp_min(0)), pos >= 0
+        """The context of a block starting at first_pos (B, 1): each slot's whole ring, and
+        which of its R_d rows hold one of the W positions before first_pos (B, R_d).
+
+        Row j of a slot holds the latest position t < first_pos with t = j (mod R_d) (eq. 10;
+        block positions are never written), and R_d > W, so the rows whose t lies in
+        [first_pos - W, first_pos) are exactly the window. Reading the slot's rows as one
+        contiguous block and masking the rest replaces a gather of W scattered rows."""
+        r_d = self.ring.r_d
+        j = torch.arange(r_d, device=first_pos.device)
+        last = first_pos - 1  # (B, 1)
+        t = last - torch.remainder(last - j, r_d)  # (B, R_d): the position row j holds
+        ok = (t >= first_pos - self.window) & (t >= 0)
+        return slots.long(), ok
 
     def _attend(self, p, h, k, v, ctx, li, positions, causal_block: bool):
-        """h, k, v (B, L, d): block queries attend to the ring window plus block keys <= self."""
-        rows, ok = ctx
-        rk = self.ring.kv[li, 0][rows]  # (B, W, d)
-        rv = self.ring.kv[li, 1][rows]
+        """h, k, v (B, L, d): block queries attend to the ring window plus block keys <= self.
+        One fused attention call in the model dtype over [the slot's ring rows, the block]."""
+        slots, ok = ctx
+        B, L, d = h.shape
+        ring = self.ring.kv[li].view(2, self.ring.num_slots, self.ring.r_d, d)
+        keys = torch.cat([ring[0][slots], k], dim=1)  # (B, R_d + L, d)
+        vals = torch.cat([ring[1][slots], v], dim=1)
         q = h @ p["wq"]
-        keys = torch.cat([rk, k], dim=1)
-        vals = torch.cat([rv, v], dim=1)
-        s = torch.einsum("bld,bmd->blm", q.float(), keys.float()) * self.scale
-        L = h.shape[1]
-        blk = (
-            torch.ones(L, L, dtype=torch.bool, device=h.device).tril()
-            if causal_block
-            else torch.ones(L, L, dtype=torch.bool, device=h.device)
-        )
-        mask = torch.cat(
-            [ok.unsqueeze(1).expand(-1, L, -1), blk.unsqueeze(0).expand(h.shape[0], -1, -1)], dim=-1
-        )
-        s = s.masked_fill(~mask, float("-inf"))
-        out = torch.einsum("blm,bmd->bld", torch.softmax(s, -1), vals.float()).to(h.dtype)
+        blk = torch.ones(L, L, dtype=torch.bool, device=h.device)
+        if causal_block:
+            blk = blk.tril()
+        mask = torch.cat([ok.unsqueeze(1).expand(-1, L, -1), blk.expand(B, -1, -1)], dim=-1)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(1),
+            keys.unsqueeze(1),
+            vals.unsqueeze(1),
+            attn_mask=mask.unsqueeze(1),
+            scale=self.scale,
+        )[:, 0]
         return out @ p["wo"]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:

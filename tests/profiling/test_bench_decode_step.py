@@ -85,6 +85,10 @@ class _FakeEngine:
         self.lag = lag
         self.submitted, self.left, self.steps = 0, 0, 0
         self.scheduler = type("S", (), {"arriving": {}})()
+        # a backend whose host backups count the steps run
+        self.backend = type(
+            "Be", (), {"metrics": lambda _: {"dhs_host_backup_rows_total": self.steps}}
+        )()
 
     def new_rid(self):
         return f"r{self.submitted}"
@@ -115,10 +119,12 @@ class _FakeTorch:
 
 def test_handoff_steps_repeat_waves_until_enough_steps_saw_copies_in_flight():
     args = type("A", (), {"host_profile": 0})()
-    eng = _FakeEngine(lag=3)  # three steps per wave with copies in flight
+    eng = _FakeEngine(lag=3)  # per wave: two steps with copies in flight, then the landing
     row = B.handoff_steps(eng, [1, 2, 3], args, _FakeTorch)
-    assert row["handoff_steps"] == 9 and row["handoff_waves"] == 3  # 3 waves to reach 8
-    assert eng.steps == 12  # an admitting step per wave, not timed as in flight
+    assert row["handoff_steps"] == 8 and row["handoff_waves"] == 4  # 4 waves to reach 8
+    assert row["handoff_arrival_steps"] == 4  # the landing steps are timed apart
+    assert eng.steps == 16  # an admitting step per wave, not timed as in flight
+    assert row["handoff_counters"] == {"dhs_host_backup_rows_total": 16}
     slow = _FakeEngine(lag=10_000)  # never arrives: the step budget ends it
     row = B.handoff_steps(slow, [1], args, _FakeTorch)
     assert slow.steps == B.HANDOFF_STEPS and row["handoff_waves"] == 1

@@ -1,0 +1,65 @@
+"""The drafter's window attention reads each slot's ring as one block and masks it down to the
+window; it must equal attention over the W positions before the block, gathered row by row
+(eq. 10), on odd shapes: windows that wrap the ring, blocks near position 0, bidirectional and
+causal blocks."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from systems.models.drafters import DFlash2Drafter
+
+
+def _drafter(window=13, page=4, k_max=5, slots=6, dim=8):
+    target = SimpleNamespace(
+        cfg=SimpleNamespace(hidden_size=12), device=torch.device("cpu"), dtype=torch.float32
+    )
+    d = DFlash2Drafter(target, 1, dim, window, slots, page, k_max, seed=3)
+    g = torch.Generator().manual_seed(1)
+    d.ring.kv.copy_(torch.randn(d.ring.kv.shape, generator=g))
+    return d
+
+
+def _reference(d, p, h, k, v, slots, first_pos, causal_block):
+    """Gather the W window positions' rows (eq. 10) and attend in float64 with a plain softmax."""
+    W = d.window
+    pos = first_pos - W + torch.arange(W)  # (B, W)
+    rows = d.ring.rows(slots, pos.clamp_min(0))
+    ok = pos >= 0
+    keys = torch.cat([d.ring.kv[0, 0][rows], k], 1).double()
+    vals = torch.cat([d.ring.kv[0, 1][rows], v], 1).double()
+    q = (h @ p["wq"]).double()
+    s = torch.einsum("bld,bmd->blm", q, keys) / math.sqrt(d.dim)
+    L = h.shape[1]
+    blk = torch.ones(L, L, dtype=torch.bool)
+    blk = blk.tril() if causal_block else blk
+    mask = torch.cat([ok.unsqueeze(1).expand(-1, L, -1), blk.expand(len(slots), -1, -1)], -1)
+    out = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ vals
+    return out.float() @ p["wo"]
+
+
+@pytest.mark.parametrize("causal_block", [False, True])
+@pytest.mark.parametrize("L", [1, 3, 5])
+def test_window_attention_equals_the_gathered_window(causal_block, L):
+    d = _drafter()
+    g = torch.Generator().manual_seed(7)
+    slots = torch.tensor([0, 5, 2, 3, 1])
+    # before the first position, inside the first window, at a ring wrap, far past it
+    first_pos = torch.tensor([[0], [1], [12], [d.ring.r_d + 3], [5 * d.ring.r_d - 2]])
+    h, k, v = (torch.randn(len(slots), L, d.dim, generator=g) for _ in range(3))
+    p = d.layers[0]
+    ctx = d._window(slots, first_pos)
+    got = d._attend(p, h, k, v, ctx, 0, None, causal_block)
+    want = _reference(d, p, h, k, v, slots, first_pos, causal_block)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_window_mask_holds_exactly_the_window_positions():
+    d = _drafter()
+    for f in (0, 1, 7, 13, 14, d.ring.r_d, 3 * d.ring.r_d + 5):
+        _, ok = d._window(torch.tensor([4]), torch.tensor([[f]]))
+        assert int(ok.sum()) == min(f, d.window)
