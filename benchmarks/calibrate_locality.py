@@ -1,18 +1,21 @@
 """Calibrate the indexer's selection-locality knob (the one calibrated input, docs/design.md).
 
-On glm53_mini at a high load, HiSparse's share of selected rows fetched from host against B/k in
-{1, 2, 4, 8} should follow the paper's Fig. 9e (33% at B = k falling to 3.9% at B = 8k) and
-Table A1 (13.8% at B = 2k, the serving experiments' budget). For each
-candidate lambda we admit N requests over one prepared prefix, decode a whole output (1,024
-steps by default) and read the resolver census over all of it, as a served run's share counts
-every position of its requests' outputs (the hot cache warms over decode: the share of the first
-steps is several times the whole output's, see each point's ``host_share_pct_by_window``). The
-fitted lambda minimizes the squared error in
-log-share at the three published points; it is written to results/calibration/locality.json
-(locality-<model>.json for another model, e.g. glm53_h200), after every point, and should be set
-as the preset's default (conf/model/<model>.yaml: selection_locality).
+HiSparse's share of selected rows fetched from host should follow the paper's GLM-5.3 numbers:
+Fig. 9e (33% at B = k falling to 3.9% at B = 8k) and Table A1 (13.8% at B = 2k, the budget the
+serving experiments run at). For each candidate lambda we admit N requests over one prepared
+prefix, decode a whole output (1,024 steps by default) and read the resolver census over all of
+it, as a served run's share counts every position of its requests' outputs (the hot cache warms
+over decode: the first steps' share can be several times the whole output's, see each point's
+``host_share_pct_by_window``). By default a grid of lambdas is measured at --budgets and the fit
+minimizes the squared error in log-share at the three published points; one knob may not follow
+the whole curve, so ``--solve-at 2`` instead bisects lambda until the share at that budget meets
+the paper's. Results go to results/calibration/locality.json (locality-<model>.json for another
+model, e.g. glm53_h200), written after every point; the fit belongs in the preset
+(conf/model/<model>.yaml: selection_locality).
 
     python benchmarks/calibrate_locality.py --lams 0,0.5,0.7,0.8,0.9 --requests 16 --context 16384
+    python benchmarks/calibrate_locality.py --model glm53_h200 --context 50000 --lams 0.7,0.8 \
+        --solve-at 2    # bisect lambda to the paper's share at the serving experiments' budget
 """
 
 from __future__ import annotations
@@ -118,6 +121,15 @@ def main() -> None:
     )
     ap.add_argument("--warmup", type=int, default=8, help="steps left out of the step time only")
     ap.add_argument("--window", type=int, default=128, help="steps per reported share window")
+    ap.add_argument(
+        "--solve-at",
+        type=int,
+        default=None,
+        metavar="B_OVER_K",
+        help="instead of the grid: bisect lambda between the two --lams until the share at this "
+        "budget meets the paper's (e.g. 2: Table A1's 13.8%%, where the serving experiments run)",
+    )
+    ap.add_argument("--iters", type=int, default=4, help="bisection steps after the two ends")
     ap.add_argument("--pool-gib", type=float, default=8.0)
     ap.add_argument("--host-gib", type=float, default=8.0)
     ap.add_argument("--device", default="cuda")
@@ -130,6 +142,11 @@ def main() -> None:
     args = ap.parse_args()
     if not 0 <= args.warmup < args.steps:
         ap.error("--warmup must be below --steps")
+    if args.solve_at is not None:
+        if args.solve_at not in PAPER:
+            ap.error(f"--solve-at must be one of the published budgets {sorted(PAPER)}")
+        if len(args.lams.split(",")) != 2:
+            ap.error("--solve-at bisects between two --lams, e.g. --lams 0.7,0.8")
     if args.out is None:
         name = "locality.json" if args.model == "glm53_mini" else f"locality-{args.model}.json"
         args.out = str(REPO / "results" / "calibration" / name)
@@ -138,9 +155,11 @@ def main() -> None:
     env = environment()
     rows = []
 
+    targets = PAPER if args.solve_at is None else {args.solve_at: PAPER[args.solve_at]}
+
     def err(lam):
         e = 0.0
-        for bk, paper in PAPER.items():
+        for bk, paper in targets.items():
             ours = [r["host_share_pct"] for r in rows if r["lambda"] == lam and r["b_over_k"] == bk]
             if not ours:
                 return math.inf
@@ -161,25 +180,47 @@ def main() -> None:
             "points": rows,
             "settings": vars(args),
             "env": env,
-            "note": "grid fit of model.selection_locality; the single calibrated input",
+            "fit": "grid over every published budget"
+            if args.solve_at is None
+            else f"bisection at B/k = {args.solve_at} (the nearest measured lambda)",
+            "note": "fit of model.selection_locality; the single calibrated input",
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         return best if fitted else None
 
-    for lam in [float(x) for x in args.lams.split(",")]:
-        for bk in [int(x) for x in args.budgets.split(",")]:
-            r = measure(lam, bk, args)
-            rows.append(r)
-            print(
-                f"lambda={lam:.2f} B/k={bk}: host share {r['host_share_pct']:6.2f}% "
-                f"step {r['step_ms']:.1f} ms",
-                flush=True,
-            )
-            write()
+    def point(lam: float, bk: int) -> float:
+        r = measure(lam, bk, args)
+        rows.append(r)
+        print(
+            f"lambda={lam:.3f} B/k={bk}: host share {r['host_share_pct']:6.2f}% "
+            f"step {r['step_ms']:.1f} ms",
+            flush=True,
+        )
+        write()
+        return r["host_share_pct"]
+
+    lams = [float(x) for x in args.lams.split(",")]
+    if args.solve_at is None:
+        for lam in lams:
+            for bk in [int(x) for x in args.budgets.split(",")]:
+                point(lam, bk)
+    else:  # the share falls as lambda grows: keep the paper's share between the two ends
+        bk, goal = args.solve_at, PAPER[args.solve_at]
+        lo, hi = sorted(lams)
+        s_lo, s_hi = point(lo, bk), point(hi, bk)
+        if not s_hi <= goal <= s_lo:
+            print(f"the paper's {goal}% is not between {s_lo:.2f}% and {s_hi:.2f}%: widen --lams")
+        else:
+            for _ in range(args.iters):
+                mid = round((lo + hi) / 2, 4)
+                if point(mid, bk) > goal:
+                    lo = mid
+                else:
+                    hi = mid
     best = write()
     if best is None:
-        print(f"no fit: no lambda was measured at B/k = {sorted(PAPER)} -> {args.out}")
+        print(f"no fit: no lambda was measured at B/k = {sorted(targets)} -> {args.out}")
     else:
         print(f"fitted lambda = {best} (log-error {err(best):.3f}) -> {args.out}")
 

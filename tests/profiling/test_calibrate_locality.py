@@ -4,6 +4,7 @@ is measured, and the fit needs all three published budgets (Fig. 9e's ends, Tabl
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -35,3 +36,30 @@ def test_points_and_fit(tmp_path, monkeypatch, lams, budgets, points, fitted):
         assert d["fitted_lambda"] in (0.0, 0.5) and d["fit_error_log2"] >= 0
     else:
         assert d["fitted_lambda"] is None
+
+
+def test_solve_at_bisects_to_the_papers_share(tmp_path, monkeypatch):
+    """--solve-at: the share falls with lambda; bisection keeps the paper's 13.8% at B = 2k
+    between its ends and the fit is the measured lambda nearest to it (a fake measurement: a
+    known share curve, so the answer is known)."""
+
+    def fake(lam, bk, args):  # 13.8% at lambda = 0.75
+        share = 13.8 * math.exp(-20 * (lam - 0.75))
+        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0}
+
+    monkeypatch.setattr(cl, "measure", fake)
+    out = tmp_path / "loc.json"
+    argv = ["x", "--lams", "0.7,0.8", "--solve-at", "2", "--iters", "3", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    cl.main()
+    d = json.loads(out.read_text())
+    lams = [p["lambda"] for p in d["points"]]
+    assert lams == [0.7, 0.8, 0.75, 0.725, 0.7375] and {p["b_over_k"] for p in d["points"]} == {2}
+    assert d["fitted_lambda"] == 0.75 and d["fit"].startswith("bisection at B/k = 2")
+
+
+def test_solve_at_needs_a_published_budget_and_two_ends(monkeypatch):
+    for extra in (["--solve-at", "4", "--lams", "0.7,0.8"], ["--solve-at", "2", "--lams", "0.7"]):
+        monkeypatch.setattr(sys, "argv", ["x", *extra])
+        with pytest.raises(SystemExit):
+            cl.main()
