@@ -25,7 +25,10 @@ Per (model, system, batch) row:
   indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
   speculative round's floor counts its K queries' rows and scans.
 - ``busy_share``: union of the GPU's kernel / copy intervals over the wall time of the profiled
-  steps (torch.profiler's CUDA activity, after the timed steps), and ``kernels_per_step``.
+  steps (torch.profiler's CUDA activity, after the timed steps), and ``kernels_per_step``; the
+  profiler's own host cost lowers it. ``busy_share_events``: the served metric
+  (``dhs_decode_gpu_share``: the steps' CUDA-event spans over the GPU timeline) over the
+  pipelined steps, no profiler; a step's span includes the gaps between its kernels.
 - ``phase_kernel_us`` (speculative systems): over the profiled rounds, each phase's kernel time
   and its top kernels in microseconds per round, each kernel attributed to the phase whose range
   launched it (the drafter's share of a round: propose + catch_up).
@@ -298,6 +301,10 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
     }
 
 
+def _gpu_time(eng) -> tuple[float, float]:
+    return eng.stats["decode_gpu_seconds_total"], eng.stats["decode_gpu_span_seconds_total"]
+
+
 def measure(eng, m, batch: int, args, torch) -> dict:
     """Fill ``batch`` requests, time steps, profile a few, let the batch finish."""
     from systems.engine.request import Request, SamplingParams
@@ -333,10 +340,19 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     }
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(args.steps):
+    g0 = None
+    for i in range(args.steps):
         eng.step()
+        if i == 1:  # the first step's span starts with the gap of the sync before the loop
+            g0 = _gpu_time(eng)
+    g1 = _gpu_time(eng)
     torch.cuda.synchronize()
     row["step_ms_pipelined"] = (time.perf_counter() - t0) / args.steps * 1e3
+    # the server's own measure (CUDA events around steps, no profiler): the steps' share of the
+    # GPU timeline they ran on, over the pipelined steps (events are read a few steps late,
+    # at both ends alike)
+    span = g1[1] - g0[1] if g0 else 0.0
+    row["busy_share_events"] = (g1[0] - g0[0]) / span if span > 0 else None
     row.update(handoff_steps(eng, prompt, args, torch))
     if timer is not None:
         torch.cuda.synchronize()
@@ -439,7 +455,7 @@ def main() -> None:
                 print(
                     f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
                     f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
-                    f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f}  kernels "
+                    f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f} (events {row['busy_share_events'] or 0:.2f})  kernels "
                     f"{row['kernels_per_step'] or 0:6.0f}"
                     + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
                     flush=True,
