@@ -65,6 +65,7 @@ from figures.report import (  # noqa: F401
 from figures.stats import SPREAD_TARGET, ratio_stats, within_call_spread  # noqa: F401
 from harness.results import (  # noqa: F401
     DEFAULT_RESULTS,
+    H200_SUFFIX,
     REPO,
     SUPERSEDED,
     Run,
@@ -83,11 +84,13 @@ from harness.results import (  # noqa: F401
     graph_replay_share,
     graphs_replayed,
     load_json,
+    load_preferred,
     load_runs,
     load_yaml,
     metric_col,
     pick,
     profile_at_load,
+    run_value,
     summary_value,
     timing_split,
     values_by_run_group,

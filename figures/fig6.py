@@ -1,11 +1,14 @@
 """Fig. 6 - residency under a load step (C16 -> C256 -> C16), optional residency on and off.
 
-Reads results/fig6/<run>/ (two runs of the same build: the arm comes from
+Reads results/fig6_h200/ (the GLM-like H200 preset, three repeats per arm) where it has runs,
+else results/fig6/ (glm53_mini): <run>/ directories of the same build (the arm comes from
 ``system.optional_residency`` in config.yaml, ``point.optional_residency``, or "on"/"off" in the
 run tag) with server_metrics.parquet (one-second counters: dhs_num_allocated_slots,
 dhs_ready_optional_coverage as a fraction, dhs_selected_rows_from_host_total,
-dhs_selected_rows_total) and summary.json ``phases``; and results/fig6/summary.json when the
-harness wrote the headline numbers (they are recomputed from the counters otherwise).
+dhs_selected_rows_total) and summary.json ``phases``; and the experiment's summary.json when the
+harness wrote the headline numbers (they are recomputed from the counters otherwise). With
+repeats, the reduction off / on is the ratio of the arms' median low-load shares, with its
+bootstrap interval.
 Panels: (a) allocated request slots, (b) ready optional coverage, (c) share of selected rows
 fetched from host, in five-second bins.
 """
@@ -31,14 +34,25 @@ def step_loads(runs) -> dict[int, int]:
     return {}
 
 
+def low_load_host_share(run) -> float | None:
+    """The first (low-load) phase's share of selected rows fetched from host, from the run's
+    per-phase statistics (summary.json ``phases``)."""
+    ph = run.summary.get("phases") or []
+    return ph[0].get("host_fetched_share") if ph else None
+
+
+def preset_label(exp: str) -> str:
+    return "GLM-like H200 preset" if exp.endswith(C.H200_SUFFIX) else "GLM-like scaled preset"
+
+
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
-    runs = C.load_runs(args.results, NAME)
+    exp, runs = C.load_preferred(args.results, NAME)
     A = arms(runs)
-    S = C.load_json(args.results / NAME / "summary.json") or {}
+    S = C.load_json(args.results / exp / "summary.json") or {}
     rep = C.Report(
         NAME,
-        "Fig. 6 - Residency under a load step (ours: GLM-like scaled preset, time-scaled phases)",
+        f"Fig. 6 - Residency under a load step (ours: {preset_label(exp)}, time-scaled phases)",
     )
     rep.loads = step_loads(A.values())
     P = PAPER["fig6"]
@@ -90,7 +104,7 @@ def main(argv=None) -> C.Report:
     d_on = derived(A["on"]) if "on" in A else {}
     d_off = derived(A["off"]) if "off" in A else {}
     prov_runs = C.provenance(list(A.values())) if A else ""
-    prov_sum = C.summary_provenance(S, "results/fig6/summary.json") if S else ""
+    prov_sum = C.summary_provenance(S, f"results/{exp}/summary.json") if S else ""
 
     def pick_val(skey, dval, scale=1.0):
         """summary.json holds the reported unit (percent); derived() holds fractions (x scale)."""
@@ -117,13 +131,18 @@ def main(argv=None) -> C.Report:
         "%",
         p2,
     )
+    # over the arms' repeats where both have several: the ratio of medians and its interval
+    stats = None
+    if all(len(A[a].repeats) >= 2 for a in ("on", "off") if a in A) and len(A) == 2:
+        stats = C.ratio_stats(A["off"], A["on"], low_load_host_share)
     rep.compare(
         "host_low_reduction",
         "reduction of host fetches at low load (off / on)",
         P["host_share_low_reduction"],
-        C.ratio(off_low, on_low),
+        stats.point if stats else C.ratio(off_low, on_low),
         "x",
         p1,
+        stats=stats,
     )
     v, p = pick_val("coverage_low_on", d_on.get("coverage_low"), 100)
     rep.compare(

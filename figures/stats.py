@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.results import Run, as_float, values_by_run_group
+from harness.results import Run, run_value, values_by_run_group
 
 INTERVAL = 0.90
 RESAMPLES = 4000
@@ -66,14 +66,16 @@ def bootstrap_ratio(
     return float(lo), float(hi)
 
 
-def repeat_values(run: Run, key: str, scale: float = 1.0) -> list[float]:
-    """``key`` of every repeat of ``run`` (the run alone when it has none)."""
-    vals = (as_float(x.summary.get(key)) for x in (run.repeats or [run]))
+def repeat_values(run: Run, key, scale: float = 1.0) -> list[float]:
+    """``key`` (a summary key or a function of a run: ``run_value``) of every repeat of ``run``
+    (the run alone when it has none)."""
+    vals = (run_value(x, key) for x in (run.repeats or [run]))
     return [v * scale for v in vals if v is not None]
 
 
-def ratio_stats(a: Run | None, b: Run | None, key: str) -> RatioStats | None:
-    """a / b for one summary key over both runs' repeats, or None without values on both sides."""
+def ratio_stats(a: Run | None, b: Run | None, key) -> RatioStats | None:
+    """a / b for one summary key (or function of a run) over both runs' repeats, or None without
+    values on both sides."""
     if a is None or b is None:
         return None
     va, vb = repeat_values(a, key), repeat_values(b, key)

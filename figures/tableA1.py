@@ -1,7 +1,8 @@
 """Table A1 - load-step statistics per phase, optional residency on / off: requests, share fetched
 from host, TPOT, tokens/s per session and its gain, TTFT, allocation wait.
 
-Reads the ``phases`` list of results/fig6/<run>/summary.json (the harness's per-phase statistics;
+Reads the ``phases`` list of results/fig6_h200/<run>/summary.json where that experiment has runs,
+else results/fig6/<run>/ (figures/fig6.py; the harness's per-phase statistics;
 ``host_fetched_share`` is a fraction). The paper's last row covers the time after the in-flight
 count returned to 16; ours uses the whole third phase unless the harness provides that window.
 """
@@ -9,7 +10,7 @@ count returned to 16; ours uses the whole third phase unless the harness provide
 from __future__ import annotations
 
 from figures import common as C
-from figures.fig6 import step_loads
+from figures.fig6 import preset_label, step_loads
 from figures.paper_values import PAPER, TABLEA1_PHASES
 from harness.summaries import arm_of
 
@@ -42,7 +43,7 @@ def phase_rows(run: C.Run | None) -> list[dict]:
 
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
-    runs = C.load_runs(args.results, "fig6")
+    exp, runs = C.load_preferred(args.results, "fig6")
     A = {}
     for r in runs:  # Table A1 needs only the phases, not the counters
         a = arm_of(r)
@@ -50,8 +51,8 @@ def main(argv=None) -> C.Report:
             A[a] = r
     rep = C.Report(
         NAME,
-        "Table A1 - Load step, optional residency on / off (ours: GLM-like scaled "
-        "preset, time-scaled phases)",
+        "Table A1 - Load step, optional residency on / off "
+        f"(ours: {preset_label(exp)}, time-scaled phases)",
     )
     rep.loads = step_loads(A.values())
     P = PAPER["tableA1"]

@@ -385,14 +385,20 @@ def live_window(run: Run, need: set, min_rows: int = 0):
     return live, live.iloc[0], live.iloc[-1]
 
 
-def values_by_run_group(points: dict, key: str) -> dict[str, dict[Any, list[float]]]:
-    """{run group: {point: the summary's ``key`` of each of the point's runs in that group}} over
-    each point's run and all its repeats (a point is any label: a system, a budget): which values
-    one GPU machine measured together. A group may hold several runs of one point."""
+def run_value(run: Run, key) -> float | None:
+    """A run's number: its summary's ``key``, or ``key(run)`` for a value the summary holds
+    deeper (e.g. one phase's share)."""
+    return as_float(key(run)) if callable(key) else as_float(run.summary.get(key))
+
+
+def values_by_run_group(points: dict, key) -> dict[str, dict[Any, list[float]]]:
+    """{run group: {point: ``run_value(run, key)`` of each of the point's runs in that group}}
+    over each point's run and all its repeats (a point is any label: a system, a budget): which
+    values one GPU machine measured together. A group may hold several runs of one point."""
     by_group: dict[str, dict[Any, list[float]]] = {}
     for label_, r in points.items():
         for x in r.repeats or [r]:
-            v = as_float(x.summary.get(key))
+            v = run_value(x, key)
             if x.run_group and v:
                 by_group.setdefault(x.run_group, {}).setdefault(label_, []).append(v)
     return by_group
@@ -446,6 +452,21 @@ def finished_runs(results: str | Path, experiment: str) -> list[Run]:
             runs.append(Run(sub, s))
     runs.sort(key=lambda r: (str(r.env.get("time_utc", "")), r.path.name))
     return runs
+
+
+# an experiment re-run on the H200 preset derived from the paper (docs/presets.md) is named
+# <experiment>_h200 and writes results/<experiment>_h200/
+H200_SUFFIX = "_h200"
+
+
+def load_preferred(results: str | Path, experiment: str) -> tuple[str, list[Run]]:
+    """(name, runs) of the experiment a figure plots: ``<experiment>_h200`` where it has
+    finished runs, else ``experiment`` (the scaled mini presets)."""
+    for name in (experiment + H200_SUFFIX, experiment):
+        runs = load_runs(results, name)
+        if runs:
+            return name, runs
+    return experiment, []
 
 
 def load_runs(results: str | Path, experiment: str) -> list[Run]:

@@ -2,7 +2,8 @@
 
     python -m harness.summaries [--results results]
 
-- ``results/fig6/summary.json``: host_fetch_share_low_on / _off (first low-load phase, percent),
+- ``results/fig6/summary.json`` (and ``results/fig6_h200/summary.json``, the same on the GLM-like
+  H200 preset): host_fetch_share_low_on / _off (first low-load phase, percent),
   coverage_low_on, seconds_to_coverage_below_1pct, seconds_to_coverage_above_50pct_after_drop,
   slots_fill_s_on / _off.
 - ``results/fig7/summary.json``: per block size and load, emitted_tokens_per_round and
@@ -98,8 +99,8 @@ def derived(run: Run) -> dict[str, float | None]:
     return res
 
 
-def fig6(results: Path) -> dict | None:
-    by_arm = arms(load_runs(results, "fig6"))
+def fig6(results: Path, experiment: str = "fig6") -> dict | None:
+    by_arm = arms(load_runs(results, experiment))
     if not by_arm:
         return None
     d = {a: derived(r) for a, r in by_arm.items()}
@@ -115,7 +116,7 @@ def fig6(results: Path) -> dict | None:
         "runs": {a: str(r.path.relative_to(results)) for a, r in by_arm.items()},
         "note": "scaled preset and time-scaled phases; see the runs' config.yaml",
     }
-    atomic_write_json(results / "fig6" / "summary.json", out)
+    atomic_write_json(results / experiment / "summary.json", out)
     return out
 
 
@@ -171,7 +172,7 @@ def fig7(results: Path) -> dict | None:
 
 
 def write_all(results: Path) -> dict:
-    return {"fig6": fig6(results), "fig7": fig7(results)}
+    return {"fig6": fig6(results), "fig6_h200": fig6(results, "fig6_h200"), "fig7": fig7(results)}
 
 
 def main(argv=None) -> int:

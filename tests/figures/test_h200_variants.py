@@ -1,0 +1,59 @@
+"""A figure reads its experiment's re-run on the GLM-like H200 preset (``<experiment>_h200``)
+where that has runs, else the mini preset's; Fig. 6's reduction then comes from the arms'
+repeats, as the ratio of their medians with a bootstrap interval."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+
+import pytest
+import yaml
+
+from figures import fig6, tableA1
+from tests.figures.fixture import build
+
+ON = (0.011, 0.012, 0.016)  # low-load host-fetched shares of the three repeats per arm
+OFF = (0.25, 0.24, 0.26)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = build(tmp_path_factory.mktemp("h200") / "results")
+    src = {a: root / "fig6" / f"adaptive_hisparse-step-{a}" for a in ("on", "off")}
+    for arm, shares in (("on", ON), ("off", OFF)):
+        for i, share in enumerate(shares, 1):
+            d = root / "fig6_h200" / f"adaptive_hisparse-glm53_h200-step-rep{i}-{arm}"
+            shutil.copytree(src[arm], d)
+            s = json.loads((d / "summary.json").read_text())
+            s["model"], s["experiment"] = "glm53_h200", "fig6_h200"
+            s["point"]["schedule"] = "4:15,64:20,4:15"
+            s["phases"][0]["host_fetched_share"] = share
+            (d / "summary.json").write_text(json.dumps(s))
+            cfg = yaml.safe_load((d / "config.yaml").read_text())
+            cfg["model"]["name"], cfg["repeat"] = "glm53_h200", i
+            (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def test_fig6_prefers_the_h200_runs_and_their_repeats(results, tmp_path):
+    rep = fig6.main(["--results", str(results), "--out", str(tmp_path)])
+    assert "GLM-like H200 preset" in rep.title
+    row = rep.row("host_low_reduction")
+    assert row.ours == pytest.approx(statistics.median(OFF) / statistics.median(ON))
+    assert row.stats is not None and row.stats.runs == (3, 3) and row.stats.interval
+    assert rep.loads == {16: 4, 256: 64}  # paper C16 / C256 = ours C4 / C64
+
+
+def test_table_a1_reads_the_same_experiment(results, tmp_path):
+    rep = tableA1.main(["--results", str(results), "--out", str(tmp_path)])
+    assert "GLM-like H200 preset" in rep.title
+
+
+def test_without_h200_runs_the_mini_runs_stay(results, tmp_path):
+    mini = tmp_path / "results"
+    shutil.copytree(results, mini, ignore=shutil.ignore_patterns("fig6_h200"))
+    rep = fig6.main(["--results", str(mini), "--out", str(tmp_path / "out")])
+    assert "GLM-like scaled preset" in rep.title
+    assert rep.row("host_low_reduction").ours == pytest.approx(14.2 / 1.4)
