@@ -147,13 +147,17 @@ def main() -> None:
             ap.error(f"--solve-at must be one of the published budgets {sorted(PAPER)}")
         if len(args.lams.split(",")) != 2:
             ap.error("--solve-at bisects between two --lams, e.g. --lams 0.7,0.8")
-    if args.out is None:
-        name = "locality.json" if args.model == "glm53_mini" else f"locality-{args.model}.json"
-        args.out = str(REPO / "results" / "calibration" / name)
+    if args.solve_at is None and not set(PAPER) <= {int(x) for x in args.budgets.split(",")}:
+        ap.error(f"the grid fit needs every published budget: --budgets {sorted(PAPER)}")
+    if args.out is None:  # a bisection beside the grid's file, not over it
+        name = "locality" if args.model == "glm53_mini" else f"locality-{args.model}"
+        tail = "" if args.solve_at is None else f"-at{args.solve_at}k"
+        args.out = str(REPO / "results" / "calibration" / f"{name}{tail}.json")
     from harness.environment import environment
 
     env = environment()
     rows = []
+    bracketed = True  # --solve-at: the paper's share lies between the two ends
 
     targets = PAPER if args.solve_at is None else {args.solve_at: PAPER[args.solve_at]}
 
@@ -171,7 +175,7 @@ def main() -> None:
         written after every point, so a run cut by its time box keeps what it measured."""
         lams = sorted({r["lambda"] for r in rows})
         best = min(lams, key=err) if lams else None
-        fitted = best is not None and math.isfinite(err(best))
+        fitted = bracketed and best is not None and math.isfinite(err(best))
         out = {
             "model": args.model,
             "paper_host_share_pct": PAPER,
@@ -180,6 +184,7 @@ def main() -> None:
             "points": rows,
             "settings": vars(args),
             "env": env,
+            "bracketed": bracketed,
             "fit": "grid over every published budget"
             if args.solve_at is None
             else f"bisection at B/k = {args.solve_at} (the nearest measured lambda)",
@@ -210,7 +215,12 @@ def main() -> None:
         lo, hi = sorted(lams)
         s_lo, s_hi = point(lo, bk), point(hi, bk)
         if not s_hi <= goal <= s_lo:
-            print(f"the paper's {goal}% is not between {s_lo:.2f}% and {s_hi:.2f}%: widen --lams")
+            bracketed = False
+            write()
+            sys.exit(
+                f"the paper's {goal}% is not between {s_lo:.2f}% and {s_hi:.2f}% (lambda "
+                f"{lo} / {hi}): widen --lams -> {args.out}"
+            )
         else:
             for _ in range(args.iters):
                 mid = round((lo + hi) / 2, 4)

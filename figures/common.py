@@ -62,7 +62,12 @@ from figures.report import (  # noqa: F401
     pct_change,
     ratio,
 )
-from figures.stats import SPREAD_TARGET, ratio_stats, within_call_spread  # noqa: F401
+from figures.stats import (  # noqa: F401
+    SPREAD_TARGET,
+    ratio_stats,
+    repeat_values,
+    within_call_spread,
+)
 from harness.results import (  # noqa: F401
     DEFAULT_RESULTS,
     H200_SUFFIX,

@@ -421,7 +421,7 @@ def _host_share_note(runs, c: int) -> str | None:
         r = C.pick(runs, system, c)
         vals = [
             v
-            for x in (r.repeats or [r] if r is not None else [])
+            for x in ((r.repeats or [r]) if r is not None else [])
             if (
                 v := counter_ratio(
                     x, "dhs_selected_rows_from_host_total", "dhs_selected_rows_total"

@@ -631,28 +631,40 @@ def preset_summary(preset: str) -> str:
 
 
 def _locality_source(preset: str, paper: str) -> str:
-    """Where the preset's selection locality comes from: its GPU calibration file's points at
-    that lambda, or glm53_mini's fit while it has none."""
+    """Where the preset's selection locality comes from: the points its GPU calibration files
+    (the grid's ``locality-<preset>.json``, bisections' ``locality-<preset>-at<B>k.json``)
+    measured at that lambda, or glm53_mini's fit while it has none."""
     import json
 
-    f = Path(__file__).resolve().parents[1] / "results" / "calibration" / f"locality-{preset}.json"
+    cal_dir = Path(__file__).resolve().parents[1] / "results" / "calibration"
+    files = sorted(cal_dir.glob(f"locality-{preset}.json")) + sorted(
+        cal_dir.glob(f"locality-{preset}-at*k.json")
+    )
     fig = "9e" if paper == "glm" else "9g"
-    if not f.exists():
+    if not files:
         return (
             f"glm53_mini's fit, to be recalibrated to Fig. {fig} on the GPU: "
             "benchmarks/calibrate_locality.py"
         )
-    cal = json.loads(f.read_text())
     lam = model_config(preset).selection_locality
-    pts = {
-        p["b_over_k"]: p["host_share_pct"] for p in cal["points"] if math.isclose(p["lambda"], lam)
-    }
-    paper_pct = cal.get("paper_host_share_pct") or cal["paper_fig9e_host_share_pct"]
+    pts, paper_pct, gpu = {}, {}, "GPU"
+    for f in files:
+        cal = json.loads(f.read_text())
+        paper_pct.update(
+            cal.get("paper_host_share_pct") or cal.get("paper_fig9e_host_share_pct") or {}
+        )
+        gpu = (cal.get("env") or {}).get("gpu") or gpu
+        for p in cal.get("points", []):
+            if math.isclose(p["lambda"], lam):
+                pts[p["b_over_k"]] = p["host_share_pct"]
+    if not pts:
+        return f"not among the points of {', '.join(f.name for f in files)}"
     shares = ", ".join(
-        f"{v:.1f} % at B = {'' if k == 1 else k}k (paper {paper_pct[str(k)]} %)"
+        f"{v:.1f} % at B = {'' if k == 1 else k}k"
+        + (f" (paper {paper_pct[str(k)]} %)" if str(k) in paper_pct else "")
         for k, v in sorted(pts.items())
     )
-    return f"calibrated on the {cal['env'].get('gpu', 'GPU')}: host share {shares}; {f.name}"
+    return f"calibrated on the {gpu}: host share {shares}; {', '.join(f.name for f in files)}"
 
 
 def _doc_sections() -> str:

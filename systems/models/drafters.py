@@ -98,11 +98,12 @@ class _DraftCore(torch.nn.Module):
         Rows where valid is False are not written."""
         x = self._embed(tokens) + hidden.to(self.w_hid.dtype) @ self.w_hid
         rows = self.ring.rows(slots, positions)
-        ctx = self._window(slots, positions[:, :1])  # history before this chunk
+        # the history before this chunk, and the chunk causally
+        ctx = self._context(slots, positions[:, :1], tokens.shape[1], causal_block=True)
         for li, p in enumerate(self.layers):
             h = self._norm(x)
             k, v = h @ p["wk"], h @ p["wv"]
-            x = x + self._attend(p, h, k, v, ctx, li, positions, causal_block=True)
+            x = x + self._attend(p, h, k, v, ctx, li)
             x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
             # rows of invalid entries keep their contents: a masked write instead of boolean
             # indexing, which would sync (the rows of one call are distinct: L <= ring size)
@@ -112,40 +113,47 @@ class _DraftCore(torch.nn.Module):
                 ring = self.ring.kv[li, j]
                 ring[r] = torch.where(keep, ring[r], new.reshape(-1, self.dim))
 
-    def _window(self, slots: torch.Tensor, first_pos: torch.Tensor):
-        """The context of a block starting at first_pos (B, 1): each slot's whole ring, and
-        which of its R_d rows hold one of the W positions before first_pos (B, R_d).
+    def _context(self, slots: torch.Tensor, first_pos: torch.Tensor, L: int, causal_block: bool):
+        """What a block of L queries starting at first_pos (B, 1) attends to: each slot's whole
+        ring, then the block's own keys. Returns (slots, bias): bias (B, 1, L, R_d + L) is an
+        additive mask in the model dtype, 0 where a query may attend (the ring rows of the W
+        positions before first_pos; the block's keys, up to itself when causal), -inf elsewhere.
 
         Row j of a slot holds the latest position t < first_pos with t = j (mod R_d) (eq. 10;
         block positions are never written), and R_d > W, so the rows whose t lies in
         [first_pos - W, first_pos) are exactly the window. Reading the slot's rows as one
-        contiguous block and masking the rest replaces a gather of W scattered rows."""
+        contiguous block and masking the rest replaces a gather of W scattered rows. The mask
+        is built once per call for every layer, as a view of rows padded to a multiple of 8
+        elements: the fused attention kernels read it in place only with aligned rows."""
         r_d = self.ring.r_d
-        j = torch.arange(r_d, device=first_pos.device)
+        dev = first_pos.device
+        j = torch.arange(r_d, device=dev)
         last = first_pos - 1  # (B, 1)
         t = last - torch.remainder(last - j, r_d)  # (B, R_d): the position row j holds
         ok = (t >= first_pos - self.window) & (t >= 0)
-        return slots.long(), ok
+        blk = torch.ones(L, L, dtype=torch.bool, device=dev)
+        if causal_block:
+            blk = blk.tril()
+        B, M = ok.shape[0], r_d + L
+        allowed = torch.cat([ok.unsqueeze(1).expand(-1, L, -1), blk.expand(B, -1, -1)], dim=-1)
+        bias = torch.full(
+            (B, 1, L, -(-M // 8) * 8), float("-inf"), dtype=self.ring.kv.dtype, device=dev
+        )
+        bias = bias[..., :M]
+        bias.masked_fill_(allowed.unsqueeze(1), 0.0)
+        return slots.long(), bias
 
-    def _attend(self, p, h, k, v, ctx, li, positions, causal_block: bool):
-        """h, k, v (B, L, d): block queries attend to the ring window plus block keys <= self.
-        One fused attention call in the model dtype over [the slot's ring rows, the block]."""
-        slots, ok = ctx
-        B, L, d = h.shape
+    def _attend(self, p, h, k, v, ctx, li):
+        """h, k, v (B, L, d): block queries attend to their ring window and block keys (ctx from
+        ``_context``): one fused attention call in the model dtype."""
+        slots, bias = ctx
+        d = h.shape[-1]
         ring = self.ring.kv[li].view(2, self.ring.num_slots, self.ring.r_d, d)
         keys = torch.cat([ring[0][slots], k], dim=1)  # (B, R_d + L, d)
         vals = torch.cat([ring[1][slots], v], dim=1)
         q = h @ p["wq"]
-        blk = torch.ones(L, L, dtype=torch.bool, device=h.device)
-        if causal_block:
-            blk = blk.tril()
-        mask = torch.cat([ok.unsqueeze(1).expand(-1, L, -1), blk.expand(B, -1, -1)], dim=-1)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(1),
-            keys.unsqueeze(1),
-            vals.unsqueeze(1),
-            attn_mask=mask.unsqueeze(1),
-            scale=self.scale,
+            q.unsqueeze(1), keys.unsqueeze(1), vals.unsqueeze(1), attn_mask=bias, scale=self.scale
         )[:, 0]
         return out @ p["wo"]
 
@@ -174,13 +182,10 @@ class DFlash2Drafter(_DraftCore):
         x = torch.cat(
             [self._embed(anchors).unsqueeze(1), self.mask_emb.expand(B, K - 1, -1)], dim=1
         )  # (B, K, d)
-        pos = n.unsqueeze(1) + torch.arange(K, device=n.device)
-        ctx = self._window(slots, n.unsqueeze(1))
+        ctx = self._context(slots, n.unsqueeze(1), K, causal_block=False)  # bidirectional block
         for li, p in enumerate(self.layers):
             h = self._norm(x)
-            x = x + self._attend(
-                p, h, h @ p["wk"], h @ p["wv"], ctx, li, pos, causal_block=False
-            )  # parallel block: bidirectional
+            x = x + self._attend(p, h, h @ p["wk"], h @ p["wv"], ctx, li)
             x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
         logits = self._logits(x[:, : K - 1])  # block position j proposes token n + j + 1
         return _draw(logits, temperatures, gen, sampled)
@@ -192,19 +197,16 @@ class DSparkDrafter(_DraftCore):
     name = "dspark"
 
     def propose(self, slots, anchors, n, K, temperatures, gen, sampled=None):
-        ctx = self._window(slots, n.unsqueeze(1))
         toks = [anchors]
         xs = []
         props, probs, confs = [], [], []
         for j in range(K - 1):
             xs.append(self._embed(toks[-1]).unsqueeze(1))
             x = torch.cat(xs, dim=1)  # (B, j+1, d): recompute the short block (K <= 8)
-            pos = n.unsqueeze(1) + torch.arange(j + 1, device=n.device)
+            ctx = self._context(slots, n.unsqueeze(1), j + 1, causal_block=True)
             for li, p in enumerate(self.layers):
                 h = self._norm(x)
-                x = x + self._attend(
-                    p, h, h @ p["wk"], h @ p["wv"], ctx, li, pos, causal_block=True
-                )
+                x = x + self._attend(p, h, h @ p["wk"], h @ p["wv"], ctx, li)
                 x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
             logits = self._logits(x[:, -1:])
             t, q = _draw(logits, temperatures, gen, sampled)

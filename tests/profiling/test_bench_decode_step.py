@@ -84,6 +84,7 @@ class _FakeEngine:
     def __init__(self, lag: int):
         self.lag = lag
         self.submitted, self.left, self.steps = 0, 0, 0
+        self.stats = {"handoffs_total": 0}
         self.scheduler = type("S", (), {"arriving": {}})()
         # a backend whose host backups count the steps run
         self.backend = type(
@@ -104,6 +105,7 @@ class _FakeEngine:
             self.left -= 1
             if self.left <= 0:
                 self.scheduler.arriving = {}
+                self.stats["handoffs_total"] += 1  # the engine counts requests as they land
 
 
 class _FakeTorch:

@@ -18,24 +18,23 @@ ARGS = ["--model", "tiny", "--device", "cpu", "--context", "120", "--requests", 
         "3", "--warmup", "1", "--window", "2", "--pool-gib", "0.05", "--host-gib", "0.1"]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "lams,budgets,points,fitted",
-    [("0,0.5", "1,2,8", 6, True), ("0.5", "1,8", 2, False)],  # no fit without all three
-)
-def test_points_and_fit(tmp_path, monkeypatch, lams, budgets, points, fitted):
+def test_points_and_fit(tmp_path, monkeypatch):
     out = tmp_path / "loc.json"
-    argv = ["x", *ARGS, "--lams", lams, "--budgets", budgets, "--out", str(out)]
+    argv = ["x", *ARGS, "--lams", "0,0.5", "--budgets", "1,2,8", "--out", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
     cl.main()
     d = json.loads(out.read_text())
-    assert len(d["points"]) == points and d["model"] == "tiny"
+    assert len(d["points"]) == 6 and d["model"] == "tiny"
     # the share over all 3 steps, and per window of 2 (the last window is the 1 step left)
     assert all(len(p["host_share_pct_by_window"]) == 2 for p in d["points"])
     assert all(0 <= p["host_share_pct"] <= 100 for p in d["points"])
-    if fitted:
-        assert d["fitted_lambda"] in (0.0, 0.5) and d["fit_error_log2"] >= 0
-    else:
-        assert d["fitted_lambda"] is None
+    assert d["fitted_lambda"] in (0.0, 0.5) and d["fit_error_log2"] >= 0
+
+
+def test_the_grid_needs_every_published_budget(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["x", "--lams", "0.5", "--budgets", "1,8"])
+    with pytest.raises(SystemExit):
+        cl.main()
 
 
 def test_solve_at_bisects_to_the_papers_share(tmp_path, monkeypatch):
@@ -63,3 +62,19 @@ def test_solve_at_needs_a_published_budget_and_two_ends(monkeypatch):
         monkeypatch.setattr(sys, "argv", ["x", *extra])
         with pytest.raises(SystemExit):
             cl.main()
+
+
+def test_solve_at_stops_when_the_ends_do_not_bracket_the_paper(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        cl,
+        "measure",
+        lambda lam, bk, args: {"lambda": lam, "b_over_k": bk, "host_share_pct": 50.0, "step_ms": 1},
+    )
+    out = tmp_path / "loc.json"
+    argv = ["x", "--lams", "0.7,0.8", "--solve-at", "2", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as e:
+        cl.main()
+    assert "widen --lams" in str(e.value.code)
+    d = json.loads(out.read_text())
+    assert d["fitted_lambda"] is None and d["bracketed"] is False and len(d["points"]) == 2
