@@ -1,9 +1,11 @@
 """Fig. 7 - DFlash2 block size: (a) emitted tokens per speculative round and (b) output per GPU for
 static blocks of 4, 6 and 8 target queries at three offered loads.
 
-Reads results/fig7/summary.json: ``points`` = [{block, concurrency, emitted_tokens_per_round,
+Reads results/fig7_h200/ (the GLM-like H200 preset at paper C128 = ours C32, three repeats per
+block) where it has runs, else results/fig7/ (glm53_mini). From the experiment's summary.json:
+``points`` = [{block, concurrency, emitted_tokens_per_round,
 output_tok_s_per_gpu[, round_ms]}] (a nested {"C64": {"4": {...}}} form is accepted too) and
-``missing_selections_per_distinct_host_row``; or, failing that, runs under results/fig7/<run>/
+``missing_selections_per_distinct_host_row``; or, failing that, its runs (<run>/ directories)
 whose point carries ``block`` and whose summary carries ``emitted_tokens_per_round``.
 """
 
@@ -71,14 +73,15 @@ def from_runs(runs) -> list[dict]:
 
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
-    S = C.load_json(args.results / NAME / "summary.json") or {}
+    exp, runs = C.load_preferred(args.results, NAME)
+    S = C.load_json(args.results / exp / "summary.json") or {}
     pts = normalize(S)
-    runs = C.load_runs(args.results, NAME)
-    prov = C.summary_provenance(S, "results/fig7/summary.json") if pts else ""
+    prov = C.summary_provenance(S, f"results/{exp}/summary.json") if pts else ""
     if not pts:
         pts = from_runs(runs)
         prov = C.provenance(runs) if pts else ""
-    rep = C.Report(NAME, "Fig. 7 - Block size for DFlash2 (ours: GLM-like scaled preset)")
+    preset = "GLM-like H200 preset" if exp.endswith(C.H200_SUFFIX) else "GLM-like scaled preset"
+    rep = C.Report(NAME, f"Fig. 7 - Block size for DFlash2 (ours: {preset})")
     P = PAPER["fig7"]
     get = {(int(p["block"]), int(p["concurrency"])): p for p in pts}
     ours = load_map(runs, P["concurrency"])
@@ -242,13 +245,18 @@ def main(argv=None) -> C.Report:
         prov,
     )
     rep.measured_with = prov
-    if any(ours.get(c, c) != c for c in P["concurrency"]):
+    mapped = [c for c in P["concurrency"] if c in ours]
+    if any(ours[c] != c for c in mapped):
+        why = (
+            "one H200 stands for one of the paper's four decode GPUs (harness/load_mapping.py)"
+            if exp.endswith(C.H200_SUFFIX)
+            else "the scaled preset runs half the paper's loads (conf/experiment/fig7.yaml)"
+        )
         rep.note(
-            "Loads: the scaled preset runs half the paper's loads (conf/experiment/fig7.yaml), so the "
-            "paper's "
-            + ", ".join(f"C{c}" for c in P["concurrency"])
+            f"Loads: {why}, so the paper's "
+            + ", ".join(f"C{c}" for c in mapped)
             + " are compared with our "
-            + ", ".join(f"C{ours[c]}" for c in P["concurrency"])
+            + ", ".join(f"C{ours[c]}" for c in mapped)
             + "; the panels plot our loads."
         )
     rep.note(
@@ -260,9 +268,13 @@ def main(argv=None) -> C.Report:
 
 
 def load_map(runs, paper_loads) -> dict[int, int]:
-    """The paper's load -> ours: by position in the runs' ``workload.concurrency`` list where it
-    has as many loads as the paper's sweep (the experiment config scales the loads), else identity."""
-    for r in reversed(list(runs)):
+    """The paper's load -> ours: the paper's C the runs recorded (harness.load_mapping), else by
+    position in the runs' ``workload.concurrency`` list where it has as many loads as the
+    paper's sweep (the experiment config scales the loads), else identity."""
+    runs = list(runs)
+    if any(r.paper_concurrency for r in runs):
+        return {p: o for p, o in C.compared_loads(runs).items() if p in set(paper_loads)}
+    for r in reversed(runs):
         loads = ((r.config.get("workload") or {}).get("concurrency")) if r.config else None
         if isinstance(loads, (list, tuple)) and len(loads) == len(paper_loads):
             return {

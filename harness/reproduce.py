@@ -19,7 +19,8 @@ a scratch results directory unless ``--results`` is given.
 ``reproduce.repeats: N`` (3 or more for a claim) makes each sweep combination an interleaved
 group: one throwaway warm-up run, then the systems back to back, N times (A B C A B C ...), each
 run marked ``+repeat=i`` (its own run id) and all recorded under one ``run_group``, so that the
-figures compare systems measured together (docs/running.md, "Loads and repeats").
+figures compare systems measured together (docs/running.md, "Loads and repeats"). With
+``reproduce.interleave_sweep: true`` the sweep's settings interleave as well (one group).
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ class Group:
 
 def groups(exp: str, smoke: bool) -> list[Group]:
     """The experiment's plan, one Group per sweep combination (one per system when an
-    experiment without repeats sweeps nothing: the order the plan always had, system-major)."""
+    experiment without repeats sweeps nothing: the order the plan always had, system-major).
+    ``reproduce.interleave_sweep: true`` (with repeats) makes the whole sweep one group whose
+    rounds run every combination back to back, for claims that compare the sweep's settings
+    (residency on / off, block sizes) rather than systems."""
     from systems.engine.config import compose
 
     base = compose([f"experiment={exp}"])
@@ -116,7 +120,22 @@ def groups(exp: str, smoke: bool) -> list[Group]:
         return " ".join([exp] + [s.lstrip("+") for s in sets])
 
     if repeats is None:
+        if rep.get("interleave_sweep"):
+            raise ValueError(f"{exp}: reproduce.interleave_sweep needs reproduce.repeats")
         return [Group(name(sets), [runs(system, sets)]) for system in systems for sets in combos]
+    if rep.get("interleave_sweep"):  # the sweep's settings are what a claim compares
+        return [
+            Group(
+                f"{exp} (sweep interleaved)",
+                [
+                    runs(s, sets, i)
+                    for i in range(1, int(repeats) + 1)
+                    for sets in combos
+                    for s in systems
+                ],
+                int(repeats),
+            )
+        ]
     return [
         Group(
             name(sets),

@@ -57,3 +57,26 @@ def test_without_h200_runs_the_mini_runs_stay(results, tmp_path):
     rep = fig6.main(["--results", str(mini), "--out", str(tmp_path / "out")])
     assert "GLM-like scaled preset" in rep.title
     assert rep.row("host_low_reduction").ours == pytest.approx(14.2 / 1.4)
+
+
+def test_fig7_prefers_the_h200_runs_at_the_papers_load(results, tmp_path):
+    """fig7_h200's runs record the paper's C128 as ours C32: the best block is read there, from
+    the medians of each block's repeats, and no other load is filled in from the mini runs."""
+    from tests.figures.fixture import _write_run
+
+    out = {4: (900.0, 880.0, 910.0), 6: (950.0, 990.0, 940.0), 8: (700.0, 720.0, 990.0)}
+    for b, vals in out.items():
+        for i, v in enumerate(vals, 1):
+            point = {"concurrency": 32, "paper_concurrency": 128, "tag": "c32"}
+            s = {"system": "adaptive_dhisparse", "model": "glm53_h200", "point": point,
+                 "completed": 64, "errors": 0, "output_tok_s_per_gpu": v,
+                 "emitted_tokens_per_round": 2.0 + b / 4}  # fmt: skip
+            cfg = {"system": {"name": "adaptive_dhisparse", "speculation": {"block_size": b}},
+                   "model": {"name": "glm53_h200"}, "repeat": i}  # fmt: skip
+            _write_run(results, "fig7_h200", f"adaptive_dhisparse-b{b}-rep{i}", s, cfg)
+    from figures import fig7
+
+    rep = fig7.main(["--results", str(results), "--out", str(tmp_path)])
+    assert "GLM-like H200 preset" in rep.title and rep.loads == {128: 32}
+    assert rep.value("C128.best") == 6  # medians 900 / 950 / 720
+    assert rep.value("C64.best") is None and rep.value("C256.best") is None

@@ -47,6 +47,7 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
 NOT_YET_MEASURED = {
     "fig4_protocol",  # issue 23: the protocol, written in the paper's C
     "fig6_h200",  # issue 23: the load step on the GLM-like H200 preset
+    "fig7_h200",  # issue 23: the block-size claim on the GLM-like H200 preset
 }
 # Single runs cut by their GPU call's time box, the rest of their experiment committed; the next
 # call resumes them (finished runs are skipped). Each must leave once it is committed.
@@ -114,3 +115,12 @@ def test_a_run_never_appends_to_an_earlier_server_log(tmp_path):
         cwd=REPO,
     )
     assert ignored.returncode == 0, "new server logs must be ignored by git"
+
+
+def test_interleave_sweep_runs_the_settings_back_to_back():
+    """fig7_h200 compares block sizes of one system: one group, each round every block."""
+    (g,) = rp.groups("fig7_h200", smoke=False)
+    blocks = [rp.setting(ov, "system.speculation.block_size") for ov in g.runs]
+    reps = [rp.setting(ov, "repeat") for ov in g.runs]
+    assert g.repeats == 3 and blocks == ["4", "6", "8"] * 3
+    assert reps == ["1"] * 3 + ["2"] * 3 + ["3"] * 3
