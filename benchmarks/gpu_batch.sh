@@ -14,6 +14,7 @@
 #   EXP+ov=^rerun=2[:SECS]          adds a Hydra override to this item only; ^ stands for Hydra's +
 #                                   (+ separates fields here): a new key, so new run ids
 #   @NAME[:SECS]                    python benchmarks/NAME.py --out $OUT/NAME.json $DHS_ARGS_NAME
+#   @NAME#K[:SECS]                  the same benchmark again with $DHS_ARGS_NAME_K, into NAME_K.json
 # Overrides after -- go to every harness run of the batch.
 #
 # Before the lanes start, once per batch:
@@ -65,7 +66,7 @@ rep() {  # experiment, seconds, harness.reproduce arguments
 }
 
 lane() {  # GPU index, "items", overrides
-  local gpu=$1 items=$2 item spec exp secs b a o x
+  local gpu=$1 items=$2 item spec exp secs b a n o x
   shift 2
   if [ "${DHS_PREWARM:-1}" = 1 ]; then
     CUDA_VISIBLE_DEVICES=$gpu timeout 120 python3 -m harness.run experiment=hisparse_e2e system=adaptive_dhisparse \
@@ -77,8 +78,8 @@ lane() {  # GPU index, "items", overrides
     if [ "$spec" = "$item" ]; then secs=540; fi  # no :SECS
     echo "[lane $gpu] ${spec}"
     case "$spec" in
-      @*) b=${spec#@}; a="DHS_ARGS_$b"
-          CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 benchmarks/$b.py --out $OUT/$b.json ${!a:-} 2>&1 \
+      @*) b=${spec#@}; n=${b/\#/_}; b=${b%%#*}; a="DHS_ARGS_$n"  # @NAME#2: DHS_ARGS_NAME_2
+          CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 benchmarks/$b.py --out $OUT/$n.json ${!a:-} 2>&1 \
             | grep -v Warn | tail -40 | sed "s/^/[gpu$gpu] /" ;;
       *)  exp=${spec%%+*}; local sel=() ovs=() kv=()
           IFS=+ read -ra kv <<< "${spec#"$exp"}"

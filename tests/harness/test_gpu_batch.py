@@ -67,12 +67,14 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
         OUT=str(out),
         STUB_LOG=str(stub_log),
         DHS_ARGS_bench_resolver="--skip a,c",
+        DHS_ARGS_bench_resolver_2="--skip b",
     )
     proc = subprocess.run(
         [
             "bash",
             "benchmarks/gpu_batch.sh",
-            "fig4_more+system=hisparse+point=c256+ov=^rerun=2:20 @bench_resolver:20",
+            "fig4_more+system=hisparse+point=c256+ov=^rerun=2:20 @bench_resolver:20 "
+            "@bench_resolver#2:20",
             "fig9+where=b_over_k=4,8+system=hisparse fig5:20",
             "--",
             "engine.disable_cuda_graph=true",
@@ -101,6 +103,8 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
     assert sum("+prewarm=1" in c for c in calls) == 2
     assert proc.stdout.count("[gpu_batch] run group ") == 1
     assert f"GPU=0 benchmarks/bench_resolver.py --out {out}/bench_resolver.json --skip a,c" in calls
+    # the same benchmark again with its own arguments and output file
+    assert f"GPU=0 benchmarks/bench_resolver.py --out {out}/bench_resolver_2.json --skip b" in calls
     assert (out / "lane0.log").read_text().startswith("[lane 0] fig4_more")
     with tarfile.open(out / "results.tgz") as tar:
         names = tar.getnames()
