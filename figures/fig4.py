@@ -198,15 +198,9 @@ def main(argv=None) -> C.Report:
         tr.take(),
     )
     c256 = {}  # key -> (runs, ours C): where each C256 row was read, for its breakdown
-    for key, quantity, (a, b), value_key, unit in (
-        ("adhs_vs_resident_C256", "ADHS / Resident output", C256_RATIOS[0], OUT, "x"),
-        (
-            "adhs_vs_resident_dflash2_C256",
-            "ADHS / Resident + DFlash2 output",
-            C256_RATIOS[1],
-            OUT,
-            "x",
-        ),
+    for key, quantity, (a, b) in (
+        ("adhs_vs_resident_C256", "ADHS / Resident output", C256_RATIOS[0]),
+        ("adhs_vs_resident_dflash2_C256", "ADHS / Resident + DFlash2 output", C256_RATIOS[1]),
     ):
         src, c, at = c256_source(args.results, runs, (a, b))
         t = C.Tracker(src)
@@ -214,10 +208,10 @@ def main(argv=None) -> C.Report:
             key,
             f"{quantity} at {at}",
             P[key],
-            C.ratio(t.val(a, c, value_key), t.val(b, c, value_key)),
-            unit,
+            C.ratio(t.val(a, c, OUT), t.val(b, c, OUT)),
+            "x",
             t.take(),
-            stats=C.ratio_stats(C.pick(src, a, c), C.pick(src, b, c), value_key),
+            stats=C.ratio_stats(C.pick(src, a, c), C.pick(src, b, c), OUT),
         )
         c256[key] = (src, c)
         if c != 256:
