@@ -202,22 +202,13 @@ class AdaptiveBackend(HiSparseBackend):
         marked backed or retired until the launch is queued, so a failure leaves every page as
         it was."""
         r = self.res[slot]
-        G = self.G
         owned = [j for j, pg in enumerate(r.page) if pg >= 0]
         unbacked = [j for j in owned if not r.backed[j]]
         if unbacked:
-            dev_rows: list[int] = []
-            host_rows: list[int] = []
-            for j in unbacked:
-                base = r.page[j] * G - j * G  # pool row of position p: base + p
-                for a, b, h in self._host_segments(slot, j * G, (j + 1) * G):
-                    dev_rows.extend(range(base + a, base + b))
-                    host_rows.extend(range(h, h + b - a))
             with nvtx_range(BACKUP):
-                meta = to_device([*dev_rows, *host_rows], self.device)
-                N = len(dev_rows)
-                backup_rows(self.kv_pool, self.host_pool, meta[:N], meta[N:], self.backup_impl)
-            self.backup_rows += N
+                dev_rows, host_rows = self._page_rows(slot, [(r.page[j], j) for j in unbacked])
+                backup_rows(self.kv_pool, self.host_pool, dev_rows, host_rows, self.backup_impl)
+            self.backup_rows += dev_rows.numel()
             for j in unbacked:
                 r.backed[j] = True
         if not owned:
@@ -238,6 +229,25 @@ class AdaptiveBackend(HiSparseBackend):
             self.direct_table[slot] = -1
         super().release(slot)
 
+    # ------------------------------------------------------------------ page rows
+    def _page_rows(self, slot: int, pages: list[tuple[int, int]]):
+        """(device rows, host rows) of whole prompt pages of ``slot``: (device page, prompt
+        page j) each. Prompt page j holds positions [jG, (j+1)G), the slot's host page j
+        holds the same positions (both pools' pages are G rows), so a page pair names G rows
+        on each side: one host->device copy of 2 ids per page, expanded on the device (a
+        50K-token request's row lists were ~100K Python ints per reclaim, milliseconds of the
+        engine thread)."""
+        return self._page_rows_of([(slot, pg, j) for pg, j in pages])
+
+    def _page_rows_of(self, pages: list[tuple[int, int, int]]):
+        """``_page_rows`` over (slot, device page, prompt page) triples of any slots."""
+        hp = [self._slot_pages[s][1][j] for s, _, j in pages]
+        ids = to_device([*(pg for _, pg, _ in pages), *hp], self.device)
+        N, ar = len(pages), torch.arange(self.G, device=self.device)
+        dev_rows = (ids[:N].unsqueeze(1) * self.G + ar).reshape(-1)
+        host_rows = (ids[N:].unsqueeze(1) * self.G + ar).reshape(-1)
+        return dev_rows, host_rows
+
     # ------------------------------------------------------------------ population
     def _populate(self) -> None:
         """Bounded round-robin: copy host history into free pages, publish after completion.
@@ -248,11 +258,9 @@ class AdaptiveBackend(HiSparseBackend):
         slots = sorted(s for s in self.res if s not in self.importing)  # arrived only
         if budget <= 0 or not slots or not self.optional_on:
             return
-        G = self.G
         n = len(slots)
         taken: list[tuple[_Residency, int]] = []  # (request, prompt page) restored this step
-        host_rows: list[int] = []
-        dev_rows: list[int] = []
+        pages: list[tuple[int, int, int]] = []  # (slot, device page, prompt page)
         try:
             for i in range(n):
                 if budget <= 0:
@@ -268,16 +276,13 @@ class AdaptiveBackend(HiSparseBackend):
                     pg = self.payload_pages.alloc(1)[0]
                     r.page[j] = pg
                     taken.append((r, j))
-                    for a, b, h in self._host_segments(s, j * G, (j + 1) * G):
-                        host_rows.extend(range(h, h + b - a))
-                        dev_rows.extend(range(pg * G + a - j * G, pg * G + b - j * G))
+                    pages.append((s, pg, j))
                     budget -= 1
             self._rr = (self._rr + 1) % max(1, n)
             if not taken:
                 return
-            meta = to_device([*host_rows, *dev_rows], self.device)
-            N = len(host_rows)
-            restore_rows(self.host_pool, self.kv_pool, meta[:N], meta[N:], self.backup_impl)
+            dev_rows, host_rows = self._page_rows_of(pages)
+            restore_rows(self.host_pool, self.kv_pool, host_rows, dev_rows, self.backup_impl)
         except BaseException:  # nothing was queued: the pages go back as they were
             self.payload_pages.free([r.page[j] for r, j in taken])
             for r, j in taken:
