@@ -203,16 +203,7 @@ def main(argv=None) -> C.Report:
         ("adhs_vs_resident_dflash2_C256", "ADHS / Resident + DFlash2 output", C256_RATIOS[1]),
     ):
         src, c, at = c256_source(args.results, runs, (a, b))
-        t = C.Tracker(src)
-        rep.compare(
-            key,
-            f"{quantity} at {at}",
-            P[key],
-            C.ratio(t.val(a, c, OUT), t.val(b, c, OUT)),
-            "x",
-            t.take(),
-            stats=C.ratio_stats(C.pick(src, a, c), C.pick(src, b, c), OUT),
-        )
+        compare_ratio(rep, key, f"{quantity} at {at}", P[key], src, (a, b), c)
         c256[key] = (src, c)
         if c != 256:
             rep.loads[256] = c
@@ -248,22 +239,15 @@ def main(argv=None) -> C.Report:
         tr.take(),
     )
     src, c, at = c256_source(args.results, runs, C256_RATIOS[2])
-    t = C.Tracker(src)
-    rep.compare(
+    compare_ratio(
+        rep,
         "adhs_ttft_higher_C256",
         f"ADHS TTFT / Adaptive HiSparse TTFT at {at}",
         P["adhs_ttft_higher_C256"],
-        C.ratio(
-            t.val("adaptive_dhisparse", c, "ttft_ms_mean"),
-            t.val("adaptive_hisparse", c, "ttft_ms_mean"),
-        ),
-        "x",
-        t.take(),
-        stats=C.ratio_stats(
-            C.pick(src, "adaptive_dhisparse", c),
-            C.pick(src, "adaptive_hisparse", c),
-            "ttft_ms_mean",
-        ),
+        src,
+        C256_RATIOS[2],
+        c,
+        "ttft_ms_mean",
     )
     c256["adhs_ttft_higher_C256"] = (src, c)
 
@@ -363,6 +347,22 @@ def c256_source(results, runs, systems: tuple[str, str]):
     return runs, 256, "C256"
 
 
+def compare_ratio(rep, key, quantity, paper, runs, systems, c: int, value_key: str = OUT):
+    """A row of a / b (``systems``) at ours C ``c`` over ``runs``: the ratio of the two
+    systems' medians over their repeats, with its bootstrap interval."""
+    a, b = systems
+    t = C.Tracker(runs)
+    rep.compare(
+        key,
+        quantity,
+        paper,
+        C.ratio(t.val(a, c, value_key), t.val(b, c, value_key)),
+        "x",
+        t.take(),
+        stats=C.ratio_stats(C.pick(runs, a, c), C.pick(runs, b, c), value_key),
+    )
+
+
 def protocol_key(name: str, paper_c: int = 128) -> str:
     return f"protocol.{name}_paperC{paper_c}"
 
@@ -397,19 +397,11 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
     by_exp = {e: C.load_runs(results, e) for e in PROTOCOL_EXPERIMENTS}
     exp, runs = protocol_experiment(results, paper_c, by_exp)
     c = ours_concurrency(paper_c)
-    tr = C.Tracker(runs)
     model = _model_name(runs)
     for name, quantity, paper_key, (a, b), key in PROTOCOL_ROWS:
         rk = protocol_key(name, paper_c)
-        rep.compare(
-            rk,
-            f"{quantity} at {load_label(paper_c, c)} ({model}, interleaved repeats)",
-            P[paper_key],
-            C.ratio(tr.val(a, c, key), tr.val(b, c, key)),
-            "x",
-            tr.take(),
-            stats=C.ratio_stats(C.pick(runs, a, c), C.pick(runs, b, c), key),
-        )
+        at = f"{load_label(paper_c, c)} ({model}, interleaved repeats)"
+        compare_ratio(rep, rk, f"{quantity} at {at}", P[paper_key], runs, (a, b), c, key)
         why = C.claim_breakdown(runs, (a, b), c)
         if why:
             rep.diagnose((rk,), why)
