@@ -38,6 +38,7 @@ import logging
 import math
 import resource
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,16 @@ class ServerConfig:
     max_connections: int = 1024  # open connections; past it a 503 and close
     # Host header names accepted; None: loopback names when bound to loopback, any otherwise
     allowed_hosts: list[str] | None = None
+    # Python's thread switch interval in the server process (sys.setswitchinterval), ms; None
+    # keeps Python's 5 ms. The engine runs as a thread beside this server: after a wait that
+    # released the GIL (a CUDA sync), it may wait up to this long to get the GIL back while the
+    # server streams tokens. Set by `python -m systems.engine.server` (subprocess mode) only.
+    gil_switch_interval_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        ms = self.gil_switch_interval_ms
+        if ms is not None and not (isinstance(ms, (int, float)) and 0 < ms <= 1000):
+            raise ValueError(f"server.gil_switch_interval_ms must be in (0, 1000], got {ms!r}")
 
     @classmethod
     def from_cfg(cls, server: Any, host: str | None = None) -> ServerConfig:
@@ -1041,6 +1052,14 @@ def _die_with_parent(parent_pid: int) -> None:
         sys.exit(f"parent {parent_pid} is gone")
 
 
+def apply_switch_interval(cfg: ServerConfig) -> float:
+    """Set this process's thread switch interval from ``cfg`` (unchanged when None); returns
+    the interval in effect, in seconds."""
+    if cfg.gil_switch_interval_ms is not None:
+        sys.setswitchinterval(cfg.gil_switch_interval_ms / 1e3)
+    return sys.getswitchinterval()
+
+
 def main(argv: list[str] | None = None) -> None:
     from omegaconf import OmegaConf
 
@@ -1067,6 +1086,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(args.overrides))
     ecfg = resolve_engine_config(cfg)
     scfg = ServerConfig.from_cfg(cfg.get("server"), host=args.host)
+    apply_switch_interval(scfg)
     engine = Engine(ecfg)
     engine.start()
     log.info(
