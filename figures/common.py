@@ -94,6 +94,7 @@ from harness.results import (  # noqa: F401
     load_yaml,
     metric_col,
     pick,
+    preset_label,
     profile_at_load,
     run_value,
     summary_value,

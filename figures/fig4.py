@@ -197,12 +197,13 @@ def main(argv=None) -> C.Report:
         "s",
         tr.take(),
     )
+    h256 = C.load_runs(args.results, C256_EXPERIMENT)
     c256 = {}  # key -> (runs, ours C): where each C256 row was read, for its breakdown
     for key, quantity, (a, b) in (
         ("adhs_vs_resident_C256", "ADHS / Resident output", C256_RATIOS[0]),
         ("adhs_vs_resident_dflash2_C256", "ADHS / Resident + DFlash2 output", C256_RATIOS[1]),
     ):
-        src, c, at = c256_source(args.results, runs, (a, b))
+        src, c, at = c256_source(h256, runs, (a, b))
         compare_ratio(rep, key, f"{quantity} at {at}", P[key], src, (a, b), c)
         c256[key] = (src, c)
         if c != 256:
@@ -238,7 +239,7 @@ def main(argv=None) -> C.Report:
         "%",
         tr.take(),
     )
-    src, c, at = c256_source(args.results, runs, C256_RATIOS[2])
+    src, c, at = c256_source(h256, runs, C256_RATIOS[2])
     compare_ratio(
         rep,
         "adhs_ttft_higher_C256",
@@ -336,11 +337,11 @@ C256_RATIOS = (  # the compared systems of the C256 ratio rows
 )
 
 
-def c256_source(results, runs, systems: tuple[str, str]):
-    """(runs, ours C, load label) a C256 comparison of ``systems`` reads."""
+def c256_source(h, runs, systems: tuple[str, str]):
+    """(runs, ours C, load label) a C256 comparison of ``systems`` reads: ``h``, the runs of
+    ``C256_EXPERIMENT``, where they have both systems, else Fig. 4's ``runs``."""
     from harness.load_mapping import load_label, ours_concurrency
 
-    h = C.load_runs(results, C256_EXPERIMENT)
     c = ours_concurrency(256)
     if h and all(C.pick(h, s, c) is not None for s in systems):
         return h, c, f"{load_label(256, c)} ({_model_name(h)}, interleaved repeats)"

@@ -43,10 +43,6 @@ def low_load_host_share(run) -> float | None:
     return ph[0].get("host_fetched_share") if ph else None
 
 
-def preset_label(exp: str) -> str:
-    return "GLM-like H200 preset" if exp.endswith(C.H200_SUFFIX) else "GLM-like scaled preset"
-
-
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     exp, runs = C.load_preferred(args.results, NAME)
@@ -54,7 +50,7 @@ def main(argv=None) -> C.Report:
     S = C.load_json(args.results / exp / "summary.json") or {}
     rep = C.Report(
         NAME,
-        f"Fig. 6 - Residency under a load step (ours: {preset_label(exp)}, time-scaled phases)",
+        f"Fig. 6 - Residency under a load step (ours: {C.preset_label(exp)}, time-scaled phases)",
     )
     rep.loads = step_loads(A.values())
     P = PAPER["fig6"]

@@ -80,8 +80,7 @@ def main(argv=None) -> C.Report:
     if not pts:
         pts = from_runs(runs)
         prov = C.provenance(runs) if pts else ""
-    preset = "GLM-like H200 preset" if exp.endswith(C.H200_SUFFIX) else "GLM-like scaled preset"
-    rep = C.Report(NAME, f"Fig. 7 - Block size for DFlash2 (ours: {preset})")
+    rep = C.Report(NAME, f"Fig. 7 - Block size for DFlash2 (ours: {C.preset_label(exp)})")
     P = PAPER["fig7"]
     get = {(int(p["block"]), int(p["concurrency"])): p for p in pts}
     ours = load_map(runs, P["concurrency"])

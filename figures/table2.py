@@ -116,13 +116,17 @@ def main(argv=None) -> C.Report:
     # eq. (13): Q_s / Q_0 ~ (b_s / b_0) * (TPOT_0 / TPOT_s). At C128 on the protocol's runs
     # (paper C128 = ours C32, the headline's experiment: figures/fig4.py), at C256 on the
     # paper-C256 experiment on the H200 preset where it has runs, else on Fig. 4's own (ours C256)
-    from figures.fig4 import c256_source, protocol_experiment
+    from figures.fig4 import C256_EXPERIMENT, c256_source, protocol_experiment
     from harness.load_mapping import load_label, ours_concurrency
 
     E = PAPER["eq13"]
     proto, proto_runs = protocol_experiment(args.results)
     c128 = ours_concurrency(128)
-    r256, c256, at256 = c256_source(args.results, runs, ("adaptive_dhisparse", "adaptive_hisparse"))
+    r256, c256, at256 = c256_source(
+        C.load_runs(args.results, C256_EXPERIMENT),
+        runs,
+        ("adaptive_dhisparse", "adaptive_hisparse"),
+    )
     eq13_points = (  # (paper load, runs, ours C, label)
         ("C128", proto_runs, c128, f"{load_label(128, c128)} (`{proto}`)"),
         ("C256", r256, c256, at256),

@@ -10,7 +10,7 @@ count returned to 16; ours uses the whole third phase unless the harness provide
 from __future__ import annotations
 
 from figures import common as C
-from figures.fig6 import preset_label, step_loads
+from figures.fig6 import step_loads
 from figures.paper_values import PAPER, TABLEA1_PHASES
 from harness.summaries import arm_of
 
@@ -52,7 +52,7 @@ def main(argv=None) -> C.Report:
     rep = C.Report(
         NAME,
         "Table A1 - Load step, optional residency on / off "
-        f"(ours: {preset_label(exp)}, time-scaled phases)",
+        f"(ours: {C.preset_label(exp)}, time-scaled phases)",
     )
     rep.loads = step_loads(A.values())
     P = PAPER["tableA1"]

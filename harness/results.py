@@ -469,6 +469,11 @@ def load_preferred(results: str | Path, experiment: str) -> tuple[str, list[Run]
     return experiment, []
 
 
+def preset_label(experiment: str) -> str:
+    """The GLM-like preset an experiment ``load_preferred`` chose runs on, for a report's title."""
+    return "GLM-like H200 preset" if experiment.endswith(H200_SUFFIX) else "GLM-like scaled preset"
+
+
 def load_runs(results: str | Path, experiment: str) -> list[Run]:
     """The finished runs of an experiment that its figures plot (see below)."""
     runs = finished_runs(results, experiment)

@@ -206,7 +206,7 @@ class AdaptiveBackend(HiSparseBackend):
         unbacked = [j for j in owned if not r.backed[j]]
         if unbacked:
             with nvtx_range(BACKUP):
-                dev_rows, host_rows = self._page_rows(slot, [(r.page[j], j) for j in unbacked])
+                dev_rows, host_rows = self._page_rows([(slot, r.page[j], j) for j in unbacked])
                 backup_rows(self.kv_pool, self.host_pool, dev_rows, host_rows, self.backup_impl)
             self.backup_rows += dev_rows.numel()
             for j in unbacked:
@@ -230,17 +230,12 @@ class AdaptiveBackend(HiSparseBackend):
         super().release(slot)
 
     # ------------------------------------------------------------------ page rows
-    def _page_rows(self, slot: int, pages: list[tuple[int, int]]):
-        """(device rows, host rows) of whole prompt pages of ``slot``: (device page, prompt
-        page j) each. Prompt page j holds positions [jG, (j+1)G), the slot's host page j
-        holds the same positions (both pools' pages are G rows), so a page pair names G rows
-        on each side: one host->device copy of 2 ids per page, expanded on the device (a
-        50K-token request's row lists were ~100K Python ints per reclaim, milliseconds of the
-        engine thread)."""
-        return self._page_rows_of([(slot, pg, j) for pg, j in pages])
-
-    def _page_rows_of(self, pages: list[tuple[int, int, int]]):
-        """``_page_rows`` over (slot, device page, prompt page) triples of any slots."""
+    def _page_rows(self, pages: list[tuple[int, int, int]]):
+        """(device rows, host rows) of whole prompt pages, each (slot, device page, prompt page
+        j). Prompt page j holds positions [jG, (j+1)G), the slot's host page j holds the same
+        positions (both pools' pages are G rows), so a page pair names G rows on each side: one
+        host->device copy of 2 ids per page, expanded on the device (a 50K-token request's row
+        lists were ~100K Python ints per reclaim, milliseconds of the engine thread)."""
         hp = [self._slot_pages[s][1][j] for s, _, j in pages]
         ids = to_device([*(pg for _, pg, _ in pages), *hp], self.device)
         N, ar = len(pages), torch.arange(self.G, device=self.device)
@@ -281,7 +276,7 @@ class AdaptiveBackend(HiSparseBackend):
             self._rr = (self._rr + 1) % max(1, n)
             if not taken:
                 return
-            dev_rows, host_rows = self._page_rows_of(pages)
+            dev_rows, host_rows = self._page_rows(pages)
             restore_rows(self.host_pool, self.kv_pool, host_rows, dev_rows, self.backup_impl)
         except BaseException:  # nothing was queued: the pages go back as they were
             self.payload_pages.free([r.page[j] for r, j in taken])
