@@ -68,10 +68,10 @@ What the model says the presets cannot keep
   share on GLM-5.3: Fig. 9e's ends (33 % at B = k, 3.9 % at 8k) and Table A1's 13.8 % at B = 2k,
   the budget the serving experiments run at. One knob cannot follow the whole curve: on
   glm53_h200 lambda = 0.6 fits the two ends best (68 % / 6.8 %), 0.8 meets B = k (32 %) but
-  fetches almost nothing at 8k. glm53_h200 uses 0.7 (51 % / 0.7 %), chosen for B = 2k before
-  2k was measured; served at B = 2k (Fig. 4's runs) it fetches 24.8 % of its selections from
-  host, 1.8x the paper's 13.8 %, where 0.8 fetched 2.1 %: the paper's share lies between the
-  two, and the next calibration measures 2k directly. A preset without a calibration file
+  fetches almost nothing at 8k. glm53_h200 uses 0.7 (51 % / 0.7 %); served at B = 2k (Fig. 4's
+  runs) it fetches 24.8 % of its selections from host, 1.8x the paper's 13.8 %, where 0.8
+  fetched 2.1 %: the paper's share lies between the two (``calibrate_locality.py --solve-at 2``
+  bisects to it). A preset without a calibration file
   keeps glm53_mini's fit (0.8). The host miss shares in the model are the paper's, so the
   model does not depend on it.
 """
