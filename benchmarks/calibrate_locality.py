@@ -6,7 +6,11 @@ serving experiments run at). For each candidate lambda we admit N requests over 
 prefix, decode a whole output (1,024 steps by default) and read the resolver census over all of
 it, as a served run's share counts every position of its requests' outputs (the hot cache warms
 over decode: the first steps' share can be several times the whole output's, see each point's
-``host_share_pct_by_window``). By default a grid of lambdas is measured at --budgets and the fit
+``host_share_pct_by_window``). The outputs are sampled at --temperature (1.0, the serving
+experiments' ``workload.temperature``): a greedy output of random weights often settles into a
+cycle of a few tokens, which repeats one query and so fetches nothing, and whether a prompt's
+output cycles decides its share (one prompt's greedy output fetched 15 %, another's 1 %, at one
+lambda). By default a grid of lambdas is measured at --budgets and the fit
 minimizes the squared error in log-share at the three published points; one knob may not follow
 the whole curve, so ``--solve-at 2`` instead bisects lambda until the share at that budget meets
 the paper's. Results go to results/calibration/locality.json (locality-<model>.json for another
@@ -62,8 +66,10 @@ def measure(lam: float, b_over_k: int, args) -> dict:
     eng = Engine(ecfg)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, ecfg.model.vocab_size, (args.context,), generator=g).tolist()
-    for _ in range(args.requests):
-        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=args.steps + 8)))
+    params = SamplingParams(max_new_tokens=args.steps + 8, temperature=args.temperature)
+    reqs = [Request(eng.new_rid(), prompt, params) for _ in range(args.requests)]
+    for r in reqs:
+        eng.submit(r)
     while len(eng.scheduler.running) < args.requests:  # admission: prefill, handoffs
         eng.step()
     keys = (
@@ -95,6 +101,9 @@ def measure(lam: float, b_over_k: int, args) -> dict:
     m1 = eng.backend.metrics()
     d = {k: m1[k] - m0[k] for k in keys}
     share = 100.0 * d["dhs_selected_rows_from_host_total"] / max(1, d["dhs_selected_rows_total"])
+    # a greedy output of random weights can settle into a short cycle, which repeats one query
+    # and so fetches nothing: the fewest distinct tokens among the requests' last window shows it
+    distinct = min(len(set(r.output_ids[-args.window :])) for r in reqs)
     del eng
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -105,6 +114,7 @@ def measure(lam: float, b_over_k: int, args) -> dict:
         "step_ms": 1e3 * dt / (args.steps - args.warmup),
         "host_share_pct_by_window": windows,
         "window_steps": args.window,
+        "min_distinct_tokens_last_window": distinct,
         **d,
     }
 
@@ -118,6 +128,13 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument(
         "--steps", type=int, default=1024, help="decode steps counted (default: a 1,024-token cap)"
+    )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the decoded outputs, the serving experiments' "
+        "workload.temperature (greedy outputs of random weights fall into cycles)",
     )
     ap.add_argument("--warmup", type=int, default=8, help="steps left out of the step time only")
     ap.add_argument("--window", type=int, default=128, help="steps per reported share window")
@@ -199,7 +216,8 @@ def main() -> None:
         rows.append(r)
         print(
             f"lambda={lam:.3f} B/k={bk}: host share {r['host_share_pct']:6.2f}% "
-            f"step {r['step_ms']:.1f} ms",
+            f"step {r['step_ms']:.1f} ms, >= {r['min_distinct_tokens_last_window']} distinct "
+            "tokens per output's last window",
             flush=True,
         )
         write()

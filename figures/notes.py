@@ -357,6 +357,10 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             loc = as_float(r.summary.get("selection_locality"))
         if loc:
             add(f"calibrated input: selection locality {loc:g}")
+            # a greedy output of random weights can fall into a short token cycle, which
+            # fetches nothing from host: the share then depends on the prompt (docs/presets.md)
+            temp = as_float(find_key(r.config, "temperature"))
+            add(f"outputs sampled at temperature {temp:g}" if temp else "greedy outputs")
         if r.calibrated_acceptance:
             add("calibrated input: acceptance")
         if len(r.repeats) > 1:

@@ -66,14 +66,18 @@ What the model says the presets cannot keep
 - *Selection locality* is calibrated per preset on the GPU (benchmarks/calibrate_locality.py,
   counted over whole 1,024-token outputs, as a served run counts it) against HiSparse's host
   share on GLM-5.3: Fig. 9e's ends (33 % at B = k, 3.9 % at 8k) and Table A1's 13.8 % at B = 2k,
-  the budget the serving experiments run at. One knob cannot follow the whole curve: on
-  glm53_h200 lambda = 0.6 fits the two ends best (68 % / 6.8 %), 0.8 meets B = k (32 %) but
-  fetches almost nothing at 8k. glm53_h200 uses 0.7 (51 % / 0.7 %); served at B = 2k (Fig. 4's
-  runs) it fetches 24.8 % of its selections from host, 1.8x the paper's 13.8 %, where 0.8
-  fetched 2.1 %: the paper's share lies between the two (``calibrate_locality.py --solve-at 2``
-  bisects to it). A preset without a calibration file
-  keeps glm53_mini's fit (0.8). The host miss shares in the model are the paper's, so the
-  model does not depend on it.
+  the budget the serving experiments run at. The outputs are sampled (temperature 1.0, as in
+  the serving experiments on these presets): a greedy output of random weights can settle into
+  a cycle of a few tokens, which repeats one query and so fetches nothing, and then the share is
+  set by whether the prompt's output cycles. At lambda 0.75 the calibrator's greedy outputs
+  fetched 14.7 % at B = 2k, while the served runs' prompt, decoded greedily, fetched 1.1 %
+  (on CPU, glm53_mini: a greedy output that fell into a two-token cycle fetched 0 % from then
+  on; sampled, the same prompt held 6-7 % throughout). One knob cannot follow the whole curve:
+  on glm53_h200's greedy grid lambda = 0.6 fits the two ends best (68 % / 6.8 %), 0.8 meets
+  B = k (32 %) but fetches almost nothing at 8k. glm53_h200 uses 0.75, bisected to Table A1's
+  13.8 % from greedy outputs; a bisection of sampled outputs is the preset's next GPU
+  calibration. A preset without a calibration file keeps glm53_mini's fit (0.8). The host miss
+  shares in the model are the paper's, so the model does not depend on it.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from systems.engine.sampler import sample
+
 # Emitted tokens per round (accepted + bonus) the paper reports for static DFlash2 blocks at
 # C128 (Fig. 7a, Sec. 4.2.1: 2.88 at block 4; +17% at block 6; +25% at block 8).
 PAPER_EMITTED_PER_ROUND = {4: 2.88, 6: 2.88 * 1.17, 8: 2.88 * 1.25}
@@ -96,12 +98,21 @@ def accept_greedy(
 
 
 def accept_calibrated(
-    target_logits: torch.Tensor, k_r: torch.Tensor, alpha: float, gen: torch.Generator | None
+    target_logits: torch.Tensor,
+    k_r: torch.Tensor,
+    alpha: float,
+    gen: torch.Generator | None,
+    temperatures: torch.Tensor | None = None,
+    sampled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accept a geometric prefix with per-position probability alpha; bonus = target argmax.
-    On the device: returns tensors (A (B,), next (B,))."""
+    """Accept a geometric prefix with per-position probability alpha; the next token is the
+    target's at the first unaccepted position: its argmax, or drawn at the request's temperature
+    when any request samples (so a sampled request's output does not fall into the greedy
+    cycles a random-weight model produces). On the device: returns tensors (A (B,), next (B,))."""
     B, K, _ = target_logits.shape
-    greedy = target_logits.argmax(-1)
     u = torch.rand(B, K, generator=gen, device=target_logits.device)
     A = accepted_prefix(u[:, : K - 1] < alpha, k_r)
-    return A, greedy.gather(1, A.unsqueeze(1)).squeeze(1)
+    at = target_logits[torch.arange(B, device=target_logits.device), A]  # (B, V)
+    if not sampled:
+        return A, at.argmax(-1)
+    return A, sample(at.float(), temperatures, gen, True)

@@ -358,14 +358,17 @@ class SpeculativeDecoder:
                 pt.mark(marks)
 
         mark()
-        graphs = self._drafter_graphs(B, sampled)
+        # exact acceptance of sampled requests needs drafts drawn from q; calibrated acceptance
+        # does not read the drafts' distribution, so its drafts stay greedy (and in the graph)
+        draft_sampled = sampled and self.mode == "exact"
+        graphs = self._drafter_graphs(B, draft_sampled)
         if graphs is not None:
             outs = graphs.run(("propose", B, K), self._propose_region(K), slots, anchors, n, temps)
             proposals, q = outs[:2]
             if len(outs) > 2:  # DSpark: the head's confidences, read by _k_r below
                 self.drafter.last_confidence = outs[2]
         else:
-            proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen, sampled)
+            proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen, draft_sampled)
         mark()
         k_r = self._k_r(q, proposals)
         # the pass verifies the widest prefix any request asked for (DSpark saves work here)
@@ -387,7 +390,7 @@ class SpeculativeDecoder:
             if self.mode == "exact":
                 A, nxt = accept_greedy(logits, proposals, k_dev)
             else:
-                A, nxt = accept_calibrated(logits, k_dev, self.alpha, e.gen)
+                A, nxt = accept_calibrated(logits, k_dev, self.alpha, e.gen, temps, sampled)
         # one readback (A, next, drafts), queued before the catch-up reuses the drafter's buffers
         back = torch.cat([A.unsqueeze(1), nxt.unsqueeze(1), proposals.long()], dim=1)
         host, read = start_readback(back)

@@ -1104,3 +1104,22 @@ def test_fig8_notes_the_phase_split_of_the_newest_phase_times_file(tmp_path):
     assert "77 misses at batch 8, early copy, 4 copy programs per request" in notes[1]
     assert "one program per request" in notes[2]
     assert fig8.phase_notes(tmp_path / "nothing") == []
+
+
+def test_provenance_says_whether_outputs_were_sampled(tmp_path):
+    """Where a run carries a selection locality, its provenance says whether its outputs were
+    greedy (a greedy output of random weights can cycle and fetch nothing) or sampled."""
+    import json
+
+    from figures import common as C
+
+    for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
+        d = tmp_path / name / "r"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": "hisparse", "concurrency": 32}))
+        cfg = {"model": {"selection_locality": 0.75}, "workload": {"temperature": temp}}
+        (d / "config.yaml").write_text(json.dumps(cfg))
+    greedy = C.provenance(C.load_runs(tmp_path, "greedy"))
+    sampled = C.provenance(C.load_runs(tmp_path, "sampled"))
+    assert "greedy outputs" in greedy and "sampled" not in greedy
+    assert "outputs sampled at temperature 1" in sampled and "greedy" not in sampled

@@ -29,6 +29,9 @@ def test_points_and_fit(tmp_path, monkeypatch):
     assert all(len(p["host_share_pct_by_window"]) == 2 for p in d["points"])
     assert all(0 <= p["host_share_pct"] <= 100 for p in d["points"])
     assert d["fitted_lambda"] in (0.0, 0.5) and d["fit_error_log2"] >= 0
+    # sampled outputs (the serving experiments' temperature), with the cycle detector per point
+    assert d["settings"]["temperature"] == 1.0
+    assert all(1 <= p["min_distinct_tokens_last_window"] <= 2 for p in d["points"])
 
 
 def test_the_grid_needs_every_published_budget(monkeypatch):
@@ -44,7 +47,8 @@ def test_solve_at_bisects_to_the_papers_share(tmp_path, monkeypatch):
 
     def fake(lam, bk, args):  # 13.8% at lambda = 0.75
         share = 13.8 * math.exp(-20 * (lam - 0.75))
-        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0}
+        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0,
+                "min_distinct_tokens_last_window": 128}  # fmt: skip
 
     monkeypatch.setattr(cl, "measure", fake)
     out = tmp_path / "loc.json"
@@ -68,7 +72,13 @@ def test_solve_at_stops_when_the_ends_do_not_bracket_the_paper(tmp_path, monkeyp
     monkeypatch.setattr(
         cl,
         "measure",
-        lambda lam, bk, args: {"lambda": lam, "b_over_k": bk, "host_share_pct": 50.0, "step_ms": 1},
+        lambda lam, bk, args: {
+            "lambda": lam,
+            "b_over_k": bk,
+            "host_share_pct": 50.0,
+            "step_ms": 1,
+            "min_distinct_tokens_last_window": 128,
+        },
     )
     out = tmp_path / "loc.json"
     argv = ["x", "--lams", "0.7,0.8", "--solve-at", "2", "--out", str(out)]
