@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from profiling.ranges import STEP, nvtx_range
-from systems.engine.prefill import PrefixStore
+from systems.engine.prefill import PrefixStore, PromptKey
 from systems.engine.request import ReqStatus, Request
 from systems.engine.sampler import sample
 from systems.engine.scheduler import QueueFull, Scheduler
@@ -257,6 +257,8 @@ class Engine:
                 f"prompt of {len(req.prompt_ids)} tokens + max_new_tokens="
                 f"{req.params.max_new_tokens} exceeds the context of {total} tokens"
             )
+        if req.prompt_key is None:  # here, on the caller's thread, not at admission
+            req.prompt_key = PromptKey(req.prompt_ids)
         with self._lock:
             if self.error is not None:
                 raise EngineStopped(f"engine stopped: {self.error!r}")

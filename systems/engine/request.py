@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 @dataclass
@@ -51,6 +52,9 @@ class Request:
     wait_reason: str = ""
     # set by Engine.abort; a waiting request so marked no longer counts against max_waiting
     aborted: bool = False
+    # the prompt as the prefix store's key (systems/engine/prefill.py), built by Engine.submit
+    # on the caller's thread rather than at admission on the engine thread
+    prompt_key: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:

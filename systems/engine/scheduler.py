@@ -81,7 +81,7 @@ class Scheduler:
             held = None
             try:
                 t0 = time.perf_counter()
-                entry, computed = self.prefixes.get(req.prompt_ids)
+                entry, computed = self.prefixes.get(req.prompt_ids, req.prompt_key)
                 if req.prefill_done_ts is None:
                     req.prefill_s = entry.prefill_s if computed else 0.0
                     req.prefill_done_ts = time.time()

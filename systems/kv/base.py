@@ -107,7 +107,9 @@ class PagePool:
         request.)"""
         if n > len(self._free):
             raise MemoryError(f"{self.name}: asked for {n} pages, {len(self._free)} free")
-        out = sorted(self._free.pop() for _ in range(n))
+        cut = len(self._free) - n
+        out = sorted(self._free[cut:])  # the pages pop() would hand out, without a pop each
+        del self._free[cut:]
         self._used.update(out)
         return out
 
@@ -138,6 +140,7 @@ class KVBackend(ABC):
         self.kcfg = kv_cfg
         self.device = torch.device(device)
         self.P = model_cfg.page_size
+        self._page_offsets = torch.arange(self.P, device=self.device)
         self.max_total_tokens = kv_cfg.max_total_tokens or model_cfg.max_context_len
         if self.max_total_tokens > model_cfg.max_context_len:
             raise ValueError(
@@ -223,9 +226,11 @@ class KVBackend(ABC):
         return loc.reshape(shp)
 
     def _import_index(self, slot: int, prefix: PrefixKV) -> None:
+        # positions 0 .. T-1 are the slot's first pages in order: each page's rows, expanded
+        # from the page table on the device (no position arange of the whole history)
         T = prefix.num_tokens
-        pos = torch.arange(T, device=self.device).unsqueeze(0)
-        loc = self._token_locs(self.req_to_index_page, to_device([slot], self.device), pos)[0]
+        pages = self.req_to_index_page[slot, : math.ceil(T / self.P)].long()
+        loc = (pages.unsqueeze(1) * self.P + self._page_offsets).reshape(-1)[:T]
         for s, i in self.index_src_ids.items():
             self.index_pool[i, loc] = prefix.index[s].to(self.device, torch.bfloat16)
 

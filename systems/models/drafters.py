@@ -93,13 +93,16 @@ class _DraftCore(torch.nn.Module):
         positions: torch.Tensor,
         hidden: torch.Tensor,
         valid: torch.Tensor,
+        fresh: bool = False,
     ) -> None:
         """Write ring KV for committed positions. tokens/positions/valid (B, L); hidden (B, L, D).
-        Rows where valid is False are not written."""
+        Rows where valid is False are not written. ``fresh``: the chunk is the first the slots'
+        rings hold for their requests (an arrival's prompt tail), so it attends to itself alone:
+        the ring rows before it hold a previous request's positions, not this one's."""
         x = self._embed(tokens) + hidden.to(self.w_hid.dtype) @ self.w_hid
         rows = self.ring.rows(slots, positions)
         # the history before this chunk, and the chunk causally
-        ctx = self._context(slots, positions[:, :1], tokens.shape[1], causal_block=True)
+        ctx = None if fresh else self._context(slots, positions[:, :1], tokens.shape[1], True)
         for li, p in enumerate(self.layers):
             h = self._norm(x)
             k, v = h @ p["wk"], h @ p["wv"]
@@ -145,13 +148,19 @@ class _DraftCore(torch.nn.Module):
 
     def _attend(self, p, h, k, v, ctx, li):
         """h, k, v (B, L, d): block queries attend to their ring window and block keys (ctx from
-        ``_context``): one fused attention call in the model dtype."""
+        ``_context``), or with ctx None to the block's keys causally: one fused attention call in
+        the model dtype. (A block padded at the end stays exact: no valid query sees a pad.)"""
+        q = h @ p["wq"]
+        if ctx is None:
+            out = F.scaled_dot_product_attention(
+                q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), is_causal=True, scale=self.scale
+            )[:, 0]
+            return out @ p["wo"]
         slots, bias = ctx
         d = h.shape[-1]
         ring = self.ring.kv[li].view(2, self.ring.num_slots, self.ring.r_d, d)
         keys = torch.cat([ring[0][slots], k], dim=1)  # (B, R_d + L, d)
         vals = torch.cat([ring[1][slots], v], dim=1)
-        q = h @ p["wq"]
         out = F.scaled_dot_product_attention(
             q.unsqueeze(1), keys.unsqueeze(1), vals.unsqueeze(1), attn_mask=bias, scale=self.scale
         )[:, 0]

@@ -207,7 +207,8 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ admission
     def on_admit(self, arrivals) -> None:
         """Fill the drafter's ring with the last W prompt positions of each arrival, (request,
-        prefill entry), and their target features: one catch-up for all of them (a catch-up is
+        prefill entry), and their target features, the tail attending to itself alone (the
+        slot's ring rows are a previous request's): one catch-up for all of them (a catch-up is
         ~1 ms of eager host work, and a wave of handoffs joins in the same step). Shorter tails
         are padded at the end and masked; padded positions are never written. The ring's values
         match one catch-up per request to float rounding, not bit for bit (a batched GEMM sums
@@ -238,6 +239,7 @@ class SpeculativeDecoder:
             start.unsqueeze(1) + ar,
             hid,
             ar < length.unsqueeze(1),
+            fresh=True,
         )
 
     # ------------------------------------------------------------------ drafter graphs

@@ -60,6 +60,26 @@ def test_decode_equals_prefill_of_the_same_tokens(model):
             assert int(entry.last_logits.argmax()) == o[j]
 
 
+def test_prefix_store_keeps_the_most_recent_prompts_and_the_requests_key():
+    """LRU over prompts (a hit moves its entry to the end), and admission looks a request up by
+    the key Engine.submit built for it on the caller's thread."""
+    from systems.engine.prefill import PromptKey
+    from systems.engine.request import Request, SamplingParams
+
+    eng = make_engine("hardware.kv_pool_gib=0.01")
+    a, b, c = golden_prompts()[:3]
+    store = PrefixStore(eng.model, max_entries=2)
+    assert store.get(a)[1] and store.get(b)[1] and not store.get(a)[1]
+    store.get(c)  # evicts b, the least recently used
+    assert [k.ids for k in store._entries] == [tuple(a), tuple(c)]
+    assert store.get(b)[1] and store.num_prefills == 4
+    r = Request(eng.new_rid(), a, SamplingParams(max_new_tokens=2))
+    eng.submit(r)
+    assert isinstance(r.prompt_key, PromptKey) and r.prompt_key.ids == tuple(a)
+    eng.run_until_idle()
+    assert any(k is r.prompt_key for k in eng.prefixes._entries)
+
+
 def test_selection_is_causal_topk_including_self():
     cfg = ModelConfig(index_topk=4)
     from systems.models.sparse_model import SparseModel

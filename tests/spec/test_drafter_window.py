@@ -68,3 +68,33 @@ def test_window_mask_holds_exactly_the_window_positions():
         assert bias[0, 0, :, d.ring.r_d :].eq(0).tolist() == [[True, False], [True, True]]
         # rows padded to a multiple of 8 elements: fused kernels read the mask in place
         assert bias.stride(-2) % 8 == 0
+
+
+def test_an_arrival_fills_its_ring_from_its_own_prompt_alone():
+    """An arrival's ring fill attends to its prompt tail only: a slot a previous request used
+    (its ring rows hold that request's positions) and an unused slot end with the same rows.
+    Before, the tail's first queries read the previous occupant's rows as their window."""
+    from systems.engine.request import Request, SamplingParams
+    from tests.helpers import make_engine
+
+    g = torch.Generator().manual_seed(11)
+    window = 16
+    # the first request's tail is exactly the positions the second's tail starts after
+    first, second = (torch.randint(2, 512, (n,), generator=g).tolist() for n in (134, 150))
+    rings = []
+    for prompts in ([first, second], [second]):
+        eng = make_engine(
+            "system=resident_dflash2",
+            "model=tiny",
+            "hardware.kv_pool_gib=0.01",
+            "hardware.max_running_requests=1",  # one slot: the second request reuses it
+            f"system.speculation.window={window}",
+        )
+        for p in prompts:
+            r = Request(eng.new_rid(), p, SamplingParams(max_new_tokens=1))
+            eng.submit(r)
+            eng.run_until_idle()
+        ring = eng.decoder.drafter.ring
+        rows = ring.rows(torch.tensor([0]), torch.arange(150 - window, 150).unsqueeze(0))[0]
+        rings.append(ring.kv[:, :, rows].clone())
+    torch.testing.assert_close(rings[0], rings[1], rtol=0, atol=0)
