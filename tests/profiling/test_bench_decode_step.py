@@ -186,3 +186,13 @@ def test_phase_timer_opens_a_range_per_phase():
     names = [e.name for e in prof.events() if e.name.startswith(PHASE_RANGE)]
     assert names == [PHASE_RANGE + p for p in PhaseTimer.PHASES]
     assert len(pt.ms()["propose"]) == 0 and len(marks) == 5  # the rounds list is the caller's
+
+
+def test_a_row_stays_in_one_graph_scan_bucket():
+    """A row whose positions would cross a scan bucket starts at the next bucket instead (a
+    crossing captures new graphs among the timed steps); one that fits keeps its context."""
+    assert B.bucket_context(16384, 1368, 2048) == 16384  # 16,385 .. 17,753: one bucket
+    assert B.bucket_context(49000, 1368, 2048) == 49152  # would cross 49,152
+    got = B.bucket_context(49000, 1368, 2048)
+    assert -(-(got + 1) // 2048) == -(-(got + 1368 + 1) // 2048)
+    assert B.bucket_context(1000, 5000, 2048) == 1000  # cannot fit any bucket: left alone
