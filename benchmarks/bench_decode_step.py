@@ -433,9 +433,29 @@ def main() -> None:
     env = environment()
     rows = []
     rounds = steps_per_row(args)
-    l_step = compose(list(args.overrides)).engine.cuda_graph_scan_step
+
+    def row_cfg(model: str, system: str):
+        return compose(
+            [
+                "device=cuda",
+                "hardware=h200",
+                f"model={model}",
+                f"system={system}",
+                f"hardware.kv_pool_gib={args.kv_pool_gib}",
+                f"hardware.max_running_requests={max(batches) + HANDOFFS}",
+                f"workload.input_len={args.context}",
+                f"workload.output_len={rounds * 8}",
+                "+reproduce.speculation.acceptance=calibrated",
+                *args.overrides,
+            ]
+        )
+
+    # one context for every row (rows compare at it), in one scan bucket of the first row's
+    # engine config, and within its model's context
+    first = row_cfg(args.models.split(",")[0], args.systems.split(",")[0])
+    l_step = first.engine.cuda_graph_scan_step
     context = bucket_context(args.context, rounds * 8 + 8, l_step)
-    if context != args.context:
+    if context != args.context and context + rounds * 8 + 8 <= first.model.max_context_len:
         print(
             f"[bench_decode_step] --context {args.context} -> {context}: the rows' positions "
             f"would cross the graph scan bucket at {context} (engine.cuda_graph_scan_step "
@@ -444,20 +464,7 @@ def main() -> None:
         args.context = context
     for model in args.models.split(","):
         for system in args.systems.split(","):
-            cfg = compose(
-                [
-                    "device=cuda",
-                    "hardware=h200",
-                    f"model={model}",
-                    f"system={system}",
-                    f"hardware.kv_pool_gib={args.kv_pool_gib}",
-                    f"hardware.max_running_requests={max(batches) + HANDOFFS}",
-                    f"workload.input_len={args.context}",
-                    f"workload.output_len={rounds * 8}",
-                    "+reproduce.speculation.acceptance=calibrated",
-                    *args.overrides,
-                ]
-            )
+            cfg = row_cfg(model, system)
             ecfg = resolve_engine_config(cfg)
             m = ecfg.model
             eng = Engine(ecfg)

@@ -225,12 +225,16 @@ class KVBackend(ABC):
         loc = torch.where(flat < 0, -1, loc)
         return loc.reshape(shp)
 
-    def _import_index(self, slot: int, prefix: PrefixKV) -> None:
-        # positions 0 .. T-1 are the slot's first pages in order: each page's rows, expanded
-        # from the page table on the device (no position arange of the whole history)
-        T = prefix.num_tokens
+    def _history_locs(self, slot: int, T: int) -> torch.Tensor:
+        """Locations of positions 0 .. T-1 of ``slot`` in the paged stores: the slot's first
+        pages in order, each page's rows expanded on the device from the page table (no
+        position arange of the whole history)."""
         pages = self.req_to_index_page[slot, : math.ceil(T / self.P)].long()
-        loc = (pages.unsqueeze(1) * self.P + self._page_offsets).reshape(-1)[:T]
+        return (pages.unsqueeze(1) * self.P + self._page_offsets).reshape(-1)[:T]
+
+    def _import_index(self, slot: int, prefix: PrefixKV) -> None:
+        T = prefix.num_tokens
+        loc = self._history_locs(slot, T)
         for s, i in self.index_src_ids.items():
             self.index_pool[i, loc] = prefix.index[s].to(self.device, torch.bfloat16)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from systems.host_sync import to_device
 from systems.kv.base import KVBackend, KVOptions, MemoryReport, PrefixKV
 from systems.kv.registry import register
 
@@ -58,9 +57,7 @@ class ResidentBackend(KVBackend):
 
     def import_history(self, slot: int, prefix: PrefixKV) -> None:
         # the prompt's rows go straight into this request's device pages
-        pos = torch.arange(prefix.num_tokens, device=self.device).unsqueeze(0)
-        loc = self._token_locs(self.req_to_index_page, to_device([slot], self.device), pos)[0]
-        self.kv_pool[:, loc] = prefix.kv.to(self.device)
+        self.kv_pool[:, self._history_locs(slot, prefix.num_tokens)] = prefix.kv.to(self.device)
         self._import_index(slot, prefix)
 
     def release(self, slot: int) -> None:

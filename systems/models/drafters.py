@@ -101,7 +101,7 @@ class _DraftCore(torch.nn.Module):
         the ring rows before it hold a previous request's positions, not this one's."""
         x = self._embed(tokens) + hidden.to(self.w_hid.dtype) @ self.w_hid
         rows = self.ring.rows(slots, positions)
-        # the history before this chunk, and the chunk causally
+        # the history before this chunk (none for a fresh one), and the chunk causally
         ctx = None if fresh else self._context(slots, positions[:, :1], tokens.shape[1], True)
         for li, p in enumerate(self.layers):
             h = self._norm(x)
@@ -174,6 +174,9 @@ class DFlash2Drafter(_DraftCore):
     """Parallel block drafter: one pass proposes K-1 tokens."""
 
     name = "dflash2"
+    # each block position's token is drawn from that pass's q alone (no draft feeds another),
+    # so sampled drafting is the greedy pass plus ``redraw``
+    draws_after_pass = True
 
     def propose(
         self,
@@ -239,12 +242,15 @@ def _draw(logits: torch.Tensor, temperatures: torch.Tensor, gen, sampled: bool |
     q = torch.where(t > 0, q_soft, onehot)
     if sampled is None:
         sampled = bool((temperatures > 0).any())
-    if sampled:
-        drawn = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=gen).view(greedy.shape)
-        tok = torch.where(temperatures.view(-1, 1) > 0, drawn, greedy)
-    else:
-        tok = greedy
-    return tok, q
+    return (redraw(greedy, q, temperatures, gen) if sampled else greedy), q
+
+
+def redraw(greedy: torch.Tensor, q: torch.Tensor, temperatures: torch.Tensor, gen) -> torch.Tensor:
+    """Draws (B, L) from ``q`` (``_draw``'s distribution) for the rows that sample, the greedy
+    tokens elsewhere. A drafter whose positions are drawn independently given one pass
+    (``draws_after_pass``) runs that pass greedily in its CUDA graph and draws here after it."""
+    drawn = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=gen).view(greedy.shape)
+    return torch.where(temperatures.view(-1, 1) > 0, drawn, greedy)
 
 
 DRAFTERS = {"dflash2": DFlash2Drafter, "dspark": DSparkDrafter}

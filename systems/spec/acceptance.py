@@ -107,8 +107,11 @@ def accept_calibrated(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a geometric prefix with per-position probability alpha; the next token is the
     target's at the first unaccepted position: its argmax, or drawn at the request's temperature
-    when any request samples (so a sampled request's output does not fall into the greedy
-    cycles a random-weight model produces). On the device: returns tensors (A (B,), next (B,))."""
+    when any request samples (``temperatures`` then required), as a sampled request's accepted
+    drafts are drawn from the drafter's q where the drafter allows (SpeculativeDecoder._round).
+    On the device: returns tensors (A (B,), next (B,))."""
+    if sampled and temperatures is None:
+        raise ValueError("accept_calibrated: sampled=True needs the requests' temperatures")
     B, K, _ = target_logits.shape
     u = torch.rand(B, K, generator=gen, device=target_logits.device)
     A = accepted_prefix(u[:, : K - 1] < alpha, k_r)

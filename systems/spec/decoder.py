@@ -16,6 +16,7 @@ import torch
 
 from systems.engine.sampler import sample
 from systems.host_sync import start_readback, to_device
+from systems.models.drafters import redraw
 from systems.spec.acceptance import (
     accept_calibrated,
     accept_exact,
@@ -360,15 +361,21 @@ class SpeculativeDecoder:
                 pt.mark(marks)
 
         mark()
-        # exact acceptance of sampled requests needs drafts drawn from q; calibrated acceptance
-        # does not read the drafts' distribution, so its drafts stay greedy (and in the graph)
-        draft_sampled = sampled and self.mode == "exact"
-        graphs = self._drafter_graphs(B, draft_sampled)
+        # sampled requests draw their drafts from q: exact acceptance needs it, and under
+        # calibrated acceptance the accepted drafts are output (greedy drafts of random weights
+        # cycle). A parallel drafter draws after its greedy pass, which stays in the graph; a
+        # sequential one (DSpark) drafts eagerly to sample, so under calibrated acceptance,
+        # which does not read q, it keeps greedy drafts and its graph.
+        after = getattr(self.drafter, "draws_after_pass", False)
+        draft_sampled = sampled and (after or self.mode == "exact")
+        graphs = self._drafter_graphs(B, draft_sampled and not after)
         if graphs is not None:
             outs = graphs.run(("propose", B, K), self._propose_region(K), slots, anchors, n, temps)
             proposals, q = outs[:2]
             if len(outs) > 2:  # DSpark: the head's confidences, read by _k_r below
                 self.drafter.last_confidence = outs[2]
+            if draft_sampled:
+                proposals = redraw(proposals, q, temps, e.gen)
         else:
             proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen, draft_sampled)
         mark()

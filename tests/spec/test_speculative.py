@@ -152,31 +152,71 @@ def test_dspark_under_calibrated_acceptance_verifies_drafts():
         )
 
 
-@pytest.mark.parametrize("mode", ["calibrated", "exact"])
-def test_sampled_requests_draft_greedily_only_under_calibrated_acceptance(mode, monkeypatch):
-    """Exact acceptance of a sampled request needs drafts drawn from q; calibrated acceptance
-    does not read the drafts' distribution, so it drafts greedily (the drafter's CUDA graphs
-    cover greedy drafting only). Either way a sampled request's output is drawn at its
-    temperature: it leaves the greedy output."""
+def _sampled_run(eng, temperature, monkeypatch=None, seen=None):
+    """One request of 24 tokens at ``temperature``; with ``seen``, the drafter's eager
+    proposals record whether they sampled."""
     from systems.engine.request import Request, SamplingParams
 
-    eng = _spec_engine(
-        "resident_dflash2", "tiny", 4, False, f"system.speculation.acceptance={mode}"
-    )
-    d = eng.decoder.drafter
-    seen, propose = [], d.propose
+    if seen is not None:
+        d = eng.decoder.drafter
+        propose = d.propose
 
-    def spy(slots, anchors, n, K, temps, gen, sampled):
-        seen.append(sampled)
-        return propose(slots, anchors, n, K, temps, gen, sampled)
+        def spy(slots, anchors, n, K, temps, gen, sampled):
+            seen.append(sampled)
+            return propose(slots, anchors, n, K, temps, gen, sampled)
 
-    monkeypatch.setattr(d, "propose", spy)
-    p = GOLDEN["prompts"][0]
-    r = Request(eng.new_rid(), p, SamplingParams(max_new_tokens=24, temperature=1.0))
+        monkeypatch.setattr(d, "propose", spy)
+    r = Request(eng.new_rid(), GOLDEN["prompts"][0], SamplingParams(24, temperature=temperature))
     eng.submit(r)
     eng.run_until_idle()
-    assert seen and set(seen) == {mode == "exact"}
-    assert len(r.output_ids) == 24 and r.output_ids != GOLDEN["outputs"]["tiny"][0][:24]
+    assert len(r.output_ids) == 24
+    return r.output_ids
+
+
+@pytest.mark.parametrize(
+    "system,mode,drafts_sampled",
+    [
+        ("resident_dflash2", "calibrated", True),  # a parallel drafter draws after its pass
+        ("resident_dflash2", "exact", True),
+        ("resident_dspark", "calibrated", False),  # sequential: greedy drafts keep the graph
+        ("resident_dspark", "exact", True),  # exact acceptance needs drafts drawn from q
+    ],
+)
+def test_sampled_requests_draw_their_drafts_where_the_rule_or_the_output_needs_it(
+    system, mode, drafts_sampled, monkeypatch
+):
+    """A sampled request's drafts are drawn from q under exact acceptance (the rule needs it)
+    and, where the drafter draws after its pass, under calibrated acceptance too (accepted
+    drafts are output; greedy drafts of random weights cycle). Its output leaves the same
+    engine's greedy output."""
+    spec = f"system.speculation.acceptance={mode}"
+    seen: list = []
+    sampled = _sampled_run(_spec_engine(system, "tiny", 4, False, spec), 1.0, monkeypatch, seen)
+    assert seen and set(seen) == {drafts_sampled}
+    assert sampled != _sampled_run(_spec_engine(system, "tiny", 4, False, spec), 0.0)
+
+
+def test_a_parallel_drafter_samples_after_its_graph_replay(monkeypatch):
+    """With drafter graphs (emulated on CPU), a sampled request's DFlash2 drafts are drawn after
+    the greedy pass's replay: the graph is used, the drafts leave the pass's greedy ones, and
+    the output has more distinct tokens than the greedy one (tiny's greedy drafts repeat)."""
+    from systems.spec import decoder as D
+
+    pairs, redraw = [], D.redraw
+
+    def spy(greedy, q, temps, gen):
+        drawn = redraw(greedy, q, temps, gen)
+        pairs.append((greedy.clone(), drawn))
+        return drawn
+
+    monkeypatch.setattr(D, "redraw", spy)
+    extra = ("system.speculation.acceptance=calibrated", "+engine.cuda_graph_emulate=true")
+    eng = _spec_engine("resident_dflash2", "tiny", 4, False, *extra)
+    sampled = _sampled_run(eng, 1.0)
+    assert eng.graph_runner.drafter.stats["replays"] > 0
+    assert pairs and any(not torch.equal(g, d) for g, d in pairs)
+    greedy = _sampled_run(_spec_engine("resident_dflash2", "tiny", 4, False, *extra), 0.0)
+    assert len(set(sampled)) > len(set(greedy))
 
 
 def test_union_resolution_copies_each_distinct_miss_once():
