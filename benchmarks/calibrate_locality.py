@@ -1,8 +1,9 @@
 """Calibrate the indexer's selection-locality knob (the one calibrated input, docs/design.md).
 
-HiSparse's share of selected rows fetched from host should follow the paper's GLM-5.3 numbers:
-Fig. 9e (33% at B = k falling to 3.9% at B = 8k) and Table A1 (13.8% at B = 2k, the budget the
-serving experiments run at). For each candidate lambda we admit N requests over one prepared
+HiSparse's share of selected rows fetched from host should follow the paper's numbers: for the
+GLM-like presets Fig. 9e (33% at B = k falling to 3.9% at B = 8k) and Table A1 (13.8% at B = 2k,
+the budget the serving experiments run at); for the DeepSeek-like ones (``dsv*``) Fig. 9g's ends
+(36% at B = 2k, 9.5% at 16k, their serving budget). For each candidate lambda we admit N requests over one prepared
 prefix, decode a whole output (1,024 steps by default) and read the resolver census over all of
 it, as a served run's share counts every position of its requests' outputs (the hot cache warms
 over decode: the first steps' share can be several times the whole output's, see each point's
@@ -11,7 +12,7 @@ experiments' ``workload.temperature``): a greedy output of random weights often 
 cycle of a few tokens, which repeats one query and so fetches nothing, and whether a prompt's
 output cycles decides its share (one prompt's greedy output fetched 15 %, another's 1 %, at one
 lambda). By default a grid of lambdas is measured at --budgets and the fit
-minimizes the squared error in log-share at the three published points; one knob may not follow
+minimizes the squared error in log-share at the published points; one knob may not follow
 the whole curve, so ``--solve-at 2`` instead bisects lambda until the share at that budget meets
 the paper's. Results go to results/calibration/locality.json (locality-<model>.json for another
 model, e.g. glm53_h200), written after every point; the fit belongs in the preset
@@ -20,6 +21,8 @@ model, e.g. glm53_h200), written after every point; the fit belongs in the prese
     python benchmarks/calibrate_locality.py --lams 0,0.5,0.7,0.8,0.9 --requests 16 --context 16384
     python benchmarks/calibrate_locality.py --model glm53_h200 --context 50000 --lams 0.7,0.8 \
         --solve-at 2    # bisect lambda to the paper's share at the serving experiments' budget
+    python benchmarks/calibrate_locality.py --model dsv41_h200 --context 125000 --lams 0.6,0.9 \
+        --solve-at 16   # the DeepSeek-like preset at its budget (B / k = 16)
 """
 
 from __future__ import annotations
@@ -34,10 +37,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# HiSparse on GLM-5.3 at 100K, % of selected rows fetched from host: Fig. 9e's ends (C128) and
-# Table A1's residency-off share at B = 2k, the budget the serving experiments run at (13.79 %
-# at C256, 14.21 / 13.98 % at C16: the share barely moves with load)
-PAPER = {1: 33.0, 2: 13.8, 8: 3.9}
+# HiSparse's % of selected rows fetched from host by B / k, per paper model. GLM-5.3 at 100K:
+# Fig. 9e's ends (C128) and Table A1's residency-off share at B = 2k, the budget the serving
+# experiments run at (13.79 % at C256, 14.21 / 13.98 % at C16: the share barely moves with
+# load). DeepSeek-V4.1-Flash at 500K: sec. 4.3.4, at C128 the host-miss rate falls from 36 %
+# at B = 2k to 9.5 % at 16k (Fig. 9g), the budget its serving experiments run at.
+PAPER_BY_MODEL = {"glm": {1: 33.0, 2: 13.8, 8: 3.9}, "deepseek": {2: 36.0, 16: 9.5}}
+
+
+def paper_points(model: str) -> dict[int, float]:
+    """The published points for a preset: the DeepSeek-like ones (``dsv*``) or GLM's."""
+    return PAPER_BY_MODEL["deepseek" if "dsv" in model else "glm"]
 
 
 def measure(lam: float, b_over_k: int, args) -> dict:
@@ -123,7 +133,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="glm53_mini")
     ap.add_argument("--lams", default="0,0.5,0.7,0.8,0.9")
-    ap.add_argument("--budgets", default="1,2,8")
+    ap.add_argument("--budgets", default=None, help="B / k values (default: the published ones)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument(
@@ -159,13 +169,16 @@ def main() -> None:
     args = ap.parse_args()
     if not 0 <= args.warmup < args.steps:
         ap.error("--warmup must be below --steps")
+    paper = paper_points(args.model)
+    if args.budgets is None:
+        args.budgets = ",".join(str(b) for b in sorted(paper))
     if args.solve_at is not None:
-        if args.solve_at not in PAPER:
-            ap.error(f"--solve-at must be one of the published budgets {sorted(PAPER)}")
+        if args.solve_at not in paper:
+            ap.error(f"--solve-at must be one of the published budgets {sorted(paper)}")
         if len(args.lams.split(",")) != 2:
             ap.error("--solve-at bisects between two --lams, e.g. --lams 0.7,0.8")
-    if args.solve_at is None and not set(PAPER) <= {int(x) for x in args.budgets.split(",")}:
-        ap.error(f"the grid fit needs every published budget: --budgets {sorted(PAPER)}")
+    if args.solve_at is None and not set(paper) <= {int(x) for x in args.budgets.split(",")}:
+        ap.error(f"the grid fit needs every published budget: --budgets {sorted(paper)}")
     if args.out is None:  # a bisection beside the grid's file, not over it
         name = "locality" if args.model == "glm53_mini" else f"locality-{args.model}"
         tail = "" if args.solve_at is None else f"-at{args.solve_at}k"
@@ -176,15 +189,15 @@ def main() -> None:
     rows = []
     bracketed = True  # --solve-at: the paper's share lies between the two ends
 
-    targets = PAPER if args.solve_at is None else {args.solve_at: PAPER[args.solve_at]}
+    targets = paper if args.solve_at is None else {args.solve_at: paper[args.solve_at]}
 
     def err(lam):
         e = 0.0
-        for bk, paper in targets.items():
+        for bk, want in targets.items():
             ours = [r["host_share_pct"] for r in rows if r["lambda"] == lam and r["b_over_k"] == bk]
             if not ours:
                 return math.inf
-            e += (math.log(max(ours[0], 1e-3)) - math.log(paper)) ** 2
+            e += (math.log(max(ours[0], 1e-3)) - math.log(want)) ** 2
         return e
 
     def write() -> float | None:
@@ -195,7 +208,7 @@ def main() -> None:
         fitted = bracketed and best is not None and math.isfinite(err(best))
         out = {
             "model": args.model,
-            "paper_host_share_pct": PAPER,
+            "paper_host_share_pct": paper,
             "fitted_lambda": best if fitted else None,
             "fit_error_log2": err(best) if fitted else None,
             "points": rows,
@@ -229,7 +242,7 @@ def main() -> None:
             for bk in [int(x) for x in args.budgets.split(",")]:
                 point(lam, bk)
     else:  # the share falls as lambda grows: keep the paper's share between the two ends
-        bk, goal = args.solve_at, PAPER[args.solve_at]
+        bk, goal = args.solve_at, paper[args.solve_at]
         lo, hi = sorted(lams)
         s_lo, s_hi = point(lo, bk), point(hi, bk)
         if not s_hi <= goal <= s_lo:

@@ -99,3 +99,29 @@ def test_solve_at_stops_when_the_ends_do_not_bracket_the_paper(tmp_path, monkeyp
     assert "widen --lams" in str(e.value.code)
     d = json.loads(out.read_text())
     assert d["fitted_lambda"] is None and d["bracketed"] is False and len(d["points"]) == 2
+
+
+def test_deepseek_like_presets_calibrate_to_their_own_published_points(tmp_path, monkeypatch):
+    """A dsv* preset is fitted to Fig. 9g's ends (36 % at B = 2k, 9.5 % at 16k) and bisects at
+    its serving budget, 16k; a grid over GLM's budgets is refused for it."""
+    assert cl.paper_points("dsv41_h200") == {2: 36.0, 16: 9.5}
+    assert cl.paper_points("glm53_h200")[2] == 13.8
+
+    def fake(lam, bk, args):  # 9.5 % at B = 16k for lambda = 0.8
+        share = 9.5 * math.exp(-20 * (lam - 0.8))
+        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0,
+                "min_distinct_tokens_last_window": 128}  # fmt: skip
+
+    monkeypatch.setattr(cl, "measure", fake)
+    out = tmp_path / "loc.json"
+    argv = ["x", "--model", "dsv41_h200", "--lams", "0.7,0.9", "--solve-at", "16", "--iters",
+            "1", "--out", str(out)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    cl.main()
+    d = json.loads(out.read_text())
+    assert d["paper_host_share_pct"] == {"2": 36.0, "16": 9.5}
+    assert d["fitted_lambda"] == 0.8 and {p["b_over_k"] for p in d["points"]} == {16}
+    # the grid needs DeepSeek's own budgets
+    monkeypatch.setattr(sys, "argv", ["x", "--model", "dsv41_h200", "--budgets", "1,2,8"])
+    with pytest.raises(SystemExit):
+        cl.main()
