@@ -19,7 +19,8 @@ Per (model, system, batch) row:
   copies in flight, in waves of four until at least 8 such steps ran (``handoff_steps``,
   ``handoff_waves``); ``handoff_admit_step_ms`` is the median step that admits a wave
   (reservations, copies queued),
-  ``handoff_arrival_step_ms`` the median step in which requests landed.
+  ``handoff_arrival_step_ms`` the median step in which requests landed; with ``--host-profile``
+  ``handoff_arrival_host_profile`` is a further wave's landing step under cProfile.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): all weights in bf16 + the selected KV rows (B x layers x k x row bytes) + the
   indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
@@ -171,7 +172,8 @@ def steps_per_row(args) -> int:
     """Engine steps a row runs; every request's output cap covers them all, so the batch stays
     whole until the graph replays at the end (a finished request's slot is released, and a
     replay over a released slot would read freed pages)."""
-    host = args.steps if args.host_profile else 0
+    # --host-profile: its pipelined steps, and the landing wave's (_landing_profile)
+    host = args.steps + HANDOFF_STEPS + 1 if args.host_profile else 0
     return args.warmup + 2 * args.steps + host + HANDOFF_STEPS + args.profile_steps + 4
 
 
@@ -292,6 +294,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
             steps += 1
         torch.cuda.synchronize()
     c1 = eng.backend.metrics()
+    land_profile = _landing_profile(eng, prompt, args, sync) if args.host_profile else None
 
     def med_ms(v):
         return statistics.median(v) * 1e3 if v else None
@@ -303,6 +306,9 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
             if admit_profile
             else {}
         ),
+        # with --host-profile, one more wave's first step in which requests landed, under
+        # cProfile (not among the timed steps): what landing costs on the host
+        **({"handoff_arrival_host_profile": land_profile} if land_profile else {}),
         "handoff_admit_step_ms": statistics.median(admits),
         "handoff_step_ms": med_ms(inflight),
         "handoff_steps": len(inflight),
@@ -311,6 +317,29 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         "handoff_waves": len(admits),
         "handoff_counters": {k: c1[k] - c0[k] for k in keys if k in c0 and k in c1},
     }
+
+
+def _landing_profile(eng, prompt, args, sync) -> list[dict] | None:
+    """The host profile of the first step in which a wave of ``HANDOFFS`` arrivals lands (their
+    first token, release and the decoder's set-up: a drafter's ring fill): one more wave after
+    the timed ones, each of its steps profiled until one lands."""
+    from systems.engine.request import Request, SamplingParams
+
+    for _ in range(HANDOFFS):
+        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
+    eng.step()  # admission
+    sync()
+    for _ in range(HANDOFF_STEPS):
+        if not eng.scheduler.arriving:
+            return None  # landed within the admitting step: nothing apart to profile
+        arrived = eng.stats["handoffs_total"]
+        pr = host_profiler(args)
+        eng.step()
+        sync()
+        rows = host_profile_rows(pr, 1, args.host_profile)
+        if eng.stats["handoffs_total"] > arrived:
+            return rows
+    return None
 
 
 def _gpu_time(eng) -> tuple[float, float]:

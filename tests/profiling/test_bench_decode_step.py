@@ -196,3 +196,32 @@ def test_a_row_stays_in_one_graph_scan_bucket():
     got = B.bucket_context(49000, 1368, 2048)
     assert -(-(got + 1) // 2048) == -(-(got + 1368 + 1) // 2048)
     assert B.bucket_context(1000, 5000, 2048) == 1000  # cannot fit any bucket: left alone
+
+
+def test_the_landing_profile_is_the_step_in_which_a_wave_lands():
+    """--host-profile's landing profile: a further wave of arrivals is admitted, and the first
+    step in which they land (not the steps while their copies are in flight) is profiled; the
+    running batch keeps decoding meanwhile. Handoffs held in flight by the stand-in event of
+    tests/engine/test_handoff.py."""
+    from types import SimpleNamespace
+
+    from systems.engine.request import Request, SamplingParams
+    from tests.engine.test_handoff import _engine, slow_handoffs
+    from tests.helpers import golden_prompts
+
+    eng = _engine("hisparse", "hardware.max_running_requests=6")
+    slow_handoffs(eng, 3)
+    prompt = golden_prompts()[0]
+    running = Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=200))
+    eng.submit(running)
+    while not eng.scheduler.running:
+        eng.step()
+    before = len(running.output_ids)
+    steps = []
+    step = eng.step
+    eng.step = lambda: steps.append(eng.stats["handoffs_total"]) or step()
+    rows = B._landing_profile(eng, prompt, SimpleNamespace(host_profile=5), lambda: None)
+    assert rows and len(rows) <= 5 and all(r["calls_per_step"] > 0 for r in rows)
+    # admitted, then in flight for a few steps, then the profiled step in which requests landed
+    assert len(steps) >= 3 and steps[-2] == steps[-1] < eng.stats["handoffs_total"]
+    assert len(running.output_ids) > before  # the batch decoded through the wave
