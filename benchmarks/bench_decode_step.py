@@ -356,10 +356,8 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     new_tokens = rounds * (spec.k_max if spec else 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, m.vocab_size, (args.context,), generator=g).tolist()
-    reqs = [
-        Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=new_tokens))
-        for _ in range(batch)
-    ]
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=args.temperature)
+    reqs = [Request(eng.new_rid(), prompt, params) for _ in range(batch)]
     for r in reqs:
         eng.submit(r)
     while len(eng.scheduler.running) < batch:  # admission (prefill once, handoffs)
@@ -437,6 +435,13 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=16384, help="prompt length per request")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="the batch's sampling temperature (the H200 presets' experiments sample at 1.0: "
+        "greedy outputs of random weights cycle, which changes the host-fetched share)",
+    )
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument(
         "--host-profile",
@@ -504,6 +509,9 @@ def main() -> None:
                     "system": system,
                     "batch": B,
                     "context": args.context,
+                    # what sets the host-fetched share, for comparisons with served runs
+                    "selection_locality": m.selection_locality,
+                    "temperature": args.temperature,
                     **measure(eng, m, B, args, torch),
                     **floor_bytes(m, B, args.context, queries),
                 }

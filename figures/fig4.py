@@ -8,7 +8,9 @@ policy, filled markers for the speculative systems.
 
 from __future__ import annotations
 
+import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 
@@ -418,6 +420,13 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
             "HiSparse's share, and with it how much residency and speculation can save "
             "(docs/presets.md)."
         )
+    served = _served_vs_bench_note(runs, c, Path(results))
+    if served:
+        rep.note(
+            f"Served decode step against the benchmark's pipelined step at the same batch "
+            f"(`{exp}` at ours C{c}; results/engine_step/summary.json, interpolated between its "
+            f"batches; issue 22's target: within 15 %): {served}."
+        )
     for e, e_runs in by_exp.items():
         paired = C.paired_ratio_note(e_runs, [row[3] for row in PROTOCOL_ROWS[:3]], c)
         if paired:
@@ -425,6 +434,66 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
                 f"Under the protocol (`{e}`, {_model_name(e_runs)}, {load_label(paper_c, c)}"
                 f"{', the claims above' if e == exp else ''}): {paired}."
             )
+
+
+def bench_step_at(rows: list[dict], model: str, system: str, batch: float) -> dict | None:
+    """The benchmark's pipelined step of ``model`` / ``system`` at ``batch``, interpolated
+    linearly between the two measured batches around it (a step's time grows about linearly
+    with its batch): {"ms", "batches", "commit", "selection_locality", "temperature"}, None
+    without rows of that model and system, or outside their batches."""
+    pts = sorted(
+        (r["batch"], r)
+        for r in rows
+        if r.get("model") == model
+        and r.get("system") == system
+        and C.as_float(r.get("step_ms_pipelined")) is not None
+    )
+    for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
+        if b0 <= batch <= b1:
+            f = (batch - b0) / (b1 - b0)
+            ms = (1 - f) * r0["step_ms_pipelined"] + f * r1["step_ms_pipelined"]
+            keys = ("commit", "selection_locality", "temperature")
+            return {"ms": ms, "batches": (b0, b1), **{k: r1.get(k) for k in keys}}
+    return None
+
+
+def _served_vs_bench_note(runs, c: int, results: Path) -> str | None:
+    """Each protocol system's served step (step_cost, graph captures left out) against the
+    benchmark's pipelined step at the batch it carried, with what differs between the two
+    (the benchmark row's commit, selection locality and sampling, where it recorded them)."""
+    import json
+
+    from harness.results import step_cost
+
+    f = results / "engine_step" / "summary.json"
+    if not f.exists():
+        return None
+    rows = json.loads(f.read_text()).get("rows", [])
+    parts = []
+    for system in _protocol_systems():
+        r = C.pick(runs, system, c)
+        sc = step_cost(r, exclude_capture=True) if r is not None else None
+        b = bench_step_at(rows, r.model, system, sc[1]) if sc else None
+        if b is None:
+            continue
+        loc = C.as_float(C.find_key(r.config, "selection_locality"))
+        bloc = C.as_float(b["selection_locality"])
+        diff = []
+        if bloc is None:
+            diff.append("its locality not recorded")
+        elif loc is not None and not math.isclose(loc, bloc):
+            diff.append(f"locality {bloc:g} against the runs' {loc:g}")
+        btemp = C.as_float(b["temperature"]) or 0.0
+        temp = C.as_float(C.find_key(r.config, "temperature")) or 0.0
+        if btemp != temp:
+            diff.append(f"temperature {btemp:g} against {temp:g}")
+        parts.append(
+            f"{label(system)} {sc[0]:.1f} ms at {sc[1]:.0f} running against {b['ms']:.1f} ms "
+            f"({sc[0] / b['ms']:.2f}x; benchmark at {b['commit']}"
+            + (f", {', '.join(diff)}" if diff else "")
+            + ")"
+        )
+    return "; ".join(parts) or None
 
 
 def _spread_note(runs, c: int) -> str | None:

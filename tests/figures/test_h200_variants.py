@@ -111,3 +111,23 @@ def test_c256_claims_read_the_h200_runs_at_the_papers_per_gpu_load(results, tmp_
     t2 = table2.main(["--results", str(results), "--out", str(tmp_path)])
     assert t2.value("eq13.C256.measured") == pytest.approx(2350.0 / 2450.0)
     assert t2.loads[256] == 64
+
+
+def test_the_benchmark_step_at_a_served_batch_is_interpolated_between_measured_batches():
+    """Fig. 4's served-against-benchmark note reads the pipelined step of the same model and
+    system at the batch the served runs carried, between the two measured batches around it,
+    with what the benchmark row recorded about its locality and sampling."""
+    from figures.fig4 import bench_step_at
+
+    def row(batch, ms, system="hisparse", **kw):
+        return {"model": "glm53_h200", "system": system, "batch": batch,
+                "step_ms_pipelined": ms, "commit": "abc", **kw}  # fmt: skip
+
+    rows = [row(1, 4.0), row(8, 5.0), row(32, 11.0, selection_locality=0.75, temperature=1.0),
+            row(32, 99.0, system="adaptive_hisparse")]  # fmt: skip
+    got = bench_step_at(rows, "glm53_h200", "hisparse", 26)
+    assert got["ms"] == pytest.approx(5.0 + 6.0 * 18 / 24) and got["batches"] == (8, 32)
+    assert got["selection_locality"] == 0.75 and got["temperature"] == 1.0
+    assert bench_step_at(rows, "glm53_h200", "hisparse", 8)["ms"] == pytest.approx(5.0)
+    assert bench_step_at(rows, "glm53_h200", "hisparse", 40) is None  # beyond the batches
+    assert bench_step_at(rows, "glm53_mini", "hisparse", 8) is None
