@@ -157,6 +157,12 @@ def main() -> None:
         "budget meets the paper's (e.g. 2: Table A1's 13.8%%, where the serving experiments run)",
     )
     ap.add_argument("--iters", type=int, default=4, help="bisection steps after the two ends")
+    ap.add_argument(
+        "--widen",
+        type=int,
+        default=2,
+        help="--solve-at: times an end that does not bracket the paper's share moves outward",
+    )
     ap.add_argument("--pool-gib", type=float, default=8.0)
     ap.add_argument("--host-gib", type=float, default=8.0)
     ap.add_argument("--device", default="cuda")
@@ -245,6 +251,20 @@ def main() -> None:
         bk, goal = args.solve_at, paper[args.solve_at]
         lo, hi = sorted(lams)
         s_lo, s_hi = point(lo, bk), point(hi, bk)
+        # an end on the wrong side moves outward by the ends' distance, up to --widen times
+        # (a lost GPU call costs more than a few points)
+        for _ in range(args.widen):
+            if s_hi <= goal <= s_lo:
+                break
+            step = hi - lo
+            if s_lo < goal and lo > 0.0:  # too little fetched even at the lower end
+                lo, hi, s_hi = max(0.0, round(lo - step, 4)), lo, s_lo
+                s_lo = point(lo, bk)
+            elif s_hi > goal and hi < 1.0:  # too much fetched even at the upper end
+                lo, hi, s_lo = hi, min(1.0, round(hi + step, 4)), s_hi
+                s_hi = point(hi, bk)
+            else:
+                break
         if not s_hi <= goal <= s_lo:
             bracketed = False
             write()

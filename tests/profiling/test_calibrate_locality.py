@@ -98,7 +98,28 @@ def test_solve_at_stops_when_the_ends_do_not_bracket_the_paper(tmp_path, monkeyp
         cl.main()
     assert "widen --lams" in str(e.value.code)
     d = json.loads(out.read_text())
-    assert d["fitted_lambda"] is None and d["bracketed"] is False and len(d["points"]) == 2
+    assert d["fitted_lambda"] is None and d["bracketed"] is False
+    # the upper end moved out twice (--widen 2), up to lambda = 1
+    assert [p["lambda"] for p in d["points"]] == [0.7, 0.8, 0.9, 1.0]
+
+
+def test_solve_at_widens_an_end_that_does_not_bracket_the_paper(tmp_path, monkeypatch):
+    """The paper's share needs lambda 0.62, below both ends: the lower end moves down by the
+    ends' distance until it brackets the share, then bisection runs between the new ends."""
+
+    def fake(lam, bk, args):  # 13.8 % at lambda = 0.62
+        share = 13.8 * math.exp(-20 * (lam - 0.62))
+        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0,
+                "min_distinct_tokens_last_window": 128}  # fmt: skip
+
+    monkeypatch.setattr(cl, "measure", fake)
+    out = tmp_path / "loc.json"
+    argv = ["x", "--lams", "0.7,0.8", "--solve-at", "2", "--iters", "2", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    cl.main()
+    d = json.loads(out.read_text())
+    assert [p["lambda"] for p in d["points"]] == [0.7, 0.8, 0.6, 0.65, 0.625]
+    assert d["bracketed"] and d["fitted_lambda"] == 0.625
 
 
 def test_deepseek_like_presets_calibrate_to_their_own_published_points(tmp_path, monkeypatch):
