@@ -198,6 +198,33 @@ def write_headline(path: Path, claims: dict) -> None:
     path.write_text("\n".join(lines))
 
 
+def _stale_runs_note(results: Path) -> list[str]:
+    """A paragraph naming the experiments with committed runs and pending runs of their plan
+    (points not yet measured, or a config changed after the runs: new run ids), whose figures
+    read the committed runs until the re-run."""
+    from harness import reproduce as rp
+
+    stale = []
+    for exp in rp.experiments():
+        d = results / exp
+        if not d.is_dir() or not any(
+            p.is_dir() and not p.name.startswith(".") for p in d.iterdir()
+        ):
+            continue
+        done, pending = rp.plan_status(exp, str(results))
+        if pending:
+            stale.append(f"`{exp}` ({pending} of {done + pending} planned runs)")
+    if not stale:
+        return []
+    return [
+        "Pending runs: " + ", ".join(stale) + " of experiments that have committed runs: "
+        "points not yet measured, or a configuration changed after the committed runs (new run "
+        "ids), which the figures read until the re-run; each figure's provenance says what its "
+        "runs were made with.",
+        "",
+    ]
+
+
 def write_report(
     path: Path, reports: dict, failures: dict, claims: dict, out_dir: Path, results: Path
 ) -> None:
@@ -219,6 +246,7 @@ def write_report(
         "full report beside its image (figures/out/<name>.md) gives every number's provenance, "
         "run lists and notes.",
         "",
+        *_stale_runs_note(results),
         "## Headline claims",
         "",
         *_headline_intro(measured),

@@ -388,6 +388,21 @@ def show_plan(
     return done, pending
 
 
+def plan_status(exp: str, results: str | None = None) -> tuple[int, int]:
+    """(finished, pending) runs of ``exp``'s plan in ``results`` (points the plan skips are
+    neither): what REPRODUCTION.md says of an experiment whose config changed after its runs."""
+    from harness.run import point_plan
+
+    done = pending = 0
+    for ov in plan(exp, smoke=False):
+        skip = skipped_points(ov)
+        for p, _, finished in point_plan(_run_cfg(ov, results))[1]:
+            if p["tag"] not in skip:
+                done += finished
+                pending += not finished
+    return done, pending
+
+
 def has_pending(
     overrides: list[str], results: str | None, only_tags: list[str] | None, skip: list[str] = ()
 ) -> bool:

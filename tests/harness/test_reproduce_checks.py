@@ -128,3 +128,14 @@ def test_interleave_sweep_runs_the_settings_back_to_back():
     reps = [rp.setting(ov, "repeat") for ov in g.runs]
     assert g.repeats == 3 and blocks == ["4", "6", "8"] * 3
     assert reps == ["1"] * 3 + ["2"] * 3 + ["3"] * 3
+
+
+def test_plan_status_counts_finished_and_pending_runs(tmp_path):
+    """REPRODUCTION.md's pending-runs paragraph: an experiment's planned runs, finished where a
+    run directory of the plan's id holds a summary."""
+    assert rp.plan_status("fig6_h200", str(tmp_path)) == (0, 6)
+    ov = rp.plan("fig6_h200", smoke=False)[0]
+    exp_dir, plan = point_plan(rp._run_cfg(ov, str(tmp_path)))
+    (exp_dir / plan[0][1]).mkdir(parents=True)
+    (exp_dir / plan[0][1] / "summary.json").write_text("{}")
+    assert rp.plan_status("fig6_h200", str(tmp_path)) == (1, 5)
