@@ -18,6 +18,26 @@ ARGS = ["--model", "tiny", "--device", "cpu", "--context", "120", "--requests", 
         "3", "--warmup", "1", "--window", "2", "--pool-gib", "0.05", "--host-gib", "0.1"]  # fmt: skip
 
 
+def _curve(goal: float, at: float):
+    """A fake measurement: the share falls with lambda and meets ``goal`` at lambda ``at``."""
+
+    def fake(lam, bk, args):
+        share = goal * math.exp(-20 * (lam - at))
+        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0,
+                "min_distinct_tokens_last_window": 128}  # fmt: skip
+
+    return fake
+
+
+def _solve(monkeypatch, tmp_path, fake, *argv: str) -> dict:
+    """calibrate_locality's main over ``fake`` with ``argv``; its JSON output."""
+    monkeypatch.setattr(cl, "measure", fake)
+    out = tmp_path / "loc.json"
+    monkeypatch.setattr(sys, "argv", ["x", *argv, "--out", str(out)])
+    cl.main()
+    return json.loads(out.read_text())
+
+
 def test_points_and_fit(tmp_path, monkeypatch):
     out = tmp_path / "loc.json"
     argv = ["x", *ARGS, "--lams", "0,0.5", "--budgets", "1,2,8", "--out", str(out)]
@@ -56,17 +76,9 @@ def test_solve_at_bisects_to_the_papers_share(tmp_path, monkeypatch):
     between its ends and the fit is the measured lambda nearest to it (a fake measurement: a
     known share curve, so the answer is known)."""
 
-    def fake(lam, bk, args):  # 13.8% at lambda = 0.75
-        share = 13.8 * math.exp(-20 * (lam - 0.75))
-        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0,
-                "min_distinct_tokens_last_window": 128}  # fmt: skip
-
-    monkeypatch.setattr(cl, "measure", fake)
-    out = tmp_path / "loc.json"
-    argv = ["x", "--lams", "0.7,0.8", "--solve-at", "2", "--iters", "3", "--out", str(out)]
-    monkeypatch.setattr(sys, "argv", argv)
-    cl.main()
-    d = json.loads(out.read_text())
+    # 13.8 % at lambda = 0.75
+    d = _solve(monkeypatch, tmp_path, _curve(13.8, 0.75), "--lams", "0.7,0.8", "--solve-at", "2",
+               "--iters", "3")  # fmt: skip
     lams = [p["lambda"] for p in d["points"]]
     assert lams == [0.7, 0.8, 0.75, 0.725, 0.7375] and {p["b_over_k"] for p in d["points"]} == {2}
     assert d["fitted_lambda"] == 0.75 and d["fit"].startswith("bisection at B/k = 2")
@@ -107,17 +119,8 @@ def test_solve_at_widens_an_end_that_does_not_bracket_the_paper(tmp_path, monkey
     """The paper's share needs lambda 0.62, below both ends: the lower end moves down by the
     ends' distance until it brackets the share, then bisection runs between the new ends."""
 
-    def fake(lam, bk, args):  # 13.8 % at lambda = 0.62
-        share = 13.8 * math.exp(-20 * (lam - 0.62))
-        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0,
-                "min_distinct_tokens_last_window": 128}  # fmt: skip
-
-    monkeypatch.setattr(cl, "measure", fake)
-    out = tmp_path / "loc.json"
-    argv = ["x", "--lams", "0.7,0.8", "--solve-at", "2", "--iters", "2", "--out", str(out)]
-    monkeypatch.setattr(sys, "argv", argv)
-    cl.main()
-    d = json.loads(out.read_text())
+    d = _solve(monkeypatch, tmp_path, _curve(13.8, 0.62), "--lams", "0.7,0.8", "--solve-at", "2",
+               "--iters", "2")  # fmt: skip
     assert [p["lambda"] for p in d["points"]] == [0.7, 0.8, 0.6, 0.65, 0.625]
     assert d["bracketed"] and d["fitted_lambda"] == 0.625
 
@@ -128,18 +131,9 @@ def test_deepseek_like_presets_calibrate_to_their_own_published_points(tmp_path,
     assert cl.paper_points("dsv41_h200") == {2: 36.0, 16: 9.5}
     assert cl.paper_points("glm53_h200")[2] == 13.8
 
-    def fake(lam, bk, args):  # 9.5 % at B = 16k for lambda = 0.8
-        share = 9.5 * math.exp(-20 * (lam - 0.8))
-        return {"lambda": lam, "b_over_k": bk, "host_share_pct": share, "step_ms": 1.0,
-                "min_distinct_tokens_last_window": 128}  # fmt: skip
-
-    monkeypatch.setattr(cl, "measure", fake)
-    out = tmp_path / "loc.json"
-    argv = ["x", "--model", "dsv41_h200", "--lams", "0.7,0.9", "--solve-at", "16", "--iters",
-            "1", "--out", str(out)]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    cl.main()
-    d = json.loads(out.read_text())
+    # 9.5 % at B = 16k for lambda = 0.8
+    d = _solve(monkeypatch, tmp_path, _curve(9.5, 0.8), "--model", "dsv41_h200", "--lams",
+               "0.7,0.9", "--solve-at", "16", "--iters", "1")  # fmt: skip
     assert d["paper_host_share_pct"] == {"2": 36.0, "16": 9.5}
     assert d["fitted_lambda"] == 0.8 and {p["b_over_k"] for p in d["points"]} == {16}
     # the grid needs DeepSeek's own budgets
