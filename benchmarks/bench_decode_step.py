@@ -180,9 +180,8 @@ def steps_per_row(args) -> int:
 def bucket_context(context: int, span: int, l_step: int) -> int:
     """A context at which a row's queries (positions ``context`` .. ``context + span``) stay in
     one CUDA graph scan bucket (``engine.cuda_graph_scan_step``): ``context`` where they do,
-    else the next bucket's start. A row that crossed a bucket captured the next bucket's graphs
-    among its timed steps: glm53_h200's speculative rows at 49,000 crossed 49,152 in their
-    pipelined steps, which then read 11.3 ms against 6.8 ms synced."""
+    else the next bucket's start. A row that crossed a bucket would capture the next bucket's
+    graphs among its timed steps."""
     bucket = lambda need: -(-need // l_step)  # noqa: E731  (need = largest position + 1)
     if bucket(context + 1) == bucket(context + span + 1) or span + 1 > l_step:
         return context
@@ -467,6 +466,7 @@ def main() -> None:
     env = environment()
     rows = []
     rounds = steps_per_row(args)
+    span = rounds * 8 + 8  # positions a row's requests may reach: the output cap and a block
 
     def row_cfg(model: str, system: str):
         return compose(
@@ -488,8 +488,8 @@ def main() -> None:
     # engine config, and within its model's context
     first = row_cfg(args.models.split(",")[0], args.systems.split(",")[0])
     l_step = first.engine.cuda_graph_scan_step
-    context = bucket_context(args.context, rounds * 8 + 8, l_step)
-    if context != args.context and context + rounds * 8 + 8 <= first.model.max_context_len:
+    context = bucket_context(args.context, span, l_step)
+    if context != args.context and context + span <= first.model.max_context_len:
         print(
             f"[bench_decode_step] --context {args.context} -> {context}: the rows' positions "
             f"would cross the graph scan bucket at {context} (engine.cuda_graph_scan_step "

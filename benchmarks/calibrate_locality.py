@@ -3,19 +3,19 @@
 HiSparse's share of selected rows fetched from host should follow the paper's numbers: for the
 GLM-like presets Fig. 9e (33% at B = k falling to 3.9% at B = 8k) and Table A1 (13.8% at B = 2k,
 the budget the serving experiments run at); for the DeepSeek-like ones (``dsv*``) Fig. 9g's ends
-(36% at B = 2k, 9.5% at 16k, their serving budget). For each candidate lambda we admit N requests over one prepared
-prefix, decode a whole output (1,024 steps by default) and read the resolver census over all of
-it, as a served run's share counts every position of its requests' outputs (the hot cache warms
-over decode: the first steps' share can be several times the whole output's, see each point's
-``host_share_pct_by_window``). The outputs are sampled at --temperature (1.0, the serving
-experiments' ``workload.temperature``): a greedy output of random weights often settles into a
-cycle of a few tokens, which repeats one query and so fetches nothing, and whether a prompt's
-output cycles decides its share (one prompt's greedy output fetched 15 %, another's 1 %, at one
-lambda). By default a grid of lambdas is measured at --budgets and the fit
-minimizes the squared error in log-share at the published points; one knob may not follow
-the whole curve, so ``--solve-at 2`` instead bisects lambda until the share at that budget meets
-the paper's. Results go to results/calibration/locality.json (locality-<model>.json for another
-model, e.g. glm53_h200), written after every point; the fit belongs in the preset
+(36% at B = 2k, 9.5% at 16k, their serving budget). For each candidate lambda we admit N
+requests over one prepared prefix, decode a whole output (1,024 steps by default) and read the
+resolver census over all of it, as a served run's share counts every position of its requests'
+outputs (the hot cache warms over decode: the first steps' share can be several times the whole
+output's, see each point's ``host_share_pct_by_window``). The outputs are sampled at
+--temperature (1.0, the serving experiments' ``workload.temperature``): a greedy output of
+random weights can settle into a cycle of a few tokens, which repeats one query and so fetches
+nothing, so whether a prompt's greedy output cycles would decide its share (docs/presets.md).
+By default a grid of lambdas is measured at --budgets and the fit minimizes the squared error
+in log-share at the published points; one knob may not follow the whole curve, so
+``--solve-at 2`` instead bisects lambda until the share at that budget meets the paper's.
+Results go to results/calibration/locality.json (locality-<model>.json for another model, e.g.
+glm53_h200), written after every point; the fit belongs in the preset
 (conf/model/<model>.yaml: selection_locality).
 
     python benchmarks/calibrate_locality.py --lams 0,0.5,0.7,0.8,0.9 --requests 16 --context 16384

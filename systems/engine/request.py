@@ -6,7 +6,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from systems.engine.prefill import PromptKey
 
 
 @dataclass
@@ -54,7 +57,7 @@ class Request:
     aborted: bool = False
     # the prompt as the prefix store's key (systems/engine/prefill.py), built by Engine.submit
     # on the caller's thread rather than at admission on the engine thread
-    prompt_key: Any = None
+    prompt_key: PromptKey | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -246,8 +246,9 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ drafter graphs
     def _drafter_graphs(self, B: int, sampled: bool):
         """The engine's drafter graph cache when this round can use it: graphs on, the batch
-        within the captured sizes, greedy drafting (sampling draws from a generator, which
-        stays eager), and a drafter whose proposal is pure device work."""
+        within the captured sizes, no sampling inside the pass (``sampled``: a sequential
+        drafter's sampled drafting draws from a generator, which stays eager), and a drafter
+        whose proposal is pure device work."""
         r = self.e.graph_runner
         if (
             r is None
