@@ -41,13 +41,15 @@ def _serve(overrides, prompts, new_tokens, warmup):
     reqs = [Request(eng.new_rid(), p, SamplingParams(max_new_tokens=new_tokens)) for p in prompts]
     for r in reqs:
         eng.submit(r)
-    times = []
+    times, lent = [], 0
     while not eng.is_idle:
         sync()
         t0 = time.perf_counter()
         eng.step()
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
+        # optional pages in free slots' index history (adaptive backends), outside the timing
+        lent = max(lent, eng.backend.metrics().get("dhs_optional_pages_lent", 0))
     steady = times[1 + warmup : -1] or times  # drop the admission step and the last one
     out = {
         "tokens": [r.output_ids for r in reqs],
@@ -62,6 +64,7 @@ def _serve(overrides, prompts, new_tokens, warmup):
         )
     m = eng.backend.metrics()
     out["host_rows_copied"] = m.get("dhs_host_rows_copied_total")
+    out["optional_pages_lent_max"] = lent
     del eng
     gc.collect()  # the engine and its decoder refer to each other: free its pools now
     if torch.cuda.is_available():
@@ -159,12 +162,13 @@ def main() -> None:
             "drafter_graph_stats": graph.get("drafter_graph_stats"),
             "failed": [eager["failed"], graph["failed"]],
             "host_rows_copied": [eager["host_rows_copied"], graph["host_rows_copied"]],
+            "optional_pages_lent_max": graph["optional_pages_lent_max"],
         }
         rows.append(row)
         print(
             f"[cuda_graph] {system:22s} identical={same} batch_invariant={invariant} overlap_identical={overlap_same} eager {row['eager_step_ms']:.2f} ms "
             f"graph {row['graph_step_ms']:.2f} ms ({row['speedup']:.1f}x) "
-            f"{row['graph_stats']}",
+            f"{row['graph_stats']} lent pages (max) {row['optional_pages_lent_max']}",
             flush=True,
         )
     finish_benchmark(

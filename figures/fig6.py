@@ -220,8 +220,15 @@ def main(argv=None) -> C.Report:
             break
     if d_on.get("eligible_pages_low"):
         flat = (
-            "; the count held level (10th-90th percentile within 10%), so the pages M leaves "
-            "after the index pool's static reservation capped coverage, not population"
+            "; the count held level (10th-90th percentile within 10%), so the capacity "
+            "optional history may use capped coverage, not population ("
+            + (
+                "spare payload pages and free slots' index history"
+                if A["on"].cfg("lend_index_store")
+                else "spare payload pages only: these runs predate lending free slots' index "
+                "history (system.kv.lend_index_store)"
+            )
+            + ")"
             if d_on.get("optional_pages_flat")
             else ""
         )

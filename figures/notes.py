@@ -363,6 +363,16 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             add(f"outputs sampled at temperature {temp:g}" if temp else "greedy outputs")
         if r.calibrated_acceptance:
             add("calibrated input: acceptance")
+        if find_key(r.config, "optional_residency") and not find_key(r.config, "lend_index_store"):
+            # sec. 3.1's unused index backing: these runs kept optional history to payload pages
+            add(
+                "optional history in spare payload pages only"
+                + (
+                    ""
+                    if find_key(r.config, "lend_index_store") is False
+                    else " (run before free slots' index history was lent)"
+                )
+            )
         if len(r.repeats) > 1:
             commits = sorted({x.commit for x in r.repeats if x.commit})
             # the spread is part of the number: one config's output differs by up to 40% between

@@ -135,6 +135,12 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
     for key in ("overlap_schedule", "async_handoffs"):
         if isinstance(engine, dict) and engine.get(key) is True:
             del engine[key]
+    # lending free slots' index history to optional history (on by default) changes how much
+    # is fetched from host, not which tokens: as a kernel default, it keeps the ids (off is part
+    # of the id), harness.results.MEASUREMENT_CHANGES flags runs on both sides of it and the
+    # figures' provenance names runs made before it
+    if isinstance(kv, dict) and kv.get("lend_index_store") is True:
+        del kv["lend_index_store"]
     return material
 
 

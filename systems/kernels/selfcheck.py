@@ -130,7 +130,7 @@ def _check_step_tables(device: torch.device, g: torch.Generator) -> tuple[bool, 
         torch.randint(0, 100, (6,), generator=g, dtype=torch.int32).to(device),
         torch.randint(0, 9, (6,), generator=g, dtype=torch.int32).to(device),
         table(6, 7, hi=90),
-        table(6, 7, hi=20),
+        table(3, 6, 7, hi=60),
     )
     kw = dict(S=3, NG=320, G=32, hot=12, T=10)
     a, b = step_tables(*args, **kw), step_tables(*args, impl="reference", **kw)

@@ -14,7 +14,8 @@ Contract (B requests, Q queries each, S sources; every table indexed by slot)
     tail_start       int32 [*]        first position each slot's tail ring holds
     slot_page        int32 [*]        each slot's hot/tail page (rows page*G .. page*G + G - 1)
     host_pages       int32 [*, PH]    host page table (copied per request)
-    direct_pages     int32 [*, PD] or None  ready optional pages (-1: not ready)
+    direct_pages     int32 [S, *, PD] or None  ready optional pages, per source as a G-row unit
+                                      of the flat pool (rows unit*G ..; -1: not ready)
     G, hot, T        page rows, hot-cache rows (the tail follows them), tail rows
     NG               rows of one source's region of the flat pool (source s starts at s * NG)
 Returns a dict (the step's tables, as ``HiSparseBackend._prepare_tables`` keeps them):
@@ -25,8 +26,7 @@ Returns a dict (the step's tables, as ``HiSparseBackend._prepare_tables`` keeps 
                                       (tail_start + j) % T
     host_pt          int32 [B, PH]
     hot_base         int32 [S, B]     s*NG + page*G
-    direct           int32 [S, B, PD] ready page as a page of source s's region (+ s*NG // G),
-                                      -1 where not ready; None without ``direct_pages``
+    direct           int32 [S, B, PD] the requests' rows of ``direct_pages``; None without it
 Bytes: the tables read once per request and written once (S x (T + PD) + PH + 2Q words).
 """
 
@@ -66,8 +66,7 @@ def step_tables_reference(
     out["tail_loc"] = tail.unsqueeze(0) + off.unsqueeze(2).to(torch.int32)
     direct = None
     if direct_pages is not None:
-        d = direct_pages[sl]
-        direct = torch.where(d >= 0, d + (off // G).unsqueeze(2), -1).to(torch.int32)
+        direct = direct_pages[:, sl].to(torch.int32)
     out["direct"] = direct
     return out
 
@@ -77,7 +76,7 @@ if _HAVE_TRITON:
     @triton.jit
     def _step_tables_kernel(
         slots_ptr, pos_ptr, ipg_ptr, ipg_stride, index_page, ts_ptr, page_ptr,
-        hpt_ptr, hpt_stride, dpt_ptr, dpt_stride,
+        hpt_ptr, hpt_stride, dpt_ptr, dpt_stride, dpt_sstride,
         iwl_ptr, wl_ptr, ts_out, tail_out, hpt_out, hot_out, dir_out,
         B, Q, S, NG, G, HOT, T, PH, PD,
         HAS_DIRECT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -107,7 +106,7 @@ if _HAVE_TRITON:
             off = (zero + s) * NG
             tl.store(hot_out + s * B + b, (page * G + off).to(tl.int32))
             tl.store(tail_out + (s * B + b) * T + jj, (ring + off).to(tl.int32), mask=jm)
-        # host pages, and the ready optional pages as pages of each source's region
+        # host pages, and each source's ready optional pages
         for p0 in range(0, PH, BLOCK_P):
             pp = p0 + tl.arange(0, BLOCK_P)
             pm = pp < PH
@@ -118,11 +117,13 @@ if _HAVE_TRITON:
             for p0 in range(0, PD, BLOCK_P):
                 pp = p0 + tl.arange(0, BLOCK_P)
                 pm = pp < PD
-                d = tl.load(dpt_ptr + slot * dpt_stride + pp, mask=pm, other=-1).to(tl.int64)
                 for s in range(S):
-                    rel = ((zero + s) * NG) // G
-                    v = tl.where(d >= 0, d + rel, -1)
-                    tl.store(dir_out + (s * B + b) * PD + pp, v.to(tl.int32), mask=pm)
+                    d = tl.load(
+                        dpt_ptr + (zero + s) * dpt_sstride + slot * dpt_stride + pp,
+                        mask=pm,
+                        other=-1,
+                    )
+                    tl.store(dir_out + (s * B + b) * PD + pp, d, mask=pm)
 
 
 def step_tables_triton(
@@ -138,12 +139,16 @@ def step_tables_triton(
         ("host_pages", host_pages),
         ("direct_pages", direct_pages),
     ):
-        if t is not None and t.stride(1) != 1:
+        if t is not None and t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension")
+    if direct_pages is not None and (direct_pages.dim() != 3 or direct_pages.shape[0] != S):
+        raise ValueError(
+            f"direct_pages must be [S={S}, slots, pages], got {tuple(direct_pages.shape)}"
+        )
     if tail_start.stride(0) != 1 or slot_page.stride(0) != 1:
         raise ValueError("tail_start and slot_page must be contiguous")
     PH = host_pages.shape[1]
-    PD = direct_pages.shape[1] if direct_pages is not None else 0
+    PD = direct_pages.shape[2] if direct_pages is not None else 0
     out = {
         "index_write_loc": torch.empty((B, Q), dtype=torch.int64, device=dev),
         "write_loc": torch.empty((B, Q), dtype=torch.int64, device=dev),
@@ -159,7 +164,8 @@ def step_tables_triton(
     }
     if B == 0:
         return out
-    dpt = direct_pages if direct_pages is not None else host_pages  # not read without it
+    # not read without it
+    dpt = direct_pages if direct_pages is not None else host_pages.unsqueeze(0)
     _step_tables_kernel[(B,)](
         slots.contiguous(),
         positions.contiguous(),
@@ -171,6 +177,7 @@ def step_tables_triton(
         host_pages,
         host_pages.stride(0),
         dpt,
+        dpt.stride(1),
         dpt.stride(0),
         out["index_write_loc"],
         out["write_loc"],

@@ -1,9 +1,14 @@
 """Adaptive residency (paper sec. 3.1-3.2): HiSparse plus optional history that follows load.
 
-The hot cache and tail stay exactly as in HiSparse (required, never lent). Payload pages that no
-required allocation holds can carry *optional history*: complete pages of a request's imported
-prompt (page j covers positions [j*G, (j+1)*G)), found by the resolver through the direct page
-table before it scans the hot cache (Fig. 2, callout 1).
+The hot cache and tail stay exactly as in HiSparse (required, never lent). Reclaimable capacity
+within the KV pools can carry *optional history*: complete pages of a request's imported prompt
+(page j covers positions [j*G, (j+1)*G)), found by the resolver through the direct page table
+before it scans the hot cache (Fig. 2, callout 1). That capacity is, as in sec. 3.1, the payload
+pages no required allocation holds and the unused index backing: each slot's index history is
+its own region of a store that lives in the payload arena (kv_flat), so while a slot is free its
+region holds *lent pages* (S units of G rows each, one per source; a page may span two adjacent
+regions and is lent only while both slots are free). An admission takes a free slot whose region
+lends nothing if there is one, else reclaims the requests holding pages in the chosen region.
 
 - Resident-first admission: a new request keeps its imported history on device in optional
   pages while pages are spare, and its host backup is deferred. Only the partial boundary page
@@ -12,7 +17,8 @@ table before it scans the hot cache (Fig. 2, callout 1).
   takes whole requests until their optional pages cover D; their unbacked pages are copied to
   host, then retired. If all optional pages cannot cover D, the admission waits
   (reason ``reclaim_insufficient``).
-- Population: while pages are free beyond the admission reserve, a bounded round-robin pass
+- Population: while pages are free beyond the admission reserve (payload pages first, then lent
+  pages), a bounded round-robin pass
   copies host history back into optional pages, a few pages per step. A page is published in the
   direct table only after its copy has completed (ready is tracked apart from allocated).
 
@@ -61,6 +67,9 @@ class AdaptiveOptions(HiSparseOptions):
     """``system.kv`` of adaptive residency: HiSparse's knobs plus the residency policy."""
 
     optional_residency: bool = True  # false: the same build with residency off (Fig. 6)
+    # optional history may also use free slots' index history (sec. 3.1's "eligible unused
+    # index backing"), not only unclaimed payload pages
+    lend_index_store: bool = True
     admission_reserve_pages: int = 1  # M_res, in payload pages
     populate_pages_per_step: int = 4  # bounded population work per engine step
     reclaim_order: str = "newest_first"  # eq. 4's order over admitted requests
@@ -86,9 +95,26 @@ class AdaptiveBackend(HiSparseBackend):
         self.reserve_pages = int(opt.admission_reserve_pages)
         self.populate_pages_per_step = int(opt.populate_pages_per_step)
         self.reclaim_order = opt.reclaim_order
+        # per source, each slot's ready prompt pages as G-row units of kv_flat (-1: not ready)
         self.direct_table = torch.full(
-            (self.num_slots, self.max_host_pages), -1, dtype=torch.int32, device=self.device
+            (self.S, self.num_slots, self.max_host_pages), -1, dtype=torch.int32, device=self.device
         )
+        # Page ids: payload pages 0 .. n-1, then lent pages. page_units[s, id] is the unit
+        # (rows unit*G .. unit*G + G - 1 of kv_flat) that holds source s of the page.
+        self.num_payload = n = self.payload_pages.num_pages
+        lent = self._carve_lent_pages()
+        units = torch.arange(self.S).unsqueeze(1) * n + torch.arange(n)  # payload: s*NG + p*G
+        if lent:
+            units = torch.cat([units, torch.tensor([u for u, _ in lent]).T], dim=1)
+        assert int(units.max()) * self.G + self.G <= 2**31, "kv_flat rows exceed int32 locations"
+        self.page_units = units.to(torch.int32).to(self.device)
+        self._page_units_host = units.tolist()
+        self.lent_slots = [sl for _, sl in lent]  # lent page n + i spans these slots' regions
+        self._slot_lent: dict[int, list[int]] = {}  # slot -> lent page ids in its region
+        for i, sl in enumerate(self.lent_slots):
+            for slot in sl:
+                self._slot_lent.setdefault(slot, []).append(n + i)
+        self._lent_holder: dict[int, int] = {}  # held lent page -> the slot whose history it holds
         self.res: dict[int, _Residency] = {}
         self._seq = 0
         self._rr = 0  # round-robin cursor of population
@@ -100,16 +126,101 @@ class AdaptiveBackend(HiSparseBackend):
             "resident_first_pages_total": 0,
         }
 
+    def _lends_index_store(self) -> bool:
+        return bool(self.opt.optional_residency and self.opt.lend_index_store)
+
+    def _carve_lent_pages(self) -> list[tuple[list[int], tuple[int, ...]]]:
+        """The lent pages of the index store: (a unit per source, the slots whose regions the
+        units lie in). Slot s's region of index source i is bytes [s, s + 1) x its share of
+        source i's store; only units wholly inside one region are used, packed S to a page in
+        slot order."""
+        if not self.lends_index:
+            return []
+        rb, G, S = self.mcfg.row_bytes, self.G, self.S
+        unit = G * rb
+        region = self.max_pages_per_req * self.P * self.mcfg.index_row_bytes
+        per_source = self.num_slots * region
+        base = self.index_row0 * rb  # the store's first byte in kv_flat
+        pages, buf = [], []
+        for slot in range(self.num_slots):
+            for i in range(len(self.index_src_ids)):
+                b0 = base + i * per_source + slot * region
+                for u in range(-(-b0 // unit), (b0 + region) // unit):
+                    buf.append((u, slot))
+                    if len(buf) == S:
+                        pages.append(([u for u, _ in buf], tuple(sorted({x for _, x in buf}))))
+                        buf = []
+        return pages
+
     # ------------------------------------------------------------------ accounting
     @property
     def optional_pages(self) -> int:
         return sum(r.num_pages for r in self.res.values())
 
+    def _is_lent(self, page: int) -> bool:
+        return page >= self.num_payload
+
+    def _payload_pages_of(self, r: _Residency) -> int:
+        return sum(1 for p in r.page if 0 <= p < self.num_payload)
+
+    def _lendable(self) -> list[int]:
+        """Lent pages free now: unheld, in regions of free slots; the highest slots' first (the
+        slot allocator hands out the lowest free slot, so those regions stay lent longest)."""
+        n, act = self.num_payload, self.active_slots
+        free = [
+            n + i
+            for i, sl in enumerate(self.lent_slots)
+            if n + i not in self._lent_holder and not any(x in act for x in sl)
+        ]
+        return free[::-1]
+
     def _spare(self) -> int:
-        """Pages free beyond the admission reserve."""
-        return self.payload_pages.num_free - self.reserve_pages
+        """Pages free beyond the admission reserve (payload pages, then lendable ones)."""
+        return max(0, self.payload_pages.num_free - self.reserve_pages) + len(self._lendable())
+
+    def _alloc_optional(self, n: int, slot: int) -> list[int]:
+        """n optional pages for slot's history: spare payload pages first, then lent ones."""
+        k = min(n, max(0, self.payload_pages.num_free - self.reserve_pages))
+        pages = self.payload_pages.alloc(k) if k else []
+        lent = self._lendable()[: n - k]
+        if len(pages) + len(lent) < n:
+            self.payload_pages.free(pages)
+            raise MemoryError(f"optional pages: asked for {n}, {len(pages) + len(lent)} spare")
+        for pg in lent:
+            self._lent_holder[pg] = slot
+        return pages + lent
+
+    def _free_optional(self, pages: list[int]) -> None:
+        self.payload_pages.free([p for p in pages if not self._is_lent(p)])
+        for p in pages:
+            if self._is_lent(p):
+                del self._lent_holder[p]
+
+    def _region_holders(self, slot: int) -> set[int]:
+        """Requests holding lent pages in slot's index region."""
+        held = (self._lent_holder.get(pg) for pg in self._slot_lent.get(slot, ()))
+        return {h for h in held if h is not None}
+
+    def _pick_slot(self) -> tuple[int, set[int]] | None:
+        """The free slot an admission takes, and the requests to reclaim for its index region:
+        a slot whose region lends nothing if any, else the one with the fewest lent pages held
+        by requests not still importing. None when every free region is held by an import."""
+        best = None
+        for slot in reversed(self.free_slots):  # the allocator's order: lowest slot first
+            holders = self._region_holders(slot)
+            if not holders:
+                return slot, holders
+            if any(h in self.importing for h in holders):
+                continue
+            cost = sum(self.res[h].num_pages for h in holders)
+            if best is None or cost < best[0]:
+                best = (cost, slot, holders)
+        return None if best is None else best[1:]
 
     def _required_free(self):
+        # a free slot whose index region can be had (a lent region's holders are reclaimed)
+        if self.lends_index and self._pick_slot() is None:
+            return False, "reclaim_insufficient"
         # one hot/tail page is needed; the reserve may be used by admission itself
         if self.payload_pages.num_free >= 1:
             return True, ""
@@ -129,12 +240,13 @@ class AdaptiveBackend(HiSparseBackend):
         return sorted(slots, key=key[self.reclaim_order])
 
     def _reclaim_plan(self, deficit: int) -> list[int] | None:
-        """Eq. 4: the shortest prefix of the reclaim order whose optional pages cover deficit."""
+        """Eq. 4: the shortest prefix of the reclaim order whose optional payload pages cover
+        deficit (payload pages: lent pages give back index history, not hot caches)."""
         if deficit <= 0:
             return []
         plan, got = [], 0
         for s in self._ordered():
-            n = self.res[s].num_pages
+            n = self._payload_pages_of(self.res[s])
             if n == 0:
                 continue
             plan.append(s)
@@ -151,6 +263,16 @@ class AdaptiveBackend(HiSparseBackend):
             for s in plan:
                 self._reclaim(s)
             self.stats_adaptive["reclaim_events_total"] += 1
+        if self.lends_index:
+            picked = self._pick_slot()
+            assert picked is not None, "admit called without can_admit"
+            want, holders = picked
+            for s in sorted(holders):
+                self._reclaim(s)
+            if holders:
+                self.stats_adaptive["reclaim_events_total"] += 1
+            self.free_slots.remove(want)
+            self.free_slots.append(want)  # the slot _take_slot pops
         slot = self._alloc_slot(prefix, max_new_tokens)
         try:
             self._reserve_history(slot, prefix)
@@ -175,10 +297,10 @@ class AdaptiveBackend(HiSparseBackend):
         self.res[slot] = r
         keep = r.kept = min(nc, max(0, self._spare()))
         if keep:
-            pages = self.payload_pages.alloc(keep)
+            pages = self._alloc_optional(keep, slot)
             r.page[:keep] = pages  # registered before any copy, so release finds them
             r.ready[:keep] = [True] * keep
-            self.direct_table[slot, :keep] = to_device(pages, self.device, torch.int32)
+            self.direct_table[:, slot, :keep] = self.page_units[:, to_device(pages, self.device)]
             self.stats_adaptive["resident_first_pages_total"] += keep
             self.stats_adaptive["deferred_backup_pages_total"] += keep
         r.backed[keep:] = [True] * (nc - keep)  # the import backs them up
@@ -187,9 +309,8 @@ class AdaptiveBackend(HiSparseBackend):
         G, r = self.G, self.res[slot]
         keep = r.kept
         if keep:  # one indexed copy for every kept page: a copy per page costs host time each
-            pages = to_device(r.page[:keep], self.device)
-            rows = (pages.unsqueeze(1) * G + torch.arange(G, device=self.device)).view(-1)
-            self.kv_pool[:, rows] = prefix.kv[:, : keep * G]
+            rows = self._unit_rows(to_device(r.page[:keep], self.device))
+            self.kv_flat[rows] = prefix.kv[:, : keep * G].reshape(rows.numel(), -1)
         # everything not kept on device goes to host now (incl. the partial boundary page)
         self._backup(slot, keep * G, prefix.num_tokens, prefix.kv[:, keep * G :])
 
@@ -207,14 +328,14 @@ class AdaptiveBackend(HiSparseBackend):
         if unbacked:
             with nvtx_range(BACKUP):
                 dev_rows, host_rows = self._page_rows([(slot, r.page[j], j) for j in unbacked])
-                backup_rows(self.kv_pool, self.host_pool, dev_rows, host_rows, self.backup_impl)
+                backup_rows(*self._flat_pools(), dev_rows, host_rows, self.backup_impl)
             self.backup_rows += dev_rows.numel()
             for j in unbacked:
                 r.backed[j] = True
         if not owned:
             return
-        self.direct_table[slot] = -1  # every published page of the slot retires
-        self.payload_pages.free([r.page[j] for j in owned])
+        self.direct_table[:, slot] = -1  # every published page of the slot retires
+        self._free_optional([r.page[j] for j in owned])
         for j in owned:
             r.pending.pop(j, None)  # a page still being populated already has a host copy
             r.page[j], r.ready[j] = -1, False
@@ -225,22 +346,35 @@ class AdaptiveBackend(HiSparseBackend):
             return
         r = self.res.pop(slot, None)
         if r is not None:
-            self.payload_pages.free([p for p in r.page if p >= 0])
-            self.direct_table[slot] = -1
+            self._free_optional([p for p in r.page if p >= 0])
+            self.direct_table[:, slot] = -1
         super().release(slot)
 
     # ------------------------------------------------------------------ page rows
+    def _unit_rows(self, pages: torch.Tensor) -> torch.Tensor:
+        """kv_flat rows of device pages, ordered (source, page, row): [S * N * G]."""
+        units = self.page_units[:, pages].long()
+        return (units.unsqueeze(2) * self.G + torch.arange(self.G, device=self.device)).view(-1)
+
+    def _flat_pools(self):
+        """kv_flat and the host store as one-source pools: a lent page's sources are not one
+        row apart, so copies name a row per source (_page_rows)."""
+        return self.kv_flat.unsqueeze(0), self.host_pool.view(1, -1, self.host_pool.shape[-1])
+
     def _page_rows(self, pages: list[tuple[int, int, int]]):
-        """(device rows, host rows) of whole prompt pages, each (slot, device page, prompt page
-        j). Prompt page j holds positions [jG, (j+1)G), the slot's host page j holds the same
-        positions (both pools' pages are G rows), so a page pair names G rows on each side: one
-        host->device copy of 2 ids per page, expanded on the device (a 50K-token request's row
-        lists were ~100K Python ints per reclaim, milliseconds of the engine thread)."""
+        """(kv_flat rows, flat host rows) of whole prompt pages, each (slot, device page, prompt
+        page j), ordered (source, page, row). Prompt page j holds positions [jG, (j+1)G), the
+        slot's host page j holds the same positions (both pools' pages are G rows), so a page
+        pair names G rows per source on each side: one host->device copy of 2 ids per page,
+        expanded on the device (a 50K-token request's row lists were ~100K Python ints per
+        reclaim, milliseconds of the engine thread)."""
         hp = [self._slot_pages[s][1][j] for s, _, j in pages]
         ids = to_device([*(pg for _, pg, _ in pages), *hp], self.device)
-        N, ar = len(pages), torch.arange(self.G, device=self.device)
-        dev_rows = (ids[:N].unsqueeze(1) * self.G + ar).reshape(-1)
-        host_rows = (ids[N:].unsqueeze(1) * self.G + ar).reshape(-1)
+        N, G, ar = len(pages), self.G, torch.arange(self.G, device=self.device)
+        dev_rows = self._unit_rows(ids[:N])
+        first = torch.arange(self.S, device=self.device) * self.host_pool.shape[1]
+        host = ids[N:].unsqueeze(1) * G + ar  # (N, G) within each source's store
+        host_rows = (first.view(-1, 1, 1) + host.unsqueeze(0)).view(-1)
         return dev_rows, host_rows
 
     # ------------------------------------------------------------------ population
@@ -268,7 +402,7 @@ class AdaptiveBackend(HiSparseBackend):
                     if r.page[j] >= 0:
                         continue
                     assert r.backed[j]
-                    pg = self.payload_pages.alloc(1)[0]
+                    pg = self._alloc_optional(1, s)[0]
                     r.page[j] = pg
                     taken.append((r, j))
                     pages.append((s, pg, j))
@@ -277,9 +411,10 @@ class AdaptiveBackend(HiSparseBackend):
             if not taken:
                 return
             dev_rows, host_rows = self._page_rows(pages)
-            restore_rows(self.host_pool, self.kv_pool, host_rows, dev_rows, self.backup_impl)
+            kv, host = self._flat_pools()
+            restore_rows(host, kv, host_rows, dev_rows, self.backup_impl)
         except BaseException:  # nothing was queued: the pages go back as they were
-            self.payload_pages.free([r.page[j] for r, j in taken])
+            self._free_optional([r.page[j] for r, j in taken])
             for r, j in taken:
                 r.page[j] = -1
             raise
@@ -297,7 +432,7 @@ class AdaptiveBackend(HiSparseBackend):
             for j in done:
                 del r.pending[j]
                 r.ready[j] = True
-                self.direct_table[s, j] = r.page[j]
+                self.direct_table[:, s, j] = self.page_units[:, r.page[j]]
 
     # ------------------------------------------------------------------ step hooks
     def host_prepare(self) -> None:
@@ -322,8 +457,11 @@ class AdaptiveBackend(HiSparseBackend):
     def memory_report(self) -> MemoryReport:
         rep = super().memory_report()
         opt = self.optional_pages * self.payload_page_bytes
-        rep.required -= opt  # the pages of optional history are counted as optional, not required
-        rep.components["hot_cache_and_tail"] -= opt
+        # optional payload pages are counted as optional, not required (lent pages lie in free
+        # slots' index history, which required memory does not count)
+        in_payload = sum(self._payload_pages_of(r) for r in self.res.values())
+        rep.required -= in_payload * self.payload_page_bytes
+        rep.components["hot_cache_and_tail"] -= in_payload * self.payload_page_bytes
         rep.optional = opt
         rep.reserve = self.reserve_pages * self.payload_page_bytes
         rep.components["optional_history"] = opt
@@ -335,7 +473,14 @@ class AdaptiveBackend(HiSparseBackend):
         assert len(owned) == len(set(owned)), "an optional page owned twice"
         hot = {pg for pg, _ in self._slot_pages.values()}
         assert not (hot & set(owned)), "a page both hot/tail and optional"
-        assert pages_ok_before == len(hot) + len(owned), "payload pages leaked"
+        in_payload = [p for p in owned if not self._is_lent(p)]
+        assert pages_ok_before == len(hot) + len(in_payload), "payload pages leaked"
+        lent = {p: s for s, r in self.res.items() for p in r.page if self._is_lent(p)}
+        assert lent == self._lent_holder, "lent pages and their holders disagree"
+        for p in lent:
+            # a lent page lies in free slots' index history: an admission reclaims it first
+            busy = [x for x in self.lent_slots[p - self.num_payload] if x in self.active_slots]
+            assert not busy, f"lent page {p} in the index region of active slot(s) {busy}"
         rep = self.memory_report()
         assert rep.required + rep.optional <= rep.capacity
         for s, r in self.res.items():
@@ -343,15 +488,20 @@ class AdaptiveBackend(HiSparseBackend):
                 # sec. 3.1: every row is ready on the device or has a complete host copy
                 assert r.ready[j] or r.backed[j], f"slot {s} page {j}: neither ready nor backed"
                 assert not (r.ready[j] and r.page[j] < 0)
-        dt = self.direct_table.cpu()
+        dt = self.direct_table.cpu().tolist()  # [S][slot][page]: one copy, then Python
+        units = self._page_units_host
         for s in range(self.num_slots):
             r = self.res.get(s)
-            for j in range(dt.shape[1]):
-                v = int(dt[s, j])
-                if v >= 0:
-                    assert r is not None and j < r.num_complete and r.ready[j] and r.page[j] == v, (
+            for j in range(len(dt[0][s])):
+                v = [d[s][j] for d in dt]
+                if v[0] >= 0:
+                    assert r is not None and j < r.num_complete and r.ready[j], (
                         f"direct table publishes slot {s} page {j} not ready"
                     )
+                    want = [u[r.page[j]] for u in units]
+                    assert v == want, f"direct table: slot {s} page {j} at units {v}, not {want}"
+                else:
+                    assert set(v) == {-1}, f"direct table: slot {s} page {j} half published"
         # the base checks use HiSparse's page count: hot/tail pages only
         super().check_integrity_base()
 
@@ -359,6 +509,7 @@ class AdaptiveBackend(HiSparseBackend):
         m = super().metrics()
         m["dhs_ready_optional_coverage"] = self.coverage()
         m["dhs_optional_pages"] = self.optional_pages
+        m["dhs_optional_pages_lent"] = len(self._lent_holder)  # in free slots' index history
         for k, v in self.stats_adaptive.items():
             m[f"dhs_{k}"] = v
         return m

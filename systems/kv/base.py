@@ -123,6 +123,19 @@ class PagePool:
             self._used.remove(p)
             self._free.append(p)
 
+    def take(self, pages: list[int]) -> list[int]:
+        """These free pages, by id (a slot's own region of a store laid out per slot)."""
+        want = set(pages)
+        if (
+            len(want) != len(pages)
+            or want & self._used
+            or not all(0 <= p < self.num_pages for p in pages)
+        ):
+            raise MemoryError(f"{self.name}: pages {pages[:4]}... are not all free")
+        self._free = [p for p in self._free if p not in want]
+        self._used.update(want)
+        return list(pages)
+
     def check(self) -> None:
         free = set(self._free)
         assert len(free) == len(self._free), f"{self.name}: duplicate page in free list"
@@ -189,12 +202,16 @@ class KVBackend(ABC):
         self.free_slots = list(range(n - 1, -1, -1))
 
     # ------------------------------------------------------------------ index store (shared)
-    def _init_index_pool(self, num_pages: int) -> None:
+    def _init_index_pool(self, num_pages: int, storage: torch.Tensor | None = None) -> None:
+        """``storage``: zeroed bytes the store lives in (the adaptive backend's shared arena,
+        whose unused index history can carry optional KV pages); its own allocation if None."""
         nI = len(self.index_src_ids)
         self.index_pages = PagePool(num_pages, "index")
-        self.index_pool = torch.zeros(
-            nI, num_pages * self.P, self.mcfg.index_dim, dtype=torch.bfloat16, device=self.device
-        )
+        shape = (nI, num_pages * self.P, self.mcfg.index_dim)
+        if storage is None:
+            self.index_pool = torch.zeros(shape, dtype=torch.bfloat16, device=self.device)
+        else:
+            self.index_pool = storage.view(torch.bfloat16).view(shape)
         self.req_to_index_page = torch.full(
             (self.num_slots, self.max_pages_per_req), -1, dtype=torch.int32, device=self.device
         )

@@ -150,23 +150,34 @@ class HiSparseBackend(KVBackend):
         # back.
         self.stage_rows = self.num_slots * stage_rows_per_slot
         stage_bytes = self.chi * self.stage_rows * rb
-        num_pages = (self.capacity - index_bytes - stage_bytes) // self.payload_page_bytes
+        # Lending the index store (the adaptive backend): it then lives in kv_flat, after the
+        # staging rows rounded up to a G-row unit, so a unit of a free slot's index history can
+        # hold G payload rows that the resolver finds as rows of kv_flat. The rounding costs
+        # at most one unit of the pool.
+        self.lends_index = self._lends_index_store()
+        align = G * rb if self.lends_index else 0
+        num_pages = (self.capacity - index_bytes - stage_bytes - align) // self.payload_page_bytes
         if num_pages < 1:
             raise ValueError(
                 f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: the index store and staging take "
                 f"{(index_bytes + stage_bytes) / GiB:.3f} GiB and leave no room for one hot "
                 f"cache of {self.payload_page_bytes / GiB:.4f} GiB"
             )
-        self._init_index_pool(num_index_pages)
         self.payload_pages = PagePool(num_pages, "payload")
-        # One flat device tensor: per-source page regions, then the staging arenas. Locations
-        # returned by resolve are rows of it, so one gather serves every tier.
+        # One flat device tensor: per-source page regions, then the staging arenas (then, when
+        # lent, the index store). Locations returned by resolve are rows of it, so one gather
+        # serves every tier.
         self.NG = num_pages * G
         self.stage0 = S * self.NG
+        rows = self.stage0 + self.chi * self.stage_rows
+        self.index_row0 = -(-rows // G) * G if self.lends_index else rows
+        index_rows = -(-index_bytes // rb) if self.lends_index else 0
         self.kv_flat = torch.zeros(
-            self.stage0 + self.chi * self.stage_rows, rb, dtype=torch.uint8, device=self.device
+            self.index_row0 + index_rows, rb, dtype=torch.uint8, device=self.device
         )
         self.kv_pool = self.kv_flat[: self.stage0].view(S, self.NG, rb)
+        index_bytes_at = self.kv_flat[self.index_row0 :].view(-1)[:index_bytes]
+        self._init_index_pool(num_index_pages, index_bytes_at if self.lends_index else None)
         self.stage_bytes = stage_bytes
         # host store: full history of every admitted request, pinned when a GPU reads it
         self.max_host_pages = math.ceil((self.max_total_tokens + self.q_max) / G)
@@ -243,6 +254,19 @@ class HiSparseBackend(KVBackend):
             elif spec.role == "follower" and cur is not None:
                 out[cur].append(spec)
         return out
+
+    def _lends_index_store(self) -> bool:
+        """Whether optional KV pages may live in free slots' index history (adaptive
+        residency, sec. 3.1); each slot's index history is then its own region of the store."""
+        return False
+
+    def _alloc_index(self, slot: int, num_tokens: int) -> None:
+        if not self.lends_index:
+            return super()._alloc_index(slot, num_tokens)
+        first = slot * self.max_pages_per_req  # the slot's region, which nothing else holds
+        pages = self.index_pages.take(list(range(first, first + math.ceil(num_tokens / self.P))))
+        self._slot_index_pages[slot] = pages
+        self.req_to_index_page[slot, : len(pages)] = to_device(pages, self.device, torch.int32)
 
     # ------------------------------------------------------------------ admission
     def _required_free(self) -> tuple[bool, str]:

@@ -25,7 +25,7 @@ def _case(B, Q, S, T, PH, direct, seed):
     slot_page = torch.randint(0, 50, (ns,), generator=g, dtype=torch.int32)
     host_pages = torch.randint(-1, 500, (ns, PH), generator=g, dtype=torch.int32)
     direct_pages = (
-        torch.randint(-1, 60, (ns, PH), generator=g, dtype=torch.int32) if direct else None
+        torch.randint(-1, 60 * S, (S, ns, PH), generator=g, dtype=torch.int32) if direct else None
     )
     args = (slots, positions, index_pages, ipage, tail_start, slot_page, host_pages, direct_pages)
     return args, dict(S=S, NG=50 * G + 7 * G, G=G, hot=hot, T=T)
@@ -67,7 +67,7 @@ types = {n: "*i64" for n in ptrs}
 for n in ("ipg_ptr", "ts_ptr", "page_ptr", "hpt_ptr", "dpt_ptr", "ts_out", "tail_out", "hpt_out",
           "hot_out", "dir_out"):
     types[n] = "*i32"
-types.update(ipg_stride="i64", hpt_stride="i64", dpt_stride="i64", NG="i64")
+types.update(ipg_stride="i64", hpt_stride="i64", dpt_stride="i64", dpt_sstride="i64", NG="i64")
 for direct in (False, True):
     c = dict(HAS_DIRECT=direct, BLOCK_Q=4, BLOCK_T=128, BLOCK_P=1024)
     compile_for_nvidia(st._step_tables_kernel, c, types)

@@ -201,3 +201,91 @@ def test_a_failing_admission_returns_everything(system, fail_at):
     be.check_integrity()
     assert be.is_empty and be.payload_pages.num_used == 0 and be.host_pages.num_used == 0
     assert be.index_pages.num_used == 0
+
+
+def _pool_with_payload_pages(model: str, pages: int, *extra) -> str:
+    """A pool of the index store plus `pages` payload pages (and the G-row unit that aligns a
+    lent index store), for `extra`'s slot count."""
+    be = _engine(f"model={model}", *extra).backend
+    index = be.index_pages.num_pages * be.index_page_bytes
+    unit = be.G * be.mcfg.row_bytes
+    return repr((index + pages * be.payload_page_bytes + unit) / (1 << 30))
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
+def test_free_slots_index_history_carries_optional_history(model):
+    """Sec. 3.1: optional history also occupies unused index backing. One request whose history
+    the spare payload pages cannot hold: lent pages of free slots' index history cover all of
+    it, where payload pages alone cover two of its five pages; the tokens are the golden ones."""
+    extra = ("system.kv.admission_reserve_pages=0", "hardware.max_running_requests=3")
+    pool = _pool_with_payload_pages(model, 3, *extra)  # a hot cache per slot, no more
+    i = 4  # 130 tokens: 5 complete pages of G = 24
+    cov, lent = {}, {}
+    for lend in ("true", "false"):
+        eng = _engine(f"model={model}", f"system.kv.lend_index_store={lend}", *extra, pool=pool)
+        be = eng.backend
+        assert be.payload_pages.num_pages == 3 and bool(be.lent_slots) == (lend == "true")
+        n = GOLDEN["max_new_tokens"]
+        r = Request(eng.new_rid(), GOLDEN["prompts"][i], SamplingParams(max_new_tokens=n))
+        eng.submit(r)
+        cov[lend] = lent[lend] = 0
+        while r.finish_reason is None:
+            eng.step()
+            be.check_integrity()
+            cov[lend] = max(cov[lend], be.coverage())
+            lent[lend] = max(lent[lend], be.metrics()["dhs_optional_pages_lent"])
+        assert r.output_ids == GOLDEN["outputs"][model][i]
+        assert be.is_empty and not be._lent_holder
+    assert cov == {"true": 1.0, "false": 2 / 5} and lent["true"] >= 3 and lent["false"] == 0
+
+
+def test_admission_reclaims_the_lent_pages_of_its_slot_region():
+    """Two long requests take lent pages from the free slots' index regions; admitting three
+    more takes those regions back (their holders are reclaimed, check_integrity asserts no lent
+    page lies in an active slot's region), and every request's tokens are the golden ones."""
+    extra = ("system.kv.admission_reserve_pages=0", "hardware.max_running_requests=5")
+    eng = _engine(*extra, pool=_pool_with_payload_pages("tiny", 6, *extra))
+    be = eng.backend
+    reqs = [
+        Request(eng.new_rid(), p, SamplingParams(max_new_tokens=GOLDEN["max_new_tokens"]))
+        for p in GOLDEN["prompts"]
+    ]
+    for r in (reqs[4], reqs[3]):
+        eng.submit(r)
+    for _ in range(3):
+        eng.step()
+        be.check_integrity()
+    assert be._lent_holder, "the first two requests hold no lent pages"
+    for r in reqs[:3]:
+        eng.submit(r)
+    all_running = False
+    while eng.scheduler.running or eng.scheduler.waiting:
+        eng.step()
+        be.check_integrity()
+        if len(eng.scheduler.running) == 5:
+            all_running = True
+            assert not be._lent_holder  # every region is some active slot's
+    assert all_running and be.stats_adaptive["reclaim_events_total"] > 0
+    assert [r.output_ids for r in reqs] == GOLDEN["outputs"]["tiny"]
+
+
+def test_a_region_held_by_an_importing_request_is_not_taken():
+    """A request whose handoff is still copying cannot be reclaimed, so a free slot whose index
+    region it holds pages in is not picked; with no other slot the admission waits."""
+    extra = ("system.kv.admission_reserve_pages=0", "hardware.max_running_requests=2")
+    eng = _engine(*extra, pool=_pool_with_payload_pages("tiny", 2, *extra))
+    be = eng.backend
+    r = Request(eng.new_rid(), GOLDEN["prompts"][4], SamplingParams(max_new_tokens=40))
+    eng.submit(r)
+    eng.step()
+    (slot,) = be.res
+    assert be._region_holders(1 - slot) == {slot}
+    assert be._pick_slot() == (1 - slot, {slot})
+    be.importing[slot] = None  # as if its copies were in flight
+    try:
+        assert be._pick_slot() is None
+        assert be.can_admit(5, 4) == (False, "reclaim_insufficient")
+    finally:
+        del be.importing[slot]
+    eng.run_until_idle()
+    be.check_integrity()

@@ -91,9 +91,10 @@ def test_reclaim_that_cannot_cover_the_deficit_waits_not_fails():
     )
     probe = make_engine(*base).backend
     hot_pages = 4  # room for 4 hot/tail pages: long prompts' optional history must be reclaimed
-    pool = (
-        probe.index_pages.num_pages * probe.index_page_bytes + hot_pages * probe.payload_page_bytes
-    ) / GiB
+    # (+ the G-row unit that aligns the index store lent to optional history)
+    index = probe.index_pages.num_pages * probe.index_page_bytes
+    unit = probe.G * probe.mcfg.row_bytes
+    pool = (index + hot_pages * probe.payload_page_bytes + unit) / GiB
     ov = (*base, f"hardware.kv_pool_gib={pool!r}")
     eng = make_engine(*ov)
     be = eng.backend
