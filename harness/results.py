@@ -851,6 +851,10 @@ MEASUREMENT_CHANGES = (
         "a5e1803",
         "kernel defaults: index-scan multiply-add form, resolver tiles and bitmap by batch",
     ),
+    (
+        "3468fa5",
+        "adaptive residency also keeps optional history in free slots' index history",
+    ),
 )
 
 
