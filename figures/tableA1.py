@@ -4,7 +4,8 @@ from host, TPOT, tokens/s per session and its gain, TTFT, allocation wait.
 Reads the ``phases`` list of results/fig6_h200/<run>/summary.json where that experiment has runs,
 else results/fig6/<run>/ (figures/fig6.py; the harness's per-phase statistics;
 ``host_fetched_share`` is a fraction). The paper's last row covers the time after the in-flight
-count returned to 16; ours uses the whole third phase unless the harness provides that window.
+count returned to 16; ours is the summary's ``phase_after_recovery`` (the same window, at our
+low load), or the whole third phase for runs made before the harness recorded it.
 """
 
 from __future__ import annotations
@@ -110,6 +111,19 @@ def main(argv=None) -> C.Report:
             lt, "measured" if any(v is not None for v in ov) else f"{C.NOT_MEASURED} (fig6 phases)"
         )
     C.legend(axes[0][0])
+    for arm, r in sorted(A.items()):
+        rec = r.summary.get("phase_after_recovery")
+        if isinstance(rec, dict):
+            rep.note(
+                f"Residency {arm}: the last row starts {rec.get('recovered_after_s', 0):.1f} s into "
+                "the last phase, when the in-flight count returned to its load."
+            )
+        elif len(r.summary.get("phases") or []) >= 3:
+            rep.note(
+                f"Residency {arm}: the last row covers the whole last phase (the run has no "
+                "window after recovery: made before the harness recorded one, or the higher "
+                "load had not drained by the phase's end)."
+            )
     rep.measured_with = C.provenance(list(A.values())) if A else ""
     fig.tight_layout()
     return rep.finish(fig, args)

@@ -263,6 +263,58 @@ def active_mean(
 # --------------------------------------------------------------------------
 
 
+def _window_stats(
+    recs: Sequence[RequestRecord],
+    i: int,
+    start: float,
+    end: float,
+    samples: Sequence[Mapping[str, Any]],
+    epoch_offset: float,
+    host_metric: str,
+    total_metric: str,
+    active_metric: str | Sequence[str],
+) -> dict:
+    """Statistics of the requests of phase ``i`` sent in [start, end) that finished by ``end``,
+    the tokens that arrived in the window and the host share of its selections."""
+    dur = max(end - start, 0.0)
+    sel = [
+        r
+        for r in recs
+        if r.success and r.phase == i and r.send_mono >= start and (end_mono(r) or math.inf) <= end
+    ]
+    tp = _mean(tpot_s(r) for r in sel)
+    tt = _mean(ttft_s(r) for r in sel)
+    aw = _mean((r.timing or {}).get("alloc_wait_s") for r in sel)
+    # throughput of the window from chunk arrivals of all requests
+    toks = 0
+    for r in recs:
+        if not r.success:
+            continue
+        for t, n in r.chunks:
+            if start <= t < end:
+                toks += n
+    host_share = None
+    if samples:
+        s0, s1 = start + epoch_offset, end + epoch_offset
+        h0, h1 = value_at(samples, host_metric, s0), value_at(samples, host_metric, s1)
+        a0, a1 = value_at(samples, total_metric, s0), value_at(samples, total_metric, s1)
+        if None not in (h0, h1, a0, a1) and (a1 - a0) > 0:
+            host_share = (h1 - h0) / (a1 - a0)
+    act = active_mean(samples, start + epoch_offset, dur, active_metric) if samples else None
+    return {
+        "phase": i,
+        "duration_s": dur,
+        "requests": len(sel),
+        "tpot_ms_mean": None if tp is None else tp * 1e3,
+        "tok_s_per_session": None if not tp else 1.0 / tp,
+        "ttft_ms_mean": None if tt is None else tt * 1e3,
+        "alloc_wait_s_mean": aw,
+        "output_tok_s": toks / dur if dur > 0 else None,
+        "host_fetched_share": host_share,
+        "active_mean": act,
+    }
+
+
 def phase_stats(
     records: Sequence[RequestRecord | Mapping[str, Any]],
     phases: Sequence[Mapping[str, Any]],
@@ -282,56 +334,47 @@ def phase_stats(
     (``epoch = mono + epoch_offset``) for matching scrape samples.
     """
     recs = [as_record(r) for r in records]
+    kw = dict(
+        epoch_offset=epoch_offset,
+        host_metric=host_metric,
+        total_metric=total_metric,
+        active_metric=active_metric,
+    )
     out = []
     t_first = float(phases[0]["start_mono"]) if phases else 0.0
     for ph in phases:
-        i = int(ph["phase"])
         start, end = float(ph["start_mono"]), float(ph["end_mono"])
-        dur = max(end - start, 0.0)
-        sel = [
-            r
-            for r in recs
-            if r.success
-            and r.phase == i
-            and r.send_mono >= start
-            and (end_mono(r) or math.inf) <= end
-        ]
-        tp = _mean(tpot_s(r) for r in sel)
-        tt = _mean(ttft_s(r) for r in sel)
-        aw = _mean((r.timing or {}).get("alloc_wait_s") for r in sel)
-        # throughput of the phase window from chunk arrivals of all requests
-        toks = 0
-        for r in recs:
-            if not r.success:
-                continue
-            for t, n in r.chunks:
-                if start <= t < end:
-                    toks += n
-        host_share = None
-        if samples:
-            s0, s1 = start + epoch_offset, end + epoch_offset
-            h0, h1 = value_at(samples, host_metric, s0), value_at(samples, host_metric, s1)
-            a0, a1 = value_at(samples, total_metric, s0), value_at(samples, total_metric, s1)
-            if None not in (h0, h1, a0, a1) and (a1 - a0) > 0:
-                host_share = (h1 - h0) / (a1 - a0)
-        act = active_mean(samples, start + epoch_offset, dur, active_metric) if samples else None
-        out.append(
-            {
-                "phase": i,
-                "concurrency": ph.get("concurrency"),
-                "start_s": start - t_first,  # relative to the first phase's start
-                "duration_s": dur,
-                "requests": len(sel),
-                "tpot_ms_mean": None if tp is None else tp * 1e3,
-                "tok_s_per_session": None if not tp else 1.0 / tp,
-                "ttft_ms_mean": None if tt is None else tt * 1e3,
-                "alloc_wait_s_mean": aw,
-                "output_tok_s": toks / dur if dur > 0 else None,
-                "host_fetched_share": host_share,
-                "active_mean": act,
-            }
-        )
+        st = _window_stats(recs, int(ph["phase"]), start, end, samples, **kw)
+        # relative to the first phase's start
+        out.append({"concurrency": ph.get("concurrency"), "start_s": start - t_first, **st})
     return out
+
+
+def recovery_time(
+    records: Sequence[RequestRecord | Mapping[str, Any]], phase: Mapping[str, Any]
+) -> float | None:
+    """When the client's in-flight count first fell to ``phase``'s concurrency inside it (its
+    start if it was there already): after a step down, the requests of the higher load drain
+    first. None when it never did."""
+    recs = [as_record(r) for r in records]
+    start, end = float(phase["start_mono"]), float(phase["end_mono"])
+    conc = int(phase["concurrency"])
+    # a request is in flight from its send to its last chunk (a failed one: to its send)
+    spans = [
+        (r.send_mono, (end_mono(r) or r.send_mono) if r.success else r.send_mono) for r in recs
+    ]
+    n = sum(1 for a, b in spans if a <= start < b)
+    if n <= conc:
+        return start
+    events = sorted(
+        [(a, 1) for a, _ in spans if start < a < end]
+        + [(b, -1) for a, b in spans if start <= b < end]
+    )
+    for t, d in events:  # ends before sends at one instant: sort puts -1 first
+        n += d
+        if n <= conc:
+            return t
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -477,4 +520,24 @@ def summarize(
         if phases
         else []
     )
+    # Table A1's last row: a step down's final phase from the moment its in-flight count
+    # returned to the phase's load (the higher load's requests drained), to its end
+    if phases and len(phases) >= 2:
+        last = phases[-1]
+        if int(last["concurrency"]) < max(int(p["concurrency"]) for p in phases[:-1]):
+            t = recovery_time(recs, last)
+            if t is not None:
+                rec = _window_stats(
+                    recs,
+                    int(last["phase"]),
+                    t,
+                    float(last["end_mono"]),
+                    samples,
+                    epoch_offset,
+                    host_metric,
+                    total_metric,
+                    active_metric,
+                )
+                rec["recovered_after_s"] = t - float(last["start_mono"])
+                s["phase_after_recovery"] = rec
     return s

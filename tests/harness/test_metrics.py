@@ -300,6 +300,35 @@ def test_phase_stats_and_host_share():
     assert ps2[0]["host_fetched_share"] is None
 
 
+def test_window_after_a_step_down_starts_when_the_higher_load_drained():
+    """Table A1's last row: a step down (C4 -> C1) counts the final phase from the moment the
+    client's in-flight count returned to 1, so a request sent while the C4 leftovers drained
+    is left out; without a step down there is no such window."""
+    leftovers = [rec(i, 1.0 + i, [(5.0, 1), (t, 1)], ct=2) for i, t in enumerate((12, 13, 14, 15))]
+    early = rec(4, 10.5, [(11.0, 1), (16.0, 1)], ct=2, phase=1)  # sent before the drain ended
+    late = [rec(5, 16.0, [(17.0, 1), (20.0, 1)], ct=2, phase=1)]
+    late.append(rec(6, 20.5, [(21.0, 1), (25.0, 1)], ct=2, phase=1))
+    failed = rec(7, 26.0, [], ok=False, phase=1, status=500, error="boom")
+    recs = [*leftovers, early, *late, failed]
+    phases = [
+        {"phase": 0, "concurrency": 4, "start_mono": 0.0, "end_mono": 10.0},
+        {"phase": 1, "concurrency": 1, "start_mono": 10.0, "end_mono": 30.0},
+    ]
+    # in flight at 10 s: the 4 leftovers and, from 10.5 s, the early one; 1 left at 15 s
+    assert M.recovery_time(recs, phases[1]) == 15.0
+    s = M.summarize(recs, phases=phases, epoch_offset=1000.0)
+    assert s["phases"][1]["requests"] == 3
+    rec_ = s["phase_after_recovery"]
+    assert rec_["requests"] == 2 and rec_["recovered_after_s"] == pytest.approx(5.0)
+    assert rec_["duration_s"] == pytest.approx(15.0)
+    assert rec_["tpot_ms_mean"] == pytest.approx((3000 + 4000) / 2)
+    # a step up, or a load that never drains inside the phase: no window
+    up = [dict(phases[0], concurrency=1), dict(phases[1], concurrency=4)]
+    assert "phase_after_recovery" not in M.summarize(recs, phases=up, epoch_offset=1000.0)
+    short = [phases[0], dict(phases[1], end_mono=14.0)]
+    assert M.recovery_time(recs, short[1]) is None
+
+
 def test_parse_schedule():
     assert parse_schedule("16:300,256:300, 16:300") == [(16, 300.0), (256, 300.0), (16, 300.0)]
     assert parse_schedule([[2, 0.5], (4, 1)]) == [(2, 0.5), (4, 1.0)]
