@@ -62,6 +62,26 @@ class _Residency:
 RECLAIM_ORDERS = ("newest_first", "oldest_first", "largest_first")
 
 
+def carve_lent_pages(
+    num_slots: int, index_sources: int, region: int, store_at: int, unit: int, S: int
+) -> list[tuple[list[int], tuple[int, ...]]]:
+    """The pages an index store can lend: (a unit per source, the slots whose regions its
+    units lie in). The store starts at byte ``store_at`` of the arena and is laid out source by
+    source, slot by slot: slot s's region of index source i is ``region`` bytes at
+    ``store_at + (i * num_slots + s) * region``. Units are ``unit`` bytes at multiples of it;
+    only units wholly inside one region are used, packed S to a page in slot order."""
+    pages, buf = [], []
+    for slot in range(num_slots):
+        for i in range(index_sources):
+            b0 = store_at + (i * num_slots + slot) * region
+            for u in range(-(-b0 // unit), (b0 + region) // unit):
+                buf.append((u, slot))
+                if len(buf) == S:
+                    pages.append(([u for u, _ in buf], tuple(sorted({x for _, x in buf}))))
+                    buf = []
+    return pages
+
+
 @dataclass(frozen=True)
 class AdaptiveOptions(HiSparseOptions):
     """``system.kv`` of adaptive residency: HiSparse's knobs plus the residency policy."""
@@ -130,27 +150,18 @@ class AdaptiveBackend(HiSparseBackend):
         return bool(self.opt.optional_residency and self.opt.lend_index_store)
 
     def _carve_lent_pages(self) -> list[tuple[list[int], tuple[int, ...]]]:
-        """The lent pages of the index store: (a unit per source, the slots whose regions the
-        units lie in). Slot s's region of index source i is bytes [s, s + 1) x its share of
-        source i's store; only units wholly inside one region are used, packed S to a page in
-        slot order."""
+        """The lent pages of this backend's index store (carve_lent_pages)."""
         if not self.lends_index:
             return []
-        rb, G, S = self.mcfg.row_bytes, self.G, self.S
-        unit = G * rb
-        region = self.max_pages_per_req * self.P * self.mcfg.index_row_bytes
-        per_source = self.num_slots * region
-        base = self.index_row0 * rb  # the store's first byte in kv_flat
-        pages, buf = [], []
-        for slot in range(self.num_slots):
-            for i in range(len(self.index_src_ids)):
-                b0 = base + i * per_source + slot * region
-                for u in range(-(-b0 // unit), (b0 + region) // unit):
-                    buf.append((u, slot))
-                    if len(buf) == S:
-                        pages.append(([u for u, _ in buf], tuple(sorted({x for _, x in buf}))))
-                        buf = []
-        return pages
+        rb = self.mcfg.row_bytes
+        return carve_lent_pages(
+            self.num_slots,
+            len(self.index_src_ids),
+            self.max_pages_per_req * self.P * self.mcfg.index_row_bytes,
+            self.index_row0 * rb,  # the store's first byte in kv_flat
+            self.G * rb,
+            self.S,
+        )
 
     # ------------------------------------------------------------------ accounting
     @property

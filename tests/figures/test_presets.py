@@ -137,6 +137,30 @@ def test_slot_bytes_is_the_backends(preset, topk, b_over_k, q_max):
     assert be.host_pool.numel() == 5 * P.host_slot_bytes(m, B, q_max)
 
 
+@pytest.mark.parametrize("running", [0, 2, 5])
+def test_optional_capacity_is_the_adaptive_backends(running):
+    """optional_capacity counts the payload pages and the lent pages of free slots' index
+    history as systems/kv/adaptive.py builds them, on a small model of the GLM preset's layers
+    with a hot cache per slot and a few spare pages."""
+    from systems.kv.adaptive import AdaptiveOptions
+
+    m = _small("glm53_h200", index_topk=16)
+    B, slots = 16, 6  # a G-row unit of 21 KB: several per slot's 139 KB of index history
+    per_slot = P.slot_bytes(m, B, 1)
+    kv = KVConfig(
+        backend="adaptive_hisparse",
+        kv_pool_gib=(slots * per_slot + 9 * m.num_sources * (B + 16) * m.row_bytes) / P.GIB,
+        max_running_requests=slots,
+        host_pool_gib=1.0,
+        options=AdaptiveOptions(hot_cache_rows=B).resolved(m, "cpu", 1),
+    )
+    be = create_backend(m, kv, "cpu")
+    assert be.num_slots == slots and be.lent_slots
+    busy = set(range(running))
+    lendable = sum(1 for sl in be.lent_slots if not busy & set(sl))
+    assert P.optional_capacity(m, B, be.capacity, slots, running) == (be.num_payload, lendable)
+
+
 def test_resident_pages_are_the_backends():
     m = _small("glm53_h200", index_topk=64)
     per_token = m.num_sources * m.row_bytes + len(m.index_sources) * m.index_row_bytes
