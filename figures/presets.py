@@ -241,8 +241,9 @@ def host_slot_bytes(m, B: int, q_max: int) -> int:
 
 def optional_capacity(m, B: int, cap: int, slots: int, running: int) -> tuple[int, int]:
     """(payload pages, pages lent by free slots' index history) of a non-speculative adaptive
-    backend (systems/kv/adaptive.py) with ``running`` requests in the lowest slots (the
-    allocator hands those out first)."""
+    backend (systems/kv/adaptive.py) with ``running`` requests in the lowest slots (a fresh
+    engine's allocator hands those out first; later, the slots freed last are taken first, which
+    changes only which lent pages span a busy slot)."""
     from systems.kv.adaptive import carve_lent_pages
 
     P, rb, S = m.page_size, m.row_bytes, m.num_sources

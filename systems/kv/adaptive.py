@@ -126,7 +126,8 @@ class AdaptiveBackend(HiSparseBackend):
         units = torch.arange(self.S).unsqueeze(1) * n + torch.arange(n)  # payload: s*NG + p*G
         if lent:
             units = torch.cat([units, torch.tensor([u for u, _ in lent]).T], dim=1)
-        assert int(units.max()) * self.G + self.G <= 2**31, "kv_flat rows exceed int32 locations"
+        if int(units.max()) * self.G + self.G > 2**31:
+            raise ValueError("kv.kv_pool_gib: kv_flat's rows exceed the resolver's int32 locations")
         self.page_units = units.to(torch.int32).to(self.device)
         self._page_units_host = units.tolist()
         self.lent_slots = [sl for _, sl in lent]  # lent page n + i spans these slots' regions
@@ -175,8 +176,9 @@ class AdaptiveBackend(HiSparseBackend):
         return sum(1 for p in r.page if 0 <= p < self.num_payload)
 
     def _lendable(self) -> list[int]:
-        """Lent pages free now: unheld, in regions of free slots; the highest slots' first (the
-        slot allocator hands out the lowest free slot, so those regions stay lent longest)."""
+        """Lent pages free now: unheld, in regions of free slots; the highest slots' first (a
+        fresh allocator hands out the lowest free slot, and a freed slot is the next one taken,
+        so high regions tend to stay lent longest)."""
         n, act = self.num_payload, self.active_slots
         free = [
             n + i
@@ -217,7 +219,7 @@ class AdaptiveBackend(HiSparseBackend):
         a slot whose region lends nothing if any, else the one with the fewest lent pages held
         by requests not still importing. None when every free region is held by an import."""
         best = None
-        for slot in reversed(self.free_slots):  # the allocator's order: lowest slot first
+        for slot in reversed(self.free_slots):  # the allocator's order (it pops the end)
             holders = self._region_holders(slot)
             if not holders:
                 return slot, holders
@@ -237,7 +239,9 @@ class AdaptiveBackend(HiSparseBackend):
             return True, ""
         if self.optional_on and self._reclaim_plan(1 - self.payload_pages.num_free) is not None:
             return True, ""
-        return False, "reclaim_insufficient" if self.optional_pages else "kv_pool_full"
+        # lent pages hold index history, never a hot cache: only payload pages can cover this
+        in_payload = any(self._payload_pages_of(r) for r in self.res.values())
+        return False, "reclaim_insufficient" if in_payload else "kv_pool_full"
 
     def _ordered(self) -> list[int]:
         # a slot whose handoff is still copying into its pages is not reclaimed: its pages'
@@ -474,7 +478,8 @@ class AdaptiveBackend(HiSparseBackend):
         rep.required -= in_payload * self.payload_page_bytes
         rep.components["hot_cache_and_tail"] -= in_payload * self.payload_page_bytes
         rep.optional = opt
-        rep.reserve = self.reserve_pages * self.payload_page_bytes
+        # the reserve an admission may already have used is not held back any more
+        rep.reserve = min(self.reserve_pages, self.payload_pages.num_free) * self.payload_page_bytes
         rep.components["optional_history"] = opt
         return rep
 

@@ -124,7 +124,13 @@ class HiSparseBackend(KVBackend):
             + self.payload_page_bytes
             + self.chi * stage_rows_per_slot * rb
         )
-        fit = self.capacity // per_slot
+        # Lending the index store (the adaptive backend): it then lives in kv_flat, after the
+        # staging rows rounded up to a G-row unit, so a unit of a free slot's index history can
+        # hold G payload rows that the resolver finds as rows of kv_flat. The rounding costs
+        # at most one unit of the pool, taken off before the slots are counted.
+        self.lends_index = self._lends_index_store()
+        align = G * rb if self.lends_index else 0
+        fit = (self.capacity - align) // per_slot
         if 1 <= fit < self.num_slots and opt.cap_slots_to_pool:
             log.warning(
                 "kv.kv_pool_gib=%s holds %d sessions of %d tokens (index history, "
@@ -150,12 +156,6 @@ class HiSparseBackend(KVBackend):
         # back.
         self.stage_rows = self.num_slots * stage_rows_per_slot
         stage_bytes = self.chi * self.stage_rows * rb
-        # Lending the index store (the adaptive backend): it then lives in kv_flat, after the
-        # staging rows rounded up to a G-row unit, so a unit of a free slot's index history can
-        # hold G payload rows that the resolver finds as rows of kv_flat. The rounding costs
-        # at most one unit of the pool.
-        self.lends_index = self._lends_index_store()
-        align = G * rb if self.lends_index else 0
         num_pages = (self.capacity - index_bytes - stage_bytes - align) // self.payload_page_bytes
         if num_pages < 1:
             raise ValueError(

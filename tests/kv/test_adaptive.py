@@ -29,7 +29,8 @@ def _tight_pool(model: str, *extra) -> str:
     be = eng.backend
     need_pages = 5 + 3  # 5 hot/tail pages + a little room: most optional history must go
     index = be.index_pages.num_pages * be.index_page_bytes
-    return repr((index + need_pages * be.payload_page_bytes) / (1 << 30))
+    unit = be.G * be.mcfg.row_bytes  # aligns an index store lent to optional history
+    return repr((index + need_pages * be.payload_page_bytes + unit) / (1 << 30))
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
@@ -289,3 +290,31 @@ def test_a_region_held_by_an_importing_request_is_not_taken():
         del be.importing[slot]
     eng.run_until_idle()
     be.check_integrity()
+
+
+def test_lending_keeps_eq3_and_a_hot_cache_per_slot():
+    """With the default admission reserve, an admission may use the reserve page: eq. 3 then
+    holds back only what is left of it (check_integrity on a full pool with lent pages). And
+    the unit that aligns the lent store comes off before the slots are counted: every slot the
+    pool is said to hold has its hot cache."""
+    import torch
+
+    extra = ("hardware.max_running_requests=4",)
+    eng = _engine(*extra, pool=_pool_with_payload_pages("tiny", 4, *extra))
+    be = eng.backend
+    assert be.num_slots == 4 and be.payload_pages.num_pages == 4 and be.reserve_pages == 1
+    g = torch.Generator().manual_seed(0)
+    for T, new in ((100, 400), (400, 100)):
+        e = eng.prefixes.get(torch.randint(2, 512, (T,), generator=g).tolist())[0]
+        assert be.can_admit(T, new) == (True, "")
+        be.admit(e.prefix, new)
+        for _ in range(5):
+            be._populate()
+            be._publish()
+        be.check_integrity()
+    assert be._lent_holder and be.payload_pages.num_free == 0
+    for s in list(be.active_slots):
+        be.release(s)
+    # one unit short of the pool above: three slots, not four without a hot cache for one
+    tight = _engine(*extra, pool=repr(float(_pool_with_payload_pages("tiny", 4, *extra)) - 1e-9))
+    assert tight.backend.num_slots <= tight.backend.payload_pages.num_pages
