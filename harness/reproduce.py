@@ -388,29 +388,30 @@ def show_plan(
     return done, pending
 
 
+def _planned(
+    overrides: list[str], results: str | None, only_tags: list[str] | None, skip
+) -> list[bool]:
+    """Whether each load point of a run of the plan finished, the ``skip``ped ones left out."""
+    from harness.run import point_plan
+
+    _, points = point_plan(_run_cfg(overrides, results), only_tags)
+    return [bool(done) for p, _, done in points if p["tag"] not in skip]
+
+
 def plan_status(exp: str, results: str | None = None) -> tuple[int, int]:
     """(finished, pending) runs of ``exp``'s plan in ``results`` (points the plan skips are
     neither): what REPRODUCTION.md says of an experiment whose config changed after its runs."""
-    from harness.run import point_plan
-
-    done = pending = 0
-    for ov in plan(exp, smoke=False):
-        skip = skipped_points(ov)
-        for p, _, finished in point_plan(_run_cfg(ov, results))[1]:
-            if p["tag"] not in skip:
-                done += finished
-                pending += not finished
-    return done, pending
+    runs = [
+        d for ov in plan(exp, smoke=False) for d in _planned(ov, results, None, skipped_points(ov))
+    ]
+    return sum(runs), len(runs) - sum(runs)
 
 
 def has_pending(
     overrides: list[str], results: str | None, only_tags: list[str] | None, skip: list[str] = ()
 ) -> bool:
     """Whether a run of the plan has a load point left to measure."""
-    from harness.run import point_plan
-
-    _, plan = point_plan(_run_cfg(overrides, results), only_tags)
-    return any(not done and p["tag"] not in skip for p, _, done in plan)
+    return not all(_planned(overrides, results, only_tags, skip))
 
 
 def _points_to_run(overrides: list[str], point: list[str] | None) -> list[str] | None:

@@ -20,6 +20,17 @@ def sample(
     if not any_sampled:
         return greedy
     t = temperatures.clamp_min(1e-5).unsqueeze(-1)
-    probs = torch.softmax(logits / t, dim=-1)
-    drawn = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return torch.where(temperatures > 0, drawn, greedy)
+    return draw(torch.softmax(logits / t, dim=-1), greedy, temperatures, generator)
+
+
+def draw(
+    probs: torch.Tensor,
+    greedy: torch.Tensor,
+    temperatures: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """probs (B, ..., V) -> a token drawn from each row where the request's temperature (B,) is
+    > 0, else its ``greedy`` token (B, ...)."""
+    drawn = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
+    keep = temperatures.view(-1, *([1] * (greedy.dim() - 1))) > 0
+    return torch.where(keep, drawn.view(greedy.shape), greedy)

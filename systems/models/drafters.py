@@ -21,6 +21,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from systems.engine.sampler import draw
 from systems.spec.ring import DraftRing
 
 
@@ -249,8 +250,7 @@ def redraw(greedy: torch.Tensor, q: torch.Tensor, temperatures: torch.Tensor, ge
     """Draws (B, L) from ``q`` (``_draw``'s distribution) for the rows that sample, the greedy
     tokens elsewhere. A drafter whose positions are drawn independently given one pass
     (``draws_after_pass``) runs that pass greedily in its CUDA graph and draws here after it."""
-    drawn = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=gen).view(greedy.shape)
-    return torch.where(temperatures.view(-1, 1) > 0, drawn, greedy)
+    return draw(q, greedy, temperatures, gen)
 
 
 DRAFTERS = {"dflash2": DFlash2Drafter, "dspark": DSparkDrafter}
