@@ -221,8 +221,7 @@ def slot_bytes(m, B: int, q_max: int) -> int:
     index = (
         math.ceil((m.max_context_len + q_max) / P) * P * len(m.index_sources) * m.index_row_bytes
     )
-    tail = max(2 * q_max, 16)
-    payload = m.num_sources * (B + tail) * m.row_bytes
+    payload = m.num_sources * page_rows(B, q_max) * m.row_bytes
     stage = _chi(m) * q_max * m.index_topk * m.row_bytes if q_max > 1 else 0
     return index + payload + stage
 
@@ -233,9 +232,14 @@ def kv_pool_gib(m, d: Deployment, B: int) -> float:
     return math.ceil(d.hierarchy_slots * slot_bytes(m, B, 1) / GIB * 100) / 100
 
 
+def page_rows(B: int, q_max: int) -> int:
+    """G: a hot cache of B rows and the tail ring (systems/kv/hisparse.py: max(2 x queries, 16))."""
+    return B + max(2 * q_max, 16)
+
+
 def host_slot_bytes(m, B: int, q_max: int) -> int:
     """Pinned host bytes per slot (systems/kv/hisparse.py: whole pages of B + tail rows)."""
-    G = B + max(2 * q_max, 16)
+    G = page_rows(B, q_max)
     return math.ceil((m.max_context_len + q_max) / G) * G * m.num_sources * m.row_bytes
 
 
@@ -247,7 +251,7 @@ def optional_capacity(m, B: int, cap: int, slots: int, running: int) -> tuple[in
     from systems.kv.adaptive import carve_lent_pages
 
     P, rb, S = m.page_size, m.row_bytes, m.num_sources
-    G = B + 16  # hot cache + tail (max(2 x 1 query, 16) rows)
+    G = page_rows(B, 1)
     region = math.ceil((m.max_context_len + 1) / P) * P * m.index_row_bytes
     index = slots * region * len(m.index_sources)
     payload = (cap - index - G * rb) // (S * G * rb)  # less the unit that aligns the store
@@ -259,9 +263,11 @@ def optional_coverage(m, d: Deployment, B: int, cap: int, slots: int, running: i
     """The share of ``running`` requests' complete prompt pages that optional history can hold:
     the payload pages beyond their hot caches and the one-page admission reserve, and the
     pages the free slots' index history lends."""
+    if running < 1:
+        raise ValueError("optional_coverage: the share of no running request's history")
     payload, lent = optional_capacity(m, B, cap, slots, running)
-    G = B + 16
-    return min(1.0, (payload - running - 1 + lent) / (running * (d.input_len // G)))
+    eligible = running * (d.input_len // page_rows(B, 1))
+    return min(1.0, (payload - running - 1 + lent) / eligible)
 
 
 def memory(m, d: Deployment, B: int) -> dict:
@@ -290,7 +296,7 @@ def memory(m, d: Deployment, B: int) -> dict:
     )
     hbm = (m.weight_bytes(2) + pool + drafter + prefix) * 1.1
     return {
-        "optional_coverage_low": optional_coverage(m, d, B, cap, slots, 16 // d.paper_decode_gpus),
+        "cap": cap,
         "kv_pool_gib": pool / GIB,
         "slots": slots,
         "spec_slots": spec_slots,
@@ -487,7 +493,7 @@ def derivation(preset: str, m=None) -> list[Row]:
             "optional_coverage_low",
             "share of the history optional residency can hold at paper C16",
             0.875,
-            mem["optional_coverage_low"],
+            optional_coverage(m, d, B, mem["cap"], mem["slots"], 16 // d.paper_decode_gpus),
             (0.75, 1.0),
             "Fig. 6 text (75-100 % ready at C16; spare payload pages and free slots' index history)",
             (0.75, 1.0),

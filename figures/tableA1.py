@@ -31,13 +31,19 @@ PHASE_LABEL = {
 }
 
 
+def recovery_window(run: C.Run) -> dict | None:
+    """The summary's window after recovery where it stands for Table A1's last row: a three-phase
+    step whose last phase steps down."""
+    rec = run.summary.get("phase_after_recovery")
+    return rec if isinstance(rec, dict) and len(run.summary.get("phases") or []) == 3 else None
+
+
 def phase_rows(run: C.Run | None) -> list[dict]:
     if run is None:
         return []
-    ph = run.summary.get("phases") or []
-    rec = run.summary.get("phase_after_recovery")  # optional: the paper's last-row window
-    ph = list(ph[:3])
-    if isinstance(rec, dict) and len(ph) == 3:
+    ph = list((run.summary.get("phases") or [])[:3])
+    rec = recovery_window(run)
+    if rec is not None:
         ph[2] = rec
     return ph
 
@@ -112,8 +118,8 @@ def main(argv=None) -> C.Report:
         )
     C.legend(axes[0][0])
     for arm, r in sorted(A.items()):
-        rec = r.summary.get("phase_after_recovery")
-        if isinstance(rec, dict):
+        rec = recovery_window(r)
+        if rec is not None:
             rep.note(
                 f"Residency {arm}: the last row starts {rec.get('recovered_after_s', 0):.1f} s into "
                 "the last phase, when the in-flight count returned to its load."

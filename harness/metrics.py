@@ -359,16 +359,16 @@ def recovery_time(
     recs = [as_record(r) for r in records]
     start, end = float(phase["start_mono"]), float(phase["end_mono"])
     conc = int(phase["concurrency"])
-    # a request is in flight from its send to its last chunk (a failed one: to its send)
-    spans = [
-        (r.send_mono, (end_mono(r) or r.send_mono) if r.success else r.send_mono) for r in recs
-    ]
+    # a request is in flight from its send until the client is done with it (done_mono: its
+    # last chunk, or the failure), as the load generator counts it; zero-length spans never are
+    spans = [(r.send_mono, r.done_mono or end_mono(r) or r.send_mono) for r in recs]
+    spans = [(a, b) for a, b in spans if b > a]
     n = sum(1 for a, b in spans if a <= start < b)
     if n <= conc:
         return start
     events = sorted(
         [(a, 1) for a, _ in spans if start < a < end]
-        + [(b, -1) for a, b in spans if start <= b < end]
+        + [(b, -1) for _, b in spans if start < b < end]
     )
     for t, d in events:  # ends before sends at one instant: sort puts -1 first
         n += d
@@ -522,22 +522,21 @@ def summarize(
     )
     # Table A1's last row: a step down's final phase from the moment its in-flight count
     # returned to the phase's load (the higher load's requests drained), to its end
-    if phases and len(phases) >= 2:
+    if len(phases or ()) >= 2 and int(phases[-1]["concurrency"]) < int(phases[-2]["concurrency"]):
         last = phases[-1]
-        if int(last["concurrency"]) < max(int(p["concurrency"]) for p in phases[:-1]):
-            t = recovery_time(recs, last)
-            if t is not None:
-                rec = _window_stats(
-                    recs,
-                    int(last["phase"]),
-                    t,
-                    float(last["end_mono"]),
-                    samples,
-                    epoch_offset,
-                    host_metric,
-                    total_metric,
-                    active_metric,
-                )
-                rec["recovered_after_s"] = t - float(last["start_mono"])
-                s["phase_after_recovery"] = rec
+        t = recovery_time(recs, last)
+        if t is not None:
+            rec = _window_stats(
+                recs,
+                int(last["phase"]),
+                t,
+                float(last["end_mono"]),
+                samples,
+                epoch_offset=epoch_offset,
+                host_metric=host_metric,
+                total_metric=total_metric,
+                active_metric=active_metric,
+            )
+            rec["recovered_after_s"] = t - float(last["start_mono"])
+            s["phase_after_recovery"] = rec
     return s

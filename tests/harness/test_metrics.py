@@ -315,18 +315,36 @@ def test_window_after_a_step_down_starts_when_the_higher_load_drained():
         {"phase": 1, "concurrency": 1, "start_mono": 10.0, "end_mono": 30.0},
     ]
     # in flight at 10 s: the 4 leftovers and, from 10.5 s, the early one; 1 left at 15 s
-    assert M.recovery_time(recs, phases[1]) == 15.0
+    assert M.recovery_time(recs, phases[1]) == pytest.approx(15.0, abs=1e-3)
     s = M.summarize(recs, phases=phases, epoch_offset=1000.0)
     assert s["phases"][1]["requests"] == 3
     rec_ = s["phase_after_recovery"]
-    assert rec_["requests"] == 2 and rec_["recovered_after_s"] == pytest.approx(5.0)
-    assert rec_["duration_s"] == pytest.approx(15.0)
+    assert rec_["requests"] == 2 and rec_["recovered_after_s"] == pytest.approx(5.0, abs=1e-3)
+    assert rec_["duration_s"] == pytest.approx(15.0, abs=1e-3)
     assert rec_["tpot_ms_mean"] == pytest.approx((3000 + 4000) / 2)
     # a step up, or a load that never drains inside the phase: no window
     up = [dict(phases[0], concurrency=1), dict(phases[1], concurrency=4)]
     assert "phase_after_recovery" not in M.summarize(recs, phases=up, epoch_offset=1000.0)
     short = [phases[0], dict(phases[1], end_mono=14.0)]
     assert M.recovery_time(recs, short[1]) is None
+    # the last phase must step down from the one before it (4 -> 64 -> 4 -> 16 ends stepping up)
+    up_again = [*phases, {"phase": 2, "concurrency": 2, "start_mono": 30.0, "end_mono": 40.0}]
+    assert "phase_after_recovery" not in M.summarize(recs, phases=up_again, epoch_offset=1000.0)
+
+
+def test_recovery_counts_what_the_client_counts_in_flight():
+    """A failure leaves the count when the client is done with it (done_mono), not at once; a
+    request ending exactly at the phase start was never in flight in the phase."""
+    ph = {"phase": 1, "concurrency": 1, "start_mono": 10.0, "end_mono": 30.0}
+    two = [rec(0, 1.0, [(2.0, 1), (20.0, 1)], ct=2), rec(1, 1.0, [(2.0, 1), (25.0, 1)], ct=2)]
+    failed_fast = rec(2, 12.0, [], ok=False, phase=1, status=500, error="boom")
+    assert M.recovery_time([*two, failed_fast], ph) == pytest.approx(20.0, abs=1e-3)
+    timed_out = rec(3, 5.0, [], ok=False, status=504, error="timeout")
+    timed_out.done_mono = 28.0
+    assert M.recovery_time([*two, timed_out], ph) == pytest.approx(25.0, abs=1e-3)
+    at_start = rec(4, 1.0, [(2.0, 1), (10.0, 1)], ct=2)
+    at_start.done_mono = 10.0
+    assert M.recovery_time([*two, at_start], ph) == pytest.approx(20.0, abs=1e-3)
 
 
 def test_parse_schedule():
