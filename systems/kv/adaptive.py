@@ -6,8 +6,8 @@ within the KV pools can carry *optional history*: complete pages of a request's 
 before it scans the hot cache (Fig. 2, callout 1). That capacity is, as in sec. 3.1, the payload
 pages no required allocation holds and the unused index backing: each slot's index history is
 its own region of a store that lives in the payload arena (kv_flat), so while a slot is free its
-region holds *lent pages* (S units of G rows each, one per source; a page may span two adjacent
-regions and is lent only while both slots are free). An admission takes a free slot whose region
+region holds *lent pages* (S units of G rows each, one per source; a page may span adjacent
+regions and is lent only while all their slots are free). An admission takes a free slot whose region
 lends nothing if there is one, else reclaims the requests holding pages in the chosen region.
 
 - Resident-first admission: a new request keeps its imported history on device in optional
