@@ -187,13 +187,17 @@ class AdaptiveBackend(HiSparseBackend):
         ]
         return free[::-1]
 
+    def _payload_spare(self) -> int:
+        """Payload pages free beyond the admission reserve."""
+        return max(0, self.payload_pages.num_free - self.reserve_pages)
+
     def _spare(self) -> int:
-        """Pages free beyond the admission reserve (payload pages, then lendable ones)."""
-        return max(0, self.payload_pages.num_free - self.reserve_pages) + len(self._lendable())
+        """Pages optional history may take now (payload pages, then lendable ones)."""
+        return self._payload_spare() + len(self._lendable())
 
     def _alloc_optional(self, n: int, slot: int) -> list[int]:
         """n optional pages for slot's history: spare payload pages first, then lent ones."""
-        k = min(n, max(0, self.payload_pages.num_free - self.reserve_pages))
+        k = min(n, self._payload_spare())
         pages = self.payload_pages.alloc(k) if k else []
         lent = self._lendable()[: n - k]
         if len(pages) + len(lent) < n:
@@ -310,7 +314,7 @@ class AdaptiveBackend(HiSparseBackend):
         )
         self._seq += 1
         self.res[slot] = r
-        keep = r.kept = min(nc, max(0, self._spare()))
+        keep = r.kept = min(nc, self._spare())
         if keep:
             pages = self._alloc_optional(keep, slot)
             r.page[:keep] = pages  # registered before any copy, so release finds them

@@ -113,6 +113,10 @@ class PagePool:
         self._used.update(out)
         return out
 
+    def alloc_for(self, slot: int, n: int) -> list[int]:
+        """n pages for ``slot``'s history (any free ones here)."""
+        return self.alloc(n)
+
     def free(self, pages: list[int]) -> None:
         if len(set(pages)) != len(pages):
             raise AssertionError(f"{self.name}: a page freed twice in one call: {pages}")
@@ -131,13 +135,14 @@ class PagePool:
 
 
 class RegionPagePool(PagePool):
-    """Pages taken by id (each slot's own region of a store laid out per slot), so no free list
-    is kept: taking a region costs its own pages, not a pass over every free one (~41,000 index
-    pages on glm53_h200)."""
+    """Pages laid out per slot: slot s's history takes the first pages of its own region
+    [s * region, (s + 1) * region), so no free list is kept (taking a region costs its own
+    pages, not a pass over every free one: ~41,000 index pages on glm53_h200)."""
 
-    def __init__(self, num_pages: int, name: str):
+    def __init__(self, num_pages: int, name: str, region: int):
         self.num_pages = num_pages
         self.name = name
+        self.region = region
         self._used: set[int] = set()
 
     @property
@@ -145,19 +150,18 @@ class RegionPagePool(PagePool):
         return self.num_pages - len(self._used)
 
     def alloc(self, n: int) -> list[int]:
-        raise TypeError(f"{self.name}: pages are taken by id (take)")
+        raise TypeError(f"{self.name}: pages belong to slots (alloc_for)")
 
-    def take(self, pages: list[int]) -> list[int]:
-        """These free pages, by id."""
-        want = set(pages)
-        if (
-            len(want) != len(pages)
-            or want & self._used
-            or not all(0 <= p < self.num_pages for p in pages)
-        ):
-            raise MemoryError(f"{self.name}: pages {pages[:4]}... are not all free")
-        self._used |= want
-        return list(pages)
+    def alloc_for(self, slot: int, n: int) -> list[int]:
+        if n > self.region:
+            raise MemoryError(
+                f"{self.name}: asked for {n} pages, a slot's region has {self.region}"
+            )
+        pages = list(range(slot * self.region, slot * self.region + n))
+        if (pages and pages[-1] >= self.num_pages) or not self._used.isdisjoint(pages):
+            raise MemoryError(f"{self.name}: slot {slot}'s pages {pages[:4]}... are not all free")
+        self._used.update(pages)
+        return pages
 
     def free(self, pages: list[int]) -> None:
         if len(set(pages)) != len(pages) or not set(pages) <= self._used:
@@ -231,8 +235,13 @@ class KVBackend(ABC):
         """``storage``: zeroed bytes the store lives in (the adaptive backend's shared arena,
         whose unused index history can carry optional KV pages); its own allocation if None."""
         nI = len(self.index_src_ids)
-        # a store shared with optional history is laid out per slot (hisparse.py _alloc_index)
-        self.index_pages = (PagePool if storage is None else RegionPagePool)(num_pages, "index")
+        # a store shared with optional history is laid out per slot (adaptive.py lends the
+        # regions of free slots)
+        self.index_pages = (
+            PagePool(num_pages, "index")
+            if storage is None
+            else RegionPagePool(num_pages, "index", self.max_pages_per_req)
+        )
         shape = (nI, num_pages * self.P, self.mcfg.index_dim)
         if storage is None:
             self.index_pool = torch.zeros(shape, dtype=torch.bfloat16, device=self.device)
@@ -248,7 +257,7 @@ class KVBackend(ABC):
         return self.P * len(self.index_src_ids) * self.mcfg.index_row_bytes
 
     def _alloc_index(self, slot: int, num_tokens: int) -> None:
-        pages = self.index_pages.alloc(math.ceil(num_tokens / self.P))
+        pages = self.index_pages.alloc_for(slot, math.ceil(num_tokens / self.P))
         self._slot_index_pages[slot] = pages
         self.req_to_index_page[slot, : len(pages)] = to_device(pages, self.device, torch.int32)
 

@@ -176,8 +176,8 @@ class HiSparseBackend(KVBackend):
             self.index_row0 + index_rows, rb, dtype=torch.uint8, device=self.device
         )
         self.kv_pool = self.kv_flat[: self.stage0].view(S, self.NG, rb)
-        index_bytes_at = self.kv_flat[self.index_row0 :].view(-1)[:index_bytes]
-        self._init_index_pool(num_index_pages, index_bytes_at if self.lends_index else None)
+        store = self.kv_flat[self.index_row0 :].view(-1)[:index_bytes] if self.lends_index else None
+        self._init_index_pool(num_index_pages, store)
         self.stage_bytes = stage_bytes
         # host store: full history of every admitted request, pinned when a GPU reads it
         self.max_host_pages = math.ceil((self.max_total_tokens + self.q_max) / G)
@@ -259,14 +259,6 @@ class HiSparseBackend(KVBackend):
         """Whether optional KV pages may live in free slots' index history (adaptive
         residency, sec. 3.1); each slot's index history is then its own region of the store."""
         return False
-
-    def _alloc_index(self, slot: int, num_tokens: int) -> None:
-        if not self.lends_index:
-            return super()._alloc_index(slot, num_tokens)
-        first = slot * self.max_pages_per_req  # the slot's region, which nothing else holds
-        pages = self.index_pages.take(list(range(first, first + math.ceil(num_tokens / self.P))))
-        self._slot_index_pages[slot] = pages
-        self.req_to_index_page[slot, : len(pages)] = to_device(pages, self.device, torch.int32)
 
     # ------------------------------------------------------------------ admission
     def _required_free(self) -> tuple[bool, str]:
