@@ -363,16 +363,11 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             add(f"outputs sampled at temperature {temp:g}" if temp else "greedy outputs")
         if r.calibrated_acceptance:
             add("calibrated input: acceptance")
-        if find_key(r.config, "optional_residency") and not find_key(r.config, "lend_index_store"):
+        lend = find_key(r.config, "lend_index_store")
+        if find_key(r.config, "optional_residency") and not lend:
             # sec. 3.1's unused index backing: these runs kept optional history to payload pages
-            add(
-                "optional history in spare payload pages only"
-                + (
-                    ""
-                    if find_key(r.config, "lend_index_store") is False
-                    else " (run before free slots' index history was lent)"
-                )
-            )
+            before = "" if lend is False else " (run before free slots' index history was lent)"
+            add("optional history in spare payload pages only" + before)
         if len(r.repeats) > 1:
             commits = sorted({x.commit for x in r.repeats if x.commit})
             # the spread is part of the number: one config's output differs by up to 40% between

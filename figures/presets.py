@@ -70,14 +70,12 @@ What the model says the presets cannot keep
   the budget the serving experiments run at. The outputs are sampled (temperature 1.0, as in
   the serving experiments on these presets): a greedy output of random weights can settle into
   a cycle of a few tokens, which repeats one query and so fetches nothing, and then the share is
-  set by whether the prompt's output cycles (on CPU, glm53_mini: a greedy output that fell into
-  a two-token cycle fetched 0 % from then on; sampled, the same prompt held 6-7 % throughout).
-  One knob cannot follow the whole curve (on glm53_h200's greedy grid lambda = 0.6 fits the two
-  ends best, 68 % / 6.8 %; 0.8 meets B = k but fetches almost nothing at 8k), so glm53_h200 is
-  bisected to Table A1's 13.8 % at B = 2k, the serving experiments' budget, from sampled outputs
-  (lambda 0.756; CHANGELOG.md has the earlier greedy fits). A preset without a calibration file
-  keeps glm53_mini's fit (0.8). The host miss shares in the model are the paper's, so the model
-  does not depend on it.
+  set by whether the prompt's output cycles. One knob cannot follow the whole curve
+  (results/calibration/locality-glm53_h200.json: no lambda meets both of Fig. 9e's ends), so
+  glm53_h200 is bisected to Table A1's 13.8 % at B = 2k, the serving experiments' budget, from
+  sampled outputs (locality-glm53_h200-at2k.json; CHANGELOG.md has the earlier fits). A preset
+  without a calibration file keeps glm53_mini's fit (0.8). The host miss shares in the model are
+  the paper's, so the model does not depend on it.
 """
 
 from __future__ import annotations
@@ -217,10 +215,7 @@ def drafter_fixed_bytes(m, d: Deployment, slots: int) -> int:
 def slot_bytes(m, B: int, q_max: int) -> int:
     """Pool bytes of one hierarchy slot, as systems/kv/hisparse.py sizes it: the index history
     at max_context_len, one hot cache and tail per source, and a share of the staging."""
-    P = m.page_size
-    index = (
-        math.ceil((m.max_context_len + q_max) / P) * P * len(m.index_sources) * m.index_row_bytes
-    )
+    index = index_region_bytes(m, q_max) * len(m.index_sources)
     payload = m.num_sources * page_rows(B, q_max) * m.row_bytes
     stage = _chi(m) * q_max * m.index_topk * m.row_bytes if q_max > 1 else 0
     return index + payload + stage
@@ -230,6 +225,12 @@ def kv_pool_gib(m, d: Deployment, B: int) -> float:
     """The smallest pool (0.01 GiB steps) in which the non-speculative hierarchy holds
     ``hierarchy_slots`` sessions."""
     return math.ceil(d.hierarchy_slots * slot_bytes(m, B, 1) / GIB * 100) / 100
+
+
+def index_region_bytes(m, q_max: int) -> int:
+    """One slot's index history of one index source (systems/kv/base.py: max_pages_per_req)."""
+    P = m.page_size
+    return math.ceil((m.max_context_len + q_max) / P) * P * m.index_row_bytes
 
 
 def page_rows(B: int, q_max: int) -> int:
@@ -250,9 +251,9 @@ def optional_capacity(m, B: int, cap: int, slots: int, running: int) -> tuple[in
     changes only which lent pages span a busy slot)."""
     from systems.kv.adaptive import carve_lent_pages
 
-    P, rb, S = m.page_size, m.row_bytes, m.num_sources
+    rb, S = m.row_bytes, m.num_sources
     G = page_rows(B, 1)
-    region = math.ceil((m.max_context_len + 1) / P) * P * m.index_row_bytes
+    region = index_region_bytes(m, 1)
     index = slots * region * len(m.index_sources)
     payload = (cap - index - G * rb) // (S * G * rb)  # less the unit that aligns the store
     lent = carve_lent_pages(slots, len(m.index_sources), region, S * payload * G * rb, G * rb, S)
