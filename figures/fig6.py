@@ -218,7 +218,26 @@ def main(argv=None) -> C.Report:
                 "C256 -> C16 runs on four decode GPUs, 4 -> 64 -> 4 sessions per GPU."
             )
             break
-    if d_on.get("eligible_pages_low"):
+    cov_low = rep.value("coverage_low_on")
+    if cov_low is not None and on_low is not None:
+        # the reduction is 1 / (1 - coverage) for uniform selections, so it is set by how close
+        # ready coverage comes to 100 %: name both beside the claim
+        rep.diagnose(
+            ["host_low_reduction"],
+            f"ready optional coverage at low load {cov_low:.0f} % (paper: 75-100 %) left "
+            f"{C.fmt(on_low)} % of selected rows to fetch from host with residency on "
+            f"(paper: {C.fmt(P['host_share_low_on_pct'])} %); the reduction grows without "
+            "bound as coverage nears 100 %",
+        )
+    if d_on.get("eligible_pages_low") and (
+        d_on["optional_pages_low"] >= 0.99 * d_on["eligible_pages_low"]
+    ):
+        rep.note(
+            f"Late in the first low phase (residency on), every eligible history page was ready "
+            f"({d_on['optional_pages_low']:.0f} of {d_on['eligible_pages_low']:.0f}): the "
+            "population, not the capacity optional history may use, set coverage."
+        )
+    elif d_on.get("eligible_pages_low"):
         flat = (
             "; the count held level (10th-90th percentile within 10%), so the capacity "
             "optional history may use capped coverage, not population ("

@@ -162,6 +162,9 @@ def test_known_values_on_fixture(full):
     assert r["fig6"].value("host_low_reduction") == pytest.approx(14.2 / 1.4)
     assert r["fig6"].value("host_low_on") == pytest.approx(1.4)  # percent, not rescaled
     assert r["fig6"].value("coverage_low_on") == pytest.approx(90.0)
+    # the reason beside the reduction claim is the run's measured coverage and residency-on share
+    why = r["fig6"].why["host_low_reduction"]
+    assert "coverage at low load 90 %" in why and "1.4 % of selected rows" in why
     assert r["tableA1"].value("C256.on.requests") == 417
     assert r["fig9"].value("glm128.best.hisparse") == 2
     assert r["tableA2"].value("C128.hisparse.post_wave_handoff_s") is not None
