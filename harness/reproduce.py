@@ -242,16 +242,21 @@ def run_one(
     run(_run_cfg(overrides, results), only_tags=only_tags, reproduce_keys=True, run_group=run_group)
 
 
-# The warm-up's load where the group's first point is not closed-loop (a load step, a rate)
+# The warm-up's load where the group's first point is an open-loop rate
 WARM_UP_CONCURRENCY = 8
 
 
 def warm_up_point(overrides: list[str], only_tags: list[str] | None) -> tuple[str, int]:
-    """(the tag of the point the warm-up stands in for, the concurrency it runs at)."""
+    """(the tag of the point the warm-up stands in for, the concurrency it runs at). A load step
+    warms up at its peak, so that the kernels of the batch sizes the peak meets compile there
+    and not in the first measured run."""
+    from harness.loadgen import parse_schedule
     from harness.run import _load_points
 
     points = _load_points(_run_cfg(overrides, None))
     p = next((p for p in points if only_tags is None or p["tag"] in only_tags), points[0])
+    if p.get("schedule"):
+        return p["tag"], max(c for c, _ in parse_schedule(p["schedule"]))
     return p["tag"], int(p.get("concurrency") or WARM_UP_CONCURRENCY)
 
 

@@ -161,6 +161,14 @@ def test_dry_run_shows_the_interleaved_order(capsys, tmp_path):
     assert "fig4_protocol       0 done   18 pending" in out
 
 
+def test_a_load_step_warms_up_at_its_peak(capsys, tmp_path):
+    """fig6_h200 steps C4 -> C64 -> C4: its warm-up wave runs at C64, so the kernels of the
+    batch sizes the peak meets compile there, not in the first measured run."""
+    assert rp.warm_up_point(rp.plan("fig6_h200", smoke=False)[0], None) == ("step", 64)
+    assert rp.main(["--dry-run", "--only", "fig6_h200", "--results", str(tmp_path)]) == 0
+    assert "(adaptive_hisparse for step: one wave at C64, not kept)" in capsys.readouterr().out
+
+
 def test_smoke_protocol_end_to_end(tmp_path):
     """On CPU, two systems interleaved: distinct ids per repeat, one run group, the paper's C
     recorded in each run, no warm-up run among the results, and the figures fold the repeats."""
