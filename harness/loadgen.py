@@ -602,8 +602,15 @@ class _Runner:
 
     # ---- warmup ------------------------------------------------------
 
-    async def _warmup(self) -> None:
+    def warmup_requests(self) -> int:
+        """``warmup``, raised to one request per prepared prefix: a prefix first met while
+        measuring is prefilled then, on the serving GPU and inside the measured window, where
+        the paper's prepared prefixes exist before the benchmark starts. ``warmup=0`` stays 0."""
         n = int(self.cfg.warmup or 0)
+        return max(n, int(self.cfg.prefixes or 0)) if n > 0 else 0
+
+    async def _warmup(self) -> None:
+        n = self.warmup_requests()
         if n <= 0:
             return
         if self.mode == "closed":
@@ -777,7 +784,7 @@ class _Runner:
             "url": cfg.url,
             "run_id": self.run_id,
             "sent": self.n_sent,
-            "warmup": int(cfg.warmup or 0),
+            "warmup": self.warmup_requests(),
             "warmup_errors": self.warmup_errors,
             "scrape_samples": len(self.samples),
             "scrape_errors": self.scrape_errors,

@@ -125,6 +125,7 @@ class FakeServer:
         self.accepted = 0
         self.rejected = 0
         self.completed = 0
+        self.prompts: list[int] = []  # each accepted request's prompt, as a hash, in order
         self.tokens_emitted = 0
         self.events_emitted = 0
         self.writes = 0
@@ -168,6 +169,7 @@ class FakeServer:
             "max_inflight": self.max_inflight,
             "requests": self.requests,
             "accepted": self.accepted,
+            "prompts": self.prompts,
             "rejected": self.rejected,
             "completed": self.completed,
             "tokens_emitted": self.tokens_emitted,
@@ -265,6 +267,7 @@ class FakeServer:
             return _error(prog.error_status, "injected failure", "internal_error")
 
         self.accepted += 1
+        self.prompts.append(hash(tuple(ids)))
         self._inflight_change(+1)
         resp = _SSEResponse(
             status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -256,6 +256,24 @@ def test_post_wave_excludes_exactly_first_c(server):
     assert {r.index for r in first} == set(range(C))
 
 
+def test_warmup_prepares_every_prefix(server):
+    """With prepared prefixes the warm-up sends one request per prefix (at least ``warmup``), so
+    no prefix is first met, and prefilled, inside the measured window; ``warmup=0`` sends none."""
+    server.program(ttft_s=0.005, itl_s=0.001)
+    res = run_load_sync(
+        cfg(server, concurrency=2, num_requests=6, output_len=2, warmup=1, prefixes=5)
+    )
+    st = server.stats()
+    assert st["accepted"] == 6 + 5 and res.summary["warmup"] == 5
+    warm, measured = st["prompts"][:5], st["prompts"][5:]
+    assert len(set(warm)) == 5 and set(measured) <= set(warm)
+    server.program(ttft_s=0.005, itl_s=0.001)
+    res = run_load_sync(
+        cfg(server, concurrency=2, num_requests=6, output_len=2, warmup=0, prefixes=5)
+    )
+    assert server.stats()["accepted"] == 6 and res.summary["warmup"] == 0
+
+
 def test_open_loop_poisson(server):
     server.program(ttft_s=0.01, itl_s=0.002)
     res = run_load_sync(cfg(server, request_rate=200.0, num_requests=60, output_len=3, seed=3))
