@@ -25,7 +25,9 @@
 #   previous batch returned over the repository root): with an empty cache each system's first run
 #   compiles its kernels during its load and measures 2x slow (results/cold_cache/);
 # - the model weights are drawn once and cached in /tmp/dhs-weights (DHS_WEIGHT_CACHE): drawing
-#   them takes most of a server's start-up (~35 s for glm53_h200);
+#   them takes most of a server's start-up (~35 s for glm53_h200); shared prompts are prefilled
+#   once and cached in /tmp/dhs-prefixes (DHS_PREFIX_CACHE: 16 prompts of 125K tokens for the
+#   DeepSeek-like preset);
 # - each lane makes one throwaway serving run (DHS_PREWARM=0 skips it, about 30 s): a fresh
 #   machine's first run is slow even with the cache carried in.
 # Every run of the batch records one id (env.json's run_group; DHS_RUN_GROUP, default the time and
@@ -53,8 +55,10 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1
-# the runs' servers load the random weights drawn by the first (systems/models/weight_cache.py)
+# the runs' servers load the random weights drawn by the first, and the prefills of shared
+# prompts made by the first (systems/disk_cache.py)
 export DHS_WEIGHT_CACHE="${DHS_WEIGHT_CACHE:-/tmp/dhs-weights}"
+export DHS_PREFIX_CACHE="${DHS_PREFIX_CACHE:-/tmp/dhs-prefixes}"
 export DHS_RUN_GROUP="${DHS_RUN_GROUP:-$(date -u +%Y%m%dT%H%M%SZ)-$(hostname)}"
 export TRITON_CACHE_DIR=$PWD/.triton_cache; mkdir -p "$TRITON_CACHE_DIR" "$OUT"
 echo "[gpu_batch] run group $DHS_RUN_GROUP; Triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) compiled kernels carried in"

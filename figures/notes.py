@@ -368,6 +368,14 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             # sec. 3.1's unused index backing: these runs kept optional history to payload pages
             before = "" if lend is False else " (run before free slots' index history was lent)"
             add("optional history in spare payload pages only" + before)
+        npre = as_float(find_key(r.config, "prefixes")) or 0
+        warm = as_float(r.summary.get("warmup"))
+        if warm is not None and 0 < warm < npre:
+            # a prefix first met while measuring is prefilled on the serving GPU then
+            add(
+                f"{npre - warm:.0f} of {npre:.0f} shared prefixes prefilled inside the measured "
+                "window (run before the warm-up prepared every prefix)"
+            )
         if len(r.repeats) > 1:
             commits = sorted({x.commit for x in r.repeats if x.commit})
             # the spread is part of the number: one config's output differs by up to 40% between

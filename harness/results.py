@@ -855,6 +855,11 @@ MEASUREMENT_CHANGES = (
         "3468fa5",
         "adaptive residency also keeps optional history in free slots' index history",
     ),
+    (
+        "32b3576",
+        "the warm-up prepares every shared prefix (before it, all but one of a workload's "
+        "prefixes were prefilled inside the measured window)",
+    ),
 )
 
 

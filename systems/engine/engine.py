@@ -729,6 +729,7 @@ class Engine:
             "dhs_num_handoff_reqs": len(self.scheduler.arriving),  # history on its way
             "dhs_num_waiting_reqs": len(self.scheduler.waiting) + self._pending,
             "dhs_num_prefills_total": self.prefixes.num_prefills,
+            "dhs_num_prefix_loads_total": self.prefixes.num_loads,  # from DHS_PREFIX_CACHE
         }
         for k, v in self.stats.items():
             m[f"dhs_{k}"] = v

@@ -3,17 +3,23 @@
 This stands in for the prefill servers of a disaggregated deployment: with prepared prefixes
 (one for GLM, 16 for DeepSeek in the paper) every request of a prefix reuses one prefill, and
 admission copies that KV into the decode-side backend the way each policy receives it (the
-handoff). Entries are kept in LRU order up to ``max_entries``.
+handoff). Entries are kept in LRU order up to ``max_entries``. With ``DHS_PREFIX_CACHE`` set
+(systems/disk_cache.py) a prompt's prefill is saved there and later servers load it instead of
+prefilling again (every run of an interleaved protocol starts its own server).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from systems.disk_cache import PREFIX_ENV, load_or_compute
 from systems.kv.base import PrefixKV
 from systems.models.sparse_model import PrefillContext, SparseModel, prefill_chunk_size
 
@@ -53,7 +59,8 @@ class PrefixStore:
         self.keep_hidden = keep_hidden
         self.max_entries = max_entries
         self._entries: OrderedDict[PromptKey, PrefillEntry] = OrderedDict()
-        self.num_prefills = 0
+        self.num_prefills = 0  # computed here
+        self.num_loads = 0  # loaded from DHS_PREFIX_CACHE
 
     def get(self, prompt_ids: list[int], key: PromptKey | None = None) -> tuple[PrefillEntry, bool]:
         """Returns (entry, computed_now). ``key``: the prompt's key where the caller built it
@@ -71,24 +78,82 @@ class PrefixStore:
         return entry, True
 
     def _prefill(self, prompt_ids: list[int]) -> PrefillEntry:
-        m = self.model
         t0 = time.perf_counter()
+        m = self.model
+        q_chunk = prefill_chunk_size(
+            m.cfg,
+            len(prompt_ids),
+            (1 << 28) if m.device.type == "cuda" else (1 << 24),  # fewer, larger chunks on GPU
+        )
+        state, loaded = load_or_compute(
+            self._cache_key(prompt_ids, q_chunk),
+            lambda: self._compute(prompt_ids, q_chunk),
+            m.device,
+            env=PREFIX_ENV,
+            kind="prefix",
+        )
+        if loaded:
+            self.num_loads += 1
+        else:
+            self.num_prefills += 1
+        logits = state["last_logits"]
+        return PrefillEntry(
+            PrefixKV(int(state["num_tokens"]), state["kv"], state["index"]),
+            logits,
+            logits.float().cpu(),
+            state["tail_hidden"],
+            time.perf_counter() - t0,
+        )
+
+    def _compute(self, prompt_ids: list[int], q_chunk: int) -> dict:
+        m = self.model
         T = len(prompt_ids)
         dev = m.device
         ctx = PrefillContext(m.cfg, T, dev, m.dtype)
         tokens = torch.tensor([prompt_ids], device=dev)
         positions = torch.arange(T, device=dev).unsqueeze(0)
-        budget = (1 << 28) if dev.type == "cuda" else (1 << 24)  # fewer, larger chunks on GPU
-        logits, hidden = m(
-            tokens, positions, ctx, q_chunk=prefill_chunk_size(m.cfg, T, budget), last_only=True
-        )
+        logits, hidden = m(tokens, positions, ctx, q_chunk=q_chunk, last_only=True)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        self.num_prefills += 1
-        return PrefillEntry(
-            PrefixKV(T, ctx.kv, ctx.index),
-            logits[0, -1],
-            logits[0, -1].float().cpu(),
-            hidden[0, -self.keep_hidden :].clone(),
-            time.perf_counter() - t0,
+        return {
+            "num_tokens": T,
+            "kv": ctx.kv,
+            "index": ctx.index,
+            "last_logits": logits[0, -1],
+            "tail_hidden": hidden[0, -self.keep_hidden :].clone(),
+        }
+
+    def _cache_key(self, prompt_ids: list[int], q_chunk: int) -> str:
+        """Everything a prefill's bytes depend on: the prompt, the model (its config fixes the
+        drawn weights), the kernels chosen and their code, the device and torch's version."""
+        m = self.model
+        dev = m.device
+        gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
+        prompt = hashlib.sha256(",".join(map(str, prompt_ids)).encode()).hexdigest()
+        return repr(
+            (
+                _code_digest(),
+                repr(m.cfg),
+                m.dtype,
+                m.attention_impl,
+                m.topk_impl,
+                dev.type,
+                gpu,
+                torch.__version__,
+                self.keep_hidden,
+                q_chunk,
+                prompt,
+            )
         )
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The source of what computes a prefill (the model, its kernels, this file): a prefix
+    cached by other code is computed anew."""
+    root = Path(__file__).resolve().parents[1]
+    files = sorted([*root.glob("models/*.py"), *root.glob("kernels/*.py"), Path(__file__)])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()

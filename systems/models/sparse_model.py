@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
+from systems.disk_cache import load_or_draw
 from systems.kernels.fused_ops import add_rms_norm, blend_index_query, encode_fp8_rows, silu_mul
 from systems.kernels.selfcheck import resolve_impl
 from systems.kernels.sparse_attention import sparse_attention
 from systems.kernels.topk import topk_positions
 from systems.models.config import LayerSpec, ModelConfig
 from systems.models.kv_format import decode_rows, encode_rows
-from systems.models.weight_cache import load_or_draw
 
 
 class KVContext(Protocol):
@@ -89,7 +89,7 @@ class SparseModel(torch.nn.Module):
         # with the concatenated projection weights they come with
         self.fused = self.topk_impl == "triton"
         self.norm_impl = self.topk_impl
-        # drawn once per set of weights when DHS_WEIGHT_CACHE is set (systems/models/weight_cache.py)
+        # drawn once per set of weights when DHS_WEIGHT_CACHE is set (systems/disk_cache.py)
         # torch's version too: its CPU generator's stream is not promised across releases
         key = repr(
             (

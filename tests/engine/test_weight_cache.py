@@ -1,4 +1,4 @@
-"""The weight cache (systems/models/weight_cache.py): a cached build has the drawn weights."""
+"""The weight cache (systems/disk_cache.py): a cached build has the drawn weights."""
 
 import os
 

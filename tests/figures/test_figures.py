@@ -1126,3 +1126,22 @@ def test_provenance_says_whether_outputs_were_sampled(tmp_path):
     sampled = C.provenance(C.load_runs(tmp_path, "sampled"))
     assert "greedy outputs" in greedy and "sampled" not in greedy
     assert "outputs sampled at temperature 1" in sampled and "greedy" not in sampled
+
+
+def test_provenance_flags_prefixes_prefilled_while_measuring(tmp_path):
+    """A run whose warm-up sent fewer requests than it had shared prefixes prefilled the rest
+    inside its measured window: its provenance says how many; one that prepared them all, or
+    had no warm-up, says nothing of it."""
+    import json
+
+    from figures import common as C
+
+    for name, warm in (("before", 1), ("after", 16), ("none", 0)):
+        d = tmp_path / name / "r"
+        d.mkdir(parents=True)
+        s = {"system": "hisparse", "concurrency": 32, "warmup": warm}
+        (d / "summary.json").write_text(json.dumps(s))
+        (d / "config.yaml").write_text(json.dumps({"workload": {"prefixes": 16}}))
+    prov = {n: C.provenance(C.load_runs(tmp_path, n)) for n in ("before", "after", "none")}
+    assert "15 of 16 shared prefixes prefilled inside the measured window" in prov["before"]
+    assert "prefilled" not in prov["after"] and "prefilled" not in prov["none"]
