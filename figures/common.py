@@ -29,6 +29,7 @@ from figures.notes import (  # noqa: F401
     admission_note,
     batch_scaling_note,
     claim_breakdown,
+    compare_ratio,
     diagnosis,
     eager_note,
     paired_ratio_note,

@@ -206,7 +206,7 @@ def main(argv=None) -> C.Report:
         ("adhs_vs_resident_dflash2_C256", "ADHS / Resident + DFlash2 output", C256_RATIOS[1]),
     ):
         src, c, at = c256_source(h256, runs, (a, b))
-        compare_ratio(rep, key, f"{quantity} at {at}", P[key], src, (a, b), c)
+        C.compare_ratio(rep, key, f"{quantity} at {at}", P[key], src, (a, b), c, OUT)
         c256[key] = (src, c)
         if c != 256:
             rep.loads[256] = c
@@ -242,7 +242,7 @@ def main(argv=None) -> C.Report:
         tr.take(),
     )
     src, c, at = c256_source(h256, runs, C256_RATIOS[2])
-    compare_ratio(
+    C.compare_ratio(
         rep,
         "adhs_ttft_higher_C256",
         f"ADHS TTFT / Adaptive HiSparse TTFT at {at}",
@@ -350,22 +350,6 @@ def c256_source(h, runs, systems: tuple[str, str]):
     return runs, 256, "C256"
 
 
-def compare_ratio(rep, key, quantity, paper, runs, systems, c: int, value_key: str = OUT):
-    """A row of a / b (``systems``) at ours C ``c`` over ``runs``: the ratio of the two
-    systems' medians over their repeats, with its bootstrap interval."""
-    a, b = systems
-    t = C.Tracker(runs)
-    rep.compare(
-        key,
-        quantity,
-        paper,
-        C.ratio(t.val(a, c, value_key), t.val(b, c, value_key)),
-        "x",
-        t.take(),
-        stats=C.ratio_stats(C.pick(runs, a, c), C.pick(runs, b, c), value_key),
-    )
-
-
 def protocol_key(name: str, paper_c: int = 128) -> str:
     return f"protocol.{name}_paperC{paper_c}"
 
@@ -404,7 +388,7 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
     for name, quantity, paper_key, (a, b), key in PROTOCOL_ROWS:
         rk = protocol_key(name, paper_c)
         at = f"{load_label(paper_c, c)} ({model}, interleaved repeats)"
-        compare_ratio(rep, rk, f"{quantity} at {at}", P[paper_key], runs, (a, b), c, key)
+        C.compare_ratio(rep, rk, f"{quantity} at {at}", P[paper_key], runs, (a, b), c, key)
         why = C.claim_breakdown(runs, (a, b), c)
         if why:
             rep.diagnose((rk,), why)

@@ -338,6 +338,23 @@ class Tracker:
         return provenance(used) if used else ""
 
 
+def compare_ratio(rep, key, quantity, paper, runs, systems, c: int, value_key: str) -> None:
+    """A row of a / b (``systems``) at ours C ``c`` over ``runs``: the ratio of the two
+    systems' medians over their repeats, with its bootstrap interval."""
+    a, b = systems
+    t = Tracker(runs)
+    va, vb = t.val(a, c, value_key), t.val(b, c, value_key)
+    rep.compare(
+        key,
+        quantity,
+        paper,
+        None if va is None or not vb else va / vb,
+        "x",
+        t.take(),
+        stats=ratio_stats(pick(runs, a, c), pick(runs, b, c), value_key),
+    )
+
+
 def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> str:
     """Where a measured number came from: scaled preset / calibrated input(s), device."""
     if runs is None:
