@@ -155,6 +155,9 @@ def test_known_values_on_fixture(full):
         sorted(proto["adaptive_dhisparse"])[1] / sorted(proto["hisparse"])[1]
     )
     assert row.stats is not None and row.stats.runs == (3, 3)
+    # the adaptive claim's reason sets the paper's two sources of gain beside ours
+    why = r["fig4"].why.get("protocol.adaptive_vs_hisparse_paperC128") or ""
+    assert "the paper's gain: TPOT 7 % lower" in why and "of 32 active" in why, why
     # HiSparse-only numbers do not inherit the drafter's calibrated acceptance
     assert "acceptance" not in r["fig4"].row("output.hisparse.C128").prov
     assert r["fig8"].value("host_path_gbps") == pytest.approx(49.0)

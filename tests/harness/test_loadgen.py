@@ -127,7 +127,7 @@ def test_latency_accuracy_and_closed_loop(server, C, n, ttft, itl, out, k, api, 
         assert s["total_output_tokens"] == n * out
         # closed loop: the server saw exactly C concurrent requests, never more
         assert st["max_inflight"] == C
-        assert st["accepted"] == n + warmup
+        assert st["accepted"] == n + max(warmup, 4)  # the warm-up prepares every prefix
         if k > 1:
             assert s["itl_per_token_ms_mean"] < s["itl_ms_mean"]
         bad = {
