@@ -149,6 +149,8 @@ class Row:
     note: str = ""
     # a ratio over repeat runs: its bootstrap interval, run counts and per-run-group ratios
     stats: RatioStats | None = None
+    # our load where this row's runs follow another mapping than the report's ``loads``
+    ours_c: int | None = None
 
     @property
     def interval(self) -> tuple[float, float] | None:

@@ -157,3 +157,30 @@ def test_fig5_headline_reads_the_deepseek_h200_runs(results, tmp_path):
     assert row.ours == pytest.approx(910.0 / 400.0) and row.stats.runs == (3, 3)
     assert rep.value("adhs_vs_resident_dspark_C512_scaled") == pytest.approx(scaled)
     shutil.rmtree(results / "fig5_h200")
+
+
+def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
+    """fig9_dsv_h200 (paper C128 = ours C64 on dsv41_h200): the DeepSeek C128 HiSparse spread
+    over budgets comes from its interleaved repeats (medians per budget), its claim names ours
+    C64; Adaptive HiSparse, which it did not sweep, stays on the scaled preset's runs."""
+    from figures import fig9
+    from figures.make_all import build_claims
+    from tests.figures.fixture import _write_run
+
+    out = {2: (1000.0, 1040.0, 990.0), 4: (1100.0, 1080.0, 1500.0), 8: (1050.0, 1060.0, 1070.0)}
+    for bk, vals in out.items():
+        for i, v in enumerate(vals, 1):
+            point = {"concurrency": 64, "paper_concurrency": 128, "b_over_k": bk, "tag": "c64"}
+            s = {"system": "hisparse", "model": "dsv41_h200", "point": point, "completed": 128,
+                 "errors": 0, "output_tok_s_per_gpu": v}  # fmt: skip
+            cfg = {"system": {"name": "hisparse", "kv": {"hot_cache_rows": 128 * bk}},
+                   "model": {"name": "dsv41_h200", "index_topk": 128}, "repeat": i}  # fmt: skip
+            _write_run(results, "fig9_dsv_h200", f"hisparse-b{bk}-rep{i}", s, cfg)
+    rep = fig9.main(["--results", str(results), "--out", str(tmp_path)])
+    row = rep.row("ds128.spread.hisparse")
+    assert "paper C128 = ours C64 on one H200 (dsv41_h200" in row.quantity and row.ours_c == 64
+    assert row.ours == pytest.approx((1100.0 / 1000.0 - 1) * 100)  # medians 1000 / 1100 / 1060
+    assert "ours C64" not in rep.row("ds128.spread.adaptive_hisparse").quantity
+    claim = build_claims({"fig9": rep})["dsv_flat_budget_c128"]
+    assert claim["ours_concurrency"] == 64 and claim["ours"] == pytest.approx(10.0)
+    shutil.rmtree(results / "fig9_dsv_h200")
