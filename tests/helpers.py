@@ -47,3 +47,17 @@ async def read_sse(resp) -> list:
             break
         events.append(json.loads(payload))
     return events
+
+
+# a model small enough to build in milliseconds (weight and prefix cache tests)
+SMALL_MODEL = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=2,
+    kv_dim=16,
+    kv_rope_dim=8,
+    index_dim=8,
+    index_topk=8,
+    vocab_size=40,
+    max_context_len=64,
+)

@@ -10,20 +10,10 @@ import systems.kv.backends  # noqa: F401
 from systems.engine.prefill import PrefixStore
 from systems.models.config import ModelConfig
 from systems.models.sparse_model import SparseModel
+from tests.helpers import SMALL_MODEL as SMALL
 from tests.helpers import make_engine, run_greedy
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").read_text())
-SMALL = dict(
-    hidden_size=32,
-    intermediate_size=48,
-    num_heads=2,
-    kv_dim=16,
-    kv_rope_dim=8,
-    index_dim=8,
-    index_topk=8,
-    vocab_size=40,
-    max_context_len=64,
-)
 
 
 def _same(a, b) -> bool:

@@ -7,18 +7,7 @@ import torch
 from systems.models import sparse_model
 from systems.models.config import ModelConfig
 from systems.models.sparse_model import SparseModel
-
-SMALL = dict(
-    hidden_size=32,
-    intermediate_size=48,
-    num_heads=2,
-    kv_dim=16,
-    kv_rope_dim=8,
-    index_dim=8,
-    index_topk=8,
-    vocab_size=40,
-    max_context_len=64,
-)
+from tests.helpers import SMALL_MODEL as SMALL
 
 
 def _weights(m: SparseModel) -> list[torch.Tensor]:
