@@ -61,7 +61,8 @@ def main(argv=None) -> C.Report:
         # scaled preset's ratio beside it
         at = f"{load_label(512, hc, DEEPSEEK_DECODE_GPUS)} ({_model(h200)}, interleaved repeats)"
         quantity = f"ADHS / Resident + DSpark output at {at}"
-        C.compare_ratio(rep, HEADLINE_KEY, quantity, P[HEADLINE_KEY], h200, HEADLINE, hc, OUT)
+        row = C.compare_ratio(rep, HEADLINE_KEY, quantity, P[HEADLINE_KEY], h200, HEADLINE, hc, OUT)
+        row.ours_c = hc  # the claim's load: these runs', whatever the scaled runs' top load
         why = C.claim_breakdown(h200, HEADLINE, hc)
         if why:
             rep.diagnose((HEADLINE_KEY,), why)

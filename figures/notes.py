@@ -309,6 +309,30 @@ def stall_diagnosis(runs: Iterable[Run], concurrency: int) -> str | None:
     )
 
 
+def prefixes_made_while_measuring(r: Run) -> str | None:
+    """How many of a run's shared prompts were prefilled (or loaded from DHS_PREFIX_CACHE) on
+    its server inside the measured window: from the server's counters over the window where
+    they were scraped, else from what the warm-up left (every prefix beyond its requests: the
+    first load point a server measured; later points found them made). None when none."""
+    npre = int(as_float(find_key(r.config, "prefixes")) or 0)
+    if npre < 2:
+        return None
+    df = r.metrics if (r.path / "server_metrics.parquet").is_file() else None
+    cols = ("dhs_num_prefills_total", "dhs_num_prefix_loads_total")
+    if df is not None and cols[0] in df.columns and len(df):
+        n = sum(float(df[c].iloc[-1] - df[c].iloc[0]) for c in cols if c in df.columns)
+        return (
+            f"{n:.0f} of {npre} shared prefixes prefilled inside the measured window" if n else None
+        )
+    warm = int(as_float(r.summary.get("warmup")) or 0)
+    if warm >= npre:
+        return None
+    return (
+        f"up to {npre - warm} of {npre} shared prefixes prefilled inside the measured window "
+        "(no server counters: what the warm-up left)"
+    )
+
+
 class Tracker:
     """Looks values up in runs and remembers which runs were used, so that each compared number
     carries the provenance of exactly the runs it came from (``take()`` after each value)."""
@@ -338,13 +362,13 @@ class Tracker:
         return provenance(used) if used else ""
 
 
-def compare_ratio(rep, key, quantity, paper, runs, systems, c: int, value_key: str) -> None:
+def compare_ratio(rep, key, quantity, paper, runs, systems, c: int, value_key: str):
     """A row of a / b (``systems``) at ours C ``c`` over ``runs``: the ratio of the two
-    systems' medians over their repeats, with its bootstrap interval."""
+    systems' medians over their repeats, with its bootstrap interval. Returns the row."""
     a, b = systems
     t = Tracker(runs)
     va, vb = t.val(a, c, value_key), t.val(b, c, value_key)
-    rep.compare(
+    return rep.compare(
         key,
         quantity,
         paper,
@@ -385,14 +409,10 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             # sec. 3.1's unused index backing: these runs kept optional history to payload pages
             before = "" if lend is False else " (run before free slots' index history was lent)"
             add("optional history in spare payload pages only" + before)
-        npre = as_float(find_key(r.config, "prefixes")) or 0
-        warm = as_float(r.summary.get("warmup"))
-        if warm is not None and 0 < warm < npre:
-            # a prefix first met while measuring is prefilled on the serving GPU then
-            add(
-                f"{npre - warm:.0f} of {npre:.0f} shared prefixes prefilled inside the measured "
-                "window (run before the warm-up prepared every prefix)"
-            )
+        made = prefixes_made_while_measuring(r)
+        if made:
+            # a prefix first met while measuring is prefilled (or loaded) on the serving GPU then
+            add(made)
         if len(r.repeats) > 1:
             commits = sorted({x.commit for x in r.repeats if x.commit})
             # the spread is part of the number: one config's output differs by up to 40% between

@@ -141,6 +141,15 @@ class LoadResult:
     config: LoadConfig | None = None
 
 
+def warmup_request_count(warmup: int | None, prefixes: int | None) -> int:
+    """The warm-up's requests: ``warmup``, raised to one request per prepared prefix. A prefix
+    first met while measuring is prefilled then, on the serving GPU and inside the measured
+    window, where the paper's prepared prefixes exist before the benchmark starts.
+    ``warmup=0`` stays 0 (the profiled experiments count engine steps from the start)."""
+    n = int(warmup or 0)
+    return max(n, int(prefixes or 0)) if n > 0 else 0
+
+
 def parse_schedule(spec: Any) -> list[tuple[int, float]]:
     """``"16:300,256:300"`` -> ``[(16, 300.0), (256, 300.0)]``; lists pass through."""
     if spec is None or spec == "":
@@ -603,11 +612,7 @@ class _Runner:
     # ---- warmup ------------------------------------------------------
 
     def warmup_requests(self) -> int:
-        """``warmup``, raised to one request per prepared prefix: a prefix first met while
-        measuring is prefilled then, on the serving GPU and inside the measured window, where
-        the paper's prepared prefixes exist before the benchmark starts. ``warmup=0`` stays 0."""
-        n = int(self.cfg.warmup or 0)
-        return max(n, int(self.cfg.prefixes or 0)) if n > 0 else 0
+        return warmup_request_count(self.cfg.warmup, self.cfg.prefixes)
 
     async def _warmup(self) -> None:
         n = self.warmup_requests()

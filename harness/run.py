@@ -430,14 +430,23 @@ def warn_profile_in_warmup(cfg) -> bool:
     prof = cfg.get("profile") or {}
     if str(prof.get("name", "none")) != "kernels":
         return False
-    warm = int(cfg.workload.get("warmup") or 0)
-    steps = warm * int(cfg.workload.get("output_len") or 0)
+    from harness.loadgen import parse_schedule, warmup_request_count
+
+    w = cfg.workload
+    warm = warmup_request_count(w.get("warmup"), w.get("prefixes"))
+    # the warm-up runs before the first load point, at up to its concurrency (a schedule's peak)
+    first = _load_points(cfg)[0]
+    if first.get("schedule"):
+        conc = max(c for c, _ in parse_schedule(first["schedule"]))
+    else:
+        conc = int(first.get("concurrency") or 1)
+    steps = -(-warm // conc) * int(w.get("output_len") or 0)
     wait = int(prof.get("wait") or 0)
     if warm and wait <= steps:
         print(
             f"[harness] warning: profile=kernels starts after {wait} engine steps, but the {warm} warm-up "
-            f"request(s) take about {steps} steps at batch 1 first: the profile will be of the warm-up, "
-            f"not of the load. Set workload.warmup=0 or profile.wait above {steps}.",
+            f"request(s) take about {steps} steps first: the profile will be of the warm-up, not of "
+            f"the load. Set workload.warmup=0 or profile.wait above {steps}.",
             flush=True,
         )
         return True

@@ -85,9 +85,20 @@ class PrefixStore:
             len(prompt_ids),
             (1 << 28) if m.device.type == "cuda" else (1 << 24),  # fewer, larger chunks on GPU
         )
+        # the cache keeps a tail of at least TAIL_ROWS hidden states, so systems whose drafters
+        # keep different tails share one file of the prompt's KV
+        tail = max(self.keep_hidden, TAIL_ROWS)
+        compute_s = []
+
+        def compute() -> dict:
+            t = time.perf_counter()
+            state = self._compute(prompt_ids, q_chunk, tail)
+            compute_s.append(time.perf_counter() - t)
+            return state
+
         state, loaded = load_or_compute(
-            self._cache_key(prompt_ids, q_chunk),
-            lambda: self._compute(prompt_ids, q_chunk),
+            self._cache_key(prompt_ids, q_chunk, tail),
+            compute,
             m.device,
             env=PREFIX_ENV,
             kind="prefix",
@@ -101,11 +112,12 @@ class PrefixStore:
             PrefixKV(int(state["num_tokens"]), state["kv"], state["index"]),
             logits,
             logits.float().cpu(),
-            state["tail_hidden"],
-            time.perf_counter() - t0,
+            state["tail_hidden"][-self.keep_hidden :].clone(),
+            # the prefill's own time (a save to the cache after it is not part of it), or the load's
+            time.perf_counter() - t0 if loaded else compute_s[0],
         )
 
-    def _compute(self, prompt_ids: list[int], q_chunk: int) -> dict:
+    def _compute(self, prompt_ids: list[int], q_chunk: int, tail: int) -> dict:
         m = self.model
         T = len(prompt_ids)
         dev = m.device
@@ -120,12 +132,13 @@ class PrefixStore:
             "kv": ctx.kv,
             "index": ctx.index,
             "last_logits": logits[0, -1],
-            "tail_hidden": hidden[0, -self.keep_hidden :].clone(),
+            "tail_hidden": hidden[0, -tail:].clone(),
         }
 
-    def _cache_key(self, prompt_ids: list[int], q_chunk: int) -> str:
+    def _cache_key(self, prompt_ids: list[int], q_chunk: int, tail: int) -> str:
         """Everything a prefill's bytes depend on: the prompt, the model (its config fixes the
-        drawn weights), the kernels chosen and their code, the device and torch's version."""
+        drawn weights), the kernels chosen and their code, the device, torch's, CUDA's and
+        Triton's versions."""
         m = self.model
         dev = m.device
         gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
@@ -140,11 +153,27 @@ class PrefixStore:
                 dev.type,
                 gpu,
                 torch.__version__,
-                self.keep_hidden,
+                torch.version.cuda,
+                _triton_version(),
+                tail,
                 q_chunk,
                 prompt,
             )
         )
+
+
+# hidden states kept per cached prompt at least (a few MB): every drafter window up to it
+# reads the same file
+TAIL_ROWS = 4096
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return str(triton.__version__)
+    except Exception:  # no Triton: the PyTorch references compute the prefill
+        return ""
 
 
 @functools.cache

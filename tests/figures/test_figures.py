@@ -1132,19 +1132,32 @@ def test_provenance_says_whether_outputs_were_sampled(tmp_path):
 
 
 def test_provenance_flags_prefixes_prefilled_while_measuring(tmp_path):
-    """A run whose warm-up sent fewer requests than it had shared prefixes prefilled the rest
-    inside its measured window: its provenance says how many; one that prepared them all, or
-    had no warm-up, says nothing of it."""
+    """A run whose server prefilled shared prompts inside its measured window says how many:
+    from the server's prefill counter over the window where it was scraped (the first load
+    point a server measured, not the later ones), else from what its warm-up left."""
     import json
+
+    import pandas as pd
 
     from figures import common as C
 
-    for name, warm in (("before", 1), ("after", 16), ("none", 0)):
+    cases = {  # name: (warm-up requests, prefill counter over the window or None)
+        "first_point": (1, [1.0, 9.0, 16.0]),
+        "later_point": (1, [16.0, 16.0]),
+        "no_counters": (1, None),
+        "no_warmup": (0, None),
+        "prepared": (16, None),
+    }
+    for name, (warm, counter) in cases.items():
         d = tmp_path / name / "r"
         d.mkdir(parents=True)
         s = {"system": "hisparse", "concurrency": 32, "warmup": warm}
         (d / "summary.json").write_text(json.dumps(s))
         (d / "config.yaml").write_text(json.dumps({"workload": {"prefixes": 16}}))
-    prov = {n: C.provenance(C.load_runs(tmp_path, n)) for n in ("before", "after", "none")}
-    assert "15 of 16 shared prefixes prefilled inside the measured window" in prov["before"]
-    assert "prefilled" not in prov["after"] and "prefilled" not in prov["none"]
+        if counter is not None:
+            df = pd.DataFrame({"t": range(len(counter)), "dhs_num_prefills_total": counter})
+            df.to_parquet(d / "server_metrics.parquet")
+    prov = {n: C.provenance(C.load_runs(tmp_path, n)) for n in cases}
+    assert "15 of 16 shared prefixes prefilled inside the measured window" in prov["first_point"]
+    assert "up to 15 of 16" in prov["no_counters"] and "up to 16 of 16" in prov["no_warmup"]
+    assert "prefilled" not in prov["later_point"] and "prefilled" not in prov["prepared"]

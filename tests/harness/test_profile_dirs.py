@@ -30,15 +30,19 @@ def test_a_profile_schedule_inside_the_warmup_is_flagged(capsys):
 
     from harness.run import warn_profile_in_warmup
 
-    def cfg(warmup, wait, name="kernels"):
+    def cfg(warmup, wait, name="kernels", prefixes=None, concurrency=1):
         return OmegaConf.create(
             {
                 "profile": {"name": name, "wait": wait},
-                "workload": {"warmup": warmup, "output_len": 320},
+                "workload": {"warmup": warmup, "output_len": 320, "prefixes": prefixes,
+                             "concurrency": [concurrency]},
             }
-        )
+        )  # fmt: skip
 
     assert warn_profile_in_warmup(cfg(1, 80)) and "warm-up" in capsys.readouterr().out
     assert not warn_profile_in_warmup(cfg(1, 400))
     assert not warn_profile_in_warmup(cfg(0, 80))
     assert not warn_profile_in_warmup(cfg(1, 80, name="none"))
+    # one warm-up request per shared prefix, four at a time: 4 x 320 steps
+    assert warn_profile_in_warmup(cfg(1, 1200, prefixes=16, concurrency=4))
+    assert not warn_profile_in_warmup(cfg(1, 1300, prefixes=16, concurrency=4))
