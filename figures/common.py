@@ -32,6 +32,7 @@ from figures.notes import (  # noqa: F401
     compare_ratio,
     diagnosis,
     eager_note,
+    h200_ratio_row,
     paired_ratio_note,
     provenance,
     stall_diagnosis,

@@ -11,17 +11,13 @@ from __future__ import annotations
 
 from figures import common as C
 from figures.paper_values import PAPER
-from harness.load_mapping import DEEPSEEK_DECODE_GPUS, load_label, ours_concurrency
+from harness.load_mapping import DEEPSEEK_DECODE_GPUS
 
 NAME = "fig5"
 OUT = "output_tok_s_per_gpu"
 # the headline claim, a / b at the paper's C512: from fig5_h200 where it has both systems there
 HEADLINE_KEY = "adhs_vs_resident_dspark_C512"
 HEADLINE = ("adaptive_dhisparse", "resident_dspark")
-
-
-def _model(runs) -> str:
-    return next((r.model for r in runs if r.model), "?")
 
 
 def main(argv=None) -> C.Report:
@@ -54,21 +50,17 @@ def main(argv=None) -> C.Report:
     tp = lambda s, c: tr.val(s, c, "tpot_ms_mean")  # noqa: E731
     st = lambda a, b, c: C.ratio_stats(C.pick(runs, a, c), C.pick(runs, b, c), OUT)  # noqa: E731
 
-    h200 = C.load_runs(args.results, NAME + C.H200_SUFFIX)
-    hc = ours_concurrency(512, DEEPSEEK_DECODE_GPUS)
-    if all(C.pick(h200, s, hc) is not None for s in HEADLINE):
-        # the claim from the DeepSeek-like H200 preset's interleaved repeats (fig5_h200), the
-        # scaled preset's ratio beside it
-        at = f"{load_label(512, hc, DEEPSEEK_DECODE_GPUS)} ({_model(h200)}, interleaved repeats)"
-        quantity = f"ADHS / Resident + DSpark output at {at}"
-        row = C.compare_ratio(rep, HEADLINE_KEY, quantity, P[HEADLINE_KEY], h200, HEADLINE, hc, OUT)
-        row.ours_c = hc  # the claim's load: these runs', whatever the scaled runs' top load
-        why = C.claim_breakdown(h200, HEADLINE, hc)
-        if why:
-            rep.diagnose((HEADLINE_KEY,), why)
-        mini_key, mini_label = f"{HEADLINE_KEY}_scaled", " (DeepSeek-like scaled preset)"
-    else:
-        mini_key, mini_label = HEADLINE_KEY, ""
+    # the claim from the DeepSeek-like H200 preset's interleaved repeats (fig5_h200) where it
+    # has runs, the scaled preset's ratio beside it
+    on_h200 = C.h200_ratio_row(
+        rep, args.results, NAME, HEADLINE_KEY, "ADHS / Resident + DSpark output",
+        P[HEADLINE_KEY], HEADLINE, 512, DEEPSEEK_DECODE_GPUS, OUT,
+    )  # fmt: skip
+    mini_key, mini_label = (
+        (f"{HEADLINE_KEY}_scaled", " (DeepSeek-like scaled preset)")
+        if on_h200
+        else (HEADLINE_KEY, "")
+    )
     rep.compare(
         mini_key,
         f"ADHS / Resident + DSpark output at C512{mini_label}",

@@ -362,6 +362,39 @@ class Tracker:
         return provenance(used) if used else ""
 
 
+def h200_ratio_row(
+    rep,
+    results,
+    experiment: str,
+    key: str,
+    what: str,
+    paper,
+    systems,
+    paper_c: int,
+    gpus: int,
+    value_key: str,
+) -> bool:
+    """The claim row ``key`` (``what`` = "a / b output") from ``<experiment>_h200``, the
+    experiment re-run on an H200 preset under the protocol, where it has runs of both
+    ``systems`` at ours C = paper C / ``gpus``: the ratio of their medians over the interleaved
+    repeats with its interval, the load both ways, the runs' breakdown as the reason where it
+    may fail. True when it wrote the row (the caller then files its own runs' ratio apart)."""
+    from harness.load_mapping import load_label, ours_concurrency
+
+    runs = load_runs(results, experiment + "_h200")
+    c = ours_concurrency(paper_c, gpus)
+    if not all(pick(runs, s, c) is not None for s in systems):
+        return False
+    model = next((r.model for r in runs if r.model), "?")
+    at = f"{load_label(paper_c, c, gpus)} ({model}, interleaved repeats)"
+    row = compare_ratio(rep, key, f"{what} at {at}", paper, runs, systems, c, value_key)
+    row.ours_c = c  # the claim's load: these runs', whatever the report's other runs ran
+    why = claim_breakdown(runs, systems, c)
+    if why:
+        rep.diagnose((key,), why)
+    return True
+
+
 def compare_ratio(rep, key, quantity, paper, runs, systems, c: int, value_key: str):
     """A row of a / b (``systems``) at ours C ``c`` over ``runs``: the ratio of the two
     systems' medians over their repeats, with its bootstrap interval. Returns the row."""

@@ -184,3 +184,27 @@ def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     claim = build_claims({"fig9": rep})["dsv_flat_budget_c128"]
     assert claim["ours_concurrency"] == 64 and claim["ours"] == pytest.approx(10.0)
     shutil.rmtree(results / "fig9_dsv_h200")
+
+
+def test_fig1_c128_reads_the_h200_runs(results, tmp_path):
+    """fig1_h200 (paper C128 = ours C32 on glm53_h200): Fig. 1's C128 claim comes from its
+    interleaved repeats, the scaled preset's ratio kept beside it under its own key."""
+    from figures import fig1
+    from tests.figures.fixture import _write_run
+
+    scaled = fig1.main(["--results", str(results), "--out", str(tmp_path / "a")])
+    mini = scaled.value("adhs_vs_hisparse_C128")
+    out = {"adaptive_dhisparse": (3000.0, 3100.0, 2900.0), "hisparse": (2000.0, 2100.0, 2050.0)}
+    for sys_, vals in out.items():
+        for i, v in enumerate(vals, 1):
+            point = {"concurrency": 32, "paper_concurrency": 128, "tag": "c32"}
+            s = {"system": sys_, "model": "glm53_h200", "point": point, "completed": 64,
+                 "errors": 0, "output_tok_s": v}  # fmt: skip
+            cfg = {"system": {"name": sys_}, "model": {"name": "glm53_h200"}, "repeat": i}
+            _write_run(results, "fig1_h200", f"{sys_}-c32-rep{i}", s, cfg)
+    rep = fig1.main(["--results", str(results), "--out", str(tmp_path / "b")])
+    row = rep.row("adhs_vs_hisparse_C128")
+    assert "paper C128 = ours C32 on one H200 (glm53_h200" in row.quantity and row.ours_c == 32
+    assert row.ours == pytest.approx(3000.0 / 2050.0) and row.stats.runs == (3, 3)
+    assert rep.value("adhs_vs_hisparse_C128_scaled") == pytest.approx(mini)
+    shutil.rmtree(results / "fig1_h200")
