@@ -36,7 +36,8 @@
 # DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
 #
 # Runs go to the repository's results/ (finished runs are skipped, so an item cut by its time box
-# resumes in the next batch). What comes back in $OUT: results.tgz (the run directories this batch
+# resumes in the next batch: unpack a batch's results.tgz into the tree before sending the next,
+# since the copy of the tree the GPU machine receives is what says which runs are finished). What comes back in $OUT: results.tgz (the run directories this batch
 # wrote, plus the server logs and experiment summaries it changed; unpack over the repository root,
 # then `make compact`), triton_cache.tgz, lane<i>.log, vmstat.log, dmon.log.
 # Do not pair a serving lane with bench_resolver's part (a), which streams host memory: pass
