@@ -133,32 +133,6 @@ def test_the_benchmark_step_at_a_served_batch_is_interpolated_between_measured_b
     assert bench_step_at(rows, "glm53_mini", "hisparse", 8) is None
 
 
-def test_fig5_headline_reads_the_deepseek_h200_runs(results, tmp_path):
-    """fig5_h200 (paper C512 = ours C256: the DeepSeek deployment has two decode GPUs): the
-    headline ratio is the medians' ratio over its interleaved repeats, with its interval; the
-    scaled preset's ratio stays beside it under its own key. Without those runs the headline
-    is the scaled preset's."""
-    from figures import fig5
-    from tests.figures.fixture import _write_run
-
-    before = fig5.main(["--results", str(results), "--out", str(tmp_path / "a")])
-    scaled = before.value("adhs_vs_resident_dspark_C512")
-    out = {"adaptive_dhisparse": (900.0, 940.0, 910.0), "resident_dspark": (400.0, 380.0, 500.0)}
-    for sys_, vals in out.items():
-        for i, v in enumerate(vals, 1):
-            point = {"concurrency": 256, "paper_concurrency": 512, "tag": "c256"}
-            s = {"system": sys_, "model": "dsv41_h200", "point": point, "completed": 512,
-                 "errors": 0, "output_tok_s_per_gpu": v}  # fmt: skip
-            cfg = {"system": {"name": sys_}, "model": {"name": "dsv41_h200"}, "repeat": i}
-            _write_run(results, "fig5_h200", f"{sys_}-c256-rep{i}", s, cfg)
-    rep = fig5.main(["--results", str(results), "--out", str(tmp_path / "b")])
-    row = rep.row("adhs_vs_resident_dspark_C512")
-    assert "paper C512 = ours C256 on one H200 (dsv41_h200" in row.quantity
-    assert row.ours == pytest.approx(910.0 / 400.0) and row.stats.runs == (3, 3)
-    assert rep.value("adhs_vs_resident_dspark_C512_scaled") == pytest.approx(scaled)
-    shutil.rmtree(results / "fig5_h200")
-
-
 def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     """fig9_dsv_h200 (paper C128 = ours C64 on dsv41_h200): the DeepSeek C128 HiSparse spread
     over budgets comes from its interleaved repeats (medians per budget), its claim names ours
@@ -186,25 +160,48 @@ def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     shutil.rmtree(results / "fig9_dsv_h200")
 
 
-def test_fig1_c128_reads_the_h200_runs(results, tmp_path):
-    """fig1_h200 (paper C128 = ours C32 on glm53_h200): Fig. 1's C128 claim comes from its
-    interleaved repeats, the scaled preset's ratio kept beside it under its own key."""
-    from figures import fig1
+@pytest.mark.parametrize(
+    "fig,exp,model,loads,out,key,claim,label",
+    [
+        ("fig5", "fig5_h200", "dsv41_h200", (512, 256),
+         {"adaptive_dhisparse": (900.0, 940.0, 910.0), "resident_dspark": (400.0, 380.0, 500.0)},
+         "output_tok_s_per_gpu", "adhs_vs_resident_dspark_C512",
+         "paper C512 = ours C256 on one H200 (dsv41_h200"),
+        ("fig1", "fig1_h200", "glm53_h200", (128, 32),
+         {"adaptive_dhisparse": (3000.0, 3100.0, 2900.0), "hisparse": (2000.0, 2100.0, 2050.0)},
+         "output_tok_s", "adhs_vs_hisparse_C128", "paper C128 = ours C32 on one H200 (glm53_h200"),
+    ],
+)  # fmt: skip
+def test_a_claim_reads_its_h200_rerun(results, tmp_path, fig, exp, model, loads, out, key, claim,
+                                      label):  # fmt: skip
+    """fig5_h200 (paper C512 = ours C256: the DeepSeek deployment has two decode GPUs) and
+    fig1_h200 (paper C128 = ours C32): the claim's ratio is the medians' ratio over the re-run's
+    interleaved repeats, with its interval and its own load; the scaled preset's ratio stays
+    beside it under its own key."""
+    import importlib
+
+    mod = importlib.import_module(f"figures.{fig}")
+    scaled = mod.main(["--results", str(results), "--out", str(tmp_path / "a")]).value(claim)
+    _repeats(results, exp, model, loads, out, key)
+    rep = mod.main(["--results", str(results), "--out", str(tmp_path / "b")])
+    row = rep.row(claim)
+    a, b = (statistics.median(v) for v in out.values())
+    assert label in row.quantity and row.ours_c == loads[1]
+    assert row.ours == pytest.approx(a / b) and row.stats.runs == (3, 3)
+    assert rep.value(f"{claim}_scaled") == pytest.approx(scaled)
+    shutil.rmtree(results / exp)
+
+
+def _repeats(results, exp: str, model: str, loads: tuple[int, int], out: dict, key: str) -> None:
+    """Interleaved repeat runs of ``exp`` at (paper C, ours C): ``out`` maps each system to its
+    repeats' values of ``key``."""
     from tests.figures.fixture import _write_run
 
-    scaled = fig1.main(["--results", str(results), "--out", str(tmp_path / "a")])
-    mini = scaled.value("adhs_vs_hisparse_C128")
-    out = {"adaptive_dhisparse": (3000.0, 3100.0, 2900.0), "hisparse": (2000.0, 2100.0, 2050.0)}
+    paper_c, c = loads
     for sys_, vals in out.items():
         for i, v in enumerate(vals, 1):
-            point = {"concurrency": 32, "paper_concurrency": 128, "tag": "c32"}
-            s = {"system": sys_, "model": "glm53_h200", "point": point, "completed": 64,
-                 "errors": 0, "output_tok_s": v}  # fmt: skip
-            cfg = {"system": {"name": sys_}, "model": {"name": "glm53_h200"}, "repeat": i}
-            _write_run(results, "fig1_h200", f"{sys_}-c32-rep{i}", s, cfg)
-    rep = fig1.main(["--results", str(results), "--out", str(tmp_path / "b")])
-    row = rep.row("adhs_vs_hisparse_C128")
-    assert "paper C128 = ours C32 on one H200 (glm53_h200" in row.quantity and row.ours_c == 32
-    assert row.ours == pytest.approx(3000.0 / 2050.0) and row.stats.runs == (3, 3)
-    assert rep.value("adhs_vs_hisparse_C128_scaled") == pytest.approx(mini)
-    shutil.rmtree(results / "fig1_h200")
+            point = {"concurrency": c, "paper_concurrency": paper_c, "tag": f"c{c}"}
+            s = {"system": sys_, "model": model, "point": point, "completed": 2 * c, "errors": 0,
+                 key: v}  # fmt: skip
+            cfg = {"system": {"name": sys_}, "model": {"name": model}, "repeat": i}
+            _write_run(results, exp, f"{sys_}-c{c}-rep{i}", s, cfg)
