@@ -104,6 +104,7 @@ def _summary(system: str, model: str, exp: str, c: int, scale: float = 1.0, **ex
         "duration_s": 60.0,
         "output_tok_s": out,
         "output_tok_s_per_gpu": out,
+        "total_output_tokens": out * 60.0,
         "ttft_ms_mean": ttft,
         "ttft_ms_p99": 2.5 * ttft,
         "tpot_ms_mean": tpot,
