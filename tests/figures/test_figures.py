@@ -157,7 +157,7 @@ def test_known_values_on_fixture(full):
     assert row.stats is not None and row.stats.runs == (3, 3)
     # eq. 13's reason says how much of active sessions / TPOT each run delivered
     why13 = r["table2"].why.get("eq13.C128.predicted") or ""
-    assert "eq. 13 counts output as active sessions / TPOT; delivered: Adaptive DHiSparse" in why13
+    assert "active sessions / TPOT, and Adaptive DHiSparse delivered" in why13
     # the adaptive claim's reason sets the paper's two sources of gain beside ours
     why = r["fig4"].why.get("protocol.adaptive_vs_hisparse_paperC128") or ""
     assert "the paper's gain: TPOT 7 % lower" in why and "of 32 active" in why, why
