@@ -226,7 +226,7 @@ def main(argv=None) -> C.Report:
             ["host_low_reduction"],
             f"ready optional coverage at low load {cov_low:.0f} % (paper: 75-100 %) left "
             f"{C.fmt(on_low)} % of selected rows to fetch from host with residency on "
-            f"(paper: {C.fmt(P['host_share_low_on_pct'])} %); the reduction grows without "
+            f"(paper: {C.fmt(P['host_share_low_on_pct'])} %), and the reduction grows without "
             "bound as coverage nears 100 %",
         )
     if d_on.get("eligible_pages_low") and (
