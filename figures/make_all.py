@@ -63,9 +63,9 @@ def build_claims(reports: dict[str, C.Report]) -> dict:
         ours = row.ours if row else None
         p = C.paper_number(cl.paper)
         holds, untested = judge(cl, row, rep)
-        ours_c = (
-            cl.ours_c
-            or (row.ours_c if row is not None else None)
+        ours_c = (  # what the row's runs ran, else the claim's fixed load, else the report's
+            (row.ours_c if row is not None else None)
+            or cl.ours_c
             or (rep.loads.get(cl.paper_c) if rep and cl.paper_c else None)
         )
         out[cid] = {

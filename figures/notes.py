@@ -381,11 +381,18 @@ def h200_ratio_row(
     may fail. True when it wrote the row (the caller then files its own runs' ratio apart)."""
     from harness.load_mapping import load_label, ours_concurrency
 
-    runs = load_runs(results, experiment + "_h200")
     c = ours_concurrency(paper_c, gpus)
-    if not all(pick(runs, s, c) is not None for s in systems):
+    # runs that record the paper's load (not another point of the experiment at the same C)
+    runs = [
+        r
+        for r in load_runs(results, experiment + "_h200")
+        if r.point.get("paper_concurrency") == paper_c
+    ]
+    picked = [pick(runs, s, c) for s in systems]
+    # an interval needs two repeats a side: a call cut after one stays out until completed
+    if any(r is None or len(r.repeats) < 2 for r in picked):
         return False
-    model = next((r.model for r in runs if r.model), "?")
+    model = " / ".join(sorted({r.model or "?" for r in picked}))
     at = f"{load_label(paper_c, c, gpus)} ({model}, interleaved repeats)"
     row = compare_ratio(rep, key, f"{what} at {at}", paper, runs, systems, c, value_key)
     row.ours_c = c  # the claim's load: these runs', whatever the report's other runs ran

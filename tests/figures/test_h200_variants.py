@@ -141,7 +141,8 @@ def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     from figures.make_all import build_claims
     from tests.figures.fixture import _write_run
 
-    out = {2: (1000.0, 1040.0, 990.0), 4: (1100.0, 1080.0, 1500.0), 8: (1050.0, 1060.0, 1070.0)}
+    out = {2: (1000.0, 1040.0, 990.0), 4: (1100.0, 1080.0, 1500.0), 8: (1050.0, 1060.0, 1070.0),
+           16: (1020.0, 1030.0, 1010.0)}  # fmt: skip
     for bk, vals in out.items():
         for i, v in enumerate(vals, 1):
             point = {"concurrency": 64, "paper_concurrency": 128, "b_over_k": bk, "tag": "c64"}
@@ -157,6 +158,11 @@ def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     assert "ours C64" not in rep.row("ds128.spread.adaptive_hisparse").quantity
     claim = build_claims({"fig9": rep})["dsv_flat_budget_c128"]
     assert claim["ours_concurrency"] == 64 and claim["ours"] == pytest.approx(10.0)
+    # a sweep cut before its last budget stays out: the spread would be over fewer budgets
+    for i in (1, 2, 3):
+        shutil.rmtree(results / "fig9_dsv_h200" / f"hisparse-b16-rep{i}")
+    cut = fig9.main(["--results", str(results), "--out", str(tmp_path / "cut")])
+    assert "ours C64" not in cut.row("ds128.spread.hisparse").quantity
     shutil.rmtree(results / "fig9_dsv_h200")
 
 
@@ -189,6 +195,15 @@ def test_a_claim_reads_its_h200_rerun(results, tmp_path, fig, exp, model, loads,
     assert label in row.quantity and row.ours_c == loads[1]
     assert row.ours == pytest.approx(a / b) and row.stats.runs == (3, 3)
     assert rep.value(f"{claim}_scaled") == pytest.approx(scaled)
+    # the scaled runs' breakdown goes with their own row, never the H200 claim's (these H200
+    # runs record no breakdown, so the claim has no reason)
+    assert rep.why.get(f"{claim}_scaled") and rep.why.get(claim) is None
+    # one repeat a side (a call cut short) gives no interval: the scaled ratio stays the claim
+    for sys_ in out:
+        for i in (2, 3):
+            shutil.rmtree(results / exp / f"{sys_}-c{loads[1]}-rep{i}")
+    cut = mod.main(["--results", str(results), "--out", str(tmp_path / "c")])
+    assert cut.value(claim) == pytest.approx(scaled)
     shutil.rmtree(results / exp)
 
 
