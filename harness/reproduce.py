@@ -250,14 +250,11 @@ def warm_up_point(overrides: list[str], only_tags: list[str] | None) -> tuple[st
     """(the tag of the point the warm-up stands in for, the concurrency it runs at). A load step
     warms up at its peak, so that the kernels of the batch sizes the peak meets compile there
     and not in the first measured run."""
-    from harness.loadgen import parse_schedule
-    from harness.run import _load_points
+    from harness.run import _load_points, point_concurrency
 
     points = _load_points(_run_cfg(overrides, None))
     p = next((p for p in points if only_tags is None or p["tag"] in only_tags), points[0])
-    if p.get("schedule"):
-        return p["tag"], max(c for c, _ in parse_schedule(p["schedule"]))
-    return p["tag"], int(p.get("concurrency") or WARM_UP_CONCURRENCY)
+    return p["tag"], point_concurrency(p) or WARM_UP_CONCURRENCY
 
 
 def warm_up(overrides: list[str], only_tags: list[str] | None) -> None:

@@ -70,6 +70,16 @@ def _load_points(cfg: DictConfig) -> list[dict]:
     return [{"concurrency": c, "tag": f"c{c}"} for c in conc]
 
 
+def point_concurrency(point: dict) -> int | None:
+    """The most requests a load point keeps in flight: a closed loop's concurrency, a load
+    step's peak; None for an open-loop rate."""
+    if point.get("schedule"):
+        from harness.loadgen import parse_schedule
+
+        return max(c for c, _ in parse_schedule(point["schedule"]))
+    return int(point["concurrency"]) if point.get("concurrency") else None
+
+
 def num_requests(w: DictConfig, concurrency: int | None) -> int:
     """Requests of a closed-loop point: ``workload.num_requests``, but at least
     ``workload.min_waves`` (default 1) x C, so that post-wave metrics (which skip the first C
@@ -430,16 +440,12 @@ def warn_profile_in_warmup(cfg) -> bool:
     prof = cfg.get("profile") or {}
     if str(prof.get("name", "none")) != "kernels":
         return False
-    from harness.loadgen import parse_schedule, warmup_request_count
+    from harness.loadgen import warmup_request_count
 
     w = cfg.workload
     warm = warmup_request_count(w.get("warmup"), w.get("prefixes"))
     # the warm-up runs before the first load point, at up to its concurrency (a schedule's peak)
-    first = _load_points(cfg)[0]
-    if first.get("schedule"):
-        conc = max(c for c, _ in parse_schedule(first["schedule"]))
-    else:
-        conc = int(first.get("concurrency") or 1)
+    conc = point_concurrency(_load_points(cfg)[0]) or 1
     steps = -(-warm // conc) * int(w.get("output_len") or 0)
     wait = int(prof.get("wait") or 0)
     if warm and wait <= steps:
