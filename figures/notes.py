@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from figures.paper_values import label
+from figures.report import ratio
 from figures.stats import ratio_stats
 from harness.results import (
     Run,
@@ -412,7 +413,7 @@ def compare_ratio(rep, key, quantity, paper, runs, systems, c: int, value_key: s
         key,
         quantity,
         paper,
-        None if va is None or not vb else va / vb,
+        ratio(va, vb),
         "x",
         t.take(),
         stats=ratio_stats(pick(runs, a, c), pick(runs, b, c), value_key),
