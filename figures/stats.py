@@ -66,6 +66,18 @@ def bootstrap_ratio(
     return float(lo), float(hi)
 
 
+def median_stats(values: Sequence[float]) -> RatioStats | None:
+    """The median of ``values`` (each a ratio measured within one run, e.g. selections per
+    distinct row) with its bootstrap interval, as a RatioStats against 1; None without values."""
+    v = [float(x) for x in values if x is not None]
+    if not v:
+        return None
+    iv = bootstrap_ratio(v, [1.0] * len(v))
+    return RatioStats(
+        float(np.median(v)), iv[0] if iv else None, iv[1] if iv else None, (len(v), len(v)), ()
+    )
+
+
 def repeat_values(run: Run, key, scale: float = 1.0) -> list[float]:
     """``key`` (a summary key or a function of a run: ``run_value``) of every repeat of ``run``
     (the run alone when it has none)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from harness.environment import REPO
@@ -121,6 +122,28 @@ def fig6(results: Path, experiment: str = "fig6") -> dict | None:
     return out
 
 
+def _median(values: list[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def _spec_counts(run) -> dict:
+    """A speculative run's rounds and host-miss counters over its own server samples: emitted
+    tokens per round (``ept``), selections served from host (``sel``) and the distinct host rows
+    copied for them (``rows``)."""
+    st = run.metrics
+
+    def delta(col):
+        c = metric_col(st, col)
+        return float(st[c].iloc[-1] - st[c].iloc[0]) if c else 0.0
+
+    rounds, emitted = delta("dhs_spec_rounds_total"), delta("dhs_spec_emitted_total")
+    return {
+        "ept": emitted / rounds if rounds > 0 and emitted else None,
+        "sel": delta("dhs_selected_rows_from_host_total"),
+        "rows": delta("dhs_host_rows_copied_total"),
+    }
+
+
 def fig7(results: Path, experiment: str = "fig7") -> dict | None:
     newest = {}  # (block, concurrency) -> run; load_runs is oldest first, so a rerun wins
     for r in load_runs(results, experiment):
@@ -128,37 +151,26 @@ def fig7(results: Path, experiment: str = "fig7") -> dict | None:
             newest[(int(r.cfg("block_size")), r.concurrency)] = r
     points, miss_sel, miss_rows = [], 0.0, 0.0
     for (block, _), r in newest.items():
-        st = r.metrics
-        rounds = metric_col(st, "dhs_spec_rounds_total")
-        emitted = metric_col(st, "dhs_spec_emitted_total")
-        ept = None
-        if rounds and emitted:
-            dr = float(st[rounds].iloc[-1] - st[rounds].iloc[0])
-            de = float(st[emitted].iloc[-1] - st[emitted].iloc[0])
-            ept = de / dr if dr > 0 else None
-        got = {}
-        for col, acc in (
-            ("dhs_selected_rows_from_host_total", "sel"),
-            ("dhs_host_rows_copied_total", "rows"),
-        ):
-            c = metric_col(st, col)
-            if c:
-                got[acc] = float(st[c].iloc[-1] - st[c].iloc[0])
-        miss_sel += got.get("sel", 0.0)
-        miss_rows += got.get("rows", 0.0)
+        # per repeat (oldest first): tokens per round and missing selections per distinct host
+        # row, each over the repeat's own samples; the point gives their median
+        per = [_spec_counts(x) for x in (r.repeats or [r]) if x.metrics is not None]
+        ept = [p["ept"] for p in per if p["ept"] is not None]
+        dedup = [p["sel"] / p["rows"] for p in per if p["sel"] and p["rows"]]
+        miss_sel += sum(p["sel"] for p in per)
+        miss_rows += sum(p["rows"] for p in per)
         # one engine step is one speculative round (draft + verify); graph-capture steps left out
         sc = step_cost(r, exclude_capture=True)
         points.append(
             {
                 "block": int(block),
                 "concurrency": r.concurrency,
-                "emitted_tokens_per_round": ept,
+                "emitted_tokens_per_round": _median(ept),
                 "round_ms": sc[0] if sc else None,
-                "missing_selections_per_distinct_host_row": got["sel"] / got["rows"]
-                if got.get("sel") and got.get("rows")
-                else None,
+                "missing_selections_per_distinct_host_row": _median(dedup),
+                "missing_selections_per_distinct_host_row_repeats": dedup,
                 "output_tok_s_per_gpu": r.num("output_tok_s_per_gpu"),  # median of repeats
                 "run": str(r.path.relative_to(results)),
+                "repeats": len(r.repeats or [r]),
             }
         )
     if not points:

@@ -82,6 +82,46 @@ def test_fig7_prefers_the_h200_runs_at_the_papers_load(results, tmp_path):
     assert rep.value("C64.best") is None and rep.value("C256.best") is None
 
 
+
+def test_fig7_dedup_is_the_median_of_every_repeat_with_an_interval(tmp_path):
+    """Missing selections per distinct host row and tokens per round come from each repeat's own
+    counters (not the newest run's alone); the claim's interval is over those repeats."""
+    import pandas as pd
+
+    from figures import fig7
+    from harness import summaries
+    from tests.figures.fixture import _write_run
+
+    root = tmp_path / "results"
+    ratios = (1.20, 1.30, 1.25)
+    for i, r in enumerate(ratios, 1):
+        point = {"concurrency": 32, "paper_concurrency": 128, "tag": "c32"}
+        s = {"system": "adaptive_dhisparse", "model": "glm53_h200", "point": point,
+             "completed": 64, "errors": 0, "output_tok_s_per_gpu": 1000.0 + i}  # fmt: skip
+        cfg = {"system": {"name": "adaptive_dhisparse", "speculation": {"block_size": 4}},
+               "model": {"name": "glm53_h200"}, "repeat": i}  # fmt: skip
+        m = pd.DataFrame(
+            {
+                "t": [0.0, 10.0],
+                "dhs_spec_rounds_total": [0.0, 100.0],
+                "dhs_spec_emitted_total": [0.0, 250.0 + 10 * i],
+                "dhs_selected_rows_from_host_total": [0.0, 1000.0 * r],
+                "dhs_host_rows_copied_total": [0.0, 1000.0],
+            }
+        )
+        _write_run(root, "fig7_h200", f"adaptive_dhisparse-b4-rep{i}", s, cfg, metrics=m)
+    out = summaries.fig7(root, "fig7_h200")
+    (pt,) = out["points"]
+    assert pt["repeats"] == 3
+    assert pt["missing_selections_per_distinct_host_row_repeats"] == pytest.approx(ratios)
+    assert pt["missing_selections_per_distinct_host_row"] == pytest.approx(1.25)
+    assert pt["emitted_tokens_per_round"] == pytest.approx(2.7)  # 2.6 / 2.7 / 2.8
+    rep = fig7.main(["--results", str(root), "--out", str(tmp_path / "out")])
+    row = rep.row("missing_per_row")
+    assert row.ours == pytest.approx(1.25)
+    lo, hi = row.stats.interval
+    assert 1.2 <= lo <= 1.25 <= hi <= 1.3
+
 def test_c256_claims_read_the_h200_runs_at_the_papers_per_gpu_load(results, tmp_path):
     """fig4_h200_c256 (paper C256 = ours C64): the C256 ratios of Fig. 4 and Table 2's eq. 13
     come from its repeats where it ran both compared systems; a pair it did not run (Resident +
