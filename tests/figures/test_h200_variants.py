@@ -82,7 +82,6 @@ def test_fig7_prefers_the_h200_runs_at_the_papers_load(results, tmp_path):
     assert rep.value("C64.best") is None and rep.value("C256.best") is None
 
 
-
 def test_fig7_dedup_is_the_median_of_every_repeat_with_an_interval(tmp_path):
     """Missing selections per distinct host row and tokens per round come from each repeat's own
     counters (not the newest run's alone); the claim's interval is over those repeats."""
@@ -121,6 +120,7 @@ def test_fig7_dedup_is_the_median_of_every_repeat_with_an_interval(tmp_path):
     assert row.ours == pytest.approx(1.25)
     lo, hi = row.stats.interval
     assert 1.2 <= lo <= 1.25 <= hi <= 1.3
+
 
 def test_c256_claims_read_the_h200_runs_at_the_papers_per_gpu_load(results, tmp_path):
     """fig4_h200_c256 (paper C256 = ours C64): the C256 ratios of Fig. 4 and Table 2's eq. 13
