@@ -249,9 +249,9 @@ CLAIMS: dict[str, Claim] = {
         "0.02",
     ),
     "preset_resident_over_adaptive": Claim(
-        "our GLM-like preset keeps the ~10x resident/offloaded memory ratio",
+        "our GLM-like H200 preset (glm53_h200) keeps the ~10x resident/offloaded memory ratio",
         "table1",
-        "glm53_mini.resident_over_adaptive",
+        "preset.glm53_h200.resident_over_offloaded",
         T1["text"]["resident_over_adaptive_100k"],
         GEOMETRY,
         "0.5",

@@ -66,6 +66,7 @@ from figures.report import (  # noqa: F401
 )
 from figures.stats import (  # noqa: F401
     SPREAD_TARGET,
+    median_stats,
     ratio_stats,
     repeat_values,
     within_call_spread,
@@ -95,6 +96,7 @@ from harness.results import (  # noqa: F401
     load_runs,
     load_yaml,
     metric_col,
+    output_cap,
     pick,
     preset_label,
     profile_at_load,

@@ -15,7 +15,6 @@ import re
 
 from figures import common as C
 from figures.paper_values import PAPER
-from figures.stats import median_stats
 
 NAME = "fig7"
 
@@ -240,7 +239,7 @@ def main(argv=None) -> C.Report:
         m,
         "",
         prov,
-        stats=median_stats(per_run or []),
+        stats=C.median_stats(per_run or []),
     )
     rep.compare(
         "fetch_reduction",

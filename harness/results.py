@@ -471,7 +471,9 @@ def load_preferred(results: str | Path, experiment: str) -> tuple[str, list[Run]
 
 def preset_label(experiment: str) -> str:
     """The GLM-like preset an experiment ``load_preferred`` chose runs on, for a report's title."""
-    return "GLM-like H200 preset" if experiment.endswith(H200_SUFFIX) else "GLM-like scaled preset"
+    # fig4_h200, fig4_h200_c256, fig4_h200_sweep: the H200 variants of an experiment
+    on_h200 = experiment.endswith(H200_SUFFIX) or f"{H200_SUFFIX}_" in experiment
+    return "GLM-like H200 preset" if on_h200 else "GLM-like scaled preset"
 
 
 def load_runs(results: str | Path, experiment: str) -> list[Run]:

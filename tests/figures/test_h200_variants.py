@@ -260,3 +260,40 @@ def _repeats(results, exp: str, model: str, loads: tuple[int, int], out: dict, k
                  key: v}  # fmt: skip
             cfg = {"system": {"name": sys_}, "model": {"name": model}, "repeat": i}
             _write_run(results, exp, f"{sys_}-c{c}-rep{i}", s, cfg)
+
+
+def test_table_a3_scales_the_bounds_to_the_h200_preset(tmp_path):
+    """fig4_h200_sweep's runs stand for the paper's C16-C256: Table A3 reads them at the paper's
+    loads and judges them by the paper's bounds carried to the preset's time (HiSparse's TPOT at
+    the lowest load over the paper's, and the output cap over 2,048 for first tokens)."""
+    from figures import tableA3
+    from tests.figures.fixture import _write_run
+
+    root = tmp_path / "results"
+    # paper C -> (TPOT ms, post-wave p99 TTFT ms, output tok/s); HiSparse at C16 sets the unit:
+    # 7.1 / 28.4 = 0.25, so the first bound is 40 ms x 0.25 = 10 ms and 10 s x 0.25 x 0.5 = 1.25 s
+    runs = {
+        "hisparse": {16: (7.1, 300, 900), 32: (8.5, 600, 1500), 64: (10.5, 900, 2200)},
+        "adaptive_hisparse": {16: (6.0, 300, 950), 32: (7.5, 500, 1700), 64: (9.5, 1100, 2600)},
+        "adaptive_dhisparse": {64: (6.0, 700, 2800), 128: (8.0, 1200, 3600), 256: (9.0, 1300, 0)},
+    }
+    for sys_, pts in runs.items():
+        for pc, (tpot, ttft, out) in pts.items():
+            point = {"concurrency": pc // 4, "paper_concurrency": pc, "tag": f"c{pc // 4}"}
+            s = {"system": sys_, "model": "glm53_h200", "point": point, "completed": 64,
+                 "errors": 0, "tpot_ms_mean": tpot, "post_wave_ttft_ms_p99": ttft,
+                 "output_tok_s_per_gpu": out or 3000.0}  # fmt: skip
+            cfg = {"system": {"name": sys_}, "model": {"name": "glm53_h200"},
+                   "workload": {"output_len": 1024}}  # fmt: skip
+            _write_run(root, "fig4_h200_sweep", f"{sys_}-c{pc}", s, cfg)
+    rep = tableA3.main(["--results", str(root), "--out", str(tmp_path / "out")])
+    assert "GLM-like H200 preset" in rep.title
+    assert rep.loads == {16: 4, 32: 8, 64: 16, 128: 32, 256: 64}
+    assert rep.value("hisparse.C32.tpot_ms_mean") == pytest.approx(8.5)
+    # ADHS at C256 misses 1.25 s (1.3 s): it sustains C128; HiSparse C32 (10.5 ms > 10 at C64)
+    assert rep.value("bound_a.hisparse.max_C") == 32
+    assert rep.value("bound_a.adaptive_hisparse.max_C") == 64  # 1.1 s < 1.25 s, 9.5 < 10 ms
+    assert rep.value("bound_a.adaptive_dhisparse.max_C") == 128
+    assert rep.value("bound_a.concurrency_ratio") == pytest.approx(4.0)
+    assert rep.value("bound_a.output_ratio") == pytest.approx(3600 / 1500)
+    assert any("x0.250 for TPOT bounds" in n and "x0.125" in n for n in rep.notes)
