@@ -37,9 +37,14 @@
 #
 # Runs go to the repository's results/ (finished runs are skipped, so an item cut by its time box
 # resumes in the next batch: unpack a batch's results.tgz into the tree before sending the next,
-# since the copy of the tree the GPU machine receives is what says which runs are finished). What comes back in $OUT: results.tgz (the run directories this batch
-# wrote, plus the server logs and experiment summaries it changed; unpack over the repository root,
-# then `make compact`), triton_cache.tgz, lane<i>.log, vmstat.log, dmon.log.
+# since the copy of the tree the GPU machine receives is what says which runs are finished). What
+# comes back in $OUT: results.tgz (the finished run directories this batch wrote, plus the server
+# logs and experiment summaries it changed; unpack over the repository root, then `make
+# compact`), triton_cache.tgz, lane<i>.log, vmstat.log, dmon.log. results.tgz is re-packed every
+# 30 s, so a call cut off by the device tool's limit still returns the runs finished before it.
+# DHS_BATCH_SECONDS=N caps the items' time boxes so that the batch ends N seconds after it starts
+# (set it to the call's limit less the machine's start-up when device time runs short: the
+# tool's limit is then below the asked timeout); an item with no time left is skipped.
 # Do not pair a serving lane with bench_resolver's part (a), which streams host memory: pass
 # DHS_ARGS_bench_resolver="--skip a" there.
 # The GPU machine's copy of the tree may carry a stale git HEAD: pass the commit the runs measure,
@@ -65,6 +70,37 @@ export TRITON_CACHE_DIR=$PWD/.triton_cache; mkdir -p "$TRITON_CACHE_DIR" "$OUT"
 echo "[gpu_batch] run group $DHS_RUN_GROUP; Triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) compiled kernels carried in"
 MARK=$(mktemp)  # run directories newer than this come back (not whole experiment folders)
 
+START=$(date +%s)
+
+pack() {  # what this batch wrote so far into $OUT/results.tgz (replaced whole, never half-written)
+  # its finished run directories (an experiment writes to results/<its experiment_name>, fig4_more
+  # to results/fig4; a run cut by a time box has no summary.json and is left out: the next batch
+  # redoes it), and inside folders that already existed the server logs (a server that failed to
+  # start leaves no run directory) and the experiments' summaries; whole experiment folders would
+  # pass the 16 MB a returned file may have
+  local d new=()
+  while read -r d; do
+    [ -n "$d" ] || continue
+    if [ -f "$d/summary.json" ] || [[ "$(basename "$d")" == .* ]]; then new+=("$d"); fi
+  done < <(find results -mindepth 2 -maxdepth 2 -type d -newer "$MARK" 2>/dev/null | sort)
+  while read -r d; do
+    [ -n "$d" ] && new+=("$d")
+  done < <(find results -mindepth 2 -maxdepth 3 -type f -newer "$MARK" \( -name server.log -o -name summary.json \) 2>/dev/null \
+    | grep -v -F -f <(printf '%s/\n' "${new[@]}" /dev/null) | sort)
+  [ ${#new[@]} -gt 0 ] && tar czf "$OUT/results.tgz.part" "${new[@]}" 2>/dev/null \
+    && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+}
+
+item_seconds() {  # an item's time box, capped by what DHS_BATCH_SECONDS leaves (0: no time left)
+  local secs=$1 left
+  if [ -n "${DHS_BATCH_SECONDS:-}" ]; then
+    left=$((START + DHS_BATCH_SECONDS - $(date +%s) - 30))  # 30 s to summarize and pack
+    [ "$left" -lt 30 ] && left=0
+    [ "$left" -lt "$secs" ] && secs=$left
+  fi
+  echo "$secs"
+}
+
 rep() {  # experiment, seconds, harness.reproduce arguments
   timeout "$2" python3 -m harness.reproduce --only "$1" --results results "${@:3}" 2>&1 \
     | grep -v Warn | grep -v "^\[20" | tail -40
@@ -81,7 +117,9 @@ lane() {  # GPU index, "items", overrides
   for item in $items; do
     spec=${item%:*}; secs=${item##*:}
     if [ "$spec" = "$item" ]; then secs=540; fi  # no :SECS
-    echo "[lane $gpu] ${spec}"
+    secs=$(item_seconds "$secs")
+    if [ "$secs" = 0 ]; then echo "[lane $gpu] ${spec}: skipped, DHS_BATCH_SECONDS spent"; continue; fi
+    echo "[lane $gpu] ${spec} (time box ${secs} s)"
     case "$spec" in
       @*) b=${spec#@}; n=${b/\#/_}; b=${b%%#*}; a="DHS_ARGS_$n"  # @NAME#2: DHS_ARGS_NAME_2
           CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 benchmarks/$b.py --out $OUT/$n.json ${!a:-} 2>&1 \
@@ -99,6 +137,9 @@ lane() {  # GPU index, "items", overrides
 
 vmstat -t 2 > $OUT/vmstat.log 2>&1 & MON=($!)
 nvidia-smi dmon -s putm -d 2 -o T > $OUT/dmon.log 2>&1 & MON+=($!)
+# every 30 s the finished runs so far are packed: a call the device tool cuts off at its limit
+# still returns them
+( while sleep "${DHS_PACK_EVERY:-30}"; do pack; done ) & MON+=($!)
 trap 'kill ${MON[*]} 2>/dev/null' EXIT  # also when the machine's time limit ends the script
 PIDS=()
 for i in "${!LANES[@]}"; do
@@ -114,13 +155,6 @@ wait "${PIDS[@]}"; kill ${MON[*]} 2>/dev/null
 for i in "${!LANES[@]}"; do cat $OUT/lane$i.log 2>/dev/null; done
 
 python3 -m harness.summaries --results results >/dev/null 2>&1
-# only what this batch wrote: its run directories (an experiment writes to results/<its
-# experiment_name>, fig4_more to results/fig4), and inside folders that already existed the server
-# logs (a server that failed to start leaves no run directory) and the experiments' summaries;
-# whole experiment folders would pass the 16 MB a returned file may have
-NEW=$(find results -mindepth 2 -maxdepth 2 -type d -newer $MARK | sort)
-NEW="$NEW $(find results -mindepth 2 -maxdepth 3 -type f -newer $MARK \( -name server.log -o -name summary.json \) \
-  | grep -v -F -f <(echo "$NEW" | sed '/^$/d;s|$|/|') | sort)"
-[ -n "${NEW//[[:space:]]/}" ] && tar czf $OUT/results.tgz $NEW && du -h $OUT/results.tgz
+pack && du -h $OUT/results.tgz
 tar czf $OUT/triton_cache.tgz .triton_cache && du -h $OUT/triton_cache.tgz
 ls -la $OUT

@@ -112,3 +112,67 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
     assert len(new_runs) == 3  # one per harness call, from both lanes
     assert "results/fig9/.server-stub/server.log" in names  # changed inside an old folder
     assert not any("old-run" in n or ".server-quiet" in n for n in names)
+
+
+STUB_SLOW_PY = r"""#!/usr/bin/env bash
+# python3 stand-in: a reproduce call that finishes one run, leaves one cut (no summary.json),
+# then runs until its time box (or the device tool) stops it
+echo "GPU=${CUDA_VISIBLE_DEVICES:-none} $*" >> "$STUB_LOG"
+if [ "$1" = "-m" ] && [ "$2" = "harness.reproduce" ]; then
+  mkdir -p "results/$4/finished" "results/$4/cut"
+  echo '{}' > "results/$4/finished/summary.json"; echo '{}' > "results/$4/cut/records.jsonl"
+  exec sleep 60
+fi
+exit 0
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("timeout") is None or shutil.which("tar") is None,
+    reason="needs coreutils timeout and tar",
+)
+def test_a_batch_cut_off_still_returns_its_finished_runs(tmp_path):
+    """The device tool stops a call at its limit, before the batch's last pack: the runs
+    finished by then still come back (re-packed every DHS_PACK_EVERY seconds), a run cut in the
+    middle does not, and DHS_BATCH_SECONDS caps the items' time boxes (an item with no time
+    left is skipped rather than started)."""
+    work = tmp_path / "repo"
+    (work / "benchmarks").mkdir(parents=True)
+    shutil.copy(REPO / "benchmarks" / "gpu_batch.sh", work / "benchmarks")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3", STUB_SLOW_PY), ("nvidia-smi", STUB_IDLE), ("vmstat", STUB_IDLE)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        OUT=str(out),
+        STUB_LOG=str(tmp_path / "calls.log"),
+        DHS_PREWARM="0",
+        DHS_PACK_EVERY="1",
+        DHS_BATCH_SECONDS="70",
+    )
+    proc = subprocess.Popen(
+        ["bash", "benchmarks/gpu_batch.sh", "fig7_h200:500 fig5:500"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 30
+        while not (out / "results.tgz").exists() and time.time() < deadline:
+            time.sleep(0.5)
+        time.sleep(1.5)
+    finally:
+        os.killpg(proc.pid, 9)  # as the device tool's limit does: no trap, no last pack
+        proc.wait()
+    with tarfile.open(out / "results.tgz") as tar:
+        names = tar.getnames()
+    assert "results/fig7_h200/finished/summary.json" in names
+    assert not any("/cut" in n for n in names)
+    # 70 s less 30 for the last pack: the first item's box is 40 s, not 500
+    assert "[lane 0] fig7_h200 (time box 40 s)" in (out / "lane0.log").read_text()
