@@ -172,17 +172,19 @@ def _headline_intro(measured: list[dict]) -> list[str]:
     held = sum(1 for c in measured if c["holds"] is True)
     failed = sum(1 for c in measured if c["holds"] is False)
     untested = sum(1 for c in measured if c["holds"] is None and c["ours"] is not None)
+    # a claim's provenance names the preset its runs used (or the _h200 experiment's summary)
+    on_h200 = sum(1 for c in measured if "_h200" in (c.get("provenance") or ""))
     return [
         f"{held} of {len(measured)} measured claims hold, {failed} do not, {untested} are untested "
         "(no interval). A ratio the paper reports is two claims: its direction holds when the "
         "whole bootstrap 90% interval over the repeat runs is on the paper's side of 1, its "
         f"magnitude when ours is within ±{MAGNITUDE_TOLERANCE:.0%} of the paper's. Loads: one H200 "
         f"stands for one of the paper's {PAPER_DECODE_GPUS} decode GPUs (paper C128 = ours C32 "
-        "on one H200); the load column gives the paper's C and the one our runs used. The GLM "
-        "C128 ratios come from `fig4_h200`, which follows the mapping on the GLM-like H200 preset "
-        "derived from the paper (docs/presets.md), or `fig4_protocol` (glm53_mini) where that has "
-        "no runs; the other runs were made before the mapping, on the mini presets (ours C128 on "
-        "one H200 = paper C512 per decode GPU).",
+        "on one H200); the load column gives the paper's C and the one our runs used. "
+        f"{on_h200} of the {len(measured)} come from runs on the H200 presets derived from the "
+        "paper (docs/presets.md), which follow the mapping; the others from a kernel benchmark "
+        "or from runs on the mini presets, most made before the mapping (ours C128 on one H200 = "
+        "paper C512 per decode GPU), until their `<experiment>_h200` re-runs exist.",
         "",
     ]
 
