@@ -112,9 +112,22 @@ def groups(exp: str, smoke: bool) -> list[Group]:
             sets.append(f"+b_over_k={v}" if k == "b_over_k" else f"{k}={_value(v)}")
         combos.append(sets)
 
+    # per-system overrides (``reproduce.system_overrides: {system: {key: value}}``), before the
+    # smoke's so that a smoke run stays small: e.g. more requests for the systems whose claim
+    # needs a steady state than for one that serves a wave a few requests at a time
+    per_system = rep.get("system_overrides")
+    per_system = OmegaConf.to_container(per_system, resolve=True) if per_system else {}
+    unknown = set(per_system) - set(systems)
+    if unknown:
+        raise ValueError(
+            f"{exp}: reproduce.system_overrides names systems the experiment does not run: "
+            f"{sorted(unknown)} (reproduce.systems: {systems})"
+        )
+
     def runs(system: str, sets: list[str], repeat: int | None = None) -> list[str]:
         mark = [f"+repeat={repeat}"] if repeat is not None else []
-        return [f"experiment={exp}", f"system={system}"] + extra + sets + mark
+        own = [f"{k}={_value(v)}" for k, v in (per_system.get(system) or {}).items()]
+        return [f"experiment={exp}", f"system={system}"] + own + extra + sets + mark
 
     def name(sets: list[str]) -> str:
         return " ".join([exp] + [s.lstrip("+") for s in sets])

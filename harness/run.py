@@ -169,8 +169,9 @@ def _config_hash(cfg: DictConfig, point: dict) -> str:
     # reproduce.speculation reaches the speculative systems through system.speculation (the
     # system configs interpolate it) and is hashed there; the others must keep their ids
     # likewise reproduce.kv through system.kv; reproduce.repeats says how many runs the plan
-    # makes, not what one of them measures (each repeat is told apart by its ``repeat`` key)
-    for key in ("speculation", "kv", "repeats"):
+    # makes, not what one of them measures (each repeat is told apart by its ``repeat`` key);
+    # reproduce.system_overrides reaches a run as its own overrides, hashed where they land
+    for key in ("speculation", "kv", "repeats", "system_overrides"):
         (material.get("reproduce") or {}).pop(key, None)
     material["point"] = point
     return hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]

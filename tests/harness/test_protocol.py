@@ -194,3 +194,40 @@ def test_gpu_batch_prewarm_overrides_are_accepted():
     text = (REPO / "benchmarks" / "gpu_batch.sh").read_text()
     assert "+prewarm=1" in text
     check_keys(compose(["experiment=hisparse_e2e", "system=adaptive_dhisparse", "+prewarm=1"]))
+
+
+def test_system_overrides_reach_only_their_system_and_keep_the_others_ids():
+    """fig4_h200_c256 gives the adaptive systems three waves (reproduce.system_overrides) and
+    Resident its one: the override is in those systems' runs (so their ids change), while
+    Resident's committed runs keep their ids (the key itself is plan metadata, not hashed)."""
+    (group,) = rp.groups("fig4_h200_c256", smoke=False)
+    for ov in group.runs:
+        adaptive = ov[1] in ("system=adaptive_hisparse", "system=adaptive_dhisparse")
+        assert ("workload.num_requests=192" in ov) == adaptive
+    resident = [ov for ov in group.runs if ov[1] == "system=resident"]
+    ids = [rid for ov in resident for _, rid, _ in point_plan(rp._run_cfg(ov, None))[1]]
+    committed = {p.name for p in (REPO / "results" / "fig4_h200_c256").glob("resident-*")}
+    assert {"resident-glm53_h200-c64-rep1-ec750c25", "resident-glm53_h200-c64-rep2-199ccedb"} <= (
+        set(ids) & committed
+    )
+    # the smoke's own request count still wins over a system's
+    (smoke,) = rp.groups("fig4_h200_c256", smoke=True)
+    for ov in smoke.runs:
+        assert ov.index("workload.num_requests=3") > max(
+            (i for i, o in enumerate(ov) if o == "workload.num_requests=192"), default=-1
+        )
+
+
+def test_system_overrides_must_name_a_system_of_the_experiment(monkeypatch):
+    from systems.engine import config as engine_config
+
+    orig = engine_config.compose
+
+    def compose(overrides):
+        cfg = orig(overrides)
+        cfg.reproduce.system_overrides = {"hisparse": {"workload.num_requests": 9}}
+        return cfg
+
+    monkeypatch.setattr(engine_config, "compose", compose)
+    with pytest.raises(ValueError, match="system_overrides names systems"):
+        rp.groups("fig4_h200_c256", smoke=False)
