@@ -74,21 +74,28 @@ START=$(date +%s)
 
 pack() {  # what this batch wrote so far into $OUT/results.tgz (replaced whole, never half-written)
   # its finished run directories (an experiment writes to results/<its experiment_name>, fig4_more
-  # to results/fig4; a run cut by a time box has no summary.json and is left out: the next batch
-  # redoes it), and inside folders that already existed the server logs (a server that failed to
-  # start leaves no run directory) and the experiments' summaries; whole experiment folders would
-  # pass the 16 MB a returned file may have
-  local d new=()
+  # to results/fig4) and failed ones (error.txt says why; a run cut by a time box has neither and
+  # is left out: the next batch redoes it), the server-log folders (.server-*: a server that
+  # failed to start leaves no run directory) or, where such a folder already existed, the logs
+  # written in it, and the experiments' summaries; whole experiment folders would pass the 16 MB a
+  # returned file may have. The list unchanged since the last pack: nothing to do (the final pack forces one).
+  local d rc new=() part="$OUT/results.tgz.part.$BASHPID"
   while read -r d; do
     [ -n "$d" ] || continue
-    if [ -f "$d/summary.json" ] || [[ "$(basename "$d")" == .* ]]; then new+=("$d"); fi
+    if [ -f "$d/summary.json" ] || [ -f "$d/error.txt" ] || [[ "$(basename "$d")" == .* ]]; then
+      new+=("$d")
+    fi
   done < <(find results -mindepth 2 -maxdepth 2 -type d -newer "$MARK" 2>/dev/null | sort)
   while read -r d; do
     [ -n "$d" ] && new+=("$d")
-  done < <(find results -mindepth 2 -maxdepth 3 -type f -newer "$MARK" \( -name server.log -o -name summary.json \) 2>/dev/null \
-    | grep -v -F -f <(printf '%s/\n' "${new[@]}" /dev/null) | sort)
-  [ ${#new[@]} -gt 0 ] && tar czf "$OUT/results.tgz.part" "${new[@]}" 2>/dev/null \
-    && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+  done < <(find results -mindepth 2 -maxdepth 3 -type f -newer "$MARK" \( -path 'results/*/.*/*' -o -name summary.json \) \
+    2>/dev/null | grep -v -F -f <(printf '%s/\n' ${new[@]+"${new[@]}"} /no-such-folder) | sort)
+  [ ${#new[@]} -gt 0 ] || return 1
+  if [ "${1:-}" != force ] && [ "${new[*]}" = "$(cat "$MARK.packed" 2>/dev/null)" ]; then return 0; fi
+  # exit status 1: a file (a live server's log) changed while read; the archive is still whole
+  tar czf "$part" "${new[@]}" 2>/dev/null; rc=$?
+  if [ $rc -le 1 ]; then mv "$part" "$OUT/results.tgz" && echo "${new[*]}" > "$MARK.packed"; fi
+  rm -f "$part"
 }
 
 item_seconds() {  # an item's time box, capped by what DHS_BATCH_SECONDS leaves (0: no time left)
@@ -137,10 +144,13 @@ lane() {  # GPU index, "items", overrides
 
 vmstat -t 2 > $OUT/vmstat.log 2>&1 & MON=($!)
 nvidia-smi dmon -s putm -d 2 -o T > $OUT/dmon.log 2>&1 & MON+=($!)
-# every 30 s the finished runs so far are packed: a call the device tool cuts off at its limit
-# still returns them
-( while sleep "${DHS_PACK_EVERY:-30}"; do pack; done ) & MON+=($!)
-trap 'kill ${MON[*]} 2>/dev/null' EXIT  # also when the machine's time limit ends the script
+# every 30 s the finished runs so far are packed (at low priority, beside the lanes' runs): a
+# call the device tool cuts off at its limit still returns them. When the batch's own last pack
+# is due it is stopped: at once while it sleeps, after its tar when inside a pack (bash runs the
+# trap once the command in hand ends), so two packs never write at once.
+( trap 'exit 0' TERM; while :; do sleep "${DHS_PACK_EVERY:-30}" & wait $!; pack; done ) & PACKER=$!
+renice -n 19 -p $PACKER >/dev/null 2>&1; ionice -c 3 -p $PACKER >/dev/null 2>&1
+trap 'kill ${MON[*]} $PACKER 2>/dev/null' EXIT  # also when the machine's time limit ends the script
 PIDS=()
 for i in "${!LANES[@]}"; do
   [ -z "${LANES[$i]// /}" ] && continue
@@ -155,6 +165,7 @@ wait "${PIDS[@]}"; kill ${MON[*]} 2>/dev/null
 for i in "${!LANES[@]}"; do cat $OUT/lane$i.log 2>/dev/null; done
 
 python3 -m harness.summaries --results results >/dev/null 2>&1
-pack && du -h $OUT/results.tgz
+kill -TERM $PACKER 2>/dev/null; wait $PACKER 2>/dev/null; rm -f "$OUT"/results.tgz.part.*
+pack force && du -h $OUT/results.tgz
 tar czf $OUT/triton_cache.tgz .triton_cache && du -h $OUT/triton_cache.tgz
 ls -la $OUT

@@ -122,7 +122,8 @@ CLAIMS: dict[str, Claim] = {
     ),
     **_ratio_claim(
         "glm_latency_bound_concurrency",
-        "under p99 TTFT <= 10 s and TPOT <= 40 ms ADHS sustains more concurrency than HiSparse",
+        "under p99 TTFT <= 10 s and TPOT <= 40 ms (scaled to an H200 preset's time) ADHS "
+        "sustains more concurrency than HiSparse",
         "tableA3",
         "bound_a.concurrency_ratio",
         H["glm_latency_bound_concurrency"],
@@ -254,7 +255,7 @@ CLAIMS: dict[str, Claim] = {
         "preset.glm53_h200.resident_over_offloaded",
         T1["text"]["resident_over_adaptive_100k"],
         GEOMETRY,
-        "0.5",
+        "0.15",  # the band tests/figures/test_presets.py holds the derivation to
     ),
 }
 

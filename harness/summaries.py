@@ -170,7 +170,7 @@ def fig7(results: Path, experiment: str = "fig7") -> dict | None:
                 "missing_selections_per_distinct_host_row_repeats": dedup,
                 "output_tok_s_per_gpu": r.num("output_tok_s_per_gpu"),  # median of repeats
                 "run": str(r.path.relative_to(results)),
-                "repeats": len(r.repeats or [r]),
+                "repeats": len(per),  # the repeats with server samples
             }
         )
     if not points:

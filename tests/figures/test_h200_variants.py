@@ -92,7 +92,7 @@ def test_fig7_dedup_is_the_median_of_every_repeat_with_an_interval(tmp_path):
     from tests.figures.fixture import _write_run
 
     root = tmp_path / "results"
-    ratios = (1.20, 1.30, 1.25)
+    ratios = (1.20, 1.25, 1.30)  # the newest repeat's (1.30) is not the median
     for i, r in enumerate(ratios, 1):
         point = {"concurrency": 32, "paper_concurrency": 128, "tag": "c32"}
         s = {"system": "adaptive_dhisparse", "model": "glm53_h200", "point": point,
@@ -297,3 +297,24 @@ def test_table_a3_scales_the_bounds_to_the_h200_preset(tmp_path):
     assert rep.value("bound_a.concurrency_ratio") == pytest.approx(4.0)
     assert rep.value("bound_a.output_ratio") == pytest.approx(3600 / 1500)
     assert any("x0.250 for TPOT bounds" in n and "x0.125" in n for n in rep.notes)
+
+
+def test_table_a3_judges_no_bound_without_its_anchor(tmp_path):
+    """Without HiSparse at the sweep's lowest load there is no unit of time: the paper's bounds
+    in B300 time would pass every system, so no bound row is measured."""
+    from figures import tableA3
+    from tests.figures.fixture import _write_run
+
+    root = tmp_path / "results"
+    for sys_, pc in (("hisparse", 32), ("adaptive_dhisparse", 16), ("adaptive_dhisparse", 128)):
+        point = {"concurrency": pc // 4, "paper_concurrency": pc, "tag": f"c{pc // 4}"}
+        s = {"system": sys_, "model": "glm53_h200", "point": point, "completed": 64,
+             "errors": 0, "tpot_ms_mean": 8.0, "post_wave_ttft_ms_p99": 500.0,
+             "output_tok_s_per_gpu": 1000.0}  # fmt: skip
+        cfg = {"system": {"name": sys_}, "model": {"name": "glm53_h200"},
+               "workload": {"output_len": 1024}}  # fmt: skip
+        _write_run(root, "fig4_h200_sweep", f"{sys_}-c{pc}", s, cfg)
+    rep = tableA3.main(["--results", str(root), "--out", str(tmp_path / "out")])
+    assert rep.value("bound_a.hisparse.max_C") is None
+    assert rep.value("bound_a.concurrency_ratio") is None
+    assert any("not judged" in n for n in rep.notes)

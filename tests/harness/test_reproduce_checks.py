@@ -42,8 +42,9 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
     assert "fig10               0 done    6 pending" in out
 
 
-# Experiments added to the plan and not yet run on the GPU (no figure reads them yet); each must
-# leave this list once its runs are committed (the test below fails until it does).
+# Experiments added to the plan whose runs are not all committed (a figure reads those that are,
+# until the rest exist); each must leave this list once every planned run is committed (the test
+# below fails until it does).
 NOT_YET_MEASURED = {
     "fig4_protocol",  # issue 23: the protocol, written in the paper's C
     "fig4_h200_c256",  # issue 23: the C256 claims on the GLM-like H200 preset
