@@ -31,6 +31,16 @@ exit 0
 STUB_IDLE = "#!/usr/bin/env bash\nexec sleep 30\n"
 
 
+def _stub_bin(tmp_path, python_stub: str):
+    """A PATH folder whose python3 is ``python_stub`` and whose monitors idle."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3", python_stub), ("nvidia-smi", STUB_IDLE), ("vmstat", STUB_IDLE)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
 @pytest.mark.skipif(
     shutil.which("timeout") is None or shutil.which("tar") is None,
     reason="needs coreutils timeout and tar",
@@ -54,11 +64,7 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
     for p in (old, old / "summary.json", log_dir, log_dir / "server.log", untouched / "server.log"):
         os.utime(p, (past, past))
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("python3", STUB_PY), ("nvidia-smi", STUB_IDLE), ("vmstat", STUB_IDLE)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+    bin_dir = _stub_bin(tmp_path, STUB_PY)
     out = tmp_path / "out"
     stub_log = tmp_path / "calls.log"
     env = dict(
@@ -140,11 +146,7 @@ def test_a_batch_cut_off_still_returns_its_finished_runs(tmp_path):
     work = tmp_path / "repo"
     (work / "benchmarks").mkdir(parents=True)
     shutil.copy(REPO / "benchmarks" / "gpu_batch.sh", work / "benchmarks")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("python3", STUB_SLOW_PY), ("nvidia-smi", STUB_IDLE), ("vmstat", STUB_IDLE)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+    bin_dir = _stub_bin(tmp_path, STUB_SLOW_PY)
     out = tmp_path / "out"
     env = dict(
         os.environ,
