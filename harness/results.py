@@ -404,14 +404,20 @@ def values_by_run_group(points: dict, key) -> dict[str, dict[Any, list[float]]]:
     return by_group
 
 
+def counter_growth(run: Run, name: str) -> float | None:
+    """Growth of one cumulative /metrics counter across the run's samples (None without two
+    samples or without the counter)."""
+    df = run.metrics
+    if df is None or name not in df.columns or len(df) < 2:
+        return None
+    return float(df[name].iloc[-1] - df[name].iloc[0])
+
+
 def counter_ratio(run: Run, num: str, den: str) -> float | None:
     """Growth of one cumulative /metrics counter over another's across the run's samples (None
     without samples, without both counters, or when the denominator did not grow)."""
-    df = run.metrics
-    if df is None or not {num, den} <= set(df.columns) or len(df) < 2:
-        return None
-    d = float(df[den].iloc[-1] - df[den].iloc[0])
-    return float(df[num].iloc[-1] - df[num].iloc[0]) / d if d > 0 else None
+    n, d = counter_growth(run, num), counter_growth(run, den)
+    return n / d if n is not None and d is not None and d > 0 else None
 
 
 def graph_replay_share(run: Run) -> float | None:

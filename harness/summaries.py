@@ -22,7 +22,16 @@ from pathlib import Path
 
 from harness.environment import REPO
 from harness.records import atomic_write_json
-from harness.results import Run, as_float, counter_share, load_runs, metric_col, step_cost
+from harness.results import (
+    Run,
+    as_float,
+    counter_growth,
+    counter_ratio,
+    counter_share,
+    load_runs,
+    metric_col,
+    step_cost,
+)
 
 
 def _pct(x):
@@ -126,24 +135,6 @@ def _median(values: list[float]) -> float | None:
     return float(statistics.median(values)) if values else None
 
 
-def _spec_counts(run) -> dict:
-    """A speculative run's rounds and host-miss counters over its own server samples: emitted
-    tokens per round (``ept``), selections served from host (``sel``) and the distinct host rows
-    copied for them (``rows``)."""
-    st = run.metrics
-
-    def delta(col):
-        c = metric_col(st, col)
-        return float(st[c].iloc[-1] - st[c].iloc[0]) if c else 0.0
-
-    rounds, emitted = delta("dhs_spec_rounds_total"), delta("dhs_spec_emitted_total")
-    return {
-        "ept": emitted / rounds if rounds > 0 and emitted else None,
-        "sel": delta("dhs_selected_rows_from_host_total"),
-        "rows": delta("dhs_host_rows_copied_total"),
-    }
-
-
 def fig7(results: Path, experiment: str = "fig7") -> dict | None:
     newest = {}  # (block, concurrency) -> run; load_runs is oldest first, so a rerun wins
     for r in load_runs(results, experiment):
@@ -153,11 +144,13 @@ def fig7(results: Path, experiment: str = "fig7") -> dict | None:
     for (block, _), r in newest.items():
         # per repeat (oldest first): tokens per round and missing selections per distinct host
         # row, each over the repeat's own samples; the point gives their median
-        per = [_spec_counts(x) for x in (r.repeats or [r]) if x.metrics is not None]
-        ept = [p["ept"] for p in per if p["ept"] is not None]
-        dedup = [p["sel"] / p["rows"] for p in per if p["sel"] and p["rows"]]
-        miss_sel += sum(p["sel"] for p in per)
-        miss_rows += sum(p["rows"] for p in per)
+        per = [x for x in (r.repeats or [r]) if x.metrics is not None]
+        sel, rows = "dhs_selected_rows_from_host_total", "dhs_host_rows_copied_total"
+        ept = [counter_ratio(x, "dhs_spec_emitted_total", "dhs_spec_rounds_total") for x in per]
+        dedup = [counter_ratio(x, sel, rows) for x in per]
+        ept, dedup = [v for v in ept if v is not None], [v for v in dedup if v]
+        miss_sel += sum(counter_growth(x, sel) or 0.0 for x in per)
+        miss_rows += sum(counter_growth(x, rows) or 0.0 for x in per)
         # one engine step is one speculative round (draft + verify); graph-capture steps left out
         sc = step_cost(r, exclude_capture=True)
         points.append(
