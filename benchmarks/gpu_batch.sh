@@ -78,7 +78,8 @@ pack() {  # what this batch wrote so far into $OUT/results.tgz (replaced whole, 
   # is left out: the next batch redoes it), the server-log folders (.server-*: a server that
   # failed to start leaves no run directory) or, where such a folder already existed, the logs
   # written in it, and the experiments' summaries; whole experiment folders would pass the 16 MB a
-  # returned file may have. The list unchanged since the last pack: nothing to do (the final pack forces one).
+  # returned file may have. The list unchanged since the last pack: nothing to do (the final
+  # pack forces one).
   local d rc new=() part="$OUT/results.tgz.part.$BASHPID"
   while read -r d; do
     [ -n "$d" ] || continue
@@ -88,10 +89,13 @@ pack() {  # what this batch wrote so far into $OUT/results.tgz (replaced whole, 
   done < <(find results -mindepth 2 -maxdepth 2 -type d -newer "$MARK" 2>/dev/null | sort)
   while read -r d; do
     [ -n "$d" ] && new+=("$d")
-  done < <(find results -mindepth 2 -maxdepth 3 -type f -newer "$MARK" \( -path 'results/*/.*/*' -o -name summary.json \) \
-    2>/dev/null | grep -v -F -f <(printf '%s/\n' ${new[@]+"${new[@]}"} /no-such-folder) | sort)
+  done < <(find results -mindepth 2 -maxdepth 3 -type f -newer "$MARK" \
+      \( -path 'results/*/.*/*' -o -name summary.json \) 2>/dev/null \
+     | grep -v -F -f <(printf '%s/\n' ${new[@]+"${new[@]}"} /no-such-folder) | sort)
   [ ${#new[@]} -gt 0 ] || return 1
-  if [ "${1:-}" != force ] && [ "${new[*]}" = "$(cat "$MARK.packed" 2>/dev/null)" ]; then return 0; fi
+  if [ "${1:-}" != force ] && [ "${new[*]}" = "$(cat "$MARK.packed" 2>/dev/null)" ]; then
+    return 0
+  fi
   # exit status 1: a file (a live server's log) changed while read; the archive is still whole
   tar czf "$part" "${new[@]}" 2>/dev/null; rc=$?
   if [ $rc -le 1 ]; then mv "$part" "$OUT/results.tgz" && echo "${new[*]}" > "$MARK.packed"; fi

@@ -37,8 +37,9 @@ def paper_c(r) -> int | None:
 def bound_scale(runs) -> tuple[float, float, str] | None:
     """(TPOT factor, TTFT factor, how) that carry the paper's latency bounds to a preset's time.
 
-    The rule: the unit of time is HiSparse's mean TPOT at the sweep's lowest load (where the step is mostly the weights and the load-independent work the preset
-    keeps in proportion, docs/presets.md), so a TPOT bound is the paper's times our TPOT there
+    The rule: the unit of time is HiSparse's mean TPOT at the sweep's lowest load (where the
+    step is mostly the weights and the load-independent work the preset keeps in proportion,
+    docs/presets.md), so a TPOT bound is the paper's times our TPOT there
     over the paper's. A first-token bound counts requests waiting for others to finish, each
     output_len steps long, so it also scales with our output cap over the paper's 2,048. The
     anchor load is below every load the bounds separate (the paper's HiSparse holds them up
@@ -257,7 +258,8 @@ def main(argv=None) -> C.Report:
         # the ratio is capped by the sweep, not by either system
         reasons.append(
             f"HiSparse and ADHS both meet the first bound at the highest load measured, "
-            f"paper C{top}, so the ratio is capped by the sweep; the paper's comes from higher loads"
+            f"paper C{top}, so the ratio is capped by the sweep; the paper's comes from higher "
+            "loads"
             + (" (Fig. 4's C256 point, conf/experiment/fig4_more.yaml)" if top < 256 else "")
         )
     margins = [

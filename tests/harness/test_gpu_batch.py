@@ -140,8 +140,8 @@ exit 0
 )
 def test_a_batch_cut_off_still_returns_its_finished_runs(tmp_path):
     """The device tool stops a call at its limit, before the batch's last pack: the runs
-    finished (or failed) by then still come back (re-packed every DHS_PACK_EVERY seconds), a run cut in the
-    middle does not, and DHS_BATCH_SECONDS caps the items' time boxes (an item with no time
+    finished (or failed) by then still come back (re-packed every DHS_PACK_EVERY seconds), a run
+    cut in the middle does not, and DHS_BATCH_SECONDS caps the items' time boxes (an item with no time
     left is skipped rather than started)."""
     work = tmp_path / "repo"
     (work / "benchmarks").mkdir(parents=True)
