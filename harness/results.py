@@ -550,6 +550,13 @@ def setting(r: Run) -> tuple:
 # config keys that do not change what a run measures (run_id drops the same, and ``rerun`` /
 # ``repeat`` are the keys that force a repeat: by hand, or harness.reproduce's interleaved ones)
 _VOLATILE = ("server", "logger", "results_dir", "hydra", "rerun", "repeat")
+# keys of an experiment's ``reproduce`` block that a run's id does not hash (harness.run), nor
+# does a repeat's identity: reproduce.speculation reaches the speculative systems through
+# system.speculation (the system configs interpolate it) and is hashed there, likewise
+# reproduce.kv through system.kv; reproduce.repeats says how many runs the plan makes, not what
+# one of them measures; reproduce.system_overrides reaches a run as its own overrides, hashed
+# where they land (so adding one for another system keeps this system's runs its repeats)
+REPRODUCE_UNHASHED = ("speculation", "kv", "repeats", "system_overrides")
 
 
 def _repeat_key(r: Run) -> str:
@@ -560,9 +567,8 @@ def _repeat_key(r: Run) -> str:
     # the engine served is not volatile: an SGLang run never repeats a bundled one
     material["server.mode"] = srv.get("mode") if isinstance(srv, dict) else None
     rep = material.get("reproduce")
-    if isinstance(rep, dict):  # hashed through system.speculation (see harness.run.run_id);
-        # reproduce.repeats is how many runs the plan makes, not what one measures
-        rest = {k: v for k, v in rep.items() if k not in ("speculation", "repeats")}
+    if isinstance(rep, dict):
+        rest = {k: v for k, v in rep.items() if k not in REPRODUCE_UNHASHED}
         if rest:
             material["reproduce"] = rest
         else:

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.environment import REPO, environment
 from harness.load_mapping import decode_gpus, ours_concurrency
 from harness.records import atomic_write_json
+from harness.results import REPRODUCE_UNHASHED
 from harness.servers import bundled_server
 from harness.sglang_launch import sglang_server
 from harness.wandb_logger import make_logger, run_config, tags
@@ -166,12 +167,7 @@ def _config_hash(cfg: DictConfig, point: dict) -> str:
     material = _hashed_layout(cfg, OmegaConf.to_container(cfg, resolve=True))
     for volatile in ("server", "logger", "results_dir", "hydra"):
         material.pop(volatile, None)
-    # reproduce.speculation reaches the speculative systems through system.speculation (the
-    # system configs interpolate it) and is hashed there; the others must keep their ids
-    # likewise reproduce.kv through system.kv; reproduce.repeats says how many runs the plan
-    # makes, not what one of them measures (each repeat is told apart by its ``repeat`` key);
-    # reproduce.system_overrides reaches a run as its own overrides, hashed where they land
-    for key in ("speculation", "kv", "repeats", "system_overrides"):
+    for key in REPRODUCE_UNHASHED:
         (material.get("reproduce") or {}).pop(key, None)
     material["point"] = point
     return hashlib.sha1(json.dumps(material, sort_keys=True).encode()).hexdigest()[:8]

@@ -533,11 +533,18 @@ def test_repeats_of_one_config_fold_into_their_median(tmp_path):
         3763.0,
         "2026-01-03T00:00",
     )
+    # an override the experiment adds for another system lands in that system's runs, not here
+    run(
+        "c2",
+        {**base, "rerun": 3, "reproduce": {"system_overrides": {"adaptive_hisparse": {"x": 1}}}},
+        3600.0,
+        "2026-01-03T00:01",
+    )
     runs = C.load_runs(tmp_path, "fig4")
-    assert [r.path.name for r in runs] == ["c"]
-    assert [r.path.name for r in runs[0].repeats] == ["a", "b", "c"]
-    assert runs[0].num("output_throughput") == 3546.0  # the median, not the newest
-    assert "median of 3 repeat runs" in C.provenance(runs)
+    assert [r.path.name for r in runs] == ["c2"]
+    assert [r.path.name for r in runs[0].repeats] == ["a", "b", "c", "c2"]
+    assert runs[0].num("output_throughput") == 3546.0 + (3600.0 - 3546.0) / 2  # the median
+    assert "median of 4 repeat runs" in C.provenance(runs)
     # a changed config is a replacement, not a repeat: the newest run alone
     run(
         "d",

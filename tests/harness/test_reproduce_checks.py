@@ -47,7 +47,6 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
 # below fails until it does).
 NOT_YET_MEASURED = {
     "fig4_protocol",  # issue 23: the protocol, written in the paper's C
-    "fig4_h200_c256",  # issue 23: the C256 claims on the GLM-like H200 preset
     "fig5_h200",  # issue 23: the DeepSeek-like headline on the DeepSeek-like H200 preset
     "fig9_dsv_h200",  # issue 23: DeepSeek-like HiSparse flat in B, on the same preset
     "fig1_h200",  # issue 23: Fig. 1's 32K / 8K claim, scaled, on the GLM-like H200 preset
