@@ -12,7 +12,10 @@ selections, the same hot-cache decisions, the same bytes). The hot cache is kept
 the graphs. Step times are medians of the decode steps after the first ``--warmup`` ones
 (synchronized). Batch invariance under graphs: a prompt of repeated tokens (bit-equal indexer
 scores) is served alone and beside the longer prompts; its greedy tokens must be the same.
-Exits 1 on any token mismatch.
+``--stagger N`` gives request i an output cap of ``--new-tokens`` + N i, so the batch drains
+and sizes without a graph replay a larger one with padding rows (``padded_replays`` in the
+graph stats); the eager and graph engines' selection counters must then agree too (padding
+rows count nothing). Exits 1 on any token or counter mismatch.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def _serve(overrides, prompts, new_tokens, warmup):
+def _serve(overrides, prompts, new_tokens, warmup, stagger=0):
     import torch
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -38,7 +41,10 @@ def _serve(overrides, prompts, new_tokens, warmup):
     from systems.engine.request import Request, SamplingParams
 
     eng = Engine(resolve_engine_config(compose(overrides)))
-    reqs = [Request(eng.new_rid(), p, SamplingParams(max_new_tokens=new_tokens)) for p in prompts]
+    reqs = [
+        Request(eng.new_rid(), p, SamplingParams(max_new_tokens=new_tokens + stagger * i))
+        for i, p in enumerate(prompts)
+    ]
     for r in reqs:
         eng.submit(r)
     times, lent = [], 0
@@ -64,6 +70,7 @@ def _serve(overrides, prompts, new_tokens, warmup):
         )
     m = eng.backend.metrics()
     out["host_rows_copied"] = m.get("dhs_host_rows_copied_total")
+    out["selection_counters"] = {k: v for k, v in m.items() if k.startswith("dhs_selected_rows")}
     out["optional_pages_lent_max"] = lent
     del eng
     gc.collect()  # the engine and its decoder refer to each other: free its pools now
@@ -86,6 +93,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument(
+        "--stagger", type=int, default=0, help="request i's output cap: new tokens + stagger * i"
+    )
     ap.add_argument("--hot-cache-rows", type=int, default=512, help="B (= k: misses every step)")
     ap.add_argument("--out", default=None)
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every engine")
@@ -122,7 +132,8 @@ def main() -> None:
         f"hardware.kv_pool_gib={1 if args.cpu_dry_run else 8}",
         f"hardware.host_pool_gib={0.25 if args.cpu_dry_run else 4}",
         f"hardware.max_running_requests={args.batch}",
-        f"model.max_context_len={args.context + 8 * args.batch + args.new_tokens + 16}",
+        f"model.max_context_len="
+        f"{args.context + 8 * args.batch + args.new_tokens + args.stagger * args.batch + 16}",
         f"+reproduce.kv.hot_cache_rows={args.hot_cache_rows}",  # the hierarchy systems read it
         f"workload.input_len={args.context}",
         f"workload.output_len={args.new_tokens}",
@@ -133,25 +144,32 @@ def main() -> None:
         if "dflash2" in system or "dhisparse" in system:
             ov.append("system.speculation.acceptance=exact")
         eager = _serve(
-            [*ov, "engine.disable_cuda_graph=true"], prompts, args.new_tokens, args.warmup
+            [*ov, "engine.disable_cuda_graph=true"],
+            prompts,
+            args.new_tokens,
+            args.warmup,
+            args.stagger,
         )
-        graph = _serve(ov, prompts, args.new_tokens, args.warmup)
+        graph = _serve(ov, prompts, args.new_tokens, args.warmup, args.stagger)
         sync = _serve(
             [*ov, "engine.overlap_schedule=false", "engine.async_handoffs=false"],
             prompts,
             args.new_tokens,
             args.warmup,
+            args.stagger,
         )
         same = eager["tokens"] == graph["tokens"]
+        counted = eager["selection_counters"] == graph["selection_counters"]
         overlap_same = sync["tokens"] == graph["tokens"]
         rep = ([7, 11, 13, 17, 19, 23] * (args.context // 6 + 1))[: args.context]
         alone = _serve(ov, [rep], args.new_tokens, args.warmup)["tokens"][0]
         beside = _serve(ov, [*prompts, rep], args.new_tokens, args.warmup)["tokens"][-1]
         invariant = alone == beside
-        bad += (not same) + (not invariant) + (not overlap_same)
+        bad += (not same) + (not invariant) + (not overlap_same) + (not counted)
         row = {
             "system": system,
             "tokens_identical": same,
+            "selection_counters_identical": counted,
             "batch_invariant": invariant,
             "overlap_identical": overlap_same,
             "eager_step_ms": eager["step_ms_median"],
@@ -166,7 +184,9 @@ def main() -> None:
         }
         rows.append(row)
         print(
-            f"[cuda_graph] {system:22s} identical={same} batch_invariant={invariant} overlap_identical={overlap_same} eager {row['eager_step_ms']:.2f} ms "
+            f"[cuda_graph] {system:22s} identical={same} counters={counted} "
+            f"batch_invariant={invariant} overlap_identical={overlap_same} "
+            f"eager {row['eager_step_ms']:.2f} ms "
             f"graph {row['graph_step_ms']:.2f} ms ({row['speedup']:.1f}x) "
             f"{row['graph_stats']} lent pages (max) {row['optional_pages_lent_max']}",
             flush=True,

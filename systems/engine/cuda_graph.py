@@ -16,11 +16,19 @@ the graph's static buffers; the outputs (logits, hidden) are static buffers, val
 replay. The backend keeps everything a replay must see change -- tail starts, the LRU clock,
 counters, direct tables -- in persistent device tensors updated in place.
 
-Exact batch sizes, no padding: a padded row would write KV and move the hot-cache state of a
-slot nobody owns. Graphs are captured lazily the first time a key is met: that step runs eagerly
-on the capture stream (which also compiles kernels and warms cuBLAS), then the capture records
-the same work without executing it, so nothing runs twice. The least recently used graph is
-dropped beyond ``max_graphs``; all graphs share one memory pool (they replay one at a time).
+Graphs are captured lazily at a key's ``capture_after``-th use: that step runs eagerly on the
+capture stream (which also compiles kernels and warms cuBLAS), then the capture records the same
+work without executing it, so nothing runs twice. The least recently used graph is dropped
+beyond ``max_graphs``; all graphs share one memory pool (they replay one at a time).
+
+Padding. A step whose batch size has no graph (yet) replays the smallest captured larger one,
+with padding rows on the backend's padding slot (``KVBackend.pad_slot``: memory of its own, so
+its rows touch no request's), as SGLang pads a batch to its captured sizes; the outputs keep
+the real rows. Why: a closed-loop run meets each batch size of its ramp-up and drain a few times
+only, and an eager step costs about ten replays (an eager glm53_mini step took 34 ms against
+2.5 ms replayed on the H200), while a padding row adds at most a row's share of a step. The
+exact size still counts its uses, so a size that recurs gets its own graph and pads no more.
+Kernels are batch invariant, so a padded replay gives the real rows' tokens bit for bit.
 
 Scan length: the indexer scores ``L`` history positions and a graph fixes ``L``, so the captured
 length is the step's need rounded up to ``l_step`` (capped at the page table's reach). Positions
@@ -89,20 +97,57 @@ class GraphCache:
         self.emulate = emulate
         self.name = name
         self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()
-        self.stats = {"captures": 0, "replays": 0, "evictions": 0, "eager_steps": 0}
+        self.stats = {
+            "captures": 0,
+            "replays": 0,
+            "padded_replays": 0,  # replays of a larger key (padding rows; CudaGraphRunner)
+            "evictions": 0,
+            "eager_steps": 0,
+        }
         self._pool = None if emulate else torch.cuda.graph_pool_handle()
         self._stream = None if emulate else torch.cuda.Stream(device)
         self.broken = False  # a capture failed: every later step runs eagerly
 
+    def padded_key(self, key: tuple, at: int = 0) -> tuple | None:
+        """The captured key a step of ``key`` (its batch size at ``key[at]``) may replay with
+        padding rows: the smallest larger batch with the rest of the key equal, or None when
+        ``key`` has a graph, is captured at this use, or no larger one exists. When it returns
+        a key, this use counts toward ``key``'s own capture."""
+        if key in self.graphs or self.broken:
+            return None
+        if self._seen.get(key, 0) + 1 >= self.capture_after:
+            return None
+        rest = key[:at] + key[at + 1 :]
+        larger = [k for k in self.graphs if k[:at] + k[at + 1 :] == rest and k[at] > key[at]]
+        if not larger:
+            return None
+        self._count(key)
+        self.stats["padded_replays"] += 1
+        return min(larger, key=lambda k: k[at])
+
+    def run_padded(self, key: tuple, at: int, fn, inputs, pads) -> tuple[torch.Tensor, ...]:
+        """``run`` for inputs and outputs whose first dimension is the batch (``key[at]``):
+        where ``padded_key`` names a larger graph, the inputs get ``pads[i](n)``'s n rows each
+        and the outputs keep the real rows. ``pads`` None: no padding (exact sizes only)."""
+        padded = None if pads is None else self.padded_key(key, at)
+        if padded is None:
+            return self.run(key, fn, *inputs)
+        B, n = key[at], padded[at] - key[at]
+        inputs = [torch.cat([x, pad(n)]) for x, pad in zip(inputs, pads, strict=True)]
+        return tuple(o[:B] for o in self.run(padded, fn, *inputs))
+
+    def _count(self, key: tuple) -> None:
+        self._seen[key] = self._seen.pop(key, 0) + 1
+        while len(self._seen) > 4 * self.max_graphs:  # forget the rarest recent keys
+            self._seen.popitem(last=False)
+
     def run(self, key: tuple, fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         g = self.graphs.get(key)
         if g is None:
-            uses = self._seen.pop(key, 0) + 1
-            if uses >= self.capture_after:
+            if self._seen.get(key, 0) + 1 >= self.capture_after:
+                self._seen.pop(key, None)
                 return self._capture(key, fn, inputs)
-            self._seen[key] = uses
-            while len(self._seen) > 4 * self.max_graphs:  # forget the rarest recent keys
-                self._seen.popitem(last=False)
+            self._count(key)
             self.stats["eager_steps"] += 1
             with no_host_sync() if self.emulate else contextlib.nullcontext():
                 return tuple(fn(*inputs))
@@ -188,6 +233,7 @@ class CudaGraphRunner:
         self.cache = GraphCache(device, name="target", **kw)
         self.drafter = GraphCache(device, name="drafter", **kw)
         self.stats = self.cache.stats
+        self._pad_positions = torch.arange(backend.q_max, device=device)
 
     @property
     def graphs(self):
@@ -222,4 +268,17 @@ class CudaGraphRunner:
             be.finish_forward()
             return out
 
-        return self.cache.run((B, Q, L), region, tokens.long(), positions.long(), slots.long())
+        inputs = (tokens.long(), positions.long(), slots.long())
+        return self.cache.run_padded((B, Q, L), 0, region, inputs, self.pad_rows(Q))
+
+    def pad_rows(self, Q: int):
+        """Makers of n padding rows of (tokens, positions, slots) with Q queries each: token 0
+        at positions 0 .. Q-1 of the backend's padding slot (None without one)."""
+        dev, pad = self.device, self.backend.pad_slot
+        if pad is None:
+            return None
+        return (
+            lambda n: torch.zeros(n, Q, dtype=torch.long, device=dev),
+            lambda n: self._pad_positions[:Q].expand(n, Q),
+            lambda n: torch.full((n,), pad, dtype=torch.long, device=dev),
+        )

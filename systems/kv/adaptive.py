@@ -63,17 +63,27 @@ RECLAIM_ORDERS = ("newest_first", "oldest_first", "largest_first")
 
 
 def carve_lent_pages(
-    num_slots: int, index_sources: int, region: int, store_at: int, unit: int, S: int
+    num_slots: int,
+    index_sources: int,
+    region: int,
+    store_at: int,
+    unit: int,
+    S: int,
+    source_bytes: int | None = None,
 ) -> list[tuple[list[int], tuple[int, ...]]]:
     """The pages an index store can lend: (a unit per source, the slots whose regions its
     units lie in). The store starts at byte ``store_at`` of the arena and is laid out source by
-    source, slot by slot: slot s's region of index source i is ``region`` bytes at
-    ``store_at + (i * num_slots + s) * region``. Units are ``unit`` bytes at multiples of it;
-    only units wholly inside one region are used, packed S to a page in slot order."""
+    source (``source_bytes`` each, default ``num_slots * region``), slot by slot: slot s's
+    region of index source i is ``region`` bytes at ``store_at + i * source_bytes + s *
+    region`` (past the slots' regions a source may hold more, e.g. the padding slot's page).
+    Units are ``unit`` bytes at multiples of it; only units wholly inside one region are used,
+    packed S to a page in slot order."""
+    if source_bytes is None:
+        source_bytes = num_slots * region
     pages, buf = [], []
     for slot in range(num_slots):
         for i in range(index_sources):
-            b0 = store_at + (i * num_slots + slot) * region
+            b0 = store_at + i * source_bytes + slot * region
             for u in range(-(-b0 // unit), (b0 + region) // unit):
                 buf.append((u, slot))
                 if len(buf) == S:
@@ -116,14 +126,19 @@ class AdaptiveBackend(HiSparseBackend):
         self.populate_pages_per_step = int(opt.populate_pages_per_step)
         self.reclaim_order = opt.reclaim_order
         # per source, each slot's ready prompt pages as G-row units of kv_flat (-1: not ready)
+        # (the padding slot's row stays -1: its history is never optional)
         self.direct_table = torch.full(
-            (self.S, self.num_slots, self.max_host_pages), -1, dtype=torch.int32, device=self.device
+            (self.S, self.num_slots + 1, self.max_host_pages),
+            -1,
+            dtype=torch.int32,
+            device=self.device,
         )
         # Page ids: payload pages 0 .. n-1, then lent pages. page_units[s, id] is the unit
         # (rows unit*G .. unit*G + G - 1 of kv_flat) that holds source s of the page.
         self.num_payload = n = self.payload_pages.num_pages
         lent = self._carve_lent_pages()
-        units = torch.arange(self.S).unsqueeze(1) * n + torch.arange(n)  # payload: s*NG + p*G
+        # payload: row s*NG + p*G (NG also holds the padding slot's page past the pool's)
+        units = torch.arange(self.S).unsqueeze(1) * (self.NG // self.G) + torch.arange(n)
         if lent:
             units = torch.cat([units, torch.tensor([u for u, _ in lent]).T], dim=1)
         if int(units.max()) * self.G + self.G > 2**31:
@@ -155,13 +170,15 @@ class AdaptiveBackend(HiSparseBackend):
         if not self.lends_index:
             return []
         rb = self.mcfg.row_bytes
+        page_bytes = self.P * self.mcfg.index_row_bytes  # one index source's share of a page
         return carve_lent_pages(
             self.num_slots,
             len(self.index_src_ids),
-            self.max_pages_per_req * self.P * self.mcfg.index_row_bytes,
+            self.max_pages_per_req * page_bytes,
             self.index_row0 * rb,  # the store's first byte in kv_flat
             self.G * rb,
             self.S,
+            source_bytes=self.index_pool.shape[1] // self.P * page_bytes,
         )
 
     # ------------------------------------------------------------------ accounting

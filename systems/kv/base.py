@@ -173,9 +173,19 @@ class RegionPagePool(PagePool):
 
 
 class KVBackend(ABC):
-    """Base class: request slots, the paged index-key store, and the step protocol."""
+    """Base class: request slots, the paged index-key store, and the step protocol.
+
+    The padding slot. A CUDA graph is captured for one batch size; a step whose size has no
+    graph yet may replay a larger one with padding rows (systems/engine/cuda_graph.py), as
+    SGLang pads to its captured batch sizes. A padding row is a query at positions 0 .. Q-1 of
+    ``pad_slot``, a slot no request ever holds: its tables point at memory of its own, one
+    index page and (a hierarchy backend) one payload page outside ``kv.kv_pool_gib``, so its
+    writes and its reads touch no request's rows, and it never commits. Its outputs are
+    dropped; the counters a backend exports leave its rows out. ``pad_slot`` is None for a
+    backend without one (no padding)."""
 
     name = "base"
+    pad_slot: int | None = None
 
     def __init__(self, model_cfg: ModelConfig, kv_cfg: KVConfig, device: torch.device | str):
         self.mcfg = model_cfg
@@ -232,8 +242,11 @@ class KVBackend(ABC):
 
     # ------------------------------------------------------------------ index store (shared)
     def _init_index_pool(self, num_pages: int, storage: torch.Tensor | None = None) -> None:
-        """``storage``: zeroed bytes the store lives in (the adaptive backend's shared arena,
-        whose unused index history can carry optional KV pages); its own allocation if None."""
+        """``num_pages`` for the slots' histories, plus one more for the padding slot (see
+        ``pad_slot``); ``storage``: zeroed bytes the store lives in (the adaptive backend's
+        shared arena, whose unused index history can carry optional KV pages; at least
+        ``index_store_bytes(num_pages)``), its own allocation if None. Every backend calls it
+        once its slot count is final."""
         nI = len(self.index_src_ids)
         # a store shared with optional history is laid out per slot (adaptive.py lends the
         # regions of free slots)
@@ -242,15 +255,23 @@ class KVBackend(ABC):
             if storage is None
             else RegionPagePool(num_pages, "index", self.max_pages_per_req)
         )
-        shape = (nI, num_pages * self.P, self.mcfg.index_dim)
+        shape = (nI, (num_pages + 1) * self.P, self.mcfg.index_dim)
         if storage is None:
             self.index_pool = torch.zeros(shape, dtype=torch.bfloat16, device=self.device)
         else:
-            self.index_pool = storage.view(torch.bfloat16).view(shape)
+            self.index_pool = storage.view(-1)[: self.index_store_bytes(num_pages)]
+            self.index_pool = self.index_pool.view(torch.bfloat16).view(shape)
+        # one table row per slot, then the padding slot's: its one page lies past the pool's
+        self.pad_slot = self.num_slots
         self.req_to_index_page = torch.full(
-            (self.num_slots, self.max_pages_per_req), -1, dtype=torch.int32, device=self.device
+            (self.num_slots + 1, self.max_pages_per_req), -1, dtype=torch.int32, device=self.device
         )
+        self.req_to_index_page[self.pad_slot, 0] = num_pages
         self._slot_index_pages: dict[int, list[int]] = {}
+
+    def index_store_bytes(self, num_pages: int) -> int:
+        """Bytes of an index store of ``num_pages`` pages and the padding slot's page."""
+        return (num_pages + 1) * self.index_page_bytes
 
     @property
     def index_page_bytes(self) -> int:

@@ -154,8 +154,7 @@ class HiSparseBackend(KVBackend):
         # straight to their stable hot-cache address; only the rest are staged, and the arena
         # is free again once the group's readers are done (stream order), with nothing to copy
         # back.
-        self.stage_rows = self.num_slots * stage_rows_per_slot
-        stage_bytes = self.chi * self.stage_rows * rb
+        stage_bytes = self.chi * self.num_slots * stage_rows_per_slot * rb
         num_pages = (self.capacity - index_bytes - stage_bytes - align) // self.payload_page_bytes
         if num_pages < 1:
             raise ValueError(
@@ -164,19 +163,24 @@ class HiSparseBackend(KVBackend):
                 f"cache of {self.payload_page_bytes / GiB:.4f} GiB"
             )
         self.payload_pages = PagePool(num_pages, "payload")
+        # The padding slot (KVBackend) has memory of its own past what kv.kv_pool_gib counts:
+        # payload page ``num_pages``, its staging rows after the slots' and an index page.
+        self.pad_page = num_pages
+        self.stage_rows = (self.num_slots + 1) * stage_rows_per_slot
         # One flat device tensor: per-source page regions, then the staging arenas (then, when
         # lent, the index store). Locations returned by resolve are rows of it, so one gather
         # serves every tier.
-        self.NG = num_pages * G
+        self.NG = (num_pages + 1) * G
         self.stage0 = S * self.NG
         rows = self.stage0 + self.chi * self.stage_rows
         self.index_row0 = -(-rows // G) * G if self.lends_index else rows
-        index_rows = -(-index_bytes // rb) if self.lends_index else 0
+        store_bytes = self.index_store_bytes(num_index_pages)
+        index_rows = -(-store_bytes // rb) if self.lends_index else 0
         self.kv_flat = torch.zeros(
             self.index_row0 + index_rows, rb, dtype=torch.uint8, device=self.device
         )
         self.kv_pool = self.kv_flat[: self.stage0].view(S, self.NG, rb)
-        store = self.kv_flat[self.index_row0 :].view(-1)[:index_bytes] if self.lends_index else None
+        store = self.kv_flat[self.index_row0 :] if self.lends_index else None
         self._init_index_pool(num_index_pages, store)
         self.stage_bytes = stage_bytes
         # host store: full history of every admitted request, pinned when a GPU reads it
@@ -197,12 +201,14 @@ class HiSparseBackend(KVBackend):
         pin = self.device.type == "cuda"
         self.host_pool = host_empty((S, num_host_pages * G, rb), torch.uint8, pin)
         self.host_pages = PagePool(num_host_pages, "host")
-        # per slot, per source state (device)
-        ns = self.num_slots
+        # per slot, per source state (device), then the padding slot's row: its payload page,
+        # no host pages, its tail from position 0 (it never commits)
+        ns = self.num_slots + 1
         dev = self.device
         self.hot_pos = torch.full((S, ns, B), -1, dtype=torch.int32, device=dev)
         self.hot_lru = torch.zeros((S, ns, B), dtype=torch.int64, device=dev)
         self.slot_page = torch.full((ns,), -1, dtype=torch.int32, device=dev)
+        self.slot_page[self.pad_slot] = self.pad_page
         self.host_page_table = torch.full(
             (ns, self.max_host_pages), -1, dtype=torch.int32, device=dev
         )
@@ -419,7 +425,8 @@ class HiSparseBackend(KVBackend):
         if self.verify:
             pos = self._step["positions"].cpu()
             for b, slot in enumerate(self._step["slots"].tolist()):
-                self._shadow[slot][source, pos[b]] = rows[b].cpu()
+                if slot != self.pad_slot:
+                    self._shadow[slot][source, pos[b]] = rows[b].cpu()
 
     def kv_buffer(self, source):
         return self.kv_flat
@@ -566,8 +573,9 @@ class HiSparseBackend(KVBackend):
             self._side_forked = False
         st = self._step
         if st is not None and st.get("counters"):  # once per step, after the streams joined
-            self.census += torch.stack(st["counters"]).sum((0, 1))
-            self.overflow_dev += torch.stack(st["overflow"]).sum()
+            real = (st["slots"] != self.pad_slot).to(torch.int64)  # padding rows count nothing
+            self.census += (torch.stack(st["counters"]) * real[None, :, None]).sum((0, 1))
+            self.overflow_dev += (torch.stack(st["overflow"]) * real).sum()
             self.calls_dev += len(st["counters"])  # a graph replays the same number of calls
             self.stamp_dev += len(st["counters"])
             st["counters"], st["overflow"] = [], []
@@ -591,6 +599,8 @@ class HiSparseBackend(KVBackend):
         sel = selections.long().cpu()
         got = self.kv_flat[loc.clamp_min(0)].cpu()
         for b, slot in enumerate(self._step["slots"].tolist()):
+            if slot == self.pad_slot:
+                continue
             keep = sel[b] >= 0
             want = self._shadow[slot][src][sel[b][keep]]
             assert torch.equal(got[b][keep], want), (

@@ -159,7 +159,7 @@ class _DraftCore(torch.nn.Module):
             return out @ p["wo"]
         slots, bias = ctx
         d = h.shape[-1]
-        ring = self.ring.kv[li].view(2, self.ring.num_slots, self.ring.r_d, d)
+        ring = self.ring.kv[li].view(2, -1, self.ring.r_d, d)  # the padding slot's too
         keys = torch.cat([ring[0][slots], k], dim=1)  # (B, R_d + L, d)
         vals = torch.cat([ring[1][slots], v], dim=1)
         out = F.scaled_dot_product_attention(

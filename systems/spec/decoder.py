@@ -260,6 +260,20 @@ class SpeculativeDecoder:
             return None
         return r.drafter
 
+    def _pad_rows(self, slots, *rest):
+        """Makers of n padding rows for a drafter graph's inputs (slots, then tensors whose
+        first dimension is the batch): the backend's padding slot, whose ring rows are the
+        drafter's own too (DraftRing), and zeros elsewhere: anchor token and position 0,
+        temperature 0, no valid catch-up row (nothing is written). None without one."""
+        pad = self.e.backend.pad_slot
+        if pad is None:
+            return None
+
+        def zeros(x):
+            return lambda n: x.new_zeros((n, *x.shape[1:]))
+
+        return (lambda n: slots.new_full((n,), pad), *(zeros(x) for x in rest))
+
     def _propose_region(self, K: int):
         d = self.drafter
 
@@ -371,7 +385,13 @@ class SpeculativeDecoder:
         draft_sampled = sampled and (after or self.mode == "exact")
         graphs = self._drafter_graphs(B, draft_sampled and not after)
         if graphs is not None:
-            outs = graphs.run(("propose", B, K), self._propose_region(K), slots, anchors, n, temps)
+            outs = graphs.run_padded(
+                ("propose", B, K),
+                1,
+                self._propose_region(K),
+                (slots, anchors, n, temps),
+                self._pad_rows(slots, anchors, n, temps),
+            )
             proposals, q = outs[:2]
             if len(outs) > 2:  # DSpark: the head's confidences, read by _k_r below
                 self.drafter.last_confidence = outs[2]
@@ -409,14 +429,13 @@ class SpeculativeDecoder:
         # over the whole block (one graph per batch size), rows past 1 + A masked
         valid = torch.arange(Kv, device=dev).unsqueeze(0) < (1 + A).unsqueeze(1)
         if graphs is not None:
-            graphs.run(
+            inputs = (slots, tokens, positions, hidden[:, :Kv], valid)
+            graphs.run_padded(
                 ("catch_up", B, Kv),
+                1,
                 self._catch_up_region,
-                slots,
-                tokens,
-                positions,
-                hidden[:, :Kv],
-                valid,
+                inputs,
+                self._pad_rows(*inputs),
             )
         else:
             self.drafter.catch_up(slots, tokens, positions, hidden[:, :Kv], valid)

@@ -26,7 +26,9 @@ def ring_address(slot: torch.Tensor | int, pos: torch.Tensor | int, r_d: int):
 
 
 class DraftRing:
-    """KV storage of a drafter: (layers, 2, slots * R_d, dim), addressed by eq. 10."""
+    """KV storage of a drafter: (layers, 2, (slots + 1) * R_d, dim), addressed by eq. 10; the
+    last slot's rows are the padding slot's (KVBackend.pad_slot is at most ``num_slots``), past
+    what the drafter's fixed allocation counts."""
 
     def __init__(
         self,
@@ -42,11 +44,13 @@ class DraftRing:
         self.window = window
         self.r_d = ring_rows(window, page, k_max)
         self.num_slots = num_slots
-        self.kv = torch.zeros(num_layers, 2, num_slots * self.r_d, dim, device=device, dtype=dtype)
+        rows = (num_slots + 1) * self.r_d
+        self.kv = torch.zeros(num_layers, 2, rows, dim, device=device, dtype=dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
+        """The slots' rows (the padding slot's are not counted, as a backend's are not)."""
+        return self.kv[:, :, : self.num_slots * self.r_d].numel() * self.kv.element_size()
 
     def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """slots (B,), positions (B, L) -> physical rows (B, L)."""

@@ -59,12 +59,87 @@ def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after():
     fn = lambda x: (x * 2,)  # noqa: E731
     outs = [c.run(("b", 4), fn, torch.full((2,), float(i)))[0].tolist() for i in range(5)]
     assert outs == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0], [6.0, 6.0], [8.0, 8.0]]
-    assert c.stats == {"captures": 1, "replays": 2, "evictions": 0, "eager_steps": 2}
+    assert c.stats == {
+        "captures": 1,
+        "replays": 2,
+        "padded_replays": 0,
+        "evictions": 0,
+        "eager_steps": 2,
+    }
     for i in range(6):  # six sizes met once each: eager, and remembered at most 4 x max_graphs
         c.run(("pass", i), fn, torch.ones(1))
     assert c.stats["captures"] == 1 and len(c._seen) == 4
     with pytest.raises(ValueError, match="capture_after"):
         GraphCache(torch.device("cpu"), emulate=True, capture_after=0)
+
+
+def test_a_size_without_a_graph_replays_the_smallest_larger_one_until_its_own_is_captured():
+    from systems.engine.cuda_graph import GraphCache
+
+    c = GraphCache(torch.device("cpu"), emulate=True, capture_after=3)
+    fn = lambda x: (x + 1,)  # noqa: E731
+    for b in (8, 6):
+        for _ in range(3):
+            c.run((b, 1, 64), fn, torch.zeros(b))
+    assert set(c.graphs) == {(8, 1, 64), (6, 1, 64)}
+    assert c.padded_key((5, 1, 64)) == (6, 1, 64)  # the smallest larger, same queries and scan
+    assert c.padded_key((5, 1, 64)) == (6, 1, 64)  # a second use: still padded
+    assert c.padded_key((5, 1, 64)) is None  # the third is its own capture
+    assert c.padded_key((5, 1, 128)) is None and c.padded_key((5, 4, 64)) is None  # no key
+    assert c.padded_key((8, 1, 64)) is None and c.padded_key((9, 1, 64)) is None
+    assert c.stats["padded_replays"] == 2
+
+
+@pytest.mark.parametrize(
+    "system",
+    ["resident", "hisparse", "adaptive_hisparse", "adaptive_dhisparse", "resident_dflash2"],
+)
+@pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
+def test_padded_replays_give_the_exact_batch_tokens_and_counters(system, model):
+    """A draining batch (outputs of 12 .. 44 tokens) replays the larger graphs with padding rows
+    on the backend's padding slot (the drafter's graphs too): the same tokens as without graphs
+    (under calibrated acceptance the drafts are output), the same selection counters (padding
+    rows count nothing), memory whole after every request."""
+    from tests.helpers import golden_prompts
+
+    prompts = golden_prompts()[:5]
+    extra = ["system.kv.hot_cache_rows=8"] if "hisparse" in system else []
+    if "dflash" in system or "dhisparse" in system:
+        extra += ["system.speculation.acceptance=calibrated", "system.speculation.window=64"]
+
+    def run(*graph):
+        eng = make_engine(
+            f"model={model}",
+            f"system={system}",
+            "hardware.kv_pool_gib=0.01",
+            "engine.cuda_graph_scan_step=16",
+            *extra,
+            *graph,
+        )
+        from systems.engine.request import Request, SamplingParams
+
+        reqs = [
+            Request(eng.new_rid(), p, SamplingParams(max_new_tokens=12 + 8 * i))
+            for i, p in enumerate(prompts)
+        ]
+        for r in reqs:
+            eng.submit(r)
+        eng.run_until_idle()
+        eng.backend.check_integrity()
+        assert eng.backend.is_empty
+        counted = {k: v for k, v in eng.backend.metrics().items() if k.startswith("dhs_selected")}
+        return [r.output_ids for r in reqs], counted, eng
+
+    want, want_counts, _ = run()
+    got, got_counts, eng = run(
+        "+engine.cuda_graph_emulate=true", "engine.cuda_graph_capture_after=2"
+    )
+    assert got == want and got_counts == want_counts
+    st = eng.graph_runner.stats
+    assert st["padded_replays"] > 0 and st["captures"] > 0
+    if eng.cfg.speculation:  # the drafter's proposal and catch-up pad the same way
+        assert eng.graph_runner.drafter.stats["padded_replays"] > 0
+    assert eng.backend.pad_slot == eng.backend.num_slots
 
 
 def test_disable_cuda_graph_and_no_gpu_mean_no_runner():
@@ -79,7 +154,8 @@ def test_disable_cuda_graph_and_no_gpu_mean_no_runner():
 
 def test_check_script_cpu_dry_run(tmp_path):
     """benchmarks/check_cuda_graph.py end to end on CPU (emulated graphs, tiny model): the
-    record holds identical tokens for each system and the environment it ran in."""
+    record holds identical tokens and selection counters for each system, a draining batch
+    (``--stagger``) replayed with padding rows, and the environment it ran in."""
     import json
     import os
     import subprocess
@@ -100,7 +176,9 @@ def test_check_script_cpu_dry_run(tmp_path):
             "--new-tokens",
             "5",
             "--batch",
-            "2",
+            "3",
+            "--stagger",
+            "6",
             "--hot-cache-rows",
             "16",
             "--systems",
@@ -117,4 +195,6 @@ def test_check_script_cpu_dry_run(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rec = json.loads(out.read_text())
     assert [row["tokens_identical"] for row in rec["rows"]] == [True, True]
+    assert all(row["selection_counters_identical"] for row in rec["rows"])
+    assert rec["rows"][0]["graph_stats"]["padded_replays"] > 0  # the draining batch padded
     assert rec["env"]["python"] and rec["rows"][1]["drafter_graph_stats"]["captures"] >= 1

@@ -64,7 +64,9 @@ def assert_drained(eng: Engine) -> None:
         pool.check()
     if hasattr(be, "_slot_pages"):  # HiSparse family: hot/tail pages and host pages per slot
         assert not be._slot_pages
-        assert bool((be.slot_page == -1).all()) and bool((be.host_page_table == -1).all())
+        n = be.num_slots  # the padding slot's row past them keeps its own page (KVBackend)
+        assert bool((be.slot_page[:n] == -1).all()) and bool((be.host_page_table == -1).all())
+        assert int(be.slot_page[be.pad_slot]) == be.pad_page
     if hasattr(be, "res"):  # adaptive: optional history
         assert not be.res and be.optional_pages == 0
         assert bool((be.direct_table == -1).all())
