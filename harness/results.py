@@ -874,6 +874,11 @@ MEASUREMENT_CHANGES = (
         "the warm-up prepares every shared prefix (before it, all but one of a workload's "
         "prefixes were prefilled inside the measured window)",
     ),
+    (
+        "33162a2",
+        "a batch size without a CUDA graph replays a larger one with padding rows (before it, "
+        "the ramp-up and drain sizes ran eagerly until captured)",
+    ),
 )
 
 
