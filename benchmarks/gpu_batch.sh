@@ -37,7 +37,9 @@
 #
 # Runs go to the repository's results/ (finished runs are skipped, so an item cut by its time box
 # resumes in the next batch: unpack a batch's results.tgz into the tree before sending the next,
-# since the copy of the tree the GPU machine receives is what says which runs are finished). What
+# since the copy of the tree the GPU machine receives is what says which runs are finished; run
+# `make compact` and commit them first: the device tool copies at most 64 MiB of tracked and
+# untracked files, and uncompressed request records can pass it). What
 # comes back in $OUT: results.tgz (the finished run directories this batch wrote, plus the server
 # logs and experiment summaries it changed; unpack over the repository root, then `make
 # compact`), triton_cache.tgz, lane<i>.log, vmstat.log, dmon.log. results.tgz is re-packed every
