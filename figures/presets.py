@@ -256,7 +256,17 @@ def optional_capacity(m, B: int, cap: int, slots: int, running: int) -> tuple[in
     region = index_region_bytes(m, 1)
     index = slots * region * len(m.index_sources)
     payload = (cap - index - G * rb) // (S * G * rb)  # less the unit that aligns the store
-    lent = carve_lent_pages(slots, len(m.index_sources), region, S * payload * G * rb, G * rb, S)
+    # the store starts after the payload pages and the padding slot's page; each index source
+    # holds the slots' regions and the padding slot's page (KVBackend.pad_slot)
+    lent = carve_lent_pages(
+        slots,
+        len(m.index_sources),
+        region,
+        S * (payload + 1) * G * rb,
+        G * rb,
+        S,
+        source_bytes=slots * region + m.page_size * m.index_row_bytes,
+    )
     return payload, sum(1 for _, busy in lent if min(busy) >= running)
 
 

@@ -87,8 +87,12 @@ class GraphCache:
         emulate: bool = False,
         name: str = "graph",
         capture_after: int = 1,
+        batch_sizes: tuple[int, ...] = (),
     ):
         self.device = device
+        self.batch_sizes = sorted(set(int(b) for b in batch_sizes))  # padding ladder
+        if self.batch_sizes and self.batch_sizes[0] < 1:
+            raise ValueError(f"engine.cuda_graph_bs: sizes must be >= 1, got {batch_sizes}")
         self.max_graphs = int(max_graphs)
         if int(capture_after) < 1:
             raise ValueError(f"capture_after must be >= 1, got {capture_after}")
@@ -109,18 +113,26 @@ class GraphCache:
         self.broken = False  # a capture failed: every later step runs eagerly
 
     def padded_key(self, key: tuple, at: int = 0) -> tuple | None:
-        """The captured key a step of ``key`` (its batch size at ``key[at]``) may replay with
-        padding rows: the smallest larger batch with the rest of the key equal, or None when
-        ``key`` has a graph, is captured at this use, or no larger one exists. When it returns
-        a key, this use counts toward ``key``'s own capture."""
+        """The larger key a step of ``key`` (its batch size ``b`` at ``key[at]``) runs under
+        with padding rows, or None to run ``key`` itself (it has a graph, is captured at this
+        use, or ``b`` is on the ladder ``batch_sizes`` or past it). Padding never goes past
+        the ladder's next size up: every padding row scans, selects and resolves like a real
+        one, so a much larger graph could cost more than an eager step. Within that bound, the
+        smallest captured larger batch with the rest of the key equal is replayed (this use
+        counts toward ``key``'s own capture, so a size that recurs gets its graph); else the
+        ladder's next size runs, which ``run`` captures at its own ``capture_after``-th use: a
+        batch that ramps up captures the ladder's sizes, not each size it passes."""
         if key in self.graphs or self.broken:
             return None
         if self._seen.get(key, 0) + 1 >= self.capture_after:
             return None
-        rest = key[:at] + key[at + 1 :]
-        larger = [k for k in self.graphs if k[:at] + k[at + 1 :] == rest and k[at] > key[at]]
-        if not larger:
+        b, rest = key[at], key[:at] + key[at + 1 :]
+        up = next((s for s in self.batch_sizes if s >= b), b)
+        if up == b:
             return None
+        larger = [k for k in self.graphs if k[:at] + k[at + 1 :] == rest and b < k[at] <= up]
+        if not larger:
+            return key[:at] + (up,) + key[at + 1 :]
         self._count(key)
         self.stats["padded_replays"] += 1
         return min(larger, key=lambda k: k[at])
@@ -218,6 +230,7 @@ class CudaGraphRunner:
         device: torch.device,
         *,
         max_bs: int = 256,
+        batch_sizes: tuple[int, ...] | None = None,
         l_step: int = 2048,
         max_graphs: int = 64,
         emulate: bool = False,
@@ -229,7 +242,20 @@ class CudaGraphRunner:
         self.max_bs = int(max_bs)
         self.l_step = max(int(l_step), backend.P)
         self.emulate = emulate
-        kw = dict(max_graphs=max_graphs, emulate=emulate, capture_after=capture_after)
+        if batch_sizes is None:  # SGLang's default ladder, in steps of 8 past 8
+            batch_sizes = (1, 2, 4, 8, *range(16, self.max_bs + 1, 8))
+        elif isinstance(batch_sizes, str | int) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes
+        ):
+            raise ValueError(
+                f"engine.cuda_graph_bs: a list of batch sizes >= 1 (or null), got {batch_sizes!r}"
+            )
+        kw = dict(
+            max_graphs=max_graphs,
+            emulate=emulate,
+            capture_after=capture_after,
+            batch_sizes=tuple(b for b in batch_sizes if b <= self.max_bs),
+        )
         self.cache = GraphCache(device, name="target", **kw)
         self.drafter = GraphCache(device, name="drafter", **kw)
         self.stats = self.cache.stats

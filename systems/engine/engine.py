@@ -132,6 +132,8 @@ class EngineConfig:
     # CUDA graphs for the target forward (systems/engine/cuda_graph.py), SGLang's names
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256  # larger batches run eagerly
+    # sizes a batch without a graph pads up to (None: 1, 2, 4, 8, then every 8 up to max_bs)
+    cuda_graph_bs: tuple[int, ...] | None = None
     cuda_graph_scan_step: int = 2048  # index scan length bucket (positions) of a graph
     cuda_graph_max_graphs: int = 64
     cuda_graph_capture_after: int = 3  # a key's use that captures it (earlier uses run eagerly)
@@ -192,6 +194,7 @@ class Engine:
                 self.backend,
                 self.device,
                 max_bs=cfg.cuda_graph_max_bs,
+                batch_sizes=cfg.cuda_graph_bs,
                 l_step=cfg.cuda_graph_scan_step,
                 max_graphs=cfg.cuda_graph_max_graphs,
                 emulate=self.device.type != "cuda",

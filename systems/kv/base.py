@@ -178,8 +178,8 @@ class KVBackend(ABC):
     The padding slot. A CUDA graph is captured for one batch size; a step whose size has no
     graph yet may replay a larger one with padding rows (systems/engine/cuda_graph.py), as
     SGLang pads to its captured batch sizes. A padding row is a query at positions 0 .. Q-1 of
-    ``pad_slot``, a slot no request ever holds: its tables point at memory of its own, one
-    index page and (a hierarchy backend) one payload page outside ``kv.kv_pool_gib``, so its
+    ``pad_slot``, a slot no request ever holds: its tables point at memory of its own, index
+    pages for Q positions and (a hierarchy backend) one payload page outside ``kv.kv_pool_gib``, so its
     writes and its reads touch no request's rows, and it never commits. Its outputs are
     dropped; the counters a backend exports leave its rows out. ``pad_slot`` is None for a
     backend without one (no padding)."""
@@ -255,23 +255,30 @@ class KVBackend(ABC):
             if storage is None
             else RegionPagePool(num_pages, "index", self.max_pages_per_req)
         )
-        shape = (nI, (num_pages + 1) * self.P, self.mcfg.index_dim)
+        shape = (nI, (num_pages + self.pad_pages) * self.P, self.mcfg.index_dim)
         if storage is None:
             self.index_pool = torch.zeros(shape, dtype=torch.bfloat16, device=self.device)
         else:
             self.index_pool = storage.view(-1)[: self.index_store_bytes(num_pages)]
             self.index_pool = self.index_pool.view(torch.bfloat16).view(shape)
-        # one table row per slot, then the padding slot's: its one page lies past the pool's
+        # one table row per slot, then the padding slot's: its pages lie past the pool's
         self.pad_slot = self.num_slots
         self.req_to_index_page = torch.full(
             (self.num_slots + 1, self.max_pages_per_req), -1, dtype=torch.int32, device=self.device
         )
-        self.req_to_index_page[self.pad_slot, 0] = num_pages
+        self.req_to_index_page[self.pad_slot, : self.pad_pages] = torch.arange(
+            num_pages, num_pages + self.pad_pages, dtype=torch.int32
+        )
         self._slot_index_pages: dict[int, list[int]] = {}
 
+    @property
+    def pad_pages(self) -> int:
+        """Pages of the padding slot: its positions 0 .. Q-1 for Q up to max_queries_per_step."""
+        return -(-self.q_max // self.P)
+
     def index_store_bytes(self, num_pages: int) -> int:
-        """Bytes of an index store of ``num_pages`` pages and the padding slot's page."""
-        return (num_pages + 1) * self.index_page_bytes
+        """Bytes of an index store of ``num_pages`` pages and the padding slot's."""
+        return (num_pages + self.pad_pages) * self.index_page_bytes
 
     @property
     def index_page_bytes(self) -> int:

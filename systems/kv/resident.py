@@ -28,9 +28,13 @@ class ResidentBackend(KVBackend):
             )
         self._init_index_pool(num_pages)
         self.pages = self.index_pages  # payload and index share page ids
-        # the index store's page ids, and the padding slot's page past them (KVBackend)
+        # the index store's page ids, and the padding slot's pages past them (KVBackend)
         self.kv_pool = torch.zeros(
-            S, (num_pages + 1) * self.P, model_cfg.row_bytes, dtype=torch.uint8, device=self.device
+            S,
+            (num_pages + self.pad_pages) * self.P,
+            model_cfg.row_bytes,
+            dtype=torch.uint8,
+            device=self.device,
         )
         self.slot_max_tokens: dict[int, int] = {}
         self.q_extra = self.q_max - 1

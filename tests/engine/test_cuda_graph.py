@@ -76,7 +76,7 @@ def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after():
 def test_a_size_without_a_graph_replays_the_smallest_larger_one_until_its_own_is_captured():
     from systems.engine.cuda_graph import GraphCache
 
-    c = GraphCache(torch.device("cpu"), emulate=True, capture_after=3)
+    c = GraphCache(torch.device("cpu"), emulate=True, capture_after=3, batch_sizes=(4, 8))
     fn = lambda x: (x + 1,)  # noqa: E731
     for b in (8, 6):
         for _ in range(3):
@@ -85,9 +85,31 @@ def test_a_size_without_a_graph_replays_the_smallest_larger_one_until_its_own_is
     assert c.padded_key((5, 1, 64)) == (6, 1, 64)  # the smallest larger, same queries and scan
     assert c.padded_key((5, 1, 64)) == (6, 1, 64)  # a second use: still padded
     assert c.padded_key((5, 1, 64)) is None  # the third is its own capture
-    assert c.padded_key((5, 1, 128)) is None and c.padded_key((5, 4, 64)) is None  # no key
+    # no graph with this scan or width: the ladder's next size, to be captured
+    assert c.padded_key((5, 1, 128)) == (8, 1, 128) and c.padded_key((5, 4, 64)) == (8, 4, 64)
     assert c.padded_key((8, 1, 64)) is None and c.padded_key((9, 1, 64)) is None
+    assert c.padded_key((3, 1, 64)) == (4, 1, 64)  # never past the ladder's next size (4)
     assert c.stats["padded_replays"] == 2
+
+
+def test_a_size_off_the_ladder_without_a_larger_graph_runs_as_the_next_ladder_size():
+    from systems.engine.cuda_graph import GraphCache
+
+    c = GraphCache(torch.device("cpu"), emulate=True, capture_after=2, batch_sizes=(1, 4, 8))
+    fn = lambda x: (x + 1,)  # noqa: E731
+    assert c.padded_key((3, 1, 64)) == (4, 1, 64)  # nothing captured: the ladder's next size
+    assert c.padded_key((4, 1, 64)) is None and c.padded_key((9, 1, 64)) is None  # on / past it
+    for _ in range(2):  # sizes 3 and 2 both count toward the ladder size they run as
+        c.run((4, 1, 64), fn, torch.zeros(4))
+    assert set(c.graphs) == {(4, 1, 64)} and c.stats["eager_steps"] == 1
+    assert c.padded_key((3, 1, 64)) == (4, 1, 64) and c.stats["padded_replays"] == 1
+    with pytest.raises(ValueError, match="cuda_graph_bs"):
+        GraphCache(torch.device("cpu"), emulate=True, batch_sizes=(0, 4))
+    for bad in ("abc", "[0,4]", "[2.5]"):
+        with pytest.raises(ValueError, match="engine.cuda_graph_bs"):
+            make_engine("+engine.cuda_graph_emulate=true", f"engine.cuda_graph_bs={bad}")
+    eng = make_engine("+engine.cuda_graph_emulate=true", "engine.cuda_graph_bs=[8,1,4]")
+    assert eng.graph_runner.cache.batch_sizes == [1, 4, 8] == eng.graph_runner.drafter.batch_sizes
 
 
 @pytest.mark.parametrize(
@@ -198,3 +220,28 @@ def test_check_script_cpu_dry_run(tmp_path):
     assert all(row["selection_counters_identical"] for row in rec["rows"])
     assert rec["rows"][0]["graph_stats"]["padded_replays"] > 0  # the draining batch padded
     assert rec["env"]["python"] and rec["rows"][1]["drafter_graph_stats"]["captures"] >= 1
+
+
+@pytest.mark.parametrize("system", ["resident_dflash2", "adaptive_dhisparse"])
+def test_padding_rows_of_a_block_wider_than_a_page_stay_on_the_padding_slots_pages(system):
+    """Padding rows take positions 0 .. Q-1 of the padding slot: with Q (k_max 24) past a page
+    (16 positions), every write location is the padding slot's own, past the pool's pages."""
+    eng = make_engine(
+        "model=tiny",
+        f"system={system}",
+        "system.speculation.k_max=24",
+        "system.speculation.window=64",
+        "hardware.kv_pool_gib=0.02",
+        "hardware.max_running_requests=4",
+    )
+    be = eng.backend
+    assert be.q_max > be.P and be.pad_pages == 2
+    pos = torch.arange(be.q_max).expand(2, be.q_max).contiguous()
+    be.begin_step(torch.full((2,), be.pad_slot), pos, 64)
+    loc = be._step["index_write_loc"]
+    first = be.index_pages.num_pages * be.P  # the padding slot's pages follow the pool's
+    assert int(loc.min()) >= first and int(loc.max()) < be.index_pool.shape[1]
+    if hasattr(be, "pad_page"):  # its payload page: past the pool's pages, in every source
+        w = be._step["write_loc"]
+        assert bool(((w // be.G) % (be.NG // be.G) == be.pad_page).all())
+    be.end_step()
