@@ -28,7 +28,11 @@ the real rows. Why: a closed-loop run meets each batch size of its ramp-up and d
 only, and an eager step costs about ten replays (an eager glm53_mini step took 34 ms against
 2.5 ms replayed on the H200), while a padding row adds at most a row's share of a step. The
 exact size still counts its uses, so a size that recurs gets its own graph and pads no more.
-Kernels are batch invariant, so a padded replay gives the real rows' tokens bit for bit.
+Padding never goes past the next size of a ladder (``engine.cuda_graph_bs``; by default SGLang's
+1, 2, 4, 8, then every 8): a padding row scans, selects and resolves like a real one. Where no
+larger graph exists, a size off the ladder runs as the ladder's next size, so a batch that ramps
+up captures the ladder's sizes rather than every size it passes. Kernels are batch invariant, so
+padding rows leave the real rows' tokens bit for bit.
 
 Scan length: the indexer scores ``L`` history positions and a graph fixes ``L``, so the captured
 length is the step's need rounded up to ``l_step`` (capped at the page table's reach). Positions
@@ -53,6 +57,17 @@ import torch
 from systems.host_sync import no_host_sync
 
 log = logging.getLogger("dhs.cuda_graph")
+
+
+def ladder(batch_sizes) -> list[int]:
+    """``engine.cuda_graph_bs`` checked: its sizes, ascending, without repeats."""
+    if isinstance(batch_sizes, str | int) or not all(
+        isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes
+    ):
+        raise ValueError(
+            f"engine.cuda_graph_bs: a list of batch sizes >= 1 (or null), got {batch_sizes!r}"
+        )
+    return sorted(set(batch_sizes))
 
 
 @dataclass
@@ -90,9 +105,7 @@ class GraphCache:
         batch_sizes: tuple[int, ...] = (),
     ):
         self.device = device
-        self.batch_sizes = sorted(set(int(b) for b in batch_sizes))  # padding ladder
-        if self.batch_sizes and self.batch_sizes[0] < 1:
-            raise ValueError(f"engine.cuda_graph_bs: sizes must be >= 1, got {batch_sizes}")
+        self.batch_sizes = ladder(batch_sizes)  # padding's bound (padded_key)
         self.max_graphs = int(max_graphs)
         if int(capture_after) < 1:
             raise ValueError(f"capture_after must be >= 1, got {capture_after}")
@@ -244,17 +257,11 @@ class CudaGraphRunner:
         self.emulate = emulate
         if batch_sizes is None:  # SGLang's default ladder, in steps of 8 past 8
             batch_sizes = (1, 2, 4, 8, *range(16, self.max_bs + 1, 8))
-        elif isinstance(batch_sizes, str | int) or not all(
-            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes
-        ):
-            raise ValueError(
-                f"engine.cuda_graph_bs: a list of batch sizes >= 1 (or null), got {batch_sizes!r}"
-            )
         kw = dict(
             max_graphs=max_graphs,
             emulate=emulate,
             capture_after=capture_after,
-            batch_sizes=tuple(b for b in batch_sizes if b <= self.max_bs),
+            batch_sizes=[b for b in ladder(batch_sizes) if b <= self.max_bs],
         )
         self.cache = GraphCache(device, name="target", **kw)
         self.drafter = GraphCache(device, name="drafter", **kw)

@@ -179,10 +179,10 @@ class KVBackend(ABC):
     graph yet may replay a larger one with padding rows (systems/engine/cuda_graph.py), as
     SGLang pads to its captured batch sizes. A padding row is a query at positions 0 .. Q-1 of
     ``pad_slot``, a slot no request ever holds: its tables point at memory of its own, index
-    pages for Q positions and (a hierarchy backend) one payload page outside ``kv.kv_pool_gib``, so its
-    writes and its reads touch no request's rows, and it never commits. Its outputs are
-    dropped; the counters a backend exports leave its rows out. ``pad_slot`` is None for a
-    backend without one (no padding)."""
+    pages for Q positions and (a hierarchy backend) one payload page outside
+    ``kv.kv_pool_gib``, so its writes and its reads touch no request's rows, and it never
+    commits. Its outputs are dropped; the counters a backend exports leave its rows out.
+    ``pad_slot`` is None for a backend without one (no padding)."""
 
     name = "base"
     pad_slot: int | None = None
@@ -242,7 +242,7 @@ class KVBackend(ABC):
 
     # ------------------------------------------------------------------ index store (shared)
     def _init_index_pool(self, num_pages: int, storage: torch.Tensor | None = None) -> None:
-        """``num_pages`` for the slots' histories, plus one more for the padding slot (see
+        """``num_pages`` for the slots' histories, then ``pad_pages`` for the padding slot (see
         ``pad_slot``); ``storage``: zeroed bytes the store lives in (the adaptive backend's
         shared arena, whose unused index history can carry optional KV pages; at least
         ``index_store_bytes(num_pages)``), its own allocation if None. Every backend calls it

@@ -164,7 +164,7 @@ class HiSparseBackend(KVBackend):
             )
         self.payload_pages = PagePool(num_pages, "payload")
         # The padding slot (KVBackend) has memory of its own past what kv.kv_pool_gib counts:
-        # payload page ``num_pages``, its staging rows after the slots' and an index page.
+        # payload page ``num_pages``, its staging rows after the slots' and its index pages.
         self.pad_page = num_pages
         self.stage_rows = (self.num_slots + 1) * stage_rows_per_slot
         # One flat device tensor: per-source page regions, then the staging arenas (then, when
