@@ -25,8 +25,8 @@ Padding. A step whose batch size has no graph (yet) replays the smallest capture
 with padding rows on the backend's padding slot (``KVBackend.pad_slot``: memory of its own, so
 its rows touch no request's), as SGLang pads a batch to its captured sizes; the outputs keep
 the real rows. Why: a closed-loop run meets each batch size of its ramp-up and drain a few times
-only, and an eager step costs about ten replays (an eager glm53_mini step took 34 ms against
-2.5 ms replayed on the H200), while a padding row adds at most a row's share of a step. The
+only, and an eager step costs ten or more replays (results/cuda_graph/check-async-h200.json),
+while a padding row adds at most a row's share of a step. The
 exact size still counts its uses, so a size that recurs gets its own graph and pads no more.
 Padding never goes past the next size of a ladder (``engine.cuda_graph_bs``; by default SGLang's
 1, 2, 4, 8, then every 8): a padding row scans, selects and resolves like a real one. Where no
