@@ -48,6 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--queries", default="1,16,64,256,1024")
     ap.add_argument("--k", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=4, help="query heads (glm53_h200: 16, k 1024)")
     ap.add_argument("--pool-rows", type=int, default=1 << 20)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--history", type=int, default=16384, help="positions the index scan covers")
@@ -68,14 +69,14 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_attention: no CUDA device here; run it on the GPU machine")
     dev = torch.device("cuda")
-    cfg = ModelConfig(kv_format="fp8", kv_dim=576, kv_rope_dim=64, num_heads=4)
+    cfg = ModelConfig(kv_format="fp8", kv_dim=576, kv_rope_dim=64, num_heads=args.heads)
     g = torch.Generator(device=dev).manual_seed(0)
     kv = encode_rows(torch.randn(args.pool_rows, 576, device=dev, generator=g), cfg).contiguous()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     kw = dict(kv_format="fp8", kv_dim=576, rope_dim=64, row_dtype=torch.bfloat16)
     rows, bad = [], 0
     for N in [int(x) for x in args.queries.split(",")]:
-        q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
+        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
         loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
         sel = loc.clone()
         sel[:, -7:] = -1  # some padding, as short histories have
@@ -94,7 +95,7 @@ def main() -> None:
             "queries": N,
             "k": args.k,
             "reference_us": out["reference"][1],
-            "splits": split_count(N, 4, args.k, 32),
+            "splits": split_count(args.k, 32),
             "row_bytes_read": need,
             "max_abs_out": scale,
         }
@@ -127,7 +128,7 @@ def main() -> None:
     # chunk-count sweep at small batches, where split-K matters
     sweep = []
     for N in (1, 16):
-        q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
+        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
         loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
         for ns in (1, 2, 4, 8, 16):
             fn = lambda: sparse_attention_triton(q, kv, loc, loc, splits=ns, **kw)  # noqa: E731
@@ -143,7 +144,7 @@ def main() -> None:
 
     # the all-heads tensor-core kernel's launch shape, at a decode batch and a verification call
     for N in (64, 512):
-        q = torch.randn(N, 4, 576, device=dev, generator=g).to(torch.bfloat16)
+        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
         loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
         for bk, nw in ((16, 4), (32, 4), (64, 4), (32, 8), (64, 8)):
             fn = lambda: sparse_attention_triton(  # noqa: E731

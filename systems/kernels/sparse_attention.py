@@ -176,8 +176,8 @@ if _HAVE_TRITON:
         # one program per (query, head, chunk of CHUNK selections): heads are few (4 here), so a
         # dot product over padded heads would waste most of its multiplies (an all-heads variant
         # with float32 dots measured 10x slower, docs/design.md); the head
-        # programs of one query meet the same rows in L2. Chunks (split-K) give a small batch
-        # enough programs to fill the GPU; with SPLIT they leave their online-softmax state for
+        # programs of one query meet the same rows in L2. Chunks (split-K, SPLIT_ROWS rows each)
+        # give a small batch more programs; with SPLIT they leave their online-softmax state for
         # _combine_kernel, else the single chunk writes the output.
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
@@ -411,11 +411,21 @@ def _p2(n: int, lo: int = 16) -> int:
     return max(lo, 1 << max(0, (int(n) - 1).bit_length()))
 
 
-def split_count(N: int, H: int, K: int, block_k: int, target_programs: int = 264) -> int:
-    """Chunks per (query, head): about ``target_programs`` programs in all (2 per SM of an H200)
-    when N x H alone is fewer, never a chunk under one tile of ``block_k`` rows."""
-    tiles = max(1, -(-K // block_k))
-    return max(1, min(tiles, -(-target_programs // max(1, N * H))))
+# Rows of selections per split-K chunk. A fixed size, as SGLang's deterministic mode fixes its
+# split-KV size: the chunk count depends on k alone, never on how many queries share the
+# launch, so a query's merge order -- and its bits -- do not depend on the batch (a count that
+# filled the GPU by N x H made padding rows and batch sizes change verification tokens on the
+# H200). 256 rows keep the float32 partials (chunks x heads x d x 4 bytes per query) near a
+# fifth of the rows read at k = 1,024, and a batch-1 launch still runs k / 256 programs.
+SPLIT_ROWS = 256
+
+
+def split_count(K: int, block_k: int, rows: int | None = None) -> int:
+    """Chunks per (query, head) for k = ``K`` selections: chunks of ``rows`` (default
+    SPLIT_ROWS) rounded up to whole tiles of ``block_k``, whatever the number of queries."""
+    rows = SPLIT_ROWS if rows is None else int(rows)
+    chunk = -(-max(rows, 1) // block_k) * block_k
+    return max(1, -(-max(K, 1) // chunk))
 
 
 def sparse_attention_triton(
@@ -434,7 +444,7 @@ def sparse_attention_triton(
     kernel: str = "per_head",
 ) -> torch.Tensor:
     """``splits``: chunks of selections per (query, head), merged by a second small launch;
-    default ``split_count`` (1 once N x H programs fill the GPU). ``kernel``: ``per_head`` (one
+    default ``split_count`` (a function of k alone: batch invariant). ``kernel``: ``per_head`` (one
     program per query, head and chunk) or ``mma`` (all heads of a query per program, tensor-core
     dots; see _sparse_attention_mma_kernel)."""
     if not _HAVE_TRITON:
@@ -459,7 +469,7 @@ def sparse_attention_triton(
     mma = kernel == "mma" and (bf16 or not q.is_cuda)
     if block_k is None:  # H200 tile sweep (docs/design.md): mma 16 rows, per-head 32
         block_k = 16 if mma else 32
-    ns = int(splits) if splits else split_count(N, 1 if mma else H, K, block_k)
+    ns = int(splits) if splits else split_count(K, block_k)
     chunk = -(-max(K, 1) // ns)
     chunk = -(-chunk // block_k) * block_k  # whole tiles per chunk
     ns = max(1, -(-K // chunk))

@@ -112,11 +112,34 @@ def test_unknown_kernel_is_a_clear_error():
         )
 
 
-def test_split_count_fills_the_gpu_only_when_needed():
-    assert sa.split_count(1, 4, 512, 32) == 16  # one tile per chunk: 64 programs
-    assert sa.split_count(16, 4, 512, 32) == 5
-    assert sa.split_count(64, 4, 512, 32) == 2
-    assert sa.split_count(256, 4, 512, 32) == 1
+def test_split_count_depends_on_k_alone():
+    assert sa.split_count(512, 32) == 2 and sa.split_count(512, 16) == 2  # 256-row chunks
+    assert sa.split_count(1024, 16) == 4 and sa.split_count(128, 32) == 1
+    assert sa.split_count(300, 32) == 2 and sa.split_count(0, 32) == 1
+    assert sa.split_count(512, 32, rows=100) == 4  # chunks of whole tiles: 128 rows
+
+
+@pytest.mark.parametrize("kernel", ["per_head", "mma"])
+def test_a_querys_output_does_not_depend_on_the_batch(kernel, monkeypatch):
+    """The first rows of a launch give the same bits whatever the launch's batch (padding rows,
+    other requests): the chunk count is fixed by k. Negative control: a count that depends on
+    the number of queries (as one chosen to fill the GPU would) changes the bits."""
+    cfg, kv, sel, loc, q = _case("fp8", 12, 2, 70, 176, 48, M=53, pad=0.2, seed=11)
+    kw = dict(kv_format="fp8", kv_dim=176, rope_dim=48, row_dtype=torch.float32, kernel=kernel)
+    monkeypatch.setattr(sa, "SPLIT_ROWS", 16)  # several chunks at this small k
+    assert sa.split_count(70, 16) == 5
+    full = sa.sparse_attention_triton(q, kv, sel, loc, block_k=16, **kw)
+    for n in (1, 5, 11):
+        part = sa.sparse_attention_triton(q[:n], kv, sel[:n], loc[:n], block_k=16, **kw)
+        assert torch.equal(part, full[:n])
+    by_batch = lambda K, block_k: 5 if q_rows[0] > 6 else 2  # noqa: E731
+    q_rows = [0]
+    monkeypatch.setattr(sa, "split_count", lambda K, block_k: by_batch(K, block_k))
+    outs = []
+    for n in (5, 12):
+        q_rows[0] = n
+        outs.append(sa.sparse_attention_triton(q[:n], kv, sel[:n], loc[:n], block_k=16, **kw))
+    assert not torch.equal(outs[0], outs[1][:5])
 
 
 def test_bf16_rounding_of_decoded_rows_is_the_references():
