@@ -276,7 +276,7 @@ def main() -> None:
         args.out,
         {
             "benchmark": "sparse_attention",
-            "geometry": "glm53_mini (H 4, d 576, fp8 656 B rows)",
+            "geometry": f"H {args.heads}, d 576, fp8 656 B rows, k {args.k}",
             "args": vars(args),
             "rows": rows,
             "split_sweep": sweep,
