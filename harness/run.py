@@ -149,6 +149,9 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
     # likewise the padding sizes of CUDA graphs (the same tokens, batch-invariant kernels)
     if isinstance(engine, dict) and "cuda_graph_bs" in engine and engine["cuda_graph_bs"] is None:
         del engine["cuda_graph_bs"]
+    # and capturing them at start-up rather than at their uses (MEASUREMENT_CHANGES flags it)
+    if isinstance(engine, dict) and engine.get("cuda_graph_warmup") is True:
+        del engine["cuda_graph_warmup"]
     # lending free slots' index history to optional history (on by default) changes how much
     # is fetched from host, not which tokens: as a kernel default, it keeps the ids (off is part
     # of the id), harness.results.MEASUREMENT_CHANGES flags runs on both sides of it and the

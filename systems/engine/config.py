@@ -106,6 +106,12 @@ def resolve_engine_config(cfg: DictConfig) -> EngineConfig:
             )
     engine = dict(_plain(cfg.get("engine")) or {})
     ecfg = _typed(EngineConfig, engine, "engine", exclude=_NOT_ENGINE_KEYS)
+    if ecfg.cuda_graph_warmup and "workload" in cfg:
+        # a step's max_len runs from the first decode position to the last verified one
+        first = int(cfg.workload.input_len) + 1
+        ecfg = dataclasses.replace(
+            ecfg, cuda_graph_warmup_lens=(first, first + int(cfg.workload.output_len) + q_max)
+        )
     ecfg = dataclasses.replace(
         ecfg,
         model=model,

@@ -187,6 +187,15 @@ class GraphCache:
         self.stats["replays"] += 1
         return g.outputs
 
+    def capture(self, key: tuple, fn, *inputs: torch.Tensor) -> bool:
+        """Capture ``key`` now (a start-up warm-up), running ``fn`` once on ``inputs``; False
+        when it already has a graph, the cache is broken or full, or the capture failed."""
+        if key in self.graphs or self.broken or len(self.graphs) >= self.max_graphs:
+            return False
+        self._seen.pop(key, None)
+        self._capture(key, fn, inputs)
+        return key in self.graphs
+
     def _capture(self, key, fn, inputs):
         dev = self.device
         g = _Graph(inputs=tuple(x.to(dev).clone() for x in inputs))
@@ -293,6 +302,10 @@ class CudaGraphRunner:
         (logits, hidden), static until the next call."""
         B, Q = tokens.shape
         L = self.scan_len(max_len)
+        inputs = (tokens.long(), positions.long(), slots.long())
+        return self.cache.run_padded((B, Q, L), 0, self._region(L), inputs, self.pad_rows(Q))
+
+    def _region(self, L: int):
         be = self.backend
 
         def region(tok, pos, sl):
@@ -301,8 +314,40 @@ class CudaGraphRunner:
             be.finish_forward()
             return out
 
-        inputs = (tokens.long(), positions.long(), slots.long())
-        return self.cache.run_padded((B, Q, L), 0, region, inputs, self.pad_rows(Q))
+        return region
+
+    def ladder_up_to(self, bs: int) -> list[int]:
+        """The ladder's sizes a batch of at most ``bs`` requests can run as: those below
+        ``bs`` and the first at or above it (capped by ``max_bs``)."""
+        sizes = self.cache.batch_sizes
+        top = next((s for s in sizes if s >= bs), sizes[-1] if sizes else 0)
+        return [s for s in sizes if s <= top]
+
+    def warm_up(self, batch_sizes, queries: int, max_lens: tuple[int, int]) -> int:
+        """Capture the target graphs of ``batch_sizes`` at ``queries`` queries per request for
+        every scan bucket a step of ``max_lens`` (lowest, highest need) meets, with padding rows
+        only, before any request arrives, as SGLang captures its batch sizes at start-up: a
+        closed-loop run then replays its ramp-up and drain sizes from its first step instead of
+        capturing them inside the measured window (each capture is an eager step plus the
+        recording). Sizes that recur still get their own graph at their ``capture_after``-th
+        use. Returns the graphs captured."""
+        be = self.backend
+        if be.pad_slot is None or not be.graph_capturable or self.broken:
+            return 0
+        lo, hi = max_lens
+        buckets = sorted({self.scan_len(x) for x in [*range(lo, hi, self.l_step), hi]})
+        n = 0
+        for L in buckets:
+            for b in batch_sizes:
+                if not self.can_run(b):
+                    continue
+                inputs = tuple(make(b).contiguous() for make in self.pad_rows(queries))
+                be.host_prepare()
+                try:
+                    n += self.cache.capture((b, queries, L), self._region(L), *inputs)
+                finally:
+                    be.end_step()
+        return n
 
     def pad_rows(self, Q: int):
         """Makers of n padding rows of (tokens, positions, slots) with Q queries each: token 0

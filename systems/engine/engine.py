@@ -138,6 +138,11 @@ class EngineConfig:
     cuda_graph_max_graphs: int = 64
     cuda_graph_capture_after: int = 3  # a key's use that captures it (earlier uses run eagerly)
     cuda_graph_emulate: bool = False  # CPU tests: the graph protocol without CUDA
+    # capture the batch-size ladder's graphs at start-up for the workload's context range
+    cuda_graph_warmup: bool = True
+    # (lowest, highest) max_len of a step (largest query position + 1) the warm-up covers;
+    # resolve_engine_config sets it from workload.input_len / output_len
+    cuda_graph_warmup_lens: tuple[int, int] | None = None
 
 
 class Engine:
@@ -244,6 +249,28 @@ class Engine:
             self.backend.set_blocks_in_flight(1 + self.decoder.commit_lag)
         self._inflight = None  # the launched, not yet read step (overlap scheduling)
         self._deferred: list[Request] | None = None  # finished while their slot is in flight
+        self._warm_up_cuda_graphs()
+
+    def _warm_up_cuda_graphs(self) -> None:
+        """``engine.cuda_graph_warmup``: the graphs of every ladder size a batch of this
+        engine's slots can run as, target and drafter, captured before any request arrives
+        (CudaGraphRunner.warm_up)."""
+        r, lens = self.graph_runner, self.cfg.cuda_graph_warmup_lens
+        if r is None or not self.cfg.cuda_graph_warmup or lens is None:
+            return
+        t0 = time.perf_counter()
+        sizes = r.ladder_up_to(self.backend.num_slots)
+        n = r.warm_up(sizes, self.decoder.verify_queries, lens)
+        n += self.decoder.warm_up_graphs(sizes)
+        self.startup_s["cuda_graphs"] = time.perf_counter() - t0
+        log.info(
+            "captured %d CUDA graphs at start-up (batch sizes %s, steps of max_len %d..%d) in "
+            "%.1f s",
+            n,
+            sizes,
+            *lens,
+            self.startup_s["cuda_graphs"],
+        )
 
     # ------------------------------------------------------------------ thread-safe API
     def new_rid(self) -> str:

@@ -117,12 +117,16 @@ class PlainDecoder:
     max_emit = 1  # tokens a step can emit per request
     supports_overlap = True
     commit_lag = 0  # launch commits its step's rows at once (the lengths are known)
+    verify_queries = 1  # a step's queries per request (warm-up graphs)
 
     def __init__(self, engine):
         self.e = engine
 
     def on_admit(self, arrivals) -> None:
         pass
+
+    def warm_up_graphs(self, batch_sizes) -> int:
+        return 0  # no drafter
 
     def launch(self, batch, prev: InflightStep | None) -> InflightStep:
         """Launch one step of ``batch``. A request of ``prev``'s batch takes prev's sampled token
@@ -173,6 +177,7 @@ class SpeculativeDecoder:
         self.supports_overlap = True
         self.commit_lag = 1
         self.max_emit = self.block  # accepted drafts + the next token: at most the block
+        self.verify_queries = self.block  # a verification pass's usual width (warm-up graphs)
         self.mode = spec.acceptance
         emitted = spec.calibrated_emitted_per_round
         if emitted is None:  # not resolved (a test building the decoder directly)
@@ -273,6 +278,32 @@ class SpeculativeDecoder:
             return lambda n: x.new_zeros((n, *x.shape[1:]))
 
         return (lambda n: slots.new_full((n,), pad), *(zeros(x) for x in rest))
+
+    def warm_up_graphs(self, batch_sizes) -> int:
+        """The drafter's graphs (proposal and catch-up over a whole block) for ``batch_sizes``,
+        captured on padding rows before any request arrives (CudaGraphRunner.warm_up); the
+        catch-up's rows are all invalid, so nothing is written. Returns the graphs captured."""
+        K, n = self.block, 0
+        graphs = self._drafter_graphs(max(batch_sizes, default=0), sampled=False)
+        if graphs is None or not batch_sizes:
+            return 0
+        dev = self.e.device
+        for b in batch_sizes:
+            slots = torch.full((b,), self.e.backend.pad_slot, dtype=torch.long, device=dev)
+            zeros = torch.zeros(b, dtype=torch.long, device=dev)
+            temps = torch.zeros(b, device=dev)
+            n += graphs.capture(
+                ("propose", b, K), self._propose_region(K), slots, zeros, zeros, temps
+            )
+            hidden = torch.zeros(
+                b, K, self.e.model.cfg.hidden_size, device=dev, dtype=self.e.model.dtype
+            )
+            tokens = torch.zeros(b, K, dtype=torch.long, device=dev)
+            valid = torch.zeros(b, K, dtype=torch.bool, device=dev)
+            n += graphs.capture(
+                ("catch_up", b, K), self._catch_up_region, slots, tokens, tokens, hidden, valid
+            )
+        return n
 
     def _propose_region(self, K: int):
         d = self.drafter

@@ -245,3 +245,72 @@ def test_padding_rows_of_a_block_wider_than_a_page_stay_on_the_padding_slots_pag
         w = be._step["write_loc"]
         assert bool(((w // be.G) % (be.NG // be.G) == be.pad_page).all())
     be.end_step()
+
+
+@pytest.mark.parametrize("system", ["hisparse", "adaptive_dhisparse"])
+def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
+    """engine.cuda_graph_warmup: before any request, the ladder sizes up to the engine's slots
+    are captured for every scan bucket of the workload's context range, on padding rows only
+    (target; the drafter's proposal and catch-up too). A draining batch then captures nothing
+    (exact sizes wait for their 100th use here) and gives the tokens and selection counters of
+    a run without graphs."""
+    from systems.engine.request import Request, SamplingParams
+    from tests.helpers import golden_prompts
+
+    prompts = [p[:40] for p in golden_prompts()[:5]]
+    extra = ["system.kv.hot_cache_rows=8"]
+    if "dhisparse" in system:
+        extra += ["system.speculation.acceptance=calibrated", "system.speculation.window=64"]
+
+    def run(*graph):
+        eng = make_engine(
+            "model=tiny",
+            f"system={system}",
+            "hardware.kv_pool_gib=0.01",
+            "hardware.max_running_requests=6",
+            "engine.cuda_graph_scan_step=16",
+            "workload.input_len=40",
+            "workload.output_len=44",
+            *extra,
+            *graph,
+        )
+        before = None if eng.graph_runner is None else dict(eng.graph_runner.stats)
+        reqs = [
+            Request(eng.new_rid(), p, SamplingParams(max_new_tokens=12 + 8 * i))
+            for i, p in enumerate(prompts)
+        ]
+        for r in reqs:
+            eng.submit(r)
+        eng.run_until_idle()
+        counted = {k: v for k, v in eng.backend.metrics().items() if k.startswith("dhs_selected")}
+        return [r.output_ids for r in reqs], counted, eng, before
+
+    want, want_counts, _, _ = run()
+    graph = ("+engine.cuda_graph_emulate=true", "engine.cuda_graph_capture_after=100")
+    got, got_counts, eng, before = run(*graph)
+    assert got == want and got_counts == want_counts
+    r = eng.graph_runner
+    assert r.ladder_up_to(eng.backend.num_slots) == [1, 2, 4, 8]
+    q = eng.decoder.verify_queries
+    lo, hi = eng.cfg.cuda_graph_warmup_lens
+    assert (lo, hi) == (41, 41 + 44 + eng.decoder.max_queries)
+    buckets = {r.scan_len(n) for n in range(lo, hi + 1)}
+    assert {k for k in r.graphs} >= {(b, q, L) for b in (1, 2, 4, 8) for L in buckets}
+    assert before["captures"] == len(r.graphs) and r.stats["captures"] == before["captures"]
+    assert r.stats["padded_replays"] > 0 and r.stats["eager_steps"] == 0
+    assert "cuda_graphs" in eng.startup_s
+    if eng.cfg.speculation:
+        d = r.drafter
+        assert {("propose", b, q) for b in (1, 2, 4, 8)} <= set(d.graphs)
+        assert {("catch_up", b, q) for b in (1, 2, 4, 8)} <= set(d.graphs)
+        assert d.stats["eager_steps"] == 0 and d.stats["padded_replays"] > 0
+    cold = make_engine(
+        "model=tiny",
+        f"system={system}",
+        "hardware.kv_pool_gib=0.01",
+        "hardware.max_running_requests=6",
+        *extra,
+        *graph,
+        "engine.cuda_graph_warmup=false",
+    )
+    assert len(cold.graph_runner.graphs) == 0
