@@ -884,6 +884,11 @@ MEASUREMENT_CHANGES = (
         "sparse attention splits a query's k rows into chunks of 256 whatever the batch (before "
         "it, the chunk count filled the GPU from the batch size: more chunks at small batches)",
     ),
+    (
+        "f2582f3",
+        "the batch-size ladder's CUDA graphs are captured at server start-up (before it, at "
+        "their uses inside the measured window)",
+    ),
 )
 
 
