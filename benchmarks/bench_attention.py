@@ -3,12 +3,15 @@ paths, same inputs.
 
     python benchmarks/bench_attention.py --out results/attention/h200.json
 
-For the glm53_mini geometry (H = 4, kv_dim 576, FP8 656-byte rows, k = 512) at N queries per
+For the glm53_mini geometry (H = 4, kv_dim 576, FP8 656-byte rows, k = 512; ``--heads 16 --k 1024``
+for glm53_h200's) at N queries per
 layer call (decode batches, and verification passes of K = 4 at C64), it times one layer's
 attention four ways (reference; the per-head kernel unsplit and with its default split-K; the all-heads tensor-core kernel) (CUDA events, median of --reps after warm-up, a 256 MB L2 flush and a GPU spin before each)
 and reports the difference of the outputs, the kernel's effective bandwidth over the bytes it
 must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (docs/design.md), and the
-speed-up. Exits 1 if the outputs disagree beyond float32 rounding.
+speed-up, then both kernels over chunk counts 1-16 at 1-128 queries (``split_sweep``: the data
+for ``SPLIT_ROWS``, which fixes the count by k alone). Exits 1 if the outputs disagree beyond
+float32 rounding.
 """
 
 from __future__ import annotations
@@ -125,22 +128,25 @@ def main() -> None:
             f"{row['mma_max_abs_diff']:.1e}",
             flush=True,
         )
-    # chunk-count sweep at small batches, where split-K matters
+    # chunk-count sweep of both kernels (the all-heads one is what ``auto`` runs on a GPU):
+    # SPLIT_ROWS fixes the count by k alone (batch invariance), so one count serves every batch
     sweep = []
-    for N in (1, 16):
+    for N in (1, 16, 32, 128):
         q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
         loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
-        for ns in (1, 2, 4, 8, 16):
-            fn = lambda: sparse_attention_triton(q, kv, loc, loc, splits=ns, **kw)  # noqa: E731
-            us = _median_us(torch, fn, flush, args.reps)
-            sweep.append(
-                {"queries": N, "splits": ns, "us": us, "gbps": N * args.k * kv.shape[1] / us / 1e3}
-            )
-            print(
-                f"[attention] sweep N={N:3d} splits={ns:2d}: {us:8.1f} us "
-                f"({sweep[-1]['gbps']:.0f} GB/s)",
-                flush=True,
-            )
+        for kernel in ("mma", "per_head"):
+            for ns in (1, 2, 4, 8, 16):
+                fn = lambda: sparse_attention_triton(  # noqa: E731
+                    q, kv, loc, loc, splits=ns, kernel=kernel, **kw
+                )
+                us = _median_us(torch, fn, flush, args.reps)
+                gbps = N * args.k * kv.shape[1] / us / 1e3
+                sweep.append({"queries": N, "kernel": kernel, "splits": ns, "us": us, "gbps": gbps})
+                print(
+                    f"[attention] sweep {kernel:8s} N={N:3d} splits={ns:2d}: {us:8.1f} us "
+                    f"({gbps:.0f} GB/s)",
+                    flush=True,
+                )
 
     # the all-heads tensor-core kernel's launch shape, at a decode batch and a verification call
     for N in (64, 512):
