@@ -112,6 +112,22 @@ def test_a_size_off_the_ladder_without_a_larger_graph_runs_as_the_next_ladder_si
     assert eng.graph_runner.cache.batch_sizes == [1, 4, 8] == eng.graph_runner.drafter.batch_sizes
 
 
+def _drain(eng, prompts):
+    """A draining batch: request i capped at 12 + 8 i tokens. Returns the outputs and the
+    backend's selection counters."""
+    from systems.engine.request import Request, SamplingParams
+
+    reqs = [
+        Request(eng.new_rid(), p, SamplingParams(max_new_tokens=12 + 8 * i))
+        for i, p in enumerate(prompts)
+    ]
+    for r in reqs:
+        eng.submit(r)
+    eng.run_until_idle()
+    counted = {k: v for k, v in eng.backend.metrics().items() if k.startswith("dhs_selected")}
+    return [r.output_ids for r in reqs], counted
+
+
 @pytest.mark.parametrize(
     "system",
     ["resident", "hisparse", "adaptive_hisparse", "adaptive_dhisparse", "resident_dflash2"],
@@ -138,19 +154,10 @@ def test_padded_replays_give_the_exact_batch_tokens_and_counters(system, model):
             *extra,
             *graph,
         )
-        from systems.engine.request import Request, SamplingParams
-
-        reqs = [
-            Request(eng.new_rid(), p, SamplingParams(max_new_tokens=12 + 8 * i))
-            for i, p in enumerate(prompts)
-        ]
-        for r in reqs:
-            eng.submit(r)
-        eng.run_until_idle()
+        outs, counted = _drain(eng, prompts)
         eng.backend.check_integrity()
         assert eng.backend.is_empty
-        counted = {k: v for k, v in eng.backend.metrics().items() if k.startswith("dhs_selected")}
-        return [r.output_ids for r in reqs], counted, eng
+        return outs, counted, eng
 
     want, want_counts, _ = run()
     got, got_counts, eng = run(
@@ -254,7 +261,6 @@ def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
     (target; the drafter's proposal and catch-up too). A draining batch then captures nothing
     (exact sizes wait for their 100th use here) and gives the tokens and selection counters of
     a run without graphs."""
-    from systems.engine.request import Request, SamplingParams
     from tests.helpers import golden_prompts
 
     prompts = [p[:40] for p in golden_prompts()[:5]]
@@ -275,15 +281,7 @@ def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
             *graph,
         )
         before = None if eng.graph_runner is None else dict(eng.graph_runner.stats)
-        reqs = [
-            Request(eng.new_rid(), p, SamplingParams(max_new_tokens=12 + 8 * i))
-            for i, p in enumerate(prompts)
-        ]
-        for r in reqs:
-            eng.submit(r)
-        eng.run_until_idle()
-        counted = {k: v for k, v in eng.backend.metrics().items() if k.startswith("dhs_selected")}
-        return [r.output_ids for r in reqs], counted, eng, before
+        return *_drain(eng, prompts), eng, before
 
     want, want_counts, _, _ = run()
     graph = ("+engine.cuda_graph_emulate=true", "engine.cuda_graph_capture_after=100")
