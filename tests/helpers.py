@@ -14,6 +14,11 @@ GOLDEN_PROMPT_LENS = (5, 23, 40, 77, 130)
 
 
 def make_engine(*overrides: str) -> Engine:
+    """An engine on CPU. The start-up graph warm-up is off unless an override names it: an
+    emulated capture costs a forward pass and saves nothing, and the warm-up has its own tests
+    (tests/engine/test_cuda_graph.py)."""
+    if not any(o.lstrip("+~").startswith("engine.cuda_graph_warmup") for o in overrides):
+        overrides = ("engine.cuda_graph_warmup=false", *overrides)
     cfg = compose(["device=cpu", *overrides])
     return Engine(resolve_engine_config(cfg))
 

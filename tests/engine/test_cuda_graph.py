@@ -284,7 +284,11 @@ def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
         return *_drain(eng, prompts), eng, before
 
     want, want_counts, _, _ = run()
-    graph = ("+engine.cuda_graph_emulate=true", "engine.cuda_graph_capture_after=100")
+    graph = (
+        "+engine.cuda_graph_emulate=true",
+        "engine.cuda_graph_capture_after=100",
+        "engine.cuda_graph_warmup=true",
+    )
     got, got_counts, eng, before = run(*graph)
     assert got == want and got_counts == want_counts
     r = eng.graph_runner
@@ -308,7 +312,7 @@ def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
         "hardware.kv_pool_gib=0.01",
         "hardware.max_running_requests=6",
         *extra,
-        *graph,
+        "+engine.cuda_graph_emulate=true",
         "engine.cuda_graph_warmup=false",
     )
     assert len(cold.graph_runner.graphs) == 0

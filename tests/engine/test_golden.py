@@ -31,8 +31,8 @@ def test_graph_protocol_reproduces_golden_tokens(backend, model, max_bs):
     buckets), emulated on CPU: the same golden tokens, and the captured region never syncs.
     The 5 requests run together: a batch cap of 3 sends every step down the eager path with
     bucketed scans, a cap of 5 through captured graphs; a 16-position bucket makes the scan
-    length change within the run. Graphs are captured at their uses here (no start-up
-    warm-up; tests/engine/test_cuda_graph.py covers it)."""
+    length change within the run. Graphs are captured at their uses here (make_engine leaves
+    the start-up warm-up off; tests/engine/test_cuda_graph.py covers it)."""
     eng = make_engine(
         f"model={model}",
         f"system.kv_backend={backend}",
@@ -40,7 +40,6 @@ def test_graph_protocol_reproduces_golden_tokens(backend, model, max_bs):
         "+engine.cuda_graph_emulate=true",
         f"engine.cuda_graph_max_bs={max_bs}",
         "engine.cuda_graph_scan_step=16",
-        "engine.cuda_graph_warmup=false",
     )
     outs = run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"])
     assert outs == GOLDEN["outputs"][model]

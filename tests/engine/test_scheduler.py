@@ -147,7 +147,7 @@ def test_engine_time_counters_split_admission_decode_and_captures():
     """/metrics accounts the engine thread's time: admission rounds, decode steps, and the
     steps that recorded a graph (emulated capture on CPU: one per new batch size; none at
     start-up here, so every capture is a step's)."""
-    eng = make_engine("+engine.cuda_graph_emulate=true", "engine.cuda_graph_warmup=false")
+    eng = make_engine("+engine.cuda_graph_emulate=true")
     prompts = golden_prompts()[:3]
     for p in prompts:
         eng.submit(_req(eng, p, 4))
