@@ -9,8 +9,10 @@ M in 1 .. 64, then every 8 up to --max-m, is compared with each row computed alo
 ``differs_at_m`` lists the M whose rows are not bit-identical. Why it matters: a CUDA graph's
 padding rows, and the requests beside a request, change M; where cuBLAS picks another kernel
 for the new M, greedy tokens can change with the batch (docs/engine.md, batch invariance).
-The attention kernels are ours and batch invariant by construction; these GEMMs are cuBLAS's.
-Reports only (exit 0): the measured ranges are the facts docs/engine.md quotes.
+The attention kernels are ours and batch invariant by construction. Both GEMM implementations
+are checked (``--impls``; ``model.gemm_impl``, systems/kernels/gemm.py) and timed at M = 1, 8,
+32, 128 (median CUDA-event microseconds). cuBLAS's ranges are reported (the facts docs/engine.md
+quotes); a row of the batch-invariant kernel that changes with M exits 1.
 """
 
 from __future__ import annotations
@@ -21,6 +23,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+
+def _median_us(torch, fn, reps: int = 30) -> float:
+    """Median CUDA-event time of fn after a warm-up (weights stay in L2 only when they fit)."""
+    for _ in range(5):
+        fn()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(reps):
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) * 1e3)
+    return round(sorted(ts)[reps // 2], 1)
 
 
 def layer_shapes(m) -> dict[str, tuple[int, int]]:
@@ -40,6 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", default="glm53_mini,glm53_h200")
     ap.add_argument("--max-m", type=int, default=320)
+    ap.add_argument("--impls", default="cublas,triton", help="model.gemm_impl values to check")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -50,23 +68,36 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("check_gemm_invariance: no CUDA device here; run it on the GPU machine")
+    from systems.kernels.gemm import mm
+
     ms = [*range(1, 65), *range(72, args.max_m + 1, 8)]
     g = torch.Generator(device="cuda").manual_seed(0)
-    rows = []
+    rows, bad_triton = [], 0
     for model in args.models.split(","):
         cfg = compose([f"model={model}"]).model
         for name, (K, N) in layer_shapes(cfg).items():
             x = torch.randn(max(ms), K, device="cuda", generator=g).to(torch.bfloat16)
             w = (torch.randn(K, N, device="cuda", generator=g) / K**0.5).to(torch.bfloat16)
-            alone = torch.cat([x[i : i + 1] @ w for i in range(max(ms))])
-            bad = [m for m in ms if not torch.equal(x[:m] @ w, alone[:m])]
-            rows.append({"model": model, "weight": name, "K": K, "N": N, "differs_at_m": bad})
-            first = bad[0] if bad else None
-            print(f"[gemm] {model:12s} {name:14s} {K:6d} x {N:6d}: rows change from M = {first}")
+            row = {"model": model, "weight": name, "K": K, "N": N}
+            for impl in args.impls.split(","):
+                alone = torch.cat([mm(x[i : i + 1], w, impl) for i in range(max(ms))])
+                bad = [m for m in ms if not torch.equal(mm(x[:m], w, impl), alone[:m])]
+                key = "" if impl == "cublas" else f"{impl}_"
+                row[f"{key}differs_at_m"] = bad
+                row[f"{key}us"] = {
+                    m: _median_us(torch, lambda: mm(x[:m], w, impl)) for m in (1, 8, 32, 128)
+                }
+                bad_triton += impl == "triton" and bool(bad)
+                first = bad[0] if bad else None
+                print(
+                    f"[gemm] {model:12s} {name:14s} {K:6d} x {N:6d} {impl:7s}: rows change from "
+                    f"M = {first}; us at M 1/8/32/128: {list(row[f'{key}us'].values())}"
+                )
+            rows.append(row)
     finish_benchmark(
         args.out,
         {"benchmark": "check_gemm_invariance", "args": vars(args), "m_tested": ms, "rows": rows},
-        False,
+        bool(bad_triton),
     )
 
 

@@ -107,11 +107,12 @@ def resolve_engine_config(cfg: DictConfig) -> EngineConfig:
     engine = dict(_plain(cfg.get("engine")) or {})
     ecfg = _typed(EngineConfig, engine, "engine", exclude=_NOT_ENGINE_KEYS)
     if ecfg.cuda_graph_warmup and "workload" in cfg:
-        # a step's max_len runs from the first decode position to the last verified one
+        # a step's max_len runs from the first decode position to the last verified one: a
+        # round in flight (overlap scheduling) puts a request up to a block past its host
+        # length, and its pass reaches a block further
         first = int(cfg.workload.input_len) + 1
-        ecfg = dataclasses.replace(
-            ecfg, cuda_graph_warmup_lens=(first, first + int(cfg.workload.output_len) + q_max)
-        )
+        last = first + int(cfg.workload.output_len) + 2 * q_max
+        ecfg = dataclasses.replace(ecfg, cuda_graph_warmup_lens=(first, last))
     ecfg = dataclasses.replace(
         ecfg,
         model=model,

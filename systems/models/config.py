@@ -23,6 +23,7 @@ KV_FORMATS = ("bf16", "fp8")
 # auto: the Triton kernels on a GPU that passes their self-check, else reference;
 # triton_mma: the all-heads tensor-core attention kernel (the index scan as triton)
 ATTENTION_IMPLS = ("auto", "triton", "triton_mma", "reference")
+GEMM_IMPLS = ("cublas", "triton")  # systems/kernels/gemm.py
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class ModelConfig:
     kv_format: str = "bf16"  # bf16 | fp8 (fp8 with 576 dims gives the paper's 656-byte row)
     # sparse attention: auto (Triton kernel on GPU, reference on CPU) | triton | reference
     attention_impl: str = "auto"
+    # the projections' GEMMs: cublas (torch.matmul) | triton (batch invariant: a row's bits do
+    # not depend on the rows beside it; systems/kernels/gemm.py)
+    gemm_impl: str = "cublas"
     index_dim: int = 16
     index_topk: int = 8  # k
     # Selection locality (the one calibrated input, docs/design.md): the indexer query is
@@ -105,6 +109,10 @@ class ModelConfig:
             raise bad(
                 "attention_impl",
                 f"must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention_impl!r}",
+            )
+        if self.gemm_impl not in GEMM_IMPLS:
+            raise bad(
+                "gemm_impl", f"must be one of {', '.join(GEMM_IMPLS)}, got {self.gemm_impl!r}"
             )
         if self.kv_format not in KV_FORMATS:
             raise bad("kv_format", f"must be one of {KV_FORMATS}, got {self.kv_format!r}")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from systems.engine.sampler import draw
+from systems.kernels.gemm import mm
 from systems.spec.ring import DraftRing
 
 
@@ -79,13 +80,17 @@ class _DraftCore(torch.nn.Module):
         weights += sum(t.numel() * t.element_size() for t in (self.w_in, self.w_hid, self.w_out))
         return weights + self.ring.nbytes
 
+    def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """A projection, through the target's GEMM (``model.gemm_impl``)."""
+        return mm(x, w, self.target.gemm_impl)
+
     @staticmethod
     def _norm(x):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.target.embed[tokens.long()] @ self.w_in
+        return self._mm(self.target.embed[tokens.long()], self.w_in)
 
     def catch_up(
         self,
@@ -100,15 +105,15 @@ class _DraftCore(torch.nn.Module):
         Rows where valid is False are not written. ``fresh``: the chunk is the first the slots'
         rings hold for their requests (an arrival's prompt tail), so it attends to itself alone:
         the ring rows before it hold a previous request's positions, not this one's."""
-        x = self._embed(tokens) + hidden.to(self.w_hid.dtype) @ self.w_hid
+        x = self._embed(tokens) + self._mm(hidden.to(self.w_hid.dtype), self.w_hid)
         rows = self.ring.rows(slots, positions)
         # the history before this chunk (none for a fresh one), and the chunk causally
         ctx = None if fresh else self._context(slots, positions[:, :1], tokens.shape[1], True)
         for li, p in enumerate(self.layers):
             h = self._norm(x)
-            k, v = h @ p["wk"], h @ p["wv"]
+            k, v = self._mm(h, p["wk"]), self._mm(h, p["wv"])
             x = x + self._attend(p, h, k, v, ctx, li)
-            x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
+            x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
             # rows of invalid entries keep their contents: a masked write instead of boolean
             # indexing, which would sync (the rows of one call are distinct: L <= ring size)
             keep = ~valid.reshape(-1, 1)
@@ -151,12 +156,12 @@ class _DraftCore(torch.nn.Module):
         """h, k, v (B, L, d): block queries attend to their ring window and block keys (ctx from
         ``_context``), or with ctx None to the block's keys causally: one fused attention call in
         the model dtype. (A block padded at the end stays exact: no valid query sees a pad.)"""
-        q = h @ p["wq"]
+        q = self._mm(h, p["wq"])
         if ctx is None:
             out = F.scaled_dot_product_attention(
                 q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), is_causal=True, scale=self.scale
             )[:, 0]
-            return out @ p["wo"]
+            return self._mm(out, p["wo"])
         slots, bias = ctx
         d = h.shape[-1]
         ring = self.ring.kv[li].view(2, -1, self.ring.r_d, d)  # the padding slot's too
@@ -165,10 +170,10 @@ class _DraftCore(torch.nn.Module):
         out = F.scaled_dot_product_attention(
             q.unsqueeze(1), keys.unsqueeze(1), vals.unsqueeze(1), attn_mask=bias, scale=self.scale
         )[:, 0]
-        return out @ p["wo"]
+        return self._mm(out, p["wo"])
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return ((self._norm(x) @ self.w_out) @ self.target.lm_head).float()
+        return self._mm(self._mm(self._norm(x), self.w_out), self.target.lm_head).float()
 
 
 class DFlash2Drafter(_DraftCore):
@@ -198,8 +203,8 @@ class DFlash2Drafter(_DraftCore):
         ctx = self._context(slots, n.unsqueeze(1), K, causal_block=False)  # bidirectional block
         for li, p in enumerate(self.layers):
             h = self._norm(x)
-            x = x + self._attend(p, h, h @ p["wk"], h @ p["wv"], ctx, li)
-            x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
+            x = x + self._attend(p, h, self._mm(h, p["wk"]), self._mm(h, p["wv"]), ctx, li)
+            x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
         logits = self._logits(x[:, : K - 1])  # block position j proposes token n + j + 1
         return _draw(logits, temperatures, gen, sampled)
 
@@ -219,8 +224,8 @@ class DSparkDrafter(_DraftCore):
             ctx = self._context(slots, n.unsqueeze(1), j + 1, causal_block=True)
             for li, p in enumerate(self.layers):
                 h = self._norm(x)
-                x = x + self._attend(p, h, h @ p["wk"], h @ p["wv"], ctx, li)
-                x = x + F.silu(self._norm(x) @ p["w1"]) @ p["w2"]
+                x = x + self._attend(p, h, self._mm(h, p["wk"]), self._mm(h, p["wv"]), ctx, li)
+                x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
             logits = self._logits(x[:, -1:])
             t, q = _draw(logits, temperatures, gen, sampled)
             toks.append(t[:, 0])

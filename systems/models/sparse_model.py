@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from profiling.ranges import ATTEND, MLP, PROJ, SELECT, nvtx_range
 from systems.disk_cache import load_or_draw
 from systems.kernels.fused_ops import add_rms_norm, blend_index_query, encode_fp8_rows, silu_mul
+from systems.kernels.gemm import mm
 from systems.kernels.selfcheck import resolve_impl
 from systems.kernels.sparse_attention import sparse_attention
 from systems.kernels.topk import topk_positions
@@ -89,6 +90,7 @@ class SparseModel(torch.nn.Module):
         # with the concatenated projection weights they come with
         self.fused = self.topk_impl == "triton"
         self.norm_impl = self.topk_impl
+        self.gemm_impl = cfg.gemm_impl
         # drawn once per set of weights when DHS_WEIGHT_CACHE is set (systems/disk_cache.py)
         # torch's version too: its CPU generator's stream is not promised across releases
         key = repr(
@@ -177,6 +179,10 @@ class SparseModel(torch.nn.Module):
         return p["w_in"][:, c0:c1]
 
     # ------------------------------------------------------------------ building blocks
+    def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """A projection ``x @ w``: cuBLAS, or the batch-invariant kernel (``gemm_impl``)."""
+        return mm(x, w, self.gemm_impl)
+
     def _add_norm(
         self, x: torch.Tensor, delta: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,8 +193,8 @@ class SparseModel(torch.nn.Module):
         """The layer input's projections by weight name (wkv, wq, wik, wiq, as the role has
         them): one GEMM and column views when the weights are fused."""
         if "w_in" not in p:  # the index query is projected per query chunk (forward)
-            return {n: h @ p[n] for n in ("wkv", "wq", "wik") if n in p}
-        y = h @ p["w_in"]
+            return {n: self._mm(h, p[n]) for n in ("wkv", "wq", "wik") if n in p}
+        y = self._mm(h, p["w_in"])
         return {n: y[..., c0:c1] for n, (c0, c1) in p["in_cols"].items()}
 
     def _encode(self, kv: torch.Tensor) -> torch.Tensor:
@@ -212,12 +218,12 @@ class SparseModel(torch.nn.Module):
 
     def _mlp(self, p: dict, h: torch.Tensor) -> torch.Tensor:
         if "w13" in p:
-            return silu_mul(h @ p["w13"], impl=self.norm_impl) @ p["w2"]
-        return (F.silu(h @ p["w1"]) * (h @ p["w3"])) @ p["w2"]
+            return self._mm(silu_mul(self._mm(h, p["w13"]), impl=self.norm_impl), p["w2"])
+        return self._mm(F.silu(self._mm(h, p["w1"])) * self._mm(h, p["w3"]), p["w2"])
 
     def index_query(self, p: dict, h: torch.Tensor) -> torch.Tensor:
         """h (B,Qc,D) -> the indexer's float32 queries (B,Qc,di)."""
-        return self._blend_index_query(p, h @ self._weight(p, "wiq"))
+        return self._blend_index_query(p, self._mm(h, self._weight(p, "wiq")))
 
     def _blend_index_query(self, p: dict, iq: torch.Tensor) -> torch.Tensor:
         """The index projection, normalized and blended with the layer's fixed direction by
@@ -327,12 +333,12 @@ class SparseModel(torch.nn.Module):
                 last_sel_src[spec.source] = last_sel
             attn = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
             with nvtx_range(PROJ):
-                x, h2 = self._add_norm(x, attn.reshape(B, Q, H * d) @ p["wo"])
+                x, h2 = self._add_norm(x, self._mm(attn.reshape(B, Q, H * d), p["wo"]))
             with nvtx_range(MLP):
                 # the next layer's input norm (the final norm after the last layer) fused in
                 x, h = self._add_norm(x, self._mlp(p, h2))
         hidden = h
-        logits = ((hidden[:, -1:] if last_only else hidden) @ self.lm_head).float()
+        logits = self._mm(hidden[:, -1:] if last_only else hidden, self.lm_head).float()
         return logits, hidden
 
 

@@ -295,7 +295,7 @@ def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
     assert r.ladder_up_to(eng.backend.num_slots) == [1, 2, 4, 8]
     q = eng.decoder.verify_queries
     lo, hi = eng.cfg.cuda_graph_warmup_lens
-    assert (lo, hi) == (41, 41 + 44 + eng.decoder.max_queries)
+    assert (lo, hi) == (41, 41 + 44 + 2 * eng.decoder.max_queries)
     buckets = {r.scan_len(n) for n in range(lo, hi + 1)}
     assert {k for k in r.graphs} >= {(b, q, L) for b in (1, 2, 4, 8) for L in buckets}
     assert before["captures"] == len(r.graphs) and r.stats["captures"] == before["captures"]

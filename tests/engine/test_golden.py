@@ -112,3 +112,19 @@ def test_fp8_rows_encoded_in_place_give_the_write_kv_path_tokens(backend):
         assert used  # the model asked for the target on the fused path
         eng.backend.check_integrity()
     assert outs[0] == outs[1]
+
+
+def test_batch_invariant_gemm_reproduces_golden_tokens():
+    """``model.gemm_impl=triton`` (systems/kernels/gemm.py, under the interpreter here): every
+    projection through the fixed-tile kernel, the same golden tokens."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton GEMM runs on CPU only under TRITON_INTERPRET=1")
+    eng = make_engine(
+        "model=tiny",
+        "hardware.kv_pool_gib=0.01",
+        "+model.gemm_impl=triton",
+    )
+    assert eng.model.gemm_impl == "triton"
+    assert run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"]) == GOLDEN["outputs"]["tiny"]
