@@ -254,7 +254,7 @@ def test_padding_rows_of_a_block_wider_than_a_page_stay_on_the_padding_slots_pag
     be.end_step()
 
 
-@pytest.mark.parametrize("system", ["hisparse", "adaptive_dhisparse"])
+@pytest.mark.parametrize("system", ["hisparse", "adaptive_dhisparse", "adaptive_dhisparse_dspark"])
 def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
     """engine.cuda_graph_warmup: before any request, the ladder sizes up to the engine's slots
     are captured for every scan bucket of the workload's context range, on padding rows only
@@ -299,13 +299,18 @@ def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
     buckets = {r.scan_len(n) for n in range(lo, hi + 1)}
     assert {k for k in r.graphs} >= {(b, q, L) for b in (1, 2, 4, 8) for L in buckets}
     assert before["captures"] == len(r.graphs) and r.stats["captures"] == before["captures"]
-    assert r.stats["padded_replays"] > 0 and r.stats["eager_steps"] == 0
     assert "cuda_graphs" in eng.startup_s
+    # DSpark verifies the widest prefix its scheduler asks for, which varies from round to
+    # round: the warm-up takes the whole block, narrower passes wait for their own captures
+    whole_blocks = "dspark" not in system
+    if whole_blocks:
+        assert r.stats["padded_replays"] > 0 and r.stats["eager_steps"] == 0
     if eng.cfg.speculation:
         d = r.drafter
         assert {("propose", b, q) for b in (1, 2, 4, 8)} <= set(d.graphs)
         assert {("catch_up", b, q) for b in (1, 2, 4, 8)} <= set(d.graphs)
-        assert d.stats["eager_steps"] == 0 and d.stats["padded_replays"] > 0
+        if whole_blocks:
+            assert d.stats["eager_steps"] == 0 and d.stats["padded_replays"] > 0
     cold = make_engine(
         "model=tiny",
         f"system={system}",
