@@ -13,6 +13,8 @@
 #                                   the same for a subset (--system / --where / --point)
 #   EXP+ov=^rerun=2[:SECS]          adds a Hydra override to this item only; ^ stands for Hydra's +
 #                                   (+ separates fields here): a new key, so new run ids
+#   EXP+rerun-stale[:SECS]          measures again the finished runs recorded at another commit
+#                                   (DHS_GIT_COMMIT; same run ids; harness.reproduce --rerun-stale)
 #   @NAME[:SECS]                    python benchmarks/NAME.py --out $OUT/NAME.json $DHS_ARGS_NAME
 #   @NAME#K[:SECS]                  the same benchmark again with $DHS_ARGS_NAME_K, into NAME_K.json
 # Overrides after -- go to every harness run of the batch.
@@ -88,7 +90,7 @@ pack() {  # what this batch wrote so far into $OUT/results.tgz (replaced whole, 
     if [ -f "$d/summary.json" ] || [ -f "$d/error.txt" ] || [[ "$(basename "$d")" == .* ]]; then
       new+=("$d")
     fi
-  done < <(find results -mindepth 2 -maxdepth 2 -type d -newer "$MARK" 2>/dev/null | sort)
+  done < <(find results -mindepth 2 -maxdepth 2 -type d -newer "$MARK" ! -name '*.superseded-*' 2>/dev/null | sort)
   while read -r d; do
     [ -n "$d" ] && new+=("$d")
   done < <(find results -mindepth 2 -maxdepth 3 -type f -newer "$MARK" \
@@ -140,7 +142,12 @@ lane() {  # GPU index, "items", overrides
       *)  exp=${spec%%+*}; local sel=() ovs=() kv=()
           IFS=+ read -ra kv <<< "${spec#"$exp"}"
           for x in "${kv[@]}"; do
-            case "$x" in "") ;; ov=*) o=${x#ov=}; ovs+=("${o//^/+}") ;; *) sel+=("--${x%%=*}" "${x#*=}") ;; esac
+            case "$x" in
+              "") ;;
+              ov=*) o=${x#ov=}; ovs+=("${o//^/+}") ;;
+              *=*) sel+=("--${x%%=*}" "${x#*=}") ;;
+              *) sel+=("--$x") ;;  # a flag, e.g. rerun-stale
+            esac
           done
           CUDA_VISIBLE_DEVICES=$gpu rep "$exp" "$secs" ${sel[@]+"${sel[@]}"} ${ovs[@]+"${ovs[@]}"} "$@" 2>&1 \
             | sed "s/^/[gpu$gpu] /" ;;

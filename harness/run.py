@@ -8,7 +8,8 @@ One run = one (config, load point). Results go to ``results/<experiment>/<run-id
 ``server_metrics.parquet`` (one-second /metrics samples), ``summary.json`` (written atomically,
 last: its presence marks the run finished), ``env.json``. Run ids are derived from the config, so
 an interrupted sweep resumes by skipping finished runs; a run directory without summary.json is
-an unfinished attempt and is moved aside to ``<run-id>.failed-<time>`` before the rerun.
+an unfinished attempt and is moved aside to ``<run-id>.failed-<time>`` before the rerun (a stale
+run re-measured under DHS_RERUN_STALE=1, to ``<run-id>.superseded-<time>``).
 
 A run that fails (the load raised, was interrupted, or the server was not healthy once the load
 ended) keeps its ``records.jsonl`` and gets ``error.txt`` (what failed, the traceback, the tail of
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import traceback
 import urllib.error
@@ -28,10 +30,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from harness.environment import REPO, environment
+from harness.environment import REPO, environment, git_commit
 from harness.load_mapping import decode_gpus, ours_concurrency
 from harness.records import atomic_write_json
-from harness.results import REPRODUCE_UNHASHED
+from harness.results import REPRODUCE_UNHASHED, load_json
 from harness.servers import bundled_server
 from harness.sglang_launch import sglang_server
 from harness.wandb_logger import make_logger, run_config, tags
@@ -302,8 +304,20 @@ def point_plan(
             and (exp_dir / old / "summary.json").exists()
         ):
             rid = old  # finished under the id it had before the swept values joined it
-        out.append((p, rid, (exp_dir / rid / "summary.json").exists()))
+        finished = (exp_dir / rid / "summary.json").exists() and not _stale(exp_dir / rid)
+        out.append((p, rid, finished))
     return exp_dir, out
+
+
+def _stale(run_dir: Path) -> bool:
+    """With DHS_RERUN_STALE=1 (``harness.reproduce --rerun-stale``), a finished run recorded at
+    another commit than this one (env.json's git_commit; DHS_GIT_COMMIT on the GPU machine)
+    counts as not finished: re-measuring an experiment after a change that moves its numbers
+    keeps its run ids, and a call cut short resumes with the runs already redone."""
+    if os.environ.get("DHS_RERUN_STALE") != "1":
+        return False
+    recorded = (load_json(run_dir / "env.json") or {}).get("git_commit")
+    return recorded != git_commit()
 
 
 def run(
@@ -353,8 +367,9 @@ def run(
         if url is None:
             url = f"http://{cfg.server.host}:{cfg.server.port}"
         for p, rid, d in todo:
-            if d.exists():
-                d.rename(d.with_name(f"{rid}.failed-{int(time.time())}"))
+            if d.exists():  # an unfinished attempt, or a stale run measured again
+                kind = "superseded" if (d / "summary.json").exists() else "failed"
+                d.rename(d.with_name(f"{rid}.{kind}-{int(time.time())}"))
             d.mkdir(parents=True)
             OmegaConf.save(cfg, d / "config.yaml", resolve=True)
             atomic_write_json(d / "env.json", {**env, "device": ecfg.device})

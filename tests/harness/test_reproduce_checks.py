@@ -2,6 +2,7 @@
 pending points per experiment, skipped points keep every run id, and runs leave committed logs
 alone."""
 
+import json
 import subprocess
 
 import pytest
@@ -138,3 +139,28 @@ def test_plan_status_counts_finished_and_pending_runs(tmp_path):
     (exp_dir / plan[0][1]).mkdir(parents=True)
     (exp_dir / plan[0][1] / "summary.json").write_text("{}")
     assert rp.plan_status("fig6_h200", str(tmp_path)) == (1, 5)
+
+
+def test_rerun_stale_redoes_the_runs_of_another_commit_only(tmp_path, monkeypatch):
+    """--rerun-stale (DHS_RERUN_STALE=1): a finished run recorded at another commit counts as
+    pending, one recorded at this commit stays finished (a cut call resumes), and the figures
+    never read a superseded directory."""
+    from harness.results import finished_runs
+
+    runs = []
+    for ov, commit in zip(rp.plan("fig6_h200", smoke=False)[:2], ("old0000", "new1111")):
+        exp_dir, plan = point_plan(rp._run_cfg(ov, str(tmp_path)))
+        d = exp_dir / plan[0][1]
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text("{}")
+        (d / "env.json").write_text(json.dumps({"git_commit": commit}))
+        runs.append((ov, d))
+    monkeypatch.setenv("DHS_GIT_COMMIT", "new1111")
+    assert rp.plan_status("fig6_h200", str(tmp_path)) == (2, 4)
+    monkeypatch.setenv("DHS_RERUN_STALE", "1")
+    assert rp.plan_status("fig6_h200", str(tmp_path)) == (1, 5)
+    done = [point_plan(rp._run_cfg(ov, str(tmp_path)))[1][0][2] for ov, _ in runs]
+    assert done == [False, True]
+    old = runs[0][1]
+    old.rename(old.with_name(f"{old.name}.superseded-1"))
+    assert [r.path.name for r in finished_runs(tmp_path, "fig6_h200")] == [runs[1][1].name]
