@@ -148,6 +148,9 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
     for key in ("overlap_schedule", "async_handoffs"):
         if isinstance(engine, dict) and engine.get(key) is True:
             del engine[key]
+    # the GEMM implementation's default (cuBLAS) was there before the key
+    if model.get("gemm_impl") == "cublas":
+        del model["gemm_impl"]
     # likewise the padding sizes of CUDA graphs (the same tokens, batch-invariant kernels)
     if isinstance(engine, dict) and "cuda_graph_bs" in engine and engine["cuda_graph_bs"] is None:
         del engine["cuda_graph_bs"]

@@ -106,7 +106,7 @@ def resolve_engine_config(cfg: DictConfig) -> EngineConfig:
             )
     engine = dict(_plain(cfg.get("engine")) or {})
     ecfg = _typed(EngineConfig, engine, "engine", exclude=_NOT_ENGINE_KEYS)
-    if ecfg.cuda_graph_warmup and "workload" in cfg:
+    if ecfg.cuda_graph_warmup and ecfg.cuda_graph_warmup_lens is None and "workload" in cfg:
         # a step's max_len runs from the first decode position to the last verified one: a
         # round in flight (overlap scheduling) puts a request up to a block past its host
         # length, and its pass reaches a block further

@@ -336,17 +336,26 @@ class CudaGraphRunner:
             return 0
         lo, hi = max_lens
         buckets = sorted({self.scan_len(x) for x in [*range(lo, hi, self.l_step), hi]})
+        keys = [(b, queries, L) for L in buckets for b in batch_sizes if self.can_run(b)]
+        room = self.cache.max_graphs - len(self.cache.graphs)
+        if len(keys) > room:
+            log.warning(
+                "graph warm-up: %d keys (%d batch sizes x %d scan buckets) for room for %d "
+                "graphs (engine.cuda_graph_max_graphs); the rest are captured at their uses",
+                len(keys),
+                len(batch_sizes),
+                len(buckets),
+                room,
+            )
         n = 0
-        for L in buckets:
-            for b in batch_sizes:
-                if not self.can_run(b):
-                    continue
-                inputs = tuple(make(b).contiguous() for make in self.pad_rows(queries))
-                be.host_prepare()
-                try:
-                    n += self.cache.capture((b, queries, L), self._region(L), *inputs)
-                finally:
-                    be.end_step()
+        for key in keys[: max(room, 0)]:
+            b, _, L = key
+            inputs = tuple(make(b).contiguous() for make in self.pad_rows(queries))
+            be.host_prepare()
+            try:
+                n += self.cache.capture(key, self._region(L), *inputs)
+            finally:
+                be.end_step()
         return n
 
     def pad_rows(self, Q: int):

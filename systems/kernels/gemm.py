@@ -13,7 +13,9 @@ through it; cuBLAS stays the default until this kernel is timed against it on th
 
 Contract: ``mm(x (..., K), w (K, N)) -> (..., N)`` in x's dtype, float32 accumulation; w
 row-major (the model's weights as drawn). Bytes: K x N x itemsize of weights (a decode GEMM's
-floor) + M x (K + N) x itemsize, and with S chunks 2 x S x M x N x 4 of float32 partials.
+floor) + M x (K + N) x itemsize, and with S chunks 2 x S x M x N x 4 of float32 partials
+(up to SPLIT_MAX_ROWS rows; a prefill's longer products run unsplit). float32 inputs multiply
+in full precision (no TF32).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 64
 # MIN_CHUNK of K (partials cost 8 bytes per output per chunk)
 TARGET_PROGRAMS = 264
 MIN_CHUNK = 512
+# products of more rows (a prompt's prefill, tens of thousands) run unsplit: their partials
+# would take gigabytes, and no decode step (at most max_bs x k_max rows) reaches this many
+SPLIT_MAX_ROWS = 4096
 
 
 def mm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -61,6 +66,7 @@ if _HAVE_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT: tl.constexpr,
+        PRECISION: tl.constexpr,  # "ieee" for float32 inputs (no TF32), else "tf32" (unused)
     ):
         # one program per (N tile, M tile, K chunk); the tile shape never depends on M, and M
         # is not specialized on, so a row meets the same instructions in the same order
@@ -83,7 +89,7 @@ if _HAVE_TRITON:
                 mask=(rk[:, None] < K) & (rn[None, :] < N),
                 other=0.0,
             )
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         keep = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT == 1:
             tl.store(
@@ -96,7 +102,8 @@ if _HAVE_TRITON:
     @triton.jit
     def _merge_kernel(part_ptr, out_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
         # the chunks' partial sums of each output, added in chunk order
-        i = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        MN = MN.to(tl.int64)  # SPLIT x M x N may pass 2**31
         keep = i < MN
         acc = tl.load(part_ptr + i, mask=keep, other=0.0)
         for s in range(1, SPLIT):
@@ -110,6 +117,8 @@ def mm_triton(x: torch.Tensor, w: torch.Tensor, splits: int | None = None) -> to
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use gemm_impl='cublas'")
     K, N = w.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"mm: x has {x.shape[-1]} columns, w {K} rows")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     if not x2.is_contiguous():
@@ -119,14 +128,26 @@ def mm_triton(x: torch.Tensor, w: torch.Tensor, splits: int | None = None) -> to
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return out.reshape(*lead, N)
-    s = int(splits) if splits else split_k(K, N)
+    s = int(splits) if splits else (split_k(K, N) if M <= SPLIT_MAX_ROWS else 1)
     chunk = -(-K // s)
     chunk = -(-chunk // BLOCK_K) * BLOCK_K  # whole tiles per chunk
     s = max(1, -(-K // chunk))
     part = out if s == 1 else torch.empty((s, M, N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(M, BLOCK_M), s)
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
     _mm_kernel[grid](
-        x2, w, part, M, N, K, chunk, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT=s
+        x2,
+        w,
+        part,
+        M,
+        N,
+        K,
+        chunk,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        SPLIT=s,
+        PRECISION=prec,
     )
     if s > 1:
         block = 1024
@@ -148,7 +169,13 @@ def aot_compile(arch: int = 90, num_warps: int = 4, dtype: str = "bf16", split: 
     """Compile the GEMM kernel for an NVIDIA target without a GPU (systems/kernels/aot.py)."""
     from systems.kernels.aot import compile_for_nvidia
 
-    c = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT=split)
+    c = dict(
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        SPLIT=split,
+        PRECISION="ieee" if dtype == "fp32" else "tf32",
+    )
     out = "*" + dtype if split == 1 else "*fp32"
     types = {"x_ptr": "*" + dtype, "w_ptr": "*" + dtype, "out_ptr": out}
     return compile_for_nvidia(_mm_kernel, c, types, arch=arch, num_warps=num_warps)

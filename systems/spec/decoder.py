@@ -285,7 +285,7 @@ class SpeculativeDecoder:
         catch-up's rows are all invalid, so nothing is written. Returns the graphs captured."""
         K, n = self.block, 0
         graphs = self._drafter_graphs(max(batch_sizes, default=0), sampled=False)
-        if graphs is None or not batch_sizes:
+        if graphs is None or not batch_sizes or self.e.backend.pad_slot is None:
             return 0
         dev = self.e.device
         for b in batch_sizes:

@@ -89,7 +89,7 @@ def test_experiment_sets_b_for_its_hierarchy_systems_only():
         ("system.kv.resolver_impl=cuda", r"system.kv.resolver_impl: must be one of"),
         ("+engine.max_wait=3", r"engine: unknown field\(s\) \['max_wait'\]"),
         ("+model.hot_cache_rows=16", r"model.hot_cache_rows: B is a KV-policy knob now"),
-        ("+model.gemm_impl=cutlass", r"model.gemm_impl: must be one of cublas, triton"),
+        ("model.gemm_impl=cutlass", r"model.gemm_impl: must be one of cublas, triton"),
     ],
 )
 def test_bad_keys_are_named(override, match):

@@ -124,7 +124,7 @@ def test_batch_invariant_gemm_reproduces_golden_tokens():
     eng = make_engine(
         "model=tiny",
         "hardware.kv_pool_gib=0.01",
-        "+model.gemm_impl=triton",
+        "model.gemm_impl=triton",
     )
     assert eng.model.gemm_impl == "triton"
     assert run_greedy(eng, GOLDEN["prompts"], GOLDEN["max_new_tokens"]) == GOLDEN["outputs"]["tiny"]

@@ -36,6 +36,17 @@ def test_leading_dimensions_and_dispatch():
     torch.testing.assert_close(gemm.mm(x3, w, "triton"), gemm.mm(x3, w, "cublas"))
     with pytest.raises(ValueError, match="gemm impl"):
         gemm.mm(x, w, "nope")
+    with pytest.raises(ValueError, match="columns"):
+        gemm.mm_triton(x[:, :39], w)
+
+
+def test_a_prefills_long_product_runs_unsplit(monkeypatch):
+    """Past SPLIT_MAX_ROWS rows (a prompt's prefill) no float32 partials: one chunk."""
+    x, w = _case(9, 1100, 24, 2)
+    assert gemm.split_k(1100, 24) == 2
+    monkeypatch.setattr(gemm, "SPLIT_MAX_ROWS", 8)
+    assert torch.equal(gemm.mm_triton(x, w), gemm.mm_triton(x, w, splits=1))
+    assert not torch.equal(gemm.mm_triton(x[:8], w), gemm.mm_triton(x[:8], w, splits=1))
 
 
 def test_split_count_depends_on_the_weight_alone():

@@ -16,7 +16,10 @@ from systems.models.drafters import DFlash2Drafter
 
 def _drafter(window=13, page=4, k_max=5, slots=6, dim=8, dtype=torch.float32):
     target = SimpleNamespace(
-        cfg=SimpleNamespace(hidden_size=12), device=torch.device("cpu"), dtype=dtype
+        cfg=SimpleNamespace(hidden_size=12),
+        device=torch.device("cpu"),
+        dtype=dtype,
+        gemm_impl="cublas",
     )
     d = DFlash2Drafter(target, 1, dim, window, slots, page, k_max, seed=3)
     g = torch.Generator().manual_seed(1)
