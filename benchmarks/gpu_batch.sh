@@ -13,8 +13,11 @@
 #                                   the same for a subset (--system / --where / --point)
 #   EXP+ov=^rerun=2[:SECS]          adds a Hydra override to this item only; ^ stands for Hydra's +
 #                                   (+ separates fields here): a new key, so new run ids
-#   EXP+rerun-stale[:SECS]          measures again the finished runs recorded at another commit
-#                                   (DHS_GIT_COMMIT; same run ids; harness.reproduce --rerun-stale)
+#   EXP+rerun-before=20261203T103000Z[:SECS]
+#                                   measures again the finished runs measured before that UTC time
+#                                   (same run ids; harness.reproduce --rerun-before); unpack the
+#                                   batch's results with `python -m harness.unpack`, which replaces
+#                                   a re-measured run's directory whole
 #   @NAME[:SECS]                    python benchmarks/NAME.py --out $OUT/NAME.json $DHS_ARGS_NAME
 #   @NAME#K[:SECS]                  the same benchmark again with $DHS_ARGS_NAME_K, into NAME_K.json
 # Overrides after -- go to every harness run of the batch.
@@ -43,7 +46,8 @@
 # `make compact` and commit them first: the device tool copies at most 64 MiB of tracked and
 # untracked files, and uncompressed request records can pass it). What
 # comes back in $OUT: results.tgz (the finished run directories this batch wrote, plus the server
-# logs and experiment summaries it changed; unpack over the repository root, then `make
+# logs and experiment summaries it changed; `python -m harness.unpack results.tgz` at the
+# repository root (a re-measured run replaces its directory whole), then `make
 # compact`), triton_cache.tgz, lane<i>.log, vmstat.log, dmon.log. results.tgz is re-packed every
 # 30 s, so a call cut off by the device tool's limit still returns the runs finished before it.
 # DHS_BATCH_SECONDS=N caps the items' time boxes so that the batch ends N seconds after it starts
@@ -146,7 +150,7 @@ lane() {  # GPU index, "items", overrides
               "") ;;
               ov=*) o=${x#ov=}; ovs+=("${o//^/+}") ;;
               *=*) sel+=("--${x%%=*}" "${x#*=}") ;;
-              *) sel+=("--$x") ;;  # a flag, e.g. rerun-stale
+              *) sel+=("--$x") ;;  # a flag
             esac
           done
           CUDA_VISIBLE_DEVICES=$gpu rep "$exp" "$secs" ${sel[@]+"${sel[@]}"} ${ovs[@]+"${ovs[@]}"} "$@" 2>&1 \

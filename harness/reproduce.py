@@ -10,7 +10,7 @@ An experiment config lists what it runs under ``reproduce``: ``systems`` (conf/s
 ``sweep`` (override -> values, crossed; ``b_over_k`` sets system.kv.hot_cache_rows = value * k).
 Each combination is one ``harness.run`` over the workload's load points; finished runs are
 skipped (results are append-only), so an interrupted reproduction resumes where it stopped;
-``--rerun-stale`` measures again those recorded at another commit (same run ids), to re-measure
+``--rerun-before TIME`` measures again those measured before TIME (same run ids), to re-measure
 after a change that moves the numbers.
 ``--system``, ``--where`` and ``--point`` pick a subset of the plan (the runs with the most weight
 first when device time is short) without changing any run's config, so their run ids are the
@@ -479,11 +479,11 @@ def main(argv: list[str] | None = None) -> int:
         "--point", action="append", help="only these load points, by tag (repeatable), e.g. c128"
     )
     ap.add_argument(
-        "--rerun-stale",
-        action="store_true",
-        help="measure again the finished runs recorded at another commit (after a change that "
-        "moves the numbers; run ids stay; the old directories are moved to "
-        "<run-id>.superseded-<time>)",
+        "--rerun-before",
+        metavar="UTC_TIME",
+        help="measure again the finished runs measured before this time, e.g. 20261203T103000Z "
+        "(after a change that moves the numbers; run ids stay; the old directories are moved "
+        "to <run-id>.superseded-<time>)",
     )
     ap.add_argument(
         "overrides",
@@ -491,8 +491,16 @@ def main(argv: list[str] | None = None) -> int:
         help="Hydra overrides appended to every run, e.g. model.attention_impl=reference",
     )
     args = ap.parse_args(argv)
-    if args.rerun_stale:  # read where a run is judged finished (harness.run.point_plan)
-        os.environ["DHS_RERUN_STALE"] = "1"
+    if args.rerun_before:  # read where a run is judged finished (harness.run.point_plan)
+        from harness.run import parse_utc
+
+        try:
+            parse_utc(args.rerun_before)
+        except ValueError:
+            ap.error(
+                f"--rerun-before: a UTC time such as 20261203T103000Z, got {args.rerun_before!r}"
+            )
+        os.environ["DHS_RERUN_BEFORE"] = args.rerun_before
     names = args.only or experiments()
     unknown = sorted(set(names) - set(experiments()))
     if unknown:

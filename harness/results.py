@@ -453,7 +453,7 @@ def finished_runs(results: str | Path, experiment: str) -> list[Run]:
     _log("experiments", [d])
     runs = []
     for sub in sorted(p for p in d.iterdir() if p.is_dir()):
-        if ".superseded-" in sub.name:  # re-measured (harness.reproduce --rerun-stale)
+        if ".superseded-" in sub.name:  # re-measured (harness.reproduce --rerun-before)
             continue
         s = load_json(sub / "summary.json")
         if isinstance(s, dict):

@@ -8,8 +8,9 @@ One run = one (config, load point). Results go to ``results/<experiment>/<run-id
 ``server_metrics.parquet`` (one-second /metrics samples), ``summary.json`` (written atomically,
 last: its presence marks the run finished), ``env.json``. Run ids are derived from the config, so
 an interrupted sweep resumes by skipping finished runs; a run directory without summary.json is
-an unfinished attempt and is moved aside to ``<run-id>.failed-<time>`` before the rerun (a stale
-run re-measured under DHS_RERUN_STALE=1, to ``<run-id>.superseded-<time>``).
+an unfinished attempt and is moved aside to ``<run-id>.failed-<time>`` before the rerun (a finished
+run measured again under DHS_RERUN_BEFORE, to ``<run-id>.superseded-<time>``, and back in place if
+the new measurement fails).
 
 A run that fails (the load raised, was interrupted, or the server was not healthy once the load
 ended) keeps its ``records.jsonl`` and gets ``error.txt`` (what failed, the traceback, the tail of
@@ -30,7 +31,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from harness.environment import REPO, environment, git_commit
+from harness.environment import REPO, environment
 from harness.load_mapping import decode_gpus, ours_concurrency
 from harness.records import atomic_write_json
 from harness.results import REPRODUCE_UNHASHED, load_json
@@ -312,15 +313,29 @@ def point_plan(
     return exp_dir, out
 
 
+def parse_utc(text: str):
+    """A UTC time as env.json records it (2026-12-03T10:30:00Z) or as run groups name it
+    (20261203T103000Z)."""
+    from datetime import UTC, datetime
+
+    t = text.strip()
+    try:
+        return datetime.strptime(t, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        d = datetime.fromisoformat(t.replace("Z", "+00:00"))
+        return d if d.tzinfo else d.replace(tzinfo=UTC)
+
+
 def _stale(run_dir: Path) -> bool:
-    """With DHS_RERUN_STALE=1 (``harness.reproduce --rerun-stale``), a finished run recorded at
-    another commit than this one (env.json's git_commit; DHS_GIT_COMMIT on the GPU machine)
-    counts as not finished: re-measuring an experiment after a change that moves its numbers
-    keeps its run ids, and a call cut short resumes with the runs already redone."""
-    if os.environ.get("DHS_RERUN_STALE") != "1":
+    """With DHS_RERUN_BEFORE=<UTC time> (``harness.reproduce --rerun-before``), a finished run
+    measured before that time counts as not finished: an experiment is re-measured after a
+    change that moves its numbers under the same run ids, and a call cut short resumes with
+    the runs it already redid, whatever was committed in between."""
+    cutoff = os.environ.get("DHS_RERUN_BEFORE")
+    if not cutoff:
         return False
-    recorded = (load_json(run_dir / "env.json") or {}).get("git_commit")
-    return recorded != git_commit()
+    measured = (load_json(run_dir / "env.json") or {}).get("time_utc")
+    return measured is None or parse_utc(measured) < parse_utc(cutoff)
 
 
 def run(
@@ -370,9 +385,12 @@ def run(
         if url is None:
             url = f"http://{cfg.server.host}:{cfg.server.port}"
         for p, rid, d in todo:
+            superseded = None
             if d.exists():  # an unfinished attempt, or a stale run measured again
                 kind = "superseded" if (d / "summary.json").exists() else "failed"
-                d.rename(d.with_name(f"{rid}.{kind}-{int(time.time())}"))
+                moved = d.with_name(f"{rid}.{kind}-{int(time.time())}")
+                d.rename(moved)
+                superseded = moved if kind == "superseded" else None
             d.mkdir(parents=True)
             OmegaConf.save(cfg, d / "config.yaml", resolve=True)
             atomic_write_json(d / "env.json", {**env, "device": ecfg.device})
@@ -442,6 +460,9 @@ def run(
                 if wb is not None:
                     wb.close()
                 _write_error(d, e, server_dir)
+                if superseded is not None:  # the earlier measurement stands until one replaces it
+                    d.rename(d.with_name(f"{rid}.failed-{int(time.time())}"))
+                    superseded.rename(d)
                 raise
             if wb is not None:  # after the summary is on disk: W&B never costs a measurement
                 wb.finish(summary, res.records, res.samples)

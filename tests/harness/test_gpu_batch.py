@@ -81,7 +81,7 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
             "benchmarks/gpu_batch.sh",
             "fig4_more+system=hisparse+point=c256+ov=^rerun=2:20 @bench_resolver:20 "
             "@bench_resolver#2:20",
-            "fig9+where=b_over_k=4,8+system=hisparse fig5+rerun-stale:20",
+            "fig9+where=b_over_k=4,8+system=hisparse fig5+rerun-before=20261203T103000Z:20",
             "--",
             "engine.disable_cuda_graph=true",
         ],
@@ -102,7 +102,7 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
         "--system hisparse engine.disable_cuda_graph=true"
     ) in calls
     assert (
-        "GPU=1 -m harness.reproduce --only fig5 --results results --rerun-stale "
+        "GPU=1 -m harness.reproduce --only fig5 --results results --rerun-before 20261203T103000Z "
         "engine.disable_cuda_graph=true" in calls
     )
     # one throwaway serving run per lane, before its items, all in one run group

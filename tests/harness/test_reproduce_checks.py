@@ -141,26 +141,52 @@ def test_plan_status_counts_finished_and_pending_runs(tmp_path):
     assert rp.plan_status("fig6_h200", str(tmp_path)) == (1, 5)
 
 
-def test_rerun_stale_redoes_the_runs_of_another_commit_only(tmp_path, monkeypatch):
-    """--rerun-stale (DHS_RERUN_STALE=1): a finished run recorded at another commit counts as
-    pending, one recorded at this commit stays finished (a cut call resumes), and the figures
-    never read a superseded directory."""
+def test_rerun_before_redoes_the_runs_measured_before_the_time(tmp_path, monkeypatch):
+    """--rerun-before TIME (DHS_RERUN_BEFORE): a finished run measured before TIME counts as
+    pending, one measured after stays finished (a cut call resumes whatever was committed in
+    between), and the figures never read a superseded directory."""
     from harness.results import finished_runs
 
     runs = []
-    for ov, commit in zip(rp.plan("fig6_h200", smoke=False)[:2], ("old0000", "new1111")):
+    for ov, when in zip(rp.plan("fig6_h200", smoke=False)[:2], ("09:00:00", "11:00:00")):
         exp_dir, plan = point_plan(rp._run_cfg(ov, str(tmp_path)))
         d = exp_dir / plan[0][1]
         d.mkdir(parents=True)
         (d / "summary.json").write_text("{}")
-        (d / "env.json").write_text(json.dumps({"git_commit": commit}))
+        (d / "env.json").write_text(json.dumps({"time_utc": f"2026-12-03T{when}Z"}))
         runs.append((ov, d))
-    monkeypatch.setenv("DHS_GIT_COMMIT", "new1111")
     assert rp.plan_status("fig6_h200", str(tmp_path)) == (2, 4)
-    monkeypatch.setenv("DHS_RERUN_STALE", "1")
+    monkeypatch.setenv("DHS_RERUN_BEFORE", "20261203T100000Z")
     assert rp.plan_status("fig6_h200", str(tmp_path)) == (1, 5)
     done = [point_plan(rp._run_cfg(ov, str(tmp_path)))[1][0][2] for ov, _ in runs]
     assert done == [False, True]
     old = runs[0][1]
     old.rename(old.with_name(f"{old.name}.superseded-1"))
     assert [r.path.name for r in finished_runs(tmp_path, "fig6_h200")] == [runs[1][1].name]
+    with pytest.raises(SystemExit):
+        rp.main(["--only", "fig6_h200", "--dry-run", "--rerun-before", "yesterday"])
+
+
+def test_unpack_replaces_a_re_measured_run_whole(tmp_path):
+    """harness.unpack: an archived finished run replaces its local directory (no file of the
+    old measurement stays); a failed attempt and logs are extracted as they are."""
+    import tarfile
+
+    from harness.unpack import unpack
+
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    run = "results/fig4_h200/hisparse-x-rep1-abc"
+    (src / run).mkdir(parents=True)
+    (src / run / "summary.json").write_text('{"new": 1}')
+    (src / "results/fig4_h200/other-rep1-def").mkdir(parents=True)
+    (src / "results/fig4_h200/other-rep1-def/error.txt").write_text("failed")
+    (repo / run).mkdir(parents=True)
+    (repo / run / "summary.json").write_text('{"old": 1}')
+    (repo / run / "records.jsonl.xz").write_text("old records")
+    archive = tmp_path / "results.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src / "results", arcname="results")
+    assert unpack(archive, repo) == [run]
+    assert sorted(p.name for p in (repo / run).iterdir()) == ["summary.json"]
+    assert json.loads((repo / run / "summary.json").read_text()) == {"new": 1}
+    assert (repo / "results/fig4_h200/other-rep1-def/error.txt").exists()
