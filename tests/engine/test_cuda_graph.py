@@ -254,7 +254,7 @@ def test_padding_rows_of_a_block_wider_than_a_page_stay_on_the_padding_slots_pag
     be.end_step()
 
 
-@pytest.mark.parametrize("system", ["hisparse", "adaptive_dhisparse", "adaptive_dhisparse_dspark"])
+@pytest.mark.parametrize("system", ["adaptive_dhisparse", "adaptive_dhisparse_dspark"])
 def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
     """engine.cuda_graph_warmup: before any request, the ladder sizes up to the engine's slots
     are captured for every scan bucket of the workload's context range, on padding rows only
