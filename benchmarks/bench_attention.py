@@ -17,34 +17,15 @@ float32 rounding.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpu_timing import median_us  # noqa: E402  (benchmarks/, the script's folder)
+
 HBM_BPS = 4.22e12
-
-
-def _median_us(torch, fn, flush, reps: int, guard_cycles: int = 2_000_000) -> float:
-    """Median of CUDA-event timings of fn after warm-up, the L2 flushed before each, then a ~1 ms
-    GPU spin so the host has queued all of fn's launches before the start event fires: the
-    timing is GPU time, as inside a CUDA graph, not Python launch overhead (the reference path
-    is ~15 launches)."""
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        flush.zero_()
-        torch.cuda._sleep(guard_cycles)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -91,7 +72,7 @@ def main() -> None:
             "mma": lambda: sparse_attention_triton(q, kv, sel, loc, kernel="mma", **kw),
         }
         for impl, fn in fns.items():
-            out[impl] = (fn().float(), _median_us(torch, fn, flush, args.reps))
+            out[impl] = (fn().float(), median_us(torch, fn, flush, args.reps))
         scale = out["reference"][0].abs().max().item()
         need = N * args.k * kv.shape[1]
         row = {
@@ -139,7 +120,7 @@ def main() -> None:
                 fn = lambda: sparse_attention_triton(  # noqa: E731
                     q, kv, loc, loc, splits=ns, kernel=kernel, **kw
                 )
-                us = _median_us(torch, fn, flush, args.reps)
+                us = median_us(torch, fn, flush, args.reps)
                 gbps = N * args.k * kv.shape[1] / us / 1e3
                 sweep.append({"queries": N, "kernel": kernel, "splits": ns, "us": us, "gbps": gbps})
                 print(
@@ -164,7 +145,7 @@ def main() -> None:
                 **kw,
             )
             try:
-                us = _median_us(torch, fn, flush, args.reps)
+                us = median_us(torch, fn, flush, args.reps)
             except Exception as e:  # e.g. out of shared memory for the larger tiles
                 print(f"[attention] mma N={N} block_k={bk} num_warps={nw}: {type(e).__name__}")
                 continue
@@ -198,7 +179,7 @@ def main() -> None:
         out = {}
         for impl in ("reference", "triton"):
             fn = lambda: index_scores(iq, pool, table, slots, L, P, impl=impl)  # noqa: E731
-            out[impl] = (fn(), _median_us(torch, fn, flush, args.reps))
+            out[impl] = (fn(), median_us(torch, fn, flush, args.reps))
         diff = (out["triton"][0] - out["reference"][0]).abs().max().item()
         ok = diff <= 1e-3 * max(out["reference"][0].abs().max().item(), 1e-6)
         bad += not ok
@@ -260,7 +241,7 @@ def main() -> None:
                 form=form,
             )
             diff = (fn() - ref).abs().max().item()
-            us = _median_us(torch, fn, flush, args.reps)
+            us = median_us(torch, fn, flush, args.reps)
             index_sweep.append(
                 {
                     "requests": B,

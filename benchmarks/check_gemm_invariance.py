@@ -11,8 +11,9 @@ padding rows, and the requests beside a request, change M; where cuBLAS picks an
 for the new M, greedy tokens can change with the batch (docs/engine.md, batch invariance).
 The attention kernels are ours and batch invariant by construction. Both GEMM implementations
 are checked (``--impls``; ``model.gemm_impl``, systems/kernels/gemm.py) and timed at M = 1, 8,
-32, 128 (median CUDA-event microseconds). cuBLAS's ranges are reported (the facts docs/engine.md
-quotes); a row of the batch-invariant kernel that changes with M exits 1.
+32, 128 (median CUDA-event microseconds, L2 flushed before each: benchmarks/gpu_timing.py).
+cuBLAS's ranges are reported (the facts docs/engine.md quotes); a row of the batch-invariant
+kernel that changes with M exits 1.
 """
 
 from __future__ import annotations
@@ -24,20 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-
-def _median_us(torch, fn, reps: int = 30) -> float:
-    """Median CUDA-event time of fn after a warm-up (weights stay in L2 only when they fit)."""
-    for _ in range(5):
-        fn()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(reps):
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) * 1e3)
-    return round(sorted(ts)[reps // 2], 1)
+from gpu_timing import median_us  # noqa: E402  (benchmarks/, the script's folder)
 
 
 def layer_shapes(m) -> dict[str, tuple[int, int]]:
@@ -72,6 +60,7 @@ def main() -> None:
 
     ms = [*range(1, 65), *range(72, args.max_m + 1, 8)]
     g = torch.Generator(device="cuda").manual_seed(0)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # past the 50 MB L2
     rows, bad_triton = [], 0
     for model in args.models.split(","):
         cfg = compose([f"model={model}"]).model
@@ -85,7 +74,8 @@ def main() -> None:
                 key = "" if impl == "cublas" else f"{impl}_"
                 row[f"{key}differs_at_m"] = bad
                 row[f"{key}us"] = {
-                    m: _median_us(torch, lambda: mm(x[:m], w, impl)) for m in (1, 8, 32, 128)
+                    m: round(median_us(torch, lambda: mm(x[:m], w, impl), flush, 30), 1)
+                    for m in (1, 8, 32, 128)
                 }
                 bad_triton += impl == "triton" and bool(bad)
                 first = bad[0] if bad else None

@@ -127,8 +127,30 @@ def hot_cache_rows(cfg: DictConfig) -> int | None:
 # run ids hash the config in that layout, so that the runs measured before keep their ids (and
 # a resumed sweep skips them). The models' B then, which resident runs carried unread:
 _MODEL_B_BEFORE = {"glm53_mini": 1024, "dsv41_mini": 2048, "tiny": 16, "tiny_dsv": 16}
-# system.kv keys whose defaults the backends applied without the configs naming them:
-_KV_IMPLICIT_BEFORE = {"cap_slots_to_pool": True, "tail_rows": 0}
+# Keys added with a default that keeps what earlier runs did, or that changes how a run goes but
+# not which tokens it serves: at that default a key stays out of the id (another value is part
+# of it), so the runs made before it keep theirs; harness.results.MEASUREMENT_CHANGES flags runs
+# on both sides of a default that moves the numbers.
+# system.kv: defaults the backends applied without the configs naming them; lending free slots'
+# index history to optional history (how much is fetched from host)
+_KV_IMPLICIT_BEFORE = {"cap_slots_to_pool": True, "tail_rows": 0, "lend_index_store": True}
+# engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
+# the batch), the CUDA graphs' padding ladder and their capture at start-up
+_ENGINE_IMPLICIT_BEFORE = {
+    "overlap_schedule": True,
+    "async_handoffs": True,
+    "cuda_graph_bs": None,
+    "cuda_graph_warmup": True,
+}
+# model: the GEMM implementation (cuBLAS was all there was)
+_MODEL_IMPLICIT_BEFORE = {"gemm_impl": "cublas"}
+
+
+def _drop_defaults(section, defaults: dict) -> None:
+    if isinstance(section, dict):
+        for key, default in defaults.items():
+            if key in section and section[key] == default:
+                del section[key]
 
 
 def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
@@ -139,31 +161,9 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
         model["hot_cache_rows"] = hot_cache_rows(cfg)
     elif model.get("name") in _MODEL_B_BEFORE:
         model["hot_cache_rows"] = _MODEL_B_BEFORE[model["name"]]
-    for key, default in _KV_IMPLICIT_BEFORE.items():
-        if isinstance(kv, dict) and key in kv and kv[key] == default:
-            del kv[key]
-    # overlap scheduling and asynchronous handoffs, on by default, change when tokens are read
-    # and when a request joins the batch, not which tokens: the runs made before the keys
-    # existed keep their ids (off is part of the id)
-    engine = material.get("engine")
-    for key in ("overlap_schedule", "async_handoffs"):
-        if isinstance(engine, dict) and engine.get(key) is True:
-            del engine[key]
-    # the GEMM implementation's default (cuBLAS) was there before the key
-    if model.get("gemm_impl") == "cublas":
-        del model["gemm_impl"]
-    # likewise the padding sizes of CUDA graphs (the same tokens, batch-invariant kernels)
-    if isinstance(engine, dict) and "cuda_graph_bs" in engine and engine["cuda_graph_bs"] is None:
-        del engine["cuda_graph_bs"]
-    # and capturing them at start-up rather than at their uses (MEASUREMENT_CHANGES flags it)
-    if isinstance(engine, dict) and engine.get("cuda_graph_warmup") is True:
-        del engine["cuda_graph_warmup"]
-    # lending free slots' index history to optional history (on by default) changes how much
-    # is fetched from host, not which tokens: as a kernel default, it keeps the ids (off is part
-    # of the id), harness.results.MEASUREMENT_CHANGES flags runs on both sides of it and the
-    # figures' provenance names runs made before it
-    if isinstance(kv, dict) and kv.get("lend_index_store") is True:
-        del kv["lend_index_store"]
+    _drop_defaults(kv, _KV_IMPLICIT_BEFORE)
+    _drop_defaults(material.get("engine"), _ENGINE_IMPLICIT_BEFORE)
+    _drop_defaults(model, _MODEL_IMPLICIT_BEFORE)
     return material
 
 
@@ -386,11 +386,11 @@ def run(
             url = f"http://{cfg.server.host}:{cfg.server.port}"
         for p, rid, d in todo:
             superseded = None
-            if d.exists():  # an unfinished attempt, or a stale run measured again
-                kind = "superseded" if (d / "summary.json").exists() else "failed"
-                moved = d.with_name(f"{rid}.{kind}-{int(time.time())}")
-                d.rename(moved)
-                superseded = moved if kind == "superseded" else None
+            if (d / "summary.json").exists():  # a stale run measured again (DHS_RERUN_BEFORE)
+                superseded = d.with_name(f"{rid}.superseded-{int(time.time())}")
+                d.rename(superseded)
+            elif d.exists():  # an unfinished attempt
+                d.rename(d.with_name(f"{rid}.failed-{int(time.time())}"))
             d.mkdir(parents=True)
             OmegaConf.save(cfg, d / "config.yaml", resolve=True)
             atomic_write_json(d / "env.json", {**env, "device": ecfg.device})

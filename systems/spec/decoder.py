@@ -281,28 +281,31 @@ class SpeculativeDecoder:
 
     def warm_up_graphs(self, batch_sizes) -> int:
         """The drafter's graphs (proposal and catch-up over a whole block) for ``batch_sizes``,
-        captured on padding rows before any request arrives (CudaGraphRunner.warm_up); the
-        catch-up's rows are all invalid, so nothing is written. Returns the graphs captured."""
-        K, n = self.block, 0
+        captured on padding rows only (``_pad_rows``) before any request arrives
+        (CudaGraphRunner.warm_up); the catch-up's rows are all invalid, so nothing is written.
+        Returns the graphs captured."""
+        K, dev, n = self.block, self.e.device, 0
         graphs = self._drafter_graphs(max(batch_sizes, default=0), sampled=False)
-        if graphs is None or not batch_sizes or self.e.backend.pad_slot is None:
+        # empty inputs of each region's dtypes and shapes: _pad_rows makes b rows of each
+        idx, block = torch.zeros(0, dtype=torch.long, device=dev), (0, K)
+        hidden = torch.zeros(
+            *block, self.e.model.cfg.hidden_size, dtype=self.e.model.dtype, device=dev
+        )
+        propose = self._pad_rows(idx, idx, idx, torch.zeros(0, device=dev))
+        catch_up = self._pad_rows(
+            idx,
+            idx.new_zeros(block),
+            idx.new_zeros(block),
+            hidden,
+            torch.zeros(block, dtype=torch.bool, device=dev),
+        )
+        if graphs is None or propose is None:
             return 0
-        dev = self.e.device
         for b in batch_sizes:
-            slots = torch.full((b,), self.e.backend.pad_slot, dtype=torch.long, device=dev)
-            zeros = torch.zeros(b, dtype=torch.long, device=dev)
-            temps = torch.zeros(b, device=dev)
-            n += graphs.capture(
-                ("propose", b, K), self._propose_region(K), slots, zeros, zeros, temps
-            )
-            hidden = torch.zeros(
-                b, K, self.e.model.cfg.hidden_size, device=dev, dtype=self.e.model.dtype
-            )
-            tokens = torch.zeros(b, K, dtype=torch.long, device=dev)
-            valid = torch.zeros(b, K, dtype=torch.bool, device=dev)
-            n += graphs.capture(
-                ("catch_up", b, K), self._catch_up_region, slots, tokens, tokens, hidden, valid
-            )
+            rows = [make(b) for make in propose]
+            n += graphs.capture(("propose", b, K), self._propose_region(K), *rows)
+            rows = [make(b) for make in catch_up]
+            n += graphs.capture(("catch_up", b, K), self._catch_up_region, *rows)
         return n
 
     def _propose_region(self, K: int):
