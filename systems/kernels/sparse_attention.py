@@ -413,9 +413,8 @@ def _p2(n: int, lo: int = 16) -> int:
 
 # Rows of selections per split-K chunk. A fixed size, as SGLang's deterministic mode fixes its
 # split-KV size: the chunk count depends on k alone, never on how many queries share the
-# launch, so a query's merge order -- and its bits -- do not depend on the batch (a count that
-# filled the GPU by N x H made padding rows and batch sizes change verification tokens on the
-# H200). 256 rows keep the float32 partials (chunks x heads x d x 4 bytes per query) near a
+# launch, so a query's merge order -- and its bits -- do not depend on the requests or the CUDA
+# graph padding rows beside it (docs/engine.md, batch invariance). 256 rows keep the float32 partials (chunks x heads x d x 4 bytes per query) near a
 # fifth of the rows read at k = 1,024, and a batch-1 launch still runs k / 256 programs.
 SPLIT_ROWS = 256
 
