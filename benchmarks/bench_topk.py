@@ -1,7 +1,7 @@
 """The indexer's top-k on the GPU: the sort-based reference against the Triton radix select.
 
     python benchmarks/bench_topk.py [--batch 1 8 32] [--context 2048 16384] [--k 512] [--q 1]
-                                    [--dist randn|ties] [--configs 4096x16 2048x8]
+                                    [--dist randn|ties] [--configs 4096x16 2048x8x4]
                                     [--out results/topk/summary.json]
 
 One decode row per request (Q = 1 by default), each query at the end of its history (position
@@ -13,7 +13,8 @@ new data, and on every timed shape; a mismatch exits 1. Per shape, median micros
     ref_graph_us  the same replayed from a CUDA graph (launch overhead excluded)
     torch_topk_us torch.topk on the raw float scores alone (no mask, no tie rule): a floor for
                   any sort-based path
-    tri_us        topk_positions_triton, eager, per --configs (block x warps)
+    tri_us        topk_positions_triton, eager, per --configs (block x warps [x segments per
+                  row; default the kernel's rule, topk_segments])
     tri_graph_us  the same from a CUDA graph
 and the Triton kernel's GB/s against the scores it must read, B*Q*L*4 bytes (graph timing).
 Timing: triton.testing.do_bench (flushes L2 before each call, so eager numbers read the
@@ -60,18 +61,19 @@ def check_odd_shapes(torch, dev, configs) -> str | None:
                 s = torch.randn(B, Q, L, device=dev, generator=g)
             pos = torch.randint(0, L + 2, (B, Q), device=dev, generator=g)
             ref = topk_positions_reference(s, pos, k)
-            for block, warps in configs:
-                tri = topk_positions_triton(s, pos, k, block=block, num_warps=warps)
+            for block, warps, seg in configs:
+                tri = topk_positions_triton(s, pos, k, block=block, num_warps=warps, segments=seg)
                 if not torch.equal(ref, tri):
-                    return f"B={B} Q={Q} L={L} k={k} {dist} {block}x{warps}"
+                    return f"B={B} Q={Q} L={L} k={k} {dist} {block}x{warps}x{seg}"
     # captured once, replayed on new scores and positions: nothing depends on the first data
-    for block, warps in configs:
+    for block, warps, seg in configs:
         scores = torch.randn(4, 2, 3000, device=dev, generator=g)
         pos = torch.randint(0, 3000, (4, 2), device=dev, generator=g)
-        topk_positions_triton(scores, pos, 512, block=block, num_warps=warps)  # compile
+        kw = dict(block=block, num_warps=warps, segments=seg)
+        topk_positions_triton(scores, pos, 512, **kw)  # compile
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = topk_positions_triton(scores, pos, 512, block=block, num_warps=warps)
+            out = topk_positions_triton(scores, pos, 512, **kw)
         for _ in range(3):
             scores.copy_(vals[torch.randint(0, len(vals), scores.shape, device=dev, generator=g)])
             pos.copy_(torch.randint(0, 3002, pos.shape, device=dev, generator=g))
@@ -92,9 +94,9 @@ def main() -> int:
         "--configs",
         nargs="+",
         default=None,
-        metavar="BLOCKxWARPS",
-        help="Triton block sizes and warps to compare, e.g. 4096x16 2048x8 "
-        "(default: the kernel's defaults)",
+        metavar="BLOCKxWARPS[xSEGMENTS]",
+        help="Triton block sizes, warps and segments per row to compare, e.g. 4096x16 "
+        "2048x8x4 (default: the kernel's defaults; segments: topk_segments' rule)",
     )
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
@@ -103,6 +105,7 @@ def main() -> int:
     import triton
     from triton.testing import do_bench, do_bench_cudagraph
 
+    from harness.environment import environment
     from systems.kernels.topk import topk_positions_reference, topk_positions_triton
 
     if not torch.cuda.is_available():
@@ -117,9 +120,13 @@ def main() -> int:
     )
     from systems.kernels import topk as tk
 
-    configs = [
-        tuple(int(v) for v in c.split("x")) for c in args.configs or [f"{tk.BLOCK}x{tk.NUM_WARPS}"]
-    ]
+    configs = []
+    for c in args.configs or [f"{tk.BLOCK}x{tk.NUM_WARPS}"]:
+        v = [int(x) for x in c.split("x")]
+        if len(v) not in (2, 3):
+            ap.error(f"--configs entry {c!r}: BLOCKxWARPS or BLOCKxWARPSxSEGMENTS")
+        configs.append((v[0], v[1], v[2] if len(v) == 3 else None))
+    name = lambda b, w, s: f"{b}x{w}" + (f"x{s}" if s else "")  # noqa: E731
     bad = check_odd_shapes(torch, dev, configs)
     if bad:
         print(f"MISMATCH against the reference: {bad}", file=sys.stderr)
@@ -160,18 +167,28 @@ def main() -> int:
                 "ref_graph_us": us(ref_fn, True),
                 "torch_topk_us": us(partial(torch.topk, scores, min(k, L), dim=-1), False),
             }
-            for block, warps in configs:
+            for block, warps, seg in configs:
                 tri_fn = partial(
-                    topk_positions_triton, scores, positions, k, block=block, num_warps=warps
+                    topk_positions_triton,
+                    scores,
+                    positions,
+                    k,
+                    block=block,
+                    num_warps=warps,
+                    segments=seg,
                 )
                 if not torch.equal(ref, tri_fn()):
                     bad = (ref != tri_fn()).any(-1).nonzero()[:4].tolist()
-                    print(f"MISMATCH at B={B} L={L} {block}x{warps}: rows {bad}", file=sys.stderr)
+                    print(
+                        f"MISMATCH at B={B} L={L} {name(block, warps, seg)}: rows {bad}",
+                        file=sys.stderr,
+                    )
                     return 1
                 row = dict(
                     base,
                     block=block,
                     num_warps=warps,
+                    segments=seg or tk.topk_segments(L, k, B * args.q),
                     tri_us=us(tri_fn, False),
                     tri_graph_us=us(tri_fn, True),
                 )
@@ -179,7 +196,7 @@ def main() -> int:
                 rows.append(row)
                 print(
                     f"{B:>4} {L:>7} {row['ref_us']:>8.1f} {row['ref_graph_us']:>12.1f} "
-                    f"{row['torch_topk_us']:>13.1f} {f'{block}x{warps}':>9} "
+                    f"{row['torch_topk_us']:>13.1f} {name(block, warps, seg):>9} "
                     f"{row['tri_us']:>8.1f} {row['tri_graph_us']:>12.1f} "
                     f"{row['tri_gbps']:>9.1f}",
                     flush=True,
@@ -188,7 +205,11 @@ def main() -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(
-            json.dumps({"gpu": torch.cuda.get_device_name(dev), "rows": rows}, indent=1) + "\n"
+            json.dumps(
+                {"gpu": torch.cuda.get_device_name(dev), "env": environment(), "rows": rows},
+                indent=1,
+            )
+            + "\n"
         )
     return 0
 

@@ -414,9 +414,12 @@ def _p2(n: int, lo: int = 16) -> int:
 # Rows of selections per split-K chunk. A fixed size, as SGLang's deterministic mode fixes its
 # split-KV size: the chunk count depends on k alone, never on how many queries share the
 # launch, so a query's merge order -- and its bits -- do not depend on the requests or the CUDA
-# graph padding rows beside it (docs/engine.md, batch invariance). 256 rows keep the float32 partials (chunks x heads x d x 4 bytes per query) near a
-# fifth of the rows read at k = 1,024, and a batch-1 launch still runs k / 256 programs.
-SPLIT_ROWS = 256
+# graph padding rows beside it (docs/engine.md, batch invariance). 128 rows (8 chunks at
+# k = 1,024) is the measured balance on the H200 at glm53_h200's geometry (16 heads; the all-heads
+# kernel, results/attention/h200-glm53_h200-split-sweep.json): 38 / 39 / 50 / 176 us at 1 / 16 /
+# 32 / 128 queries, against 62 / 64 / 65 / 161 us with 4 chunks and 24 / 32 / 56 / 202 us with 16:
+# a small batch needs programs, a large one pays for each chunk's float32 partials.
+SPLIT_ROWS = 128
 
 
 def split_count(K: int, block_k: int, rows: int | None = None) -> int:

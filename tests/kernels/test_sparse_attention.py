@@ -113,9 +113,9 @@ def test_unknown_kernel_is_a_clear_error():
 
 
 def test_split_count_depends_on_k_alone():
-    assert sa.split_count(512, 32) == 2 and sa.split_count(512, 16) == 2  # 256-row chunks
-    assert sa.split_count(1024, 16) == 4 and sa.split_count(128, 32) == 1
-    assert sa.split_count(300, 32) == 2 and sa.split_count(0, 32) == 1
+    assert sa.split_count(512, 32) == 4 and sa.split_count(512, 16) == 4  # 128-row chunks
+    assert sa.split_count(1024, 16) == 8 and sa.split_count(128, 32) == 1
+    assert sa.split_count(300, 32) == 3 and sa.split_count(0, 32) == 1
     assert sa.split_count(512, 32, rows=100) == 4  # chunks of whole tiles: 128 rows
 
 

@@ -67,6 +67,33 @@ def test_kernel_equals_reference(B, Q, L, k, block, kind):
     assert torch.equal(tri, ref)
 
 
+@pytest.mark.parametrize(
+    "B,Q,L,k,kind",
+    [
+        (2, 1, 300, 16, "few"),  # exact ties across every segment: the lowest positions win
+        (2, 2, 300, 40, "near"),  # the threshold in the low bits, ties across segments
+        (2, 1, 257, 8, "randn"),
+        (1, 3, 90, 64, "few"),  # k above a segment's length: segments keep all they have
+    ],
+)
+def test_segments_do_not_change_the_result(B, Q, L, k, kind):
+    """A row split into S segments (each keeps its top k in position order; a second launch
+    selects among them) gives the reference's tensor for every S, so S may follow the batch."""
+    g = torch.Generator().manual_seed(L + k)
+    scores = _scores(kind, B, Q, L, g)
+    pos = _positions(B, Q, L, g) if B > 1 else torch.randint(L // 2, L + 2, (B, Q), generator=g)
+    ref = tk.topk_positions(scores, pos, k, impl="reference")
+    for S in (1, 2, 5):
+        assert torch.equal(tk.topk_positions_triton(scores, pos, k, block=32, segments=S), ref), S
+
+
+def test_segment_rule():
+    assert tk.topk_segments(49152, 1024, 1) == 6  # 8 x 1,024 positions per segment
+    assert tk.topk_segments(49152, 1024, 32) == 4  # rows x segments near 128 programs
+    assert tk.topk_segments(16384, 1024, 1) == 2 and tk.topk_segments(4000, 1024, 1) == 1
+    assert tk.topk_segments(49152, 1024, 200) == 1
+
+
 def test_rows_without_history_and_all_ties():
     """All -inf (only the own position survives), all equal (ties span every chunk: the lowest
     positions win), and a row entirely in the future of nobody (t past L, all -inf: all -1)."""
@@ -96,7 +123,7 @@ def test_dispatch_and_limits():
 
 _AOT = r"""
 from systems.kernels import topk as tk
-for v in (dict(), dict(KP=2, BLOCK=16, num_warps=4)):
+for v in (dict(), dict(KP=2, BLOCK=16, num_warps=4), dict(PARTS_OUT=True), dict(PARTS_IN=True)):
     k = tk.aot_compile(90, **v)
     assert "bar.sync" in k.asm["ptx"], v
 print("ok")
