@@ -891,6 +891,11 @@ MEASUREMENT_CHANGES = (
         "the batch-size ladder's CUDA graphs are captured at server start-up (before it, at "
         "their uses inside the measured window)",
     ),
+    (
+        "5eb5e34",
+        "sparse attention's chunks of 128 rows (8 at k = 1,024; before it, 256) and the indexer's "
+        "top-k in segments of a row (before it, one program per row)",
+    ),
 )
 
 
