@@ -24,7 +24,10 @@ Per (model, system, batch) row:
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): all weights in bf16 + the selected KV rows (B x layers x k x row bytes) + the
   indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
-  speculative round's floor counts its K queries' rows and scans.
+  speculative round's floor counts its K queries' rows and scans. ``host_rows_per_step``: the
+  rows the timed steps read from pinned host memory (HiSparse's misses), and
+  ``host_floor_ms`` that traffic at the bulk pinned-copy rate (55.4 GB/s): the PCIe floor,
+  apart from the HBM one (a layer's misses must arrive before its attention runs).
 - ``busy_share``: union of the GPU's kernel / copy intervals over the wall time of the profiled
   steps (torch.profiler's CUDA activity, after the timed steps), and ``kernels_per_step``; the
   profiler's own host cost lowers it. ``busy_share_events``: the served metric
@@ -57,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 HBM_BPS = 4.22e12
+PCIE_BPS = 55.4e9  # bulk host-to-device copy from pinned memory (docs/design.md)
 PAPER_ROUND_OVER_STEP = 2.2  # a block-4 round against a plain step (paper sec. 4.2.1)
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP_RANGE = "bench_decode_step"
@@ -361,17 +365,28 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         eng.submit(r)
     while len(eng.scheduler.running) < batch:  # admission (prefill once, handoffs)
         eng.step()
-    times, timer = [], None
+    times, timer, c0 = [], None, None
     for i in range(args.warmup + args.steps):
         if spec and i == args.warmup:
             timer = eng.decoder.phase_timer = PhaseTimer(eng.device)
+        if i == args.warmup:
+            c0 = eng.backend.metrics()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         eng.step()
         torch.cuda.synchronize()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+    c1 = eng.backend.metrics()
+    host_rows = (
+        c1.get("dhs_selected_rows_from_host_total", 0)
+        - c0.get("dhs_selected_rows_from_host_total", 0)
+    ) / max(len(times), 1)
     row = {
+        # rows the timed steps read from pinned host memory over PCIe (HiSparse's misses), and
+        # that traffic's own floor at the bulk pinned-copy rate: a step cannot beat either floor
+        "host_rows_per_step": host_rows,
+        "host_floor_ms": host_rows * m.row_bytes / PCIE_BPS * 1e3,
         "step_ms": statistics.median(times) * 1e3,
         "step_ms_p10": statistics.quantiles(times, n=10)[0] * 1e3,
         "step_ms_p90": statistics.quantiles(times, n=10)[-1] * 1e3,
