@@ -61,11 +61,12 @@ except Exception:  # pragma: no cover - triton is a dependency; keep the referen
 
 _LOW = (1 << 32) - 1
 MAX_K = 4096
-# Positions per block and warps per row. Not yet measured on the GPU (benchmarks/bench_topk.py
-# --configs sweeps them): a large block means few serial HBM round trips when a batch-1 decode
-# row runs alone on one SM; 4096 x 16 warps compiles to 102 registers, no spills (sm90).
-BLOCK = 4096
-NUM_WARPS = 16
+# Positions per block and warps per program. Measured on the H200 with segments
+# (results/kernels/topk-h200-segments.json, CUDA-graph replays): 2,048 x 8 warps took 65 / 83 us
+# at L = 49,152, k = 1,024, batch 1 / 32 (4,096 x 16: 74 / 79 us; one program per row: 135) and
+# 39 us at L = 16,384, k = 512 (4,096 x 16: 49 us).
+BLOCK = 2048
+NUM_WARPS = 8
 
 
 def ordered_keys(scores: torch.Tensor) -> torch.Tensor:
