@@ -131,7 +131,9 @@ def main() -> None:
         f"model={args.model}",
         f"hardware.kv_pool_gib={1 if args.cpu_dry_run else 8}",
         f"hardware.host_pool_gib={0.25 if args.cpu_dry_run else 4}",
-        f"hardware.max_running_requests={args.batch}",
+        # a slot more than the batch: the CUDA graph ladder ends at the slots, and a draining
+        # batch's sizes off it (3 of 4 slots) then replay a larger graph with padding rows
+        f"hardware.max_running_requests={args.batch + 1}",
         f"model.max_context_len="
         f"{args.context + 8 * args.batch + args.new_tokens + args.stagger * args.batch + 16}",
         f"+reproduce.kv.hot_cache_rows={args.hot_cache_rows}",  # the hierarchy systems read it

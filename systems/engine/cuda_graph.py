@@ -266,11 +266,18 @@ class CudaGraphRunner:
         self.emulate = emulate
         if batch_sizes is None:  # SGLang's default ladder, in steps of 8 past 8
             batch_sizes = (1, 2, 4, 8, *range(16, self.max_bs + 1, 8))
+        # A step never has more rows than the backend has slots, so the ladder ends there: a
+        # padded replay or a warm-up capture past it would make the backend's per-row scratch
+        # (sized by its slots, its address held by every graph captured before) grow, leaving
+        # those graphs on freed memory.
+        top = min(self.max_bs, backend.num_slots)
+        sizes = ladder(batch_sizes)
+        capped = [b for b in sizes if b < top] + ([top] if sizes and sizes[-1] >= top else [])
         kw = dict(
             max_graphs=max_graphs,
             emulate=emulate,
             capture_after=capture_after,
-            batch_sizes=[b for b in ladder(batch_sizes) if b <= self.max_bs],
+            batch_sizes=capped,
         )
         self.cache = GraphCache(device, name="target", **kw)
         self.drafter = GraphCache(device, name="drafter", **kw)

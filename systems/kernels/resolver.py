@@ -1011,10 +1011,13 @@ class ResolverWorkspace:
     scratch int32 [R, W] (sentinel-filled, self-cleaning), bitmap int32 [R, ceil(W / 32)] (zero,
     self-cleaning), mpos / victims int32 [R, QK], meta int32 [R, 2], flags int64 [R],
     pflags int64 [R * 16] / pdone int32 [R * 32] (one 128-byte line per request), ctrl int64 [3].
-    One workspace must not be used by two calls that may run concurrently."""
+    One workspace must not be used by two calls that may run concurrently. ``fixed()`` stops
+    growth: CUDA graphs hold the buffers' addresses, so a fixed workspace asked for more raises
+    instead of moving under them."""
 
     def __init__(self, device):
         self.device = torch.device(device)
+        self.is_fixed = False
         self.R = self.W = self.QK = 0
         self.scratch = self.bitmap = self.mpos = self.victims = None
         self.meta = self.flags = self.pflags = self.pdone = None
@@ -1024,6 +1027,12 @@ class ResolverWorkspace:
     def ensure(self, R: int, W: int, QK: int) -> ResolverWorkspace:
         """Grow to R requests, W positions and QK selections per request."""
         dev = self.device
+        if self.is_fixed and (R > self.R or W > self.W or QK > self.QK):
+            raise RuntimeError(
+                f"resolver workspace fixed at {self.R} requests x {self.W} positions x "
+                f"{self.QK} selections (captured graphs hold its addresses), asked for "
+                f"{R} x {W} x {QK}"
+            )
         if R > self.R or W > self.W:
             nR, nW = max(R, self.R), max(W, self.W)
             self.scratch = torch.full((nR, nW), _SENT, dtype=torch.int32, device=dev)
@@ -1043,6 +1052,11 @@ class ResolverWorkspace:
             self.pflags = torch.zeros((R * 16,), dtype=torch.int64, device=dev)
             self.pdone = torch.zeros((R * 32,), dtype=torch.int32, device=dev)
             self.R = R
+        return self
+
+    def fixed(self) -> ResolverWorkspace:
+        """No growth from now on (see the class docstring)."""
+        self.is_fixed = True
         return self
 
     def nbytes(self) -> int:

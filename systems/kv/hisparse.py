@@ -245,8 +245,8 @@ class HiSparseBackend(KVBackend):
         self._ws = self._ws_side = None
         if self.resolver_impl == "triton":
             grow = (ns, self.max_host_pages * G, self.q_max * m.index_topk)
-            self._ws = ResolverWorkspace(dev).ensure(*grow)
-            self._ws_side = ResolverWorkspace(dev).ensure(*grow)
+            self._ws = ResolverWorkspace(dev).ensure(*grow).fixed()
+            self._ws_side = ResolverWorkspace(dev).ensure(*grow).fixed()
 
     @staticmethod
     def _follower_map(m) -> dict[int, list]:

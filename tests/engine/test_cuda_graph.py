@@ -110,6 +110,16 @@ def test_a_size_off_the_ladder_without_a_larger_graph_runs_as_the_next_ladder_si
             make_engine("+engine.cuda_graph_emulate=true", f"engine.cuda_graph_bs={bad}")
     eng = make_engine("+engine.cuda_graph_emulate=true", "engine.cuda_graph_bs=[8,1,4]")
     assert eng.graph_runner.cache.batch_sizes == [1, 4, 8] == eng.graph_runner.drafter.batch_sizes
+    # no graph has more rows than the backend has slots: the ladder ends at them (a larger
+    # padded graph would grow the resolver's per-row scratch under the graphs captured before)
+    eng = make_engine(
+        "+engine.cuda_graph_emulate=true",
+        "engine.cuda_graph_bs=[1,4,8,16]",
+        "hardware.max_running_requests=6",
+    )
+    r = eng.graph_runner
+    assert r.cache.batch_sizes == [1, 4, 6] == r.drafter.batch_sizes
+    assert r.ladder_up_to(6) == [1, 4, 6] and r.cache.padded_key((5, 1, 64)) == (6, 1, 64)
 
 
 def _drain(eng, prompts, first=12, step=8):
@@ -292,12 +302,12 @@ def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
     got, got_counts, eng, before = run(*graph)
     assert got == want and got_counts == want_counts
     r = eng.graph_runner
-    assert r.ladder_up_to(eng.backend.num_slots) == [1, 2, 4, 8]
+    assert r.ladder_up_to(eng.backend.num_slots) == [1, 2, 4, 6]  # the ladder ends at the slots
     q = eng.decoder.verify_queries
     lo, hi = eng.cfg.cuda_graph_warmup_lens
     assert (lo, hi) == (41, 41 + 44 + 2 * eng.decoder.max_queries)
     buckets = {r.scan_len(n) for n in range(lo, hi + 1)}
-    assert {k for k in r.graphs} >= {(b, q, L) for b in (1, 2, 4, 8) for L in buckets}
+    assert {k for k in r.graphs} >= {(b, q, L) for b in (1, 2, 4, 6) for L in buckets}
     assert before["captures"] == len(r.graphs) and r.stats["captures"] == before["captures"]
     assert "cuda_graphs" in eng.startup_s
     # DSpark verifies the widest prefix its scheduler asks for, which varies from round to
@@ -307,8 +317,8 @@ def test_start_up_warm_up_captures_the_ladder_and_the_run_replays_it(system):
         assert r.stats["padded_replays"] > 0 and r.stats["eager_steps"] == 0
     if eng.cfg.speculation:
         d = r.drafter
-        assert {("propose", b, q) for b in (1, 2, 4, 8)} <= set(d.graphs)
-        assert {("catch_up", b, q) for b in (1, 2, 4, 8)} <= set(d.graphs)
+        assert {("propose", b, q) for b in (1, 2, 4, 6)} <= set(d.graphs)
+        assert {("catch_up", b, q) for b in (1, 2, 4, 6)} <= set(d.graphs)
         if whole_blocks:
             assert d.stats["eager_steps"] == 0 and d.stats["padded_replays"] > 0
     cold = make_engine(

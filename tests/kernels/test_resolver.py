@@ -777,6 +777,19 @@ def test_workspace_reuse_across_shapes():
     _scratch_clean()
 
 
+def test_a_fixed_workspace_refuses_to_grow():
+    """A backend's workspace is sized once and fixed: CUDA graphs hold its buffers' addresses,
+    so a call asking for more rows, positions or selections fails loudly instead of moving
+    them (a graph captured before would then read freed memory)."""
+    ws = rv.ResolverWorkspace("cpu").ensure(4, 64, 16).fixed()
+    scratch = ws.scratch
+    assert ws.ensure(3, 64, 8) is ws and ws.scratch is scratch  # within its size: reused
+    for grow in ((5, 64, 16), (4, 65, 16), (4, 64, 17)):
+        with pytest.raises(RuntimeError, match="fixed at 4 requests"):
+            ws.ensure(*grow)
+    assert ws.scratch is scratch
+
+
 def test_large_lru_values_many_radix_passes():
     s = State(
         R=2,
