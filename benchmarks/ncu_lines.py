@@ -119,12 +119,14 @@ RESOLVER_PHASES = (
     (None, "# Workspace"),
 )
 TOPK_PHASES = (
-    ("helpers", "def _score_keys("),  # inlined: their samples land on these lines
+    ("helpers", "def _keys("),  # inlined: their samples land on these lines
     ("setup", "def _topk_kernel("),
     ("histograms", "# 1. the top 16 bits of the threshold key"),
-    ("compaction", "# 2. keys above the 16-bit threshold"),
+    ("compaction", "# 2. entries on the 16-bit threshold"),
     ("candidates", "# 3. the low 16 bits of the threshold"),
-    ("sort", "# 4. the n_win = min(k, selectable) winners"),
+    ("segment_out", "# 4a. the segment's winners"),
+    ("winners", "# 4b. candidates above the threshold"),
+    ("sort", "# 5. the n_win = min(k, selectable) winners"),
     (None, "def _p2("),
 )
 PHASE_MARKERS = {"resolver.py": RESOLVER_PHASES, "topk.py": TOPK_PHASES}
