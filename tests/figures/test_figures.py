@@ -48,7 +48,12 @@ def _run_all(results: Path, tmp: Path) -> dict:
 @pytest.fixture(scope="module")
 def full(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("full")
-    return _run_all(build(tmp / "results"), tmp)
+    # REPRODUCTION.md's pending-runs paragraph left out: it composes the config of every run the
+    # fixture's experiments plan (half of make_all's time here, once per test worker), and the
+    # fixture's runs, named by hand, are never the plan's runs; its own test is below
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(make_all, "_stale_runs_note", lambda results: [])
+        return _run_all(build(tmp / "results"), tmp)
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +236,32 @@ def test_reproduction_md(full, empty):
     )
     for md in (t, empty["report"].read_text()):
         assert max(len(c) for c in _cells(md)) <= CELL_MAX
+
+
+def test_pending_runs_paragraph_names_experiments_with_runs_left(tmp_path):
+    """REPRODUCTION.md's "Pending runs" paragraph: an experiment with committed runs and points of
+    its plan not measured (here a run of an older config, another id) is named with its counts;
+    one whose plan finished, and one without runs, are not."""
+    from harness import reproduce as rp
+    from harness.run import point_plan
+
+    res = tmp_path / "results"
+    assert make_all._stale_runs_note(res) == []
+    for ov in rp.plan("fig11b", smoke=False):  # every point of its plan finished
+        exp_dir, points = point_plan(rp._run_cfg(ov, str(res)))
+        for _, rid, _ in points:
+            (exp_dir / rid).mkdir(parents=True)
+            (exp_dir / rid / "summary.json").write_text("{}")
+    (res / "fig10_eager" / "old-config-run").mkdir(parents=True)
+    (res / "fig10_eager" / "old-config-run" / "summary.json").write_text("{}")
+    (res / "fig9").mkdir()  # no runs
+    done, pending = rp.plan_status("fig10_eager", str(res))
+    assert done == 0 and pending > 0 and rp.plan_status("fig11b", str(res))[1] == 0
+    note = make_all._stale_runs_note(res)
+    assert note[0].startswith(f"Pending runs: `fig10_eager` ({pending} of {pending} planned runs)")
+    assert "fig11b" not in note[0] and "fig9" not in note[0]
+    make_all.write_report(tmp_path / "R.md", {}, {}, {}, tmp_path / "out", res)
+    assert note[0] in (tmp_path / "R.md").read_text()
 
 
 def test_committed_reproduction_md_stays_scannable():

@@ -74,6 +74,9 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
         STUB_LOG=str(stub_log),
         DHS_ARGS_bench_resolver="--skip a,c",
         DHS_ARGS_bench_resolver_2="--skip b",
+        # the packer's pending `sleep` outlives the batch holding the captured stdout open, so
+        # subprocess.run waits that long for EOF: 1 s here, not the default 30 s
+        DHS_PACK_EVERY="1",
     )
     proc = subprocess.run(
         [

@@ -1,7 +1,9 @@
-"""Soak (bounded, ~50 s on CPU): sustained concurrency with mixed lengths and random client aborts
+"""Soak (bounded, ~35 s on CPU): sustained concurrency with mixed lengths and random client aborts
 over the adaptive backend with a pool small enough that reclaim and population keep running. No
 leaked page in any window, no growth in RSS or live Python objects between the first measured
-window and the last, stable TPOT. ``benchmarks/soak.py`` is the same soak for minutes (GPU)."""
+window and the last, stable TPOT. ``benchmarks/soak.py`` is the same soak for minutes (GPU);
+DHS_SOAK_S lengthens this one. Its 30 s serve ~340 requests on two idle cores (~140 of them cut
+off by the client) with ~100 reclaims: the counts asserted below hold with room under the suite."""
 
 import json
 import os
@@ -9,7 +11,7 @@ import os
 from benchmarks.soak import SoakConfig, run_soak
 from tests.helpers import make_engine
 
-SOAK_S = float(os.environ.get("DHS_SOAK_S", "48"))
+SOAK_S = float(os.environ.get("DHS_SOAK_S", "30"))
 
 
 async def test_soak_no_growth_no_leaks_stable_latency(tmp_path, monkeypatch):
