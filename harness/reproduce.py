@@ -259,6 +259,10 @@ def run_one(
 
 # The warm-up's load where the group's first point is an open-loop rate
 WARM_UP_CONCURRENCY = 8
+# a warm-up request's output at most: what warms (compiled kernels, weights and prefixes cached on
+# disk, the driver) is warm after a few hundred steps, and fig1_h200's 4,000-token outputs would
+# otherwise make the throwaway wave as long as a measured run
+WARM_UP_OUTPUT_TOKENS = 1024
 
 
 def warm_up_point(overrides: list[str], only_tags: list[str] | None) -> tuple[str, int]:
@@ -276,8 +280,9 @@ def warm_up(overrides: list[str], only_tags: list[str] | None) -> None:
     """One throwaway run before an interleaved group, so that its first measured run is warm:
     a fresh machine's first serving run measured up to 2x slower than the same run after it,
     also with Triton's cache carried in (results/cold_cache/). The group's first run, at its
-    first load point, one wave of requests (closed loop), into a scratch results directory
-    that is removed afterwards: no figure can read it."""
+    first load point, one wave of requests (closed loop) of at most ``WARM_UP_OUTPUT_TOKENS``
+    output tokens, into a scratch results directory that is removed afterwards: no figure can
+    read it."""
     from omegaconf import open_dict
 
     from harness.run import run
@@ -294,6 +299,7 @@ def warm_up(overrides: list[str], only_tags: list[str] | None) -> None:
                 "concurrency": [c],
                 "num_requests": c,
                 "min_waves": 1,
+                "output_len": min(cfg.workload.output_len, WARM_UP_OUTPUT_TOKENS),
             }.items():
                 cfg.workload[key] = value
         run(cfg, reproduce_keys=True)

@@ -73,7 +73,8 @@ class InProcessClient:
 
     async def _stream(self, body: dict, openai: bool) -> AsyncIterator[dict]:
         parsed, req, q = self._start(body, openai)
-        fmt = self.server._openai_chunk if openai else self.server._generate_chunk
+        stream = self.server._openai_stream if openai else self.server._generate_stream
+        write_chunk = stream(req, parsed)
         finished = False
         try:
             while not finished:
@@ -85,7 +86,7 @@ class InProcessClient:
                         None,
                         "engine_error",
                     )
-                yield json.loads(fmt(req, new_ids, finished, parsed, n)[len(b"data: ") :])
+                yield json.loads(write_chunk(new_ids, finished, n)[len(b"data: ") :])
         finally:
             if not finished:  # the caller stopped iterating: abort, as a disconnect would
                 self.server.engine.abort(req)

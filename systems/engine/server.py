@@ -40,6 +40,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -528,7 +529,7 @@ class Server:
         self.engine.submit(req)
         return req, q
 
-    async def _run(self, request: web.Request, parse, respond_stream, respond_full):
+    async def _run(self, request: web.Request, parse, stream_writer, respond_full):
         cfg: ServerConfig = request.app[CONFIG]
         try:
             body = await self._json(request, cfg.body_timeout_s)
@@ -556,6 +557,7 @@ class Server:
                 resp = web.StreamResponse(
                     headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
                 )
+                write_chunk = stream_writer(req, parsed)
                 try:
                     await _bounded_write(request, cfg, resp.prepare(request))
                     while not finished:
@@ -563,7 +565,7 @@ class Server:
                         if finished and _failed(req):
                             data = _error_event(req)
                         else:
-                            data = respond_stream(req, new_ids, finished, parsed, n)
+                            data = write_chunk(new_ids, finished, n)
                         await _bounded_write(request, cfg, resp.write(data))
                     await _bounded_write(request, cfg, resp.write(b"data: [DONE]\n\n"))
                     await _bounded_write(request, cfg, resp.write_eof())
@@ -602,10 +604,29 @@ class Server:
             meta["timing"] = req.timing()
         return meta
 
-    def _generate_chunk(self, req, new_ids, finished, parsed, n) -> bytes:
-        text = self._text(req, parsed) if finished else self.tok.decode(req.output_ids[:n])
-        out = {"text": text, "output_ids": new_ids, "meta_info": self._meta(req, finished, n)}
-        return b"data: " + json.dumps(out).encode() + b"\n\n"
+    def _generate_stream(self, req, parsed) -> Callable[[list[int], bool, int], bytes]:
+        """The chunk writer of one /generate stream. Each chunk carries the whole text so far
+        (SGLang's default), kept here JSON-escaped and extended by each chunk's tokens: decoding
+        the whole output at every token costs O(n) per token (0.47 ms at 4,000 tokens, 15 ms a
+        step for 32 streams) on the thread the engine shares the GIL with. The tokenizer decodes
+        token by token and JSON escapes character by character, so the pieces concatenate to the
+        whole's escaping (tests/engine/test_server.py compares the bytes)."""
+        seen, escaped = 0, ""
+
+        def chunk(new_ids: list[int], finished: bool, n: int) -> bytes:
+            nonlocal seen, escaped
+            meta = json.dumps(self._meta(req, finished, n))
+            if finished:  # a matched stop string cuts the text: the whole output, once
+                text = json.dumps(self._text(req, parsed))
+            else:
+                escaped += json.dumps(self.tok.decode(req.output_ids[seen:n]))[1:-1]
+                seen, text = n, f'"{escaped}"'
+            ids = json.dumps(new_ids)
+            return (
+                f'data: {{"text": {text}, "output_ids": {ids}, "meta_info": {meta}}}\n\n'.encode()
+            )
+
+        return chunk
 
     def _generate_full(self, req, parsed) -> dict:
         return {
@@ -616,7 +637,7 @@ class Server:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         return await self._run(
-            request, self._parse_generate, self._generate_chunk, self._generate_full
+            request, self._parse_generate, self._generate_stream, self._generate_full
         )
 
     # ------------------------------------------------------------------ /v1/completions
@@ -635,7 +656,12 @@ class Server:
             return None
         return {"length": "length", "stop": "stop"}.get(fr["type"], fr["type"])
 
-    def _openai_chunk(self, req, new_ids, finished, parsed, n) -> bytes:
+    def _openai_stream(self, req, parsed) -> Callable[[list[int], bool, int], bytes]:
+        """The chunk writer of one /v1/completions stream: each chunk carries its own tokens'
+        text (OpenAI's)."""
+        return lambda new_ids, finished, n: self._openai_chunk(req, new_ids, finished, parsed)
+
+    def _openai_chunk(self, req, new_ids, finished, parsed) -> bytes:
         include_usage = parsed[3]
         text = self.tok.decode(new_ids)
         if finished and isinstance(req.finish_reason.get("matched"), str):
@@ -681,7 +707,7 @@ class Server:
         }
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._run(request, self._parse_openai, self._openai_chunk, self._openai_full)
+        return await self._run(request, self._parse_openai, self._openai_stream, self._openai_full)
 
     # ------------------------------------------------------------------ observability
     async def metrics(self, request: web.Request) -> web.Response:

@@ -60,6 +60,31 @@ async def test_generate_streaming_matches_non_streaming(server):
     assert ids == full["output_ids"]
     assert [c["meta_info"]["completion_tokens"] for c in data] == list(range(1, 10))
     assert data[-1]["text"] == full["text"] and "timing" in data[-1]["meta_info"]
+    # every chunk carries the whole text so far (SGLang's default), built piece by piece
+    assert [c["text"] for c in data] == ["".join(f" w{i}" for i in ids[:n]) for n in range(1, 10)]
+
+
+async def test_generate_stream_chunks_are_json_dumps_bytes(server):
+    """The incrementally built chunk of a /generate stream is byte for byte what json.dumps
+    writes for the same chunk (the whole text decoded and escaped at once), over a stream long
+    enough that several chunks extend the text."""
+    import json
+
+    s, _ = server
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
+    r = await s.post("/generate", json=body)
+    lines = [raw.decode() async for raw in r.content if raw.strip()]
+    assert lines[-1].strip() == "data: [DONE]" and len(lines) == 41
+    ids = []
+    for line in lines[:-1]:
+        chunk = json.loads(line[len("data: ") :])
+        ids += chunk["output_ids"]
+        assert chunk["text"] == "".join(f" w{i}" for i in ids)
+        assert line == f"data: {json.dumps(chunk)}\n"
 
 
 async def test_text_prompt_is_accepted(server):
@@ -216,3 +241,25 @@ async def test_client_disconnect_aborts_and_frees_pages(server):
         "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}
     )
     assert r.status == 200
+
+
+def test_generate_stream_decodes_each_token_once():
+    """A /generate stream of n chunks decodes O(n) tokens in all (each chunk's own, then the
+    whole output once at the end), not the whole text at every chunk: that was 15 ms of a
+    32-stream step at 4,000 tokens, on the thread the engine shares the GIL with."""
+    from systems.engine.request import Request
+    from systems.engine.server import Server
+
+    srv = Server(make_engine())
+    parsed = srv._parse_generate({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 300}})
+    decoded, decode = [], srv.tok.decode
+    srv.tok.decode = lambda ids: decoded.append(len(ids)) or decode(ids)
+    req = Request("r", PROMPT, parsed[1])
+    write = srv._generate_stream(req, parsed)
+    for t in range(300):
+        req.output_ids.append(t + 2)
+        finished = t == 299
+        if finished:
+            req.finish_reason = {"type": "length", "length": 300}
+        write([t + 2], finished, len(req.output_ids))
+    assert sum(decoded) <= 2 * 300

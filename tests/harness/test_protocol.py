@@ -169,6 +169,21 @@ def test_a_load_step_warms_up_at_its_peak(capsys, tmp_path):
     assert "(adaptive_hisparse for step: one wave at C64, not kept)" in capsys.readouterr().out
 
 
+def test_the_warm_up_is_one_wave_of_capped_outputs(monkeypatch):
+    """fig1_h200's warm-up: one closed-loop wave at its load (C32), each request's output capped
+    at WARM_UP_OUTPUT_TOKENS (its runs' 4,000 tokens would make the throwaway wave as long as a
+    measured run); fig4_h200's 1,024-token outputs stay whole."""
+    import harness.run
+
+    seen = []
+    monkeypatch.setattr(harness.run, "run", lambda cfg, reproduce_keys: seen.append(cfg.workload))
+    for exp in ("fig1_h200", "fig4_h200"):
+        rp.warm_up(rp.plan(exp, smoke=False)[0], None)
+    assert [(w.concurrency, w.num_requests, w.min_waves) for w in seen] == [([32], 32, 1)] * 2
+    assert [w.output_len for w in seen] == [rp.WARM_UP_OUTPUT_TOKENS, 1024] == [1024, 1024]
+    assert compose(rp.plan("fig1_h200", smoke=False)[0]).workload.output_len == 4000
+
+
 def test_smoke_protocol_end_to_end(tmp_path):
     """On CPU, two systems interleaved: distinct ids per repeat, one run group, the paper's C
     recorded in each run, no warm-up run among the results, and the figures fold the repeats."""
