@@ -896,6 +896,12 @@ MEASUREMENT_CHANGES = (
         "sparse attention's chunks of 128 rows (8 at k = 1,024; before it, 256) and the indexer's "
         "top-k in segments of a row (before it, one program per row)",
     ),
+    (
+        "4fa6c02",
+        "the server extends a /generate stream's cumulative text by each chunk's tokens (before "
+        "it, it decoded the whole output at every chunk, on the thread the engine shares the GIL "
+        "with: a cost growing with the output length, larger for one token a chunk)",
+    ),
 )
 
 
