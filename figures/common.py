@@ -89,6 +89,7 @@ from harness.results import (  # noqa: F401
     curve,
     engine_time_split,
     find_key,
+    gpu_idle_share,
     graph_replay_share,
     graphs_replayed,
     load_json,

@@ -88,6 +88,24 @@ def eager_profiles(results, skipped: list[str]) -> dict[str, dict]:
     return out
 
 
+# served runs of Fig. 10's system at the paper's C128 on the GLM-like H200 preset (paper C128 =
+# ours C32): their GPU time without a decode step, beside the profile's "no kernel running"
+SERVED_EXPERIMENT = "fig4_h200"
+
+
+def served_idle(results) -> tuple[float, C.Run] | None:
+    """(percent of the GPU's serving time with no decode step on it, the run), median over the
+    repeats of fig4_h200's Adaptive HiSparse at paper C128, from the server's CUDA events
+    (harness.results.gpu_idle_share), or None without such a run."""
+    for r in C.load_runs(results, SERVED_EXPERIMENT):
+        if r.system != "adaptive_hisparse" or r.paper_concurrency != 128:
+            continue
+        vals = [v for v in (C.gpu_idle_share(x) for x in (r.repeats or [r])) if v is not None]
+        if vals:
+            return 100 * float(np.median(vals)), r
+    return None
+
+
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     skipped: list[str] = []
@@ -302,6 +320,23 @@ def main(argv=None) -> C.Report:
                 "scaled presets' kernels are short, so the engine's host-side work between graph replays "
                 "(scheduling, sampling, host backups, in Python) is a large part of each step here."
             )
+    served = served_idle(args.results)
+    if served:
+        # CUDA events around steps also span a step's gaps between kernels: a lower bound of the
+        # share with no kernel running
+        rep.compare(
+            "glm.served_no_step_pct",
+            "GLM served: GPU time with no decode step (paper C128 = ours C32 on one H200; events)",
+            P["partition_pct"]["glm"]["no kernel running"],
+            served[0],
+            "%",
+            C.provenance(served[1]),
+        )
+        rep.note(
+            "GLM served idle share: 1 - dhs_decode_gpu_share of fig4_h200's Adaptive HiSparse runs "
+            "at paper C128 (median over repeats); the events span a step's own gaps between "
+            "kernels, so it is a lower bound of the time with no kernel running."
+        )
     rep.note_reasons(skipped)
     rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))
     rep.note(

@@ -22,6 +22,7 @@ from harness.results import (
     engine_time_split,
     find_key,
     first_run_count,
+    gpu_idle_share,
     graph_replay_share,
     live_window,
     load_runs,
@@ -552,6 +553,9 @@ def breakdown(run: Run) -> str | None:
     split = _median_over_repeats(run, engine_time_split)
     if split:
         parts.append("engine time " + " / ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))
+    idle = _median_over_repeats(run, gpu_idle_share)
+    if idle is not None:
+        parts.append(f"GPU without a step {100 * idle:.0f}% of its serving time")
     tt = _median_over_repeats(
         run, lambda x: timing_split(x, post_wave=False) if x.records else None
     )

@@ -344,6 +344,23 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
     return out
 
 
+def gpu_idle_share(run: Run) -> float | None:
+    """Share of the GPU's serving timeline with no decode step on it while requests were running:
+    1 - the growth of ``dhs_decode_gpu_seconds_total`` over ``dhs_decode_gpu_span_seconds_total``
+    (CUDA events around each step, systems/engine/engine.py DecodeGpuTime). A step's events also
+    span the gaps between its kernels, so this is a lower bound of the share with no kernel
+    running (the paper's Fig. 10 idle share). None for CPU runs and runs before the counters."""
+    gpu, span = "dhs_decode_gpu_seconds_total", "dhs_decode_gpu_span_seconds_total"
+    w = live_window(run, {gpu, span})
+    if w is None:
+        return None
+    _, a, b = w
+    total = float(b[span] - a[span])
+    if not total > 0:
+        return None
+    return max(0.0, 1.0 - float(b[gpu] - a[gpu]) / total)
+
+
 def step_cost(run: Run, exclude_capture: bool = False) -> tuple[float, float] | None:
     """(ms per decode step, mean running requests) while requests were running, from the
     server samples: the step's cost against the batch it carried. Over the run's repeats, the

@@ -21,7 +21,7 @@ from harness.load_mapping import (
     ours_concurrency,
     paper_concurrency,
 )
-from harness.results import load_runs, step_cost
+from harness.results import gpu_idle_share, load_runs, step_cost
 
 
 # ------------------------------------------------------------------------------- criteria
@@ -241,10 +241,10 @@ def test_interleaved_repeats_are_one_point_and_every_repeat_counts(tmp_path):
 
 
 def test_breakdown_is_measured_numbers(tmp_path):
-    """A claim's why-not: the run's own step cost, queue, admission rate and engine time split,
-    the median over its repeats."""
+    """A claim's why-not: the run's own step cost, queue, admission rate, engine time split and
+    the GPU's time without a step (CUDA events), the median over its repeats."""
     n = 11
-    for i, (ms, waiting) in enumerate([(20.0, 4), (30.0, 8), (40.0, 30)]):
+    for i, (ms, waiting, busy) in enumerate([(20.0, 4, 0.9), (30.0, 8, 0.95), (40.0, 30, 0.97)]):
         m = pd.DataFrame(
             {
                 "ts": np.arange(float(n)),
@@ -255,6 +255,8 @@ def test_breakdown_is_measured_numbers(tmp_path):
                 "dhs_decode_seconds_total": np.arange(n) * 20.0 * ms / 1e3,
                 "dhs_admit_seconds_total": np.arange(n) * 0.1,
                 "dhs_capture_step_seconds_total": np.zeros(n),
+                "dhs_decode_gpu_seconds_total": np.arange(n) * busy,
+                "dhs_decode_gpu_span_seconds_total": np.arange(n) * 1.0,
             }
         )
         _run(tmp_path, f"h{i}", "hisparse", f"2026-01-01T00:0{i}", 4000.0, metrics=m)
@@ -262,6 +264,8 @@ def test_breakdown_is_measured_numbers(tmp_path):
     text = breakdown(run)
     assert text.startswith("step 30.0 ms at 100 running, 8 waiting for 128 slots at 20.0 steps/s")
     assert "engine time decode 60% / capture 0% / handoff 10% / other 30%" in text
+    assert "GPU without a step 5% of its serving time" in text
+    assert gpu_idle_share(run) == pytest.approx(0.03)  # the newest repeat's own
 
 
 # ------------------------------------------------------------------------------- load mapping
