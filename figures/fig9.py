@@ -6,9 +6,9 @@ Reads results/fig9/<run>/ (GLM-like) and results/fig9_dsv/<run>/ (DeepSeek-like)
 / model.index_topk in config.yaml or a 'B2k' tag; output_tok_s_per_gpu, tpot_ms_mean,
 ttft_ms_mean, optional host_fetched_share) and server_metrics.parquet (host-fetch counters;
 the census counters dhs_selected_rows_direct_total / _hot_total for sec. 3.2), profile.json for
-the resolver work per step. The DeepSeek C128 rows of a system come from
-results/fig9_dsv_h200/ (the DeepSeek-like H200 preset at paper C128 = ours C64, budgets
-interleaved over three repeats) where it swept that system.
+the resolver work per step. The C128 rows of a system come from results/fig9_h200/ (GLM-like
+H200 preset, paper C128 = ours C32) and results/fig9_dsv_h200/ (DeepSeek-like, paper C128 = ours
+C64), budgets interleaved over three repeats, where they hold a whole sweep of that system.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ import numpy as np
 
 from figures import common as C
 from figures.paper_values import PAPER
-from harness.load_mapping import DEEPSEEK_DECODE_GPUS, load_label
+from harness.load_mapping import DEEPSEEK_DECODE_GPUS, PAPER_DECODE_GPUS, load_label
 
 NAME = "fig9"
 SYSTEMS = ("hisparse", "adaptive_hisparse")
 
 
+# Fig. 9 a-b, e-f: the GLM budgets, as B/k (paper: k = 1,024, B = 1k ... 8k)
+GLM_BUDGETS = (1.0, 2.0, 4.0, 8.0)
 # Fig. 9 c-d, g-h: the DeepSeek budgets, as B/k (paper: k = 512, B = 1k ... 8k)
 DS_BUDGETS = (2.0, 4.0, 8.0, 16.0)
 
@@ -154,6 +156,31 @@ def within_call_spread(sel: list[SweepPoint]) -> str | None:
     )
 
 
+def h200_sweep(
+    results, fam: str, system: str, budgets: tuple[float, ...], decode_gpus: int
+) -> tuple[list[SweepPoint] | None, str, int | None]:
+    """(points, label, ours C) of ``system``'s budget sweep at the paper's C128 in the family's
+    H200 experiment (fig9_h200, fig9_dsv_h200), budgets interleaved over repeats; (None, '', None)
+    unless it is a whole sweep (every budget of ``budgets``, one load, one preset): a cut one
+    would judge the spread or the peak over fewer budgets."""
+    exp = NAME + ("_dsv" if fam == "deepseek" else "") + C.H200_SUFFIX
+    sel = [
+        p
+        for p in select(sweep(results, (exp,)), fam, system)
+        if p.run.point.get("paper_concurrency") == 128
+    ]
+    whole = (
+        set(budgets) <= {p.bk for p in sel}
+        and len({p.concurrency for p in sel}) == 1
+        and len({p.run.model for p in sel}) == 1
+    )
+    if not whole:
+        return None, "", None
+    ours_c = sel[0].concurrency
+    load = load_label(128, ours_c, decode_gpus)
+    return sel, f" at {load} ({sel[0].run.model}, budgets interleaved)", ours_c
+
+
 def profile_of(
     p: SweepPoint | None, profiled: list[SweepPoint], skipped: list[str]
 ) -> tuple[dict, str]:
@@ -222,10 +249,6 @@ def main(argv=None) -> C.Report:
     C.legend(axes[0][0])
     fig.tight_layout()
 
-    def endpoints(fam, s, c):
-        sel = select(pts, fam, s, c)
-        return (sel[0], sel[-1]) if sel else (None, None)
-
     def hs(p):
         return None if p is None or p.host_share is None else 100.0 * p.host_share
 
@@ -234,80 +257,91 @@ def main(argv=None) -> C.Report:
 
     # ---------------- GLM C128
     G = P["glm_C128"]
-    lo, hi = endpoints("glm", "hisparse", 128)
+    # where fig9_h200 swept HiSparse at the paper's C128 (ours C32 on the GLM-like H200 preset),
+    # HiSparse's rows come from there; Adaptive HiSparse's, and the comparison of the two, stay
+    # on the scaled preset's runs (one preset per comparison)
+    gsel, gwhere, gc = h200_sweep(args.results, "glm", "hisparse", GLM_BUDGETS, PAPER_DECODE_GPUS)
+    hsel = gsel or select(pts, "glm", "hisparse", 128)
+    lo, hi = (hsel[0], hsel[-1]) if hsel else (None, None)
     rep.compare(
         "glm128.miss_lo",
-        "GLM C128 HiSparse host-miss share, smallest B",
+        "GLM C128 HiSparse host-miss share, smallest B" + gwhere,
         G["hisparse_miss_pct_Bk"],
         hs(lo),
         "%",
         prov_of(lo),
         lo and f"B/k = {C.fmt(lo.bk)}",
-    )
+    ).ours_c = gc
     rep.compare(
         "glm128.miss_hi",
-        "GLM C128 HiSparse host-miss share, largest B",
+        "GLM C128 HiSparse host-miss share, largest B" + gwhere,
         G["hisparse_miss_pct_B8k"],
         hs(hi),
         "%",
         prov_of(hi),
         hi and f"B/k = {C.fmt(hi.bk)}",
-    )
+    ).ours_c = gc
     rep.compare(
         "glm128.tpot_lo",
-        "GLM C128 HiSparse TPOT, smallest B",
+        "GLM C128 HiSparse TPOT, smallest B" + gwhere,
         G["hisparse_tpot_ms_Bk"],
         lo and lo.value("tpot_ms_mean"),
         "ms",
         prov_of(lo),
-    )
+    ).ours_c = gc
     rep.compare(
         "glm128.tpot_hi",
-        "GLM C128 HiSparse TPOT, largest B",
+        "GLM C128 HiSparse TPOT, largest B" + gwhere,
         G["hisparse_tpot_ms_B8k"],
         hi and hi.value("tpot_ms_mean"),
         "ms",
         prov_of(hi),
-    )
+    ).ours_c = gc
     for s in SYSTEMS:
-        sel = [p for p in select(pts, "glm", s, 128) if p.value("output_tok_s_per_gpu") is not None]
+        own = s == "hisparse" and gsel
+        sel = [
+            p
+            for p in (hsel if own else select(pts, "glm", s, 128))
+            if p.value("output_tok_s_per_gpu") is not None
+        ]
         best = max(sel, key=lambda p: p.value("output_tok_s_per_gpu")) if sel else None
         rep.compare(
             f"glm128.best.{s}",
-            f"GLM C128 {C.system_label(s)}: budget with the highest output",
+            f"GLM C128 {C.system_label(s)}: budget with the highest output"
+            + (gwhere if own else ""),
             G["best_budget"],
             best and best.bk,
             "B/k",
             prov_of(best),
-        )
-    h2, h8 = at(pts, "glm", "hisparse", 128, 2), at(pts, "glm", "hisparse", 128, 8)
+        ).ours_c = gc if own else None
+    h2, h8 = (next((p for p in hsel if abs(p.bk - b) < 1e-6), None) for b in (2, 8))
     d = C.pct_change(
         h8 and h8.value("output_tok_s_per_gpu"), h2 and h2.value("output_tok_s_per_gpu")
     )
     rep.compare(
         "glm128.loss_2k_8k",
-        "GLM C128 HiSparse output lost from 2k to 8k",
+        "GLM C128 HiSparse output lost from 2k to 8k" + gwhere,
         G["output_loss_2k_to_8k_pct"],
         None if d is None else -d,
         "%",
         prov_of(h2, h8),
-    )
+    ).ours_c = gc
     rep.compare(
         "glm128.ttft_2k",
-        "GLM C128 HiSparse mean TTFT at 2k",
+        "GLM C128 HiSparse mean TTFT at 2k" + gwhere,
         G["ttft_s_2k"],
         h2 and h2.value("ttft_ms_mean") and h2.value("ttft_ms_mean") / 1e3,
         "s",
         prov_of(h2),
-    )
+    ).ours_c = gc
     rep.compare(
         "glm128.ttft_8k",
-        "GLM C128 HiSparse mean TTFT at 8k",
+        "GLM C128 HiSparse mean TTFT at 8k" + gwhere,
         G["ttft_s_8k"],
         h8 and h8.value("ttft_ms_mean") and h8.value("ttft_ms_mean") / 1e3,
         "s",
         prov_of(h8),
-    )
+    ).ours_c = gc
 
     def peak(s):
         return max(
@@ -442,24 +476,11 @@ def main(argv=None) -> C.Report:
     D = P["deepseek_C128"]
     # where fig9_dsv_h200 swept a system at the paper's C128 (ours C64 on the DeepSeek-like H200
     # preset: two decode GPUs in the paper), its rows come from there, budgets interleaved
-    h200 = sweep(args.results, (NAME + "_dsv" + C.H200_SUFFIX,))
     for s in SYSTEMS:
-        sel = select(pts, "deepseek", s, 128)
-        where, ours_c = "", None
-        hsel = [
-            p for p in select(h200, "deepseek", s) if p.run.point.get("paper_concurrency") == 128
-        ]
-        # only a whole sweep (the paper's budgets, one load, one preset): a cut one would judge
-        # the spread over fewer budgets
-        whole = (
-            set(DS_BUDGETS) <= {p.bk for p in hsel}
-            and len({p.concurrency for p in hsel}) == 1
-            and len({p.run.model for p in hsel}) == 1
+        hsel, where, ours_c = h200_sweep(
+            args.results, "deepseek", s, DS_BUDGETS, DEEPSEEK_DECODE_GPUS
         )
-        if whole:
-            sel, ours_c = hsel, hsel[0].concurrency
-            load = load_label(128, ours_c, DEEPSEEK_DECODE_GPUS)
-            where = f" at {load} ({hsel[0].run.model}, budgets interleaved)"
+        sel = hsel or select(pts, "deepseek", s, 128)
         outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
         rep.compare(
             f"ds128.spread.{s}",

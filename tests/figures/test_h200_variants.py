@@ -206,6 +206,41 @@ def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     shutil.rmtree(results / "fig9_dsv_h200")
 
 
+def test_fig9_glm_c128_hisparse_reads_the_h200_budget_sweep(results, tmp_path):
+    """fig9_h200 (paper C128 = ours C32 on glm53_h200): GLM C128 HiSparse's best budget and its
+    loss from 2k to 8k come from its interleaved repeats (medians per budget) and name ours C32;
+    Adaptive HiSparse's best budget, which it did not sweep, stays on the scaled preset's runs; a
+    sweep cut before its last budget stays out."""
+    from figures import fig9
+    from figures.make_all import build_claims
+    from tests.figures.fixture import _write_run
+
+    out = {1: (900.0, 950.0, 940.0), 2: (1000.0, 1040.0, 990.0), 4: (1100.0, 1080.0, 1500.0),
+           8: (800.0, 850.0, 820.0)}  # fmt: skip
+    for bk, vals in out.items():
+        for i, v in enumerate(vals, 1):
+            point = {"concurrency": 32, "paper_concurrency": 128, "b_over_k": bk, "tag": "c32"}
+            s = {"system": "hisparse", "model": "glm53_h200", "point": point, "completed": 64,
+                 "errors": 0, "output_tok_s_per_gpu": v}  # fmt: skip
+            cfg = {"system": {"name": "hisparse", "kv": {"hot_cache_rows": 1024 * bk}},
+                   "model": {"name": "glm53_h200", "index_topk": 1024}, "repeat": i}  # fmt: skip
+            _write_run(results, "fig9_h200", f"hisparse-b{bk}-rep{i}", s, cfg)
+    rep = fig9.main(["--results", str(results), "--out", str(tmp_path)])
+    row = rep.row("glm128.best.hisparse")
+    assert "paper C128 = ours C32 on one H200 (glm53_h200" in row.quantity and row.ours_c == 32
+    assert row.ours == 4.0  # medians 940 / 1000 / 1100 / 820
+    loss = rep.row("glm128.loss_2k_8k")
+    assert loss.ours == pytest.approx(18.0) and loss.ours_c == 32  # 1000 -> 820
+    assert "ours C32" not in rep.row("glm128.best.adaptive_hisparse").quantity
+    claim = build_claims({"fig9": rep})["glm_best_budget_c128"]
+    assert claim["ours_concurrency"] == 32 and claim["ours"] == 4.0
+    for i in (1, 2, 3):
+        shutil.rmtree(results / "fig9_h200" / f"hisparse-b8-rep{i}")
+    cut = fig9.main(["--results", str(results), "--out", str(tmp_path / "cut")])
+    assert "ours C32" not in cut.row("glm128.best.hisparse").quantity
+    shutil.rmtree(results / "fig9_h200")
+
+
 @pytest.mark.parametrize(
     "fig,exp,model,loads,out,key,claim,label",
     [
