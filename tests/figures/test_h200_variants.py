@@ -173,24 +173,31 @@ def test_the_benchmark_step_at_a_served_batch_is_interpolated_between_measured_b
     assert bench_step_at(rows, "glm53_mini", "hisparse", 8) is None
 
 
+def _write_hisparse_sweep(results, exp: str, model: str, c: int, topk: int, out: dict) -> None:
+    """HiSparse runs of a budget sweep at paper C128 = ours ``c``: ``out`` is {B/k: the output of
+    each repeat}."""
+    from tests.figures.fixture import _write_run
+
+    for bk, vals in out.items():
+        for i, v in enumerate(vals, 1):
+            point = {"concurrency": c, "paper_concurrency": 128, "b_over_k": bk, "tag": f"c{c}"}
+            s = {"system": "hisparse", "model": model, "point": point, "completed": 2 * c,
+                 "errors": 0, "output_tok_s_per_gpu": v}  # fmt: skip
+            cfg = {"system": {"name": "hisparse", "kv": {"hot_cache_rows": topk * bk}},
+                   "model": {"name": model, "index_topk": topk}, "repeat": i}  # fmt: skip
+            _write_run(results, exp, f"hisparse-b{bk}-rep{i}", s, cfg)
+
+
 def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     """fig9_dsv_h200 (paper C128 = ours C64 on dsv41_h200): the DeepSeek C128 HiSparse spread
     over budgets comes from its interleaved repeats (medians per budget), its claim names ours
     C64; Adaptive HiSparse, which it did not sweep, stays on the scaled preset's runs."""
     from figures import fig9
     from figures.make_all import build_claims
-    from tests.figures.fixture import _write_run
 
     out = {2: (1000.0, 1040.0, 990.0), 4: (1100.0, 1080.0, 1500.0), 8: (1050.0, 1060.0, 1070.0),
            16: (1020.0, 1030.0, 1010.0)}  # fmt: skip
-    for bk, vals in out.items():
-        for i, v in enumerate(vals, 1):
-            point = {"concurrency": 64, "paper_concurrency": 128, "b_over_k": bk, "tag": "c64"}
-            s = {"system": "hisparse", "model": "dsv41_h200", "point": point, "completed": 128,
-                 "errors": 0, "output_tok_s_per_gpu": v}  # fmt: skip
-            cfg = {"system": {"name": "hisparse", "kv": {"hot_cache_rows": 128 * bk}},
-                   "model": {"name": "dsv41_h200", "index_topk": 128}, "repeat": i}  # fmt: skip
-            _write_run(results, "fig9_dsv_h200", f"hisparse-b{bk}-rep{i}", s, cfg)
+    _write_hisparse_sweep(results, "fig9_dsv_h200", "dsv41_h200", 64, 128, out)
     rep = fig9.main(["--results", str(results), "--out", str(tmp_path)])
     row = rep.row("ds128.spread.hisparse")
     assert "paper C128 = ours C64 on one H200 (dsv41_h200" in row.quantity and row.ours_c == 64
@@ -213,18 +220,10 @@ def test_fig9_glm_c128_hisparse_reads_the_h200_budget_sweep(results, tmp_path):
     sweep cut before its last budget stays out."""
     from figures import fig9
     from figures.make_all import build_claims
-    from tests.figures.fixture import _write_run
 
     out = {1: (900.0, 950.0, 940.0), 2: (1000.0, 1040.0, 990.0), 4: (1100.0, 1080.0, 1500.0),
            8: (800.0, 850.0, 820.0)}  # fmt: skip
-    for bk, vals in out.items():
-        for i, v in enumerate(vals, 1):
-            point = {"concurrency": 32, "paper_concurrency": 128, "b_over_k": bk, "tag": "c32"}
-            s = {"system": "hisparse", "model": "glm53_h200", "point": point, "completed": 64,
-                 "errors": 0, "output_tok_s_per_gpu": v}  # fmt: skip
-            cfg = {"system": {"name": "hisparse", "kv": {"hot_cache_rows": 1024 * bk}},
-                   "model": {"name": "glm53_h200", "index_topk": 1024}, "repeat": i}  # fmt: skip
-            _write_run(results, "fig9_h200", f"hisparse-b{bk}-rep{i}", s, cfg)
+    _write_hisparse_sweep(results, "fig9_h200", "glm53_h200", 32, 1024, out)
     rep = fig9.main(["--results", str(results), "--out", str(tmp_path)])
     row = rep.row("glm128.best.hisparse")
     assert "paper C128 = ours C32 on one H200 (glm53_h200" in row.quantity and row.ours_c == 32
