@@ -26,9 +26,11 @@ with padding rows on the backend's padding slot (``KVBackend.pad_slot``: memory 
 its rows touch no request's), as SGLang pads a batch to its captured sizes; the outputs keep
 the real rows. Why: a closed-loop run meets each batch size of its ramp-up and drain a few times
 only, and an eager step costs ten or more replays (results/cuda_graph/check-async-h200.json),
-while a padding row adds at most a row's share of a step. The
-exact size still counts its uses, so a size that recurs gets its own graph and pads no more.
-Padding never goes past the next size of a ladder (``engine.cuda_graph_bs``; by default SGLang's
+while a padding row adds at most a row's share of a step. A size off the ladder never gets a
+graph of its own, as in SGLang: in a served closed loop the batch wanders over the sizes below
+its load, and capturing each recurring one (an eager step plus the recording, ~100 ms on
+glm53_h200) took 7 % of Adaptive DHiSparse's engine time inside fig4_h200's measured window, more
+than its padding rows cost. Padding never goes past the next size of a ladder (``engine.cuda_graph_bs``; by default SGLang's
 1, 2, 4, 8, then every 8): a padding row scans, selects and resolves like a real one. Where no
 larger graph exists, a size off the ladder runs as the ladder's next size, so a batch that ramps
 up captures the ladder's sizes rather than every size it passes. Kernels are batch invariant, so
@@ -88,7 +90,8 @@ class GraphCache:
     140 ms for the 26-layer preset at batch 128 on the H200, against 22 ms for a replay), and a
     closed-loop run meets most batch sizes only in passing, while the batch ramps up and drains:
     in the Fig. 4 runs at C128, capturing every size on first sight took 69-71% of the engine's
-    time. Sizes that recur (the steady state) are captured on their ``capture_after``-th use.
+    time. Sizes that recur (the steady state) are captured on their ``capture_after``-th use;
+    with a ladder (``batch_sizes``), only its sizes are (``padded_key``).
     ``fn`` returns a tuple of tensors, valid until this cache's next ``run`` (another cache has
     its own memory pool, so its replays never touch them).
     A failed capture logs a warning and sets ``broken``; callers then run eagerly.
@@ -127,17 +130,15 @@ class GraphCache:
 
     def padded_key(self, key: tuple, at: int = 0) -> tuple | None:
         """The larger key a step of ``key`` (its batch size ``b`` at ``key[at]``) runs under
-        with padding rows, or None to run ``key`` itself (it has a graph, is captured at this
-        use, or ``b`` is on the ladder ``batch_sizes`` or past it). Padding never goes past
-        the ladder's next size up: every padding row scans, selects and resolves like a real
-        one, so a much larger graph could cost more than an eager step. Within that bound, the
-        smallest captured larger batch with the rest of the key equal is replayed (this use
-        counts toward ``key``'s own capture, so a size that recurs gets its graph); else the
-        ladder's next size runs, which ``run`` captures at its own ``capture_after``-th use: a
-        batch that ramps up captures the ladder's sizes, not each size it passes."""
+        with padding rows, or None to run ``key`` itself (it has a graph, or ``b`` is on the
+        ladder ``batch_sizes`` or past it). Padding never goes past the ladder's next size up:
+        every padding row scans, selects and resolves like a real one, so a much larger graph
+        could cost more than an eager step. Within that bound, the smallest captured larger
+        batch with the rest of the key equal is replayed; else the ladder's next size runs,
+        which ``run`` captures at its own ``capture_after``-th use: a batch that ramps up
+        captures the ladder's sizes, not each size it passes. A size off the ladder is never
+        captured itself (SGLang's cuda_graph_bs)."""
         if key in self.graphs or self.broken:
-            return None
-        if self._seen.get(key, 0) + 1 >= self.capture_after:
             return None
         b, rest = key[at], key[:at] + key[at + 1 :]
         up = next((s for s in self.batch_sizes if s >= b), b)
@@ -146,7 +147,6 @@ class GraphCache:
         larger = [k for k in self.graphs if k[:at] + k[at + 1 :] == rest and b < k[at] <= up]
         if not larger:
             return key[:at] + (up,) + key[at + 1 :]
-        self._count(key)
         self.stats["padded_replays"] += 1
         return min(larger, key=lambda k: k[at])
 
@@ -336,8 +336,7 @@ class CudaGraphRunner:
         only, before any request arrives, as SGLang captures its batch sizes at start-up: a
         closed-loop run then replays its ramp-up and drain sizes from its first step instead of
         capturing them inside the measured window (each capture is an eager step plus the
-        recording). Sizes that recur still get their own graph at their ``capture_after``-th
-        use. Returns the graphs captured."""
+        recording). Returns the graphs captured."""
         be = self.backend
         if be.pad_slot is None or not be.graph_capturable or self.broken:
             return 0

@@ -73,7 +73,7 @@ def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after():
         GraphCache(torch.device("cpu"), emulate=True, capture_after=0)
 
 
-def test_a_size_without_a_graph_replays_the_smallest_larger_one_until_its_own_is_captured():
+def test_a_size_off_the_ladder_always_replays_the_smallest_larger_graph():
     from systems.engine.cuda_graph import GraphCache
 
     c = GraphCache(torch.device("cpu"), emulate=True, capture_after=3, batch_sizes=(4, 8))
@@ -83,13 +83,13 @@ def test_a_size_without_a_graph_replays_the_smallest_larger_one_until_its_own_is
             c.run((b, 1, 64), fn, torch.zeros(b))
     assert set(c.graphs) == {(8, 1, 64), (6, 1, 64)}
     assert c.padded_key((5, 1, 64)) == (6, 1, 64)  # the smallest larger, same queries and scan
-    assert c.padded_key((5, 1, 64)) == (6, 1, 64)  # a second use: still padded
-    assert c.padded_key((5, 1, 64)) is None  # the third is its own capture
+    for _ in range(4):  # however often it recurs: never a graph of its own (SGLang's ladder)
+        assert c.padded_key((5, 1, 64)) == (6, 1, 64)
     # no graph with this scan or width: the ladder's next size, to be captured
     assert c.padded_key((5, 1, 128)) == (8, 1, 128) and c.padded_key((5, 4, 64)) == (8, 4, 64)
     assert c.padded_key((8, 1, 64)) is None and c.padded_key((9, 1, 64)) is None
     assert c.padded_key((3, 1, 64)) == (4, 1, 64)  # never past the ladder's next size (4)
-    assert c.stats["padded_replays"] == 2
+    assert c.stats["padded_replays"] == 5
 
 
 def test_a_size_off_the_ladder_without_a_larger_graph_runs_as_the_next_ladder_size():
