@@ -29,8 +29,8 @@ only, and an eager step costs ten or more replays (results/cuda_graph/check-asyn
 while a padding row adds at most a row's share of a step. A size off the ladder never gets a
 graph of its own, as in SGLang: in a served closed loop the batch wanders over the sizes below
 its load, and capturing each recurring one (an eager step plus the recording, ~100 ms on
-glm53_h200) took 7 % of Adaptive DHiSparse's engine time inside fig4_h200's measured window, more
-than its padding rows cost by the batch-32 step's per-row cost (~3 rows, 2-3 %).
+glm53_h200) took 7 % of Adaptive DHiSparse's engine time inside fig4_h200's measured window,
+where its ~3 padding rows cost an estimated 2-3 % of a round (the batch-32 step's per-row cost).
 Padding never goes past the next size of a ladder (``engine.cuda_graph_bs``; by default SGLang's
 1, 2, 4, 8, then every 8): a padding row scans, selects and resolves like a real one. Where no
 larger graph exists, a size off the ladder runs as the ladder's next size, so a batch that ramps
