@@ -2,6 +2,13 @@
 
     python benchmarks/bench_decode_step.py --models glm53_mini,glm53_probe \
         --systems hisparse,adaptive_hisparse,adaptive_dhisparse --batches 1,8,32 --context 16384
+    python benchmarks/bench_decode_step.py --experiment fig4_h200 --context 49152
+
+With ``--experiment`` every row is composed on that experiment's config (model, KV pool, slots,
+host pool, drafter width, sampling temperature): the state its served runs decode in. Without
+it the rows run on a 24 GiB pool, greedy, with each system's default drafter: adaptive
+residency then holds most of the history, and a glm53_h200 block-4 round fetched 27x fewer host
+rows than fig4_h200's served rounds.
 
 Per (model, system, batch) row:
 - ``step_ms``: median wall time of an engine step (schedule + forward + sample + postprocess;
@@ -441,9 +448,55 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     return row
 
 
+def row_configs(args, batches: list[int], rounds: int):
+    """Fill ``args``' defaults from ``--experiment`` (its model, temperature; its pool unless
+    --kv-pool-gib) and return ``row_cfg(model, system)``: a row's composed config, on the
+    experiment's where one is named (its slots where they hold the batch and its handoffs), else
+    on hardware=h200 with a 24 GiB pool; speculative systems verify with calibrated acceptance."""
+    from systems.engine.config import compose
+
+    base = [f"experiment={args.experiment}"] if args.experiment else ["hardware=h200"]
+    exp = compose(base) if args.experiment else None
+    if args.models is None:
+        args.models = exp.model.name if exp else "glm53_mini"
+    if args.temperature is None:
+        args.temperature = float(exp.workload.temperature or 0.0) if exp else 0.0
+    if args.kv_pool_gib is None and not exp:
+        args.kv_pool_gib = 24.0
+    # the experiment's slots where they hold the batch and its handoffs (a pool's layout
+    # follows its slots)
+    slots = max(max(batches) + HANDOFFS, exp.hardware.max_running_requests if exp else 0)
+
+    def row_cfg(model: str, system: str):
+        return compose(
+            [
+                *base,
+                "device=cuda",
+                f"model={model}",
+                f"system={system}",
+                *([f"hardware.kv_pool_gib={args.kv_pool_gib}"] if args.kv_pool_gib else []),
+                f"hardware.max_running_requests={slots}",
+                f"workload.input_len={args.context}",
+                f"workload.output_len={rounds * 8}",
+                "++reproduce.speculation.acceptance=calibrated",
+                *args.overrides,
+            ]
+        )
+
+    return row_cfg
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--models", default="glm53_mini")
+    ap.add_argument(
+        "--experiment",
+        default=None,
+        help="compose every row on this experiment's config (e.g. fig4_h200): its model, KV pool, "
+        "slots, host pool, drafter width and sampling temperature, so that the rows stand in the "
+        "state its served runs decode in (adaptive residency holds what its pool holds there); "
+        "without it, hardware=h200 with --kv-pool-gib",
+    )
+    ap.add_argument("--models", default=None, help="default: the experiment's, else glm53_mini")
     ap.add_argument("--systems", default="hisparse,adaptive_hisparse,adaptive_dhisparse")
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--context", type=int, default=16384, help="prompt length per request")
@@ -452,9 +505,10 @@ def main() -> None:
     ap.add_argument(
         "--temperature",
         type=float,
-        default=0.0,
-        help="the batch's sampling temperature (the H200 presets' experiments sample at 1.0: "
-        "greedy outputs of random weights cycle, which changes the host-fetched share)",
+        default=None,
+        help="the batch's sampling temperature (default: the experiment's, else 0; the H200 "
+        "presets' experiments sample at 1.0: greedy outputs of random weights cycle, which "
+        "changes the host-fetched share)",
     )
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument(
@@ -464,7 +518,9 @@ def main() -> None:
         metavar="N",
         help="record the N functions with the most own host time per step",
     )
-    ap.add_argument("--kv-pool-gib", type=float, default=24.0)
+    ap.add_argument(
+        "--kv-pool-gib", type=float, default=None, help="default: the experiment's, else 24"
+    )
     ap.add_argument("--out", default=str(REPO / "results" / "engine_step" / "summary.json"))
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every engine")
     args = ap.parse_args()
@@ -472,7 +528,7 @@ def main() -> None:
     import torch
 
     from harness.environment import environment
-    from systems.engine.config import compose, resolve_engine_config
+    from systems.engine.config import resolve_engine_config
     from systems.engine.engine import Engine
 
     if not torch.cuda.is_available():
@@ -483,21 +539,7 @@ def main() -> None:
     rounds = steps_per_row(args)
     span = rounds * 8 + 8  # positions a row's requests may reach: the output cap and a block
 
-    def row_cfg(model: str, system: str):
-        return compose(
-            [
-                "device=cuda",
-                "hardware=h200",
-                f"model={model}",
-                f"system={system}",
-                f"hardware.kv_pool_gib={args.kv_pool_gib}",
-                f"hardware.max_running_requests={max(batches) + HANDOFFS}",
-                f"workload.input_len={args.context}",
-                f"workload.output_len={rounds * 8}",
-                "+reproduce.speculation.acceptance=calibrated",
-                *args.overrides,
-            ]
-        )
+    row_cfg = row_configs(args, batches, rounds)
 
     # one context for every row (rows compare at it), in one scan bucket of the first row's
     # engine config, and within its model's context
@@ -527,6 +569,9 @@ def main() -> None:
                     # what sets the host-fetched share, for comparisons with served runs
                     "selection_locality": m.selection_locality,
                     "temperature": args.temperature,
+                    "experiment": args.experiment,
+                    "kv_pool_gib": cfg.hardware.kv_pool_gib,
+                    "slots": eng.backend.num_slots,
                     **measure(eng, m, B, args, torch),
                     **floor_bytes(m, B, args.context, queries),
                 }

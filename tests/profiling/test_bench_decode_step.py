@@ -225,3 +225,30 @@ def test_the_landing_profile_is_the_step_in_which_a_wave_lands():
     # admitted, then in flight for a few steps, then the profiled step in which requests landed
     assert len(steps) >= 3 and steps[-2] == steps[-1] < eng.stats["handoffs_total"]
     assert len(running.output_ids) > before  # the batch decoded through the wave
+
+
+def test_rows_on_an_experiment_take_its_pool_drafter_and_sampling():
+    """--experiment fig4_h200: the rows decode in its served state (its 3.93 GiB pool, 52 slots,
+    sampled outputs, the 512-wide drafter, its model), where the default rows had a 24 GiB pool
+    (adaptive residency then held most of the history: a block-4 round fetched 27x fewer host
+    rows than fig4_h200's served rounds) and greedy outputs; --kv-pool-gib still overrides."""
+    from argparse import Namespace
+
+    def args(**kw):
+        base = dict(experiment=None, models=None, temperature=None, kv_pool_gib=None)
+        return Namespace(**{**base, **kw, "context": 49152, "overrides": []})
+
+    a = args(experiment="fig4_h200")
+    cfg = B.row_configs(a, [1, 8, 32], 30)(a.models, "adaptive_dhisparse")
+    assert (a.models, a.temperature, a.kv_pool_gib) == ("glm53_h200", 1.0, None)
+    assert cfg.hardware.kv_pool_gib == 3.93 and cfg.hardware.max_running_requests == 52
+    spec = cfg.system.speculation
+    assert (spec.draft_dim, spec.acceptance) == (512, "calibrated")
+    assert cfg.workload.input_len == 49152
+    a = args(experiment="fig4_h200", kv_pool_gib=6.0, models="glm53_mini")
+    assert B.row_configs(a, [64], 30)("glm53_mini", "hisparse").hardware.kv_pool_gib == 6.0
+    assert B.row_configs(a, [64], 30)("glm53_mini", "hisparse").hardware.max_running_requests == 68
+    a = args()
+    cfg = B.row_configs(a, [1, 8, 32], 30)(a.models, "adaptive_dhisparse")
+    assert (a.models, a.temperature, cfg.hardware.kv_pool_gib) == ("glm53_mini", 0.0, 24.0)
+    assert cfg.system.speculation.acceptance == "calibrated"
