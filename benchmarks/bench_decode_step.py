@@ -522,8 +522,18 @@ def main() -> None:
         "--kv-pool-gib", type=float, default=None, help="default: the experiment's, else 24"
     )
     ap.add_argument("--out", default=str(REPO / "results" / "engine_step" / "summary.json"))
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="FILE",
+        help="merge these summaries' rows (a GPU batch's output) into --out and exit",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every engine")
     args = ap.parse_args()
+    if args.merge:
+        n = merge_rows(Path(args.out), [Path(f) for f in args.merge])
+        print(f"merged {len(args.merge)} file(s) into {args.out}: {n} rows")
+        return
 
     import torch
 
@@ -621,6 +631,25 @@ def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) 
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1) + "\n")
     tmp.replace(path)  # a reader never sees half a file
+
+
+def merge_rows(dst: Path, sources: list[Path]) -> int:
+    """Merge the rows of summaries written elsewhere (a GPU batch's $OUT/bench_decode_step.json)
+    into ``dst`` by (model, system, batch, context): a source's row replaces ``dst``'s of the
+    same key, the rest stay with their own commits; ``dst``'s gpu / commit become the last
+    source's. Returns the row count."""
+    rec = json.loads(dst.read_text()) if dst.exists() else {"rows": []}
+    key = lambda r: (r["model"], r["system"], r["batch"], r["context"])  # noqa: E731
+    for src in sources:
+        new = json.loads(Path(src).read_text())
+        keys = {key(r) for r in new.get("rows", [])}
+        rows = [r for r in rec.get("rows", []) if key(r) not in keys] + new.get("rows", [])
+        rec = {**rec, **{k: v for k, v in new.items() if k != "rows"}, "rows": rows}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp.replace(dst)
+    return len(rec["rows"])
 
 
 if __name__ == "__main__":

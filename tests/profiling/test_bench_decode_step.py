@@ -252,3 +252,31 @@ def test_rows_on_an_experiment_take_its_pool_drafter_and_sampling():
     cfg = B.row_configs(a, [1, 8, 32], 30)(a.models, "adaptive_dhisparse")
     assert (a.models, a.temperature, cfg.hardware.kv_pool_gib) == ("glm53_mini", 0.0, 24.0)
     assert cfg.system.speculation.acceptance == "calibrated"
+
+
+def test_merge_puts_a_batch_s_rows_over_the_committed_ones(tmp_path, capsys, monkeypatch):
+    """--merge: a GPU batch's summary replaces the committed rows of its keys, keeps the others
+    with their commits, and its gpu / commit head the file."""
+    import json
+
+    dst, src = tmp_path / "summary.json", tmp_path / "batch.json"
+
+    def row(batch, ms, commit):
+        return {"model": "m", "system": "h", "batch": batch, "context": 16, "step_ms": ms,
+                "commit": commit}  # fmt: skip
+
+    dst.write_text(
+        json.dumps({"gpu": "old", "commit": "a", "rows": [row(1, 9.0, "a"), row(8, 9.5, "a")]})
+    )
+    src.write_text(json.dumps({"gpu": "H200", "commit": "b", "rows": [row(8, 5.0, "b")]}))
+    monkeypatch.setattr(
+        sys, "argv", ["bench_decode_step.py", "--out", str(dst), "--merge", str(src)]
+    )
+    B.main()
+    rec = json.loads(dst.read_text())
+    assert (rec["gpu"], rec["commit"]) == ("H200", "b")
+    assert {(r["batch"], r["step_ms"], r["commit"]) for r in rec["rows"]} == {
+        (1, 9.0, "a"),
+        (8, 5.0, "b"),
+    }
+    assert "2 rows" in capsys.readouterr().out
