@@ -47,7 +47,7 @@ Per (model, system, batch) row:
   model and batch (the paper's block-4 round costs 2.2x a step); null for other systems.
 Speculative systems verify with calibrated acceptance (random-weight drafters accept nothing).
 Rows go to results/engine_step/summary.json: {"gpu", "commit", "rows": [...]} (merged by
-(model, system, batch, context) with the rows already there).
+(model, system, batch, context, experiment) with the rows already there).
 """
 
 from __future__ import annotations
@@ -463,6 +463,15 @@ def row_configs(args, batches: list[int], rounds: int):
         args.temperature = float(exp.workload.temperature or 0.0) if exp else 0.0
     if args.kv_pool_gib is None and not exp:
         args.kv_pool_gib = 24.0
+    if args.context is None and exp:
+        # the experiment's input where the rows' positions (the output cap and a block) fit its
+        # context, else a scan bucket's start below that (fig4_h200: 50,000 -> 49,152)
+        fit = int(exp.model.max_context_len) - (rounds * 8 + 8)
+        step = int(exp.engine.cuda_graph_scan_step)
+        want = int(exp.workload.input_len)
+        args.context = want if want <= fit else fit // step * step
+    elif args.context is None:
+        args.context = 16384
     # the experiment's slots where they hold the batch and its handoffs (a pool's layout
     # follows its slots)
     slots = max(max(batches) + HANDOFFS, exp.hardware.max_running_requests if exp else 0)
@@ -499,7 +508,13 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="default: the experiment's, else glm53_mini")
     ap.add_argument("--systems", default="hisparse,adaptive_hisparse,adaptive_dhisparse")
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--context", type=int, default=16384, help="prompt length per request")
+    ap.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        help="prompt length per request (default: the experiment's input, at a scan bucket's "
+        "start where the rows' positions must fit its context; else 16384)",
+    )
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument(
@@ -608,8 +623,14 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
+def row_key(r: dict) -> tuple:
+    """A row's identity in the summary: rows of another experiment's state (or of none) are
+    other rows, never replaced by these."""
+    return (r["model"], r["system"], r["batch"], r["context"], r.get("experiment"))
+
+
 def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) -> None:
-    """Merge ``rows`` into the summary at ``path`` by (model, system, batch, context), with
+    """Merge ``rows`` into the summary at ``path`` by ``row_key``, with
     each speculative row's round / plain-step ratio where the plain row of its model and batch
     is known. Called after every row, so a run cut by a time box keeps what it measured."""
     plain = {(r["model"], r["batch"]): r["step_ms"] for r in rows if r["system"] == "hisparse"}
@@ -618,14 +639,13 @@ def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) 
         r["round_over_step"] = r["step_ms"] / base if "phases_ms" in r and base else None
         r["commit"] = env.get("git_commit")
     old = json.loads(path.read_text()).get("rows", []) if path.exists() else []
-    key = lambda r: (r["model"], r["system"], r["batch"], r["context"])  # noqa: E731
-    new_keys = {key(r) for r in rows}
+    new_keys = {row_key(r) for r in rows}
     rec = {
         "gpu": env.get("gpu") or torch.cuda.get_device_name(),
         "commit": env.get("git_commit"),
         "hbm_bytes_per_s": HBM_BPS,
         "overrides": overrides,
-        "rows": [r for r in old if key(r) not in new_keys] + rows,
+        "rows": [r for r in old if row_key(r) not in new_keys] + rows,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -635,15 +655,14 @@ def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) 
 
 def merge_rows(dst: Path, sources: list[Path]) -> int:
     """Merge the rows of summaries written elsewhere (a GPU batch's $OUT/bench_decode_step.json)
-    into ``dst`` by (model, system, batch, context): a source's row replaces ``dst``'s of the
+    into ``dst`` by ``row_key``: a source's row replaces ``dst``'s of the
     same key, the rest stay with their own commits; ``dst``'s gpu / commit become the last
     source's. Returns the row count."""
     rec = json.loads(dst.read_text()) if dst.exists() else {"rows": []}
-    key = lambda r: (r["model"], r["system"], r["batch"], r["context"])  # noqa: E731
     for src in sources:
         new = json.loads(Path(src).read_text())
-        keys = {key(r) for r in new.get("rows", [])}
-        rows = [r for r in rec.get("rows", []) if key(r) not in keys] + new.get("rows", [])
+        keys = {row_key(r) for r in new.get("rows", [])}
+        rows = [r for r in rec.get("rows", []) if row_key(r) not in keys] + new.get("rows", [])
         rec = {**rec, **{k: v for k, v in new.items() if k != "rows"}, "rows": rows}
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_suffix(".tmp")

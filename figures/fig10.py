@@ -322,8 +322,6 @@ def main(argv=None) -> C.Report:
             )
     served = served_idle(args.results)
     if served:
-        # CUDA events around steps also span a step's gaps between kernels: a lower bound of the
-        # share with no kernel running
         rep.compare(
             "glm.served_no_step_pct",
             "GLM served: GPU time with no decode step (paper C128 = ours C32 on one H200; events)",
@@ -334,8 +332,9 @@ def main(argv=None) -> C.Report:
         )
         rep.note(
             "GLM served idle share: 1 - dhs_decode_gpu_share of fig4_h200's Adaptive HiSparse runs "
-            "at paper C128 (median over repeats); the events span a step's own gaps between "
-            "kernels, so it is a lower bound of the time with no kernel running."
+            "at paper C128 (median over repeats). Not the paper's quantity: the events span a "
+            "step's own gaps between kernels, and admission's copies between steps count as no "
+            "step."
         )
     rep.note_reasons(skipped)
     rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))

@@ -447,23 +447,44 @@ def _adaptive_mechanism(runs, c: int, P: dict) -> str | None:
     )
 
 
-def bench_step_at(rows: list[dict], model: str, system: str, batch: float) -> dict | None:
+def bench_step_at(
+    rows: list[dict],
+    model: str,
+    system: str,
+    batch: float,
+    experiment: str | None = None,
+    context: float | None = None,
+) -> dict | None:
     """The benchmark's pipelined step of ``model`` / ``system`` at ``batch``, interpolated
     linearly between the two measured batches around it (a step's time grows about linearly
-    with its batch): {"ms", "batches", "commit", "selection_locality", "temperature"}, None
-    without rows of that model and system, or outside their batches."""
-    pts = sorted(
-        (r["batch"], r)
+    with its batch): {"ms", "batches", "commit", "selection_locality", "temperature",
+    "experiment"}, None without rows of that model and system, or outside their batches. Rows
+    composed on ``experiment``'s config (bench_decode_step --experiment: the served runs' state)
+    are preferred to the others; among several contexts, the one nearest ``context``."""
+    cands = [
+        r
         for r in rows
         if r.get("model") == model
         and r.get("system") == system
         and C.as_float(r.get("step_ms_pipelined")) is not None
+    ]
+    if experiment and any(r.get("experiment") == experiment for r in cands):
+        cands = [r for r in cands if r.get("experiment") == experiment]
+    else:
+        cands = [r for r in cands if not r.get("experiment")]
+    if not cands:
+        return None
+    ctxs = {C.as_float(r.get("context")) or 0.0 for r in cands}
+    near = min(ctxs, key=lambda x: (abs(x - context) if context else 0.0, -x))
+    pts = sorted(
+        ((r["batch"], r) for r in cands if (C.as_float(r.get("context")) or 0.0) == near),
+        key=lambda p: p[0],
     )
     for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
-        if b0 <= batch <= b1:
+        if b0 <= batch <= b1 and b1 > b0:
             f = (batch - b0) / (b1 - b0)
             ms = (1 - f) * r0["step_ms_pipelined"] + f * r1["step_ms_pipelined"]
-            keys = ("commit", "selection_locality", "temperature")
+            keys = ("commit", "selection_locality", "temperature", "experiment")
             return {"ms": ms, "batches": (b0, b1), **{k: r1.get(k) for k in keys}}
     return None
 
@@ -484,7 +505,8 @@ def _served_vs_bench_note(runs, c: int, results: Path) -> str | None:
     for system in _protocol_systems():
         r = C.pick(runs, system, c)
         sc = step_cost(r, exclude_capture=True) if r is not None else None
-        b = bench_step_at(rows, r.model, system, sc[1]) if sc else None
+        ctx = C.as_float(C.find_key(r.config, "input_len")) if r is not None else None
+        b = bench_step_at(rows, r.model, system, sc[1], r.get("experiment"), ctx) if sc else None
         if b is None:
             continue
         loc = C.as_float(C.find_key(r.config, "selection_locality"))
@@ -498,6 +520,8 @@ def _served_vs_bench_note(runs, c: int, results: Path) -> str | None:
         temp = C.as_float(C.find_key(r.config, "temperature")) or 0.0
         if btemp != temp:
             diff.append(f"temperature {btemp:g} against {temp:g}")
+        if not b.get("experiment"):
+            diff.append("its own pool and drafter, not the served experiment's")
         parts.append(
             f"{label(system)} {sc[0]:.1f} ms at {sc[1]:.0f} running against {b['ms']:.1f} ms "
             f"({sc[0] / b['ms']:.2f}x; benchmark at {b['commit']}"

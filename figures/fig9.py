@@ -6,9 +6,10 @@ Reads results/fig9/<run>/ (GLM-like) and results/fig9_dsv/<run>/ (DeepSeek-like)
 / model.index_topk in config.yaml or a 'B2k' tag; output_tok_s_per_gpu, tpot_ms_mean,
 ttft_ms_mean, optional host_fetched_share) and server_metrics.parquet (host-fetch counters;
 the census counters dhs_selected_rows_direct_total / _hot_total for sec. 3.2), profile.json for
-the resolver work per step. The C128 rows of a system come from results/fig9_h200/ (GLM-like
-H200 preset, paper C128 = ours C32) and results/fig9_dsv_h200/ (DeepSeek-like, paper C128 = ours
-C64), budgets interleaved over three repeats, where they hold a whole sweep of that system.
+the resolver work per step. GLM C128 HiSparse's rows come from results/fig9_h200/ (GLM-like H200
+preset, paper C128 = ours C32) where it holds HiSparse's whole sweep, and the DeepSeek C128 rows
+of a system from results/fig9_dsv_h200/ (paper C128 = ours C64) where it holds that system's;
+budgets interleaved over three repeats.
 """
 
 from __future__ import annotations

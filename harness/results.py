@@ -347,9 +347,10 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
 def gpu_idle_share(run: Run) -> float | None:
     """Share of the GPU's serving timeline with no decode step on it while requests were running:
     1 - the growth of ``dhs_decode_gpu_seconds_total`` over ``dhs_decode_gpu_span_seconds_total``
-    (CUDA events around each step, systems/engine/engine.py DecodeGpuTime). A step's events also
-    span the gaps between its kernels, so this is a lower bound of the share with no kernel
-    running (the paper's Fig. 10 idle share). None for CPU runs and runs before the counters."""
+    (CUDA events around each step, systems/engine/engine.py DecodeGpuTime). Not the same
+    quantity as the paper's Fig. 10 "no kernel running": a step's events span the gaps between
+    its kernels (idle counted as busy), and admission's copies and kernels between steps count as
+    no step (busy counted as idle). None for CPU runs and runs before the counters."""
     gpu, span = "dhs_decode_gpu_seconds_total", "dhs_decode_gpu_span_seconds_total"
     w = live_window(run, {gpu, span})
     if w is None:

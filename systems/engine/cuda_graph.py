@@ -137,8 +137,8 @@ class GraphCache:
         could cost more than an eager step. Within that bound, the smallest captured larger
         batch with the rest of the key equal is replayed; else the ladder's next size runs,
         which ``run`` captures at its own ``capture_after``-th use: a batch that ramps up
-        captures the ladder's sizes, not each size it passes. A size off the ladder is never
-        captured itself (SGLang's cuda_graph_bs)."""
+        captures the ladder's sizes, not each size it passes. A padded step's own size off the
+        ladder is never captured (SGLang's cuda_graph_bs)."""
         if key in self.graphs or self.broken:
             return None
         b, rest = key[at], key[:at] + key[at + 1 :]

@@ -291,3 +291,39 @@ def test_one_load_mapping_labels_both():
         "paper C512: ours C512 on one H200 = paper C1024 per decode GPU"
     )
     assert "2x the paper's per-GPU load" in loads_line({128: 128, 512: 512}, 2)
+
+
+def test_fig10_compares_the_served_runs_gpu_time_without_a_step(tmp_path):
+    """Fig. 10's served idle row: fig4_h200's Adaptive HiSparse runs at paper C128, the median
+    over their repeats of 1 - (GPU time in steps / GPU timeline) from the server's counters;
+    other systems and loads are not read."""
+    from figures import fig10
+
+    n = 6
+    for i, (system, busy, paper_c) in enumerate(
+        [("adaptive_hisparse", 0.90, 128), ("adaptive_hisparse", 0.96, 128),
+         ("adaptive_hisparse", 0.97, 128), ("hisparse", 0.50, 128),
+         ("adaptive_hisparse", 0.10, 256)]
+    ):  # fmt: skip
+        d = tmp_path / "fig4_h200" / f"r{i}"
+        d.mkdir(parents=True)
+        c = paper_c // 4
+        point = {"concurrency": c, "paper_concurrency": paper_c, "tag": f"c{c}"}
+        (d / "summary.json").write_text(
+            json.dumps({"system": system, "model": "glm53_h200", "point": point, "completed": 8})
+        )
+        (d / "env.json").write_text(json.dumps({"time_utc": f"2026-01-01T00:0{i}"}))
+        (d / "config.yaml").write_text(json.dumps({"repeat": i}))
+        pd.DataFrame(
+            {
+                "ts": np.arange(float(n)),
+                "dhs_num_running_reqs": [c] * n,
+                "dhs_decode_gpu_seconds_total": np.arange(n) * busy,
+                "dhs_decode_gpu_span_seconds_total": np.arange(n) * 1.0,
+            }
+        ).to_parquet(d / "server_metrics.parquet")
+    idle, run = fig10.served_idle(tmp_path)
+    assert idle == pytest.approx(4.0) and run.system == "adaptive_hisparse"
+    rep = fig10.main(["--results", str(tmp_path), "--out", str(tmp_path / "out")])
+    row = rep.row("glm.served_no_step_pct")
+    assert row.ours == pytest.approx(4.0) and row.paper == 1.5

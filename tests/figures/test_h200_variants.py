@@ -171,6 +171,16 @@ def test_the_benchmark_step_at_a_served_batch_is_interpolated_between_measured_b
     assert bench_step_at(rows, "glm53_h200", "hisparse", 8)["ms"] == pytest.approx(5.0)
     assert bench_step_at(rows, "glm53_h200", "hisparse", 40) is None  # beyond the batches
     assert bench_step_at(rows, "glm53_mini", "hisparse", 8) is None
+    # rows on the served experiment's config (bench_decode_step --experiment) come first, at the
+    # context nearest the runs' input; two rows of one batch at other contexts never mix
+    rows += [row(8, 6.0, experiment="fig4_h200", context=49152),
+             row(32, 12.0, experiment="fig4_h200", context=49152),
+             row(8, 3.0, experiment="fig4_h200", context=16384),
+             row(32, 4.0, experiment="fig4_h200", context=16384)]  # fmt: skip
+    got = bench_step_at(rows, "glm53_h200", "hisparse", 32, "fig4_h200", 50000)
+    assert got["ms"] == pytest.approx(12.0) and got["experiment"] == "fig4_h200"
+    assert bench_step_at(rows, "glm53_h200", "hisparse", 32, "fig4_h200", 16000)["ms"] == 4.0
+    assert bench_step_at(rows, "glm53_h200", "hisparse", 32, "fig6_h200")["ms"] == 11.0
 
 
 def _write_hisparse_sweep(results, exp: str, model: str, c: int, topk: int, out: dict) -> None:

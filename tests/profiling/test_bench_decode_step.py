@@ -235,22 +235,27 @@ def test_rows_on_an_experiment_take_its_pool_drafter_and_sampling():
     from argparse import Namespace
 
     def args(**kw):
-        base = dict(experiment=None, models=None, temperature=None, kv_pool_gib=None)
-        return Namespace(**{**base, **kw, "context": 49152, "overrides": []})
+        base = dict(experiment=None, models=None, temperature=None, kv_pool_gib=None, context=None)
+        return Namespace(**{**base, **kw, "overrides": []})
 
     a = args(experiment="fig4_h200")
     cfg = B.row_configs(a, [1, 8, 32], 30)(a.models, "adaptive_dhisparse")
     assert (a.models, a.temperature, a.kv_pool_gib) == ("glm53_h200", 1.0, None)
+    assert a.context == 50000  # its input: 30 rounds' 248 positions fit its 51,072
+    b = args(experiment="fig4_h200")
+    B.row_configs(b, [1], 200)
+    assert b.context == 49152  # 1,608 positions do not: the scan bucket's start below
     assert cfg.hardware.kv_pool_gib == 3.93 and cfg.hardware.max_running_requests == 52
     spec = cfg.system.speculation
     assert (spec.draft_dim, spec.acceptance) == (512, "calibrated")
-    assert cfg.workload.input_len == 49152
+    assert cfg.workload.input_len == 50000
     a = args(experiment="fig4_h200", kv_pool_gib=6.0, models="glm53_mini")
     assert B.row_configs(a, [64], 30)("glm53_mini", "hisparse").hardware.kv_pool_gib == 6.0
     assert B.row_configs(a, [64], 30)("glm53_mini", "hisparse").hardware.max_running_requests == 68
     a = args()
     cfg = B.row_configs(a, [1, 8, 32], 30)(a.models, "adaptive_dhisparse")
     assert (a.models, a.temperature, cfg.hardware.kv_pool_gib) == ("glm53_mini", 0.0, 24.0)
+    assert a.context == 16384
     assert cfg.system.speculation.acceptance == "calibrated"
 
 
@@ -280,3 +285,12 @@ def test_merge_puts_a_batch_s_rows_over_the_committed_ones(tmp_path, capsys, mon
         (8, 5.0, "b"),
     }
     assert "2 rows" in capsys.readouterr().out
+    # a row of the same batch in another experiment's state is another row
+    src.write_text(json.dumps({"rows": [{**row(8, 7.0, "c"), "experiment": "fig4_h200"}]}))
+    B.merge_rows(dst, [src])
+    rows = json.loads(dst.read_text())["rows"]
+    assert sorted((r["step_ms"], r.get("experiment")) for r in rows) == [
+        (5.0, None),
+        (7.0, "fig4_h200"),
+        (9.0, None),
+    ]
