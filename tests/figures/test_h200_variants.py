@@ -198,6 +198,17 @@ def _write_hisparse_sweep(results, exp: str, model: str, c: int, topk: int, out:
             _write_run(results, exp, f"hisparse-b{bk}-rep{i}", s, cfg)
 
 
+def _cut_sweep(results, tmp_path, exp: str, last_bk: int):
+    """Fig. 9's report once ``exp``'s sweep lost its last budget (then the sweep is removed)."""
+    from figures import fig9
+
+    for i in (1, 2, 3):
+        shutil.rmtree(results / exp / f"hisparse-b{last_bk}-rep{i}")
+    rep = fig9.main(["--results", str(results), "--out", str(tmp_path / "cut")])
+    shutil.rmtree(results / exp)
+    return rep
+
+
 def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     """fig9_dsv_h200 (paper C128 = ours C64 on dsv41_h200): the DeepSeek C128 HiSparse spread
     over budgets comes from its interleaved repeats (medians per budget), its claim names ours
@@ -216,11 +227,8 @@ def test_fig9_deepseek_c128_reads_the_h200_budget_sweep(results, tmp_path):
     claim = build_claims({"fig9": rep})["dsv_flat_budget_c128"]
     assert claim["ours_concurrency"] == 64 and claim["ours"] == pytest.approx(10.0)
     # a sweep cut before its last budget stays out: the spread would be over fewer budgets
-    for i in (1, 2, 3):
-        shutil.rmtree(results / "fig9_dsv_h200" / f"hisparse-b16-rep{i}")
-    cut = fig9.main(["--results", str(results), "--out", str(tmp_path / "cut")])
+    cut = _cut_sweep(results, tmp_path, "fig9_dsv_h200", 16)
     assert "ours C64" not in cut.row("ds128.spread.hisparse").quantity
-    shutil.rmtree(results / "fig9_dsv_h200")
 
 
 def test_fig9_glm_c128_hisparse_reads_the_h200_budget_sweep(results, tmp_path):
@@ -243,11 +251,8 @@ def test_fig9_glm_c128_hisparse_reads_the_h200_budget_sweep(results, tmp_path):
     assert "ours C32" not in rep.row("glm128.best.adaptive_hisparse").quantity
     claim = build_claims({"fig9": rep})["glm_best_budget_c128"]
     assert claim["ours_concurrency"] == 32 and claim["ours"] == 4.0
-    for i in (1, 2, 3):
-        shutil.rmtree(results / "fig9_h200" / f"hisparse-b8-rep{i}")
-    cut = fig9.main(["--results", str(results), "--out", str(tmp_path / "cut")])
+    cut = _cut_sweep(results, tmp_path, "fig9_h200", 8)
     assert "ours C32" not in cut.row("glm128.best.hisparse").quantity
-    shutil.rmtree(results / "fig9_h200")
 
 
 @pytest.mark.parametrize(
