@@ -37,38 +37,60 @@ def test_every_experiment_sets_global_keys():
     assert more.hardware.max_running_requests == 256
 
 
-def test_smoke_reproduction_then_figures(tmp_path, monkeypatch):
-    import harness.reproduce as rp
-    from figures import make_all
-
-    res = tmp_path / "results"
-    # experiments with interleaved repeats run their first round only: every config composes and
-    # runs, and a round's repeats differ by their marker alone (tests/harness/test_protocol.py
-    # runs a protocol's three rounds end to end); a third of the smoke's runs fewer
+def _smoke_plans() -> tuple[list[str], list[str], dict]:
+    """(experiments with interleaved repeats, the others, each one's smoke runs)."""
     plans = {n: groups(n, smoke=True) for n in experiments()}  # composed once, read below
     repeated = [n for n, gs in plans.items() if any(g.repeats for g in gs)]
     once = [n for n in plans if n not in repeated]
-    runs = {n: [ov for g in gs for ov in g.runs] for n, gs in plans.items()}  # plan(n, True)
-    only = lambda names: [a for n in names for a in ("--only", n)]  # noqa: E731
-    # an interleaved group's throwaway warm-up runs are recorded, not run (a tenth of this test's
-    # time): reproduce only prints a failed warm-up and goes on with the measured runs, so here
-    # they could fail nothing; tests/harness/test_protocol.py's smoke protocol runs them
-    warmed = []
-    monkeypatch.setattr(rp, "warm_up", lambda ov, tags: warmed.append(rp.setting(ov, "experiment")))
-    assert reproduce_main(["--smoke", "--results", str(res), *only(once)]) == 0
-    assert not warmed
-    first = ["--where", "repeat=1"]
-    assert reproduce_main(["--smoke", "--results", str(res), *only(repeated), *first]) == 0
-    assert set(warmed) == set(repeated)  # a warm-up before each interleaved group
+    return repeated, once, {n: [ov for g in gs for ov in g.runs] for n, gs in plans.items()}
+
+
+def _only(names: list[str]) -> list[str]:
+    return [a for n in names for a in ("--only", n)]
+
+
+def _all_ran(res, expected: int) -> list:
     summaries = list(res.glob("*/*/summary.json"))  # run dirs (not results/fig6/summary.json)
-    expected = sum(len(runs[n]) for n in once) + sum(
-        len(select(runs[n], None, ["repeat=1"])) for n in repeated
-    )
-    assert repeated and all(select(runs[n], None, ["repeat=1"]) for n in repeated)
     assert len(summaries) >= expected  # one run per combination and load point
     for s in summaries:
         d = json.loads(s.read_text())
         assert d["completed"] > 0 and d["errors"] == 0, s
+    return summaries
+
+
+def test_smoke_reproduction_of_the_interleaved_experiments(tmp_path, monkeypatch):
+    """The experiments with interleaved repeats (the H200 re-runs, the protocol) run their first
+    round only: every config composes and runs, and a round's repeats differ by their marker
+    alone (tests/harness/test_protocol.py runs a protocol's three rounds end to end). Their
+    throwaway warm-up runs are recorded, not run: reproduce only prints a failed warm-up and goes
+    on with the measured runs, so here they could fail nothing (test_protocol.py runs them). Apart
+    from the other experiments' smoke, so that the two share the test workers."""
+    import harness.reproduce as rp
+
+    res = tmp_path / "results"
+    repeated, _, runs = _smoke_plans()
+    warmed = []
+    monkeypatch.setattr(rp, "warm_up", lambda ov, tags: warmed.append(rp.setting(ov, "experiment")))
+    first = ["--where", "repeat=1"]
+    assert reproduce_main(["--smoke", "--results", str(res), *_only(repeated), *first]) == 0
+    assert set(warmed) == set(repeated)  # a warm-up before each interleaved group
+    assert repeated and all(select(runs[n], None, ["repeat=1"]) for n in repeated)
+    _all_ran(res, sum(len(select(runs[n], None, ["repeat=1"])) for n in repeated))
+
+
+def test_smoke_reproduction_then_figures(tmp_path, monkeypatch):
+    """Every experiment without interleaved repeats runs its smoke plan; then the summaries, a
+    resumed pass that redoes nothing, and every figure over those runs."""
+    import harness.reproduce as rp
+    from figures import make_all
+
+    res = tmp_path / "results"
+    _, once, runs = _smoke_plans()
+    warmed = []
+    monkeypatch.setattr(rp, "warm_up", lambda ov, tags: warmed.append(rp.setting(ov, "experiment")))
+    assert reproduce_main(["--smoke", "--results", str(res), *_only(once)]) == 0
+    assert not warmed
+    summaries = _all_ran(res, sum(len(runs[n]) for n in once))
     f6 = json.loads((res / "fig6" / "summary.json").read_text())
     for k in (
         "host_fetch_share_low_on",
