@@ -638,37 +638,37 @@ def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) 
         base = plain.get((r["model"], r["batch"]))
         r["round_over_step"] = r["step_ms"] / base if "phases_ms" in r and base else None
         r["commit"] = env.get("git_commit")
-    old = json.loads(path.read_text()).get("rows", []) if path.exists() else []
-    new_keys = {row_key(r) for r in rows}
-    rec = {
+    head = {
         "gpu": env.get("gpu") or torch.cuda.get_device_name(),
         "commit": env.get("git_commit"),
         "hbm_bytes_per_s": HBM_BPS,
         "overrides": overrides,
-        "rows": [r for r in old if row_key(r) not in new_keys] + rows,
     }
+    _merge_into(path, [{**head, "rows": rows}])
+
+
+def _merge_into(path: Path, summaries: list[dict]) -> int:
+    """Merge each summary's rows into the one at ``path`` by ``row_key`` (its rows replace those
+    of the same key, the rest stay), its other keys (gpu, commit, ...) over the file's; written
+    whole at once. Returns the row count."""
+    rec = json.loads(path.read_text()) if path.exists() else {"rows": []}
+    for new in summaries:
+        keys = {row_key(r) for r in new.get("rows", [])}
+        rows = [r for r in rec.get("rows", []) if row_key(r) not in keys] + new.get("rows", [])
+        rec = {**rec, **{k: v for k, v in new.items() if k != "rows"}, "rows": rows}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1) + "\n")
     tmp.replace(path)  # a reader never sees half a file
+    return len(rec["rows"])
 
 
 def merge_rows(dst: Path, sources: list[Path]) -> int:
     """Merge the rows of summaries written elsewhere (a GPU batch's $OUT/bench_decode_step.json)
-    into ``dst`` by ``row_key``: a source's row replaces ``dst``'s of the
-    same key, the rest stay with their own commits; ``dst``'s gpu / commit become the last
-    source's. Returns the row count."""
-    rec = json.loads(dst.read_text()) if dst.exists() else {"rows": []}
-    for src in sources:
-        new = json.loads(Path(src).read_text())
-        keys = {row_key(r) for r in new.get("rows", [])}
-        rows = [r for r in rec.get("rows", []) if row_key(r) not in keys] + new.get("rows", [])
-        rec = {**rec, **{k: v for k, v in new.items() if k != "rows"}, "rows": rows}
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-    tmp.replace(dst)
-    return len(rec["rows"])
+    into ``dst`` by ``row_key``: a source's row replaces ``dst``'s of the same key, the rest stay
+    with their own commits; ``dst``'s gpu / commit become the last source's. Returns the row
+    count."""
+    return _merge_into(dst, [json.loads(Path(src).read_text()) for src in sources])
 
 
 if __name__ == "__main__":

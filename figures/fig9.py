@@ -20,7 +20,7 @@ import numpy as np
 
 from figures import common as C
 from figures.paper_values import PAPER
-from harness.load_mapping import DEEPSEEK_DECODE_GPUS, PAPER_DECODE_GPUS, load_label
+from harness.load_mapping import decode_gpus, load_label
 
 NAME = "fig9"
 SYSTEMS = ("hisparse", "adaptive_hisparse")
@@ -158,7 +158,7 @@ def within_call_spread(sel: list[SweepPoint]) -> str | None:
 
 
 def h200_sweep(
-    results, fam: str, system: str, budgets: tuple[float, ...], decode_gpus: int
+    results, fam: str, system: str, budgets: tuple[float, ...]
 ) -> tuple[list[SweepPoint] | None, str, int | None]:
     """(points, label, ours C) of ``system``'s budget sweep at the paper's C128 in the family's
     H200 experiment (fig9_h200, fig9_dsv_h200), budgets interleaved over repeats; (None, '', None)
@@ -178,7 +178,7 @@ def h200_sweep(
     if not whole:
         return None, "", None
     ours_c = sel[0].concurrency
-    load = load_label(128, ours_c, decode_gpus)
+    load = load_label(128, ours_c, decode_gpus(sel[0].run.model))
     return sel, f" at {load} ({sel[0].run.model}, budgets interleaved)", ours_c
 
 
@@ -261,7 +261,7 @@ def main(argv=None) -> C.Report:
     # where fig9_h200 swept HiSparse at the paper's C128 (ours C32 on the GLM-like H200 preset),
     # HiSparse's rows come from there; Adaptive HiSparse's, and the comparison of the two, stay
     # on the scaled preset's runs (one preset per comparison)
-    gsel, gwhere, gc = h200_sweep(args.results, "glm", "hisparse", GLM_BUDGETS, PAPER_DECODE_GPUS)
+    gsel, gwhere, gc = h200_sweep(args.results, "glm", "hisparse", GLM_BUDGETS)
     hsel = gsel or select(pts, "glm", "hisparse", 128)
     lo, hi = (hsel[0], hsel[-1]) if hsel else (None, None)
     rep.compare(
@@ -478,9 +478,7 @@ def main(argv=None) -> C.Report:
     # where fig9_dsv_h200 swept a system at the paper's C128 (ours C64 on the DeepSeek-like H200
     # preset: two decode GPUs in the paper), its rows come from there, budgets interleaved
     for s in SYSTEMS:
-        hsel, where, ours_c = h200_sweep(
-            args.results, "deepseek", s, DS_BUDGETS, DEEPSEEK_DECODE_GPUS
-        )
+        hsel, where, ours_c = h200_sweep(args.results, "deepseek", s, DS_BUDGETS)
         sel = hsel or select(pts, "deepseek", s, 128)
         outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
         rep.compare(
