@@ -87,8 +87,10 @@ ACCURACY_CASES = [
     (1, 6, 0.20, 0.020, 8, 1, "generate", 1),
     (64, 128, 0.50, 0.050, 8, 1, "generate", 64),
     (64, 128, 0.50, 0.090, 18, 3, "openai", 64),
-    # one measured wave after a warmup wave that opened the 1000 connections
-    (1000, 1000, 3.00, 0.100, 11, 1, "generate", 1000),
+    # one measured wave after a warmup wave that opened the 1000 connections; a wave of
+    # 1000 is paid serially by client and server, so it runs alone (a parallel worker on
+    # a 2-core machine put its TTFT 70-170 ms late)
+    pytest.param(1000, 1000, 3.00, 0.100, 11, 1, "generate", 1000, marks=pytest.mark.solo),
 ]
 
 
