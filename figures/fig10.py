@@ -2,10 +2,14 @@
 per step (resolver, follower-layer copies) against B/k for both model families; (b) share of step
 time by kernel family, each family counted where it runs alone.
 
-Reads profile.json in the Adaptive HiSparse C128 runs of results/fig9/ ({"step_ms",
-"sessions_per_step", "cache_kernel_ms": {"resolver", "follower_copy"}, "partition_pct": {family:
-percent}}), or results/fig10/summary.json {"points": [{model, b_over_k, resolver_ms,
-follower_copy_ms, step_ms, sessions_per_step, partition_pct}]}.
+Per model family, the profiles on the H200 preset derived from the paper where they exist
+(results/fig10_h200/ GLM-like at paper C128 = ours C32, results/fig10_dsv_h200/ DeepSeek-like at
+paper C128 = ours C64; the splits CUDA-graph replay folds together from fig10_eager_h200 /
+fig10_dsv_eager_h200), else the scaled presets' at our C128: results/fig10/summary.json
+{"points": [{model, b_over_k, resolver_ms, follower_copy_ms, step_ms, sessions_per_step,
+partition_pct}]}, or the kernel profile ({"step_ms", "sessions_per_step", "cache_kernel_ms":
+{"resolver", "follower_copy"}, "partition_pct": {family: percent}}) of the Adaptive HiSparse C128
+runs of results/fig10*, fig9*.
 """
 
 from __future__ import annotations
@@ -16,20 +20,71 @@ import seaborn as sns
 from figures import common as C
 from figures.fig9 import family, select, sweep
 from figures.paper_values import FIG10_FAMILIES, PAPER
+from harness.load_mapping import decode_gpus, load_label
 
 NAME = "fig10"
 PAPER_BUDGET = {"glm": 2.0, "deepseek": 16.0}
 
 
+# the profiled experiments on the H200 presets derived from the paper: (served, CUDA graphs off)
+H200_EXPERIMENTS = {
+    "glm": ("fig10_h200", "fig10_eager_h200"),
+    "deepseek": ("fig10_dsv_h200", "fig10_dsv_eager_h200"),
+}
+
+
+def h200_points(results, fam: str, eager: bool = False) -> list:
+    """The family's Adaptive HiSparse profiles at the paper's C128 on its H200 preset (ours C32
+    GLM-like, C64 DeepSeek-like), one per budget."""
+    exp = H200_EXPERIMENTS[fam][1 if eager else 0]
+    return [
+        p
+        for p in select(sweep(results, (exp,)), fam, "adaptive_hisparse")
+        if p.run.paper_concurrency == 128
+    ]
+
+
+def h200_load(results, fam: str) -> tuple[int, str] | None:
+    """(ours C, 'paper C128 = ours C32 on one H200 (glm53_h200)') of the family's H200 profiles
+    at the paper's C128, or None where it has none: the family's rows then come from the scaled
+    presets at our C128."""
+    pts = h200_points(results, fam)
+    if not pts:
+        return None
+    r = pts[0].run
+    return r.concurrency, f"{load_label(128, r.concurrency, decode_gpus(r.model))}, {r.model}"
+
+
+def _entry(prof: dict, sp) -> dict:
+    ck = prof.get("cache_kernel_ms") or {}
+    return {
+        "resolver_ms": C.as_float(ck.get("resolver")),
+        "follower_copy_ms": C.as_float(ck.get("follower_copy")) or 0.0,
+        "step_ms": C.as_float(prof.get("step_ms")),
+        "sessions": C.as_float(prof.get("sessions_per_step")) or sp.run.num("active_mean"),
+        "partition": prof.get("partition_pct") or {},
+        "graphs": C.graphs_replayed(sp.run),
+        "prov": C.provenance(sp.run),
+    }
+
+
 def profiles(results, skipped: list[str] | None = None) -> dict[tuple[str, float], dict]:
     """(family, B/k) -> {resolver_ms, follower_copy_ms, step_ms, sessions, partition, prov}; a profile
-    not taken under its run's load is left out (its reason appended to ``skipped``)."""
+    not taken under its run's load is left out (its reason appended to ``skipped``). A family
+    with profiles on its H200 preset takes only those (one preset per family's curve)."""
     out: dict = {}
     skipped = [] if skipped is None else skipped
+    on_h200 = set()
+    for fam in H200_EXPERIMENTS:
+        for sp in h200_points(results, fam):
+            prof = C.profile_at_load(sp.run, skipped)
+            if prof and (fam, sp.bk) not in out:
+                out[(fam, sp.bk)] = _entry(prof, sp)
+                on_h200.add(fam)
     S = C.load_json(results / NAME / "summary.json") or {}
     for p in S.get("points") or []:
         fam, bk = family(str(p.get("model", ""))), C.as_float(p.get("b_over_k"))
-        if fam and bk:
+        if fam and bk and fam not in on_h200:
             out[(fam, bk)] = {
                 "resolver_ms": C.as_float(p.get("resolver_ms")),
                 "follower_copy_ms": C.as_float(p.get("follower_copy_ms")) or 0.0,
@@ -43,21 +98,11 @@ def profiles(results, skipped: list[str] | None = None) -> dict[tuple[str, float
     for sp in select(pts, "glm", "adaptive_hisparse", 128) + select(
         pts, "deepseek", "adaptive_hisparse", 128
     ):
-        if (sp.family, sp.bk) in out:
+        if (sp.family, sp.bk) in out or sp.family in on_h200:
             continue
         prof = C.profile_at_load(sp.run, skipped)
-        if not prof:
-            continue
-        ck = prof.get("cache_kernel_ms") or {}
-        out[(sp.family, sp.bk)] = {
-            "resolver_ms": C.as_float(ck.get("resolver")),
-            "follower_copy_ms": C.as_float(ck.get("follower_copy")) or 0.0,
-            "step_ms": C.as_float(prof.get("step_ms")),
-            "sessions": C.as_float(prof.get("sessions_per_step")) or sp.run.num("active_mean"),
-            "partition": prof.get("partition_pct") or {},
-            "graphs": C.graphs_replayed(sp.run),
-            "prov": C.provenance(sp.run),
-        }
+        if prof:
+            out[(sp.family, sp.bk)] = _entry(prof, sp)
     return out
 
 
@@ -72,9 +117,15 @@ def eager_profiles(results, skipped: list[str]) -> dict[str, dict]:
     served one."""
     out = {}
     for fam in ("glm", "deepseek"):
-        for sp in select(
-            sweep(results, ("fig10_eager", "fig10_dsv_eager")), fam, "adaptive_hisparse", 128
-        ):
+        # the served profiles' preset: the eager split is a proportion applied to their steps
+        cands = (
+            h200_points(results, fam, eager=True)
+            if h200_points(results, fam)
+            else select(
+                sweep(results, ("fig10_eager", "fig10_dsv_eager")), fam, "adaptive_hisparse", 128
+            )
+        )
+        for sp in cands:
             if abs(sp.bk - PAPER_BUDGET[fam]) > 1e-6 or C.graphs_replayed(sp.run):
                 continue
             prof = C.profile_at_load(sp.run, skipped)
@@ -111,12 +162,31 @@ def main(argv=None) -> C.Report:
     skipped: list[str] = []
     prof = profiles(args.results, skipped)
     eager = eager_profiles(args.results, skipped)
+    where = {fam: h200_load(args.results, fam) for fam in H200_EXPERIMENTS}
+    presets = (
+        "H200 presets derived from the paper"
+        if all(where.values())
+        else "H200 and scaled presets"
+        if any(where.values())
+        else "scaled presets"
+    )
     rep = C.Report(
         NAME,
-        "Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 "
-        "(ours: scaled presets)",
+        f"Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 (ours: {presets})",
     )
-    rep.loads = {128: 128}  # the Adaptive HiSparse C128 runs of Fig. 9's sweep and results/fig10*
+    # the GLM-like rows' load (the report's one loads line); the DeepSeek-like rows say theirs
+    rep.loads = {128: where["glm"][0] if where["glm"] else 128}
+
+    def at(fam: str) -> str:
+        """The family's load and preset after a row's quantity, where it ran on its H200 preset."""
+        return f" ({where[fam][1]})" if where[fam] else ""
+
+    for fam, w in where.items():
+        if w:
+            rep.note(
+                f"{'GLM' if fam == 'glm' else 'DeepSeek'}-like rows: kernel profiles at {w[1]} "
+                f"({H200_EXPERIMENTS[fam][0]}, one run per budget)."
+            )
     P = PAPER["fig10"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.2)
 
@@ -226,7 +296,7 @@ def main(argv=None) -> C.Report:
             )
             rep.compare(
                 f"{fam}.cache_ms.{bk}",
-                f"{'GLM' if fam == 'glm' else 'DeepSeek'} cache work per step, B/k = {bk}",
+                f"{'GLM' if fam == 'glm' else 'DeepSeek'} cache work per step, B/k = {bk}{at(fam)}",
                 P["cache_ms_per_step"][fam][str(bk)],
                 tot,
                 "ms",
@@ -248,7 +318,7 @@ def main(argv=None) -> C.Report:
         share = o["follower_copy_ms"] / (o["resolver_ms"] + o["follower_copy_ms"])
     rep.compare(
         "glm.copy_share",
-        "GLM follower-copy share of cache work at 2k",
+        f"GLM follower-copy share of cache work at 2k{at('glm')}",
         P["glm_follower_copy_share"],
         share,
         "",
@@ -261,7 +331,7 @@ def main(argv=None) -> C.Report:
             v = (o["resolver_ms"] + o["follower_copy_ms"]) / o["sessions"]
         rep.compare(
             f"glm.per_session.{bk}",
-            f"GLM cache work per session, B/k = {bk}",
+            f"GLM cache work per session, B/k = {bk}{at('glm')}",
             P["glm_cache_ms_per_session"][str(bk)],
             v,
             "ms",
@@ -272,7 +342,7 @@ def main(argv=None) -> C.Report:
         rep.compare(
             f"{fam}.step_ms",
             f"{'GLM' if fam == 'glm' else 'DeepSeek'} step time at B/k = "
-            f"{C.fmt(PAPER_BUDGET[fam])}",
+            f"{C.fmt(PAPER_BUDGET[fam])}{at(fam)}",
             P["step_ms"][fam],
             o.get("step_ms"),
             "ms",
@@ -309,16 +379,25 @@ def main(argv=None) -> C.Report:
                 )
         for famk, pv in P["partition_pct"][fam].items():
             v, pr = split_from.get(famk, (C.as_float(part.get(famk)), o.get("prov", "")))
-            rep.compare(f"{fam}.partition.{famk}", f"{name} step share: {famk}", pv, v, "%", pr)
+            rep.compare(
+                f"{fam}.partition.{famk}", f"{name} step share: {famk}{at(fam)}", pv, v, "%", pr
+            )
     for fam in ("glm", "deepseek"):
         o = prof.get((fam, PAPER_BUDGET[fam])) or {}
         idle = C.as_float((o.get("partition") or {}).get("no kernel running"))
         if idle is not None and idle > 10 and o.get("step_ms"):
+            # the scaled presets' steps are a few ms of short kernels; the H200 presets' are not
+            why = (
+                ""
+                if where[fam]
+                else ": the scaled presets' kernels are short, so the engine's host-side work "
+                "between graph replays (scheduling, sampling, host backups, in Python) is a "
+                "large part of each step here"
+            )
             rep.note(
                 f"{'GLM' if fam == 'glm' else 'DeepSeek'}: no kernel runs for {C.fmt(idle)} % of a "
-                f"{C.fmt(o['step_ms'])} ms step (paper {C.fmt(float(P['partition_pct'][fam]['no kernel running']))} %): the "
-                "scaled presets' kernels are short, so the engine's host-side work between graph replays "
-                "(scheduling, sampling, host backups, in Python) is a large part of each step here."
+                f"{C.fmt(o['step_ms'])} ms step (paper "
+                f"{C.fmt(float(P['partition_pct'][fam]['no kernel running']))} %){why}."
             )
     served = served_idle(args.results)
     if served:

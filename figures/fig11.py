@@ -18,7 +18,7 @@ import seaborn as sns
 
 from figures import common as C
 from figures.paper_values import FIG11_FAMILIES, PAPER
-from harness.load_mapping import DEEPSEEK_DECODE_GPUS
+from harness.load_mapping import DEEPSEEK_DECODE_GPUS, decode_gpus, load_label, ours_concurrency
 
 NAME = "fig11"
 
@@ -27,13 +27,21 @@ def _norm(s: str) -> str:
     return "".join(ch for ch in s.lower() if ch.isalnum())
 
 
+def eager_of(exp: str) -> str:
+    """The CUDA-graphs-off companion of a panel-a experiment: fig11 -> fig11_eager,
+    fig11_h200 -> fig11_eager_h200 (its split applies to rounds of the same preset only)."""
+    return NAME + "_eager" + exp[len(NAME) :]
+
+
 def collect(results):
-    S = C.load_json(results / NAME / "summary.json") or {}
+    # panel a from fig11_h200 (the GLM-like H200 preset) where it has runs, else fig11 (mini)
+    exp, a_runs = C.load_preferred(results, NAME)
+    S = C.load_json(results / exp / "summary.json") or {}
     rounds = {str(k): v for k, v in (S.get("round_ms") or {}).items() if isinstance(v, dict)}
     shares = dict(S.get("resolver_share_pct") or {})
-    head = C.summary_provenance(S, "results/fig11/summary.json") if S else ""
+    head = C.summary_provenance(S, f"results/{exp}/summary.json") if S else ""
     provs, skipped = [], []
-    for r in C.load_runs(results, NAME):
+    for r in a_runs:
         prof = C.profile_at_load(r, skipped)
         if not prof:
             continue
@@ -61,7 +69,7 @@ def collect(results):
                 provs.append(r)
     # rounds profiled with replayed graphs: their model kernels split into expert matmuls and the rest
     # in the proportion the same round shows with CUDA graphs off (conf/experiment/fig11_eager.yaml)
-    for r in C.load_runs(results, NAME + "_eager"):
+    for r in C.load_runs(results, eager_of(exp)):
         b = r.cfg("block", "block_size")
         part = rounds.get(str(int(b))) if b is not None else None
         if not part or not part.get("graphs") or C.graphs_replayed(r):
@@ -85,7 +93,8 @@ def collect(results):
             }
             provs.append(r)
     # Fig. 11b from conf/experiment/fig11b.yaml: per-cycle profiles over a whole run, split by phase
-    b_runs = [r for r in C.load_runs(results, "fig11b") if r.concurrency]
+    bexp, b_runs = C.load_preferred(results, "fig11b")
+    b_runs = [r for r in b_runs if r.concurrency]
     note = ""
     if b_runs:
         low, top = b_loads(b_runs)
@@ -108,12 +117,12 @@ def collect(results):
                     shares.setdefault(key, ph["middle"])
                     provs.append(r)
         note = (
-            f"Panel b from results/fig11b: the C16 phases at our C{low}, split by the batch each profiled "
+            f"Panel b from results/{bexp}: the C16 phases at our C{low}, split by the batch each profiled "
             f"cycle carried (fill: before it first reached C{low}, or, where the closed loop admitted all C{low} "
             f"at once, the leading cycles whose steps ran their prefills (over {FILL_STEP_FACTOR:g}x the median "
             f"cycle's step time); drain: after it last held C{low}), and "
             f"'C512 pressure' as the cycles from the first to the last full batch at our top load, C{top} "
-            "(fig5.yaml maps the paper's C512 there)."
+            f"(conf/experiment/{bexp}.yaml maps the paper's C512 there)."
         )
     # one deduplicated tag list (a tag per run repeated every preset and device name)
     return (
@@ -122,6 +131,8 @@ def collect(results):
         "; ".join(x for x in (head, C.provenance(provs) if provs else "") if x),
         note,
         skipped,
+        (exp, a_runs),
+        (bexp, b_runs),
     )
 
 
@@ -129,16 +140,16 @@ FILL_STEP_FACTOR = 3.0
 
 
 def b_loads(b_runs) -> tuple[int, int]:
-    """(low, top) load of Fig. 11b's runs: the experiment's loads (its config), not the runs
-    present, so a lone top-load run does not fill the low-load rows."""
-    loads = sorted(
-        {
-            int(c)
-            for r in b_runs
-            for c in ((r.config.get("workload") or {}).get("concurrency") or [])
-        }
-        or {r.concurrency for r in b_runs}
-    )
+    """(low, top) load of Fig. 11b's runs: the experiment's loads (its config: ours, or the
+    paper's mapped to ours), not the runs present, so a lone top-load run does not fill the
+    low-load rows."""
+    loads = set()
+    for r in b_runs:
+        w = r.config.get("workload") or {}
+        loads |= {int(c) for c in w.get("concurrency") or []}
+        gpus = decode_gpus(r.model)
+        loads |= {ours_concurrency(int(c), gpus) for c in w.get("paper_concurrency") or []}
+    loads = sorted(loads or {r.concurrency for r in b_runs})
     return loads[0], loads[-1]
 
 
@@ -187,9 +198,23 @@ def phase_shares(run) -> dict[str, float]:
 
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
-    rounds, shares, prov, b_note, skipped = collect(args.results)
-    rep = C.Report(NAME, "Fig. 11 - Where step time goes (ours: scaled presets)")
-    b_runs = [r for r in C.load_runs(args.results, "fig11b") if r.concurrency]
+    rounds, shares, prov, b_note, skipped, (exp, a_runs), (bexp, b_runs) = collect(args.results)
+    on_h200 = [e.endswith(C.H200_SUFFIX) for e in (exp, bexp)]
+    presets = (
+        "H200 presets derived from the paper"
+        if all(on_h200)
+        else "H200 and scaled presets"
+        if any(on_h200)
+        else "scaled presets"
+    )
+    rep = C.Report(NAME, f"Fig. 11 - Where step time goes (ours: {presets})")
+    a_loads = sorted({r.concurrency for r in a_runs if r.concurrency})
+    if a_loads:  # panel a's load in the paper's terms (the report's loads line is panel b's)
+        rep.note(
+            f"Panel a from results/{exp}: "
+            + "; ".join(load_label(64, c) for c in a_loads)
+            + " (the paper's Fig. 11a is at C64)."
+        )
     if b_runs:  # panel b: the paper's C16 phases and C512 under pressure
         low, top = b_loads(b_runs)
         rep.loads = {16: low, 512: top}

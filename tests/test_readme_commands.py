@@ -158,7 +158,8 @@ def run_command(cmd: str, tmp: Path) -> None:
             assert make_expansion(words, env) == [
                 ["ruff", "check", "."],
                 ["ruff", "format", "--check", "."],
-                ["pytest", "-n", "2", "tests"],
+                ["pytest", "-n", "2", "--no-solo", "tests"],
+                ["pytest", "--solo-only", "tests"],
             ]
             return  # this very suite
         if target == "reproduce" and "DRY=1" not in words and not _has_gpu():

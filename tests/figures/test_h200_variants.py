@@ -387,3 +387,83 @@ def test_the_ttft_claim_names_its_post_wave_ratio():
     assert "0.45 / 0.52 s = 0.87x, post-wave 0.28 / 0.08 s = 3.50x" in got
     assert "5.11 / 2.25 s = 2.27x post-wave" in got
     assert _ttft_waves(runs[:1], 32, 128) is None
+
+
+def _profile(resolver_ms: float, sessions: float) -> dict:
+    return {
+        "step_ms": 9.0,
+        "sessions_per_step": sessions,
+        "cache_kernel_ms": {"resolver": resolver_ms, "follower_copy": 0.5},
+        "partition_pct": {"expert matrix products": 30, "no kernel running": 3},
+    }
+
+
+def test_fig10_reads_a_familys_h200_profiles_and_only_those(results, tmp_path):
+    """fig10_h200's profiles (paper C128 = ours C32 on glm53_h200) give every GLM row, labelled
+    with both loads; the DeepSeek rows, without H200 profiles, stay on the scaled preset; a
+    profile taken off the run's load is left out, not replaced by the mini preset's."""
+    from figures import fig10
+    from tests.figures.fixture import _write_run
+
+    def write(bk, sessions):
+        point = {"concurrency": 32, "paper_concurrency": 128, "b_over_k": bk, "tag": "c32"}
+        s = {"system": "adaptive_hisparse", "model": "glm53_h200", "point": point,
+             "completed": 32, "errors": 0, "active_mean": 31.0}  # fmt: skip
+        cfg = {"system": {"name": "adaptive_hisparse", "kv": {"hot_cache_rows": 512 * bk}},
+               "model": {"name": "glm53_h200", "index_topk": 512}}  # fmt: skip
+        _write_run(results, "fig10_h200", f"ah-b{bk}", s, cfg, profile=_profile(bk, sessions))
+
+    # a scaled-preset GLM point at B/k 8, which the H200 sweep must not fill its gap with
+    (results / "fig10").mkdir(exist_ok=True)
+    point = {"model": "glm53_mini", "b_over_k": 8, "resolver_ms": 1.0, "step_ms": 20.0}
+    (results / "fig10" / "summary.json").write_text(json.dumps({"points": [point]}))
+    try:
+        mini = fig10.main(["--results", str(results), "--out", str(tmp_path / "mini")])
+        for bk in (1, 2, 4):
+            write(bk, 31.0)
+        write(8, 1.0)  # a profile of batch-1 steps: not the run's load
+        rep = fig10.main(["--results", str(results), "--out", str(tmp_path)])
+    finally:
+        shutil.rmtree(results / "fig10_h200")
+        (results / "fig10" / "summary.json").unlink()
+    row = rep.row("glm.cache_ms.2")
+    assert row.ours == pytest.approx(2.0 + 0.5)
+    assert "paper C128 = ours C32 on one H200, glm53_h200" in row.quantity
+    assert rep.row("glm.cache_ms.8").ours is None  # off load, and no mini value mixed in
+    assert mini.row("glm.cache_ms.8").ours is not None
+    assert rep.row("deepseek.cache_ms.2").ours == mini.row("deepseek.cache_ms.2").ours
+    assert "on one H200" not in rep.row("deepseek.cache_ms.2").quantity
+    assert rep.loads == {128: 32} and "H200 and scaled presets" in rep.title
+
+
+def test_fig11_reads_the_h200_rounds_and_their_loads(results, tmp_path):
+    """fig11_h200's rounds (paper C64 = ours C16) replace the scaled preset's (its summary.json
+    too); fig11b_h200's loads are the paper's C16 / C512 mapped for two decode GPUs."""
+    from figures import fig11
+    from tests.figures.fixture import _write_run
+
+    for b, total in ((4, 20.0), (6, 26.0)):
+        point = {"concurrency": 16, "paper_concurrency": 64, "tag": "c16"}
+        s = {"system": "adaptive_dhisparse", "model": "glm53_h200", "point": point,
+             "completed": 16, "errors": 0, "active_mean": 16.0}  # fmt: skip
+        cfg = {"system": {"name": "adaptive_dhisparse", "speculation": {"block_size": b}},
+               "model": {"name": "glm53_h200"}}  # fmt: skip
+        prof = {"sessions_per_step": 16.0, "round_ms": {"cache kernels alone": 2.0, "total": total}}
+        _write_run(results, "fig11_h200", f"adhs-b{b}", s, cfg, profile=prof)
+    for pc in (16, 512):
+        point = {"concurrency": pc // 2, "paper_concurrency": pc, "tag": f"c{pc // 2}"}
+        s = {"system": "adaptive_hisparse", "model": "dsv41_h200", "point": point,
+             "completed": 16, "errors": 0}  # fmt: skip
+        cfg = {"system": {"name": "adaptive_hisparse"}, "model": {"name": "dsv41_h200"},
+               "workload": {"concurrency": None, "paper_concurrency": [16, 512]}}  # fmt: skip
+        _write_run(results, "fig11b_h200", f"ah-c{pc}", s, cfg)
+    try:
+        rep = fig11.main(["--results", str(results), "--out", str(tmp_path)])
+    finally:
+        shutil.rmtree(results / "fig11_h200")
+        shutil.rmtree(results / "fig11b_h200")
+    assert rep.row("b4.total").ours == pytest.approx(20.0)  # the fixture's summary.json: 70
+    assert rep.row("round_b6_over_b4").ours == pytest.approx(30.0)
+    assert any("paper C64 = ours C16 on one H200" in n for n in rep.notes)
+    assert rep.loads == {16: 8, 512: 256}
+    assert "H200 presets derived from the paper" in rep.title

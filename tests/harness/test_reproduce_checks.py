@@ -53,6 +53,14 @@ NOT_YET_MEASURED = {
     "fig9_h200",  # issue 23: GLM-like HiSparse's best budget at paper C128, on glm53_h200
     "fig1_h200",  # issue 23: Fig. 1's 32K / 8K claim, scaled, on the GLM-like H200 preset
     "fig4_h200_sweep",  # issue 23: Table A3's latency-bound capacity on the GLM-like H200 preset
+    # issue 23: Fig. 10 / 11's kernel profiles on the H200 presets
+    "fig10_h200",
+    "fig10_eager_h200",
+    "fig10_dsv_h200",
+    "fig10_dsv_eager_h200",
+    "fig11_h200",
+    "fig11_eager_h200",
+    "fig11b_h200",
 }
 # Single runs cut by their GPU call's time box, the rest of their experiment committed; the next
 # call resumes them (finished runs are skipped). Each must leave once it is committed.
