@@ -10,8 +10,9 @@ attention four ways (reference; the per-head kernel unsplit and with its default
 and reports the difference of the outputs, the kernel's effective bandwidth over the bytes it
 must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (docs/design.md), and the
 speed-up, then both kernels over chunk counts 1-16 at 1-128 queries (``split_sweep``: the data
-for ``SPLIT_ROWS``, which fixes the count by k alone). Exits 1 if the outputs disagree beyond
-float32 rounding.
+for ``SPLIT_ROWS``, which fixes the count by k alone), the all-heads kernel's tiles and warps
+at a small batch, a decode batch and a verification call, and the indexer's scan;
+``--sections`` picks some. Exits 1 if the outputs disagree beyond float32 rounding.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, str(REPO))
 from gpu_timing import median_us  # noqa: E402  (benchmarks/, the script's folder)
 
 HBM_BPS = 4.22e12
+SECTIONS = {"kernels", "splits", "tiles", "index"}
 
 
 def main() -> None:
@@ -36,6 +38,12 @@ def main() -> None:
     ap.add_argument("--pool-rows", type=int, default=1 << 20)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--history", type=int, default=16384, help="positions the index scan covers")
+    ap.add_argument(
+        "--sections",
+        default=",".join(sorted(SECTIONS)),
+        help="comma-separated parts to run: kernels (the four ways at --queries), splits (chunk "
+        "counts), tiles (the mma kernel's tile and warps), index (the indexer's scan)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -59,7 +67,13 @@ def main() -> None:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     kw = dict(kv_format="fp8", kv_dim=576, rope_dim=64, row_dtype=torch.bfloat16)
     rows, bad = [], 0
-    for N in [int(x) for x in args.queries.split(",")]:
+    sweep, scan, index_sweep = [], [], []
+    sections = set(args.sections.split(","))
+    if unknown := sections - SECTIONS:
+        sys.exit(
+            f"bench_attention: unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}"
+        )
+    for N in [int(x) for x in args.queries.split(",")] if "kernels" in sections else []:
         q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
         loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
         sel = loc.clone()
@@ -109,156 +123,162 @@ def main() -> None:
             f"{row['mma_max_abs_diff']:.1e}",
             flush=True,
         )
-    # chunk-count sweep of both kernels (the all-heads one is what ``auto`` runs on a GPU):
-    # SPLIT_ROWS fixes the count by k alone (batch invariance), so one count serves every batch
-    sweep = []
-    for N in (1, 16, 32, 128):
-        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
-        loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
-        for kernel in ("mma", "per_head"):
-            for ns in (1, 2, 4, 8, 16):
+    if "splits" in sections:
+        # chunk-count sweep of both kernels (the all-heads one is what ``auto`` runs on a GPU):
+        # SPLIT_ROWS fixes the count by k alone (batch invariance), so one count serves every batch
+        for N in (1, 16, 32, 128):
+            q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
+            loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+            for kernel in ("mma", "per_head"):
+                for ns in (1, 2, 4, 8, 16):
+                    fn = lambda: sparse_attention_triton(  # noqa: E731
+                        q, kv, loc, loc, splits=ns, kernel=kernel, **kw
+                    )
+                    us = median_us(torch, fn, flush, args.reps)
+                    gbps = N * args.k * kv.shape[1] / us / 1e3
+                    sweep.append(
+                        {"queries": N, "kernel": kernel, "splits": ns, "us": us, "gbps": gbps}
+                    )
+                    print(
+                        f"[attention] sweep {kernel:8s} N={N:3d} splits={ns:2d}: {us:8.1f} us "
+                        f"({gbps:.0f} GB/s)",
+                        flush=True,
+                    )
+
+    if "tiles" in sections:
+        # the all-heads tensor-core kernel's launch shape, at a decode batch and a verification call
+        # (16 x 8: at sm_90 ptxas gives the 16-row tile 238 registers and no spills with 8 warps,
+        # against 255 and 156 bytes of spill stores with 4)
+        for N in (1, 32, 64, 512):
+            q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
+            loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+            for bk, nw in ((16, 4), (16, 8), (32, 4), (64, 4), (32, 8), (64, 8)):
                 fn = lambda: sparse_attention_triton(  # noqa: E731
-                    q, kv, loc, loc, splits=ns, kernel=kernel, **kw
+                    q,
+                    kv,
+                    loc,
+                    loc,
+                    kernel="mma",
+                    block_k=bk,
+                    num_warps=nw,
+                    **kw,
                 )
-                us = median_us(torch, fn, flush, args.reps)
-                gbps = N * args.k * kv.shape[1] / us / 1e3
-                sweep.append({"queries": N, "kernel": kernel, "splits": ns, "us": us, "gbps": gbps})
+                try:
+                    us = median_us(torch, fn, flush, args.reps)
+                except Exception as e:  # e.g. out of shared memory for the larger tiles
+                    print(f"[attention] mma N={N} block_k={bk} num_warps={nw}: {type(e).__name__}")
+                    continue
+                sweep.append(
+                    {
+                        "kernel": "mma",
+                        "queries": N,
+                        "block_k": bk,
+                        "num_warps": nw,
+                        "us": us,
+                        "gbps": N * args.k * kv.shape[1] / us / 1e3,
+                    }
+                )
                 print(
-                    f"[attention] sweep {kernel:8s} N={N:3d} splits={ns:2d}: {us:8.1f} us "
-                    f"({gbps:.0f} GB/s)",
+                    f"[attention] mma N={N:4d} block_k={bk:3d} num_warps={nw}: {us:8.1f} us "
+                    f"({sweep[-1]['gbps']:.0f} GB/s)",
                     flush=True,
                 )
 
-    # the all-heads tensor-core kernel's launch shape, at a decode batch and a verification call
-    for N in (64, 512):
-        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
-        loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
-        for bk, nw in ((16, 4), (32, 4), (64, 4), (32, 8), (64, 8)):
-            fn = lambda: sparse_attention_triton(  # noqa: E731
-                q,
-                kv,
-                loc,
-                loc,
-                kernel="mma",
-                block_k=bk,
-                num_warps=nw,
-                **kw,
+    if "index" in sections:
+        # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)
+        from systems.kernels.index_scores import index_scores
+
+        P, di, L = 64, 64, args.history
+        for B, Q in ((1, 1), (16, 1), (64, 1), (64, 4), (128, 4)):
+            pages = -(-L // P)
+            pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(torch.bfloat16)
+            table = (
+                torch.randperm(B * pages, device=dev, generator=g).view(B, pages).to(torch.int32)
             )
-            try:
-                us = median_us(torch, fn, flush, args.reps)
-            except Exception as e:  # e.g. out of shared memory for the larger tiles
-                print(f"[attention] mma N={N} block_k={bk} num_warps={nw}: {type(e).__name__}")
-                continue
-            sweep.append(
-                {
-                    "kernel": "mma",
-                    "queries": N,
-                    "block_k": bk,
-                    "num_warps": nw,
-                    "us": us,
-                    "gbps": N * args.k * kv.shape[1] / us / 1e3,
-                }
-            )
+            slots = torch.arange(B, device=dev)
+            iq = torch.randn(B, Q, di, device=dev, generator=g)
+            out = {}
+            for impl in ("reference", "triton"):
+                fn = lambda: index_scores(iq, pool, table, slots, L, P, impl=impl)  # noqa: E731
+                out[impl] = (fn(), median_us(torch, fn, flush, args.reps))
+            diff = (out["triton"][0] - out["reference"][0]).abs().max().item()
+            ok = diff <= 1e-3 * max(out["reference"][0].abs().max().item(), 1e-6)
+            bad += not ok
+            need = B * L * di * 2
+            r = {
+                "requests": B,
+                "queries": Q,
+                "history": L,
+                "reference_us": out["reference"][1],
+                "triton_us": out["triton"][1],
+                "speedup": out["reference"][1] / out["triton"][1],
+                "key_bytes_read": need,
+                "triton_gbps": need / out["triton"][1] / 1e3,
+                "max_abs_diff": diff,
+                "agree": ok,
+            }
+            scan.append(r)
             print(
-                f"[attention] mma N={N:4d} block_k={bk:3d} num_warps={nw}: {us:8.1f} us "
-                f"({sweep[-1]['gbps']:.0f} GB/s)",
+                f"[index]     B={B:4d} Q={Q} L={L} reference {r['reference_us']:9.1f} us  triton "
+                f"{r['triton_us']:9.1f} us  x{r['speedup']:.2f}  {r['triton_gbps']:7.1f} GB/s  "
+                f"max|diff| {diff:.2e}",
                 flush=True,
             )
+        # tile sweep of the scan at a high load (the decode step of the hierarchy at C128): rows of
+        # history per program x warps (default 128 x 4)
+        from systems.kernels.index_scores import index_scores_triton
 
-    # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)
-    from systems.kernels.index_scores import index_scores
-
-    P, di, L = 64, 64, args.history
-    scan = []
-    for B, Q in ((1, 1), (16, 1), (64, 1), (64, 4), (128, 4)):
+        B = 128
         pages = -(-L // P)
         pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(torch.bfloat16)
         table = torch.randperm(B * pages, device=dev, generator=g).view(B, pages).to(torch.int32)
         slots = torch.arange(B, device=dev)
-        iq = torch.randn(B, Q, di, device=dev, generator=g)
-        out = {}
-        for impl in ("reference", "triton"):
-            fn = lambda: index_scores(iq, pool, table, slots, L, P, impl=impl)  # noqa: E731
-            out[impl] = (fn(), median_us(torch, fn, flush, args.reps))
-        diff = (out["triton"][0] - out["reference"][0]).abs().max().item()
-        ok = diff <= 1e-3 * max(out["reference"][0].abs().max().item(), 1e-6)
-        bad += not ok
-        need = B * L * di * 2
-        r = {
-            "requests": B,
-            "queries": Q,
-            "history": L,
-            "reference_us": out["reference"][1],
-            "triton_us": out["triton"][1],
-            "speedup": out["reference"][1] / out["triton"][1],
-            "key_bytes_read": need,
-            "triton_gbps": need / out["triton"][1] / 1e3,
-            "max_abs_diff": diff,
-            "agree": ok,
-        }
-        scan.append(r)
-        print(
-            f"[index]     B={B:4d} Q={Q} L={L} reference {r['reference_us']:9.1f} us  triton "
-            f"{r['triton_us']:9.1f} us  x{r['speedup']:.2f}  {r['triton_gbps']:7.1f} GB/s  "
-            f"max|diff| {diff:.2e}",
-            flush=True,
-        )
-    # tile sweep of the scan at a high load (the decode step of the hierarchy at C128): rows of
-    # history per program x warps (default 128 x 4)
-    from systems.kernels.index_scores import index_scores_triton
-
-    index_sweep = []
-    B = 128
-    pages = -(-L // P)
-    pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(torch.bfloat16)
-    table = torch.randperm(B * pages, device=dev, generator=g).view(B, pages).to(torch.int32)
-    slots = torch.arange(B, device=dev)
-    for Q in (1, 4):
-        iq = torch.randn(B, Q, di, device=dev, generator=g)
-        ref = index_scores(iq, pool, table, slots, L, P, impl="triton")
-        # tiles that compile without register spills at sm_90 (ptxas -v): 256 x 4 and 512 x 8 spill
-        # and the multiply-add form (a float32 row per query, no 16-row padding of the dot)
-        for block_l, warps, form in (
-            (64, 4, "dot"),
-            (128, 4, "dot"),
-            (64, 2, "dot"),
-            (128, 8, "dot"),
-            (256, 8, "dot"),
-            (64, 4, "fma"),
-            (128, 4, "fma"),
-            (256, 8, "fma"),
-            (512, 8, "fma"),
-        ):
-            fn = lambda: index_scores_triton(  # noqa: E731
-                iq,
-                pool,
-                table,
-                slots,
-                L,
-                P,
-                block_l=block_l,
-                num_warps=warps,
-                form=form,
-            )
-            diff = (fn() - ref).abs().max().item()
-            us = median_us(torch, fn, flush, args.reps)
-            index_sweep.append(
-                {
-                    "requests": B,
-                    "queries": Q,
-                    "block_l": block_l,
-                    "num_warps": warps,
-                    "form": form,
-                    "us": us,
-                    "gbps": B * L * di * 2 / us / 1e3,
-                    "max_abs_diff_vs_default": diff,
-                }
-            )
-            print(
-                f"[index]     sweep B={B} Q={Q} {form} block_l={block_l:5d} warps={warps}: {us:8.1f} us "
-                f"({index_sweep[-1]['gbps']:.0f} GB/s)  max|diff| {diff:.1e}",
-                flush=True,
-            )
+        for Q in (1, 4):
+            iq = torch.randn(B, Q, di, device=dev, generator=g)
+            ref = index_scores(iq, pool, table, slots, L, P, impl="triton")
+            # tiles that compile without register spills at sm_90 (ptxas -v): 256 x 4 and 512 x 8 spill
+            # and the multiply-add form (a float32 row per query, no 16-row padding of the dot)
+            for block_l, warps, form in (
+                (64, 4, "dot"),
+                (128, 4, "dot"),
+                (64, 2, "dot"),
+                (128, 8, "dot"),
+                (256, 8, "dot"),
+                (64, 4, "fma"),
+                (128, 4, "fma"),
+                (256, 8, "fma"),
+                (512, 8, "fma"),
+            ):
+                fn = lambda: index_scores_triton(  # noqa: E731
+                    iq,
+                    pool,
+                    table,
+                    slots,
+                    L,
+                    P,
+                    block_l=block_l,
+                    num_warps=warps,
+                    form=form,
+                )
+                diff = (fn() - ref).abs().max().item()
+                us = median_us(torch, fn, flush, args.reps)
+                index_sweep.append(
+                    {
+                        "requests": B,
+                        "queries": Q,
+                        "block_l": block_l,
+                        "num_warps": warps,
+                        "form": form,
+                        "us": us,
+                        "gbps": B * L * di * 2 / us / 1e3,
+                        "max_abs_diff_vs_default": diff,
+                    }
+                )
+                print(
+                    f"[index]     sweep B={B} Q={Q} {form} block_l={block_l:5d} warps={warps}: {us:8.1f} us "
+                    f"({index_sweep[-1]['gbps']:.0f} GB/s)  max|diff| {diff:.1e}",
+                    flush=True,
+                )
     finish_benchmark(
         args.out,
         {

@@ -27,7 +27,9 @@ def pytest_collection_modifyitems(config, items):
     if no_solo or solo_only:
         keep, drop = [], []
         for item in items:
-            (keep if ("solo" in item.keywords) == solo_only else drop).append(item)
+            (keep if (item.get_closest_marker("solo") is not None) == solo_only else drop).append(
+                item
+            )
         if drop:
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
