@@ -66,6 +66,12 @@ def main() -> None:
     kv = encode_rows(torch.randn(args.pool_rows, 576, device=dev, generator=g), cfg).contiguous()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     kw = dict(kv_format="fp8", kv_dim=576, rope_dim=64, row_dtype=torch.bfloat16)
+
+    def inputs(N: int):
+        """N bf16 queries and their k random pool locations (selections = locations)."""
+        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
+        return q, torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+
     rows, bad = [], 0
     sweep, scan, index_sweep = [], [], []
     sections = set(args.sections.split(","))
@@ -74,8 +80,7 @@ def main() -> None:
             f"bench_attention: unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}"
         )
     for N in [int(x) for x in args.queries.split(",")] if "kernels" in sections else []:
-        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
-        loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+        q, loc = inputs(N)
         sel = loc.clone()
         sel[:, -7:] = -1  # some padding, as short histories have
         out = {}
@@ -127,8 +132,7 @@ def main() -> None:
         # chunk-count sweep of both kernels (the all-heads one is what ``auto`` runs on a GPU):
         # SPLIT_ROWS fixes the count by k alone (batch invariance), so one count serves every batch
         for N in (1, 16, 32, 128):
-            q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
-            loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+            q, loc = inputs(N)
             for kernel in ("mma", "per_head"):
                 for ns in (1, 2, 4, 8, 16):
                     fn = lambda: sparse_attention_triton(  # noqa: E731
@@ -150,8 +154,7 @@ def main() -> None:
         # (16 x 8: at sm_90 ptxas gives the 16-row tile 238 registers and no spills with 8 warps,
         # against 255 and 156 bytes of spill stores with 4)
         for N in (1, 32, 64, 512):
-            q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
-            loc = torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
+            q, loc = inputs(N)
             for bk, nw in ((16, 4), (16, 8), (32, 4), (64, 4), (32, 8), (64, 8)):
                 fn = lambda: sparse_attention_triton(  # noqa: E731
                     q,
