@@ -16,7 +16,8 @@ after a change that moves the numbers.
 first when device time is short) without changing any run's config, so their run ids are the
 full sweep's and the rest of the sweep resumes around them later.
 ``--smoke`` applies the experiment's ``reproduce.smoke`` overrides plus CPU sizes and writes to
-a scratch results directory unless ``--results`` is given.
+a scratch results directory unless ``--results`` is given; ``reproduce.smoke_sweep`` replaces the
+sweep there (an experiment that re-runs another's sweep on another preset smokes one setting).
 
 ``reproduce.repeats: N`` (3 or more for a claim) makes each sweep combination an interleaved
 group: one throwaway warm-up run, then the systems back to back, N times (A B C A B C ...), each
@@ -98,7 +99,9 @@ def groups(exp: str, smoke: bool) -> list[Group]:
     base = compose([f"experiment={exp}"])
     rep = base.get("reproduce") or {}
     systems = list(rep.get("systems") or [base.system.name])
-    sweep = rep.get("sweep")
+    sweep = (
+        rep.get("smoke_sweep") if smoke and rep.get("smoke_sweep") is not None else rep.get("sweep")
+    )
     sweep = OmegaConf.to_container(sweep, resolve=True) if sweep is not None else {}
     repeats = rep.get("repeats")
     if repeats is not None and int(repeats) < 1:
@@ -215,11 +218,12 @@ def _run_cfg(overrides: list[str], results: str | None):
         cfg.system.speculation.window = 64
         cfg.system.speculation.draft_dim = 64
     rep = cfg.get("reproduce")
-    if rep is not None and "skip_points" in rep:
-        # read by skipped_points and dropped here: which points the plan leaves out is no part
-        # of what a run measures (its config.yaml, its id, the figures' repeat folding)
-        with open_dict(cfg):
-            del cfg.reproduce["skip_points"]
+    for key in ("skip_points", "smoke_sweep"):
+        if rep is not None and key in rep:
+            # read by the plan and dropped here: which points it leaves out or smokes is no part
+            # of what a run measures (its config.yaml, its id, the figures' repeat folding)
+            with open_dict(cfg):
+                del cfg.reproduce[key]
     return cfg
 
 

@@ -78,6 +78,8 @@ def test_the_committed_plan_has_nothing_pending():
             pending.setdefault(exp, []).extend(
                 rid for p, rid, done in plan if not done and p["tag"] not in skip
             )
+            if exp in NOT_YET_MEASURED and pending[exp]:
+                break  # one pending run is all this test asks of these (composing is slow)
     left = {
         exp: set(rids) - CUT_RUNS.get(exp, set())
         for exp, rids in pending.items()
@@ -99,6 +101,16 @@ def test_skip_points_changes_no_run_id():
         "adaptive_hisparse-glm53_mini-c8-B1024-e624a6ba",
         "adaptive_hisparse-glm53_mini-c128-828b96ed",
     ]
+
+
+def test_smoke_sweep_replaces_the_sweep_in_smoke_runs_only():
+    """reproduce.smoke_sweep: the smoke plan runs its settings, the full plan the sweep's; it is
+    no part of a run's config (its id)."""
+    full = rp.plan("fig10_h200", smoke=False)
+    smoke = rp.plan("fig10_h200", smoke=True)
+    assert [rp.setting(ov, "b_over_k") for ov in full] == ["1", "2", "4", "8"]
+    assert [rp.setting(ov, "b_over_k") for ov in smoke] == ["2"]
+    assert "smoke_sweep" not in rp._run_cfg(full[1], None).reproduce
 
 
 def test_a_run_never_appends_to_an_earlier_server_log(tmp_path):
