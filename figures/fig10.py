@@ -45,7 +45,7 @@ def h200_points(results, fam: str, eager: bool = False) -> list:
 
 
 def h200_load(results, fam: str) -> tuple[int, str] | None:
-    """(ours C, 'paper C128 = ours C32 on one H200 (glm53_h200)') of the family's H200 profiles
+    """(ours C, 'paper C128 = ours C32 on one H200, glm53_h200') of the family's H200 profiles
     at the paper's C128, or None where it has none: the family's rows then come from the scaled
     presets at our C128."""
     pts = h200_points(results, fam)
@@ -77,10 +77,10 @@ def profiles(results, skipped: list[str] | None = None) -> dict[tuple[str, float
     on_h200 = set()
     for fam in H200_EXPERIMENTS:
         for sp in h200_points(results, fam):
+            on_h200.add(fam)  # even where no profile is at load: never mixed with the mini's
             prof = C.profile_at_load(sp.run, skipped)
             if prof and (fam, sp.bk) not in out:
                 out[(fam, sp.bk)] = _entry(prof, sp)
-                on_h200.add(fam)
     S = C.load_json(results / NAME / "summary.json") or {}
     for p in S.get("points") or []:
         fam, bk = family(str(p.get("model", ""))), C.as_float(p.get("b_over_k"))

@@ -434,6 +434,16 @@ def test_fig10_reads_a_familys_h200_profiles_and_only_those(results, tmp_path):
     assert rep.row("deepseek.cache_ms.2").ours == mini.row("deepseek.cache_ms.2").ours
     assert "on one H200" not in rep.row("deepseek.cache_ms.2").quantity
     assert rep.loads == {128: 32} and "H200 and scaled presets" in rep.title
+    # every H200 profile off its run's load: the family's rows stay unmeasured, not the mini's
+    try:
+        write(8, 1.0)
+        (results / "fig10" / "summary.json").write_text(json.dumps({"points": [point]}))
+        off = fig10.main(["--results", str(results), "--out", str(tmp_path / "off")])
+    finally:
+        shutil.rmtree(results / "fig10_h200")
+        (results / "fig10" / "summary.json").unlink()
+    assert off.row("glm.cache_ms.8").ours is None
+    assert "paper C128 = ours C32" in off.row("glm.cache_ms.8").quantity
 
 
 def test_fig11_reads_the_h200_rounds_and_their_loads(results, tmp_path):
