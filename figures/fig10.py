@@ -44,15 +44,27 @@ def h200_points(results, fam: str, eager: bool = False) -> list:
     ]
 
 
-def h200_load(results, fam: str) -> tuple[int, str] | None:
-    """(ours C, 'paper C128 = ours C32 on one H200, glm53_h200') of the family's H200 profiles
-    at the paper's C128, or None where it has none: the family's rows then come from the scaled
-    presets at our C128."""
+# the scaled presets' profiled experiments: (served, CUDA graphs off)
+MINI_EXPERIMENTS = {"glm": ("fig10", "fig10_eager"), "deepseek": ("fig10_dsv", "fig10_dsv_eager")}
+
+
+def family_load(results, fam: str) -> tuple[str, str, str, bool] | None:
+    """(a row's label: 'paper C128 = ours C32, glm53_h200' or 'ours C128, glm53_mini', the load
+    in full: 'paper C128 = ours C32 on one H200, glm53_h200', the served profiles' experiment,
+    on an H200 preset) of the family's profiles: its H200 preset's at the paper's C128 where it
+    has any, else the scaled preset's at our C128 (a higher per-GPU load, which the full label
+    says); None without either."""
     pts = h200_points(results, fam)
+    on_h200 = bool(pts)
+    if not pts:
+        pts = select(sweep(results, ("fig10", "fig10_dsv")) + sweep(results), fam, None, 128)
     if not pts:
         return None
     r = pts[0].run
-    return r.concurrency, f"{load_label(128, r.concurrency, decode_gpus(r.model))}, {r.model}"
+    exp = (H200_EXPERIMENTS if on_h200 else MINI_EXPERIMENTS)[fam][0]
+    short = f"paper C128 = ours C{r.concurrency}" if on_h200 else f"ours C{r.concurrency}"
+    full = load_label(128, r.concurrency, decode_gpus(r.model))
+    return f"{short}, {r.model}", f"{full}, {r.model}", exp, on_h200
 
 
 def _entry(prof: dict, sp) -> dict:
@@ -162,31 +174,36 @@ def main(argv=None) -> C.Report:
     skipped: list[str] = []
     prof = profiles(args.results, skipped)
     eager = eager_profiles(args.results, skipped)
-    where = {fam: h200_load(args.results, fam) for fam in H200_EXPERIMENTS}
+    where = {fam: family_load(args.results, fam) for fam in H200_EXPERIMENTS}
+    h200 = [bool(w and w[3]) for w in where.values()]
     presets = (
         "H200 presets derived from the paper"
-        if all(where.values())
+        if all(h200)
         else "H200 and scaled presets"
-        if any(where.values())
+        if any(h200)
         else "scaled presets"
     )
     rep = C.Report(
         NAME,
         f"Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 (ours: {presets})",
     )
-    # the GLM-like rows' load (the report's one loads line); the DeepSeek-like rows say theirs
-    rep.loads = {128: where["glm"][0] if where["glm"] else 128}
+    # no one loads line: the two families map the paper's C128 for different decode GPUs (and
+    # may run on different presets), so each row says its family's load
 
     def at(fam: str) -> str:
-        """The family's load and preset after a row's quantity, where it ran on its H200 preset."""
-        return f" ({where[fam][1]})" if where[fam] else ""
+        """The family's load and preset after a row's quantity."""
+        return f" ({where[fam][0]})" if where[fam] else ""
 
     for fam, w in where.items():
         if w:
             rep.note(
                 f"{'GLM' if fam == 'glm' else 'DeepSeek'}-like rows: kernel profiles at {w[1]} "
-                f"({H200_EXPERIMENTS[fam][0]}, one run per budget)."
+                f"({w[2]}, one run per budget)."
             )
+    eager_name = {
+        fam: (H200_EXPERIMENTS if w and w[3] else MINI_EXPERIMENTS)[fam][1]
+        for fam, w in where.items()
+    }
     P = PAPER["fig10"]
     fig, axes = C.subplots(1, 2, width=4.6, height=3.2)
 
@@ -312,7 +329,7 @@ def main(argv=None) -> C.Report:
         rep.note(
             "GLM follower-copy share: not measured with CUDA graphs replayed (the profiled runs' "
             "follower copies count as resolver work; cache work per step is their sum either way); "
-            "the fig10_eager experiment (engine.disable_cuda_graph=true) measures the split."
+            f"the {eager_name['glm']} experiment (engine.disable_cuda_graph=true) measures the split."
         )
     elif o and o["resolver_ms"] is not None and (o["resolver_ms"] + o["follower_copy_ms"]) > 0:
         share = o["follower_copy_ms"] / (o["resolver_ms"] + o["follower_copy_ms"])
@@ -375,12 +392,12 @@ def main(argv=None) -> C.Report:
                 rep.note(
                     f"{name} expert / dense-projection shares: the served step's merged share split in "
                     f"the proportion the profile with CUDA graphs off shows ({100 * ev[0] / sum(ev):.0f}% "
-                    "expert; fig10_eager / fig10_dsv_eager)."
+                    f"expert; {eager_name[fam]})."
                 )
         for famk, pv in P["partition_pct"][fam].items():
             v, pr = split_from.get(famk, (C.as_float(part.get(famk)), o.get("prov", "")))
             rep.compare(
-                f"{fam}.partition.{famk}", f"{name} step share: {famk}{at(fam)}", pv, v, "%", pr
+                f"{fam}.partition.{famk}", f"{name} step share{at(fam)}: {famk}", pv, v, "%", pr
             )
     for fam in ("glm", "deepseek"):
         o = prof.get((fam, PAPER_BUDGET[fam])) or {}

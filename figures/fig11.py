@@ -34,15 +34,35 @@ def eager_of(exp: str) -> str:
 
 
 def collect(results):
-    # panel a from fig11_h200 (the GLM-like H200 preset) where it has runs, else fig11 (mini)
+    # panel a from fig11_h200 (the GLM-like H200 preset) where it has runs, else fig11 (mini);
+    # panel b from fig11b_h200 (the DeepSeek-like H200 preset) where it has runs, else the
+    # scaled preset's sources: each panel's own, so neither follows the other's preset
     exp, a_runs = C.load_preferred(results, NAME)
+    bexp, b_runs = C.load_preferred(results, "fig11b")
+    b_runs = [r for r in b_runs if r.concurrency]
     S = C.load_json(results / exp / "summary.json") or {}
     rounds = {str(k): v for k, v in (S.get("round_ms") or {}).items() if isinstance(v, dict)}
-    shares = dict(S.get("resolver_share_pct") or {})
-    head = C.summary_provenance(S, f"results/{exp}/summary.json") if S else ""
+    heads = [C.summary_provenance(S, f"results/{exp}/summary.json")] if S else []
+    # the scaled preset's other panel-b sources: results/fig11/summary.json, fig11's runs
+    # labelled like a paper bar; none where fig11b_h200 has runs
+    legacy = not bexp.endswith(C.H200_SUFFIX)
+    S_b = (
+        (S if exp == NAME else C.load_json(results / NAME / "summary.json") or {}) if legacy else {}
+    )
+    shares = dict(S_b.get("resolver_share_pct") or {})
+    if S_b and S_b is not S:
+        heads.append(C.summary_provenance(S_b, f"results/{NAME}/summary.json"))
+    head = "; ".join(heads)
     provs, skipped = [], []
+    profs: dict = {}
+
+    def prof_of(r):
+        if r.path not in profs:
+            profs[r.path] = C.profile_at_load(r, skipped)
+        return profs[r.path]
+
     for r in a_runs:
-        prof = C.profile_at_load(r, skipped)
+        prof = prof_of(r)
         if not prof:
             continue
         if C.graphs_replayed(r) and prof.get("round_ms"):
@@ -55,6 +75,10 @@ def collect(results):
         if isinstance(prof.get("round_ms"), dict) and b is not None and str(int(b)) not in rounds:
             rounds[str(int(b))] = prof["round_ms"]
             provs.append(r)
+    for r in (a_runs if exp == NAME else C.load_runs(results, NAME)) if legacy else []:
+        prof = prof_of(r)
+        if not prof:
+            continue
         for k, v in (
             (prof.get("resolver_share_pct") or {}).items()
             if isinstance(prof.get("resolver_share_pct"), dict)
@@ -74,7 +98,7 @@ def collect(results):
         part = rounds.get(str(int(b))) if b is not None else None
         if not part or not part.get("graphs") or C.graphs_replayed(r):
             continue
-        prof = C.profile_at_load(r, skipped)
+        prof = prof_of(r)
         if not prof:
             continue
         e = prof.get("round_ms") or {}
@@ -92,9 +116,7 @@ def collect(results):
                 "expert_share_eager": frac,
             }
             provs.append(r)
-    # Fig. 11b from conf/experiment/fig11b.yaml: per-cycle profiles over a whole run, split by phase
-    bexp, b_runs = C.load_preferred(results, "fig11b")
-    b_runs = [r for r in b_runs if r.concurrency]
+    # Fig. 11b from conf/experiment/fig11b*.yaml: per-cycle profiles over a whole run, by phase
     note = ""
     if b_runs:
         low, top = b_loads(b_runs)
@@ -327,7 +349,7 @@ def main(argv=None) -> C.Report:
                 rep.note(
                     f"Block {b}: the served round's model kernels (CUDA graphs replayed) are split into expert "
                     f"matrix products and the rest in the proportion the same round shows with CUDA graphs off "
-                    f"(fig11_eager: {100 * part['expert_share_eager']:.0f}% expert)."
+                    f"({eager_of(exp)}: {100 * part['expert_share_eager']:.0f}% expert)."
                 )
             elif part.get("graphs"):
                 pp = P["round_ms"][b]

@@ -452,6 +452,21 @@ def _points_to_run(overrides: list[str], point: list[str] | None) -> list[str] |
     return [t for t in tags if t not in skip]
 
 
+def calls(overrides: list[str], tags: list[str] | None) -> list[list[str] | None]:
+    """The harness calls that run one entry of the plan (``tags``: its points, None for all):
+    one per load point where the run has a profile, whose collectors run for the server's whole
+    life and leave their outputs in the call's first run (docs/profiling.md), so that each
+    point's profile is its own; else one call for every point."""
+    cfg = _run_cfg(overrides, None)
+    if str((cfg.get("profile") or {}).get("name", "none")) == "none":
+        return [tags]
+    from harness.run import _load_points
+
+    every = [p["tag"] for p in _load_points(cfg)]
+    chosen = [t for t in every if tags is None or t in tags]
+    return [[t] for t in chosen] if len(chosen) > 1 else [tags]
+
+
 NO_GPU = (
     "[reproduce] harness.reproduce needs a CUDA GPU (one H200-class GPU, 80+ GB; up to 64 "
     "GiB of pinned host memory; README: GPU prerequisites) and torch sees none here. "
@@ -472,7 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()  # a time box's SIGTERM stops the running server too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", action="append", help="experiment name (repeatable), e.g. fig9")
-    ap.add_argument("--smoke", action="store_true", help="tiny CPU run of every combination")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny CPU run of every combination (of reproduce.smoke_sweep where set)",
+    )
     ap.add_argument(
         "--results",
         default=None,
@@ -552,11 +571,12 @@ def main(argv: list[str] | None = None) -> int:
                 if tags == []:
                     print("    every point of this run is left out (reproduce.skip_points)")
                     continue
-                try:
-                    run_one(ov, results, tags, run_group=group)
-                except Exception as e:  # keep going: one failed run must not lose the others
-                    print(f"[reproduce] FAILED: {e!r}", flush=True)
-                    failed.append((exp, ov, repr(e)))
+                for call in calls(ov, tags):
+                    try:
+                        run_one(ov, results, call, run_group=group)
+                    except Exception as e:  # keep going: one failed run must not lose the others
+                        print(f"[reproduce] FAILED: {e!r}", flush=True)
+                        failed.append((exp, ov, repr(e)))
     if args.dry_run:
         print("\n[reproduce] the plan per experiment (load points):")
         for exp, (done, pending) in totals.items():

@@ -24,6 +24,8 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     no_solo, solo_only = config.getoption("--no-solo"), config.getoption("--solo-only")
+    if no_solo and solo_only:
+        raise pytest.UsageError("--no-solo and --solo-only exclude each other")
     if no_solo or solo_only:
         keep, drop = [], []
         for item in items:
@@ -42,6 +44,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # the solo pass selects nothing when ARGS narrows the run to other tests: not a failure
-    if session.config.getoption("--solo-only") and exitstatus == 5:
+    # either pass selects nothing when ARGS narrows the run to the other's tests: not a failure
+    opt = session.config.getoption
+    if (opt("--solo-only") or opt("--no-solo")) and exitstatus == 5:
         session.exitstatus = 0

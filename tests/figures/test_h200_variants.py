@@ -428,12 +428,17 @@ def test_fig10_reads_a_familys_h200_profiles_and_only_those(results, tmp_path):
         (results / "fig10" / "summary.json").unlink()
     row = rep.row("glm.cache_ms.2")
     assert row.ours == pytest.approx(2.0 + 0.5)
-    assert "paper C128 = ours C32 on one H200, glm53_h200" in row.quantity
+    assert "paper C128 = ours C32, glm53_h200" in row.quantity
+    assert any("paper C128 = ours C32 on one H200, glm53_h200" in n for n in rep.notes)
     assert rep.row("glm.cache_ms.8").ours is None  # off load, and no mini value mixed in
     assert mini.row("glm.cache_ms.8").ours is not None
     assert rep.row("deepseek.cache_ms.2").ours == mini.row("deepseek.cache_ms.2").ours
-    assert "on one H200" not in rep.row("deepseek.cache_ms.2").quantity
-    assert rep.loads == {128: 32} and "H200 and scaled presets" in rep.title
+    # the scaled DeepSeek-like rows say their own load, in full for two decode GPUs in the
+    # notes; no one loads line
+    assert "(ours C128, dsv41_mini)" in rep.row("deepseek.cache_ms.2").quantity
+    ds = "paper C128: ours C128 on one H200 = paper C256 per decode GPU, dsv41_mini"
+    assert any(ds in n for n in rep.notes)
+    assert not rep.loads and "H200 and scaled presets" in rep.title
     # every H200 profile off its run's load: the family's rows stay unmeasured, not the mini's
     try:
         write(8, 1.0)
@@ -446,9 +451,11 @@ def test_fig10_reads_a_familys_h200_profiles_and_only_those(results, tmp_path):
     assert "paper C128 = ours C32" in off.row("glm.cache_ms.8").quantity
 
 
-def test_fig11_reads_the_h200_rounds_and_their_loads(results, tmp_path):
+def test_fig11_reads_each_panels_h200_runs_and_their_loads(results, tmp_path):
     """fig11_h200's rounds (paper C64 = ours C16) replace the scaled preset's (its summary.json
-    too); fig11b_h200's loads are the paper's C16 / C512 mapped for two decode GPUs."""
+    too) in panel a, while panel b keeps the scaled preset's shares; once fig11b_h200 has runs,
+    panel b takes them alone, its loads the paper's C16 / C512 mapped for two decode GPUs from
+    the config (a lone C512 run does not make C256 the low load)."""
     from figures import fig11
     from tests.figures.fixture import _write_run
 
@@ -460,20 +467,24 @@ def test_fig11_reads_the_h200_rounds_and_their_loads(results, tmp_path):
                "model": {"name": "glm53_h200"}}  # fmt: skip
         prof = {"sessions_per_step": 16.0, "round_ms": {"cache kernels alone": 2.0, "total": total}}
         _write_run(results, "fig11_h200", f"adhs-b{b}", s, cfg, profile=prof)
-    for pc in (16, 512):
-        point = {"concurrency": pc // 2, "paper_concurrency": pc, "tag": f"c{pc // 2}"}
+    try:
+        a_only = fig11.main(["--results", str(results), "--out", str(tmp_path / "a")])
+        point = {"concurrency": 256, "paper_concurrency": 512, "tag": "c256"}
         s = {"system": "adaptive_hisparse", "model": "dsv41_h200", "point": point,
-             "completed": 16, "errors": 0}  # fmt: skip
+             "completed": 256, "errors": 0}  # fmt: skip
         cfg = {"system": {"name": "adaptive_hisparse"}, "model": {"name": "dsv41_h200"},
                "workload": {"concurrency": None, "paper_concurrency": [16, 512]}}  # fmt: skip
-        _write_run(results, "fig11b_h200", f"ah-c{pc}", s, cfg)
-    try:
-        rep = fig11.main(["--results", str(results), "--out", str(tmp_path)])
+        _write_run(results, "fig11b_h200", "ah-c512", s, cfg)
+        both = fig11.main(["--results", str(results), "--out", str(tmp_path / "b")])
     finally:
         shutil.rmtree(results / "fig11_h200")
-        shutil.rmtree(results / "fig11b_h200")
-    assert rep.row("b4.total").ours == pytest.approx(20.0)  # the fixture's summary.json: 70
-    assert rep.row("round_b6_over_b4").ours == pytest.approx(30.0)
-    assert any("paper C64 = ours C16 on one H200" in n for n in rep.notes)
-    assert rep.loads == {16: 8, 512: 256}
-    assert "H200 presets derived from the paper" in rep.title
+        shutil.rmtree(results / "fig11b_h200", ignore_errors=True)
+    for rep in (a_only, both):
+        assert rep.row("b4.total").ours == pytest.approx(20.0)  # the fixture's summary.json: 70
+        assert rep.row("round_b6_over_b4").ours == pytest.approx(30.0)
+        assert any("paper C64 = ours C16 on one H200" in n for n in rep.notes)
+    assert a_only.row("share.C16 fill").ours == pytest.approx(1.2)  # the scaled preset's
+    assert "H200 and scaled presets" in a_only.title
+    assert both.row("share.C16 fill").ours is None  # not the scaled preset's 1.2
+    assert both.loads == {16: 8, 512: 256}
+    assert "H200 presets derived from the paper" in both.title

@@ -113,6 +113,26 @@ def test_smoke_sweep_replaces_the_sweep_in_smoke_runs_only():
     assert "smoke_sweep" not in rp._run_cfg(full[1], None).reproduce
 
 
+def test_a_profiled_run_serves_one_load_point_per_call(tmp_path, monkeypatch):
+    """A profile's outputs land in its call's first run, so a profiled entry of the plan with
+    several load points runs each in a call (a server) of its own; an unprofiled one runs them
+    in one."""
+    got = []
+    monkeypatch.setattr(rp, "has_gpu", lambda: True)
+    monkeypatch.setattr(rp, "run_one", lambda ov, res, tags, run_group=None: got.append(tags))
+    monkeypatch.setattr("harness.summaries.write_all", lambda results: None)
+    assert rp.main(["--only", "fig11b_h200", "--results", str(tmp_path)]) == 0
+    assert got == [["c8"], ["c256"]]  # paper C16 / C512
+    got.clear()
+    assert rp.main(["--only", "fig11b_h200", "--point", "c256", "--results", str(tmp_path)]) == 0
+    assert got == [["c256"]]
+    from harness.run import _load_points
+
+    fig4 = rp.plan("fig4", smoke=False)[0]
+    assert len(_load_points(rp._run_cfg(fig4, None))) > 1
+    assert rp.calls(fig4, None) == [None]  # several loads, no profile: one server
+
+
 def test_a_run_never_appends_to_an_earlier_server_log(tmp_path):
     """A bundled server logs to a file of its own harness process, so a committed server.log of
     an earlier run stays as it was."""
