@@ -198,7 +198,7 @@ def main(argv=None) -> C.Report:
         if w:
             rep.note(
                 f"{'GLM' if fam == 'glm' else 'DeepSeek'}-like rows: kernel profiles at {w[1]} "
-                f"({w[2]}, one run per budget)."
+                f"({w[2]}{', one run per budget' if w[3] else ' and the profiled runs of Fig. 9'})."
             )
     eager_name = {
         fam: (H200_EXPERIMENTS if w and w[3] else MINI_EXPERIMENTS)[fam][1]
