@@ -12,13 +12,16 @@ must read (N x k x row_bytes) against the 4.22 TB/s HBM copy rate (docs/design.m
 speed-up, then both kernels over chunk counts 1-16 at 1-128 queries (``split_sweep``: the data
 for ``SPLIT_ROWS``, which fixes the count by k alone), the all-heads kernel's tiles and warps
 at a small batch, a decode batch and a verification call, and the indexer's scan;
-``--sections`` picks some. Exits 1 if the outputs disagree beyond float32 rounding.
+``--sections`` picks some; ``--cpu-dry-run`` runs them all at toy sizes under the interpreter (a
+check of the script, not a measurement). Exits 1 if the outputs disagree beyond float32 rounding.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +30,15 @@ sys.path.insert(0, str(REPO))
 from gpu_timing import median_us  # noqa: E402  (benchmarks/, the script's folder)
 
 HBM_BPS = 4.22e12
+
+
+def _wall_us(torch, fn, flush, reps: int) -> float:
+    """A dry run's stand-in for median_us: one call's wall time (the interpreter's, meaningless)."""
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e6
+
+
 SECTIONS = {"kernels", "splits", "tiles", "index"}
 
 
@@ -45,7 +57,18 @@ def main() -> None:
         "counts), tiles (the mma kernel's tile and warps), index (the indexer's scan)",
     )
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="exercise every section on CPU at toy sizes (the interpreter, float32, wall-clock "
+        "times that mean nothing): a check of the script before a GPU call",
+    )
     args = ap.parse_args()
+    dry = args.cpu_dry_run
+    if dry:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
+        args.queries, args.k, args.heads = "1,2", 32, 2
+        args.pool_rows, args.reps, args.history = 256, 1, 128
 
     import torch
 
@@ -58,18 +81,30 @@ def main() -> None:
     from systems.models.config import ModelConfig
     from systems.models.kv_format import encode_rows
 
-    if not torch.cuda.is_available():
-        sys.exit("bench_attention: no CUDA device here; run it on the GPU machine")
-    dev = torch.device("cuda")
+    if not dry and not torch.cuda.is_available():
+        sys.exit(
+            "bench_attention: no CUDA device here; run it on the GPU machine (or --cpu-dry-run)"
+        )
+    dev = torch.device("cpu" if dry else "cuda")
+    # the model dtype: bf16 on the GPU; float32 in a dry run (bf16 arithmetic is unreliable in
+    # the interpreter)
+    dt = torch.float32 if dry else torch.bfloat16
+    time_us = _wall_us if dry else median_us
     cfg = ModelConfig(kv_format="fp8", kv_dim=576, kv_rope_dim=64, num_heads=args.heads)
     g = torch.Generator(device=dev).manual_seed(0)
     kv = encode_rows(torch.randn(args.pool_rows, 576, device=dev, generator=g), cfg).contiguous()
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-    kw = dict(kv_format="fp8", kv_dim=576, rope_dim=64, row_dtype=torch.bfloat16)
+    flush = torch.empty((1 << 10) if dry else (256 << 20), dtype=torch.uint8, device=dev)
+    kw = dict(kv_format="fp8", kv_dim=576, rope_dim=64, row_dtype=dt)
+    # batches per section: (chunk-count sweep, tile sweep, index scan (requests, queries), index
+    # tile sweep's requests)
+    split_n, tile_n = ((1, 2), (1, 2)) if dry else ((1, 16, 32, 128), (1, 32, 64, 512))
+    scan_bq = ((1, 1), (2, 2)) if dry else ((1, 1), (16, 1), (64, 1), (64, 4), (128, 4))
+    sweep_b = 2 if dry else 128
 
     def inputs(N: int):
-        """N bf16 queries and their k random pool locations (selections = locations)."""
-        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(torch.bfloat16)
+        """N queries in the model dtype and their k random pool locations (selections =
+        locations)."""
+        q = torch.randn(N, args.heads, 576, device=dev, generator=g).to(dt)
         return q, torch.randint(0, args.pool_rows, (N, args.k), device=dev, generator=g)
 
     rows, bad = [], 0
@@ -91,7 +126,7 @@ def main() -> None:
             "mma": lambda: sparse_attention_triton(q, kv, sel, loc, kernel="mma", **kw),
         }
         for impl, fn in fns.items():
-            out[impl] = (fn().float(), median_us(torch, fn, flush, args.reps))
+            out[impl] = (fn().float(), time_us(torch, fn, flush, args.reps))
         scale = out["reference"][0].abs().max().item()
         need = N * args.k * kv.shape[1]
         row = {
@@ -131,14 +166,14 @@ def main() -> None:
     if "splits" in sections:
         # chunk-count sweep of both kernels (the all-heads one is what ``auto`` runs on a GPU):
         # SPLIT_ROWS fixes the count by k alone (batch invariance), so one count serves every batch
-        for N in (1, 16, 32, 128):
+        for N in split_n:
             q, loc = inputs(N)
             for kernel in ("mma", "per_head"):
                 for ns in (1, 2, 4, 8, 16):
                     fn = lambda: sparse_attention_triton(  # noqa: E731
                         q, kv, loc, loc, splits=ns, kernel=kernel, **kw
                     )
-                    us = median_us(torch, fn, flush, args.reps)
+                    us = time_us(torch, fn, flush, args.reps)
                     gbps = N * args.k * kv.shape[1] / us / 1e3
                     sweep.append(
                         {"queries": N, "kernel": kernel, "splits": ns, "us": us, "gbps": gbps}
@@ -153,7 +188,7 @@ def main() -> None:
         # the all-heads tensor-core kernel's launch shape, at a decode batch and a verification call
         # (16 x 8: at sm_90 ptxas gives the 16-row tile 238 registers and no spills with 8 warps,
         # against 255 and 156 bytes of spill stores with 4)
-        for N in (1, 32, 64, 512):
+        for N in tile_n:
             q, loc = inputs(N)
             for bk, nw in ((16, 4), (16, 8), (32, 4), (64, 4), (32, 8), (64, 8)):
                 fn = lambda: sparse_attention_triton(  # noqa: E731
@@ -167,7 +202,7 @@ def main() -> None:
                     **kw,
                 )
                 try:
-                    us = median_us(torch, fn, flush, args.reps)
+                    us = time_us(torch, fn, flush, args.reps)
                 except Exception as e:  # e.g. out of shared memory for the larger tiles
                     print(f"[attention] mma N={N} block_k={bk} num_warps={nw}: {type(e).__name__}")
                     continue
@@ -192,9 +227,9 @@ def main() -> None:
         from systems.kernels.index_scores import index_scores
 
         P, di, L = 64, 64, args.history
-        for B, Q in ((1, 1), (16, 1), (64, 1), (64, 4), (128, 4)):
+        for B, Q in scan_bq:
             pages = -(-L // P)
-            pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(torch.bfloat16)
+            pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(dt)
             table = (
                 torch.randperm(B * pages, device=dev, generator=g).view(B, pages).to(torch.int32)
             )
@@ -203,7 +238,7 @@ def main() -> None:
             out = {}
             for impl in ("reference", "triton"):
                 fn = lambda: index_scores(iq, pool, table, slots, L, P, impl=impl)  # noqa: E731
-                out[impl] = (fn(), median_us(torch, fn, flush, args.reps))
+                out[impl] = (fn(), time_us(torch, fn, flush, args.reps))
             diff = (out["triton"][0] - out["reference"][0]).abs().max().item()
             ok = diff <= 1e-3 * max(out["reference"][0].abs().max().item(), 1e-6)
             bad += not ok
@@ -231,9 +266,9 @@ def main() -> None:
         # history per program x warps (default 128 x 4)
         from systems.kernels.index_scores import index_scores_triton
 
-        B = 128
+        B = sweep_b
         pages = -(-L // P)
-        pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(torch.bfloat16)
+        pool = torch.randn(B * pages * P, di, device=dev, generator=g).to(dt)
         table = torch.randperm(B * pages, device=dev, generator=g).view(B, pages).to(torch.int32)
         slots = torch.arange(B, device=dev)
         for Q in (1, 4):
@@ -264,7 +299,7 @@ def main() -> None:
                     form=form,
                 )
                 diff = (fn() - ref).abs().max().item()
-                us = median_us(torch, fn, flush, args.reps)
+                us = time_us(torch, fn, flush, args.reps)
                 index_sweep.append(
                     {
                         "requests": B,
