@@ -18,7 +18,7 @@ import numpy as np
 import seaborn as sns
 
 from figures import common as C
-from figures.fig9 import family, select, sweep
+from figures.fig9 import at_paper_c128, family, select, sweep
 from figures.paper_values import FIG10_FAMILIES, PAPER
 from harness.load_mapping import decode_gpus, load_label
 
@@ -36,12 +36,9 @@ H200_EXPERIMENTS = {
 def h200_points(results, fam: str, eager: bool = False) -> list:
     """The family's Adaptive HiSparse profiles at the paper's C128 on its H200 preset (ours C32
     GLM-like, C64 DeepSeek-like), one per budget."""
-    exp = H200_EXPERIMENTS[fam][1 if eager else 0]
-    return [
-        p
-        for p in select(sweep(results, (exp,)), fam, "adaptive_hisparse")
-        if p.run.paper_concurrency == 128
-    ]
+    return at_paper_c128(
+        results, H200_EXPERIMENTS[fam][1 if eager else 0], fam, "adaptive_hisparse"
+    )
 
 
 # the scaled presets' profiled experiments: (served, CUDA graphs off)

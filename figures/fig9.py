@@ -157,6 +157,14 @@ def within_call_spread(sel: list[SweepPoint]) -> str | None:
     )
 
 
+def at_paper_c128(results, exp: str, fam: str, system: str | None) -> list[SweepPoint]:
+    """``system``'s points of experiment ``exp`` (an H200 re-run, written in the paper's C) at
+    the paper's C128, by budget."""
+    return [
+        p for p in select(sweep(results, (exp,)), fam, system) if p.run.paper_concurrency == 128
+    ]
+
+
 def h200_sweep(
     results, fam: str, system: str, budgets: tuple[float, ...]
 ) -> tuple[list[SweepPoint] | None, str, int | None]:
@@ -164,12 +172,9 @@ def h200_sweep(
     H200 experiment (fig9_h200, fig9_dsv_h200), budgets interleaved over repeats; (None, '', None)
     unless it is a whole sweep (every budget of ``budgets``, one load, one preset): a cut one
     would judge the spread or the peak over fewer budgets."""
-    exp = NAME + ("_dsv" if fam == "deepseek" else "") + C.H200_SUFFIX
-    sel = [
-        p
-        for p in select(sweep(results, (exp,)), fam, system)
-        if p.run.point.get("paper_concurrency") == 128
-    ]
+    sel = at_paper_c128(
+        results, NAME + ("_dsv" if fam == "deepseek" else "") + C.H200_SUFFIX, fam, system
+    )
     whole = (
         set(budgets) <= {p.bk for p in sel}
         and len({p.concurrency for p in sel}) == 1
@@ -315,7 +320,7 @@ def main(argv=None) -> C.Report:
             "B/k",
             prov_of(best),
         ).ours_c = gc if own else None
-    h2, h8 = (next((p for p in hsel if abs(p.bk - b) < 1e-6), None) for b in (2, 8))
+    h2, h8 = (at(hsel, "glm", "hisparse", None, b) for b in (2, 8))
     d = C.pct_change(
         h8 and h8.value("output_tok_s_per_gpu"), h2 and h2.value("output_tok_s_per_gpu")
     )
