@@ -28,6 +28,7 @@ from figures.notes import (  # noqa: F401
     admission_experiment_note,
     admission_note,
     batch_scaling_note,
+    breakdown,
     claim_breakdown,
     compare_ratio,
     diagnosis,

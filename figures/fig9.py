@@ -320,6 +320,19 @@ def main(argv=None) -> C.Report:
             "B/k",
             prov_of(best),
         ).ours_c = gc if own else None
+        if own and sel:  # the claim's "why not": what each budget measured, as numbers
+            rep.diagnose(
+                [f"glm128.best.{s}"],
+                "per B/k: "
+                + "; ".join(
+                    f"{p.bk:g}: {p.value('output_tok_s_per_gpu'):.0f} tok/s, host-miss "
+                    f"{C.fmt(hs(p))}%, " + (C.breakdown(p.run) or "no server metrics")
+                    for p in sel
+                ),
+            )
+            within = within_call_spread(sel)
+            if within:
+                rep.diagnose([f"glm128.best.{s}"], within, append=True)
     h2, h8 = (at(hsel, "glm", "hisparse", None, b) for b in (2, 8))
     d = C.pct_change(
         h8 and h8.value("output_tok_s_per_gpu"), h2 and h2.value("output_tok_s_per_gpu")
