@@ -469,8 +469,8 @@ def sparse_attention_triton(
     # the mma kernel's float32 dots (non-bf16 inputs) need ~234 KB of shared memory per program
     # on sm_90 (limit 227 KB): they are for the interpreter; a GPU takes the per-head kernel
     mma = kernel == "mma" and (bf16 or not q.is_cuda)
-    if block_k is None:  # H200 tile sweep (docs/design.md): mma 16 rows, per-head 32
-        block_k = 16 if mma else 32
+    if block_k is None:  # H200 tile sweeps (docs/engine.md): 32 rows for both kernels
+        block_k = 32
     ns = int(splits) if splits else split_count(K, block_k)
     chunk = -(-max(K, 1) // ns)
     chunk = -(-chunk // block_k) * block_k  # whole tiles per chunk
