@@ -31,6 +31,7 @@ from figures.notes import (  # noqa: F401
     breakdown,
     claim_breakdown,
     compare_ratio,
+    curves_and_claims_label,
     diagnosis,
     eager_note,
     h200_ratio_row,

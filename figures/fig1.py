@@ -22,7 +22,12 @@ OUT = "output_tok_s"
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     runs = C.load_runs(args.results, NAME)
-    rep = C.Report(NAME, "Fig. 1 - GLM-5.3 at 32K input / 8K output (ours: GLM-like scaled preset)")
+    rep = C.Report(
+        NAME,
+        "Fig. 1 - GLM-5.3 at 32K input / 8K output (ours: "
+        + C.curves_and_claims_label(args.results, NAME)
+        + ")",
+    )
     fig, axes = C.subplots(1, 3, width=3.8, height=3.0)
     C.serving_panels(
         axes[0], runs, rep, output_key=OUT, output_label="Generation throughput (tok/s)"

@@ -14,6 +14,7 @@ from figures.paper_values import label
 from figures.report import ratio
 from figures.stats import ratio_stats
 from harness.results import (
+    H200_SUFFIX,
     Run,
     accepted_per_round,
     as_float,
@@ -362,6 +363,14 @@ class Tracker:
     def take(self) -> str:
         used, self._used = self._used, []
         return provenance(used) if used else ""
+
+
+def curves_and_claims_label(results, experiment: str) -> str:
+    """The preset words of a title whose curves plot the scaled preset's runs of ``experiment``
+    while its claim rows come from ``<experiment>_h200`` (h200_ratio_row) where that has runs."""
+    if load_runs(results, experiment + H200_SUFFIX):
+        return "curves on the GLM-like scaled preset, claims on the GLM-like H200 preset"
+    return "GLM-like scaled preset"
 
 
 def h200_ratio_row(

@@ -51,7 +51,6 @@ NOT_YET_MEASURED = {
     "fig5_h200",  # issue 23: the DeepSeek-like headline on the DeepSeek-like H200 preset
     "fig9_dsv_h200",  # issue 23: DeepSeek-like HiSparse flat in B, on the same preset
     "fig9_h200",  # issue 23: GLM-like HiSparse's best budget at paper C128, on glm53_h200
-    "fig1_h200",  # issue 23: Fig. 1's 32K / 8K claim, scaled, on the GLM-like H200 preset
     "fig4_h200_sweep",  # issue 23: Table A3's latency-bound capacity on the GLM-like H200 preset
     # issue 23: Fig. 10 / 11's kernel profiles on the H200 presets
     "fig10_h200",
