@@ -48,7 +48,8 @@
 # comes back in $OUT: results.tgz (the finished run directories this batch wrote, plus the server
 # logs and experiment summaries it changed; `python -m harness.unpack results.tgz` at the
 # repository root (a re-measured run replaces its directory whole), then `make
-# compact`), triton_cache.tgz, lane<i>.log, vmstat.log, dmon.log. results.tgz is re-packed every
+# compact`), triton_cache.tgz, lane<i>.log (each item's last 40 lines; the whole output of
+# an experiment in reproduce-<experiment>.log), vmstat.log, dmon.log. results.tgz is re-packed every
 # 30 s, so a call cut off by the device tool's limit still returns the runs finished before it.
 # DHS_BATCH_SECONDS=N caps the items' time boxes so that the batch ends N seconds after it starts
 # (set it to the call's limit less the machine's start-up when device time runs short: the
@@ -121,8 +122,9 @@ item_seconds() {  # an item's time box, capped by what DHS_BATCH_SECONDS leaves 
 }
 
 rep() {  # experiment, seconds, harness.reproduce arguments
+  # the whole output in $OUT/reproduce-<experiment>.log, its last 40 lines in the lane's log
   timeout "$2" python3 -m harness.reproduce --only "$1" --results results "${@:3}" 2>&1 \
-    | grep -v Warn | grep -v "^\[20" | tail -40
+    | tee -a "$OUT/reproduce-$1.log" | grep -v Warn | grep -v "^\[20" | tail -40
 }
 
 lane() {  # GPU index, "items", overrides

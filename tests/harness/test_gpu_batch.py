@@ -22,6 +22,7 @@ if [ "$1" = "-m" ] && [ "$2" = "harness.reproduce" ]; then
   exp="$4"; d="results/$exp/stub-$exp-$RANDOM$RANDOM"
   mkdir -p "$d" && echo '{}' > "$d/summary.json"
   echo "appended" >> "results/$exp/.server-stub/server.log"
+  echo "reproduced $exp"
 elif [ "${1##*/}" = "bench_resolver.py" ]; then
   echo '{}' > "$3"
 fi
@@ -115,6 +116,8 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
     # the same benchmark again with its own arguments and output file
     assert f"GPU=0 benchmarks/bench_resolver.py --out {out}/bench_resolver_2.json --skip b" in calls
     assert (out / "lane0.log").read_text().startswith("[lane 0] fig4_more")
+    # each experiment's whole output comes back beside the lane log's tail
+    assert (out / "reproduce-fig9.log").read_text() == "reproduced fig9\n"
     with tarfile.open(out / "results.tgz") as tar:
         names = tar.getnames()
     new_runs = {n.split("/")[2] for n in names if n.count("/") == 2 and "/stub-" in n}
