@@ -73,11 +73,13 @@ def test_split_k_with_a_chunk_of_padding_only():
 def test_mma_kernel_matches_reference(fmt, d, rope, N, H, k, splits):
     """All heads per program with dots (float32 here; the bf16 tensor-core path is checked by
     the sm90 compile below and on the GPU, bf16 arithmetic being unreliable in the
-    interpreter), chunks merged like the per-head kernel's: same function."""
+    interpreter), chunks merged like the per-head kernel's: same function. The default split
+    runs the default tile (32 rows), an explicit one 16-row tiles."""
     cfg, kv, sel, loc, q = _case(fmt, N, H, k, d, rope, M=53, pad=0.3, seed=N * 100 + k)
     kw = dict(kv_format=fmt, kv_dim=d, rope_dim=cfg.kv_rope_dim, row_dtype=torch.float32)
     ref = sa.sparse_attention_reference(q, kv, sel, loc, **kw)
-    tri = sa.sparse_attention_triton(q, kv, sel, loc, kernel="mma", splits=splits, block_k=16, **kw)
+    bk = None if splits is None else 16
+    tri = sa.sparse_attention_triton(q, kv, sel, loc, kernel="mma", splits=splits, block_k=bk, **kw)
     torch.testing.assert_close(tri, ref, rtol=2e-5, atol=2e-5)
 
 
