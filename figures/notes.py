@@ -369,7 +369,7 @@ def curves_and_claims_label(results, experiment: str) -> str:
     """The preset words of a title whose curves plot the scaled preset's runs of ``experiment``
     while its claim rows come from ``<experiment>_h200`` (h200_ratio_row) where that has runs."""
     if load_runs(results, experiment + H200_SUFFIX):
-        return "curves on the GLM-like scaled preset, claims on the GLM-like H200 preset"
+        return "GLM-like presets: scaled curves, H200 claims"
     return "GLM-like scaled preset"
 
 

@@ -289,7 +289,7 @@ def test_a_claim_reads_its_h200_rerun(results, tmp_path, fig, exp, model, loads,
     assert row.ours == pytest.approx(a / b) and row.stats.runs == (3, 3)
     assert rep.value(f"{claim}_scaled") == pytest.approx(scaled)
     if fig == "fig1":  # the title says where the curves and the claims come from
-        assert "claims on the GLM-like H200 preset" in rep.title
+        assert "scaled curves, H200 claims" in rep.title
     # the scaled runs' breakdown goes with their own row, never the H200 claim's (these H200
     # runs record no breakdown, so the claim has no reason)
     assert rep.why.get(f"{claim}_scaled") and rep.why.get(claim) is None
