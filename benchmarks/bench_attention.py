@@ -109,6 +109,14 @@ def main() -> None:
 
     rows, bad = [], 0
     sweep, scan, index_sweep = [], [], []
+
+    def sweep_point(label: str, N: int, fn, **setting) -> None:
+        """Time one launch setting of N queries into ``sweep`` (us and the rows' GB/s)."""
+        us = time_us(torch, fn, flush, args.reps)
+        gbps = N * args.k * kv.shape[1] / us / 1e3
+        sweep.append({"queries": N, **setting, "us": us, "gbps": gbps})
+        print(f"[attention] {label}: {us:8.1f} us ({gbps:.0f} GB/s)", flush=True)
+
     sections = set(args.sections.split(","))
     if unknown := sections - SECTIONS:
         sys.exit(
@@ -173,16 +181,8 @@ def main() -> None:
                     fn = lambda: sparse_attention_triton(  # noqa: E731
                         q, kv, loc, loc, splits=ns, kernel=kernel, **kw
                     )
-                    us = time_us(torch, fn, flush, args.reps)
-                    gbps = N * args.k * kv.shape[1] / us / 1e3
-                    sweep.append(
-                        {"queries": N, "kernel": kernel, "splits": ns, "us": us, "gbps": gbps}
-                    )
-                    print(
-                        f"[attention] sweep {kernel:8s} N={N:3d} splits={ns:2d}: {us:8.1f} us "
-                        f"({gbps:.0f} GB/s)",
-                        flush=True,
-                    )
+                    label = f"sweep {kernel:8s} N={N:3d} splits={ns:2d}"
+                    sweep_point(label, N, fn, kernel=kernel, splits=ns)
 
     if "tiles" in sections:
         # the all-heads tensor-core kernel's launch shape, at a decode batch and a verification call
@@ -201,26 +201,11 @@ def main() -> None:
                     num_warps=nw,
                     **kw,
                 )
+                label = f"mma N={N:4d} block_k={bk:3d} num_warps={nw}"
                 try:
-                    us = time_us(torch, fn, flush, args.reps)
+                    sweep_point(label, N, fn, kernel="mma", block_k=bk, num_warps=nw)
                 except Exception as e:  # e.g. out of shared memory for the larger tiles
-                    print(f"[attention] mma N={N} block_k={bk} num_warps={nw}: {type(e).__name__}")
-                    continue
-                sweep.append(
-                    {
-                        "kernel": "mma",
-                        "queries": N,
-                        "block_k": bk,
-                        "num_warps": nw,
-                        "us": us,
-                        "gbps": N * args.k * kv.shape[1] / us / 1e3,
-                    }
-                )
-                print(
-                    f"[attention] mma N={N:4d} block_k={bk:3d} num_warps={nw}: {us:8.1f} us "
-                    f"({sweep[-1]['gbps']:.0f} GB/s)",
-                    flush=True,
-                )
+                    print(f"[attention] {label}: {type(e).__name__}")
 
     if "index" in sections:
         # the indexer's scan: B requests x L history positions x Q queries, paged keys (64 bf16)
