@@ -43,8 +43,10 @@ Per (model, system, batch) row:
 - ``phase_kernel_us`` (speculative systems): over the profiled rounds, each phase's kernel time
   and its top kernels in microseconds per round, each kernel attributed to the phase whose range
   launched it (the drafter's share of a round: propose + catch_up).
-- ``round_over_step``: a speculative round's time over the plain hisparse step of the same
-  model and batch (the paper's block-4 round costs 2.2x a step); null for other systems.
+- ``round_over_step``: a speculative round's time over the plain step of the same build
+  (``round_base``: adaptive_hisparse) at the same model and batch (the paper's block-4 round
+  costs 2.2x a non-speculative step); null for other systems. Rows without ``round_base`` were
+  measured against the hisparse step, when both systems copied on the same grid.
 Speculative systems verify with calibrated acceptance (random-weight drafters accept nothing).
 Rows go to results/engine_step/summary.json: {"gpu", "commit", "rows": [...]} (merged by
 (model, system, batch, context, experiment) with the rows already there).
@@ -69,6 +71,9 @@ sys.path.insert(0, str(REPO))
 HBM_BPS = 4.22e12
 PCIE_BPS = 55.4e9  # bulk host-to-device copy from pinned memory (docs/design.md)
 PAPER_ROUND_OVER_STEP = 2.2  # a block-4 round against a plain step (paper sec. 4.2.1)
+# the plain step a round is compared with: the same build without speculation (the HiSparse
+# baseline may copy its misses on another grid, conf/system/hisparse.yaml)
+ROUND_BASE = "adaptive_hisparse"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP_RANGE = "bench_decode_step"
 
@@ -616,7 +621,7 @@ def main() -> None:
     for r in rows:
         if r["round_over_step"] is not None:
             print(
-                f"{r['model']:12s} {r['system']:20s} B={r['batch']:3d} round / hisparse step "
+                f"{r['model']:12s} {r['system']:20s} B={r['batch']:3d} round / {ROUND_BASE} step "
                 f"ours {r['round_over_step']:.2f}  paper {PAPER_ROUND_OVER_STEP}",
                 flush=True,
             )
@@ -633,10 +638,12 @@ def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) 
     """Merge ``rows`` into the summary at ``path`` by ``row_key``, with
     each speculative row's round / plain-step ratio where the plain row of its model and batch
     is known. Called after every row, so a run cut by a time box keeps what it measured."""
-    plain = {(r["model"], r["batch"]): r["step_ms"] for r in rows if r["system"] == "hisparse"}
+    plain = {(r["model"], r["batch"]): r["step_ms"] for r in rows if r["system"] == ROUND_BASE}
     for r in rows:
-        base = plain.get((r["model"], r["batch"]))
-        r["round_over_step"] = r["step_ms"] / base if "phases_ms" in r and base else None
+        base = plain.get((r["model"], r["batch"])) if "phases_ms" in r else None
+        r["round_over_step"] = r["step_ms"] / base if base else None
+        if base:
+            r["round_base"] = ROUND_BASE
         r["commit"] = env.get("git_commit")
     head = {
         "gpu": env.get("gpu") or torch.cuda.get_device_name(),

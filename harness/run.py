@@ -132,8 +132,14 @@ _MODEL_B_BEFORE = {"glm53_mini": 1024, "dsv41_mini": 2048, "tiny": 16, "tiny_dsv
 # of it), so the runs made before it keep theirs; harness.results.MEASUREMENT_CHANGES flags runs
 # on both sides of a default that moves the numbers.
 # system.kv: defaults the backends applied without the configs naming them; lending free slots'
-# index history to optional history (how much is fetched from host)
-_KV_IMPLICIT_BEFORE = {"cap_slots_to_pool": True, "tail_rows": 0, "lend_index_store": True}
+# index history to optional history (how much is fetched from host); the copy grid scaling with
+# the batch
+_KV_IMPLICIT_BEFORE = {
+    "cap_slots_to_pool": True,
+    "tail_rows": 0,
+    "lend_index_store": True,
+    "copy_grid": 0,
+}
 # engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
 # the batch), the CUDA graphs' padding ladder and their capture at start-up
 _ENGINE_IMPLICIT_BEFORE = {

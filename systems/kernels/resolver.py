@@ -91,10 +91,10 @@ Bytes moved per call (n = Q*k selections per request)
 
 Launch
 ======
-ONE launch per call, grid ``R * S`` programs (``S`` copy programs per request, see
-``default_copy_programs``: plain decode 8 or 4 while the R x S programs fit the GPU's
-multiprocessors, else 1; verification ``clamp(ceil(64 / R), 1, 8)``). Each request's resolver
-program runs, separated by CTA barriers:
+ONE launch per call (two with ``copy_grid``, below), grid ``R * S`` programs (``S`` copy programs
+per request, see ``default_copy_programs``: plain decode 8 or 4 while the R x S programs fit the
+GPU's multiprocessors, else 1; verification ``clamp(ceil(64 / R), 1, 8)``). Each request's
+resolver program runs, separated by CTA barriers:
 (A) tail / direct-map resolution and dedup marks (``atomic_min`` of the flattened index on a
 per-request position scratch), (B) the B-slot scan (hits, lru := stamp, victim keys),
 (C) first-occurrence ranks of the distinct misses (prefix sum), (V) a 256-way radix select of
@@ -113,7 +113,16 @@ resident before any copy program can wait; flags only grow there (launch ``e`` o
 epoch publishes ``2e + 1`` and ``2e + 2``). The scratch is self-cleaning (entries a call touched
 are reset at its end), so it is never memset after creation.
 
-Compiled for sm_90a with 8 warps (``aot_compile`` compiles without a GPU; the CPU tests do).
+``copy_grid = G`` (the paper's HiSparse baseline, sec. 4.2.1: its copy path runs on a fixed grid
+of four thread blocks, the batch's size notwithstanding): the resolver launches with ``S == 1`` and
+copies nothing, leaving each request's miss list, victims and counts in the workspace; a second
+launch on the same stream, ``_copy_grid_kernel`` with G programs, copies every request's miss rows
+(tiles of rows handed out round-robin). Same results and host -> HBM bytes as above; the metadata
+adds each request's 4-byte copy count read by each of the G programs, and per copy tile its
+request's counts and location bases (16 bytes).
+
+Compiled for sm_90a with 8 warps (``aot_compile`` / ``aot_compile_copy`` compile without a
+GPU; the CPU tests do).
 
 CUDA-graph safety: the wrapper performs no host sync and no data-dependent shape work. Not
 graph-safe: (a) the first call with a new largest shape (grows the workspace: warm up with
@@ -199,6 +208,8 @@ PENDING_BITMAP_BYTES = 32 << 20
 EARLY_COPY = True
 DECODE_COPY_PROGRAMS = (8, 4)
 PID_ROLES = True
+# copy_grid: requests whose tile counts a copy program reads as one vector
+COPY_GRID_REQ_BLOCK = 256
 # the multiprocessors a CPU (interpreter) run assumes: the H200's, so CPU tests take the GPU's path
 # for the same batch (with the smallest copy grid of that path, see default_copy_programs)
 _NOMINAL_SMS = 132
@@ -649,6 +660,7 @@ if _HAVE_TRITON:
         SCAN_STAGES: tl.constexpr,
         EARLY: tl.constexpr,
         PID_ROLES: tl.constexpr,
+        DEFER_COPY: tl.constexpr,
         dbg_ptr,
         TIMING: tl.constexpr,
     ):
@@ -934,23 +946,53 @@ if _HAVE_TRITON:
                 _wait_flag(flag_addr, 2 * epoch + 2 - EARLY)
 
         # ======================= copy phase (every program) ===========================
-        nv_c = tl.load(meta_ptr + r64 * 2, cache_modifier=".cg")
-        nc = tl.load(meta_ptr + r64 * 2 + 1, cache_modifier=".cg")
-        ntiles = (nc + ROWS - 1) // ROWS
-        rows = tl.arange(0, ROWS)
-        cols = tl.arange(0, WPAD)
-        hpt_row = hpt_ptr + r64 * hpt_stride
-        if EARLY:
-            # the resolver program copies nothing; each copy program reads its first tile's host
-            # rows (PCIe) while the victims are still being chosen, then waits for them to store
-            t0 = share - 1
-            cstep = S - 1
-            if share > 0:
-                j = t0 * ROWS + rows
+        # DEFER_COPY: the miss list, victims and meta stay in the workspace for
+        # _copy_grid_kernel, a second launch on a fixed grid
+        if not DEFER_COPY:
+            nv_c = tl.load(meta_ptr + r64 * 2, cache_modifier=".cg")
+            nc = tl.load(meta_ptr + r64 * 2 + 1, cache_modifier=".cg")
+            ntiles = (nc + ROWS - 1) // ROWS
+            rows = tl.arange(0, ROWS)
+            cols = tl.arange(0, WPAD)
+            hpt_row = hpt_ptr + r64 * hpt_stride
+            if EARLY:
+                # the resolver program copies nothing; each copy program reads its first tile's
+                # host rows (PCIe) while the victims are still being chosen, then waits for them
+                # to store
+                t0 = share - 1
+                cstep = S - 1
+                if share > 0:
+                    j = t0 * ROWS + rows
+                    mj = j < nc
+                    hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
+                    val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
+                    _wait_flag(flag_addr, 2 * epoch + 2)
+                    _store_tile(
+                        kv_ptr,
+                        vic_row,
+                        hot_base,
+                        stg_base,
+                        j,
+                        mj,
+                        nv_c,
+                        val0,
+                        m2,
+                        cols,
+                        WORDS,
+                        HAS_STAGING,
+                    )
+                    t0 += cstep
+                else:
+                    t0 = ntiles
+            else:
+                t0 = share
+                cstep = S
+            # num_stages=1: software pipelining of the copy loop measured slower
+            for t in tl.range(t0, ntiles, cstep, num_stages=1):
+                j = t * ROWS + rows
                 mj = j < nc
                 hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-                val0, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
-                _wait_flag(flag_addr, 2 * epoch + 2)
+                val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
                 _store_tile(
                     kv_ptr,
                     vic_row,
@@ -959,29 +1001,14 @@ if _HAVE_TRITON:
                     j,
                     mj,
                     nv_c,
-                    val0,
+                    val,
                     m2,
                     cols,
                     WORDS,
                     HAS_STAGING,
                 )
-                t0 += cstep
-            else:
-                t0 = ntiles
-        else:
-            t0 = share
-            cstep = S
-        # num_stages=1: software pipelining of the copy loop measured slower
-        for t in tl.range(t0, ntiles, cstep, num_stages=1):
-            j = t * ROWS + rows
-            mj = j < nc
-            hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-            val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
-            _store_tile(
-                kv_ptr, vic_row, hot_base, stg_base, j, mj, nv_c, val, m2, cols, WORDS, HAS_STAGING
-            )
-        if share == 0:
-            _stamp_phase(dbg_ptr, r64, 7, TIMING)
+            if share == 0:
+                _stamp_phase(dbg_ptr, r64, 7, TIMING)
 
         if COPY_PROGRAMS and PID_ROLES:
             if share > 0:
@@ -998,6 +1025,79 @@ if _HAVE_TRITON:
                 tl.atomic_xchg(ctrl_ptr, 0)
                 tl.atomic_xchg(ctrl_ptr + 1, 0)
                 tl.atomic_add(ctrl_ptr + 2, 1)
+
+    @triton.jit
+    def _copy_grid_kernel(
+        kv_ptr,
+        host_ptr,
+        hpt_ptr,
+        hpt_stride,
+        hot_base_ptr,
+        stg_base_ptr,
+        mpos_ptr,
+        vic_ptr,
+        list_stride,
+        meta_ptr,
+        R,
+        page_size,
+        HAS_STAGING: tl.constexpr,
+        WORDS: tl.constexpr,
+        WPAD: tl.constexpr,
+        ROWS: tl.constexpr,
+        HSTRIDE: tl.constexpr,
+        REQ_BLK: tl.constexpr,
+    ):
+        """The copy of a ``copy_grid`` call, launched after the resolver (DEFER_COPY) on a fixed
+        grid of G programs: the batch's (request, tile of ROWS miss rows) pairs, numbered request
+        by request, go round-robin to the programs (global tile u to program u % G). Each block of
+        REQ_BLK requests' tile counts is read once as a vector; a program then visits only its own
+        tiles, finding each tile's request by a count over the block's prefix sums."""
+        pid = tl.program_id(0)
+        G = tl.num_programs(0)
+        offs_r = tl.arange(0, REQ_BLK)
+        rows = tl.arange(0, ROWS)
+        cols = tl.arange(0, WPAD)
+        g = tl.zeros([], tl.int32)  # global index of the block's first tile
+        for r0 in range(0, R, REQ_BLK):
+            rr = r0 + offs_r
+            nc_v = tl.load(meta_ptr + rr.to(tl.int64) * 2 + 1, mask=rr < R, other=0)
+            nt_v = (nc_v + ROWS - 1) // ROWS
+            end_v = g + tl.cumsum(nt_v, 0)  # global index past each request's last tile
+            g_end = g + tl.sum(nt_v, 0)
+            # this program's first tile of the block: the first u >= g with u % G == pid
+            u0 = g + (pid - g % G + G) % G
+            for u in range(u0, g_end, G):
+                # tile u belongs to the block's first request whose tiles end past it
+                k = tl.sum((end_v <= u).to(tl.int32), 0)
+                t = u - tl.sum(tl.where(offs_r == k, end_v - nt_v, 0), 0)
+                r64 = (r0 + k).to(tl.int64)
+                nv = tl.load(meta_ptr + r64 * 2)
+                nc = tl.load(meta_ptr + r64 * 2 + 1)
+                hot_base = tl.load(hot_base_ptr + r64)
+                if HAS_STAGING:
+                    stg_base = tl.load(stg_base_ptr + r64)
+                else:
+                    stg_base = hot_base * 0
+                j = t * ROWS + rows
+                mj = j < nc
+                mpos_row = mpos_ptr + r64 * list_stride
+                hrow = _host_rows_of(mpos_row, hpt_ptr + r64 * hpt_stride, j, mj, page_size)
+                val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
+                _store_tile(
+                    kv_ptr,
+                    vic_ptr + r64 * list_stride,
+                    hot_base,
+                    stg_base,
+                    j,
+                    mj,
+                    nv,
+                    val,
+                    m2,
+                    cols,
+                    WORDS,
+                    HAS_STAGING,
+                )
+            g = g_end
 
 
 # --------------------------------------------------------------------------------------
@@ -1169,10 +1269,28 @@ def copy_settings(
     early_copy: bool | None = None,
     pid_roles: bool | None = None,
     num_sms: int | None = None,
+    copy_grid: int | None = None,
 ) -> dict:
     """How a call of R requests x Q queries copies its misses: each argument as given, or the
-    kernel's default (the benchmark records these beside scan_settings). Raises on a combination
-    the kernel cannot run."""
+    kernel's default (the benchmark records these beside scan_settings). ``copy_grid`` G: no copy
+    programs, the copy is a second launch of G programs (``copy_grid`` is None otherwise). Raises
+    on a combination the kernel cannot run."""
+    if copy_grid is not None:
+        if int(copy_grid) < 1:
+            raise ValueError(f"copy_grid must be >= 1 programs, got {copy_grid}")
+        if copy_programs_per_request not in (None, 1):
+            raise ValueError(
+                "copy_grid copies in a second launch, without copy programs beside the "
+                f"resolvers: copy_programs_per_request must be None or 1, got "
+                f"{copy_programs_per_request}"
+            )
+        if early_copy:
+            raise ValueError(
+                "early_copy needs copy programs beside the resolvers; copy_grid has none"
+            )
+        return dict(
+            copy_programs_per_request=1, early_copy=False, pid_roles=False, copy_grid=int(copy_grid)
+        )
     S = (
         int(copy_programs_per_request)
         if copy_programs_per_request
@@ -1197,6 +1315,7 @@ def copy_settings(
         copy_programs_per_request=S,
         early_copy=bool(early_copy),
         pid_roles=bool(pid_roles) and S > 1,
+        copy_grid=None,
     )
 
 
@@ -1246,6 +1365,7 @@ def resolve_triton(
     scan_stages: int | None = None,
     early_copy: bool | None = None,
     pid_roles: bool | None = None,
+    copy_grid: int | None = None,
     phase_times: torch.Tensor | None = None,
     check: bool = True,
 ) -> ResolveResult:
@@ -1262,8 +1382,10 @@ def resolve_triton(
     ``copy_programs_per_request`` / ``early_copy`` / ``pid_roles`` -- the copy grid, whether its
     copy programs read their first tile before the victims are known (needs >= 2 programs per
     request), and whether roles come from the program id (only where R x (S - 1) is below the
-    multiprocessor count; tickets otherwise). ``phase_times`` (int64 [R, 8] on the device, GPU
-    only) receives each request's phase boundaries in ns (PHASE_NAMES;
+    multiprocessor count; tickets otherwise); ``copy_grid`` -- copy in a second launch of this many
+    programs instead (the HiSparse baseline's fixed copy grid; one resolver program per request, no
+    copy programs). ``phase_times`` (int64 [R, 8] on the device, GPU only) receives each request's
+    phase boundaries in ns (PHASE_NAMES, ``copy_done`` not written with ``copy_grid``;
     benchmarks/bench_resolver.py --phase-times)."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use impl='reference'")
@@ -1396,6 +1518,7 @@ def resolve_triton(
         early_copy=early_copy,
         pid_roles=pid_roles,
         num_sms=num_sms(dev),
+        copy_grid=copy_grid,
     )
     S, early_copy = cs["copy_programs_per_request"], cs["early_copy"]
     dpt = direct_page_table if direct_page_table is not None else host_page_table
@@ -1463,10 +1586,33 @@ def resolve_triton(
         SCAN_STAGES=scan_stages,
         EARLY=bool(early_copy),
         PID_ROLES=cs["pid_roles"],
+        DEFER_COPY=cs["copy_grid"] is not None,
         dbg_ptr=phase_times if phase_times is not None else counters,
         TIMING=phase_times is not None,
         num_warps=num_warps,
     )
+    if cs["copy_grid"] is not None:  # same stream: runs once every request's victims are known
+        _copy_grid_kernel[(cs["copy_grid"],)](
+            kv_w,
+            host_w,
+            host_page_table,
+            host_page_table.stride(0),
+            hot_loc_base,
+            stg,
+            ws.mpos,
+            ws.victims,
+            ws.mpos.stride(0),
+            ws.meta,
+            R,
+            ps,
+            HAS_STAGING=staging_loc_base is not None,
+            WORDS=words,
+            WPAD=wpad,
+            ROWS=rows,
+            HSTRIDE=host_w.stride(0),
+            REQ_BLK=_pow2(R, 16, COPY_GRID_REQ_BLOCK),
+            num_warps=num_warps,
+        )
     return ResolveResult(locations, counters, overflow)
 
 
@@ -1509,6 +1655,7 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
         TIMING=False,
         EARLY=False,
         PID_ROLES=False,
+        DEFER_COPY=False,
     )
     c.update(constexprs)
     c.setdefault("HSTRIDE", c["WORDS"])  # unpadded host rows unless asked
@@ -1519,6 +1666,22 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
             types[name] = "*i64" if c["STAMP_IS_PTR"] else "i64"
         elif name.endswith("_ptr"):
             types[name] = "*i64" if name in ptr64 else "*i32"
+    return compile_for_nvidia(fn, c, types, arch, num_warps)
+
+
+def aot_compile_copy(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **constexprs):
+    """``aot_compile`` for ``_copy_grid_kernel`` (the ``copy_grid`` launch)."""
+    from systems.kernels.aot import compile_for_nvidia
+
+    fn = _copy_grid_kernel
+    c = dict(HAS_STAGING=True, WORDS=82, WPAD=128, ROWS=32, REQ_BLK=COPY_GRID_REQ_BLOCK)
+    c.update(constexprs)
+    c.setdefault("HSTRIDE", c["WORDS"])
+    types = {
+        n: "*" + word_type if n in ("kv_ptr", "host_ptr") else "*i32"
+        for n in fn.arg_names
+        if n.endswith("_ptr")
+    }
     return compile_for_nvidia(fn, c, types, arch, num_warps)
 
 
@@ -1543,6 +1706,7 @@ def resolve(
     workspace: ResolverWorkspace | None = None,
     copy_programs_per_request: int | None = None,
     hot_rows=None,
+    copy_grid: int | None = None,
 ) -> ResolveResult:
     """Resolve selected positions to device locations (see the module docstring).
 
@@ -1556,7 +1720,9 @@ def resolve(
         staging_loc_base int32 [R] or None; hot_rows int64 [R] or None: when given, hot_pos /
         hot_lru are tables of any number of rows and request r owns row hot_rows[r] (updated
         in place, no gathered copy); out optional preallocated
-        (locations, counters, overflow); accumulate_counters adds into ``out[1]``.
+        (locations, counters, overflow); accumulate_counters adds into ``out[1]``;
+        copy_grid: copy the misses in a second launch of this many programs (Triton only, see
+        ``resolve_triton``; the reference's result is the same either way).
     Returns ResolveResult(locations int32 [R, Q, k], counters int64 [R, 4], overflow int32 [R]).
     """
     kw = dict(
@@ -1580,6 +1746,7 @@ def resolve(
             workspace=workspace,
             copy_programs_per_request=copy_programs_per_request,
             hot_rows=hot_rows,
+            copy_grid=copy_grid,
             **kw,
         )
     res = resolve_reference(*args, **kw)

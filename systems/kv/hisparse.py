@@ -65,9 +65,13 @@ class HiSparseOptions(KVOptions):
     # false keeps every slot past what the pool holds (admission then waits for hot caches
     # instead of slots: the fault tests build that over-subscribed state)
     cap_slots_to_pool: bool = True
+    # the misses' host -> device copy: 0 runs it beside the resolution on a grid that scales with
+    # the batch (copy programs per request); N > 0 copies a call's misses after the resolution on
+    # a fixed grid of N programs (the paper's HiSparse baseline: four thread blocks, sec. 4.2.1)
+    copy_grid: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("hot_cache_rows", "tail_rows"):
+        for f in ("hot_cache_rows", "tail_rows", "copy_grid"):
             if int(getattr(self, f)) < 0:
                 raise ValueError(f"system.kv.{f}: must be >= 0, got {getattr(self, f)}")
         if self.resolver_impl not in RESOLVER_IMPLS:
@@ -229,6 +233,7 @@ class HiSparseBackend(KVBackend):
         self.calls_dev = torch.zeros((), dtype=torch.int64, device=dev)
         self.backup_rows = 0
         self.resolver_impl = opt.resolver_impl
+        self.copy_grid = int(opt.copy_grid) or None
         # commit's tail backups: the kernel writes the pinned store through UVA on a GPU
         self.backup_impl = "triton" if dev.type == "cuda" else "reference"
         self.verify = opt.verify_rows
@@ -470,6 +475,7 @@ class HiSparseBackend(KVBackend):
                 staging_loc_base=staging,
                 impl=self.resolver_impl,
                 workspace=self._workspace(),
+                copy_grid=self.copy_grid,
                 hot_rows=sl,
             )
         st["counters"].append(res.counters)

@@ -104,6 +104,28 @@ def test_experiment_speculation_block_reaches_only_the_speculative_systems():
     assert run_id(spec, point).endswith("-09332484")
 
 
+def test_the_h200_baseline_copies_on_a_fixed_grid_and_only_it_changes_id():
+    """fig4_h200 gives its HiSparse baseline the paper's fixed copy grid (reproduce.kv reaches
+    system.kv of the HiSparse system only); the adaptive systems keep the batch-scaled grid and
+    the run ids they had before the key existed."""
+    import harness.reproduce as rp
+    from harness.run import point_plan
+    from systems.engine.config import kv_options_from, model_config_from
+
+    ids = {}
+    for ov in rp.plan("fig4_h200", smoke=False)[:3]:  # repeat 1 of each system
+        cfg = rp._run_cfg(ov, None)
+        ids[cfg.system.name] = (cfg.system.kv.copy_grid, point_plan(cfg)[1][0][1])
+    assert ids["hisparse"][0] == 4 and ids["adaptive_hisparse"][0] == 0
+    assert ids["adaptive_hisparse"][1].endswith("-0cbeb5cf")  # committed in results/fig4_h200
+    assert ids["adaptive_dhisparse"][1].endswith("-8e7bee80")
+    assert not ids["hisparse"][1].endswith("-1c8ce751")  # the scaled grid's run: not this one
+    assert compose(["system=hisparse"]).system.kv.copy_grid == 0  # no experiment, no fixed grid
+    cfg = compose(["system=hisparse", "system.kv.copy_grid=-1"])
+    with pytest.raises(ValueError, match="copy_grid"):
+        kv_options_from(cfg.system, model_config_from(cfg.model, "cpu"), "cpu")
+
+
 def test_a_skipped_nsight_profile_says_why_on_the_console(tmp_path, capsys):
     """On a machine without nsight-python / ncu / a GPU the server skips profile=nsight; the
     harness says so where the user looks, not only in the server's log."""

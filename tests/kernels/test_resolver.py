@@ -727,6 +727,76 @@ def test_pid_roles_match_the_reference_and_re_arm(copy_programs, early, staging)
     assert not rv.copy_settings(8, 1, copy_programs_per_request=1, pid_roles=True)["pid_roles"]
 
 
+@pytest.mark.parametrize("copy_grid", [1, 4])
+@pytest.mark.parametrize("Q", [1, 4])
+def test_copy_grid_matches_the_reference(Q, copy_grid, monkeypatch):
+    """copy_grid (the HiSparse baseline's fixed copy grid): one resolver program per request
+    copies nothing, then a second launch of copy_grid programs copies every request's misses.
+    Same results as the reference over a sequence of calls, plain decode and verification
+    overflowing to staging, with a request without pending selections and one whose selections
+    all hit. The workspace's copy counts are poisoned before each call, so a request whose count
+    the resolver did not rewrite would copy rows that are not its misses."""
+    K, B = (9, 16) if Q == 1 else (8, 8)
+    if Q > 1:  # request blocks of 2: the tile numbering carries over from one block to the next
+        monkeypatch.setattr(rv, "COPY_GRID_REQ_BLOCK", 2)
+    s = State(
+        R=3,
+        Q=Q,
+        K=K,
+        B=B,
+        row_bytes=20,
+        page_size=4,
+        hist_lens=[100, 70, 60],
+        tail_lens=[1, 2, 1],
+        seed=23,
+        fill=0.5,
+        direct=0.2,
+        staging=Q > 1,
+    )
+    ws = rv.ResolverWorkspace("cpu").ensure(s.R, s.P * s.ps, Q * K)
+    for step in range(3):
+        s.draw_selections(w_hit=0.5, w_miss=1, w_direct=0.2, w_tail=0.1, w_pad=0.1, w_dup=0.2)
+        if step == 1:  # request 1 selects one tail row: no scan, nothing to copy
+            s.selections[1] = -1
+            s.selections[1, 0, 0] = s.hist[1]
+        if step == 2:  # request 2 selects only hot rows
+            hot = s.hot_pos[2][s.hot_pos[2] >= 0]
+            s.selections[2] = hot[torch.arange(Q * K) % hot.numel()].reshape(Q, K)
+        ws.meta.fill_(Q * K)
+        ws.mpos.zero_()
+        ws.victims.zero_()
+        ref, tri = run_and_compare(
+            s, stamp=1100 + step, copy_grid=copy_grid, workspace=ws, copy_rows=1
+        )
+        copies = tri.counters[:, 3]
+        assert int(copies.sum()) > copy_grid  # more copy tiles (one row each) than programs
+        if step == 1:
+            assert int(copies[1]) == 0 and int(tri.counters[1, 0]) == 1
+        if step == 2:
+            assert int(copies[2]) == 0 and int(tri.counters[2, 2]) == 0
+            assert int(tri.counters[2, 1]) > 0
+        if Q > 1:
+            assert int(tri.overflow.sum()) > 0
+        _scratch_clean()
+
+
+def test_copy_grid_rejects_copy_programs_and_early_copy():
+    s = _odd_state(Q=1, K=9, seed=1)
+    for bad, match in (
+        (dict(copy_grid=4, copy_programs_per_request=2), "copy_programs_per_request"),
+        (dict(copy_grid=4, early_copy=True), "early_copy"),
+        (dict(copy_grid=0), "copy_grid must be >= 1"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            rv.resolve_triton(**s.args()[0], stamp=5, **bad, **s.args()[1])
+    with pytest.raises(ValueError, match="copy_grid must be >= 1"):  # resolve passes it on
+        rv.resolve(**s.args()[0], stamp=5, copy_grid=-1, **s.args()[1])
+    assert rv.copy_settings(3, 1, copy_programs_per_request=1, copy_grid=4) == dict(
+        copy_programs_per_request=1, early_copy=False, pid_roles=False, copy_grid=4
+    )
+    assert rv.copy_settings(3, 1)["copy_grid"] is None
+
+
 @pytest.mark.parametrize("stride", [24, 32])
 def test_padded_host_store_rows(stride):
     """A host store whose rows are padded (the 20-byte rows a column slice of a 24- or 32-byte wide
@@ -1127,7 +1197,8 @@ variants = [dict(), dict(HAS_DIRECT=False, HAS_STAGING=False, COPY_PROGRAMS=Fals
             dict(EARLY=True), dict(TIMING=True),
             dict(REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False, COPY_PROGRAMS=False, TIMING=True),
             dict(HSTRIDE=84), dict(PID_ROLES=True),
-            dict(PID_ROLES=True, EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False)]
+            dict(PID_ROLES=True, EARLY=True, REG_KEYS=True, BBLK=4096, QBLK=512, HAS_STAGING=False),
+            dict(DEFER_COPY=True, COPY_PROGRAMS=False)]
 for v in variants:
     k = rv.aot_compile(90, **v)
     ptx = k.asm["ptx"]
@@ -1137,7 +1208,13 @@ for v in variants:
         assert "acquire" in ptx, "copy programs must acquire their request's flag"
     if not v or v == dict(HSTRIDE=84):  # 656-byte rows, unpadded or 672 bytes apart
         assert "ld.global.v2.b64" in ptx, "row copy should use 16-byte loads"
+    if v.get("DEFER_COPY"):
+        assert "ld.global.v2.b64" not in ptx, "copy_grid: the resolver copies no rows"
     assert ("globaltimer" in ptx) == bool(v.get("TIMING")), "phase times are read only when asked"
+for v in [dict(), dict(HSTRIDE=84), dict(word_type="i32", WORDS=3, WPAD=4, ROWS=64, HAS_STAGING=False, REQ_BLK=16)]:
+    ptx = rv.aot_compile_copy(90, **v).asm["ptx"]
+    if v.get("word_type", "i64") == "i64":
+        assert "ld.global.v2.b64" in ptx, "the copy_grid copy should use 16-byte loads"
 print("ok")
 """
 

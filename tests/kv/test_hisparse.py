@@ -35,8 +35,9 @@ def test_golden_tokens_with_mostly_missing_selections(model):
     assert eng.backend.is_empty and eng.backend.host_pages.num_used == 0
 
 
-def test_golden_tokens_with_the_triton_resolver_under_the_interpreter():
-    eng = _engine("tiny", 8, "triton")
+@pytest.mark.parametrize("copy_grid", [0, 3])  # the copy beside the resolvers / a fixed grid after
+def test_golden_tokens_with_the_triton_resolver_under_the_interpreter(copy_grid):
+    eng = _engine("tiny", 8, "triton", f"system.kv.copy_grid={copy_grid}")
     outs = run_greedy(eng, GOLDEN["prompts"][:2], 6)
     assert outs == [o[:6] for o in GOLDEN["outputs"]["tiny"][:2]]
 

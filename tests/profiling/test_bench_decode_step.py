@@ -63,7 +63,8 @@ def test_rows_are_merged_after_each_row_with_round_over_step(tmp_path):
     old = {"model": "m", "system": "hisparse", "batch": 8, "context": 16, "step_ms": 9.0}
     out.write_text(json.dumps({"rows": [old]}))
     env = {"git_commit": "abc", "gpu": "H"}
-    rows = [{"model": "m", "system": "hisparse", "batch": 1, "context": 16, "step_ms": 2.0}]
+    rows = [{"model": "m", "system": "hisparse", "batch": 1, "context": 16, "step_ms": 1.0}]
+    rows.append({**rows[0], "system": "adaptive_hisparse", "step_ms": 2.0})
     B.write_rows(out, rows, env, [], _Torch)
     rows.append(
         {"model": "m", "system": "spec", "batch": 1, "context": 16, "step_ms": 5.0, "phases_ms": {}}
@@ -71,8 +72,10 @@ def test_rows_are_merged_after_each_row_with_round_over_step(tmp_path):
     B.write_rows(out, rows, env, [], _Torch)
     rec = json.loads(out.read_text())
     by = {(r["system"], r["batch"]): r for r in rec["rows"]}
-    assert set(by) == {("hisparse", 8), ("hisparse", 1), ("spec", 1)}  # the old row is kept
+    assert set(by) == {("hisparse", 8), ("hisparse", 1), ("adaptive_hisparse", 1), ("spec", 1)}
+    # the round against the plain step of its own build, not the baseline's (the old row is kept)
     assert by[("spec", 1)]["round_over_step"] == 2.5
+    assert by[("spec", 1)]["round_base"] == "adaptive_hisparse"
     assert by[("hisparse", 1)]["round_over_step"] is None
     assert rec["commit"] == "abc" and by[("spec", 1)]["commit"] == "abc"
     assert not out.with_suffix(".tmp").exists()
