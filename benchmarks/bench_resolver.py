@@ -1428,7 +1428,10 @@ def copy_settings_of(rv, R: int, Q: int, knobs: dict) -> dict:
     return rv.copy_settings(
         R,
         Q,
-        **{k: knobs.get(k) for k in ("copy_programs_per_request", "early_copy", "pid_roles")},
+        **{
+            k: knobs.get(k)
+            for k in ("copy_programs_per_request", "early_copy", "pid_roles", "copy_grid")
+        },
         num_sms=rv.num_sms(DEV),
     )
 
