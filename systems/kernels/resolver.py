@@ -579,6 +579,35 @@ if _HAVE_TRITON:
         tl.store(kv_ptr + (dst.to(tl.int64)[:, None] * WORDS + cols[None, :]), val, mask=m2)
 
     @triton.jit
+    def _copy_tile(
+        kv_ptr,
+        host_ptr,
+        mpos_row,
+        hpt_row,
+        vic_row,
+        hot_base,
+        stg_base,
+        t,
+        nc,
+        nv,
+        page_size,
+        rows,
+        cols,
+        ROWS: tl.constexpr,
+        WORDS: tl.constexpr,
+        HSTRIDE: tl.constexpr,
+        HAS_STAGING: tl.constexpr,
+    ):
+        """Copy tile ``t`` (ROWS misses) of a request's miss list from host to its slots."""
+        j = t * ROWS + rows
+        mj = j < nc
+        hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
+        val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
+        _store_tile(
+            kv_ptr, vic_row, hot_base, stg_base, j, mj, nv, val, m2, cols, WORDS, HAS_STAGING
+        )
+
+    @triton.jit
     def _publish(meta_ptr, flag_addr, r64, nv, ncopy, flag, COPY_PROGRAMS: tl.constexpr):
         """Hand this request's copy list (miss positions, counts, and with ``flag`` at stage 2 the
         victims) to its copy programs: stage 1 (``2e + 1``) once the miss list is known (early
@@ -989,22 +1018,23 @@ if _HAVE_TRITON:
                 cstep = S
             # num_stages=1: software pipelining of the copy loop measured slower
             for t in tl.range(t0, ntiles, cstep, num_stages=1):
-                j = t * ROWS + rows
-                mj = j < nc
-                hrow = _host_rows_of(mpos_row, hpt_row, j, mj, page_size)
-                val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
-                _store_tile(
+                _copy_tile(
                     kv_ptr,
+                    host_ptr,
+                    mpos_row,
+                    hpt_row,
                     vic_row,
                     hot_base,
                     stg_base,
-                    j,
-                    mj,
+                    t,
+                    nc,
                     nv_c,
-                    val,
-                    m2,
+                    page_size,
+                    rows,
                     cols,
+                    ROWS,
                     WORDS,
+                    HSTRIDE,
                     HAS_STAGING,
                 )
             if share == 0:
@@ -1078,23 +1108,23 @@ if _HAVE_TRITON:
                     stg_base = tl.load(stg_base_ptr + r64)
                 else:
                     stg_base = hot_base * 0
-                j = t * ROWS + rows
-                mj = j < nc
-                mpos_row = mpos_ptr + r64 * list_stride
-                hrow = _host_rows_of(mpos_row, hpt_ptr + r64 * hpt_stride, j, mj, page_size)
-                val, m2 = _load_tile(host_ptr, hrow, mj, cols, WORDS, HSTRIDE)
-                _store_tile(
+                _copy_tile(
                     kv_ptr,
+                    host_ptr,
+                    mpos_ptr + r64 * list_stride,
+                    hpt_ptr + r64 * hpt_stride,
                     vic_ptr + r64 * list_stride,
                     hot_base,
                     stg_base,
-                    j,
-                    mj,
+                    t,
+                    nc,
                     nv,
-                    val,
-                    m2,
+                    page_size,
+                    rows,
                     cols,
+                    ROWS,
                     WORDS,
+                    HSTRIDE,
                     HAS_STAGING,
                 )
             g = g_end
