@@ -43,8 +43,9 @@ Per (model, system, batch) row:
 - ``phase_kernel_us`` (speculative systems): over the profiled rounds, each phase's kernel time
   and its top kernels in microseconds per round, each kernel attributed to the phase whose range
   launched it (the drafter's share of a round: propose + catch_up).
-- ``round_over_step``: a speculative round's time over the plain step of the same build
-  (``round_base``: adaptive_hisparse) at the same model and batch (the paper's block-4 round
+- ``round_over_step``: a speculative round's time over the adaptive_hisparse step
+  (``round_base``; for the hierarchy's speculative systems, the same build without speculation)
+  at the same model and batch (the paper's block-4 round
   costs 2.2x a non-speculative step); null for other systems. Rows without ``round_base`` were
   measured against the hisparse step, when both systems copied on the same grid.
 Speculative systems verify with calibrated acceptance (random-weight drafters accept nothing).

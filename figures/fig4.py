@@ -451,8 +451,15 @@ def _adaptive_mechanism(runs, c: int, P: dict) -> str | None:
         f"has TPOT {ta:.1f} against {th:.1f} ms ({abs(100 * (1 - ta / th)):.0f} % "
         f"{'lower' if ta < th else 'higher'}), handoff "
         f"{1e3 * ha:.0f} against {1e3 * hh:.0f} ms, {aa:.1f} against {ah:.1f} of {c} active "
-        "(both systems use one copy grid that scales with the batch)"
+        f"(copy grid: Adaptive HiSparse {_copy_grid(a)}, HiSparse {_copy_grid(h)})"
     )
+
+
+def _copy_grid(run) -> str:
+    """How a run's resolver copied its misses (system.kv.copy_grid; runs before the key: 0)."""
+    kv = ((run.config or {}).get("system") or {}).get("kv") or {}
+    n = int(kv.get("copy_grid") or 0)
+    return f"a fixed {n} programs" if n else "scales with the batch"
 
 
 def bench_step_at(

@@ -4,7 +4,8 @@ One call resolves the top-k selections of ``Q`` queries (``Q = 1`` plain decode,
 ``K_max`` for verification) of ``R`` requests against ONE KV source, and returns a device
 location for every selection. Three implementations of one semantics:
 
-* ``_resolver_kernel`` -- the Triton kernel (one launch per call, see "Launch" below);
+* ``_resolver_kernel`` -- the Triton kernel (one launch per call, two with ``copy_grid``, see
+  "Launch" below);
 * ``resolve_reference`` -- a plain-PyTorch reference (slow, obviously correct);
 * ``resolve(..., impl="triton" | "reference")`` -- the dispatcher the engine calls.
 
@@ -1314,10 +1315,12 @@ def copy_settings(
                 f"resolvers: copy_programs_per_request must be None or 1, got "
                 f"{copy_programs_per_request}"
             )
-        if early_copy:
-            raise ValueError(
-                "early_copy needs copy programs beside the resolvers; copy_grid has none"
-            )
+        for knob, on in (("early_copy", early_copy), ("pid_roles", pid_roles)):
+            if on:
+                raise ValueError(
+                    f"{knob} hands out work to copy programs beside the resolvers; copy_grid "
+                    "has none"
+                )
         return dict(
             copy_programs_per_request=1, early_copy=False, pid_roles=False, copy_grid=int(copy_grid)
         )
@@ -1399,7 +1402,7 @@ def resolve_triton(
     phase_times: torch.Tensor | None = None,
     check: bool = True,
 ) -> ResolveResult:
-    """Launch the fused resolver kernel once. Same arguments/semantics as ``resolve_reference``;
+    """Launch the fused resolver kernel once (and the copy kernel after it with ``copy_grid``). Same arguments/semantics as ``resolve_reference``;
     every tuning argument gives the same result (the benchmark sweeps them), None takes the
     default for the call's shape:
     ``radix_tile`` / ``radix_bits`` -- slots per tile (a power of two) and digit width (1..12) of

@@ -494,3 +494,20 @@ def test_fig11_reads_each_panels_h200_runs_and_their_loads(results, tmp_path):
     assert both.row("share.C16 fill").ours is None  # not the scaled preset's 1.2
     assert both.loads == {16: 8, 512: 256}
     assert "H200 presets derived from the paper" in both.title
+
+
+def test_the_adaptive_mechanism_names_each_systems_copy_grid():
+    """The claim's note says which copy grid each system's runs used (system.kv.copy_grid):
+    fig4_h200's HiSparse the paper's fixed four programs, Adaptive HiSparse the batch-scaled
+    one; runs from before the key read as scaled."""
+    from types import SimpleNamespace
+
+    from figures import fig4
+
+    def run(kv):
+        return SimpleNamespace(config={"system": {"kv": kv}})
+
+    assert fig4._copy_grid(run({"copy_grid": 4})) == "a fixed 4 programs"
+    assert fig4._copy_grid(run({"copy_grid": 0})) == "scales with the batch"
+    assert fig4._copy_grid(run({})) == "scales with the batch"
+    assert fig4._copy_grid(SimpleNamespace(config=None)) == "scales with the batch"

@@ -119,7 +119,7 @@ def test_the_h200_baseline_copies_on_a_fixed_grid_and_only_it_changes_id():
     assert ids["hisparse"][0] == 4 and ids["adaptive_hisparse"][0] == 0
     assert ids["adaptive_hisparse"][1].endswith("-0cbeb5cf")  # committed in results/fig4_h200
     assert ids["adaptive_dhisparse"][1].endswith("-8e7bee80")
-    assert not ids["hisparse"][1].endswith("-1c8ce751")  # the scaled grid's run: not this one
+    assert ids["hisparse"][1].endswith("-80e0e6ae")  # committed; the scaled grid's was -1c8ce751
     assert compose(["system=hisparse"]).system.kv.copy_grid == 0  # no experiment, no fixed grid
     cfg = compose(["system=hisparse", "system.kv.copy_grid=-1"])
     with pytest.raises(ValueError, match="copy_grid"):

@@ -318,8 +318,8 @@ def run_and_compare(
     return ref, tri
 
 
-def _scratch_clean():
-    for ws in rv._WORKSPACES.values():
+def _scratch_clean(*extra):
+    for ws in [*rv._WORKSPACES.values(), *extra]:
         if ws.scratch is not None:
             assert bool((ws.scratch == 0x7FFFFFFF).all()), "scratch not reset"
         assert int(ws.ctrl[0]) == 0 and int(ws.ctrl[1]) == 0, "tickets not re-armed"
@@ -777,7 +777,7 @@ def test_copy_grid_matches_the_reference(Q, copy_grid, monkeypatch):
             assert int(tri.counters[2, 1]) > 0
         if Q > 1:
             assert int(tri.overflow.sum()) > 0
-        _scratch_clean()
+        _scratch_clean(ws)
 
 
 def test_copy_grid_rejects_copy_programs_and_early_copy():
@@ -785,6 +785,7 @@ def test_copy_grid_rejects_copy_programs_and_early_copy():
     for bad, match in (
         (dict(copy_grid=4, copy_programs_per_request=2), "copy_programs_per_request"),
         (dict(copy_grid=4, early_copy=True), "early_copy"),
+        (dict(copy_grid=4, pid_roles=True), "pid_roles"),
         (dict(copy_grid=0), "copy_grid must be >= 1"),
     ):
         with pytest.raises(ValueError, match=match):
