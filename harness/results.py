@@ -968,7 +968,32 @@ def change_mix(runs: Iterable[Run]) -> str:
                 f"mixes runs from before {change} ({', '.join(before)}) and after it "
                 f"({', '.join(after)}): {what}"
             )
+    grid = copy_grid_mix(runs)
+    if grid:
+        notes.append(grid)
     return "; ".join(notes)
+
+
+def copy_grid_mix(runs: Iterable[Run]) -> str:
+    """A note when ``runs`` hold HiSparse runs that copied their misses on different grids
+    (system.kv.copy_grid: the paper's fixed grid, or the batch-scaled one of runs before the
+    key), else ''. A config change, not a commit: the two are different run ids, and a figure
+    that reads the newest run per setting may take some of each while a sweep is re-run."""
+    counts: dict[int, int] = {}
+    for r in runs:
+        for x in r.repeats or [r]:
+            if x.system != "hisparse":
+                continue
+            kv = ((x.config or {}).get("system") or {}).get("kv") or {}
+            g = int(kv.get("copy_grid") or 0)
+            counts[g] = counts.get(g, 0) + 1
+    if len(counts) < 2:
+        return ""
+    parts = [
+        f"{n} on {'a fixed grid of ' + str(g) + ' programs' if g else 'the batch-scaled grid'}"
+        for g, n in sorted(counts.items())
+    ]
+    return "mixes HiSparse runs whose misses were copied on different grids: " + ", ".join(parts)
 
 
 _FIRST_RUNS: dict = {}

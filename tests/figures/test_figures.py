@@ -625,6 +625,29 @@ def test_provenance_names_repeat_commits_and_a_kernel_change_between_runs(tmp_pa
     assert C.change_mix([C.Run(runs[0].path, runs[0].summary)]) == ""  # one side only
 
 
+def test_provenance_flags_hisparse_runs_on_different_copy_grids(tmp_path):
+    """HiSparse runs on the paper's fixed copy grid beside runs on the batch-scaled one (a
+    sweep part re-run) are named; runs of one grid, or of other systems, are not."""
+    import json
+
+    from figures import common as C
+
+    def run(name, system, kv):
+        d = tmp_path / "fig9" / name
+        d.mkdir(parents=True)
+        summary = {"system": system, "concurrency": 32, "point": {"concurrency": 32, "tag": "c32"}}
+        (d / "summary.json").write_text(json.dumps(summary))
+        (d / "config.yaml").write_text(json.dumps({"system": {"name": system, "kv": kv}}))
+
+    run("h-old", "hisparse", {"hot_cache_rows": 1024})
+    run("h-new", "hisparse", {"hot_cache_rows": 2048, "copy_grid": 4})
+    run("a", "adaptive_hisparse", {"copy_grid": 0})
+    runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig9")}
+    note = C.change_mix(runs.values())
+    assert "1 on the batch-scaled grid, 1 on a fixed grid of 4 programs" in note
+    assert C.change_mix([runs["h-new"], runs["a"]]) == ""
+
+
 def test_admission_experiment_is_set_beside_the_figure_run_not_in_it(tmp_path):
     """A run under results/admission/ (a faster admission rate) is compared with the figure's run
     of that system and load; it never replaces the figure's point."""
