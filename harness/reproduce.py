@@ -12,6 +12,7 @@ Each combination is one ``harness.run`` over the workload's load points; finishe
 skipped (results are append-only), so an interrupted reproduction resumes where it stopped;
 ``--rerun-before TIME`` measures again those measured before TIME (same run ids), to re-measure
 after a change that moves the numbers.
+``--prune-superseded`` removes the runs a config change left behind (``superseded``).
 ``--system``, ``--where`` and ``--point`` pick a subset of the plan (the runs with the most weight
 first when device time is short) without changing any run's config, so their run ids are the
 full sweep's and the rest of the sweep resumes around them later.
@@ -434,6 +435,45 @@ def plan_status(exp: str, results: str | None = None) -> tuple[int, int]:
     return sum(runs), len(runs) - sum(runs)
 
 
+def superseded(exp: str, results: str | None = None) -> list[Path]:
+    """Committed runs in ``exp``'s directory that a finished run of its plan replaces: the same
+    name up to the config hash (system, model, load, budget, repeat), a run id no experiment
+    writing to that directory plans. What a config change leaves behind (a new default that joins
+    the id, e.g. the HiSparse baseline's fixed copy grid): the figures would read both until the
+    old runs are removed. A run whose name no planned run shares is never listed."""
+    from harness.run import point_plan
+
+    target = exp_dir_name(exp)
+    exp_dir, planned, replaced_by = None, set(), {}
+    for name in experiments():
+        if exp_dir_name(name) != target:
+            continue
+        for ov in plan(name, smoke=False):
+            exp_dir, points = point_plan(_run_cfg(ov, results))
+            for _, rid, done in points:
+                planned.add(rid)
+                if done:
+                    replaced_by[rid.rsplit("-", 1)[0]] = rid
+    if exp_dir is None or not exp_dir.is_dir():
+        return []
+    return sorted(
+        d
+        for d in exp_dir.iterdir()
+        if (d / "summary.json").exists()
+        and d.name not in planned
+        and d.name.rsplit("-", 1)[0] in replaced_by
+    )
+
+
+@functools.cache
+def exp_dir_name(exp: str) -> str:
+    """The results directory an experiment writes to: the experiment_name its config file sets
+    (every file under conf/experiment/ sets its own; composed where one would not)."""
+    path = REPO / "conf" / "experiment" / f"{exp}.yaml"
+    name = OmegaConf.load(path).get("experiment_name") if path.exists() else None
+    return str(name or _run_cfg([f"experiment={exp}"], None).experiment_name)
+
+
 def has_pending(
     overrides: list[str], results: str | None, only_tags: list[str] | None, skip: list[str] = ()
 ) -> bool:
@@ -515,6 +555,13 @@ def main(argv: list[str] | None = None) -> int:
         "to <run-id>.superseded-<time>)",
     )
     ap.add_argument(
+        "--prune-superseded",
+        action="store_true",
+        help="remove the runs of each experiment that a finished run of its plan replaces (same "
+        "name up to the config hash, an id no plan has: a config change's old runs); with "
+        "--dry-run only list them; no GPU needed",
+    )
+    ap.add_argument(
         "overrides",
         nargs="*",
         help="Hydra overrides appended to every run, e.g. model.attention_impl=reference",
@@ -534,6 +581,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(experiments()))
     if unknown:
         ap.error(f"unknown experiment(s) {unknown}; available: {experiments()}")
+    if args.prune_superseded:
+        for exp in names:
+            for d in superseded(exp, args.results):
+                print(
+                    f"[reproduce] {exp}: {d.name} superseded"
+                    + (" (dry run: kept)" if args.dry_run else ": removed"),
+                    flush=True,
+                )
+                if not args.dry_run:
+                    shutil.rmtree(d)
+        return 0
     if not (args.dry_run or args.smoke) and not has_gpu():
         print(NO_GPU, flush=True)
         return 2

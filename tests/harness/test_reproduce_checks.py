@@ -230,3 +230,34 @@ def test_unpack_replaces_a_re_measured_run_whole(tmp_path):
     assert sorted(p.name for p in (repo / run).iterdir()) == ["summary.json"]
     assert json.loads((repo / run / "summary.json").read_text()) == {"new": 1}
     assert (repo / "results/fig4_h200/other-rep1-def/error.txt").exists()
+
+
+def test_prune_superseded_removes_only_runs_a_finished_planned_run_replaces(tmp_path, capsys):
+    """A config change gives a system's runs new ids: the old run of a point whose new run has
+    finished goes (listed first with --dry-run); an old run whose replacement is still pending,
+    and a run no planned name matches, stay."""
+    plan = [
+        rid
+        for ov in rp.plan("fig1_h200", smoke=False)
+        for _, rid, _ in point_plan(rp._run_cfg(ov, str(tmp_path)))[1]
+    ]
+    new_h = next(r for r in plan if r.startswith("hisparse-") and "-rep1-" in r)
+    adhs = next(r for r in plan if r.startswith("adaptive_dhisparse-") and "-rep1-" in r)
+    exp_dir = tmp_path / "fig1_h200"
+    names = {
+        "new": new_h,  # finished: replaces old_h
+        "old_h": new_h.rsplit("-", 1)[0] + "-00000000",
+        "old_a": adhs.rsplit("-", 1)[0] + "-00000000",  # its planned run is pending: kept
+        "other": "resident-glm53_h200-c32-rep1-00000000",
+    }
+    for n in names.values():
+        (exp_dir / n).mkdir(parents=True)
+        (exp_dir / n / "summary.json").write_text("{}")
+    args = ["--only", "fig1_h200", "--results", str(tmp_path), "--prune-superseded"]
+    assert rp.main(args + ["--dry-run"]) == 0
+    assert f"{names['old_h']} superseded (dry run: kept)" in capsys.readouterr().out
+    assert (exp_dir / names["old_h"]).exists()
+    assert rp.main(args) == 0
+    assert sorted(d.name for d in exp_dir.iterdir()) == sorted(
+        names[k] for k in ("new", "old_a", "other")
+    )
