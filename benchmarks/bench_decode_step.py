@@ -45,9 +45,9 @@ Per (model, system, batch) row:
   launched it (the drafter's share of a round: propose + catch_up).
 - ``round_over_step``: a speculative round's time over the adaptive_hisparse step
   (``round_base``; for the hierarchy's speculative systems, the same build without speculation)
-  at the same model and batch (the paper's block-4 round
-  costs 2.2x a non-speculative step); null for other systems. Rows without ``round_base`` were
-  measured against the hisparse step, when both systems copied on the same grid.
+  at the same model and batch (the paper's block-4 round costs 2.2x a non-speculative step);
+  null for other systems. Rows without ``round_base`` were measured against the hisparse step,
+  when both systems copied on the same grid.
 Speculative systems verify with calibrated acceptance (random-weight drafters accept nothing).
 Rows go to results/engine_step/summary.json: {"gpu", "commit", "rows": [...]} (merged by
 (model, system, batch, context, experiment) with the rows already there).
