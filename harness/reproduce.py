@@ -219,7 +219,7 @@ def _run_cfg(overrides: list[str], results: str | None):
         cfg.system.speculation.window = 64
         cfg.system.speculation.draft_dim = 64
     rep = cfg.get("reproduce")
-    for key in ("skip_points", "smoke_sweep"):
+    for key in ("skip_points", "smoke_sweep", "warm_up_concurrency"):
         if rep is not None and key in rep:
             # read by the plan and dropped here: which points it leaves out or smokes is no part
             # of what a run measures (its config.yaml, its id, the figures' repeat folding)
@@ -270,15 +270,30 @@ WARM_UP_CONCURRENCY = 8
 WARM_UP_OUTPUT_TOKENS = 1024
 
 
+@functools.cache
+def _warm_up_cap(exp: str) -> int | None:
+    from systems.engine.config import compose
+
+    rep = compose([f"experiment={exp}"]).get("reproduce") or {}
+    cap = rep.get("warm_up_concurrency")
+    return int(cap) if cap else None
+
+
 def warm_up_point(overrides: list[str], only_tags: list[str] | None) -> tuple[str, int]:
     """(the tag of the point the warm-up stands in for, the concurrency it runs at). A load step
     warms up at its peak, so that the kernels of the batch sizes the peak meets compile there
-    and not in the first measured run."""
+    and not in the first measured run. An experiment's ``reproduce.warm_up_concurrency`` caps
+    it (no part of a run's config or id): where a wave at the load is minutes of handoffs
+    (fig5_h200's C256 of 125K-token prompts) and its batch sizes' CUDA graphs are captured at
+    the server's start-up anyway."""
     from harness.run import _load_points, point_concurrency
 
     points = _load_points(_run_cfg(overrides, None))
     p = next((p for p in points if only_tags is None or p["tag"] in only_tags), points[0])
-    return p["tag"], point_concurrency(p) or WARM_UP_CONCURRENCY
+    c = point_concurrency(p) or WARM_UP_CONCURRENCY
+    exp = setting(overrides, "experiment")
+    cap = _warm_up_cap(exp) if exp else None
+    return p["tag"], min(c, cap) if cap else c
 
 
 def warm_up(overrides: list[str], only_tags: list[str] | None) -> None:

@@ -575,8 +575,9 @@ _VOLATILE = ("server", "logger", "results_dir", "hydra", "rerun", "repeat")
 # system.speculation (the system configs interpolate it) and is hashed there, likewise
 # reproduce.kv through system.kv; reproduce.repeats says how many runs the plan makes, not what
 # one of them measures; reproduce.system_overrides reaches a run as its own overrides, hashed
-# where they land (so adding one for another system keeps this system's runs its repeats)
-REPRODUCE_UNHASHED = ("speculation", "kv", "repeats", "system_overrides")
+# where they land (so adding one for another system keeps this system's runs its repeats);
+# reproduce.warm_up_concurrency sizes the throwaway wave before a group, no measured run
+REPRODUCE_UNHASHED = ("speculation", "kv", "repeats", "system_overrides", "warm_up_concurrency")
 
 
 def _repeat_key(r: Run) -> str:

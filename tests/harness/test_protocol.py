@@ -169,6 +169,17 @@ def test_a_load_step_warms_up_at_its_peak(capsys, tmp_path):
     assert "(adaptive_hisparse for step: one wave at C64, not kept)" in capsys.readouterr().out
 
 
+def test_an_experiment_caps_its_warm_up_wave_without_changing_a_run_id(tmp_path):
+    """fig5_h200's C256 warm-up would be minutes of 125K-token handoffs a system:
+    reproduce.warm_up_concurrency runs it at C64, and is no part of any run's id (fig11b_h200,
+    which inherits it, keeps its committed run)."""
+    ov = rp.plan("fig5_h200", smoke=False)[0]
+    assert rp.warm_up_point(ov, None) == ("c256", 64)
+    assert "warm_up_concurrency" not in rp._run_cfg(ov, None).reproduce
+    assert rp.plan_status("fig11b_h200")[0] >= 1  # adaptive_hisparse-dsv41_h200-c8-...-6a10d273
+    assert rp.warm_up_point(rp.plan("fig4_h200", smoke=False)[0], None) == ("c32", 32)
+
+
 def test_the_warm_up_is_one_wave_of_capped_outputs(monkeypatch):
     """fig1_h200's warm-up: one closed-loop wave at its load (C32), each request's output capped
     at WARM_UP_OUTPUT_TOKENS (its runs' 4,000 tokens would make the throwaway wave as long as a
