@@ -87,6 +87,7 @@ from harness.results import (  # noqa: F401
     canonical_system,
     change_mix,
     compared_loads,
+    copy_grid_of,
     counter_share,
     curve,
     engine_time_split,

@@ -456,9 +456,8 @@ def _adaptive_mechanism(runs, c: int, P: dict) -> str | None:
 
 
 def _copy_grid(run) -> str:
-    """How a run's resolver copied its misses (system.kv.copy_grid; runs before the key: 0)."""
-    kv = ((run.config or {}).get("system") or {}).get("kv") or {}
-    n = int(kv.get("copy_grid") or 0)
+    """How a run's resolver copied its misses (harness.results.copy_grid_of)."""
+    n = C.copy_grid_of(run)
     return f"a fixed {n} programs" if n else "scales with the batch"
 
 

@@ -229,11 +229,16 @@ def _run_cfg(overrides: list[str], results: str | None):
 
 
 @functools.cache
-def _skip_entries(exp: str) -> tuple:
+def _reproduce_block(exp: str):
+    """The experiment's ``reproduce`` block as its config composes it (empty without one)."""
     from systems.engine.config import compose
 
-    rep = compose([f"experiment={exp}"]).get("reproduce") or {}
-    entries = rep.get("skip_points")
+    return compose([f"experiment={exp}"]).get("reproduce") or {}
+
+
+@functools.cache
+def _skip_entries(exp: str) -> tuple:
+    entries = _reproduce_block(exp).get("skip_points")
     return tuple(OmegaConf.to_container(entries, resolve=True)) if entries is not None else ()
 
 
@@ -270,15 +275,6 @@ WARM_UP_CONCURRENCY = 8
 WARM_UP_OUTPUT_TOKENS = 1024
 
 
-@functools.cache
-def _warm_up_cap(exp: str) -> int | None:
-    from systems.engine.config import compose
-
-    rep = compose([f"experiment={exp}"]).get("reproduce") or {}
-    cap = rep.get("warm_up_concurrency")
-    return int(cap) if cap else None
-
-
 def warm_up_point(overrides: list[str], only_tags: list[str] | None) -> tuple[str, int]:
     """(the tag of the point the warm-up stands in for, the concurrency it runs at). A load step
     warms up at its peak, so that the kernels of the batch sizes the peak meets compile there
@@ -292,8 +288,8 @@ def warm_up_point(overrides: list[str], only_tags: list[str] | None) -> tuple[st
     p = next((p for p in points if only_tags is None or p["tag"] in only_tags), points[0])
     c = point_concurrency(p) or WARM_UP_CONCURRENCY
     exp = setting(overrides, "experiment")
-    cap = _warm_up_cap(exp) if exp else None
-    return p["tag"], min(c, cap) if cap else c
+    cap = _reproduce_block(exp).get("warm_up_concurrency") if exp else None
+    return p["tag"], min(c, int(cap)) if cap else c
 
 
 def warm_up(overrides: list[str], only_tags: list[str] | None) -> None:

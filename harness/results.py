@@ -975,6 +975,13 @@ def change_mix(runs: Iterable[Run]) -> str:
     return "; ".join(notes)
 
 
+def copy_grid_of(run: Run) -> int:
+    """The programs a run's resolver copied its misses on (system.kv.copy_grid); 0: the grid
+    scaling with the batch, which runs from before the key used."""
+    kv = ((run.config or {}).get("system") or {}).get("kv") or {}
+    return int(kv.get("copy_grid") or 0)
+
+
 def copy_grid_mix(runs: Iterable[Run]) -> str:
     """A note when ``runs`` hold HiSparse runs that copied their misses on different grids
     (system.kv.copy_grid: the paper's fixed grid, or the batch-scaled one of runs before the
@@ -983,11 +990,9 @@ def copy_grid_mix(runs: Iterable[Run]) -> str:
     counts: dict[int, int] = {}
     for r in runs:
         for x in r.repeats or [r]:
-            if x.system != "hisparse":
-                continue
-            kv = ((x.config or {}).get("system") or {}).get("kv") or {}
-            g = int(kv.get("copy_grid") or 0)
-            counts[g] = counts.get(g, 0) + 1
+            if x.system == "hisparse":
+                g = copy_grid_of(x)
+                counts[g] = counts.get(g, 0) + 1
     if len(counts) < 2:
         return ""
     parts = [

@@ -1402,9 +1402,9 @@ def resolve_triton(
     phase_times: torch.Tensor | None = None,
     check: bool = True,
 ) -> ResolveResult:
-    """Launch the fused resolver kernel once (and the copy kernel after it with ``copy_grid``). Same arguments/semantics as ``resolve_reference``;
-    every tuning argument gives the same result (the benchmark sweeps them), None takes the
-    default for the call's shape:
+    """Launch the fused resolver kernel once (and the copy kernel after it with ``copy_grid``).
+    Same arguments/semantics as ``resolve_reference``; every tuning argument gives the same
+    result (the benchmark sweeps them), None takes the default for the call's shape:
     ``radix_tile`` / ``radix_bits`` -- slots per tile (a power of two) and digit width (1..12) of
     the victim selection; ``scan_tile`` -- slots per tile of the B-slot scan and the victim
     assignment (a power of two); ``keys_in_registers`` -- keep the victim keys in registers between
@@ -1654,19 +1654,6 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
     real-launch alignment hints. Catches compile-mode errors the interpreter does not see.
     Needs a process where TRITON_INTERPRET is unset. Returns the compiled kernel (``.asm``
     holds ttir/ttgir/llir/ptx/cubin)."""
-    from systems.kernels.aot import compile_for_nvidia
-
-    fn = _resolver_kernel
-    ptr64 = {
-        "hot_lru_ptr",
-        "hot_rows_ptr",
-        "counters_ptr",
-        "flags_ptr",
-        "ctrl_ptr",
-        "pflags_ptr",
-        "dbg_ptr",
-    }
-    types = {}
     c = dict(
         HAS_DIRECT=True,
         HAS_STAGING=True,
@@ -1691,30 +1678,38 @@ def aot_compile(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **co
         DEFER_COPY=False,
     )
     c.update(constexprs)
-    c.setdefault("HSTRIDE", c["WORDS"])  # unpadded host rows unless asked
-    for name in fn.arg_names:
-        if name in ("kv_ptr", "host_ptr"):
-            types[name] = "*" + word_type
-        elif name == "stamp_arg":
-            types[name] = "*i64" if c["STAMP_IS_PTR"] else "i64"
-        elif name.endswith("_ptr"):
-            types[name] = "*i64" if name in ptr64 else "*i32"
-    return compile_for_nvidia(fn, c, types, arch, num_warps)
+    ptr64 = {
+        "hot_lru_ptr",
+        "hot_rows_ptr",
+        "counters_ptr",
+        "flags_ptr",
+        "ctrl_ptr",
+        "pflags_ptr",
+        "dbg_ptr",
+    }
+    stamp = {"stamp_arg": "*i64" if c["STAMP_IS_PTR"] else "i64"}
+    return _aot(_resolver_kernel, c, word_type, arch, num_warps, ptr64, stamp)
 
 
 def aot_compile_copy(arch: int = 90, num_warps: int = 8, word_type: str = "i64", **constexprs):
     """``aot_compile`` for ``_copy_grid_kernel`` (the ``copy_grid`` launch)."""
-    from systems.kernels.aot import compile_for_nvidia
-
-    fn = _copy_grid_kernel
     c = dict(HAS_STAGING=True, WORDS=82, WPAD=128, ROWS=32, REQ_BLK=COPY_GRID_REQ_BLOCK)
     c.update(constexprs)
-    c.setdefault("HSTRIDE", c["WORDS"])
-    types = {
-        n: "*" + word_type if n in ("kv_ptr", "host_ptr") else "*i32"
-        for n in fn.arg_names
-        if n.endswith("_ptr")
-    }
+    return _aot(_copy_grid_kernel, c, word_type, arch, num_warps)
+
+
+def _aot(fn, c: dict, word_type: str, arch: int, num_warps: int, ptr64=(), scalars=None):
+    """Compile ``fn`` with constexprs ``c``: the pool pointers as ``word_type`` words, the
+    pointers in ``ptr64`` to int64, the others to int32, ``scalars`` as given."""
+    from systems.kernels.aot import compile_for_nvidia
+
+    c.setdefault("HSTRIDE", c["WORDS"])  # unpadded host rows unless asked
+    types = dict(scalars or {})
+    for name in fn.arg_names:
+        if name in ("kv_ptr", "host_ptr"):
+            types[name] = "*" + word_type
+        elif name.endswith("_ptr"):
+            types[name] = "*i64" if name in ptr64 else "*i32"
     return compile_for_nvidia(fn, c, types, arch, num_warps)
 
 
