@@ -47,19 +47,15 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
 # until the rest exist); each must leave this list once every planned run is committed (the test
 # below fails until it does).
 NOT_YET_MEASURED = {
-    # issue 23: HiSparse's runs again with the paper's fixed copy grid (reproduce.kv)
-    "fig1_h200",
     "fig4_protocol",  # issue 23: the protocol, written in the paper's C
     "fig5_h200",  # issue 23: the DeepSeek-like headline on the DeepSeek-like H200 preset
     "fig9_dsv_h200",  # issue 23: DeepSeek-like HiSparse flat in B, on the same preset
-    "fig9_h200",  # issue 23: GLM-like HiSparse's best budget at paper C128, on glm53_h200
     "fig4_h200_sweep",  # issue 23: Table A3's latency-bound capacity on the GLM-like H200 preset
     # issue 23: Fig. 10 / 11's kernel profiles on the H200 presets
     "fig10_h200",
     "fig10_dsv_h200",
     "fig10_dsv_eager_h200",
     "fig11_eager_h200",
-    "fig11b_h200",
 }
 # Single runs cut by their GPU call's time box, the rest of their experiment committed; the next
 # call resumes them (finished runs are skipped). Each must leave once it is committed.
