@@ -139,6 +139,7 @@ _KV_IMPLICIT_BEFORE = {
     "tail_rows": 0,
     "lend_index_store": True,
     "copy_grid": 0,
+    "pools_sized_for_rows": 0,
 }
 # engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
 # the batch), the CUDA graphs' padding ladder and their capture at start-up
@@ -165,6 +166,8 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
     if isinstance(kv, dict) and "hot_cache_rows" in kv:
         del kv["hot_cache_rows"]
         model["hot_cache_rows"] = hot_cache_rows(cfg)
+        if kv.get("pools_sized_for_rows") == model["hot_cache_rows"]:
+            del kv["pools_sized_for_rows"]  # pools sized for B itself: the default's run
     elif model.get("name") in _MODEL_B_BEFORE:
         model["hot_cache_rows"] = _MODEL_B_BEFORE[model["name"]]
     _drop_defaults(kv, _KV_IMPLICIT_BEFORE)

@@ -172,7 +172,7 @@ class AdaptiveBackend(HiSparseBackend):
         rb = self.mcfg.row_bytes
         page_bytes = self.P * self.mcfg.index_row_bytes  # one index source's share of a page
         return carve_lent_pages(
-            self.num_slots,
+            self.index_regions,  # past num_slots: regions no session can take (always lendable)
             len(self.index_src_ids),
             self.max_pages_per_req * page_bytes,
             self.index_row0 * rb,  # the store's first byte in kv_flat

@@ -69,9 +69,15 @@ class HiSparseOptions(KVOptions):
     # the batch (copy programs per request); N > 0 copies a call's misses after the resolution on
     # a fixed grid of N programs (the paper's HiSparse baseline: four thread blocks, sec. 4.2.1)
     copy_grid: int = 0
+    # 0: the pools are sized for this B (one capacity: sessions = what index history, staging and
+    # a hot cache each leave room for). N > 0: they keep the sizes a deployment configured for
+    # B = N gave them, and only B changes (the paper's budget sweep, sec. 4.3.4): the index and
+    # staging pools hold the sessions B = N allowed, the payload pool the rest, so a larger B
+    # holds fewer sessions in proportion (52 at 2k -> 13 at 8k) and a smaller one no more
+    pools_sized_for_rows: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("hot_cache_rows", "tail_rows", "copy_grid"):
+        for f in ("hot_cache_rows", "tail_rows", "copy_grid", "pools_sized_for_rows"):
             if int(getattr(self, f)) < 0:
                 raise ValueError(f"system.kv.{f}: must be >= 0, got {getattr(self, f)}")
         if self.resolver_impl not in RESOLVER_IMPLS:
@@ -123,10 +129,8 @@ class HiSparseBackend(KVBackend):
         # never run (Fig. 4 at C256: 256 slots' index histories left room for ~40 hot caches)
         # verification staging rows per slot (see below); none without speculation
         stage_rows_per_slot = self.q_max * m.index_topk if self.q_max > 1 else 0
-        per_slot = (
-            self.max_pages_per_req * self.index_page_bytes
-            + self.payload_page_bytes
-            + self.chi * stage_rows_per_slot * rb
+        fixed_per_slot = (
+            self.max_pages_per_req * self.index_page_bytes + self.chi * stage_rows_per_slot * rb
         )
         # Lending the index store (the adaptive backend): it then lives in kv_flat, after the
         # staging rows rounded up to a G-row unit, so a unit of a free slot's index history can
@@ -134,7 +138,16 @@ class HiSparseBackend(KVBackend):
         # at most one unit of the pool, taken off before the slots are counted.
         self.lends_index = self._lends_index_store()
         align = G * rb if self.lends_index else 0
-        fit = (self.capacity - align) // per_slot
+        # The pools as configured for a hot cache of B_ref rows (B itself unless
+        # pools_sized_for_rows says otherwise): index history and staging for the sessions that
+        # configuration holds, the payload pool the rest of the capacity.
+        G_ref = (int(opt.pools_sized_for_rows) or B) + T
+        ref_slots = min(
+            self.num_slots,
+            (self.capacity - (G_ref * rb if align else 0)) // (fixed_per_slot + S * G_ref * rb),
+        )
+        payload_budget = self.capacity - align - max(ref_slots, 0) * fixed_per_slot
+        fit = min(ref_slots, payload_budget // self.payload_page_bytes)
         if 1 <= fit < self.num_slots and opt.cap_slots_to_pool:
             log.warning(
                 "kv.kv_pool_gib=%s holds %d sessions of %d tokens (index history, "
@@ -147,8 +160,11 @@ class HiSparseBackend(KVBackend):
                 self.num_slots,
             )
             self._set_num_slots(int(fit))
-        # index pool: full histories of every slot (as SGLang sizes its index pool)
-        num_index_pages = self.num_slots * self.max_pages_per_req
+        # index pool: full histories of every session the configured pools hold (as SGLang sizes
+        # its index pool); past num_slots (a budget larger than the pools were sized for) its
+        # regions serve no session, and only the adaptive backend's lending can use them
+        self.index_regions = max(self.num_slots, ref_slots)
+        num_index_pages = self.index_regions * self.max_pages_per_req
         index_bytes = num_index_pages * self.index_page_bytes
         # Verification staging (sec. 3.4, eq. 11): rows of a Q-query union that do not fit the
         # hot cache. One arena per simultaneously live payload source (chi: a producer and the
@@ -159,7 +175,9 @@ class HiSparseBackend(KVBackend):
         # is free again once the group's readers are done (stream order), with nothing to copy
         # back.
         stage_bytes = self.chi * self.num_slots * stage_rows_per_slot * rb
-        num_pages = (self.capacity - index_bytes - stage_bytes - align) // self.payload_page_bytes
+        num_pages = min(
+            payload_budget, self.capacity - index_bytes - stage_bytes - align
+        ) // self.payload_page_bytes
         if num_pages < 1:
             raise ValueError(
                 f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: the index store and staging take "

@@ -126,6 +126,26 @@ def test_the_h200_baseline_copies_on_a_fixed_grid_and_only_it_changes_id():
         kv_options_from(cfg.system, model_config_from(cfg.model, "cpu"), "cpu")
 
 
+def test_the_budget_sweep_keeps_the_pools_of_2k_and_only_other_budgets_change_id():
+    """fig9_h200 sizes the pools for B = 2k whatever B is (reproduce.kv.pools_sized_for_rows);
+    at B = 2k that is the default's build, so those runs keep their committed ids (and the
+    experiments built on fig9_h200 at B = 2k theirs)."""
+    import harness.reproduce as rp
+    from harness.run import point_plan
+
+    ids = {}
+    for ov in rp.plan("fig9_h200", smoke=False)[:4]:  # repeat 1 of each budget
+        cfg = rp._run_cfg(ov, None)
+        ids[int(cfg.system.kv.hot_cache_rows)] = (
+            cfg.system.kv.pools_sized_for_rows,
+            point_plan(cfg)[1][0][1],
+        )
+    assert {n for n, _ in ids.values()} == {2048}
+    assert ids[2048][1].endswith("-f33ac9a6")  # committed in results/fig9_h200
+    assert ids[8192][1].endswith("-d89ec3b2")  # the shared pool's was -0d3d3383
+    assert compose(["system=hisparse"]).system.kv.pools_sized_for_rows == 0
+
+
 def test_a_skipped_nsight_profile_says_why_on_the_console(tmp_path, capsys):
     """On a machine without nsight-python / ncu / a GPU the server skips profile=nsight; the
     harness says so where the user looks, not only in the server's log."""

@@ -199,3 +199,54 @@ def test_running_requests_are_capped_at_what_the_pool_holds(system, pool, ctx):
     outs = run_greedy(big, GOLDEN["prompts"][:2], 4)
     if system == "hisparse":  # the speculative system's tokens are checked in tests/spec
         assert outs == [o[:4] for o in GOLDEN["outputs"]["tiny"][:2]]
+
+
+@pytest.mark.parametrize("system", ["hisparse", "adaptive_hisparse"])
+def test_pools_sized_for_another_budget_keep_their_sizes(system):
+    """system.kv.pools_sized_for_rows = N (the paper's budget sweep, sec. 4.3.4: the pools keep
+    the sizes configured for B = N and only B changes): a larger B holds the sessions its hot
+    caches fit in N's payload pool, a smaller one no more than N's index pool; N = B builds what
+    the default builds. Served tokens stay the golden ones."""
+
+    def backend(B, N):
+        return make_engine(
+            "model=tiny",
+            f"system={system}",
+            "hardware.kv_pool_gib=0.00063",  # ~16 sessions of 512 tokens at B = 16
+            "hardware.max_running_requests=40",
+            "model.max_context_len=512",
+            f"system.kv.hot_cache_rows={B}",
+            f"system.kv.pools_sized_for_rows={N}",
+        )
+
+    ref = backend(16, 0).backend
+    assert 8 <= ref.num_slots < 40  # the pool binds, not max_running_requests
+    same = backend(16, 16).backend
+    assert (same.num_slots, same.payload_pages.num_pages, same.index_regions) == (
+        ref.num_slots,
+        ref.payload_pages.num_pages,
+        ref.index_regions,
+    )
+    payload = ref.payload_pages.num_pages * ref.payload_page_bytes  # N's payload pool, to a page
+
+    def pages_of(b):  # N's payload pool in pages of b's B (and tail)
+        lo = payload // b.payload_page_bytes
+        return range(lo, (payload + ref.payload_page_bytes) // b.payload_page_bytes + 1)
+
+    # half the budget: the index pool sized for B = 16 binds, the spare payload pages stay
+    small = backend(8, 16).backend
+    assert small.num_slots == ref.num_slots == small.index_regions
+    assert small.payload_pages.num_pages in pages_of(small)
+    assert small.payload_pages.num_pages > ref.payload_pages.num_pages
+    # four times the budget: N's payload pool over B's page; the index pool keeps N's sessions
+    eng = backend(64, 16)
+    big = eng.backend
+    assert big.num_slots in pages_of(big) and 1 <= big.num_slots < ref.num_slots
+    assert big.index_regions == ref.num_slots and big.payload_pages.num_pages >= big.num_slots
+    shared = backend(64, 0).backend  # one capacity: the index of fewer sessions becomes hot caches
+    assert shared.num_slots > big.num_slots
+    if system == "adaptive_hisparse":  # the regions no session can take are lent
+        assert any(s >= big.num_slots for sl in big.lent_slots for s in sl)
+    outs = run_greedy(eng, GOLDEN["prompts"][:3], 5)
+    assert outs == [o[:5] for o in GOLDEN["outputs"]["tiny"][:3]]
+    big.check_integrity()
