@@ -102,6 +102,7 @@ from harness.results import (  # noqa: F401
     metric_col,
     output_cap,
     pick,
+    pools_sized_for_of,
     preset_label,
     profile_at_load,
     run_value,

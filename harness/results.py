@@ -982,6 +982,13 @@ def copy_grid_of(run: Run) -> int:
     return int(kv.get("copy_grid") or 0)
 
 
+def pools_sized_for_of(run: Run) -> int:
+    """The hot-cache budget a run's pools were sized for (system.kv.pools_sized_for_rows); 0: its
+    own B, as every run before the key."""
+    kv = ((run.config or {}).get("system") or {}).get("kv") or {}
+    return int(kv.get("pools_sized_for_rows") or 0)
+
+
 def copy_grid_mix(runs: Iterable[Run]) -> str:
     """A note when ``runs`` hold HiSparse runs that copied their misses on different grids
     (system.kv.copy_grid: the paper's fixed grid, or the batch-scaled one of runs before the

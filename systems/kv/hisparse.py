@@ -175,9 +175,10 @@ class HiSparseBackend(KVBackend):
         # is free again once the group's readers are done (stream order), with nothing to copy
         # back.
         stage_bytes = self.chi * self.num_slots * stage_rows_per_slot * rb
-        num_pages = min(
-            payload_budget, self.capacity - index_bytes - stage_bytes - align
-        ) // self.payload_page_bytes
+        num_pages = (
+            min(payload_budget, self.capacity - index_bytes - stage_bytes - align)
+            // self.payload_page_bytes
+        )
         if num_pages < 1:
             raise ValueError(
                 f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: the index store and staging take "

@@ -1225,3 +1225,21 @@ def test_provenance_flags_prefixes_prefilled_while_measuring(tmp_path):
     assert "15 of 16 shared prefixes prefilled inside the measured window" in prov["first_point"]
     assert "up to 15 of 16" in prov["no_counters"] and "up to 16 of 16" in prov["no_warmup"]
     assert "prefilled" not in prov["later_point"] and "prefilled" not in prov["prepared"]
+
+
+def test_fig9_says_how_the_budget_sweeps_pools_were_sized():
+    """fig9's note on the H200 sweep: the pools of one B kept over the sweep (the paper's), one
+    capacity per B (runs before system.kv.pools_sized_for_rows), or a mix; a run whose pools were
+    sized for its own B counts either way."""
+    from types import SimpleNamespace as NS
+
+    from figures.fig9 import pools_note
+
+    def pt(B, N=None):
+        kv = {"hot_cache_rows": B} | ({} if N is None else {"pools_sized_for_rows": N})
+        return NS(run=NS(config={"system": {"kv": kv}}))
+
+    kept = pools_note([pt(1024, 2048), pt(2048), pt(4096, 2048)])
+    assert "configured for B = 2,048 rows at every budget" in kept
+    assert "one capacity sized for each B" in pools_note([pt(1024), pt(2048), pt(4096)])
+    assert "a mix" in pools_note([pt(1024), pt(4096, 2048)])
