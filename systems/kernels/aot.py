@@ -11,7 +11,12 @@ from __future__ import annotations
 
 
 def compile_for_nvidia(
-    fn, constexprs: dict, arg_types: dict[str, str], arch: int = 90, num_warps: int = 4
+    fn,
+    constexprs: dict,
+    arg_types: dict[str, str],
+    arch: int = 90,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ):
     """``fn``: a ``@triton.jit`` kernel; ``constexprs``: values of its constexpr arguments;
     ``arg_types``: Triton types of the others ("*fp32", "i64", ...; unnamed ones are "i32")."""
@@ -30,5 +35,6 @@ def compile_for_nvidia(
     return triton.compile(
         ASTSource(fn, sig, constexprs, attrs=attrs),
         target=GPUTarget("cuda", arch, 32),
-        options=dict(num_warps=num_warps),
+        options=dict(num_warps=num_warps)
+        | ({} if num_stages is None else dict(num_stages=num_stages)),
     )

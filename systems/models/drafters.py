@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from systems.engine.sampler import draw
 from systems.kernels.gemm import mm
+from systems.kernels.ring_attention import ring_attention
 from systems.spec.ring import DraftRing
 
 
@@ -73,6 +74,10 @@ class _DraftCore(torch.nn.Module):
         self.w_out = w(dim, D)
         self.ring = DraftRing(num_layers, dim, num_slots, window, page, k_max, dev, dt)
         self.scale = 1.0 / math.sqrt(dim)
+        # the ring attention kernel wherever the target's kernels run (its reference gathers the
+        # slots' rings and calls SDPA: one program per request at the drafter's single head)
+        impl = getattr(target, "attention_impl", "reference")
+        self.attn_impl = "triton" if impl.startswith("triton") else "reference"
 
     @property
     def fixed_bytes(self) -> int:
@@ -154,8 +159,9 @@ class _DraftCore(torch.nn.Module):
 
     def _attend(self, p, h, k, v, ctx, li):
         """h, k, v (B, L, d): block queries attend to their ring window and block keys (ctx from
-        ``_context``), or with ctx None to the block's keys causally: one fused attention call in
-        the model dtype. (A block padded at the end stays exact: no valid query sees a pad.)"""
+        ``_context``; systems/kernels/ring_attention.py reads the rings in place), or with ctx
+        None to the block's keys causally: one fused attention call in the model dtype. (A block
+        padded at the end stays exact: no valid query sees a pad.)"""
         q = self._mm(h, p["wq"])
         if ctx is None:
             out = F.scaled_dot_product_attention(
@@ -163,13 +169,8 @@ class _DraftCore(torch.nn.Module):
             )[:, 0]
             return self._mm(out, p["wo"])
         slots, bias = ctx
-        d = h.shape[-1]
-        ring = self.ring.kv[li].view(2, -1, self.ring.r_d, d)  # the padding slot's too
-        keys = torch.cat([ring[0][slots], k], dim=1)  # (B, R_d + L, d)
-        vals = torch.cat([ring[1][slots], v], dim=1)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(1), keys.unsqueeze(1), vals.unsqueeze(1), attn_mask=bias, scale=self.scale
-        )[:, 0]
+        ring = self.ring.kv[li].view(2, -1, self.ring.r_d, h.shape[-1])  # the padding slot's too
+        out = ring_attention(q, ring[0], ring[1], slots, k, v, bias, self.scale, self.attn_impl)
         return self._mm(out, p["wo"])
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
