@@ -931,6 +931,12 @@ MEASUREMENT_CHANGES = (
         "the all-heads sparse attention kernel reads 32-row tiles (before it, 16: 11-20 % "
         "slower at 1 to 512 queries on glm53_h200's geometry)",
     ),
+    (
+        "cc63719",
+        "the drafter's window attention reads its ring in place in a Triton kernel on the GPU "
+        "(before it, a gather, a concatenation and PyTorch's memory-efficient attention, one "
+        "program per request)",
+    ),
 )
 
 
