@@ -231,11 +231,17 @@ def ring_attention_triton(
     return out
 
 
+# A program holds its block's L x d float32 accumulator in registers: blocks are verification
+# sized (L <= k_max); a longer one (none today: an arrival's ring fill attends to itself alone,
+# without the ring) takes the reference rather than a kernel that would spill or not compile.
+MAX_BLOCK = 64
+
+
 def ring_attention(q, ring_k, ring_v, slots, k, v, bias, scale: float, impl: str = "triton"):
     """The drafter block's attention over its slot's ring and its own keys (module docstring)."""
-    if impl == "triton":
+    if impl == "triton" and q.shape[1] <= MAX_BLOCK:
         return ring_attention_triton(q, ring_k, ring_v, slots, k, v, bias, scale)
-    if impl == "reference":
+    if impl in ("triton", "reference"):
         return ring_attention_reference(q, ring_k, ring_v, slots, k, v, bias, scale)
     raise ValueError(f"unknown ring attention impl {impl!r}")
 

@@ -92,3 +92,15 @@ def test_kernel_compiles_for_sm90_without_gpu():
     """Compile the real kernel for Hopper (bf16, split) in a process without TRITON_INTERPRET:
     tensor-core dots, and the shared memory the launch's stages take fits sm_90 at d = 512."""
     run_compiled(_AOT)
+
+
+def test_a_block_longer_than_the_kernel_holds_takes_the_reference(monkeypatch):
+    """Past MAX_BLOCK queries the dispatch runs the reference, never a kernel whose per-program
+    accumulator would not fit."""
+    monkeypatch.setattr(ra, "MAX_BLOCK", 2)
+    monkeypatch.setattr(
+        ra, "ring_attention_triton", lambda *a, **k: pytest.fail("kernel called for L > 2")
+    )
+    args = _case(2, 3, 8, 11, 3, seed=5)
+    got = ra.ring_attention(*args, 0.5, impl="triton")
+    torch.testing.assert_close(got, ra.ring_attention_reference(*args, 0.5))
