@@ -234,12 +234,20 @@ def ring_attention_triton(
 # A program holds its block's L x d float32 accumulator in registers: blocks are verification
 # sized (L <= k_max); a longer one (none today: an arrival's ring fill attends to itself alone,
 # without the ring) takes the reference rather than a kernel that would spill or not compile.
-MAX_BLOCK = 64
+# (sm_90a, d = 512, two stages: 168 KB of shared memory at L = 32, 262 KB past sm_90's 227 KB at
+# 64). And its dots take bf16 on a GPU (float32 tiles would need 362 KB) or float32 in the
+# interpreter; other dtypes take the reference too.
+MAX_BLOCK = 32
+
+
+def _kernel_runs(q) -> bool:
+    dtype = torch.bfloat16 if q.is_cuda else torch.float32
+    return q.dtype == dtype and q.shape[1] <= MAX_BLOCK
 
 
 def ring_attention(q, ring_k, ring_v, slots, k, v, bias, scale: float, impl: str = "triton"):
     """The drafter block's attention over its slot's ring and its own keys (module docstring)."""
-    if impl == "triton" and q.shape[1] <= MAX_BLOCK:
+    if impl == "triton" and _kernel_runs(q):
         return ring_attention_triton(q, ring_k, ring_v, slots, k, v, bias, scale)
     if impl in ("triton", "reference"):
         return ring_attention_reference(q, ring_k, ring_v, slots, k, v, bias, scale)
@@ -260,7 +268,7 @@ def aot_compile(
 
     ptrs = ("q_ptr", "rk_ptr", "rv_ptr", "k_ptr", "v_ptr", "bias_ptr", "out_ptr")
     types = {n: "*bf16" for n in ptrs}
-    types.update({"slot_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"})
+    types.update({"slot_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"})
     types.update({"scale": "fp32", "bias_sb": "i64", "bias_sl": "i64"})
     consts = dict(D=d, LP=_p2(L), DP=_p2(d), BLOCK_N=block_n, SPLIT=True, BF16=True)
     return compile_for_nvidia(_ring_attention_kernel, consts, types, arch, num_warps, num_stages)

@@ -93,6 +93,16 @@ class HiSparseOptions(KVOptions):
                 f"system.kv.hot_cache_rows={B} must be >= k = model.index_topk="
                 f"{model.index_topk} (one query's selection must fit the hot cache)"
             )
+        if self.pools_sized_for_rows and not self.cap_slots_to_pool:
+            raise ValueError(
+                "system.kv.pools_sized_for_rows sizes the sessions the pools hold; with "
+                "cap_slots_to_pool=false every slot is kept and it would change nothing"
+            )
+        if 0 < self.pools_sized_for_rows < model.index_topk:
+            raise ValueError(
+                f"system.kv.pools_sized_for_rows={self.pools_sized_for_rows} must be >= k = "
+                f"model.index_topk={model.index_topk} (a hot cache the pools could be sized for)"
+            )
         impl = self.resolver_impl
         if impl == "auto":
             impl = "triton" if str(device).startswith("cuda") else "reference"
@@ -141,21 +151,30 @@ class HiSparseBackend(KVBackend):
         # The pools as configured for a hot cache of B_ref rows (B itself unless
         # pools_sized_for_rows says otherwise): index history and staging for the sessions that
         # configuration holds, the payload pool the rest of the capacity.
-        G_ref = (int(opt.pools_sized_for_rows) or B) + T
+        B_ref = int(opt.pools_sized_for_rows) or B
+        G_ref = B_ref + T
         ref_slots = min(
             self.num_slots,
             (self.capacity - (G_ref * rb if align else 0)) // (fixed_per_slot + S * G_ref * rb),
         )
+        # (when B > B_ref, the staging of the sessions B cannot hold stays unallocated, as the
+        # index regions of the adaptive backend's lending below)
         payload_budget = self.capacity - align - max(ref_slots, 0) * fixed_per_slot
         fit = min(ref_slots, payload_budget // self.payload_page_bytes)
+        if opt.pools_sized_for_rows and fit < 1:
+            raise ValueError(
+                f"kv.kv_pool_gib={kv_cfg.kv_pool_gib}: pools sized for B = "
+                f"{opt.pools_sized_for_rows} rows hold no session of B = {B} rows"
+            )
         if 1 <= fit < self.num_slots and opt.cap_slots_to_pool:
             log.warning(
                 "kv.kv_pool_gib=%s holds %d sessions of %d tokens (index history, "
-                "staging and one hot cache each): running requests capped at %d, not "
+                "staging and one hot cache each%s): running requests capped at %d, not "
                 "max_running_requests=%d",
                 kv_cfg.kv_pool_gib,
                 fit,
                 self.max_total_tokens,
+                f"; pools sized for B = {B_ref}" if B_ref != B else "",
                 fit,
                 self.num_slots,
             )

@@ -77,7 +77,7 @@ def test_unknown_impl_is_a_clear_error():
 
 _AOT = r"""
 from systems.kernels import ring_attention as ra
-for kw in (dict(), dict(L=8, d=256), dict(d=64, L=1)):
+for kw in (dict(), dict(L=8, d=256), dict(d=64, L=1), dict(L=ra.MAX_BLOCK)):
     k = ra.aot_compile(90, **kw)
     ptx = k.asm["ptx"]
     assert "mma.sync" in ptx or "wgmma" in ptx, kw  # bf16 tensor-core dots
@@ -95,8 +95,8 @@ def test_kernel_compiles_for_sm90_without_gpu():
 
 
 def test_a_block_longer_than_the_kernel_holds_takes_the_reference(monkeypatch):
-    """Past MAX_BLOCK queries the dispatch runs the reference, never a kernel whose per-program
-    accumulator would not fit."""
+    """Past MAX_BLOCK queries, or in a dtype its dots do not take, the dispatch runs the
+    reference, never a kernel that would not fit or not compile."""
     monkeypatch.setattr(ra, "MAX_BLOCK", 2)
     monkeypatch.setattr(
         ra, "ring_attention_triton", lambda *a, **k: pytest.fail("kernel called for L > 2")
@@ -104,3 +104,9 @@ def test_a_block_longer_than_the_kernel_holds_takes_the_reference(monkeypatch):
     args = _case(2, 3, 8, 11, 3, seed=5)
     got = ra.ring_attention(*args, 0.5, impl="triton")
     torch.testing.assert_close(got, ra.ring_attention_reference(*args, 0.5))
+    # and a dtype the kernel does not take here (float64; on a GPU anything but bf16)
+    monkeypatch.setattr(ra, "MAX_BLOCK", 32)
+    wide = [a.double() if a.is_floating_point() else a for a in args]
+    torch.testing.assert_close(
+        ra.ring_attention(*wide, 0.5, impl="triton"), ra.ring_attention_reference(*wide, 0.5)
+    )

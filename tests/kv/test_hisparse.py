@@ -250,3 +250,25 @@ def test_pools_sized_for_another_budget_keep_their_sizes(system):
     outs = run_greedy(eng, GOLDEN["prompts"][:3], 5)
     assert outs == [o[:5] for o in GOLDEN["outputs"]["tiny"][:3]]
     big.check_integrity()
+
+
+def test_pools_sized_for_another_budget_refuse_what_they_cannot_mean():
+    """Clear errors: pools for N that hold no session of B, N below k, and N with every slot
+    kept (cap_slots_to_pool=false: N would change nothing)."""
+    base = ("model=tiny", "system=hisparse", "model.max_context_len=512")
+    with pytest.raises(ValueError, match="hold no session"):
+        make_engine(
+            *base,
+            "hardware.kv_pool_gib=0.00004",  # one session of B = 16, none of B = 64 in its pools
+            "system.kv.hot_cache_rows=64",
+            "system.kv.pools_sized_for_rows=16",
+        )
+    with pytest.raises(ValueError, match="index_topk"):
+        make_engine(*base, "system.kv.hot_cache_rows=16", "system.kv.pools_sized_for_rows=4")
+    with pytest.raises(ValueError, match="cap_slots_to_pool"):
+        make_engine(
+            *base,
+            "system.kv.hot_cache_rows=16",
+            "system.kv.pools_sized_for_rows=32",
+            "system.kv.cap_slots_to_pool=false",
+        )
