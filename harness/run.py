@@ -140,6 +140,7 @@ _KV_IMPLICIT_BEFORE = {
     "lend_index_store": True,
     "copy_grid": 0,
     "pools_sized_for_rows": 0,
+    "copy_programs_per_request": 0,
 }
 # engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
 # the batch), the CUDA graphs' padding ladder and their capture at start-up

@@ -75,11 +75,26 @@ class HiSparseOptions(KVOptions):
     # staging pools hold the sessions B = N allowed, the payload pool the rest, so a larger B
     # holds fewer sessions in proportion (52 at 2k -> 13 at 8k) and a smaller one no more
     pools_sized_for_rows: int = 0
+    # copy programs per request beside the resolvers (copy_grid 0): 0 takes the kernel's default
+    # for the call's batch and queries (systems/kernels/resolver.py: default_copy_programs); N
+    # fixes it, e.g. to sweep the verification copy's width in bench_decode_step
+    copy_programs_per_request: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("hot_cache_rows", "tail_rows", "copy_grid", "pools_sized_for_rows"):
+        for f in (
+            "hot_cache_rows",
+            "tail_rows",
+            "copy_grid",
+            "pools_sized_for_rows",
+            "copy_programs_per_request",
+        ):
             if int(getattr(self, f)) < 0:
                 raise ValueError(f"system.kv.{f}: must be >= 0, got {getattr(self, f)}")
+        if self.copy_grid and self.copy_programs_per_request > 1:
+            raise ValueError(
+                "system.kv.copy_programs_per_request: copy_grid copies after the resolution, "
+                "without copy programs beside the resolvers; set one of the two"
+            )
         if self.resolver_impl not in RESOLVER_IMPLS:
             raise ValueError(
                 f"system.kv.resolver_impl: must be one of {RESOLVER_IMPLS}, got "
@@ -272,6 +287,7 @@ class HiSparseBackend(KVBackend):
         self.backup_rows = 0
         self.resolver_impl = opt.resolver_impl
         self.copy_grid = int(opt.copy_grid) or None
+        self.copy_programs = int(opt.copy_programs_per_request) or None
         # commit's tail backups: the kernel writes the pinned store through UVA on a GPU
         self.backup_impl = "triton" if dev.type == "cuda" else "reference"
         self.verify = opt.verify_rows
@@ -514,6 +530,7 @@ class HiSparseBackend(KVBackend):
                 impl=self.resolver_impl,
                 workspace=self._workspace(),
                 copy_grid=self.copy_grid,
+                copy_programs_per_request=self.copy_programs,
                 hot_rows=sl,
             )
         st["counters"].append(res.counters)

@@ -35,9 +35,16 @@ def test_golden_tokens_with_mostly_missing_selections(model):
     assert eng.backend.is_empty and eng.backend.host_pages.num_used == 0
 
 
-@pytest.mark.parametrize("copy_grid", [0, 3])  # the copy beside the resolvers / a fixed grid after
-def test_golden_tokens_with_the_triton_resolver_under_the_interpreter(copy_grid):
-    eng = _engine("tiny", 8, "triton", f"system.kv.copy_grid={copy_grid}")
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("system.kv.copy_grid=0",),  # the copy beside the resolvers, the default width
+        ("system.kv.copy_grid=3",),  # a fixed grid after the resolution
+        ("system.kv.copy_programs_per_request=3",),  # a fixed width beside the resolvers
+    ],
+)
+def test_golden_tokens_with_the_triton_resolver_under_the_interpreter(extra):
+    eng = _engine("tiny", 8, "triton", *extra)
     outs = run_greedy(eng, GOLDEN["prompts"][:2], 6)
     assert outs == [o[:6] for o in GOLDEN["outputs"]["tiny"][:2]]
 
@@ -271,4 +278,13 @@ def test_pools_sized_for_another_budget_refuse_what_they_cannot_mean():
             "system.kv.hot_cache_rows=16",
             "system.kv.pools_sized_for_rows=32",
             "system.kv.cap_slots_to_pool=false",
+        )
+
+
+def test_copy_programs_and_a_copy_grid_are_one_or_the_other():
+    be = _engine("tiny", 8, "reference", "system.kv.copy_programs_per_request=2").backend
+    assert be.copy_programs == 2 and be.copy_grid is None
+    with pytest.raises(ValueError, match="copy_programs_per_request"):
+        _engine(
+            "tiny", 8, "reference", "system.kv.copy_grid=4", "system.kv.copy_programs_per_request=2"
         )
