@@ -37,7 +37,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from systems.kernels.sparse_attention import _HAVE_TRITON, _combine_kernel, _p2
+from systems.kernels.sparse_attention import (
+    _HAVE_TRITON,
+    _combine_kernel,
+    _dot_p,
+    _p2,
+    _softmax_tile,
+)
 
 if _HAVE_TRITON:
     import triton
@@ -127,20 +133,8 @@ if _HAVE_TRITON:
                 mask=lm[:, None] & jm[None, :],
                 other=float("-inf"),
             ).to(tl.float32)
-            s = s * scale + bias
-            m_new = tl.maximum(m, tl.max(s, 1))
-            live = m_new > float("-inf")
-            base = tl.where(live, m_new, 0.0)
-            alpha = tl.where(live, tl.exp(m - base), 1.0)
-            p = tl.exp(s - base[:, None])  # 0 where masked (s = -inf)
-            l_sum = l_sum * alpha + tl.sum(p, 1)
-            if BF16:
-                p_hi = p.to(tl.bfloat16)
-                p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
-                acc = acc * alpha[:, None] + tl.dot(p_hi, vt) + tl.dot(p_lo, vt)
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
-            m = m_new
+            m, alpha, p, l_sum = _softmax_tile(s * scale + bias, m, l_sum)
+            acc = acc * alpha[:, None] + _dot_p(p, vt, BF16)
         if SPLIT:  # the sparse attention's partial layout with one head: query n = b * L + l
             part = (b * L + li) * tl.num_programs(1) + c
             tl.store(m_ptr + part, m, mask=lm)

@@ -81,6 +81,31 @@ def sparse_attention_reference(
 if _HAVE_TRITON:
 
     @triton.jit
+    def _softmax_tile(s, m, l_sum):
+        """One tile of an online softmax over rows of scores: s [M, N] float32 (-inf where a
+        key is masked), m / l_sum [M] the running maximum and sum. Returns the new maximum, the
+        rescale of what was accumulated before (1 while a row has seen nothing: no -inf - -inf)
+        and the tile's probabilities p [M, N] (0 where masked), and the new sum."""
+        m_new = tl.maximum(m, tl.max(s, 1))
+        live = m_new > float("-inf")
+        base = tl.where(live, m_new, 0.0)
+        alpha = tl.where(live, tl.exp(m - base), 1.0)
+        p = tl.exp(s - base[:, None])
+        return m_new, alpha, p, l_sum * alpha + tl.sum(p, 1)
+
+    @triton.jit
+    def _dot_p(p, x, BF16: tl.constexpr):
+        """p [M, N] float32 @ x [N, D]: with bf16 x, p split into two bf16 terms (hi + lo,
+        ~2^-16 relative: float32-level agreement) on tensor cores; else IEEE float32 dots."""
+        if BF16:
+            p_hi = p.to(tl.bfloat16)
+            p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
+            out = tl.dot(p_hi, x) + tl.dot(p_lo, x)
+        else:
+            out = tl.dot(p, x, input_precision="ieee")
+        return out
+
+    @triton.jit
     def _round_to_bf16(x):
         """float32 -> nearest bf16 (ties to even), kept in float32: torch's rounding for finite
         values, written with integer ops so it is exact everywhere (the interpreter too)."""
@@ -321,8 +346,8 @@ if _HAVE_TRITON:
                 BLOCK_K,
             )
             if BF16_MMA:
-                xb = xn.to(tl.bfloat16)  # exact: xn is already a bf16 value
-                s = tl.dot(qn, tl.trans(xb))
+                xn = xn.to(tl.bfloat16)  # exact: xn is already a bf16 value
+                s = tl.dot(qn, tl.trans(xn))
             else:
                 s = tl.dot(qn, tl.trans(xn), input_precision="ieee")  # [HP, BLOCK_K]
             if ROPE > 0:
@@ -333,22 +358,10 @@ if _HAVE_TRITON:
                     xr = xr.to(tl.float32)
                     s += tl.dot(qr, tl.trans(xr), input_precision="ieee")
             s = tl.where(valid[None, :], s * sm_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            live = m_new > float("-inf")
-            alpha = tl.where(live, tl.exp(m - tl.where(live, m_new, 0.0)), 1.0)
-            p = tl.where(valid[None, :], tl.exp(s - tl.where(live, m_new, 0.0)[:, None]), 0.0)
-            l_sum = l_sum * alpha + tl.sum(p, 1)
-            if BF16_MMA:
-                p_hi = p.to(tl.bfloat16)
-                p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
-                acc_n = acc_n * alpha[:, None] + tl.dot(p_hi, xb) + tl.dot(p_lo, xb)
-                if ROPE > 0:
-                    acc_r = acc_r * alpha[:, None] + tl.dot(p_hi, xr) + tl.dot(p_lo, xr)
-            else:
-                acc_n = acc_n * alpha[:, None] + tl.dot(p, xn, input_precision="ieee")
-                if ROPE > 0:
-                    acc_r = acc_r * alpha[:, None] + tl.dot(p, xr, input_precision="ieee")
-            m = m_new
+            m, alpha, p, l_sum = _softmax_tile(s, m, l_sum)
+            acc_n = acc_n * alpha[:, None] + _dot_p(p, xn, BF16_MMA)
+            if ROPE > 0:
+                acc_r = acc_r * alpha[:, None] + _dot_p(p, xr, BF16_MMA)
         if SPLIT:
             part = (n * tl.num_programs(1) + c) * H + hh
             tl.store(m_ptr + part, m, mask=hm)
