@@ -32,6 +32,7 @@ events below only decide when a populated page may be *published*.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import torch
@@ -151,6 +152,10 @@ class AdaptiveBackend(HiSparseBackend):
             for slot in sl:
                 self._slot_lent.setdefault(slot, []).append(n + i)
         self._lent_holder: dict[int, int] = {}  # held lent page -> the slot whose history it holds
+        # lent pages free now (unheld, every slot of their region free), kept as slots and
+        # holders change: finding them by a scan of every lent page cost ~1 ms of host time per
+        # call at long contexts, several calls a step (check_integrity compares with the scan)
+        self._lent_free: set[int] = set(range(n, n + len(self.lent_slots)))
         self.res: dict[int, _Residency] = {}
         self._seq = 0
         self._rr = 0  # round-robin cursor of population
@@ -192,17 +197,36 @@ class AdaptiveBackend(HiSparseBackend):
     def _payload_pages_of(self, r: _Residency) -> int:
         return sum(1 for p in r.page if 0 <= p < self.num_payload)
 
-    def _lendable(self) -> list[int]:
-        """Lent pages free now: unheld, in regions of free slots; the highest slots' first (a
-        fresh allocator hands out the lowest free slot, and a freed slot is the next one taken,
-        so high regions tend to stay lent longest)."""
+    def _lendable_scan(self) -> list[int]:
+        """Lent pages free now, by a scan of every lent page (what ``_lent_free`` keeps): unheld,
+        in regions of free slots."""
         n, act = self.num_payload, self.active_slots
-        free = [
+        return [
             n + i
             for i, sl in enumerate(self.lent_slots)
             if n + i not in self._lent_holder and not any(x in act for x in sl)
         ]
-        return free[::-1]
+
+    def _lendable(self, m: int) -> list[int]:
+        """Up to m lent pages free now, the highest first: the highest slots' regions (a fresh
+        allocator hands out the lowest free slot, and a freed slot is the next one taken, so
+        high regions tend to stay lent longest)."""
+        return heapq.nlargest(m, self._lent_free) if m > 0 else []
+
+    def _region_free(self, page: int) -> bool:
+        """Whether every slot whose index region a lent page spans is free."""
+        return not any(x in self.active_slots for x in self.lent_slots[page - self.num_payload])
+
+    def _take_slot(self) -> int:
+        slot = super()._take_slot()
+        self._lent_free.difference_update(self._slot_lent.get(slot, ()))
+        return slot
+
+    def _return_slot(self, slot: int) -> None:
+        super()._return_slot(slot)
+        for pg in self._slot_lent.get(slot, ()):
+            if pg not in self._lent_holder and self._region_free(pg):
+                self._lent_free.add(pg)
 
     def _payload_spare(self) -> int:
         """Payload pages free beyond the admission reserve."""
@@ -210,18 +234,19 @@ class AdaptiveBackend(HiSparseBackend):
 
     def _spare(self) -> int:
         """Pages optional history may take now (payload pages, then lendable ones)."""
-        return self._payload_spare() + len(self._lendable())
+        return self._payload_spare() + len(self._lent_free)
 
     def _alloc_optional(self, n: int, slot: int) -> list[int]:
         """n optional pages for slot's history: spare payload pages first, then lent ones."""
         k = min(n, self._payload_spare())
         pages = self.payload_pages.alloc(k) if k else []
-        lent = self._lendable()[: n - k]
+        lent = self._lendable(n - k)
         if len(pages) + len(lent) < n:
             self.payload_pages.free(pages)
             raise MemoryError(f"optional pages: asked for {n}, {len(pages) + len(lent)} spare")
         for pg in lent:
             self._lent_holder[pg] = slot
+            self._lent_free.discard(pg)
         return pages + lent
 
     def _free_optional(self, pages: list[int]) -> None:
@@ -229,6 +254,8 @@ class AdaptiveBackend(HiSparseBackend):
         for p in pages:
             if self._is_lent(p):
                 del self._lent_holder[p]
+                if self._region_free(p):
+                    self._lent_free.add(p)
 
     def _region_holders(self, slot: int) -> set[int]:
         """Requests holding lent pages in slot's index region."""
@@ -524,6 +551,7 @@ class AdaptiveBackend(HiSparseBackend):
         assert pages_ok_before == len(hot) + len(in_payload), "payload pages leaked"
         lent = {p: s for s, r in self.res.items() for p in r.page if self._is_lent(p)}
         assert lent == self._lent_holder, "lent pages and their holders disagree"
+        assert self._lent_free == set(self._lendable_scan()), "the free lent pages drifted"
         for p in lent:
             # a lent page lies in free slots' index history: an admission reclaims it first
             busy = [x for x in self.lent_slots[p - self.num_payload] if x in self.active_slots]
