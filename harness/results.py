@@ -938,7 +938,7 @@ MEASUREMENT_CHANGES = (
         "program per request)",
     ),
     (
-        "PLACEHOLDER",
+        "f3df0a4",
         "adaptive residency keeps its free lent pages as slots and holders change (before it, "
         "every lookup scanned all of them: ~2,700 on dsv41_h200, several scans and milliseconds "
         "of host time a step)",
