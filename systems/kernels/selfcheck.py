@@ -5,7 +5,7 @@ on a GPU; for attention the all-heads tensor-core kernel (``triton_mma``), which
 measured at 1.5-3.3x the per-head split-K kernel from 16 queries up (docs/design.md).
 Before the first use in a process, the kernels (attention, indexer scores, top-k, the
 layer's fused norm / SiLU product / fp8 row encoding, in place too / index query blend, the
-HiSparse step tables) run on a small
+HiSparse step tables, the drafter's ring attention) run on a small
 random case and are compared with their PyTorch references; if any raises or disagrees,
 ``auto`` falls back to the references for the whole process with a warning naming why, so a
 kernel that misbehaves on some GPU or Triton build costs speed, never tokens. ``triton`` or
@@ -113,7 +113,29 @@ def _run(device: torch.device) -> tuple[bool, str]:
     a, b = blend_index_query(x, w, 0.3), blend_index_query(x, w, 0.3, impl="reference")
     if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
         return False, f"index query blend differs by {(a - b).abs().max().item():.3g}"
+    ok, why = _check_ring_attention(device, g)
+    if not ok:
+        return ok, why
     return _check_step_tables(device, g)
+
+
+def _check_ring_attention(device: torch.device, g: torch.Generator) -> tuple[bool, str]:
+    """The drafter's ring attention against its reference, in the dtype the drafter runs it in
+    (bf16 on a GPU; float32 in the interpreter), over two chunks of keys with a masked window."""
+    from systems.kernels.ring_attention import ring_attention, ring_attention_reference
+
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    ring_k, ring_v = (torch.randn(3, 150, 64, generator=g).to(device, dt) for _ in range(2))
+    q, k, v = (torch.randn(2, 3, 64, generator=g).to(device, dt) for _ in range(3))
+    slots = torch.tensor([2, 0], device=device)
+    bias = torch.zeros(2, 1, 3, 153, dtype=dt, device=device)
+    bias[..., :40] = float("-inf")  # ring rows outside the window
+    a = ring_attention(q, ring_k, ring_v, slots, k, v, bias, 0.125, impl="triton").float()
+    b = ring_attention_reference(q, ring_k, ring_v, slots, k, v, bias, 0.125).float()
+    tol = 2e-2 if dt == torch.bfloat16 else 1e-4
+    if not torch.allclose(a, b, rtol=tol, atol=tol):
+        return False, f"ring attention differs by {(a - b).abs().max().item():.3g}"
+    return True, "ok"
 
 
 def _check_step_tables(device: torch.device, g: torch.Generator) -> tuple[bool, str]:

@@ -110,3 +110,18 @@ def test_a_block_longer_than_the_kernel_holds_takes_the_reference(monkeypatch):
     torch.testing.assert_close(
         ra.ring_attention(*wide, 0.5, impl="triton"), ra.ring_attention_reference(*wide, 0.5)
     )
+
+
+def test_auto_selfcheck_covers_the_ring_attention(monkeypatch):
+    """A ring attention kernel that differs from its reference sends model.attention_impl=auto
+    (and with it the drafter) to the references, with the reason; the real one passes."""
+    from systems.kernels import selfcheck
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+    assert selfcheck.check_kernels(cpu) == (True, "ok")
+    real = ra.ring_attention_triton
+    monkeypatch.setattr(ra, "ring_attention_triton", lambda *a, **k: real(*a, **k) * 1.01)
+    monkeypatch.setattr(selfcheck, "_VERDICT", {})
+    ok, why = selfcheck.check_kernels(cpu)
+    assert not ok and "ring attention differs" in why
