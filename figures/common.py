@@ -95,6 +95,7 @@ from harness.results import (  # noqa: F401
     gpu_idle_share,
     graph_replay_share,
     graphs_replayed,
+    hot_cache_rows_of,
     load_json,
     load_preferred,
     load_runs,

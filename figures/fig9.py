@@ -45,11 +45,7 @@ def budget(run: C.Run) -> float | None:
     v = C.as_float(run.point.get("b_over_k")) or C.as_float(run.summary.get("b_over_k"))
     if v:
         return v
-    kv = (run.config.get("system") or {}).get("kv") or {}
-    # B: system.kv since the typed config; older runs recorded it under model
-    hc = C.as_float(
-        kv.get("hot_cache_rows") or (run.config.get("model") or {}).get("hot_cache_rows")
-    )
+    hc = C.hot_cache_rows_of(run)
     k = C.as_float((run.config.get("model") or {}).get("index_topk"))
     if hc and k:
         return hc / k
@@ -192,10 +188,7 @@ def pools_note(sel: list[SweepPoint]) -> str:
     the paper keeps the pools configured for B = 2k over its sweep (sec. 4.3.4), so a larger B
     holds fewer sessions in proportion; one capacity sized for each B holds more of them."""
     sized = [C.pools_sized_for_of(p.run) for p in sel]
-    own = [
-        int(((p.run.config or {}).get("system") or {}).get("kv", {}).get("hot_cache_rows") or 0)
-        for p in sel
-    ]
+    own = [C.hot_cache_rows_of(p.run) for p in sel]
     kept = {n or b for n, b in zip(sized, own)}  # pools sized for its own B: either way
     if len(kept) == 1:
         how = f"the pools configured for B = {kept.pop():,} rows at every budget"

@@ -987,18 +987,29 @@ def change_mix(runs: Iterable[Run]) -> str:
     return "; ".join(notes)
 
 
+def kv_config_of(run: Run) -> dict:
+    """A run's system.kv section ({} where its config has none)."""
+    return ((run.config or {}).get("system") or {}).get("kv") or {}
+
+
+def hot_cache_rows_of(run: Run) -> int:
+    """A run's hot-cache budget B: system.kv since the typed config, model before it; 0: none."""
+    b = kv_config_of(run).get("hot_cache_rows") or ((run.config or {}).get("model") or {}).get(
+        "hot_cache_rows"
+    )
+    return int(b or 0)
+
+
 def copy_grid_of(run: Run) -> int:
     """The programs a run's resolver copied its misses on (system.kv.copy_grid); 0: the grid
     scaling with the batch, which runs from before the key used."""
-    kv = ((run.config or {}).get("system") or {}).get("kv") or {}
-    return int(kv.get("copy_grid") or 0)
+    return int(kv_config_of(run).get("copy_grid") or 0)
 
 
 def pools_sized_for_of(run: Run) -> int:
     """The hot-cache budget a run's pools were sized for (system.kv.pools_sized_for_rows); 0: its
     own B, as every run before the key."""
-    kv = ((run.config or {}).get("system") or {}).get("kv") or {}
-    return int(kv.get("pools_sized_for_rows") or 0)
+    return int(kv_config_of(run).get("pools_sized_for_rows") or 0)
 
 
 def copy_grid_mix(runs: Iterable[Run]) -> str:

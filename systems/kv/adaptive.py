@@ -200,11 +200,11 @@ class AdaptiveBackend(HiSparseBackend):
     def _lendable_scan(self) -> list[int]:
         """Lent pages free now, by a scan of every lent page (what ``_lent_free`` keeps): unheld,
         in regions of free slots."""
-        n, act = self.num_payload, self.active_slots
+        n = self.num_payload
         return [
-            n + i
-            for i, sl in enumerate(self.lent_slots)
-            if n + i not in self._lent_holder and not any(x in act for x in sl)
+            p
+            for p in range(n, n + len(self.lent_slots))
+            if p not in self._lent_holder and self._region_free(p)
         ]
 
     def _lendable(self, m: int) -> list[int]:
