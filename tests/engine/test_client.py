@@ -66,8 +66,10 @@ async def test_stopping_a_stream_aborts_and_frees(both):
     await gen.aclose()
     import asyncio
 
+    # the engine thread releases the slot's pages before the slot itself: wait for both, or
+    # check_integrity (from this thread) can land between the two
     for _ in range(200):
-        if not eng.scheduler.running and eng.backend.pages.num_used == 0:
+        if not eng.scheduler.running and eng.backend.is_empty and eng.backend.pages.num_used == 0:
             break
         await asyncio.sleep(0.02)
     assert eng.backend.pages.num_used == 0
