@@ -50,8 +50,6 @@ NOT_YET_MEASURED = {
     "fig4_protocol",  # issue 23: the protocol, written in the paper's C
     "fig5_h200",  # issue 23: the DeepSeek-like headline on the DeepSeek-like H200 preset
     "fig9_dsv_h200",  # issue 23: DeepSeek-like HiSparse flat in B, on the same preset
-    "fig9_h200",  # issue 23: the budget sweep with the pools of B = 2k (pools_sized_for_rows)
-    "fig4_h200_sweep",  # issue 23: Table A3's latency-bound capacity on the GLM-like H200 preset
     # issue 23: Fig. 10 / 11's kernel profiles on the H200 presets
     "fig10_h200",
     "fig10_dsv_h200",
