@@ -273,7 +273,11 @@ def criterion_text(c: Claim) -> str:
         )
     if c.kind == THRESHOLD:
         op, _, x = c.arg.partition(":")
-        return {"le": f"<= {x}", "ge": f">= {x}", "eq": "equals the paper's"}[op]
+        return {
+            "le": f"<= {x}",
+            "ge": f">= {x}",
+            "eq": "equals the paper's, no tie in the repeats",
+        }[op]
     if c.kind == GEOMETRY:
         return f"within {float(c.arg):.0%} (computed)"
     raise ValueError(f"unknown claim kind {c.kind!r}")
@@ -306,7 +310,7 @@ def judge(c: Claim, row: Row | None, rep: Report | None) -> tuple[bool | None, s
     if c.kind == THRESHOLD:
         op, _, x = c.arg.partition(":")
         if op == "eq":
-            return p is not None and abs(ours - p) < 1e-9, ""
+            return p is not None and abs(ours - p) < 1e-9 and not row.tied, ""
         return (ours <= float(x)) if op == "le" else (ours >= float(x)), ""
     if c.kind == GEOMETRY:
         return p is not None and abs(ours / p - 1.0) <= float(c.arg), ""

@@ -151,6 +151,9 @@ class Row:
     stats: RatioStats | None = None
     # our load where this row's runs follow another mapping than the report's ``loads``
     ours_c: int | None = None
+    # for an argmax row ("the budget with the highest output"): the other candidates whose repeats
+    # reach ours (stats.argmax_with_ties), so the claim cannot single ours out
+    tied: tuple = ()
 
     @property
     def interval(self) -> tuple[float, float] | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -83,6 +84,18 @@ def repeat_values(run: Run, key, scale: float = 1.0) -> list[float]:
     (the run alone when it has none)."""
     vals = (run_value(x, key) for x in (run.repeats or [run]))
     return [v * scale for v in vals if v is not None]
+
+
+def argmax_with_ties(values: dict[Any, list[float]]) -> tuple[Any, tuple]:
+    """The key with the highest median of its repeat values, and the other keys its repeats cannot
+    be told apart from: those whose highest repeat reaches the best's lowest (ranges overlap).
+    A claim such as "output peaks at B = 2k" holds only without such ties."""
+    vals = {k: v for k, v in values.items() if v}
+    if not vals:
+        return None, ()
+    best = max(vals, key=lambda k: float(np.median(vals[k])))
+    floor = min(vals[best])
+    return best, tuple(k for k in vals if k != best and max(vals[k]) >= floor)
 
 
 def ratio_stats(a: Run | None, b: Run | None, key) -> RatioStats | None:

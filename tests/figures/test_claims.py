@@ -13,7 +13,13 @@ import pytest
 from figures.claims import DIRECTION, EQ13, GEOMETRY, MAGNITUDE, THRESHOLD, Claim, judge
 from figures.notes import breakdown, paired_ratio_note
 from figures.report import Report
-from figures.stats import RatioStats, bootstrap_ratio, ratio_stats, within_call_spread
+from figures.stats import (
+    RatioStats,
+    argmax_with_ties,
+    bootstrap_ratio,
+    ratio_stats,
+    within_call_spread,
+)
 from harness.load_mapping import (
     decode_gpus,
     load_label,
@@ -78,6 +84,21 @@ def test_thresholds_and_geometry():
     assert _judge(GEOMETRY, 10.28, paper=10.3, arg="0.02")[0] is True
     assert _judge(GEOMETRY, 12.28, paper=10.3, arg="0.02")[0] is False
     assert _judge(MAGNITUDE, None)[0] is None  # not measured
+
+
+def test_an_argmax_claim_fails_when_the_repeats_cannot_single_out_the_best():
+    # B/k 2 and 4 within each other's repeats (3,456-3,472 vs 3,449-3,510 tok/s): a tie
+    reps = {1: [1893, 1894, 1907], 2: [3472, 3456, 3468], 4: [3449, 3467, 3510], 8: [2177, 2190]}
+    assert argmax_with_ties(reps) == (2, (4,))
+    reps[4] = [3300, 3310, 3420]  # below B/k 2's lowest repeat: B/k 2 stands alone
+    assert argmax_with_ties(reps) == (2, ())
+    assert argmax_with_ties({2: [5.0], 4: [5.0]})[1] == (4,)  # single runs tie only when equal
+    assert argmax_with_ties({2: []}) == (None, ())
+    rep = _rep_with("k", 2, paper=2)
+    claim = Claim("t", "x", "k", 2, THRESHOLD, "eq")
+    assert judge(claim, rep.row("k"), rep)[0] is True
+    rep.row("k").tied = (4,)
+    assert judge(claim, rep.row("k"), rep)[0] is False
 
 
 # ------------------------------------------------------------------------------- bootstrap
