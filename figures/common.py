@@ -72,6 +72,7 @@ from figures.stats import (  # noqa: F401
     median_stats,
     ratio_stats,
     repeat_values,
+    tie_text,
     within_call_spread,
 )
 from harness.results import (  # noqa: F401

@@ -355,14 +355,7 @@ def main(argv=None) -> C.Report:
             if within:
                 rep.diagnose([f"glm128.best.{s}"], within, append=True)
         if tied:
-            rng = {bk: f"{min(v):.0f}-{max(v):.0f}" for bk, v in reps.items() if v}
-            rep.diagnose(
-                [f"glm128.best.{s}"],
-                f"B/k {best_bk:g} ({rng[best_bk]} tok/s over its repeats) is not told apart from "
-                + ", ".join(f"B/k {bk:g} ({rng[bk]})" for bk in tied)
-                + ": the repeats' ranges overlap",
-                append=True,
-            )
+            rep.diagnose([f"glm128.best.{s}"], C.tie_text(best_bk, tied, reps, "B/k"), append=True)
     h2, h8 = (at(hsel, "glm", "hisparse", None, b) for b in (2, 8))
     d = C.pct_change(
         h8 and h8.value("output_tok_s_per_gpu"), h2 and h2.value("output_tok_s_per_gpu")

@@ -98,6 +98,16 @@ def argmax_with_ties(values: dict[Any, list[float]]) -> tuple[Any, tuple]:
     return best, tuple(k for k in vals if k != best and max(vals[k]) >= floor)
 
 
+def tie_text(best, tied: Sequence, values: dict, name: str, unit: str = "tok/s") -> str:
+    """The measured reason an argmax claim fails on a tie: each tied candidate's repeat range."""
+    rng = {k: f"{min(values[k]):.0f}-{max(values[k]):.0f}" for k in (best, *tied)}
+    return (
+        f"{name} {best:g} ({rng[best]} {unit} over its repeats) is not told apart from "
+        + ", ".join(f"{name} {k:g} ({rng[k]})" for k in tied)
+        + ": the repeats' ranges overlap"
+    )
+
+
 def ratio_stats(a: Run | None, b: Run | None, key) -> RatioStats | None:
     """a / b for one summary key (or function of a run) over both runs' repeats, or None without
     values on both sides."""

@@ -18,6 +18,7 @@ from figures.stats import (
     argmax_with_ties,
     bootstrap_ratio,
     ratio_stats,
+    tie_text,
     within_call_spread,
 )
 from harness.load_mapping import (
@@ -90,6 +91,10 @@ def test_an_argmax_claim_fails_when_the_repeats_cannot_single_out_the_best():
     # B/k 2 and 4 within each other's repeats (3,456-3,472 vs 3,449-3,510 tok/s): a tie
     reps = {1: [1893, 1894, 1907], 2: [3472, 3456, 3468], 4: [3449, 3467, 3510], 8: [2177, 2190]}
     assert argmax_with_ties(reps) == (2, (4,))
+    assert tie_text(2, (4,), reps, "B/k") == (
+        "B/k 2 (3456-3472 tok/s over its repeats) is not told apart from B/k 4 (3449-3510): "
+        "the repeats' ranges overlap"
+    )
     reps[4] = [3300, 3310, 3420]  # below B/k 2's lowest repeat: B/k 2 stands alone
     assert argmax_with_ties(reps) == (2, ())
     assert argmax_with_ties({2: [5.0], 4: [5.0]})[1] == (4,)  # single runs tie only when equal
