@@ -185,8 +185,9 @@ def h200_sweep(
 
 def pools_note(sel: list[SweepPoint]) -> str:
     """How the pools of an H200 budget sweep's runs were sized (system.kv.pools_sized_for_rows):
-    the paper keeps the pools configured for B = 2k over its sweep (sec. 4.3.4), so a larger B
-    holds fewer sessions in proportion; one capacity sized for each B holds more of them."""
+    the paper keeps the pools of its section-4.1 configuration over its sweep (sec. 4.3.4; GLM:
+    B = 2k), so a larger B holds fewer sessions in proportion; one capacity sized for each B
+    holds more of them."""
     sized = [C.pools_sized_for_of(p.run) for p in sel]
     own = [C.hot_cache_rows_of(p.run) for p in sel]
     kept = {n or b for n, b in zip(sized, own)}  # pools sized for its own B: either way
@@ -195,7 +196,8 @@ def pools_note(sel: list[SweepPoint]) -> str:
     elif not any(sized):
         how = (
             "one capacity sized for each B, so a larger B turned index history into hot caches "
-            "and held more sessions than the paper's pools (sec. 4.3.4 keeps those of 2k)"
+            "and held more sessions than the paper's pools (sec. 4.3.4 keeps those of its "
+            "main configuration)"
         )
     else:
         how = "a mix of runs with one capacity per B and runs with the pools of a fixed B"
@@ -284,7 +286,7 @@ def main(argv=None) -> C.Report:
     gsel, gwhere, gc = h200_sweep(args.results, "glm", "hisparse", GLM_BUDGETS)
     hsel = gsel or select(pts, "glm", "hisparse", 128)
     if gsel:
-        rep.note(pools_note(gsel))
+        rep.note("GLM: " + pools_note(gsel))
     lo, hi = (hsel[0], hsel[-1]) if hsel else (None, None)
     rep.compare(
         "glm128.miss_lo",
@@ -521,6 +523,8 @@ def main(argv=None) -> C.Report:
     for s in SYSTEMS:
         hsel, where, ours_c = h200_sweep(args.results, "deepseek", s, DS_BUDGETS)
         sel = hsel or select(pts, "deepseek", s, 128)
+        if hsel and ("DeepSeek: " + pools_note(hsel)) not in rep.notes:
+            rep.note("DeepSeek: " + pools_note(hsel))
         outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
         rep.compare(
             f"ds128.spread.{s}",

@@ -144,6 +144,11 @@ def test_the_budget_sweep_keeps_the_pools_of_2k_and_only_other_budgets_change_id
     assert ids[2048][1].endswith("-f33ac9a6")  # committed in results/fig9_h200
     assert ids[8192][1].endswith("-d89ec3b2")  # the shared pool's was -0d3d3383
     assert compose(["system=hisparse"]).system.kv.pools_sized_for_rows == 0
+    # the DeepSeek-like sweeps keep the pools of the preset's B = 16k (2,048 rows at k = 128)
+    for exp in ("fig9_dsv_h200", "fig10_dsv_h200"):
+        cfgs = [rp._run_cfg(ov, None) for ov in rp.plan(exp, smoke=False)[:4]]
+        assert {int(c.system.kv.hot_cache_rows) for c in cfgs} == {256, 512, 1024, 2048}
+        assert {c.system.kv.pools_sized_for_rows for c in cfgs} == {2048}
 
 
 def test_a_skipped_nsight_profile_says_why_on_the_console(tmp_path, capsys):
