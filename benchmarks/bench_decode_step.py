@@ -10,6 +10,16 @@ it the rows run on a 24 GiB pool, greedy, with each system's default drafter: ad
 residency then holds most of the history, and a glm53_h200 block-4 round fetched 27x fewer host
 rows than fig4_h200's served rounds.
 
+To compare settings of one build (a kernel knob, a copy width), pass them as ``--variants``
+with ``--repeats``; the sets run interleaved on one machine, which is the only comparison that
+holds (one config's numbers move by up to 40% between machines):
+
+    python benchmarks/bench_decode_step.py --experiment fig4_h200 --batches 32 --repeats 2 \
+        --variants "system.kv.copy_programs_per_request=1;system.kv.copy_programs_per_request=2"
+
+Their rows carry ``overrides`` and ``repeat`` and stay apart from the build's own rows in the
+summary (Fig. 4's served-against-benchmark note reads only those).
+
 Per (model, system, batch) row:
 - ``step_ms``: median wall time of an engine step (schedule + forward + sample + postprocess;
   for a speculative system one round), synchronized before and after, after warm-up.
@@ -482,7 +492,7 @@ def row_configs(args, batches: list[int], rounds: int):
     # follows its slots)
     slots = max(max(batches) + HANDOFFS, exp.hardware.max_running_requests if exp else 0)
 
-    def row_cfg(model: str, system: str):
+    def row_cfg(model: str, system: str, variant: tuple[str, ...] = ()):
         return compose(
             [
                 *base,
@@ -495,10 +505,19 @@ def row_configs(args, batches: list[int], rounds: int):
                 f"workload.output_len={rounds * 8}",
                 "++reproduce.speculation.acceptance=calibrated",
                 *args.overrides,
+                *variant,
             ]
         )
 
     return row_cfg
+
+
+def parse_variants(text: str | None) -> list[tuple[str, ...]]:
+    """``--variants``: override sets separated by ';', each a space-separated list of Hydra
+    overrides ('' stands for none: the build as it is)."""
+    if not text:
+        return [()]
+    return [tuple(v.split()) for v in text.split(";")]
 
 
 def main() -> None:
@@ -530,6 +549,22 @@ def main() -> None:
         help="the batch's sampling temperature (default: the experiment's, else 0; the H200 "
         "presets' experiments sample at 1.0: greedy outputs of random weights cycle, which "
         "changes the host-fetched share)",
+    )
+    ap.add_argument(
+        "--variants",
+        default=None,
+        metavar="A;B;...",
+        help="override sets to compare, ';'-separated, each a space-separated list of Hydra "
+        "overrides ('' for none), e.g. 'system.kv.copy_programs_per_request=1;"
+        "system.kv.copy_programs_per_request=2': every row is measured once per set, the sets "
+        "interleaved within each repeat (A B A B ...: one machine's drift reaches both), and "
+        "each set's rows carry its overrides; a table of each set against the first follows",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="times to measure every row (with --variants: A B A B ...); rows carry `repeat`",
     )
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument(
@@ -584,64 +619,131 @@ def main() -> None:
             f"{l_step}), capturing graphs among the timed steps"
         )
         args.context = context
-    for model in args.models.split(","):
-        for system in args.systems.split(","):
-            cfg = row_cfg(model, system)
-            ecfg = resolve_engine_config(cfg)
-            m = ecfg.model
-            eng = Engine(ecfg)
-            queries = ecfg.speculation.block_size if ecfg.speculation else 1
-            for B in batches:
-                row = {
-                    "model": model,
-                    "system": system,
-                    "batch": B,
-                    "context": args.context,
-                    # what sets the host-fetched share, for comparisons with served runs
-                    "selection_locality": m.selection_locality,
-                    "temperature": args.temperature,
-                    "experiment": args.experiment,
-                    "kv_pool_gib": cfg.hardware.kv_pool_gib,
-                    "slots": eng.backend.num_slots,
-                    **measure(eng, m, B, args, torch),
-                    **floor_bytes(m, B, args.context, queries),
-                }
-                rows.append(row)
-                write_rows(Path(args.out), rows, env, args.overrides, torch)
-                print(
-                    f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
-                    f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
-                    f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f} (events {row['busy_share_events'] or 0:.2f})  kernels "
-                    f"{row['kernels_per_step'] or 0:6.0f}"
-                    + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
-                    flush=True,
+    variants = parse_variants(args.variants)
+    if args.repeats < 1:
+        sys.exit("bench_decode_step: --repeats must be at least 1")
+    builds = [
+        (rep, variant, model, system)
+        for rep in range(1, args.repeats + 1)
+        for variant in variants
+        for model in args.models.split(",")
+        for system in args.systems.split(",")
+    ]
+    for rep, variant, model, system in builds:
+        cfg = row_cfg(model, system, variant)
+        ecfg = resolve_engine_config(cfg)
+        m = ecfg.model
+        eng = Engine(ecfg)
+        queries = ecfg.speculation.block_size if ecfg.speculation else 1
+        for B in batches:
+            row = {
+                "model": model,
+                "system": system,
+                "batch": B,
+                "context": args.context,
+                # a row measured with other settings than the experiment's is another row
+                **({"overrides": [*args.overrides, *variant]} if args.overrides or variant else {}),
+                **({"repeat": rep} if args.repeats > 1 else {}),
+                # what sets the host-fetched share, for comparisons with served runs
+                "selection_locality": m.selection_locality,
+                "temperature": args.temperature,
+                "experiment": args.experiment,
+                "kv_pool_gib": cfg.hardware.kv_pool_gib,
+                "slots": eng.backend.num_slots,
+                **measure(eng, m, B, args, torch),
+                **floor_bytes(m, B, args.context, queries),
+            }
+            rows.append(row)
+            write_rows(Path(args.out), rows, env, args.overrides, torch)
+            print(
+                (
+                    f"[{rep}] {' '.join(variant) or '(as built)'}\n"
+                    if (len(variants) > 1 or args.repeats > 1) and B == batches[0]
+                    else ""
                 )
-            del eng
-            gc.collect()
-            torch.cuda.empty_cache()
+                + f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
+                f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
+                f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f} (events {row['busy_share_events'] or 0:.2f})  kernels "
+                f"{row['kernels_per_step'] or 0:6.0f}"
+                + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
+                flush=True,
+            )
+        del eng
+        gc.collect()
+        torch.cuda.empty_cache()
     for r in rows:
         if r["round_over_step"] is not None:
             print(
                 f"{r['model']:12s} {r['system']:20s} B={r['batch']:3d} round / {ROUND_BASE} step "
-                f"ours {r['round_over_step']:.2f}  paper {PAPER_ROUND_OVER_STEP}",
+                f"ours {r['round_over_step']:.2f}  paper {PAPER_ROUND_OVER_STEP}"
+                + (f"  [{' '.join(r['overrides'])}]" if r.get("overrides") else "")
+                + (f"  repeat {r['repeat']}" if "repeat" in r else ""),
                 flush=True,
             )
+    if len(variants) > 1 or args.repeats > 1:
+        for line in variant_table(rows, [[*args.overrides, *v] for v in variants]):
+            print(line, flush=True)
     print(f"wrote {args.out}")
+
+
+def variant_table(rows: list[dict], variants: list[list[str]]) -> list[str]:
+    """Each (model, system, batch) under each override set: the median step over the repeats,
+    and against the first set the ratio of medians with the range of the repeat-by-repeat
+    ratios (a set and the first measured back to back in each repeat)."""
+
+    def ms(r):
+        return r["step_ms"]
+
+    by: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        key = (r["model"], r["system"], r["batch"], tuple(r.get("overrides") or ()))
+        by.setdefault(key, {})[r.get("repeat", 1)] = ms(r)
+    out = ["model        system               batch  step ms (median)  vs the first set  overrides"]
+    for key in sorted({k[:3] for k in by}):
+        base = by.get((*key, tuple(variants[0])), {})
+        for v in variants:
+            got = by.get((*key, tuple(v)))
+            if not got:
+                continue
+            med = statistics.median(got.values())
+            cmp = ""
+            if base and v != variants[0]:
+                paired = [got[i] / base[i] for i in got if i in base]
+                cmp = f"{med / statistics.median(base.values()):.3f}" + (
+                    f" ({min(paired):.3f}-{max(paired):.3f})" if len(paired) > 1 else ""
+                )
+            out.append(
+                f"{key[0]:12s} {key[1]:20s} {key[2]:5d}  {med:15.2f}  {cmp:16s}  "
+                + (" ".join(v) or "(as built)")
+            )
+    return out
 
 
 def row_key(r: dict) -> tuple:
     """A row's identity in the summary: rows of another experiment's state (or of none) are
     other rows, never replaced by these."""
-    return (r["model"], r["system"], r["batch"], r["context"], r.get("experiment"))
+    return (
+        r["model"],
+        r["system"],
+        r["batch"],
+        r["context"],
+        r.get("experiment"),
+        tuple(r.get("overrides") or ()),
+        r.get("repeat", 1),
+    )
 
 
 def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) -> None:
     """Merge ``rows`` into the summary at ``path`` by ``row_key``, with
     each speculative row's round / plain-step ratio where the plain row of its model and batch
     is known. Called after every row, so a run cut by a time box keeps what it measured."""
-    plain = {(r["model"], r["batch"]): r["step_ms"] for r in rows if r["system"] == ROUND_BASE}
+
+    def build(r):  # the same build and repeat: a round against its own plain step
+        return (r["model"], r["batch"], tuple(r.get("overrides") or ()), r.get("repeat", 1))
+
+    plain = {build(r): r["step_ms"] for r in rows if r["system"] == ROUND_BASE}
     for r in rows:
-        base = plain.get((r["model"], r["batch"])) if "phases_ms" in r else None
+        base = plain.get(build(r)) if "phases_ms" in r else None
         r["round_over_step"] = r["step_ms"] / base if base else None
         if base:
             r["round_base"] = ROUND_BASE

@@ -481,6 +481,9 @@ def bench_step_at(
         if r.get("model") == model
         and r.get("system") == system
         and C.as_float(r.get("step_ms_pipelined")) is not None
+        # the build as served: not a row of an override sweep, nor a later repeat
+        and not r.get("overrides")
+        and r.get("repeat", 1) == 1
     ]
     if experiment and any(r.get("experiment") == experiment for r in cands):
         cands = [r for r in cands if r.get("experiment") == experiment]

@@ -297,3 +297,42 @@ def test_merge_puts_a_batch_s_rows_over_the_committed_ones(tmp_path, capsys, mon
         (7.0, "fig4_h200"),
         (9.0, None),
     ]
+
+
+def test_variants_interleave_and_their_rows_stay_apart(tmp_path):
+    """--variants / --repeats: each set's rows carry its overrides and repeat, keep their own
+    keys in the summary beside the build's rows, divide a round by the plain step of the same
+    set and repeat, and the table puts each set against the first with the paired range."""
+    import json
+
+    assert B.parse_variants(None) == [()]
+    assert B.parse_variants("a=1 b=2;;c=3") == [("a=1", "b=2"), (), ("c=3",)]
+    out = tmp_path / "summary.json"
+    own = {"model": "m", "system": "adaptive_hisparse", "batch": 8, "context": 16, "step_ms": 4.0}
+    out.write_text(json.dumps({"rows": [{**own, "batch": 1, "step_ms": 2.0}, own]}))
+    rows = []
+    for rep in (1, 2):
+        for v, plain, spec in ((["w=1"], 4.0, 8.0), (["w=2"], 4.0 + rep, 12.0)):
+            for system, ms in (("adaptive_hisparse", plain), ("spec", spec)):
+                rows.append(
+                    {"model": "m", "system": system, "batch": 8, "context": 16, "step_ms": ms,
+                     "overrides": v, "repeat": rep, **({"phases_ms": {}} if system == "spec" else {})}
+                )  # fmt: skip
+    B.write_rows(out, rows, {"git_commit": "abc"}, [], _Torch)
+    rec = json.loads(out.read_text())["rows"]
+    assert len(rec) == 10  # the build's own two rows and 8 of the sweep
+    spec = {
+        (tuple(r["overrides"]), r["repeat"]): r["round_over_step"]
+        for r in rec
+        if r["system"] == "spec"
+    }
+    assert spec == {(("w=1",), 1): 2.0, (("w=1",), 2): 2.0, (("w=2",), 1): 2.4, (("w=2",), 2): 2.0}
+    table = B.variant_table(rows, [["w=1"], ["w=2"]])
+    line = next(t for t in table if "adaptive_hisparse" in t and "w=2" in t)
+    # medians 4.0 and 5.5: 1.375; repeat by repeat 5 / 4 and 6 / 4
+    assert "1.375 (1.250-1.500)" in line
+    from figures.fig4 import bench_step_at
+
+    pipelined = [{**r, "step_ms_pipelined": r["step_ms"]} for r in rec]
+    got = bench_step_at(pipelined, "m", "adaptive_hisparse", 8)
+    assert got is not None and got["ms"] == 4.0  # the build's own row, not the sweep's
