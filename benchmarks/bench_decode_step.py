@@ -18,7 +18,8 @@ holds (one config's numbers move by up to 40% between machines):
         --variants "system.kv.copy_programs_per_request=1;system.kv.copy_programs_per_request=2"
 
 Their rows carry ``overrides`` and ``repeat`` and stay apart from the build's own rows in the
-summary (Fig. 4's served-against-benchmark note reads only those).
+summary (Fig. 4's served-against-benchmark note reads only those), as do the rows of any run
+given positional overrides: a row measured with other settings is another row.
 
 Per (model, system, batch) row:
 - ``step_ms``: median wall time of an engine step (schedule + forward + sample + postprocess;
@@ -70,6 +71,7 @@ import collections
 import gc
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -513,11 +515,15 @@ def row_configs(args, batches: list[int], rounds: int):
 
 
 def parse_variants(text: str | None) -> list[tuple[str, ...]]:
-    """``--variants``: override sets separated by ';', each a space-separated list of Hydra
-    overrides ('' stands for none: the build as it is)."""
+    """``--variants``: override sets separated by ';', each a shell-quoted list of Hydra
+    overrides ('' stands for none: the build as it is). Sets must differ: a set's rows are
+    keyed by its overrides."""
     if not text:
         return [()]
-    return [tuple(v.split()) for v in text.split(";")]
+    sets = [tuple(shlex.split(v)) for v in text.split(";")]
+    if len(set(sets)) < len(sets):
+        raise ValueError(f"--variants: a set is given twice in {text!r} (use --repeats)")
+    return sets
 
 
 def main() -> None:
@@ -591,6 +597,13 @@ def main() -> None:
         print(f"merged {len(args.merge)} file(s) into {args.out}: {n} rows")
         return
 
+    try:
+        variants = parse_variants(args.variants)
+    except ValueError as e:
+        sys.exit(f"bench_decode_step: {e}")
+    if args.repeats < 1:
+        sys.exit("bench_decode_step: --repeats must be at least 1")
+
     import torch
 
     from harness.environment import environment
@@ -611,6 +624,16 @@ def main() -> None:
     # engine config, and within its model's context
     first = row_cfg(args.models.split(",")[0], args.systems.split(",")[0])
     l_step = first.engine.cuda_graph_scan_step
+    for v in variants:  # the rows of every set share the context
+        got = row_cfg(args.models.split(",")[0], args.systems.split(",")[0], v)
+        if (got.engine.cuda_graph_scan_step, got.model.max_context_len) != (
+            l_step,
+            first.model.max_context_len,
+        ):
+            sys.exit(
+                f"bench_decode_step: --variants set {' '.join(v)!r} changes the scan bucket or "
+                "the context, which every row shares; compare it in a run of its own"
+            )
     context = bucket_context(args.context, span, l_step)
     if context != args.context and context + span <= first.model.max_context_len:
         print(
@@ -619,9 +642,6 @@ def main() -> None:
             f"{l_step}), capturing graphs among the timed steps"
         )
         args.context = context
-    variants = parse_variants(args.variants)
-    if args.repeats < 1:
-        sys.exit("bench_decode_step: --repeats must be at least 1")
     builds = [
         (rep, variant, model, system)
         for rep in range(1, args.repeats + 1)
@@ -657,7 +677,7 @@ def main() -> None:
             write_rows(Path(args.out), rows, env, args.overrides, torch)
             print(
                 (
-                    f"[{rep}] {' '.join(variant) or '(as built)'}\n"
+                    f"[{rep}] {' '.join([*args.overrides, *variant]) or '(as built)'}\n"
                     if (len(variants) > 1 or args.repeats > 1) and B == batches[0]
                     else ""
                 )

@@ -310,6 +310,8 @@ def judge(c: Claim, row: Row | None, rep: Report | None) -> tuple[bool | None, s
     if c.kind == THRESHOLD:
         op, _, x = c.arg.partition(":")
         if op == "eq":
+            if row.argmax_runs is not None and row.argmax_runs < 2 and not row.tied:
+                return None, "untested: one run per candidate, so a tie cannot be ruled out"
             return p is not None and abs(ours - p) < 1e-9 and not row.tied, ""
         return (ours <= float(x)) if op == "le" else (ours >= float(x)), ""
     if c.kind == GEOMETRY:

@@ -69,6 +69,7 @@ from figures.report import (  # noqa: F401
 from figures.stats import (  # noqa: F401
     SPREAD_TARGET,
     argmax_with_ties,
+    fewest_runs,
     median_stats,
     ratio_stats,
     repeat_values,

@@ -66,6 +66,7 @@ def from_runs(runs) -> list[dict]:
                 "emitted_tokens_per_round": r.num("emitted_tokens_per_round"),
                 "output_tok_s_per_gpu": r.num("output_tok_s_per_gpu"),
                 "round_ms": r.num("round_ms"),
+                "run": f"{r.path.parent.name}/{r.path.name}",  # its repeats, for the best block
             }
         )
     return out
@@ -208,7 +209,7 @@ def main(argv=None) -> C.Report:
         row = rep.compare(
             f"{cl}.best", f"{L[c]}: block with the highest output", pv, best, "", prov
         )
-        row.tied = tied
+        row.tied, row.argmax_runs = tied, C.fewest_runs(reps)
         if cand:
             tok = {b: v(b, c, T) for b in cand}
             rnd = {b: v(b, c, "round_ms") for b in cand}

@@ -342,7 +342,7 @@ def main(argv=None) -> C.Report:
             prov_of(best),
         )
         row.ours_c = gc if own else None
-        row.tied = tied
+        row.tied, row.argmax_runs = tied, C.fewest_runs(reps)
         if own and sel:  # the claim's "why not": what each budget measured, as numbers
             rep.diagnose(
                 [f"glm128.best.{s}"],

@@ -154,6 +154,9 @@ class Row:
     # for an argmax row ("the budget with the highest output"): the other candidates whose repeats
     # reach ours (stats.argmax_with_ties), so the claim cannot single ours out
     tied: tuple = ()
+    # the fewest repeats behind any candidate of such a row: with one run a candidate's noise
+    # cannot be told from the difference, so the claim is untested
+    argmax_runs: int | None = None
 
     @property
     def interval(self) -> tuple[float, float] | None:

@@ -98,6 +98,11 @@ def argmax_with_ties(values: dict[Any, list[float]]) -> tuple[Any, tuple]:
     return best, tuple(k for k in vals if k != best and max(vals[k]) >= floor)
 
 
+def fewest_runs(values: dict[Any, list[float]]) -> int | None:
+    """The fewest repeat values behind any candidate of an argmax (None without candidates)."""
+    return min((len(v) for v in values.values() if v), default=None)
+
+
 def tie_text(best, tied: Sequence, values: dict, name: str, unit: str = "tok/s") -> str:
     """The measured reason an argmax claim fails on a tie: each tied candidate's repeat range."""
     rng = {k: f"{min(values[k]):.0f}-{max(values[k]):.0f}" for k in (best, *tied)}

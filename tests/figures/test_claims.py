@@ -17,6 +17,7 @@ from figures.stats import (
     RatioStats,
     argmax_with_ties,
     bootstrap_ratio,
+    fewest_runs,
     ratio_stats,
     tie_text,
     within_call_spread,
@@ -104,6 +105,10 @@ def test_an_argmax_claim_fails_when_the_repeats_cannot_single_out_the_best():
     assert judge(claim, rep.row("k"), rep)[0] is True
     rep.row("k").tied = (4,)
     assert judge(claim, rep.row("k"), rep)[0] is False
+    # one run per candidate: no tie can be ruled out, so the claim is untested, not a pass
+    rep.row("k").tied, rep.row("k").argmax_runs = (), fewest_runs({2: [5.0], 4: [4.0, 4.1]})
+    holds, why = judge(claim, rep.row("k"), rep)
+    assert holds is None and why.startswith("untested")
 
 
 # ------------------------------------------------------------------------------- bootstrap

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_decode_step as B  # noqa: E402
@@ -307,6 +309,9 @@ def test_variants_interleave_and_their_rows_stay_apart(tmp_path):
 
     assert B.parse_variants(None) == [()]
     assert B.parse_variants("a=1 b=2;;c=3") == [("a=1", "b=2"), (), ("c=3",)]
+    assert B.parse_variants("'x=[1, 2]'") == [("x=[1, 2]",)]
+    with pytest.raises(ValueError, match="twice"):
+        B.parse_variants("a=1;a=1")
     out = tmp_path / "summary.json"
     own = {"model": "m", "system": "adaptive_hisparse", "batch": 8, "context": 16, "step_ms": 4.0}
     out.write_text(json.dumps({"rows": [{**own, "batch": 1, "step_ms": 2.0}, own]}))
