@@ -7,9 +7,9 @@
 The drafter of an Adaptive DHiSparse round attends, per request, to its slot's ring (R_d rows,
 eq. 9: the window, a page and a verification block) and to its block's own L keys, twice a round
 (propose and catch-up) per drafter layer. ``bench_decode_step --experiment fig4_h200`` puts the
-kernel at 38 / 203 us of a round's propose at batch 1 / 32 (d = 512, two layers), where the keys
-and values it must read take 2 x B x (R_d + L) x d x 2 bytes: ~1 / ~36 us at the H200's measured
-4.22 TB/s (docs/design.md). This script times each ``--configs`` entry, CHUNKxBLOCK_NxWARPSxSTAGES
+kernel at 38 / 203 us of a round's propose at batch 1 / 32 (d = 512, two layers, so two calls),
+where the keys and values a call must read, 2 x B x (R_d + L) x d x 2 bytes, take ~1 / ~34 us
+at the H200's measured 4.22 TB/s (docs/design.md): 2 / 68 us for the two calls. This script times each ``--configs`` entry, CHUNKxBLOCK_NxWARPSxSTAGES
 (keys per split-K chunk, keys per tile, warps, pipeline stages; the kernel's defaults first),
 from a CUDA graph (back-to-back replays, the model's case) and reports microseconds per call,
 GB/s against the bytes above and the floor's share, with the reference (gather + SDPA) beside it.
