@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from gpu_timing import median_us  # noqa: E402  (benchmarks/, the script's folder)
 
-HBM_BPS = 4.22e12
+from figures.presets import HBM_BPS  # noqa: E402  (the H200's measured copy rate)
 
 
 def _wall_us(torch, fn, flush, reps: int) -> float:

@@ -81,7 +81,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-HBM_BPS = 4.22e12
+from figures.presets import HBM_BPS  # noqa: E402  (the H200's measured copy rate)
+
 PCIE_BPS = 55.4e9  # bulk host-to-device copy from pinned memory (docs/design.md)
 PAPER_ROUND_OVER_STEP = 2.2  # a block-4 round against a plain step (paper sec. 4.2.1)
 # the plain step a round is compared with: the same build without speculation (the HiSparse

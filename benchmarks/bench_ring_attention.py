@@ -12,8 +12,9 @@ where the keys and values a call must read, 2 x B x (R_d + L) x d x 2 bytes, tak
 at the H200's measured 4.22 TB/s (docs/design.md): 2 / 68 us for the two calls. This script
 times each ``--configs`` entry, CHUNKxBLOCK_NxWARPSxSTAGES (keys per split-K chunk, keys per
 tile, warps, pipeline stages; the kernel's defaults first; a setting that does not compile or
-fit shared memory is reported and left out), from a CUDA graph (back-to-back replays, the model's case) and reports microseconds per call,
-GB/s against the bytes above and the floor's share, with the reference (gather + SDPA) beside it.
+fit shared memory is reported and left out), from a CUDA graph (back-to-back replays, the
+model's case) and reports microseconds per call, GB/s against the bytes above and the floor's
+share, with the reference (gather + SDPA) beside it.
 
 Before timing, every config is checked on the GPU against the reference (bf16 tolerance) on the
 timed shapes and on a masked window with a fresh request (whole chunks masked), and for batch
@@ -37,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-HBM_BPS = 4.22e12  # the H200's measured copy rate (docs/design.md section 4)
+from figures.presets import HBM_BPS  # noqa: E402  (the H200's measured copy rate)
 
 
 def parse_config(text: str) -> dict:

@@ -69,11 +69,9 @@ from figures.report import (  # noqa: F401
 from figures.stats import (  # noqa: F401
     SPREAD_TARGET,
     argmax_with_ties,
-    fewest_runs,
     median_stats,
     ratio_stats,
     repeat_values,
-    tie_text,
     within_call_spread,
 )
 from harness.results import (  # noqa: F401

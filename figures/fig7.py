@@ -209,7 +209,6 @@ def main(argv=None) -> C.Report:
         row = rep.compare(
             f"{cl}.best", f"{L[c]}: block with the highest output", pv, best, "", prov
         )
-        row.tied, row.argmax_runs = tied, C.fewest_runs(reps)
         if cand:
             tok = {b: v(b, c, T) for b in cand}
             rnd = {b: v(b, c, "round_ms") for b in cand}
@@ -223,8 +222,7 @@ def main(argv=None) -> C.Report:
                     for b, o in cand.items()
                 ),
             )
-        if tied:
-            rep.diagnose((f"{cl}.best",), C.tie_text(best, tied, reps, "block"), append=True)
+        rep.argmax_ties(row, reps, best, tied, "block")
     rep.compare(
         "C128.tokens_b4",
         f"{L[128]}: tokens per round at block 4",

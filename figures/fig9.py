@@ -342,7 +342,6 @@ def main(argv=None) -> C.Report:
             prov_of(best),
         )
         row.ours_c = gc if own else None
-        row.tied, row.argmax_runs = tied, C.fewest_runs(reps)
         if own and sel:  # the claim's "why not": what each budget measured, as numbers
             rep.diagnose(
                 [f"glm128.best.{s}"],
@@ -356,8 +355,7 @@ def main(argv=None) -> C.Report:
             within = within_call_spread(sel)
             if within:
                 rep.diagnose([f"glm128.best.{s}"], within, append=True)
-        if tied:
-            rep.diagnose([f"glm128.best.{s}"], C.tie_text(best_bk, tied, reps, "B/k"), append=True)
+        rep.argmax_ties(row, reps, best_bk, tied, "B/k")
     h2, h8 = (at(hsel, "glm", "hisparse", None, b) for b in (2, 8))
     d = C.pct_change(
         h8 and h8.value("output_tok_s_per_gpu"), h2 and h2.value("output_tok_s_per_gpu")

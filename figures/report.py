@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from figures.paper_values import PV  # noqa: E402
-from figures.stats import RatioStats  # noqa: E402
+from figures.stats import RatioStats, fewest_runs, tie_text  # noqa: E402
 from harness.load_mapping import PAPER_DECODE_GPUS, loads_line  # noqa: E402
 from harness.results import DEFAULT_RESULTS, REPO, SUPERSEDED, as_float  # noqa: E402
 
@@ -235,6 +235,15 @@ class Report:
         ``append`` adds it after a reason already given."""
         for k in keys:
             self.why[k] = f"{self.why[k]}; {text}" if append and self.why.get(k) else text
+
+    def argmax_ties(self, row: Row, values: dict, best, tied: tuple, name: str) -> None:
+        """Mark an argmax row ("the budget with the highest output") with the candidates its
+        repeats cannot single ``best`` out from (stats.argmax_with_ties) and the fewest repeats
+        behind a candidate, which the claim's criterion reads; a tie's repeat ranges are
+        appended to the row's measured reason."""
+        row.tied, row.argmax_runs = tied, fewest_runs(values)
+        if tied:
+            self.diagnose([row.key], tie_text(best, tied, values, name), append=True)
 
     def note_reasons(self, reasons: Iterable[str]) -> None:
         """One note per distinct reason (e.g. each left-out run), as a sentence."""
