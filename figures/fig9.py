@@ -180,7 +180,7 @@ def h200_sweep(
         return None, "", None
     ours_c = sel[0].concurrency
     load = load_label(128, ours_c, decode_gpus(sel[0].run.model))
-    return sel, f" at {load} ({sel[0].run.model}, budgets interleaved)", ours_c
+    return sel, f" at {load} ({sel[0].run.model}, B interleaved)", ours_c
 
 
 def pools_note(sel: list[SweepPoint]) -> str:

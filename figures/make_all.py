@@ -74,6 +74,7 @@ def build_claims(reports: dict[str, C.Report]) -> dict:
             "paper": p,
             "ours": ours,
             "interval_90": list(row.interval) if row is not None and row.interval else None,
+            "interval_paired": bool(row is not None and row.stats and row.stats.paired),
             "run_group_ratios": list(row.stats.group_ratios)
             if row is not None and row.stats
             else None,
@@ -102,7 +103,8 @@ def _holds_text(c: dict) -> str:
 def _ours_text(c: dict) -> str:
     ours = C.fmt(c["ours"]) if c["ours"] is not None else f"*{C.NOT_MEASURED}*"
     if c["interval_90"]:
-        ours += f" ({C.fmt(c['interval_90'][0])}–{C.fmt(c['interval_90'][1])})"
+        paired = "paired " if c.get("interval_paired") else ""
+        ours += f" ({paired}{C.fmt(c['interval_90'][0])}–{C.fmt(c['interval_90'][1])})"
     return ours
 
 
@@ -177,7 +179,9 @@ def _headline_intro(measured: list[dict]) -> list[str]:
     return [
         f"{held} of {len(measured)} measured claims hold, {failed} do not, {untested} are untested "
         "(no interval). A ratio the paper reports is two claims: its direction holds when the "
-        "whole bootstrap 90% interval over the repeat runs is on the paper's side of 1, its "
+        'whole bootstrap 90% interval over the repeat runs is on the paper\'s side of 1 ("paired": '
+        "the bootstrap resampled interleaved pairs of runs, measured back to back on one "
+        "machine), its "
         f"magnitude when ours is within ±{MAGNITUDE_TOLERANCE:.0%} of the paper's. Loads: one H200 "
         f"stands for one of the paper's {PAPER_DECODE_GPUS} decode GPUs (paper C128 = ours C32 "
         "on one H200); the load column gives the paper's C and the one our runs used. "

@@ -202,7 +202,7 @@ def paired_ratio_note(
         if st is not None and st.interval:
             text += (
                 f"; over all {st.runs[0]} and {st.runs[1]} runs {st.point:.2f}, "
-                f"90% interval {st.lo:.2f}-{st.hi:.2f}"
+                f"90% {'paired ' if st.paired else ''}interval {st.lo:.2f}-{st.hi:.2f}"
             )
         parts.append(text)
     if not parts:

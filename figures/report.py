@@ -491,10 +491,11 @@ def fold_grids(rows: Sequence[Row]) -> tuple[list, list[Row]]:
 
 
 def interval_text(r: Row) -> str:
-    """' (90% lo-hi; groups lo-hi)' for a row with a bootstrap interval, else ''."""
+    """' (90% [paired] lo-hi; groups lo-hi)' for a row with a bootstrap interval, else ''."""
     if r.interval is None:
         return ""
-    text = f" (90% {fmt(r.interval[0])}–{fmt(r.interval[1])}"
+    paired = "paired " if r.stats is not None and r.stats.paired else ""
+    text = f" (90% {paired}{fmt(r.interval[0])}–{fmt(r.interval[1])}"
     if r.spread is not None and len(r.stats.group_ratios) > 1:
         text += f"; run groups {fmt(r.spread[0])}–{fmt(r.spread[1])}"
     return text + ")"

@@ -3,10 +3,13 @@ medians (what the figures plot), with a bootstrap 90% interval and the spread of
 measured within one run group.
 
 One config's output moved by up to 40% between GPU machines (HiSparse C128: 3,142-4,685 tok/s),
-as much as the effects the paper reports, so a ratio without its interval says little. The
-bootstrap resamples each system's repeats with replacement, independently (runs of one group are
-not always one per system), and takes the ratio of the resampled medians; the generator is
-seeded so that a report regenerates byte for byte.
+as much as the effects the paper reports, so a ratio without its interval says little. Where
+the two systems ran as interleaved pairs (every run of one has exactly one partner of the other
+with the same run group and ``repeat`` number: harness.reproduce's A B A B ... groups), the
+bootstrap resamples the pairs, so that a machine's speed, which both runs of a pair share, does
+not count as noise of the ratio; otherwise it resamples each system's repeats independently. It
+takes the ratio of the resampled medians; the generator is seeded so that a report regenerates
+byte for byte.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class RatioStats:
     hi: float | None
     runs: tuple[int, int]  # runs behind a and b
     group_ratios: tuple[float, ...]  # median(a) / median(b) within each run group that ran both
+    paired: bool = False  # the interval resampled interleaved pairs (same run group and repeat)
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -65,6 +69,45 @@ def bootstrap_ratio(
     tail = 100.0 * (1.0 - interval) / 2.0
     lo, hi = np.percentile(r, [tail, 100.0 - tail])
     return float(lo), float(hi)
+
+
+def bootstrap_paired_ratio(
+    pairs: Sequence[tuple[float, float]],
+    interval: float = INTERVAL,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> tuple[float, float] | None:
+    """Percentile interval of median(a*) / median(b*) where a*, b* are the two sides of one
+    bootstrap resample of the (a, b) ``pairs``; None with fewer than MIN_RUNS pairs."""
+    p = np.asarray(pairs, dtype=float)
+    if p.ndim != 2 or len(p) < MIN_RUNS:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(p), size=(resamples, len(p)))
+    r = np.median(p[idx, 0], axis=1) / np.median(p[idx, 1], axis=1)
+    tail = 100.0 * (1.0 - interval) / 2.0
+    lo, hi = np.percentile(r, [tail, 100.0 - tail])
+    return float(lo), float(hi)
+
+
+def repeat_pairs(a: Run, b: Run, key) -> list[tuple[float, float]] | None:
+    """(a's value, b's value) for each interleaved pair of their repeats, matched by run group and
+    ``repeat`` number; None unless every repeat on both sides has exactly one partner."""
+
+    def keyed(run: Run) -> dict | None:
+        out = {}
+        for x in run.repeats or [run]:
+            rep, v = x.config.get("repeat"), run_value(x, key)
+            k = (x.run_group, rep)
+            if rep is None or not x.run_group or v is None or k in out:
+                return None
+            out[k] = v
+        return out
+
+    ka, kb = keyed(a), keyed(b)
+    if not ka or not kb or ka.keys() != kb.keys():
+        return None
+    return [(ka[k], kb[k]) for k in sorted(ka, key=str)]
 
 
 def median_stats(values: Sequence[float]) -> RatioStats | None:
@@ -121,7 +164,8 @@ def ratio_stats(a: Run | None, b: Run | None, key) -> RatioStats | None:
     va, vb = repeat_values(a, key), repeat_values(b, key)
     if not va or not vb or float(np.median(vb)) == 0:
         return None
-    iv = bootstrap_ratio(va, vb)
+    pairs = repeat_pairs(a, b, key)
+    iv = bootstrap_paired_ratio(pairs) if pairs else bootstrap_ratio(va, vb)
     groups = values_by_run_group({"a": a, "b": b}, key)
     per_group = tuple(
         float(np.median(d["a"]) / np.median(d["b"]))
@@ -134,6 +178,7 @@ def ratio_stats(a: Run | None, b: Run | None, key) -> RatioStats | None:
         iv[1] if iv else None,
         (len(va), len(vb)),
         per_group,
+        paired=bool(pairs) and iv is not None,
     )
 
 

@@ -16,9 +16,11 @@ from figures.report import Report
 from figures.stats import (
     RatioStats,
     argmax_with_ties,
+    bootstrap_paired_ratio,
     bootstrap_ratio,
     fewest_runs,
     ratio_stats,
+    repeat_pairs,
     tie_text,
     within_call_spread,
 )
@@ -125,7 +127,7 @@ def test_bootstrap_interval_covers_the_ratio_and_is_reproducible():
     assert bootstrap_ratio([1.0], [1.0, 2.0]) is None  # one run: no interval
 
 
-def _run(root, name, system, t, out, group=None, commit="aaaaaaa", metrics=None):
+def _run(root, name, system, t, out, group=None, commit="aaaaaaa", metrics=None, repeat=None):
     d = root / "fig4" / name
     d.mkdir(parents=True)
     (d / "summary.json").write_text(
@@ -143,7 +145,10 @@ def _run(root, name, system, t, out, group=None, commit="aaaaaaa", metrics=None)
     if group:
         env["run_group"] = group
     (d / "env.json").write_text(json.dumps(env))
-    (d / "config.yaml").write_text(json.dumps({"workload": {"output_len": 320}, "rerun": t}))
+    config = {"workload": {"output_len": 320}, "rerun": t}
+    if repeat is not None:
+        config["repeat"] = repeat
+    (d / "config.yaml").write_text(json.dumps(config))
     if metrics is not None:
         metrics.to_parquet(d / "server_metrics.parquet")
 
@@ -177,6 +182,47 @@ def test_ratio_and_paired_note_use_every_run_of_a_group(tmp_path):
     note = paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
     assert "0.85 (g1)" in note and "1.10 (g0)" in note  # newest-only would give 3500/4200 = 0.83
     assert "over all 4 and 4 runs" in note and "90% interval" in note
+
+
+def test_paired_bootstrap_keeps_a_machines_speed_out_of_the_ratio():
+    """fig5_h200's three interleaved pairs, one measured on a slower machine: each pair favours
+    the first system, which the paired interval shows and the unpaired one, which mixes a fast
+    run of one system with a slow run of the other, does not."""
+    a, b = [5643.0, 5768.0, 4866.0], [5020.0, 5007.0, 4570.0]
+    lo, hi = bootstrap_paired_ratio(list(zip(a, b)))
+    assert 1.0 < lo and lo == pytest.approx(4866 / 4570) and hi == pytest.approx(5768 / 5007)
+    ulo, uhi = bootstrap_ratio(a, b)
+    assert ulo < 1.0 < uhi
+    assert bootstrap_paired_ratio([(1.0, 2.0)]) is None  # one pair: no interval
+
+
+def test_ratio_stats_pairs_runs_by_run_group_and_repeat(tmp_path):
+    """Runs pair when every repeat of each system has one partner with the same run group and
+    repeat number (harness.reproduce's interleaved groups); one without a partner falls back to
+    resampling each system's runs independently."""
+    reps = [("g1", 1, 5643.0, 5020.0), ("g2", 2, 5768.0, 5007.0), ("g2", 3, 4866.0, 4570.0)]
+    for i, (group, rep, a, b) in enumerate(reps):
+        t = f"2026-01-01T00:0{i}"
+        _run(tmp_path, f"a{i}", "adaptive_dhisparse", t, a, group=group, repeat=rep)
+        _run(tmp_path, f"h{i}", "hisparse", t, b, group=group, repeat=rep)
+    runs = load_runs(tmp_path, "fig4")
+    a = next(r for r in runs if r.system == "adaptive_dhisparse")
+    b = next(r for r in runs if r.system == "hisparse")
+    assert repeat_pairs(a, b, "output_tok_s") == [
+        (5643.0, 5020.0),
+        (5768.0, 5007.0),
+        (4866.0, 4570.0),
+    ]
+    st = ratio_stats(a, b, "output_tok_s")
+    assert st.paired and st.lo > 1.0
+    # a fourth run of one system with no partner: no pairing, the independent interval
+    _run(tmp_path, "a9", "adaptive_dhisparse", "2026-01-01T00:09", 5000.0, group="g2", repeat=4)
+    runs = load_runs(tmp_path, "fig4")
+    a = next(r for r in runs if r.system == "adaptive_dhisparse")
+    b = next(r for r in runs if r.system == "hisparse")
+    assert repeat_pairs(a, b, "output_tok_s") is None
+    st = ratio_stats(a, b, "output_tok_s")
+    assert not st.paired and st.lo < 1.0
 
 
 def test_within_call_spread_is_per_run_group(tmp_path):

@@ -48,12 +48,8 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
 # below fails until it does).
 NOT_YET_MEASURED = {
     "fig4_protocol",  # issue 23: the protocol, written in the paper's C
-    "fig5_h200",  # issue 23: the DeepSeek-like headline on the DeepSeek-like H200 preset
-    "fig9_dsv_h200",  # issue 23: DeepSeek-like HiSparse flat in B, on the same preset
-    # issue 23: Fig. 10 / 11's kernel profiles on the H200 presets
+    # issue 23: Fig. 10 / 11's kernel profiles on the GLM-like H200 preset
     "fig10_h200",
-    "fig10_dsv_h200",
-    "fig10_dsv_eager_h200",
     "fig11_eager_h200",
 }
 # Single runs cut by their GPU call's time box, the rest of their experiment committed; the next
