@@ -31,7 +31,8 @@ def main(argv=None) -> C.Report:
     ]
     rep = C.Report(
         NAME,
-        "Fig. 5 - DeepSeek-V4.1-Flash serving at 500K context (ours: DeepSeek-like scaled preset)",
+        "Fig. 5 - DeepSeek-V4.1-Flash serving at 500K context (ours: "
+        f"{C.curves_and_claims_label(args.results, NAME, 'DeepSeek')})",
     )
     fig, axes = C.subplots(1, 3, width=3.8, height=3.0)
     C.serving_panels(

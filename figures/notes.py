@@ -365,12 +365,13 @@ class Tracker:
         return provenance(used) if used else ""
 
 
-def curves_and_claims_label(results, experiment: str) -> str:
+def curves_and_claims_label(results, experiment: str, family: str = "GLM") -> str:
     """The preset words of a title whose curves plot the scaled preset's runs of ``experiment``
-    while its claim rows come from ``<experiment>_h200`` (h200_ratio_row) where that has runs."""
+    while its claim rows come from ``<experiment>_h200`` (h200_ratio_row) where that has runs;
+    ``family``: the presets' model family (GLM, DeepSeek)."""
     if load_runs(results, experiment + H200_SUFFIX):
-        return "GLM-like presets: scaled curves, H200 claims"
-    return "GLM-like scaled preset"
+        return f"{family}-like presets: scaled curves, H200 claims"
+    return f"{family}-like scaled preset"
 
 
 def h200_ratio_row(
