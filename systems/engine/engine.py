@@ -776,9 +776,33 @@ class Engine:
         for phase, sec in {**self.scheduler.admit_phase_seconds, **self._admit_phases}.items():
             m[f'dhs_admit_phase_seconds_total{{phase="{phase}"}}'] = sec
         m["dhs_admission_blocked"] = 1.0 if self.scheduler.wait_reason else 0.0
+        if self.device.type == "cuda":
+            m.update(cuda_allocator_counters(self.device))
         if self._gpu_time.on and self.stats["decode_gpu_span_seconds_total"] > 0:
             # share of the GPU's serving timeline spent inside steps (1 - host gaps)
             m["dhs_decode_gpu_share"] = (
                 self.stats["decode_gpu_seconds_total"] / self.stats["decode_gpu_span_seconds_total"]
             )
         return m
+
+
+def cuda_allocator_counters(device) -> dict[str, float]:
+    """The CUDA caching allocators' event counts (/metrics). A device allocation the cache
+    cannot serve calls cudaMalloc, and a retry after freeing cached blocks calls cudaFree, which
+    waits for the whole device: a step in flight. Pinned host blocks are reused only once the
+    copies that used them have run, so a new one each time costs a cudaHostAlloc. Each such count
+    growing with handoffs says which allocation holds the engine thread."""
+    s = torch.cuda.memory_stats(device)
+    out = {
+        "dhs_cuda_malloc_total": float(s.get("num_device_alloc", 0)),
+        "dhs_cuda_free_total": float(s.get("num_device_free", 0)),
+        "dhs_cuda_alloc_retries_total": float(s.get("num_alloc_retries", 0)),
+    }
+    host = getattr(torch.cuda, "host_memory_stats", None)
+    if host is not None:
+        h = host()
+        out["dhs_cuda_host_alloc_total"] = float(h.get("num_host_alloc", 0))
+        out["dhs_cuda_host_free_total"] = float(h.get("num_host_free", 0))
+        # microseconds spent in those cudaHostAlloc calls
+        out["dhs_cuda_host_alloc_seconds_total"] = float(h.get("host_alloc_time.total", 0)) / 1e6
+    return out

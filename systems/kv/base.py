@@ -22,6 +22,7 @@ score the whole logical history wherever the payload lives.
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +219,9 @@ class KVBackend(ABC):
         # asynchronous handoffs: slot -> the event after its history's copies (handoff stream)
         self.importing: dict[int, Any] = {}
         self._handoff_stream = None
+        # host seconds of admit()'s two halves (/metrics: dhs_handoff_phase_seconds_total), the
+        # split of the scheduler's "handoff" admission phase: which half holds the engine thread
+        self.handoff_seconds = {"reserve": 0.0, "import": 0.0}
         # query blocks a slot may have queued beyond its last commit: 2 when the engine launches
         # a speculative round before committing the previous one (overlap scheduling)
         self.blocks_in_flight = 1
@@ -360,7 +364,10 @@ class KVBackend(ABC):
         the slot must not join a step before ``import_done(slot)`` says so (releasing it
         earlier, an abort, waits for its copies). As a disaggregated decode node receives a
         prefill node's KV while it keeps decoding."""
+        t0 = time.perf_counter()
         slot = self.reserve(prefix, max_new_tokens)
+        t1 = time.perf_counter()
+        self.handoff_seconds["reserve"] += t1 - t0
         stream = self._handoff(asynchronous)
         try:
             if stream is None:
@@ -382,6 +389,8 @@ class KVBackend(ABC):
                 stream.synchronize()  # nothing may still write the memory released below
             self.release(slot)
             raise
+        finally:
+            self.handoff_seconds["import"] += time.perf_counter() - t1
         return slot
 
     def _handoff(self, asynchronous: bool):
@@ -546,6 +555,10 @@ class KVBackend(ABC):
             "dhs_kv_pool_used_ratio": (rep.required + rep.optional) / max(1, rep.capacity),
             "dhs_num_allocated_slots": len(self.active_slots),
             "dhs_num_slots": self.num_slots,
+            **{
+                f'dhs_handoff_phase_seconds_total{{phase="{k}"}}': v
+                for k, v in self.handoff_seconds.items()
+            },
         }
 
     @property

@@ -10,6 +10,7 @@ an abort while its copies run must wait for them and free everything."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from systems.engine.request import ReqStatus, Request, SamplingParams
 from tests.helpers import golden_prompts, make_engine
@@ -170,3 +171,27 @@ def test_admission_phases_split_the_admission_time():
     assert set(phases) == {"prefix", "can_admit", "handoff", "arrivals", "decoder", "first_token"}
     for phase in ("prefix", "handoff", "decoder", "first_token"):
         assert phases[phase] > 0, phase
+    # the backend's split of "handoff": its two halves, both timed inside it
+    halves = {
+        k.split('"')[1]: v for k, v in m.items() if k.startswith("dhs_handoff_phase_seconds_total")
+    }
+    assert set(halves) == {"reserve", "import"} and all(v > 0 for v in halves.values())
+    assert sum(halves.values()) <= phases["handoff"]
+
+
+def test_cuda_allocator_counters_name_the_allocations_that_can_stall(monkeypatch):
+    """/metrics's allocator counts, from torch's counters (stubbed: no GPU here)."""
+    from systems.engine.engine import cuda_allocator_counters
+
+    dev = {"num_device_alloc": 7, "num_device_free": 2, "num_alloc_retries": 1}
+    host = {"num_host_alloc": 5, "num_host_free": 0, "host_alloc_time.total": 2_500_000}
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: dev)
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: host)
+    assert cuda_allocator_counters("cuda") == {
+        "dhs_cuda_malloc_total": 7.0,
+        "dhs_cuda_free_total": 2.0,
+        "dhs_cuda_alloc_retries_total": 1.0,
+        "dhs_cuda_host_alloc_total": 5.0,
+        "dhs_cuda_host_free_total": 0.0,
+        "dhs_cuda_host_alloc_seconds_total": 2.5,
+    }
