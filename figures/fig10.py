@@ -119,6 +119,32 @@ def profiles(results, skipped: list[str] | None = None) -> dict[tuple[str, float
 MERGED_UNDER_GRAPHS = ("expert matrix products", "dense projections")
 
 
+def step_composition(results, fam: str) -> str | None:
+    """The served step's composition on the family's H200 preset at the paper's C128 and budget
+    (its Adaptive HiSparse kernel profile), against the paper's Fig. 10b, as a measured reason for
+    a throughput claim of the same preset: weights' matrix products, indexing and attention,
+    other model kernels. None without such a profile."""
+    pts = [p for p in h200_points(results, fam) if p.bk == PAPER_BUDGET[fam]]
+    prof = C.profile_at_load(pts[0].run, []) if pts else None
+    part = (prof or {}).get("partition_pct") or {}
+    if not part:
+        return None
+    P = PAPER["fig10"]["partition_pct"][fam]
+    share = lambda keys: sum(C.as_float(part.get(k)) or 0.0 for k in keys)  # noqa: E731
+    paper = lambda keys: sum(float(P[k]) for k in keys)  # noqa: E731
+    parts = (
+        ("weight matrix products", MERGED_UNDER_GRAPHS),
+        ("indexing and attention", ("indexing and attention",)),
+        ("other model kernels", ("other model kernels",)),
+    )
+    r = pts[0].run
+    return (
+        f"{r.model}'s served step at {load_label(128, r.concurrency, decode_gpus(r.model))} "
+        f"({H200_EXPERIMENTS[fam][0]}'s profile): "
+        + ", ".join(f"{n} {share(k):.0f} % (paper {paper(k):.0f} %)" for n, k in parts)
+    )
+
+
 def eager_profiles(results, skipped: list[str]) -> dict[str, dict]:
     """family -> the GLM-like (or DeepSeek-like) C128 profile at the paper's budget taken with CUDA
     graphs off (results/fig10_eager, fig10_dsv_eager): the two splits graph replay folds together

@@ -10,6 +10,7 @@ C512 = ours C256, interleaved repeats) where it has runs of both systems there.
 from __future__ import annotations
 
 from figures import common as C
+from figures.fig10 import step_composition
 from figures.paper_values import PAPER
 from harness.load_mapping import DEEPSEEK_DECODE_GPUS
 
@@ -57,6 +58,11 @@ def main(argv=None) -> C.Report:
         rep, args.results, NAME, HEADLINE_KEY, "ADHS / Resident + DSpark output",
         P[HEADLINE_KEY], HEADLINE, 512, DEEPSEEK_DECODE_GPUS, OUT,
     )  # fmt: skip
+    if on_h200:
+        # the step's composition on the same preset: what sets how output follows sessions
+        comp = step_composition(args.results, "deepseek")
+        if comp:
+            rep.diagnose((HEADLINE_KEY,), comp, append=True)
     mini_key, mini_label = (
         (f"{HEADLINE_KEY}_scaled", " (DeepSeek-like scaled preset)")
         if on_h200

@@ -429,6 +429,8 @@ def test_fig10_reads_a_familys_h200_profiles_and_only_those(results, tmp_path):
             write(bk, 31.0)
         write(8, 1.0)  # a profile of batch-1 steps: not the run's load
         rep = fig10.main(["--results", str(results), "--out", str(tmp_path)])
+        # a throughput claim's measured reason: the step's composition at the paper's budget
+        comp = fig10.step_composition(results, "glm")
     finally:
         shutil.rmtree(results / "fig10_h200")
         (results / "fig10" / "summary.json").unlink()
@@ -454,6 +456,10 @@ def test_fig10_reads_a_familys_h200_profiles_and_only_those(results, tmp_path):
         shutil.rmtree(results / "fig10_h200")
         (results / "fig10" / "summary.json").unlink()
     assert off.row("glm.cache_ms.8").ours is None
+    assert comp.startswith("glm53_h200's served step at paper C128 = ours C32 on one H200")
+    assert "weight matrix products 30 % (paper 45 %)" in comp  # expert 30 + dense 0; 38 + 7
+    assert "other model kernels 0 % (paper 8 %)" in comp
+    assert fig10.step_composition(results, "glm") is None  # no profile at the paper's budget
     assert "paper C128 = ours C32" in off.row("glm.cache_ms.8").quantity
 
 
