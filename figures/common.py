@@ -108,6 +108,7 @@ from harness.results import (  # noqa: F401
     preset_label,
     profile_at_load,
     run_value,
+    step_cost,
     summary_value,
     timing_split,
     values_by_run_group,

@@ -404,3 +404,29 @@ def test_fig10_compares_the_served_runs_gpu_time_without_a_step(tmp_path):
     rep = fig10.main(["--results", str(tmp_path), "--out", str(tmp_path / "out")])
     row = rep.row("glm.served_no_step_pct")
     assert row.ours == pytest.approx(4.0) and row.paper == 1.5
+
+
+def test_measured_fixed_share_fits_the_presets_served_steps(tmp_path):
+    """Table 1's measured time structure: a line through a preset's served steps against their
+    running requests, loads up to its paper-C128 batch, its own system and budget only; the
+    intercept over the fitted step at that batch."""
+    from figures.table1 import measured_fixed_share
+    from tests.figures.fixture import _write_run
+
+    def write(name, system, running, ms, rows=None):
+        summary = {"system": system, "model": "glm53_h200", "point": {"concurrency": running}}
+        kv = {"hot_cache_rows": rows} if rows else {}
+        config = {"system": {"name": system, "kv": kv}, "model": {"name": "glm53_h200"}}
+        _write_run(
+            tmp_path, "fig4_h200_sweep", name, summary, config, metrics=_step_metrics(ms, running)
+        )
+
+    for b in (4, 16, 32):
+        write(f"h{b}", "hisparse", b, 4.0 + 0.125 * b)  # 4 ms + 0.125 ms a request: 50 % at 32
+    write("h64", "hisparse", 64, 50.0)  # past the paper-C128 batch (32): not fitted
+    write("a16", "adaptive_hisparse", 16, 30.0)  # another system
+    write("b16", "hisparse", 16, 30.0, rows=4096)  # another budget
+    share, icpt, slope, runs = measured_fixed_share(tmp_path, "glm53_h200")
+    assert share == pytest.approx(0.5) and icpt == pytest.approx(4.0)
+    assert slope == pytest.approx(0.125) and len(runs) == 3
+    assert measured_fixed_share(tmp_path, "dsv41_h200") is None  # no runs of that preset
