@@ -331,12 +331,15 @@ class Server:
                 raise BadRequest(f"{field} is not valid Unicode (lone surrogate)", field) from None
         elif isinstance(value, list) and len(value) > self.max_total:
             raise self._too_long(field)
-        elif isinstance(value, list) and all(_is_int(t) for t in value):
+        elif isinstance(value, list) and set(map(type, value)) <= {int}:
+            # C-level passes over the ids (type set, min, max): a 125,000-token prompt's checks
+            # hold the GIL ~5 ms instead of ~12 ms per-item in Python, time the engine thread
+            # waits for (bool, an int subclass, is its own type here and so refused)
             ids = value
             V = self.vocab_size
-            bad = [t for t in ids if not 0 <= t < V]
-            if bad:
-                raise BadRequest(f"{field}: token id {bad[0]} outside [0, {V})", field)
+            if ids and (min(ids) < 0 or max(ids) >= V):
+                bad = next(t for t in ids if not 0 <= t < V)
+                raise BadRequest(f"{field}: token id {bad} outside [0, {V})", field)
         elif text_ok:
             raise BadRequest(f"{field} must be a string or a list of integer token ids", field)
         else:

@@ -371,9 +371,12 @@ class AdaptiveBackend(HiSparseBackend):
     def _import_rows(self, slot: int, prefix: PrefixKV) -> None:
         G, r = self.G, self.res[slot]
         keep = r.kept
-        if keep:  # one indexed copy for every kept page: a copy per page costs host time each
-            rows = self._unit_rows(to_device(r.page[:keep], self.device))
-            self.kv_flat[rows] = prefix.kv[:, : keep * G].reshape(rows.numel(), -1)
+        if keep:  # one indexed copy per source for every kept page, not one per page
+            rows = self._unit_rows(to_device(r.page[:keep], self.device)).view(self.S, -1)
+            # each source's kept rows are one contiguous run of the prefix: indexing them alone
+            # needs no reshaped copy of the whole kept history (hundreds of MB at 125K tokens)
+            for s in range(self.S):
+                self.kv_flat[rows[s]] = prefix.kv[s, : keep * G]
         # everything not kept on device goes to host now (incl. the partial boundary page)
         self._backup(slot, keep * G, prefix.num_tokens, prefix.kv[:, keep * G :])
 

@@ -361,7 +361,9 @@ class HiSparseBackend(KVBackend):
 
     def _init_slot(self, slot, prefix, total, page, hpages) -> None:
         self._alloc_index(slot, total)
-        self.slot_page[slot] = page
+        # one element of a device tensor, written by a fill kernel: ``t[i] = v`` copies a CPU
+        # scalar from pageable memory, which waits for the step in flight (torch 2.11)
+        self.slot_page[slot : slot + 1].fill_(page)
         self.host_page_table[slot, : len(hpages)] = to_device(hpages, self.device, torch.int32)
         self.hot_pos[:, slot] = -1
         self.hot_lru[:, slot] = 0
@@ -389,7 +391,7 @@ class HiSparseBackend(KVBackend):
         if page is not None:
             self.payload_pages.free([page])
         self.host_pages.free(hpages)
-        self.slot_page[slot] = -1
+        self.slot_page[slot : slot + 1].fill_(-1)  # a fill kernel, no wait (as in _init_slot)
         self.host_page_table[slot] = -1
         self._free_index(slot)
         self._shadow.pop(slot, None)
@@ -431,7 +433,7 @@ class HiSparseBackend(KVBackend):
 
     def _set_tail_start(self, slot: int, n: int) -> None:
         self.tail_start[slot] = n
-        self.tail_start_dev[slot] = n
+        self.tail_start_dev[slot : slot + 1].fill_(n)  # a fill kernel, no wait (_init_slot)
 
     # ------------------------------------------------------------------ step
     def _prepare_step(self):

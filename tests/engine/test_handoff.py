@@ -9,8 +9,11 @@ an abort while its copies run must wait for them and free everything."""
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from systems.engine.request import ReqStatus, Request, SamplingParams
 from tests.helpers import golden_prompts, make_engine
@@ -195,3 +198,34 @@ def test_cuda_allocator_counters_name_the_allocations_that_can_stall(monkeypatch
         "dhs_cuda_host_free_total": 0.0,
         "dhs_cuda_host_alloc_seconds_total": 2.5,
     }
+
+
+class _ElementWrites(TorchDispatchMode):
+    """Records ``t[i] = python_number`` writes: a copy of a 0-dim host tensor into one element.
+    On a GPU that copy comes from pageable memory and waits for everything queued on the stream
+    (a decode step in flight), so admission and release must write such elements with a fill
+    kernel. The CPU reference resolver reads and writes host values on purpose
+    (``allow_host_sync``): it is not counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from systems import host_sync
+
+        if func.overloadpacket.__name__ == "copy_" and host_sync._allow_depth == 0:
+            dst, src = args[0], args[1]
+            if dst.dim() == 0 and src.dim() == 0 and src.device.type == "cpu":
+                here = [f for f in traceback.extract_stack() if "/systems/" in f.filename]
+                self.sites.append(f"{here[-1].filename}:{here[-1].lineno}" if here else "?")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("system", [*SYSTEMS, "resident_dspark", "adaptive_dhisparse_dspark"])
+def test_admission_steps_and_release_never_write_an_element_from_the_host(system):
+    eng = _engine(system)
+    spy = _ElementWrites()
+    with spy:
+        _serve(eng, [4, 3, 5, 2, 4])
+    assert not spy.sites, sorted(set(spy.sites))

@@ -13,6 +13,12 @@ P = PROMPTS[1]
 
 # (endpoint, body, the field a 400 must name)
 INVALID = [
+    # token ids: only ints (a JSON true is not one), inside the vocabulary, at least one
+    ("/generate", {"input_ids": [1, True]}, "input_ids"),
+    ("/generate", {"input_ids": [1, 2.0]}, "input_ids"),
+    ("/generate", {"input_ids": [5, -3, 7]}, "input_ids"),
+    ("/generate", {"input_ids": [5, 10**9]}, "input_ids"),
+    ("/generate", {"input_ids": []}, "input_ids"),
     ("/generate", {"sampling_params": {"top_p": 5}}, "sampling_params.top_p"),
     ("/generate", {"sampling_params": {"top_p": -1}}, "sampling_params.top_p"),
     ("/generate", {"sampling_params": {"top_k": -5}}, "sampling_params.top_k"),
@@ -90,6 +96,8 @@ async def test_invalid_values_are_400s_naming_the_field(server):
         headers={"Content-Type": "application/json"},
     )
     assert r.status == 400 and (await r.json())["error"]["param"] == "input_ids"
+    out = await (await s.post("/generate", json={"input_ids": [5, -3, 10**9]})).json()
+    assert "token id -3 outside" in out["error"]["message"]  # the first one out of range
     assert eng.stats["finished_total"] == 0
 
 
