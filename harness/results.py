@@ -943,6 +943,13 @@ MEASUREMENT_CHANGES = (
         "every lookup scanned all of them: ~2,700 on dsv41_h200, several scans and milliseconds "
         "of host time a step)",
     ),
+    (
+        "473698b",
+        "HiSparse and adaptive residency write a slot's device table entries with fill kernels "
+        "on admission and release (before it, each wrote single elements from Python ints, "
+        "which waits for the decode step in flight: every handoff and finish stalled the host "
+        "and left the GPU idle after it)",
+    ),
 )
 
 
