@@ -29,7 +29,7 @@ from profiling.ranges import STEP, nvtx_range
 from systems.engine.prefill import PrefixStore, PromptKey
 from systems.engine.request import ReqStatus, Request
 from systems.engine.sampler import sample
-from systems.engine.scheduler import QueueFull, Scheduler
+from systems.engine.scheduler import PhaseTimes, QueueFull, Scheduler, clock
 from systems.host_sync import to_device
 from systems.kv.base import KVConfig
 from systems.kv.registry import create_backend
@@ -240,7 +240,7 @@ class Engine:
         }
         # admission's phases on the engine's side (the scheduler keeps its own): the decoder's
         # set-up of arrivals and their first tokens (/metrics: dhs_admit_phase_seconds_total)
-        self._admit_phases = {"decoder": 0.0, "first_token": 0.0}
+        self._admit_phases = PhaseTimes(("decoder", "first_token"))
         self.error: BaseException | None = None
         self._gpu_time = DecodeGpuTime(self.device)
         # the decoder says whether it can launch a step before the previous one is read back
@@ -357,9 +357,9 @@ class Engine:
         admitted = self.scheduler.admit(on_error=self._fail_admission)
         if not admitted and not self.scheduler.running and self._inflight is None:
             admitted = self.scheduler.arrivals(wait=True)  # nothing to decode meanwhile
-        t_decoder = time.perf_counter()
+        t_decoder = clock()
         failed = self._decoder_admit(admitted)
-        t_first = time.perf_counter()
+        t_first = clock()
         for req, entry in admitted:
             try:
                 if id(req) in failed:
@@ -370,12 +370,13 @@ class Engine:
                     self.scheduler.finish(req)
                 self._fail(req, e)
                 self._check_after_failure()
-        t0 = time.perf_counter()
+        t_end = clock()
+        t0 = t_end[0]
         if admitted:
             self.stats["admit_seconds_total"] += t0 - t_admit
             self.stats["handoffs_total"] += len(admitted)
-            self._admit_phases["decoder"] += t_first - t_decoder  # a drafter's set-up
-            self._admit_phases["first_token"] += t0 - t_first
+            self._admit_phases.add("decoder", t_decoder, t_first)  # a drafter's set-up
+            self._admit_phases.add("first_token", t_first, t_end)
         # requests that finished while their slot was in flight wait for their release here
         batch = [r for r in self.scheduler.running.values() if r.finish_reason is None]
         prev = self._inflight
@@ -773,8 +774,10 @@ class Engine:
             m[f"dhs_{k}"] = v
         for reason, n in self.scheduler.wait_reason_counts.items():
             m[f'dhs_admission_wait_events_total{{reason="{reason}"}}'] = n
-        for phase, sec in {**self.scheduler.admit_phase_seconds, **self._admit_phases}.items():
-            m[f'dhs_admit_phase_seconds_total{{phase="{phase}"}}'] = sec
+        for times in (self.scheduler.admit_phases, self._admit_phases):
+            for phase in times.wall:
+                m[f'dhs_admit_phase_seconds_total{{phase="{phase}"}}'] = times.wall[phase]
+                m[f'dhs_admit_phase_cpu_seconds_total{{phase="{phase}"}}'] = times.cpu[phase]
         m["dhs_admission_blocked"] = 1.0 if self.scheduler.wait_reason else 0.0
         if self.device.type == "cuda":
             m.update(cuda_allocator_counters(self.device))

@@ -27,6 +27,30 @@ from systems.engine.request import ReqStatus, Request
 from systems.kv.base import KVBackend
 
 
+def clock() -> tuple[float, float]:
+    """(wall, this thread's CPU) seconds: their difference over a phase is time the thread spent
+    blocked (on the GIL, a lock, a sleeping wait), not working or spinning in a CUDA sync."""
+    return time.perf_counter(), time.thread_time()
+
+
+class PhaseTimes:
+    """Wall and thread-CPU seconds by phase, accumulated."""
+
+    def __init__(self, phases: tuple[str, ...]):
+        self.wall = dict.fromkeys(phases, 0.0)
+        self.cpu = dict.fromkeys(phases, 0.0)
+
+    def add(
+        self, phase: str, start: tuple[float, float], end: tuple[float, float] | None = None
+    ) -> tuple[float, float]:
+        """Count the time from ``start`` to ``end`` (``clock()``s; end: now) to ``phase``;
+        returns ``end``."""
+        end = end or clock()
+        self.wall[phase] += end[0] - start[0]
+        self.cpu[phase] += end[1] - start[1]
+        return end
+
+
 class QueueFull(Exception):
     """The waiting queue is at its bound; the server answers 503 with Retry-After."""
 
@@ -56,13 +80,16 @@ class Scheduler:
         self.arriving: dict[int, tuple[Request, object]] = {}
         self.wait_reason = ""
         self.wait_reason_counts: dict[str, int] = {}
-        # host seconds of admission by phase (/metrics: dhs_admit_phase_seconds_total): which
-        # part of a handoff holds up the engine thread. prefix: the prefill store's lookup (and
-        # the prefill itself when the prompt is new); can_admit; handoff: reserve + queueing the
+        # host seconds of admission by phase (/metrics: dhs_admit_phase_seconds_total, and the
+        # engine thread's CPU seconds of each: dhs_admit_phase_cpu_seconds_total): which part of
+        # a handoff holds up the engine thread. prefix: the prefill store's lookup (and the
+        # prefill itself when the prompt is new); can_admit; handoff: reserve + queueing the
         # history's copies; arrivals: checking (or waiting for) copies that completed
-        self.admit_phase_seconds = dict.fromkeys(
-            ("prefix", "can_admit", "handoff", "arrivals"), 0.0
-        )
+        self.admit_phases = PhaseTimes(("prefix", "can_admit", "handoff", "arrivals"))
+
+    @property
+    def admit_phase_seconds(self) -> dict[str, float]:
+        return self.admit_phases.wall
 
     def admit(
         self, on_error: Callable[[Request, Exception], None] | None = None
@@ -80,18 +107,16 @@ class Scheduler:
             req = self.waiting[0]
             held = None
             try:
-                t0 = time.perf_counter()
+                t = clock()
                 entry, computed = self.prefixes.get(req.prompt_ids, req.prompt_key)
                 if req.prefill_done_ts is None:
                     req.prefill_s = entry.prefill_s if computed else 0.0
                     req.prefill_done_ts = time.time()
-                t1 = time.perf_counter()
+                t = self.admit_phases.add("prefix", t)
                 ok, reason = self.backend.can_admit(
                     req.num_prompt_tokens, req.params.max_new_tokens
                 )
-                t2 = time.perf_counter()
-                self._add_phase("prefix", t1 - t0)
-                self._add_phase("can_admit", t2 - t1)
+                t = self.admit_phases.add("can_admit", t)
                 if not ok:
                     self.wait_reason = reason
                     if req.wait_reason != reason:
@@ -104,7 +129,7 @@ class Scheduler:
                 req.slot = self.backend.admit(
                     entry.prefix, req.params.max_new_tokens, asynchronous=self.async_handoffs
                 )
-                self._add_phase("handoff", time.perf_counter() - t2)
+                self.admit_phases.add("handoff", t)
             except Exception as e:
                 if on_error is None:
                     raise
@@ -116,18 +141,15 @@ class Scheduler:
             started += 1
         return self.arrivals()
 
-    def _add_phase(self, phase: str, seconds: float) -> None:
-        self.admit_phase_seconds[phase] += seconds
-
     def arrivals(self, wait: bool = False) -> list[tuple[Request, object]]:
         """Move the requests whose history has arrived into the running batch, in admission
         order (a later handoff never overtakes an earlier one: they share one stream).
         ``wait``: block for the oldest one if none has arrived (nothing else to do)."""
-        t0 = time.perf_counter()
+        t = clock()
         try:
             return self._arrivals(wait)
         finally:
-            self._add_phase("arrivals", time.perf_counter() - t0)
+            self.admit_phases.add("arrivals", t)
 
     def _arrivals(self, wait: bool) -> list[tuple[Request, object]]:
         out = []

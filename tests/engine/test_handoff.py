@@ -174,6 +174,15 @@ def test_admission_phases_split_the_admission_time():
     assert set(phases) == {"prefix", "can_admit", "handoff", "arrivals", "decoder", "first_token"}
     for phase in ("prefix", "handoff", "decoder", "first_token"):
         assert phases[phase] > 0, phase
+    # the engine thread's CPU seconds of each phase (wall minus CPU: time it was blocked)
+    cpu = {
+        k.split('"')[1]: v
+        for k, v in m.items()
+        if k.startswith("dhs_admit_phase_cpu_seconds_total")
+    }
+    assert set(cpu) == set(phases)
+    assert all(0 <= cpu[p] <= phases[p] + 0.05 for p in phases), (cpu, phases)
+    assert cpu["handoff"] > 0
     # the backend's split of "handoff": its two halves, both timed inside it
     halves = {
         k.split('"')[1]: v for k, v in m.items() if k.startswith("dhs_handoff_phase_seconds_total")
