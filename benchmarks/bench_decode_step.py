@@ -711,14 +711,10 @@ def variant_table(rows: list[dict], variants: list[list[str]]) -> list[str]:
     """Each (model, system, batch) under each override set: the median step over the repeats,
     and against the first set the ratio of medians with the range of the repeat-by-repeat
     ratios (a set and the first measured back to back in each repeat)."""
-
-    def ms(r):
-        return r["step_ms"]
-
     by: dict[tuple, dict[int, float]] = {}
     for r in rows:
         key = (r["model"], r["system"], r["batch"], tuple(r.get("overrides") or ()))
-        by.setdefault(key, {})[r.get("repeat", 1)] = ms(r)
+        by.setdefault(key, {})[r.get("repeat", 1)] = r["step_ms"]
     out = ["model        system               batch  step ms (median)  vs the first set  overrides"]
     for key in sorted({k[:3] for k in by}):
         base = by.get((*key, tuple(variants[0])), {})

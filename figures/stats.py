@@ -65,9 +65,13 @@ def bootstrap_ratio(
     rng = np.random.default_rng(seed)
     ma = np.median(rng.choice(a, size=(resamples, len(a)), replace=True), axis=1)
     mb = np.median(rng.choice(b, size=(resamples, len(b)), replace=True), axis=1)
-    r = ma / mb
+    return _percentile_interval(ma / mb, interval)
+
+
+def _percentile_interval(ratios: np.ndarray, interval: float) -> tuple[float, float]:
+    """The central ``interval`` of resampled ratios."""
     tail = 100.0 * (1.0 - interval) / 2.0
-    lo, hi = np.percentile(r, [tail, 100.0 - tail])
+    lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
     return float(lo), float(hi)
 
 
@@ -84,10 +88,9 @@ def bootstrap_paired_ratio(
         return None
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(p), size=(resamples, len(p)))
-    r = np.median(p[idx, 0], axis=1) / np.median(p[idx, 1], axis=1)
-    tail = 100.0 * (1.0 - interval) / 2.0
-    lo, hi = np.percentile(r, [tail, 100.0 - tail])
-    return float(lo), float(hi)
+    return _percentile_interval(
+        np.median(p[idx, 0], axis=1) / np.median(p[idx, 1], axis=1), interval
+    )
 
 
 def repeat_pairs(a: Run, b: Run, key) -> list[tuple[float, float]] | None:
