@@ -208,7 +208,7 @@ def main(argv=None) -> C.Report:
     )
     rep = C.Report(
         NAME,
-        f"Fig. 10 - What the cache costs inside a step, Adaptive HiSparse at C128 (ours: {presets})",
+        f"Fig. 10 - The cache's cost in a step, Adaptive HiSparse at C128 (ours: {presets})",
     )
     # no one loads line: the two families map the paper's C128 for different decode GPUs (and
     # may run on different presets), so each row says its family's load

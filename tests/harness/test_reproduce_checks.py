@@ -48,9 +48,6 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
 # below fails until it does).
 NOT_YET_MEASURED = {
     "fig4_protocol",  # issue 23: the protocol, written in the paper's C
-    # issue 23: Fig. 10 / 11's kernel profiles on the GLM-like H200 preset
-    "fig10_h200",
-    "fig11_eager_h200",
 }
 # Single runs cut by their GPU call's time box, the rest of their experiment committed; the next
 # call resumes them (finished runs are skipped). Each must leave once it is committed.
