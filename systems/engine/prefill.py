@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
+from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,13 +37,18 @@ class PrefillEntry:
 
 class PromptKey:
     """A prompt as a dict key, hashed once. ``Engine.submit`` builds it on the caller's thread
-    (``Request.prompt_key``): a 50K-token prompt's tuple and hash take ~0.4 ms, which would
-    otherwise run on the engine thread at admission."""
+    (``Request.prompt_key``), not at admission on the engine thread. The ids are kept packed
+    (int64 bytes): a list and an ``array('q')`` of the same ids are one key, and the server's
+    packed ids (systems/engine/body_parser.py) become a key without per-token work."""
 
     __slots__ = ("ids", "h")
 
-    def __init__(self, ids: list[int]):
-        self.ids = tuple(ids)
+    def __init__(self, ids: Sequence[int]):
+        try:
+            a = ids if isinstance(ids, array) and ids.typecode == "q" else array("q", ids)
+        except (OverflowError, TypeError) as e:
+            raise ValueError(f"prompt token ids must be 64-bit integers: {e}") from None
+        self.ids = a.tobytes()
         self.h = hash(self.ids)
 
     def __hash__(self) -> int:
@@ -62,7 +69,9 @@ class PrefixStore:
         self.num_prefills = 0  # computed here
         self.num_loads = 0  # loaded from DHS_PREFIX_CACHE
 
-    def get(self, prompt_ids: list[int], key: PromptKey | None = None) -> tuple[PrefillEntry, bool]:
+    def get(
+        self, prompt_ids: Sequence[int], key: PromptKey | None = None
+    ) -> tuple[PrefillEntry, bool]:
         """Returns (entry, computed_now). ``key``: the prompt's key where the caller built it
         (``Request.prompt_key``)."""
         key = key or PromptKey(prompt_ids)
@@ -77,7 +86,7 @@ class PrefixStore:
             self._entries.popitem(last=False)
         return entry, True
 
-    def _prefill(self, prompt_ids: list[int]) -> PrefillEntry:
+    def _prefill(self, prompt_ids: Sequence[int]) -> PrefillEntry:
         t0 = time.perf_counter()
         m = self.model
         q_chunk = prefill_chunk_size(
@@ -117,12 +126,12 @@ class PrefixStore:
             time.perf_counter() - t0 if loaded else compute_s[0],
         )
 
-    def _compute(self, prompt_ids: list[int], q_chunk: int, tail: int) -> dict:
+    def _compute(self, prompt_ids: Sequence[int], q_chunk: int, tail: int) -> dict:
         m = self.model
         T = len(prompt_ids)
         dev = m.device
         ctx = PrefillContext(m.cfg, T, dev, m.dtype)
-        tokens = torch.tensor([prompt_ids], device=dev)
+        tokens = torch.tensor([list(prompt_ids)], device=dev)  # a list or an array('q')
         positions = torch.arange(T, device=dev).unsqueeze(0)
         logits, hidden = m(tokens, positions, ctx, q_chunk=q_chunk, last_only=True)
         if dev.type == "cuda":
@@ -135,7 +144,7 @@ class PrefixStore:
             "tail_hidden": hidden[0, -tail:].clone(),
         }
 
-    def _cache_key(self, prompt_ids: list[int], q_chunk: int, tail: int) -> str:
+    def _cache_key(self, prompt_ids: Sequence[int], q_chunk: int, tail: int) -> str:
         """Everything a prefill's bytes depend on: the prompt, the model (its config fixes the
         drawn weights), the kernels chosen and their code, the device, torch's, CUDA's and
         Triton's versions."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -35,7 +35,7 @@ class ReqStatus(str, Enum):
 @dataclass
 class Request:
     rid: str
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # a list, or an array('q') from the server's body parser
     params: SamplingParams
     # on_output(req, new_token_ids, finished) runs on the engine thread after every step
     on_output: Callable[[Request, list[int], bool], None] | None = None

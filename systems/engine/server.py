@@ -40,12 +40,13 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from systems.engine.body_parser import BodyError, BodyParser, TokenIds
 from systems.engine.engine import DuplicateRequest, Engine, EngineStopped
 from systems.engine.request import Request, SamplingParams
 from systems.engine.scheduler import QueueFull
@@ -73,11 +74,15 @@ class ServerConfig:
     # released the GIL (a CUDA sync), it may wait up to this long to get the GIL back while the
     # server streams tokens. Set by `python -m systems.engine.server` (subprocess mode) only.
     gil_switch_interval_ms: float | None = None
+    # processes that parse large request bodies (systems/engine/body_parser.py): a 125K-token
+    # body's parse would hold the engine thread's GIL ~13 ms; 0 parses every body in-process
+    parse_workers: int = 2
 
     def __post_init__(self) -> None:
         ms = self.gil_switch_interval_ms
         if ms is not None and not (isinstance(ms, (int, float)) and 0 < ms <= 1000):
             raise ValueError(f"server.gil_switch_interval_ms must be in (0, 1000], got {ms!r}")
+        BodyParser(self.parse_workers)  # the same check as the server's: fail at config time
 
     @classmethod
     def from_cfg(cls, server: Any, host: str | None = None) -> ServerConfig:
@@ -270,8 +275,9 @@ class _StopStrings:
 
 
 class Server:
-    def __init__(self, engine: Engine, model_name: str = "dhs-bundled"):
+    def __init__(self, engine: Engine, model_name: str = "dhs-bundled", parse_workers: int = 0):
         self.engine = engine
+        self.parser = BodyParser(parse_workers)
         self.model_name = model_name
         mcfg = engine.cfg.model
         self.tok = WordTokenizer(mcfg.vocab_size)
@@ -291,20 +297,9 @@ class Server:
             msg = getattr(cause, "message", None) or str(cause)
             raise BadRequest(f"request body could not be read: {msg}".strip(), "body") from None
         try:
-            # JSON between systems is UTF-8 (RFC 8259): a charset parameter is not honoured, so
-            # an unknown or hostile one cannot change how the body is read
-            body = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise BadRequest("body is not UTF-8 JSON", "body") from None
-        except json.JSONDecodeError as e:
-            raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}", "body") from None
-        except RecursionError:
-            raise BadRequest("malformed JSON body: nested too deeply", "body") from None
-        except ValueError as e:  # e.g. an integer literal longer than Python converts
-            raise BadRequest(f"malformed JSON body: {e}", "body") from None
-        if not isinstance(body, dict):
-            raise BadRequest("body must be a JSON object", "body")
-        return body
+            return await self.parser.parse(raw)
+        except BodyError as e:
+            raise BadRequest(str(e), "body") from None
 
     @staticmethod
     def _check_fields(body: dict, allowed: set[str], where: str, prefix: str = "") -> None:
@@ -320,9 +315,17 @@ class Server:
             f"{field} has more than {self.max_total} tokens, the context of this server", field
         )
 
-    def _prompt_ids(self, value: Any, field: str, text_ok: bool = True) -> list[int]:
+    def _prompt_ids(self, value: Any, field: str, text_ok: bool = True) -> Sequence[int]:
         # the context bounds the prompt before any per-token work is done on it
-        if isinstance(value, str) and text_ok:
+        if isinstance(value, TokenIds):
+            # packed by the body parser (ints, range known): no per-token work on this thread
+            if value.n > self.max_total:
+                raise self._too_long(field)
+            ids = value.to_array()
+            if value.lo < 0 or value.hi >= self.vocab_size:
+                bad = next(t for t in ids if not 0 <= t < self.vocab_size)
+                raise BadRequest(f"{field}: token id {bad} outside [0, {self.vocab_size})", field)
+        elif isinstance(value, str) and text_ok:
             if len(value.split(None, self.max_total)) > self.max_total:
                 raise self._too_long(field)
             try:
@@ -481,7 +484,11 @@ class Server:
         if "prompt" not in body:
             raise BadRequest("prompt is required", "prompt")
         prompt = body["prompt"]
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        if (
+            isinstance(prompt, list)
+            and len(prompt) == 1
+            and isinstance(prompt[0], (str, list, TokenIds))
+        ):
             prompt = prompt[0]  # a batch of one
         ids = self._prompt_ids(prompt, "prompt")
         for f in ("model", "user"):
@@ -716,7 +723,10 @@ class Server:
     async def metrics(self, request: web.Request) -> web.Response:
         # the text format wants one TYPE line per metric family, its samples right below it
         families: dict[str, list[str]] = {}
-        for name, value in self.engine.metrics().items():
+        metrics = dict(self.engine.metrics())
+        for where, n in self.parser.parsed.items():
+            metrics[f'dhs_http_bodies_parsed_total{{where="{where}"}}'] = n
+        for name, value in metrics.items():
             families.setdefault(name.split("{", 1)[0], []).append(f"{name} {_sample(value)}")
         lines = []
         for base, samples in families.items():
@@ -858,6 +868,7 @@ async def _errors(request: web.Request, handler):
 
 
 CONFIG = web.AppKey("server_config", ServerConfig)
+PARSER = web.AppKey("body_parser", BodyParser)  # its parser processes, for tests and tools
 ALLOWED_HOSTS = web.AppKey("allowed_hosts", object)  # a set of names, LOOPBACK, or None: any
 LOOPBACK = "loopback names and addresses"
 
@@ -866,9 +877,10 @@ def build_app(
     engine: Engine, model_name: str = "dhs-bundled", config: ServerConfig | None = None
 ) -> web.Application:
     cfg = config or ServerConfig()
-    srv = Server(engine, model_name)
+    srv = Server(engine, model_name, cfg.parse_workers)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_guard, _errors])
     app[CONFIG] = cfg
+    app[PARSER] = srv.parser
     if cfg.allowed_hosts is not None:
         app[ALLOWED_HOSTS] = {_host_name(h).lower() for h in cfg.allowed_hosts}
     else:  # bound to loopback: loopback names only; bound elsewhere on purpose: any name
@@ -878,6 +890,15 @@ def build_app(
     app.router.add_get("/metrics", srv.metrics)
     app.router.add_get("/health", srv.health)
     app.router.add_get("/v1/models", srv.models)
+
+    async def start_parser(app):
+        await srv.parser.start()
+
+    async def close_parser(app):
+        await srv.parser.close()
+
+    app.on_startup.append(start_parser)
+    app.on_cleanup.append(close_parser)
     return app
 
 

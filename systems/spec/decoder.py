@@ -228,7 +228,7 @@ class SpeculativeDecoder:
         toks, starts = [], []
         for req, h in tails:
             T, L = req.num_prompt_tokens, h.shape[0]
-            toks.append(req.prompt_ids[T - L :] + [0] * (Lm - L))
+            toks.append([*req.prompt_ids[T - L :], *[0] * (Lm - L)])  # a list or an array
             starts.append(T - L)
         meta = to_device(
             [*(r.slot for r, _ in tails), *starts, *(h.shape[0] for _, h in tails)], dev

@@ -71,13 +71,30 @@ def test_prefix_store_keeps_the_most_recent_prompts_and_the_requests_key():
     store = PrefixStore(eng.model, max_entries=2)
     assert store.get(a)[1] and store.get(b)[1] and not store.get(a)[1]
     store.get(c)  # evicts b, the least recently used
-    assert [k.ids for k in store._entries] == [tuple(a), tuple(c)]
+    assert list(store._entries) == [PromptKey(a), PromptKey(c)]
     assert store.get(b)[1] and store.num_prefills == 4
     r = Request(eng.new_rid(), a, SamplingParams(max_new_tokens=2))
     eng.submit(r)
-    assert isinstance(r.prompt_key, PromptKey) and r.prompt_key.ids == tuple(a)
+    assert isinstance(r.prompt_key, PromptKey) and r.prompt_key == PromptKey(a)
     eng.run_until_idle()
     assert any(k is r.prompt_key for k in eng.prefixes._entries)
+
+
+def test_prompt_key_is_one_key_for_a_list_and_an_array_of_the_same_ids():
+    """The server's body parser hands prompts over as array('q'), direct callers as lists: one
+    prefill entry serves both; ids that are not 64-bit integers are refused by name."""
+    from array import array
+
+    from systems.engine.prefill import PromptKey
+
+    ids = [5, 0, 2**40, 7]
+    assert PromptKey(ids) == PromptKey(array("q", ids)) and hash(PromptKey(ids)) == hash(
+        PromptKey(array("q", ids))
+    )
+    assert PromptKey(ids) != PromptKey(ids[:-1]) and PromptKey(ids) != PromptKey([*ids[:-1], 8])
+    assert {PromptKey(ids): 1}[PromptKey(array("q", ids))] == 1
+    with pytest.raises(ValueError, match="64-bit"):
+        PromptKey([1, 2**64])
 
 
 def test_selection_is_causal_topk_including_self():

@@ -159,9 +159,9 @@ def test_no_request_field_reaches_config_or_filesystem(tmp_path, monkeypatch):
     eng = make_engine("hardware.kv_pool_gib=0.01")
     with ThreadedServer(eng) as srv:
 
-        def post(path, body):
+        def post(path, body, pad=""):
             c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
-            c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            c.request("POST", path, json.dumps(body) + pad, {"Content-Type": "application/json"})
             r = c.getresponse()
             out = r.status, json.loads(r.read())
             c.close()
@@ -173,6 +173,9 @@ def test_no_request_field_reaches_config_or_filesystem(tmp_path, monkeypatch):
         _AUDIT["on"] = True
         try:
             results = [post(path, body) for path, body, _, _ in HOSTILE]
+            # the same bodies past 64 KiB (JSON whitespace): parsed in a parser process, whose
+            # reply the server reads on this thread (systems/engine/body_parser.py)
+            via_parser = [post(path, body, " " * (70 << 10)) for path, body, _, _ in HOSTILE]
             events = list(_AUDIT["events"])
             # positive control: the hook does see a file opened on the server's thread
             done = threading.Event()
@@ -181,8 +184,15 @@ def test_no_request_field_reaches_config_or_filesystem(tmp_path, monkeypatch):
             assert any(e == "open" and os.devnull in a for e, a in _AUDIT["events"])
         finally:
             _AUDIT["on"] = False
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        c.request("GET", "/metrics")
+        metrics = c.getresponse().read().decode()
+        c.close()
+        assert f'dhs_http_bodies_parsed_total{{where="worker"}} {len(HOSTILE)}' in metrics
         wait_idle_sync(eng)
         assert_drained(eng)
+    assert [r[0] for r in via_parser] == [r[0] for r in results]
+    assert [r[1].get("error") for r in via_parser] == [r[1].get("error") for r in results]
     for (_path, body, status, param), (got, out) in zip(HOSTILE, results):
         assert got == status, (body, out)
         if status == 400:
