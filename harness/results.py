@@ -950,6 +950,12 @@ MEASUREMENT_CHANGES = (
         "which waits for the decode step in flight: every handoff and finish stalled the host "
         "and left the GPU idle after it)",
     ),
+    (
+        "bdc09f6",
+        "the server parses request bodies of 64 KiB or more in parser processes (before it, a "
+        "125,000-token body held the GIL ~13 ms on the event loop, time the engine thread, "
+        "which shares it, could not queue steps or handoffs)",
+    ),
 )
 
 
