@@ -891,14 +891,10 @@ def build_app(
     app.router.add_get("/health", srv.health)
     app.router.add_get("/v1/models", srv.models)
 
-    async def start_parser(app):
-        await srv.parser.start()
-
     async def close_parser(app):
         await srv.parser.close()
 
-    app.on_startup.append(start_parser)
-    app.on_cleanup.append(close_parser)
+    app.on_cleanup.append(close_parser)  # the parser processes start with the first large body
     return app
 
 

@@ -25,6 +25,7 @@ async def serving(workers: int):
     eng.start()
     app = build_app(eng, config=ServerConfig(parse_workers=workers))
     srv = await start_server(app)
+    await app[PARSER].start()  # as the first large body would, but before it
     try:
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{srv.port}") as s:
             yield s, app[PARSER]
@@ -123,6 +124,32 @@ async def test_bad_large_bodies_get_the_in_process_answers():
     assert "token id 512 outside [0, 512)" in answers[1]["id out of range"][1]["error"]["message"]
     assert "token id -1 outside" in answers[1]["negative id"][1]["error"]["message"]
     assert answers[1]["malformed"][1]["error"]["param"] == "body"
+
+
+async def test_parser_processes_start_with_the_first_large_body():
+    """No process for a server that sees only small bodies; the first large one is parsed
+    in-process while they start, the next ones in them."""
+    eng = make_engine("hardware.kv_pool_gib=0.01")
+    eng.start()
+    app = build_app(eng, config=ServerConfig(parse_workers=2))
+    srv = await start_server(app)
+    parser = app[PARSER]
+    try:
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{srv.port}") as s:
+            small = json.dumps({"input_ids": IDS, "sampling_params": GREEDY}).encode()
+            assert (await post(s, "/generate", small))[0] == 200
+            assert parser.workers == [] and parser._starting is None
+            raw = padded({"input_ids": IDS, "sampling_params": GREEDY})
+            first = await post(s, "/generate", raw)
+            await parser.start()  # the start the first large body set off
+            second = await post(s, "/generate", raw)
+            assert first[0] == second[0] == 200
+            assert first[1]["output_ids"] == second[1]["output_ids"]
+            assert len(parser.workers) == 2
+            assert await parsed_counts(s) == {"worker": 1, "inline": 2}
+    finally:
+        await srv.close()
+        eng.stop()
 
 
 async def test_the_server_keeps_serving_when_a_parser_process_dies():

@@ -6,6 +6,7 @@ import gzip
 import http.client
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -68,6 +69,7 @@ def _audit(event, args):
 
 
 _installed = []
+PAD = " " * (70 << 10)  # JSON whitespace: a body past the parser processes' 64 KiB
 
 
 def _install_audit_hook():
@@ -168,6 +170,19 @@ def test_no_request_field_reaches_config_or_filesystem(tmp_path, monkeypatch):
             return out
 
         post("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})  # warm
+        # a large body starts the parser processes (systems/engine/body_parser.py); the audit
+        # below watches requests, not that start-up: wait for a body parsed in one
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        for _ in range(100):
+            post("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}, PAD)
+            c.request("GET", "/metrics")
+            if (
+                'dhs_http_bodies_parsed_total{where="worker"} 0'
+                not in c.getresponse().read().decode()
+            ):
+                break
+            time.sleep(0.05)
+        c.close()
         _AUDIT["threads"] = {srv._thread.ident, eng._thread.ident}
         _AUDIT["events"].clear()
         _AUDIT["on"] = True
@@ -175,7 +190,7 @@ def test_no_request_field_reaches_config_or_filesystem(tmp_path, monkeypatch):
             results = [post(path, body) for path, body, _, _ in HOSTILE]
             # the same bodies past 64 KiB (JSON whitespace): parsed in a parser process, whose
             # reply the server reads on this thread (systems/engine/body_parser.py)
-            via_parser = [post(path, body, " " * (70 << 10)) for path, body, _, _ in HOSTILE]
+            via_parser = [post(path, body, PAD) for path, body, _, _ in HOSTILE]
             events = list(_AUDIT["events"])
             # positive control: the hook does see a file opened on the server's thread
             done = threading.Event()
@@ -188,7 +203,8 @@ def test_no_request_field_reaches_config_or_filesystem(tmp_path, monkeypatch):
         c.request("GET", "/metrics")
         metrics = c.getresponse().read().decode()
         c.close()
-        assert f'dhs_http_bodies_parsed_total{{where="worker"}} {len(HOSTILE)}' in metrics
+        m = re.search(r'dhs_http_bodies_parsed_total\{where="worker"\} (\d+)', metrics)
+        assert m and int(m.group(1)) == len(HOSTILE) + 1  # each padded hostile body, one warm
         wait_idle_sync(eng)
         assert_drained(eng)
     assert [r[0] for r in via_parser] == [r[0] for r in results]
