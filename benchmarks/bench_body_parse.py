@@ -129,6 +129,11 @@ def main(argv=None) -> int:
     ids = [rng.randrange(100_000) for _ in range(args.tokens)]
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 512}, "stream": True}
     raw = json.dumps(body).encode()
+    if len(raw) < BodyParser(0).min_bytes:
+        ap.error(
+            f"--tokens {args.tokens} makes {len(raw)}-byte bodies, which the server parses "
+            f"in-process whatever --workers says (below {BodyParser(0).min_bytes} bytes)"
+        )
     alone = piece_seconds(args.piece)
     print(
         f"# {len(raw) / 1e6:.2f} MB bodies ({args.tokens} ids), {args.bodies} per measurement, "

@@ -171,3 +171,27 @@ async def test_closing_the_server_ends_its_parser_processes():
         procs = [w.proc for w in parser.workers]
         assert len(procs) == 2 and all(p.returncode is None for p in procs)
     assert all(p.returncode == 0 for p in procs)  # stdin closed: a clean exit
+
+
+def test_bench_body_parse_runs_and_counts_where_bodies_went(tmp_path):
+    """benchmarks/bench_body_parse.py end to end at a small size: every measured body of the
+    0-process rows parsed in-process, of the 1-process rows in the process (after one warm-up
+    body); bodies too short for the parser processes are refused by name."""
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location(
+        "bench_body_parse", os.path.join(root, "benchmarks", "bench_body_parse.py")
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bp.json"
+    args = ["--tokens", "14000", "--bodies", "4", "--repeats", "1", "--workers", "0,1"]
+    assert bench.main([*args, "--out", str(out)]) == 0
+    rows = {r["workers"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows[0]["parsed"] == {"worker": 0, "inline": 4}
+    assert rows[1]["parsed"] == {"worker": 5, "inline": 0}
+    assert all(0 < r["probe_share"] <= 1.5 and r["loop_cpu_ms_per_body"] > 0 for r in rows.values())
+    with pytest.raises(SystemExit):
+        bench.main(["--tokens", "100"])
