@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -172,7 +173,21 @@ class GraphCache:
         if g is None:
             if self._seen.get(key, 0) + 1 >= self.capture_after:
                 self._seen.pop(key, None)
-                return self._capture(key, fn, inputs)
+                t0 = time.perf_counter()
+                out = self._capture(key, fn, inputs)
+                # a capture while serving is an eager step plus the recording inside someone's
+                # TPOT: the server log names each, so a run says which keys its warm-up missed
+                log.info(
+                    "%s graph %s captured on its use %d (%.0f ms of host time; %d graphs, "
+                    "%d evicted so far)",
+                    self.name,
+                    key,
+                    self.capture_after,
+                    1e3 * (time.perf_counter() - t0),
+                    len(self.graphs),
+                    self.stats["evictions"],
+                )
+                return out
             self._count(key)
             self.stats["eager_steps"] += 1
             with no_host_sync() if self.emulate else contextlib.nullcontext():

@@ -50,14 +50,18 @@ def test_graphs_are_keyed_by_batch_queries_and_scan_bucket_and_evicted_lru():
     assert r.scan_len(10**9) == eng.backend.max_scan_len
 
 
-def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after():
+def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after(caplog):
     """Uses before ``capture_after`` run eagerly (same results, nothing recorded); the
-    capture_after-th use captures; later uses replay. Passing keys are forgotten LRU-first."""
+    capture_after-th use captures, and the log names the key; later uses replay. Passing keys
+    are forgotten LRU-first."""
     from systems.engine.cuda_graph import GraphCache
 
     c = GraphCache(torch.device("cpu"), emulate=True, capture_after=3, max_graphs=1)
     fn = lambda x: (x * 2,)  # noqa: E731
-    outs = [c.run(("b", 4), fn, torch.full((2,), float(i)))[0].tolist() for i in range(5)]
+    with caplog.at_level("INFO", logger="dhs.cuda_graph"):
+        outs = [c.run(("b", 4), fn, torch.full((2,), float(i)))[0].tolist() for i in range(5)]
+    captured = [r.getMessage() for r in caplog.records if "captured on its use" in r.getMessage()]
+    assert len(captured) == 1 and "graph ('b', 4) captured on its use 3" in captured[0]
     assert outs == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0], [6.0, 6.0], [8.0, 8.0]]
     assert c.stats == {
         "captures": 1,
