@@ -205,10 +205,16 @@ class GraphCache:
 
     def capture(self, key: tuple, fn, *inputs: torch.Tensor) -> bool:
         """Capture ``key`` now (a start-up warm-up), running ``fn`` once on ``inputs``; False
-        when it already has a graph, the cache is broken or full, or the capture failed."""
-        if key in self.graphs or self.broken or len(self.graphs) >= self.max_graphs:
+        when it already has a graph, the cache is broken, or the capture failed. Warm-up graphs
+        come on top of ``max_graphs``, which bounds the graphs captured while serving: a
+        drafter's warm-up (proposal and catch-up at every ladder size: 70 keys for 249 slots)
+        cut at the bound left out its largest sizes, the steady state's, which were then
+        captured inside the measured window and evicted the smallest, recaptured as the batch
+        drained."""
+        if key in self.graphs or self.broken:
             return False
         self._seen.pop(key, None)
+        self.max_graphs += 1
         self._capture(key, fn, inputs)
         return key in self.graphs
 
@@ -359,18 +365,8 @@ class CudaGraphRunner:
         lo, hi = max_lens
         buckets = sorted({self.scan_len(x) for x in [*range(lo, hi, self.l_step), hi]})
         keys = [(b, queries, L) for L in buckets for b in batch_sizes if self.can_run(b)]
-        room = self.cache.max_graphs - len(self.cache.graphs)
-        if len(keys) > room:
-            log.warning(
-                "graph warm-up: %d keys (%d batch sizes x %d scan buckets) for room for %d "
-                "graphs (engine.cuda_graph_max_graphs); the rest are captured at their uses",
-                len(keys),
-                len(batch_sizes),
-                len(buckets),
-                room,
-            )
         n = 0
-        for key in keys[: max(room, 0)]:
+        for key in keys:
             b, _, L = key
             inputs = tuple(make(b).contiguous() for make in self.pad_rows(queries))
             be.host_prepare()

@@ -135,7 +135,7 @@ class EngineConfig:
     # sizes a batch without a graph pads up to (None: 1, 2, 4, 8, then every 8 up to max_bs)
     cuda_graph_bs: tuple[int, ...] | None = None
     cuda_graph_scan_step: int = 2048  # index scan length bucket (positions) of a graph
-    cuda_graph_max_graphs: int = 64
+    cuda_graph_max_graphs: int = 64  # per cache, captured while serving (warm-up's on top)
     cuda_graph_capture_after: int = 3  # a key's use that captures it (earlier uses run eagerly)
     cuda_graph_emulate: bool = False  # CPU tests: the graph protocol without CUDA
     # capture the batch-size ladder's graphs at start-up for the workload's context range

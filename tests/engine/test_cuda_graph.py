@@ -77,6 +77,23 @@ def test_a_key_is_captured_at_its_capture_after_th_use_and_replayed_after(caplog
         GraphCache(torch.device("cpu"), emulate=True, capture_after=0)
 
 
+def test_warm_up_graphs_come_on_top_of_the_bound_on_graphs_captured_while_serving():
+    """A warm-up larger than max_graphs keeps every graph it captured; the bound then limits
+    what serving adds, evicting least recently used first."""
+    from systems.engine.cuda_graph import GraphCache
+
+    c = GraphCache(torch.device("cpu"), emulate=True, capture_after=1, max_graphs=2)
+    fn = lambda x: (x + 1,)  # noqa: E731
+    assert all(c.capture(("warm", i), fn, torch.ones(1)) for i in range(5))
+    assert not c.capture(("warm", 0), fn, torch.ones(1))  # already there
+    assert len(c.graphs) == 5 and c.stats["evictions"] == 0
+    for i in range(2):
+        c.run(("serve", i), fn, torch.ones(1))
+    assert len(c.graphs) == 7 and c.stats["evictions"] == 0
+    c.run(("serve", 2), fn, torch.ones(1))
+    assert len(c.graphs) == 7 and c.stats["evictions"] == 1 and ("warm", 0) not in c.graphs
+
+
 def test_a_size_off_the_ladder_always_replays_the_smallest_larger_graph():
     from systems.engine.cuda_graph import GraphCache
 
