@@ -956,6 +956,12 @@ MEASUREMENT_CHANGES = (
         "125,000-token body held the GIL ~13 ms on the event loop, time the engine thread, "
         "which shares it, could not queue steps or handoffs)",
     ),
+    (
+        "cb0d325",
+        "the start-up warm-up captures every graph it plans, on top of the bound on graphs "
+        "captured while serving (before it, a drafter's warm-up past 64 keys left out the "
+        "largest batch sizes, captured while serving: Adaptive DHiSparse + DSpark at ours C256)",
+    ),
 )
 
 
