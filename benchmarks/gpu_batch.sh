@@ -26,9 +26,10 @@
 # - the wheels in .whl/ (what the GPU machine lacks, built here with e.g.
 #   `pip wheel -w .whl hydra-core==1.3.2 "omegaconf>=2.3,<2.4" antlr4-python3-runtime==4.9.3`)
 #   are installed into /tmp/site, so the machine's own CUDA torch is used;
-# - Triton's kernel cache comes in from .triton_cache/ (unpack the $OUT/triton_cache.tgz the
-#   previous batch returned over the repository root): with an empty cache each system's first run
-#   compiles its kernels during its load and measures 2x slow (results/cold_cache/);
+# - Triton's kernel cache comes in from .triton_cache/ (unpack the $OUT/triton_cache.txz, or
+#   .tgz where the machine has no xz, the previous batch returned over the repository root):
+#   with an empty cache each system's first run compiles its kernels during its load and
+#   measures 2x slow (results/cold_cache/);
 # - the model weights are drawn once and cached in /tmp/dhs-weights (DHS_WEIGHT_CACHE): drawing
 #   them takes most of a server's start-up (~35 s for glm53_h200); shared prompts are prefilled
 #   once and cached in /tmp/dhs-prefixes (DHS_PREFIX_CACHE: 16 prompts of 125K tokens for the
@@ -48,7 +49,7 @@
 # comes back in $OUT: results.tgz (the finished run directories this batch wrote, plus the server
 # logs and experiment summaries it changed; `python -m harness.unpack results.tgz` at the
 # repository root (a re-measured run replaces its directory whole), then `make
-# compact`), triton_cache.tgz, lane<i>.log (each item's last 40 lines; the whole output of
+# compact`), triton_cache.txz (.tgz without xz), lane<i>.log (each item's last 40 lines; the whole output of
 # an experiment in reproduce-<experiment>.log), vmstat.log, dmon.log. results.tgz is re-packed every
 # 30 s, so a call cut off by the device tool's limit still returns the runs finished before it.
 # DHS_BATCH_SECONDS=N caps the items' time boxes so that the batch ends N seconds after it starts
@@ -186,5 +187,10 @@ for i in "${!LANES[@]}"; do cat $OUT/lane$i.log 2>/dev/null; done
 python3 -m harness.summaries --results results >/dev/null 2>&1
 kill -TERM $PACKER 2>/dev/null; wait $PACKER 2>/dev/null; rm -f "$OUT"/results.tgz.part.*
 pack force && du -h $OUT/results.tgz
-tar czf $OUT/triton_cache.tgz .triton_cache && du -h $OUT/triton_cache.tgz
+# xz: the cache gzip'd passed 20 MB of the 64 MiB a device call may carry in (xz: ~3 MB)
+if command -v xz >/dev/null; then
+  tar cf - .triton_cache | xz -6 -T0 > $OUT/triton_cache.txz && du -h $OUT/triton_cache.txz
+else
+  tar czf $OUT/triton_cache.tgz .triton_cache && du -h $OUT/triton_cache.tgz
+fi
 ls -la $OUT
