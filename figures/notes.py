@@ -17,6 +17,7 @@ from harness.results import (
     H200_SUFFIX,
     Run,
     accepted_per_round,
+    admission_blocked_share,
     as_float,
     change_mix,
     decode_stall_share,
@@ -563,6 +564,11 @@ def breakdown(run: Run) -> str | None:
     split = _median_over_repeats(run, engine_time_split)
     if split:
         parts.append("engine time " + " / ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))
+    blocked = _median_over_repeats(run, admission_blocked_share)
+    if blocked is not None:
+        parts.append(
+            f"admission off the CPU (GIL, sleeping waits) {100 * blocked:.0f}% of its time"
+        )
     idle = _median_over_repeats(run, gpu_idle_share)
     if idle is not None:
         parts.append(f"GPU without a step {100 * idle:.0f}% of its serving time")

@@ -344,6 +344,27 @@ def engine_time_split(run: Run) -> dict[str, float] | None:
     return out
 
 
+def admission_blocked_share(run: Run) -> float | None:
+    """Share of the engine thread's admission time (every phase of
+    ``dhs_admit_phase_seconds_total``) in which it was off the CPU: waiting for the GIL while
+    another thread of the server process held it, or in a sleeping wait; from
+    ``dhs_admit_phase_cpu_seconds_total`` (a spinning CUDA sync counts as CPU), over the samples
+    with requests running. None for runs without those counters or without admission."""
+    df = run.metrics
+    if df is None:
+        return None
+    wall = [c for c in df.columns if c.startswith("dhs_admit_phase_seconds_total{")]
+    cpu = [c.replace("_seconds_total{", "_cpu_seconds_total{", 1) for c in wall]
+    w = live_window(run, set(wall) | set(cpu)) if wall else None
+    if w is None:
+        return None
+    _, a, b = w
+    t = sum(float(b[c] - a[c]) for c in wall)
+    if not t > 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - sum(float(b[c] - a[c]) for c in cpu) / t))
+
+
 def gpu_idle_share(run: Run) -> float | None:
     """Share of the GPU's serving timeline with no decode step on it while requests were running:
     1 - the growth of ``dhs_decode_gpu_seconds_total`` over ``dhs_decode_gpu_span_seconds_total``

@@ -434,6 +434,41 @@ def test_engine_time_split_and_diagnosis(tmp_path):
     assert C.stall_diagnosis([run], 64) is None
 
 
+def test_admission_blocked_share_is_admission_wall_time_off_the_cpu(tmp_path):
+    """Over the running window, the admission phases' wall seconds less the engine thread's CPU
+    seconds in them, as a share of the wall; the claim breakdown names it; None without the CPU
+    counters."""
+    import json
+
+    import pandas as pd
+
+    from figures import common as C
+    from figures.notes import breakdown
+    from harness.results import admission_blocked_share
+
+    d = tmp_path / "fig5" / "resident-x-c256-0"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"system": "resident", "concurrency": 256}))
+    w, c = "dhs_admit_phase_seconds_total", "dhs_admit_phase_cpu_seconds_total"
+    frame = {
+        "ts": [0.0, 1.0, 2.0, 3.0],
+        "dhs_num_running_reqs": [0, 5, 9, 9],
+        f'{w}{{phase="handoff"}}': [0.0, 1.0, 2.0, 4.0],  # 3 s in the window
+        f'{c}{{phase="handoff"}}': [0.0, 0.5, 0.6, 0.9],  # 0.4 s of CPU
+        f'{w}{{phase="prefix"}}': [0.0, 0.1, 0.6, 1.1],  # 1 s
+        f'{c}{{phase="prefix"}}': [0.0, 0.1, 0.6, 1.1],  # all of it on the CPU
+    }
+    pd.DataFrame(frame).to_parquet(d / "server_metrics.parquet")
+    (run,) = C.load_runs(tmp_path, "fig5")
+    assert admission_blocked_share(run) == pytest.approx(1 - 1.4 / 4)
+    assert "admission off the CPU (GIL, sleeping waits) 65% of its time" in breakdown(run)
+    pd.DataFrame({k: v for k, v in frame.items() if "_cpu_" not in k}).to_parquet(
+        d / "server_metrics.parquet"
+    )
+    (run,) = C.load_runs(tmp_path, "fig5")
+    assert admission_blocked_share(run) is None
+
+
 def test_exact_acceptance_runs_are_named_in_the_diagnosis(tmp_path):
     """Speculative runs that verified exactly with random-weight drafters (no accepted drafts)
     are named beside a failed claim; calibrated runs are not."""
