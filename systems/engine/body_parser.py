@@ -96,15 +96,22 @@ def pack(value):
     return TokenIds(data, len(value), min(value), max(value))
 
 
+def _id_places(body: dict):
+    """(container, key, field, inner) of each id field's value in ``body``: the value itself,
+    or the inner value of a batch of one prompt (``inner``)."""
+    for f in ID_FIELDS:
+        v = body.get(f)
+        if type(v) is list and len(v) == 1 and type(v[0]) in (list, TokenIds):
+            yield v, 0, f, True
+        elif v is not None:
+            yield body, f, f, False
+
+
 def parse(raw: bytes) -> dict:
     """``loads`` with the id fields packed: a batch of one prompt's inner list too."""
     body = loads(raw)
-    for f in ID_FIELDS:
-        v = body.get(f)
-        if type(v) is list and len(v) == 1 and type(v[0]) is list:
-            body[f] = [pack(v[0])]
-        elif v is not None:
-            body[f] = pack(v)
+    for c, k, _, _ in _id_places(body):
+        c[k] = pack(c[k])
     return body
 
 
@@ -117,17 +124,12 @@ def _reply(raw: bytes) -> tuple[bytes, bytes]:
     try:
         body = parse(raw)
         packed, blobs = [], []
-        for f in ID_FIELDS:
-            v = body.get(f)
-            inner = type(v) is list and len(v) == 1 and isinstance(v[0], TokenIds)
-            t = v[0] if inner else v
+        for c, k, f, inner in list(_id_places(body)):
+            t = c[k]
             if isinstance(t, TokenIds):
                 packed.append([f, inner, t.n, t.lo, t.hi])
                 blobs.append(t.data)
-                if inner:
-                    v[0] = None
-                else:
-                    body[f] = None
+                c[k] = None
         return json.dumps({"ok": body, "packed": packed}).encode(), b"".join(blobs)
     except BodyError as e:
         return json.dumps({"bad": str(e)}).encode(), b""
@@ -172,12 +174,9 @@ def _unpack(meta: bytes, blob: bytes) -> tuple[str, object]:
         return ("bad", reply["bad"]) if "bad" in reply else ("retry", reply["retry"])
     body, at, view = reply["ok"], 0, memoryview(blob)
     for f, inner, n, lo, hi in reply["packed"]:
-        t = TokenIds(view[at : at + 8 * n], n, lo, hi)
+        c, k = (body[f], 0) if inner else (body, f)
+        c[k] = TokenIds(view[at : at + 8 * n], n, lo, hi)
         at += 8 * n
-        if inner:
-            body[f][0] = t
-        else:
-            body[f] = t
     return "ok", body
 
 
@@ -228,9 +227,13 @@ class BodyParser:
 
     async def start(self) -> None:
         """Start the processes (once; later calls wait for the first)."""
+        await self._begin()
+
+    def _begin(self) -> asyncio.Future:
+        """The start of the processes, set off on the first call."""
         if self._starting is None:
             self._starting = asyncio.ensure_future(self._start())
-        await self._starting
+        return self._starting
 
     async def _start(self) -> None:
         env = dict(os.environ)
@@ -271,8 +274,8 @@ class BodyParser:
         """The body as a dict (id fields packed where they are long); ``BodyError`` where it is
         not a JSON object."""
         large = len(raw) >= self.min_bytes
-        if large and self.num_workers and self._starting is None:
-            self._starting = asyncio.ensure_future(self._start())
+        if large and self.num_workers:
+            self._begin()
         live = [w for w in self.workers if w.alive]
         if large and live:
             w = min(live, key=lambda w: len(w.pending))

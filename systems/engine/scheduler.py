@@ -87,10 +87,6 @@ class Scheduler:
         # history's copies; arrivals: checking (or waiting for) copies that completed
         self.admit_phases = PhaseTimes(("prefix", "can_admit", "handoff", "arrivals"))
 
-    @property
-    def admit_phase_seconds(self) -> dict[str, float]:
-        return self.admit_phases.wall
-
     def admit(
         self, on_error: Callable[[Request, Exception], None] | None = None
     ) -> list[tuple[Request, object]]:
