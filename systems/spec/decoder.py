@@ -177,7 +177,6 @@ class SpeculativeDecoder:
         self.supports_overlap = True
         self.commit_lag = 1
         self.max_emit = self.block  # accepted drafts + the next token: at most the block
-        self.verify_queries = self.block  # a verification pass's usual width (warm-up graphs)
         self.mode = spec.acceptance
         emitted = spec.calibrated_emitted_per_round
         if emitted is None:  # not resolved (a test building the decoder directly)
@@ -202,6 +201,14 @@ class SpeculativeDecoder:
             seed=mcfg.seed,
         )
         self._round_ms: dict[int, float] = {}  # verification width -> EMA of round time
+        # a verification pass's usual width, which the warm-up captures (target and catch-up):
+        # the whole block, except where DSpark's choice is known before any round (calibrated
+        # confidence is the same for every request and round, and the cost model stays the
+        # configured one until a second width is measured): warmed at the block, every round's
+        # narrower pass would be captured while serving, at each batch size it meets
+        self.verify_queries = self.block
+        if self.kind == "dspark" and self.calibrated_confidence:
+            self.verify_queries = int(self._k_r(None, torch.zeros(1, self.block - 1)).max())
         self.phase_timer: PhaseTimer | None = None  # set by benchmarks (bench_decode_step --phases)
         self.stats = {
             "spec_rounds_total": 0,
@@ -280,14 +287,15 @@ class SpeculativeDecoder:
         return (lambda n: slots.new_full((n,), pad), *(zeros(x) for x in rest))
 
     def warm_up_graphs(self, batch_sizes) -> int:
-        """The drafter's graphs (proposal and catch-up over a whole block) for ``batch_sizes``,
-        captured on padding rows only (``_pad_rows``) before any request arrives
-        (CudaGraphRunner.warm_up); the catch-up's rows are all invalid, so nothing is written.
-        Returns the graphs captured."""
-        K, dev, n = self.block, self.e.device, 0
+        """The drafter's graphs (proposal over the block, catch-up over ``verify_queries``) for
+        ``batch_sizes``, captured on padding rows only (``_pad_rows``) before any request
+        arrives (CudaGraphRunner.warm_up); the catch-up's rows are all invalid, so nothing is
+        written. Returns the graphs captured."""
+        K, W, dev, n = self.block, self.verify_queries, self.e.device, 0
         graphs = self._drafter_graphs(max(batch_sizes, default=0), sampled=False)
-        # empty inputs of each region's dtypes and shapes: _pad_rows makes b rows of each
-        idx, block = torch.zeros(0, dtype=torch.long, device=dev), (0, K)
+        # empty inputs of each region's dtypes and shapes: _pad_rows makes b rows of each;
+        # the catch-up runs over the verified prefix (W), the proposal over the whole block
+        idx, block = torch.zeros(0, dtype=torch.long, device=dev), (0, W)
         hidden = torch.zeros(
             *block, self.e.model.cfg.hidden_size, dtype=self.e.model.dtype, device=dev
         )
@@ -305,7 +313,7 @@ class SpeculativeDecoder:
             rows = [make(b) for make in propose]
             n += graphs.capture(("propose", b, K), self._propose_region(K), *rows)
             rows = [make(b) for make in catch_up]
-            n += graphs.capture(("catch_up", b, K), self._catch_up_region, *rows)
+            n += graphs.capture(("catch_up", b, W), self._catch_up_region, *rows)
         return n
 
     def _propose_region(self, K: int):
