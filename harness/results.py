@@ -983,6 +983,12 @@ MEASUREMENT_CHANGES = (
         "captured while serving (before it, a drafter's warm-up past 64 keys left out the "
         "largest batch sizes, captured while serving: Adaptive DHiSparse + DSpark at ours C256)",
     ),
+    (
+        "3aa49d6",
+        "under calibrated acceptance DSpark's warm-up captures the verification width its "
+        "scheduler picks (before it, the whole block: the steady state's narrower passes were "
+        "captured while serving, ~9 % of Adaptive DHiSparse + DSpark's engine time at ours C256)",
+    ),
 )
 
 
