@@ -235,6 +235,78 @@ def _stale_runs_note(results: Path) -> list[str]:
     ]
 
 
+def noise_rows(results: Path) -> list[dict]:
+    """Every point of the H200 experiments measured at least twice within one run group (one
+    GPU call): its output's spread, (max - min) / median over those runs, against issue 23's
+    bound. The effects a claim compares must stand above this noise."""
+    rows = []
+    for d in sorted(p for p in Path(results).glob(f"*{C.H200_SUFFIX}*") if p.is_dir()):
+        for run in C.load_runs(results, d.name):
+            for group, (sp, n) in C.within_call_spread(run, "output_tok_s").items():
+                vals = [
+                    v
+                    for x in run.repeats or [run]
+                    if x.run_group == group and (v := C.as_float(x.summary.get("output_tok_s")))
+                ]
+                rows.append(
+                    {
+                        "experiment": d.name,
+                        "point": run.path.name.split("-rep")[0],
+                        "group": group,
+                        "runs": n,
+                        "lo": min(vals),
+                        "hi": max(vals),
+                        "spread": sp,
+                    }
+                )
+    return rows
+
+
+def write_noise(path: Path, rows: list[dict], report_dir: Path) -> list[str]:
+    """figures/out/noise.md (every repeated point) and REPRODUCTION.md's section (per
+    experiment: points within the bound, the largest spread)."""
+    bound = C.SPREAD_TARGET
+    full = [
+        "# Noise within one GPU call",
+        "",
+        f"Each point measured two or more times in one run group; spread = (max - min) / median "
+        f"of its output (tok/s), bound {bound:.0%} (issue 23).",
+        "",
+        "| experiment | point | run group | runs | output tok/s | spread | within bound |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        full.append(
+            f"| {r['experiment']} | {r['point']} | {r['group'].split('/')[0]} | {r['runs']} "
+            f"| {r['lo']:,.0f}-{r['hi']:,.0f} | {r['spread']:.1%} "
+            f"| {'yes' if r['spread'] <= bound else '**no**'} |"
+        )
+    path.write_text("\n".join(full) + "\n")
+    if not rows:
+        return []
+    within = sum(r["spread"] <= bound for r in rows)
+    lines = [
+        "## Noise within one call",
+        "",
+        f"{within} of {len(rows)} points measured repeatedly within one GPU call stay within "
+        f"the {bound:.0%} spread bound (every point: "
+        f"[{path.name}]({os.path.relpath(path, report_dir)})).",
+        "",
+        "| experiment | points | within bound | largest spread |",
+        "|---|---|---|---|",
+    ]
+    by_exp: dict[str, list[dict]] = {}
+    for r in rows:
+        by_exp.setdefault(r["experiment"], []).append(r)
+    for exp, rs in by_exp.items():
+        worst = max(rs, key=lambda r: r["spread"])
+        lines.append(
+            f"| {exp} | {len(rs)} | {sum(r['spread'] <= bound for r in rs)} "
+            f"| {worst['spread']:.1%} ({worst['point']}) |"
+        )
+    return lines + [""]
+
+
 def write_report(
     path: Path, reports: dict, failures: dict, claims: dict, out_dir: Path, results: Path
 ) -> None:
@@ -270,6 +342,7 @@ def write_report(
     notes = C.Footnotes()
     lines += ["### Arithmetic on the paper's geometry (computed, not measured)", ""]
     lines += _claims_table(claims, {GEOMETRY}, notes) + [""] + notes.markdown()
+    lines += write_noise(out_dir / "noise.md", noise_rows(results), path.parent)
     lines += ["## Index", "", "| figure / table | numbers measured | panels |", "|---|---|---|"]
     for name, rep in reports.items():
         pan = ", ".join(

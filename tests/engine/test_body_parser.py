@@ -192,6 +192,10 @@ def test_bench_body_parse_runs_and_counts_where_bodies_went(tmp_path):
     rows = {r["workers"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows[0]["parsed"] == {"worker": 0, "inline": 4}
     assert rows[1]["parsed"] == {"worker": 5, "inline": 0}
-    assert all(0 < r["probe_share"] <= 1.5 and r["loop_cpu_ms_per_body"] > 0 for r in rows.values())
+    # the probe's share may be 0 in the in-process rows: four small bodies can hold the GIL
+    # for the whole measurement on a loaded 2-core machine (CI's)
+    assert all(
+        0 <= r["probe_share"] <= 1.5 and r["loop_cpu_ms_per_body"] > 0 for r in rows.values()
+    )
     with pytest.raises(SystemExit):
         bench.main(["--tokens", "100"])

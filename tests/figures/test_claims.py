@@ -430,3 +430,37 @@ def test_measured_fixed_share_fits_the_presets_served_steps(tmp_path):
     assert share == pytest.approx(0.5) and icpt == pytest.approx(4.0)
     assert slope == pytest.approx(0.125) and len(runs) == 3
     assert measured_fixed_share(tmp_path, "dsv41_h200") is None  # no runs of that preset
+
+
+def test_noise_section_lists_each_repeated_point_against_the_bound(tmp_path):
+    """make_all's noise section: every point of an H200 experiment run twice or more within one
+    run group, its output spread and whether it is within issue 23's 10 % bound; points with one
+    run per group are not listed."""
+    from figures.make_all import noise_rows, write_noise
+
+    runs = [
+        ("h", "hisparse", [(3900.0, "g1"), (4000.0, "g1"), (4100.0, "g1")]),
+        ("a", "adaptive_dhisparse", [(3000.0, "g1"), (4000.0, "g1"), (5000.0, "g2")]),
+        ("r", "resident", [(1000.0, "g1"), (2000.0, "g2")]),
+    ]
+    for prefix, system, outs in runs:
+        for i, (out, group) in enumerate(outs):
+            t = f"2026-01-01T00:0{i}"
+            _run(tmp_path, f"{system}-x-c128-rep{i + 1}-{prefix}{i}", system, t, out, group=group)
+    (tmp_path / "fig4").rename(tmp_path / "fig4_h200")
+    rows = noise_rows(tmp_path)
+    got = {(r["point"], r["group"], r["runs"]) for r in rows}
+    assert got == {("hisparse-x-c128", "g1", 3), ("adaptive_dhisparse-x-c128", "g1", 2)}
+    by = {r["point"]: r for r in rows}
+    assert by["hisparse-x-c128"]["spread"] == pytest.approx(0.05)
+    assert by["adaptive_dhisparse-x-c128"]["spread"] == pytest.approx(2 / 7)
+    assert (by["adaptive_dhisparse-x-c128"]["lo"], by["adaptive_dhisparse-x-c128"]["hi"]) == (
+        3000.0,
+        4000.0,
+    )
+    lines = write_noise(tmp_path / "noise.md", rows, tmp_path)
+    text = "\n".join(lines)
+    assert "1 of 2 points" in text and "28.6% (adaptive_dhisparse-x-c128)" in text
+    full = (tmp_path / "noise.md").read_text()
+    assert "| 5.0% | yes |" in full and "| 28.6% | **no** |" in full
+    assert write_noise(tmp_path / "empty.md", [], tmp_path) == []
