@@ -413,12 +413,22 @@ def _step_cost_of(run: Run, exclude_capture: bool) -> tuple[float, float] | None
 
 
 def live_window(run: Run, need: set, min_rows: int = 0):
-    """The server samples taken while requests were running, with the first and last of them
-    (cumulative counters differ between those two), or None without such samples."""
+    """The server samples taken while the measured load's requests were running, with the
+    first and last of them (cumulative counters differ between those two), or None without
+    such samples. The load is the longest stretch of consecutive samples with requests
+    running: the harness's preparation of shared prefixes runs a few requests on the same
+    server before it, and a window spanning both counted the idle gap between them (2-3 s of
+    fig5_h200's ~35 s runs, "other" engine time and GPU time without a step)."""
     df = run.metrics
     if df is None or not (need | {"dhs_num_running_reqs"}) <= set(df.columns) or len(df) < min_rows:
         return None
-    live = df[df["dhs_num_running_reqs"] > 0]
+    running = df["dhs_num_running_reqs"] > 0
+    stretch = (running != running.shift()).cumsum()[running]
+    if stretch.empty:
+        return None
+    spans = df[running].groupby(stretch)
+    span = spans["ts"].agg(lambda t: t.iloc[-1] - t.iloc[0]) if "ts" in df else spans.size()
+    live = df[running][stretch == span.idxmax()]
     if len(live) < 2:
         return None
     return live, live.iloc[0], live.iloc[-1]

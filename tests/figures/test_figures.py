@@ -407,7 +407,9 @@ def test_paper_values_internally_consistent():
 
 def test_engine_time_split_and_diagnosis(tmp_path):
     """The engine's cumulative time counters become shares of the running window, and the
-    claim diagnosis names them (decode / capture / handoff / other)."""
+    claim diagnosis names them (decode / capture / handoff / other). The window is the load's
+    stretch of running samples, not the few requests that prepared shared prefixes before it
+    (ts -3 and -2) with the idle gap between."""
     import json
 
     import pandas as pd
@@ -419,11 +421,13 @@ def test_engine_time_split_and_diagnosis(tmp_path):
     (d / "summary.json").write_text(json.dumps({"system": "hisparse", "concurrency": 128}))
     pd.DataFrame(
         {
-            "ts": [0.0, 1.0, 2.0, 3.0, 4.0],
-            "dhs_num_running_reqs": [0, 10, 128, 128, 0],
-            "dhs_decode_seconds_total": [0.0, 0.1, 0.5, 0.9, 0.9],  # 0.8 s in the window
-            "dhs_capture_step_seconds_total": [0.0, 0.0, 0.2, 0.2, 0.2],  # 0.2 s of it captured
-            "dhs_admit_seconds_total": [0.0, 0.2, 0.6, 1.0, 1.0],  # 0.8 s
+            "ts": [-3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0],
+            "dhs_num_running_reqs": [4, 4, 0, 0, 10, 128, 128, 0],
+            # 0.8 s in the window
+            "dhs_decode_seconds_total": [0.0, 0.5, 0.5, 0.5, 0.6, 1.0, 1.4, 1.4],
+            # 0.2 s of it captured
+            "dhs_capture_step_seconds_total": [0.0, 0.0, 0.0, 0.0, 0.0, 0.2, 0.2, 0.2],
+            "dhs_admit_seconds_total": [0.0, 0.3, 0.3, 0.3, 0.5, 0.9, 1.3, 1.3],  # 0.8 s
         }
     ).to_parquet(d / "server_metrics.parquet")
     (run,) = C.load_runs(tmp_path, "fig4")
