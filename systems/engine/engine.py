@@ -28,7 +28,7 @@ import torch
 from profiling.ranges import STEP, nvtx_range
 from systems.engine.prefill import PrefixStore, PromptKey
 from systems.engine.request import ReqStatus, Request
-from systems.engine.sampler import sample
+from systems.engine.sampler import sample_on_host
 from systems.engine.scheduler import PhaseTimes, QueueFull, Scheduler, clock
 from systems.host_sync import to_device
 from systems.kv.base import KVConfig
@@ -559,7 +559,7 @@ class Engine:
         # on the host, from the prefill's copy: a device sample read back here would wait for
         # the step in flight (overlap scheduling)
         t = torch.tensor([req.params.temperature], dtype=torch.float32)
-        tok = sample(entry.last_logits_host.unsqueeze(0), t, self.host_gen)
+        tok = sample_on_host(entry.last_logits_host.unsqueeze(0), t, self.host_gen)
         self.stats["prompt_tokens_total"] += req.num_prompt_tokens
         self._append_tokens(req, [int(tok)])
 
