@@ -999,6 +999,11 @@ MEASUREMENT_CHANGES = (
         "scheduler picks (before it, the whole block: the steady state's narrower passes were "
         "captured while serving, ~9 % of Adaptive DHiSparse + DSpark's engine time at ours C256)",
     ),
+    (
+        "af29852",
+        "a request's first token is sampled on the host by inverse CDF (before it, "
+        "torch.multinomial: ~2 ms of the engine thread's CPU per admitted request on dsv41_h200)",
+    ),
 )
 
 
