@@ -119,14 +119,17 @@ class PagePool:
         return self.alloc(n)
 
     def free(self, pages: list[int]) -> None:
-        if len(set(pages)) != len(pages):
+        # set operations, not a loop per page: a 125K-token request frees ~2,000 pages, which
+        # took ~1 ms of the engine thread one page at a time (the landing step's host profile)
+        given = set(pages)
+        if len(given) != len(pages):
             raise AssertionError(f"{self.name}: a page freed twice in one call: {pages}")
-        for p in pages:
-            if p not in self._used:
-                raise AssertionError(f"{self.name}: page {p} freed twice or never allocated")
-        for p in sorted(pages, reverse=True):  # pop() then hands them out lowest first, in a run
-            self._used.remove(p)
-            self._free.append(p)
+        if not given <= self._used:
+            p = next(p for p in pages if p not in self._used)
+            raise AssertionError(f"{self.name}: page {p} freed twice or never allocated")
+        self._used.difference_update(given)
+        # pop() then hands them out lowest first, in a run
+        self._free.extend(sorted(pages, reverse=True))
 
     def check(self) -> None:
         free = set(self._free)

@@ -112,6 +112,9 @@ def test_pages_come_out_ascending_so_backups_move_runs_not_pages():
     assert pool.alloc(3) == [6, 7, 8]
     with pytest.raises(AssertionError, match="twice"):
         pool.free([0, 0])
+    with pytest.raises(AssertionError, match="page 12 freed twice or never allocated"):
+        pool.free([1, 12])  # 12 was never handed out: nothing is freed
+    assert pool.num_used == 9
     pool.check()
 
     eng = _engine("tiny", 8)
