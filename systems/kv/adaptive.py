@@ -32,7 +32,6 @@ events below only decide when a populated page may be *published*.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 import torch
@@ -57,7 +56,9 @@ class _Residency:
 
     @property
     def num_pages(self) -> int:
-        return sum(1 for p in self.page if p >= 0)
+        # a C-level count: /metrics sums this over every request (~2,000 pages each at 125K
+        # tokens), on the event loop's thread, which shares the GIL with the engine
+        return len(self.page) - self.page.count(-1)
 
 
 RECLAIM_ORDERS = ("newest_first", "oldest_first", "largest_first")
@@ -211,7 +212,9 @@ class AdaptiveBackend(HiSparseBackend):
         """Up to m lent pages free now, the highest first: the highest slots' regions (a fresh
         allocator hands out the lowest free slot, and a freed slot is the next one taken, so
         high regions tend to stay lent longest)."""
-        return heapq.nlargest(m, self._lent_free) if m > 0 else []
+        # a C sort of the set, not heapq.nlargest: an admission at 125K tokens asks for ~1,000
+        # of ~2,700 (dsv41_h200), and nlargest's Python loop took ~0.5 ms a call
+        return sorted(self._lent_free, reverse=True)[:m] if m > 0 else []
 
     def _region_free(self, page: int) -> bool:
         """Whether every slot whose index region a lent page spans is free."""
