@@ -133,6 +133,8 @@ def test_dspark_under_calibrated_acceptance_verifies_drafts():
     a = dec.alpha
     exp = [sum(a**i for i in range(k)) / (dec.cost0 + dec.cost_per_query * k) for k in range(1, 9)]
     assert k_r.tolist() == [max(range(8), key=lambda i: exp[i]) + 1] * 3 and int(k_r[0]) > 1
+    # the width every round will verify, which the start-up warm-up captures
+    assert dec.verify_queries == int(k_r[0]) < dec.block
     run_greedy(eng, GOLDEN["prompts"][:2], 24)
     st_ = dec.stats
     assert st_["spec_queries_total"] > 1.5 * st_["spec_rounds_total"]
@@ -146,6 +148,7 @@ def test_dspark_under_calibrated_acceptance_verifies_drafts():
         "system.speculation.scheduler_confidence=drafter",
     ).decoder
     assert not drafter.calibrated_confidence
+    assert drafter.verify_queries == drafter.block  # varies per round: warmed at the block
     with pytest.raises(ValueError, match="scheduler_confidence"):
         _spec_engine(
             "resident_dspark", "tiny", 8, False, "system.speculation.scheduler_confidence=maybe"
