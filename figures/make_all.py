@@ -242,12 +242,9 @@ def noise_rows(results: Path) -> list[dict]:
     rows = []
     for d in sorted(p for p in Path(results).glob(f"*{C.H200_SUFFIX}*") if p.is_dir()):
         for run in C.load_runs(results, d.name):
+            by_group = C.values_by_run_group({"run": run}, "output_tok_s")
             for group, (sp, n) in C.within_call_spread(run, "output_tok_s").items():
-                vals = [
-                    v
-                    for x in run.repeats or [run]
-                    if x.run_group == group and (v := C.as_float(x.summary.get("output_tok_s")))
-                ]
+                vals = by_group[group]["run"]
                 rows.append(
                     {
                         "experiment": d.name,
