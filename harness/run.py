@@ -486,11 +486,12 @@ def run(
 
 
 def warn_profile_in_warmup(cfg) -> bool:
-    """A kernel profile's schedule counts engine steps from the server's start, so with warm-up
-    requests its first ``profile.wait`` steps may be theirs (batch 1): say so before the run (the
-    figures leave such profiles out). True when it warned."""
+    """A kernel or host profile's window counts engine steps from the server's start, so with
+    warm-up requests its first ``profile.wait`` steps may be theirs (batch 1): say so before the
+    run (the figures leave such profiles out). True when it warned."""
     prof = cfg.get("profile") or {}
-    if str(prof.get("name", "none")) != "kernels":
+    name = str(prof.get("name", "none"))
+    if name not in ("kernels", "host"):
         return False
     from harness.loadgen import warmup_request_count
 
@@ -502,7 +503,7 @@ def warn_profile_in_warmup(cfg) -> bool:
     wait = int(prof.get("wait") or 0)
     if warm and wait <= steps:
         print(
-            f"[harness] warning: profile=kernels starts after {wait} engine steps, but the {warm} warm-up "
+            f"[harness] warning: profile={name} starts after {wait} engine steps, but the {warm} warm-up "
             f"request(s) take about {steps} steps first: the profile will be of the warm-up, not of "
             f"the load. Set workload.warmup=0 or profile.wait above {steps}.",
             flush=True,

@@ -15,6 +15,7 @@
     memory   memory_report() per session and over time        -> <out>/memory/
     census   retrieval counters per token / request / step    -> <out>/census/
     nsight   resolver kernels under Nsight Compute            -> <out>/nsight/
+    host     the engine thread under cProfile, its CUDA syncs  -> <out>/host/
 
 Enter it in the engine thread: torch.profiler records ranges and CPU ops of the entering thread
 only. Every yielded collector has ``step(sessions=None)`` (once per engine step that decoded; those that
@@ -34,7 +35,7 @@ from typing import Any
 
 from profiling.kernel_timeline import _opt, maybe_profile_kernels
 
-NAMES = ("none", "kernels", "nsight", "memory", "census")
+NAMES = ("none", "kernels", "nsight", "memory", "census", "host")
 
 
 def _out(cfg: Any, out_dir: Any) -> Path:
@@ -65,6 +66,21 @@ def maybe_profile(
         finally:
             col.sample()
             col.save(_out(cfg, out_dir) / "memory")
+        return
+    if name == "host":
+        from profiling.host import HostProfile
+
+        col = HostProfile(
+            _out(cfg, out_dir) / "host",
+            wait=int(_opt(cfg, "wait", 100)),
+            active=int(_opt(cfg, "active", 300)),
+            top=int(_opt(cfg, "top", 40)),
+            syncs=bool(_opt(cfg, "syncs", True)),
+        )
+        try:
+            yield col
+        finally:
+            col.finish()
         return
     if name == "census":
         from profiling.census import CensusCollector, retrieval_geometry

@@ -91,6 +91,10 @@ def test_smoke_reproduction_then_figures(tmp_path, monkeypatch):
     assert reproduce_main(["--smoke", "--results", str(res), *_only(once)]) == 0
     assert not warmed
     summaries = _all_ran(res, sum(len(runs[n]) for n in once))
+    # profile=host's collector wrote its window in each of its served runs
+    assert len(list(res.glob("fig10_host_h200/*/host/host_profile.json"))) == len(
+        runs["fig10_host_h200"]
+    )
     f6 = json.loads((res / "fig6" / "summary.json").read_text())
     for k in (
         "host_fetch_share_low_on",

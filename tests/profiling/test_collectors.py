@@ -31,7 +31,7 @@ def test_unknown_name_is_an_error():
 def test_hydra_configs_compose():
     from systems.engine.config import compose
 
-    for name in ("none", "kernels", "memory", "census", "nsight"):
+    for name in ("none", "kernels", "memory", "census", "nsight", "host"):
         cfg = compose([f"profile={name}"])
         assert cfg.profile.name == name
         assert "output_dir" in cfg.profile or name == "none"
