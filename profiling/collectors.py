@@ -15,7 +15,7 @@
     memory   memory_report() per session and over time        -> <out>/memory/
     census   retrieval counters per token / request / step    -> <out>/census/
     nsight   resolver kernels under Nsight Compute            -> <out>/nsight/
-    host     the engine thread under cProfile, its CUDA syncs  -> <out>/host/
+    host     the server's threads sampled, the CUDA syncs  -> <out>/host/
 
 Enter it in the engine thread: torch.profiler records ranges and CPU ops of the entering thread
 only. Every yielded collector has ``step(sessions=None)`` (once per engine step that decoded; those that
@@ -76,6 +76,7 @@ def maybe_profile(
             active=int(_opt(cfg, "active", 300)),
             top=int(_opt(cfg, "top", 40)),
             syncs=bool(_opt(cfg, "syncs", True)),
+            interval_ms=float(_opt(cfg, "interval_ms", 1.0)),
         )
         try:
             yield col

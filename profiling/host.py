@@ -1,31 +1,33 @@
-"""What the engine thread does on the host while it serves (``profile=host``).
+"""What the server's threads do on the host while it serves (``profile=host``).
 
 The decode benchmark's ``--host-profile`` profiles steps the benchmark drives itself, with a
 few requests and no server beside them; a served run's engine thread also admits handoffs
-among hundreds of running requests and shares the GIL with the server's event loop. On the
-DeepSeek-like preset at its top load the two disagree by about 5x in the engine thread's CPU
-time per admitted request, so the served thread is profiled where it runs:
+among hundreds of running requests and shares the GIL with the server's event loop. So the
+served process is profiled where it runs, over ``active`` decoded steps after ``wait``:
 
-- cProfile on the engine thread over ``active`` decoded steps after ``wait`` of them (the
-  collector is entered on that thread and cProfile profiles the enabling thread only), with the
-  window's wall time and the thread's CPU time: CPU below wall is time off the CPU (the GIL, a
-  sleeping wait), CPU near wall with the GPU idle is the host bounding the step;
+- a sampler thread reads every thread's Python stack each ``interval_ms``
+  (``sys._current_frames``) and counts, per thread, the function each sample is in (*own*)
+  and every function on its stack (*cumulative*), as wall time per decoded step. A sample
+  counts wall time: a thread waiting for the GIL or for the device is counted where it waits
+  (Event.synchronize, a tensor's read). A deterministic profiler cannot do this here:
+  Python 3.12's cProfile records every thread on one call stack (sys.monitoring), which mixes
+  the event loop's calls into the engine's;
+- the engine thread's CPU time over the window beside its wall time (``cpu_share_of_wall``
+  below 1: the thread was off the CPU, waiting for the GIL or sleeping);
 - with ``syncs: true`` on a GPU, every CUDA call in the window that synchronizes with the device
   (``torch.cuda.set_sync_debug_mode``), counted per Python call site and thread: such a call on
   the engine thread waits for the step in flight, which overlap scheduling exists to avoid.
-  Process-wide while the window is open (a sync on another thread is counted under its name).
 
-Outputs under ``<out>/host/``: ``host_profile.json`` (per-step own and cumulative times of the
-``top`` functions, the window's wall and CPU time, the sync sites) and ``host_profile.prof``
-(pstats: ``python -m pstats``, snakeviz). cProfile roughly doubles the cost of Python-heavy
-code; read the shares, not the absolute times, against an unprofiled run.
+Outputs under ``<out>/host/``: ``host_profile.json`` and, per thread, ``<thread>.folded``
+(collapsed stacks, one ``frame;frame;... count`` line each: flamegraph.pl, speedscope).
+Sampling costs the process one short GIL hold per interval (~2 % at 1 ms).
 """
 
 from __future__ import annotations
 
-import cProfile
 import json
-import pstats
+import re
+import sys
 import threading
 import time
 import traceback
@@ -37,29 +39,72 @@ from typing import Any
 # the prefix of the warning torch.cuda.set_sync_debug_mode("warn") issues (c10/cuda)
 SYNC_WARNING = "called a synchronizing CUDA operation"
 _STACK_FRAMES = 8  # call-site frames kept per sync, innermost last
+_MAX_DEPTH = 96  # frames kept per sample, outermost dropped first
 
 
-def _fn_name(key: tuple[str, int, str]) -> str:
-    f, line, name = key
-    return f"{Path(f).name}:{line}:{name}"
+def _frame_name(code, lineno: int | None = None) -> str:
+    where = f"{Path(code.co_filename).name}:{code.co_firstlineno}:{code.co_name}"
+    return where if lineno is None else f"{where}@{lineno}"
+
+
+class _Sampler(threading.Thread):
+    """Samples every other thread's Python stack each ``interval_s`` until stopped."""
+
+    def __init__(self, interval_s: float):
+        super().__init__(name="dhs-host-sampler", daemon=True)
+        self.interval_s = interval_s
+        self.stacks: dict[int, Counter] = {}  # thread id -> Counter of stacks (outermost first)
+        self.samples = 0
+        self._stop_evt = threading.Event()
+
+    def run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop_evt.wait(self.interval_s):
+            self.samples += 1
+            for tid, frame in sys._current_frames().items():
+                if tid == me:
+                    continue
+                stack = []
+                f = frame
+                while f is not None and len(stack) < _MAX_DEPTH:
+                    stack.append((f.f_code, f.f_lineno))
+                    f = f.f_back
+                self.stacks.setdefault(tid, Counter())[tuple(reversed(stack))] += 1
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+        self.join()
 
 
 class HostProfile:
     """A window of ``active`` decoded steps after ``wait``; ``step()`` is called by the engine
-    thread after each decoded step (profiling.collectors)."""
+    thread after each decoded step (profiling.collectors), which also makes it the thread whose
+    CPU time is reported."""
 
-    def __init__(self, out: Path, *, wait: int, active: int, top: int, syncs: bool):
-        if wait < 0 or active < 1 or top < 1:
+    def __init__(
+        self,
+        out: Path,
+        *,
+        wait: int,
+        active: int,
+        top: int,
+        syncs: bool,
+        interval_ms: float = 1.0,
+    ):
+        if wait < 0 or active < 1 or top < 1 or interval_ms <= 0:
             raise ValueError(
-                f"profile=host needs wait >= 0, active >= 1, top >= 1: {wait}, {active}, {top}"
+                "profile=host needs wait >= 0, active >= 1, top >= 1, interval_ms > 0: "
+                f"{wait}, {active}, {top}, {interval_ms}"
             )
-        self.out, self.wait, self.active, self.top, self.want_syncs = out, wait, active, top, syncs
+        self.out, self.wait, self.active, self.top = out, wait, active, top
+        self.want_syncs, self.interval_s = syncs, interval_ms / 1e3
         self.steps = 0  # decoded steps seen
         self.profiled = 0  # of them inside the window
         self.sessions = 0  # running requests summed over the window's steps
         self.result: dict[str, Any] | None = None
-        self._pr: cProfile.Profile | None = None
+        self._sampler: _Sampler | None = None
         self._t0 = (0.0, 0.0)
+        self._engine_tid = threading.get_ident()
         self._sync_sites: Counter = Counter()
         self._restore: tuple | None = None
         if wait == 0:
@@ -68,7 +113,7 @@ class HostProfile:
     # ------------------------------------------------------------------ window
     def step(self, sessions: int | None = None) -> None:
         self.steps += 1
-        if self._pr is not None:
+        if self._sampler is not None:
             self.profiled += 1
             self.sessions += int(sessions or 0)
             if self.profiled >= self.active:
@@ -80,33 +125,33 @@ class HostProfile:
         return {"steps": self.steps, "profiled": self.profiled}
 
     def _open(self) -> None:
+        self._engine_tid = threading.get_ident()
         self._t0 = (time.perf_counter(), time.thread_time())
         if self.want_syncs:
             self._watch_syncs()
-        self._pr = cProfile.Profile()
-        self._pr.enable()
+        self._sampler = _Sampler(self.interval_s)
+        self._sampler.start()
 
     def _close(self) -> None:
-        pr, self._pr = self._pr, None
-        if pr is None:
+        sampler, self._sampler = self._sampler, None
+        if sampler is None:
             return
-        pr.disable()
+        sampler.stop()
         wall = time.perf_counter() - self._t0[0]
         cpu = time.thread_time() - self._t0[1]
         self._unwatch_syncs()
-        self.result = self._report(pr, wall, cpu)
         self.out.mkdir(parents=True, exist_ok=True)
-        pr.dump_stats(str(self.out / "host_profile.prof"))
+        self.result = self._report(sampler, wall, cpu)
         with open(self.out / "host_profile.json", "w") as f:
             json.dump(self.result, f, indent=1)
 
     def finish(self) -> None:
         """Close a window the run ended inside (its steps so far are reported)."""
-        if self._pr is not None and self.profiled:
+        if self._sampler is not None and self.profiled:
             self._close()
-        elif self._pr is not None:  # opened, nothing decoded since: nothing to report
-            self._pr.disable()
-            self._pr = None
+        elif self._sampler is not None:  # opened, nothing decoded since: nothing to report
+            self._sampler.stop()
+            self._sampler = None
             self._unwatch_syncs()
 
     # ------------------------------------------------------------------ syncs
@@ -150,22 +195,46 @@ class HostProfile:
         ]
 
     # ------------------------------------------------------------------ report
-    def _report(self, pr: cProfile.Profile, wall: float, cpu: float) -> dict[str, Any]:
+    def _thread_report(self, name: str, stacks: Counter, ms_per_sample: float) -> dict[str, Any]:
         n = max(1, self.profiled)
-        stats = pstats.Stats(pr).stats  # (file, line, name) -> (cc, calls, own, cum, callers)
+        own: Counter = Counter()  # innermost function and line
+        cum: Counter = Counter()  # every function on the stack, once per sample
+        for stack, count in stacks.items():
+            if not stack:
+                continue
+            code, line = stack[-1]
+            own[_frame_name(code, line)] += count
+            for fn in {_frame_name(c) for c, _ in stack}:
+                cum[fn] += count
 
-        def rows(col: int) -> list[dict[str, Any]]:
-            ranked = sorted(stats.items(), key=lambda kv: -kv[1][col])[: self.top]
+        def rows(counter: Counter) -> list[dict[str, Any]]:
             return [
-                {
-                    "function": _fn_name(key),
-                    "calls_per_step": calls / n,
-                    "own_ms_per_step": own / n * 1e3,
-                    "cum_ms_per_step": cum / n * 1e3,
-                }
-                for key, (_, calls, own, cum, _) in ranked
+                {"function": fn, "ms_per_step": c * ms_per_sample / n, "share": c / total}
+                for fn, c in counter.most_common(self.top)
             ]
 
+        total = max(1, sum(stacks.values()))
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+        with open(self.out / f"{safe}.folded", "w") as f:
+            for stack, count in stacks.most_common():
+                f.write(";".join(_frame_name(c) for c, _ in stack) + f" {count}\n")
+        return {
+            "thread": name,
+            "samples": total,
+            "by_own_time": rows(own),
+            "by_cumulative_time": rows(cum),
+            "folded": f"{safe}.folded",
+        }
+
+    def _report(self, sampler: _Sampler, wall: float, cpu: float) -> dict[str, Any]:
+        n = max(1, self.profiled)
+        names = {t.ident: t.name for t in threading.enumerate()}
+        ms_per_sample = wall * 1e3 / max(1, sampler.samples)  # the sampler's real interval
+        threads = []
+        for tid, stacks in sampler.stacks.items():
+            name = "engine" if tid == self._engine_tid else names.get(tid, f"thread-{tid}")
+            threads.append(self._thread_report(name, stacks, ms_per_sample))
+        threads.sort(key=lambda t: (t["thread"] != "engine", -t["samples"]))
         syncs = [
             {"thread": thread, "count": count, "per_step": count / n, "stack": list(site)}
             for (thread, site), count in self._sync_sites.most_common()
@@ -175,10 +244,10 @@ class HostProfile:
             "after_steps": self.wait,
             "mean_running": self.sessions / n,
             "wall_ms_per_step": wall / n * 1e3,
-            "thread_cpu_ms_per_step": cpu / n * 1e3,
+            "engine_cpu_ms_per_step": cpu / n * 1e3,
             "cpu_share_of_wall": cpu / wall if wall > 0 else None,
-            "by_own_time": rows(2),
-            "by_cumulative_time": rows(3),
+            "sample_interval_ms": ms_per_sample,
+            "threads": threads,
             "syncs_watched": self.want_syncs,
             "syncs_per_step": sum(s["count"] for s in syncs) / n,
             "syncs": syncs,

@@ -1,8 +1,11 @@
-"""profile=host: the engine thread's cProfile window and the synchronizing CUDA calls in it."""
+"""profile=host: the sampled window over the server's threads, and the synchronizing CUDA calls
+in it."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import warnings
 
 import pytest
@@ -12,32 +15,60 @@ from profiling.collectors import maybe_profile
 from profiling.host import SYNC_WARNING, HostProfile
 
 
-def _work(n: int = 2000) -> int:
-    return sum(i * i for i in range(n))
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
-def test_window_profiles_only_its_steps(tmp_path):
-    cfg = {"name": "host", "wait": 2, "active": 3, "top": 50, "syncs": False}
-    with maybe_profile(cfg, out_dir=tmp_path) as prof:
-        assert isinstance(prof, HostProfile)
-        for i in range(8):
-            _work()
-            if i == 3:  # inside the window (steps 3-5 are profiled: after the 2nd, until the 5th)
-                _work()
-            prof.step(sessions=4)
+def _engine_work() -> None:
+    _spin(0.01)
+
+
+def _loop_work(stop: threading.Event) -> None:
+    while not stop.is_set():
+        _spin(0.002)
+        time.sleep(0.002)  # lets the engine thread run (and the sampler)
+
+
+def test_window_samples_each_thread_apart(tmp_path):
+    stop = threading.Event()
+    other = threading.Thread(target=_loop_work, args=(stop,), name="event-loop")
+    other.start()
+    try:
+        cfg = {"name": "host", "wait": 2, "active": 20, "top": 50, "interval_ms": 0.5}
+        with maybe_profile({**cfg, "syncs": False}, out_dir=tmp_path) as prof:
+            assert isinstance(prof, HostProfile)
+            for _ in range(25):
+                _engine_work()
+                prof.step(sessions=4)
+    finally:
+        stop.set()
+        other.join()
     out = json.loads((tmp_path / "host" / "host_profile.json").read_text())
-    assert out["steps"] == 3 and out["after_steps"] == 2 and out["mean_running"] == 4
-    row = next(r for r in out["by_cumulative_time"] if r["function"].endswith(":_work"))
-    assert row["calls_per_step"] == pytest.approx(4 / 3)  # 3 window steps + the extra call
-    assert out["wall_ms_per_step"] > 0 and out["thread_cpu_ms_per_step"] > 0
-    assert (tmp_path / "host" / "host_profile.prof").stat().st_size > 0
+    assert out["steps"] == 20 and out["after_steps"] == 2 and out["mean_running"] == 4
+    assert out["wall_ms_per_step"] >= 10 and out["engine_cpu_ms_per_step"] > 0
+    threads = {t["thread"]: t for t in out["threads"]}
+    assert out["threads"][0]["thread"] == "engine" and "event-loop" in threads
+
+    def cum(thread: str, fn: str) -> float:
+        rows = threads[thread]["by_cumulative_time"]
+        return sum(r["share"] for r in rows if r["function"].endswith(f":{fn}"))
+
+    # each thread's samples are its own: no thread's function turns up in the other's stacks
+    assert cum("engine", "_engine_work") > 0.5 and cum("engine", "_loop_work") == 0
+    assert cum("event-loop", "_loop_work") > 0.9 and cum("event-loop", "_engine_work") == 0
+    own = threads["engine"]["by_own_time"][0]
+    assert own["function"].split("@")[0].endswith(":_spin") and own["ms_per_step"] > 5
+    folded = (tmp_path / "host" / threads["engine"]["folded"]).read_text().splitlines()
+    assert any(";" in line and line.rsplit(" ", 1)[1].isdigit() for line in folded)
     assert out["syncs_watched"] is False and out["syncs"] == []
 
 
 def test_run_ending_inside_the_window_reports_its_steps(tmp_path):
     with maybe_profile({"name": "host", "wait": 1, "active": 100}, out_dir=tmp_path) as prof:
         for _ in range(4):
-            _work()
+            _engine_work()
             prof.step()
     out = json.loads((tmp_path / "host" / "host_profile.json").read_text())
     assert out["steps"] == 3
