@@ -14,12 +14,16 @@ runs of results/fig10*, fig9*.
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
+import pandas as pd
 import seaborn as sns
 
 from figures import common as C
 from figures.fig9 import at_paper_c128, family, select, sweep
-from figures.paper_values import FIG10_FAMILIES, PAPER
+from figures.paper_values import FIG10_FAMILIES, PAPER, label
 from harness.load_mapping import decode_gpus, load_label
 
 NAME = "fig10"
@@ -190,6 +194,52 @@ def served_idle(results) -> tuple[float, C.Run] | None:
         if vals:
             return 100 * float(np.median(vals)), r
     return None
+
+
+# the served engine thread's host profile at fig5_h200's top load (profile=host)
+HOST_EXPERIMENT = "fig10_host_h200"
+
+
+def _share(rows: list[dict], pattern: str) -> float:
+    """The largest share of a thread's samples in a function matching ``pattern``."""
+    return max((r["share"] for r in rows if re.search(pattern, r["function"])), default=0.0)
+
+
+def host_table(results) -> pd.DataFrame | None:
+    """Per profiled system of fig10_host_h200: where the engine thread's and the event loop's
+    wall time went over the sampled window (profiling/host.py), or None without a profile."""
+    rows = []
+    for r in C.load_runs(results, HOST_EXPERIMENT):
+        path = r.path / "host" / "host_profile.json"
+        if not path.is_file():
+            continue
+        prof = json.loads(path.read_text())
+        threads = {t["thread"]: t for t in prof.get("threads", [])}
+        eng, loop = threads.get("engine"), threads.get("MainThread")
+        if eng is None:
+            continue
+        wait = _share(eng["by_cumulative_time"], r":synchronize$")
+        busy = [
+            f"{x['function'].split('@')[0]} {x['ms_per_step']:.2f}"
+            for x in eng["by_own_time"]
+            if not re.search(r":synchronize@", x["function"])
+        ][:3]
+        rows.append(
+            {
+                "system": label(r.system),
+                "running": round(prof["mean_running"], 1),
+                "wall ms / step": round(prof["wall_ms_per_step"], 2),
+                "engine: waiting for the device %": round(100 * wait, 1),
+                "engine: CPU / wall %": round(100 * (prof.get("cpu_share_of_wall") or 0), 1),
+                "event loop busy %": (
+                    round(100 * (1 - _share(loop["by_own_time"], r":select@")), 1) if loop else None
+                ),
+                "engine's busiest functions (own ms / step)": "; ".join(busy),
+                "syncs / step": round(prof.get("syncs_per_step") or 0, 2),
+                "commit": r.commit,
+            }
+        )
+    return pd.DataFrame(rows) if rows else None
 
 
 def main(argv=None) -> C.Report:
@@ -454,6 +504,20 @@ def main(argv=None) -> C.Report:
             "at paper C128 (median over repeats). Not the paper's quantity: the events span a "
             "step's own gaps between kernels, and admission's copies between steps count as no "
             "step."
+        )
+    host = host_table(args.results)
+    if host is not None:
+        rep.table(
+            "Host side of the served step: DeepSeek-like, paper C512 = ours C256 on one H200 "
+            "(fig10_host_h200, profile=host: every thread's stack sampled over 300 decoded "
+            "steps; not a measurement of the systems' output)",
+            host,
+        )
+        rep.note(
+            "Host table: a step the GPU spends without a kernel is one the host has not "
+            "launched. 'Waiting for the device' is the engine thread's share of samples inside "
+            "a synchronize (reading the previous step's tokens: the GPU is the bound then); "
+            "the event loop is busy outside its select. The paper gives no host numbers."
         )
     rep.note_reasons(skipped)
     rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))

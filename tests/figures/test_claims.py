@@ -464,3 +464,54 @@ def test_noise_section_lists_each_repeated_point_against_the_bound(tmp_path):
     full = (tmp_path / "noise.md").read_text()
     assert "| 5.0% | yes |" in full and "| 28.6% | **no** |" in full
     assert write_noise(tmp_path / "empty.md", [], tmp_path) == []
+
+
+def test_host_table_reads_the_sampled_threads(tmp_path):
+    """Fig. 10's host table: the engine thread's share inside a synchronize (cumulative), its
+    CPU share, the event loop's share outside select, the engine's busiest functions without
+    the wait; a run without a profile gives no row."""
+    from figures import fig10
+
+    for name, prof in (("prof", True), ("bare", False)):
+        d = tmp_path / "fig10_host_h200" / name
+        (d / "host").mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": "resident_dspark"}))
+        (d / "env.json").write_text(json.dumps({"git_commit": "abc1234"}))
+        if not prof:
+            continue
+        engine = {
+            "thread": "engine",
+            "by_own_time": [
+                {"function": "streams.py:245:synchronize@254", "ms_per_step": 8.0, "share": 0.4},
+                {"function": "host_sync.py:56:to_device@68", "ms_per_step": 1.5, "share": 0.08},
+            ],
+            "by_cumulative_time": [
+                {"function": "engine.py:331:_loop", "ms_per_step": 20.0, "share": 1.0},
+                {"function": "streams.py:245:synchronize", "ms_per_step": 8.0, "share": 0.4},
+            ],
+        }
+        loop = {
+            "thread": "MainThread",
+            "by_own_time": [
+                {"function": "selectors.py:451:select@468", "ms_per_step": 15.0, "share": 0.75}
+            ],
+            "by_cumulative_time": [],
+        }
+        (d / "host" / "host_profile.json").write_text(
+            json.dumps(
+                {
+                    "mean_running": 38.0,
+                    "wall_ms_per_step": 20.0,
+                    "cpu_share_of_wall": 0.6,
+                    "syncs_per_step": 0.1,
+                    "threads": [engine, loop],
+                }
+            )
+        )
+    df = fig10.host_table(tmp_path)
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["system"] == "Resident + DSpark" and row["engine: waiting for the device %"] == 40
+    assert row["engine: CPU / wall %"] == 60 and row["event loop busy %"] == 25
+    assert row["engine's busiest functions (own ms / step)"] == "host_sync.py:56:to_device 1.50"
+    assert fig10.host_table(tmp_path / "none") is None
