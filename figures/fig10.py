@@ -201,8 +201,8 @@ HOST_EXPERIMENT = "fig10_host_h200"
 
 
 def _share(rows: list[dict], pattern: str) -> float:
-    """The largest share of a thread's samples in a function matching ``pattern``."""
-    return max((r["share"] for r in rows if re.search(pattern, r["function"])), default=0.0)
+    """The share of a thread's samples whose innermost frame matches ``pattern``."""
+    return sum(r["share"] for r in rows if re.search(pattern, r["function"]))
 
 
 def host_table(results) -> pd.DataFrame | None:
@@ -218,7 +218,8 @@ def host_table(results) -> pd.DataFrame | None:
         eng, loop = threads.get("engine"), threads.get("MainThread")
         if eng is None:
             continue
-        wait = _share(eng["by_cumulative_time"], r":synchronize$")
+        # innermost frames are disjoint: the synchronize wrappers' own shares add up
+        wait = _share(eng["by_own_time"], r":synchronize@")
         busy = [
             f"{x['function'].split('@')[0]} {x['ms_per_step']:.2f}"
             for x in eng["by_own_time"]
@@ -230,12 +231,19 @@ def host_table(results) -> pd.DataFrame | None:
                 "running": round(prof["mean_running"], 1),
                 "wall ms / step": round(prof["wall_ms_per_step"], 2),
                 "engine: waiting for the device %": round(100 * wait, 1),
-                "engine: CPU / wall %": round(100 * (prof.get("cpu_share_of_wall") or 0), 1),
+                "engine: CPU / wall %": (
+                    None
+                    if prof.get("cpu_share_of_wall") is None
+                    else round(100 * prof["cpu_share_of_wall"], 1)
+                ),
                 "event loop busy %": (
                     round(100 * (1 - _share(loop["by_own_time"], r":select@")), 1) if loop else None
                 ),
                 "engine's busiest functions (own ms / step)": "; ".join(busy),
                 "syncs / step": round(prof.get("syncs_per_step") or 0, 2),
+                # profiling/host.py weighs each sample by the time it stands for; before that
+                # every sample counted alike, which over-weights waits
+                "samples": "time-weighted" if "sampled_ms_per_step" in eng else "unweighted",
                 "commit": r.commit,
             }
         )
@@ -517,7 +525,10 @@ def main(argv=None) -> C.Report:
             "Host table: a step the GPU spends without a kernel is one the host has not "
             "launched. 'Waiting for the device' is the engine thread's share of samples inside "
             "a synchronize (reading the previous step's tokens: the GPU is the bound then); "
-            "the event loop is busy outside its select. The paper gives no host numbers."
+            "the event loop is busy outside its select (a loop back from select but waiting "
+            "for the GIL still counts as in it). Unweighted samples over-weight waits; even "
+            "weighted, busy Python code reads low at Python's 5 ms switch interval "
+            "(profiling/host.py). The paper gives no host numbers."
         )
     rep.note_reasons(skipped)
     rep.measured_with = "; ".join(sorted({v["prov"] for v in prof.values() if v.get("prov")}))

@@ -77,6 +77,11 @@ def maybe_profile(
             top=int(_opt(cfg, "top", 40)),
             syncs=bool(_opt(cfg, "syncs", True)),
             interval_ms=float(_opt(cfg, "interval_ms", 1.0)),
+            switch_interval_ms=(
+                None
+                if _opt(cfg, "switch_interval_ms") is None
+                else float(cfg["switch_interval_ms"])
+            ),
         )
         try:
             yield col

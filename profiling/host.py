@@ -8,10 +8,14 @@ served process is profiled where it runs, over ``active`` decoded steps after ``
 - a sampler thread reads every thread's Python stack each ``interval_ms``
   (``sys._current_frames``) and counts, per thread, the function each sample is in (*own*)
   and every function on its stack (*cumulative*), as wall time per decoded step. A sample
-  counts wall time: a thread waiting for the GIL or for the device is counted where it waits
-  (Event.synchronize, a tensor's read). A deterministic profiler cannot do this here:
-  Python 3.12's cProfile records every thread on one call stack (sys.monitoring), which mixes
-  the event loop's calls into the engine's;
+  stands for the wall time since the previous one: a thread waiting for the GIL or for the
+  device is counted where it waits (Event.synchronize, a tensor's read). The sampler needs the
+  GIL too, so a thread running Python is sampled late, at most once per switch interval
+  (Python's 5 ms): even with that weighting, busy code reads low (a thread spinning half its
+  time: ~36 %); ``switch_interval_ms`` (e.g. 0.2) sets the process's interval for the window
+  (~49 % then), at the price of a GIL regime other than the served one. A deterministic
+  profiler cannot do this here: Python 3.12's cProfile records every thread on one call stack
+  (sys.monitoring), which mixes the event loop's calls into the engine's;
 - the engine thread's CPU time over the window beside its wall time (``cpu_share_of_wall``
   below 1: the thread was off the CPU, waiting for the GIL or sleeping);
 - with ``syncs: true`` on a GPU, every CUDA call in the window that synchronizes with the device
@@ -19,7 +23,7 @@ served process is profiled where it runs, over ``active`` decoded steps after ``
   the engine thread waits for the step in flight, which overlap scheduling exists to avoid.
 
 Outputs under ``<out>/host/``: ``host_profile.json`` and, per thread, ``<thread>.folded``
-(collapsed stacks, one ``frame;frame;... count`` line each: flamegraph.pl, speedscope).
+(collapsed stacks, one ``frame;frame;... microseconds`` line each: flamegraph.pl, speedscope).
 Sampling costs the process one short GIL hold per interval (~2 % at 1 ms).
 """
 
@@ -48,19 +52,30 @@ def _frame_name(code, lineno: int | None = None) -> str:
 
 
 class _Sampler(threading.Thread):
-    """Samples every other thread's Python stack each ``interval_s`` until stopped."""
+    """Samples every other thread's Python stack each ``interval_s`` until stopped.
+
+    Each sample stands for the time since the previous one: the sampler needs the GIL to take
+    a sample, so a thread running Python holds it off for up to the switch interval while a
+    thread in a wait that released the GIL (a synchronize, a select) is sampled on time;
+    counted alike, samples over-weight waits (a thread spinning half its time read 12 %)."""
 
     def __init__(self, interval_s: float):
         super().__init__(name="dhs-host-sampler", daemon=True)
         self.interval_s = interval_s
-        self.stacks: dict[int, Counter] = {}  # thread id -> Counter of stacks (outermost first)
+        # thread id -> Counter of stacks (outermost first) -> seconds they stand for
+        self.stacks: dict[int, Counter] = {}
         self.samples = 0
+        self.seconds = 0.0
         self._stop_evt = threading.Event()
 
     def run(self) -> None:
         me = threading.get_ident()
+        last = time.perf_counter()
         while not self._stop_evt.wait(self.interval_s):
+            now = time.perf_counter()
+            dt, last = now - last, now
             self.samples += 1
+            self.seconds += dt
             for tid, frame in sys._current_frames().items():
                 if tid == me:
                     continue
@@ -69,7 +84,8 @@ class _Sampler(threading.Thread):
                 while f is not None and len(stack) < _MAX_DEPTH:
                     stack.append((f.f_code, f.f_lineno))
                     f = f.f_back
-                self.stacks.setdefault(tid, Counter())[tuple(reversed(stack))] += 1
+                self.stacks.setdefault(tid, Counter())[tuple(reversed(stack))] += dt
+            frame = f = None  # no thread's frame (and its locals) kept alive between samples
 
     def stop(self) -> None:
         self._stop_evt.set()
@@ -90,6 +106,7 @@ class HostProfile:
         top: int,
         syncs: bool,
         interval_ms: float = 1.0,
+        switch_interval_ms: float | None = None,
     ):
         if wait < 0 or active < 1 or top < 1 or interval_ms <= 0:
             raise ValueError(
@@ -98,6 +115,8 @@ class HostProfile:
             )
         self.out, self.wait, self.active, self.top = out, wait, active, top
         self.want_syncs, self.interval_s = syncs, interval_ms / 1e3
+        self.switch_interval_s = None if switch_interval_ms is None else switch_interval_ms / 1e3
+        self._switch_before: float | None = None
         self.steps = 0  # decoded steps seen
         self.profiled = 0  # of them inside the window
         self.sessions = 0  # running requests summed over the window's steps
@@ -129,14 +148,25 @@ class HostProfile:
         self._t0 = (time.perf_counter(), time.thread_time())
         if self.want_syncs:
             self._watch_syncs()
+        if self.switch_interval_s is not None:
+            self._switch_before = sys.getswitchinterval()
+            sys.setswitchinterval(self.switch_interval_s)
         self._sampler = _Sampler(self.interval_s)
         self._sampler.start()
 
-    def _close(self) -> None:
+    def _stop_sampler(self) -> _Sampler | None:
         sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop()
+        if self._switch_before is not None:
+            sys.setswitchinterval(self._switch_before)
+            self._switch_before = None
+        return sampler
+
+    def _close(self) -> None:
+        sampler = self._stop_sampler()
         if sampler is None:
             return
-        sampler.stop()
         wall = time.perf_counter() - self._t0[0]
         cpu = time.thread_time() - self._t0[1]
         self._unwatch_syncs()
@@ -150,8 +180,7 @@ class HostProfile:
         if self._sampler is not None and self.profiled:
             self._close()
         elif self._sampler is not None:  # opened, nothing decoded since: nothing to report
-            self._sampler.stop()
-            self._sampler = None
+            self._stop_sampler()
             self._unwatch_syncs()
 
     # ------------------------------------------------------------------ syncs
@@ -176,26 +205,27 @@ class HostProfile:
 
         prev_mode = torch.cuda.get_sync_debug_mode()
         warnings.filterwarnings("always", message=f".*{SYNC_WARNING}.*")
+        self._restore = (prev_mode, shown, warnings.filters[0])  # before anything can fail
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
-        self._restore = (prev_mode, shown)
 
     def _unwatch_syncs(self) -> None:
         if self._restore is None:
             return
         import torch
 
-        prev_mode, shown = self._restore
+        prev_mode, shown, added = self._restore
         self._restore = None
         torch.cuda.set_sync_debug_mode(prev_mode)
         warnings.showwarning = shown
-        # the "always" filter goes too: outside the window a sync warns as torch decides
-        warnings.filters[:] = [
-            f for f in warnings.filters if not (f[1] is not None and SYNC_WARNING in f[1].pattern)
-        ]
+        # the "always" filter goes too (that one, not another's): outside the window a sync
+        # warns as torch decides
+        if added in warnings.filters:
+            warnings.filters.remove(added)
+            warnings._filters_mutated()
 
     # ------------------------------------------------------------------ report
-    def _thread_report(self, name: str, stacks: Counter, ms_per_sample: float) -> dict[str, Any]:
+    def _thread_report(self, name: str, stacks: Counter) -> dict[str, Any]:
         n = max(1, self.profiled)
         own: Counter = Counter()  # innermost function and line
         cum: Counter = Counter()  # every function on the stack, once per sample
@@ -209,18 +239,18 @@ class HostProfile:
 
         def rows(counter: Counter) -> list[dict[str, Any]]:
             return [
-                {"function": fn, "ms_per_step": c * ms_per_sample / n, "share": c / total}
-                for fn, c in counter.most_common(self.top)
+                {"function": fn, "ms_per_step": sec * 1e3 / n, "share": sec / total}
+                for fn, sec in counter.most_common(self.top)
             ]
 
-        total = max(1, sum(stacks.values()))
+        total = sum(stacks.values()) or 1.0
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-        with open(self.out / f"{safe}.folded", "w") as f:
-            for stack, count in stacks.most_common():
-                f.write(";".join(_frame_name(c) for c, _ in stack) + f" {count}\n")
+        with open(self.out / f"{safe}.folded", "w") as f:  # weights in microseconds
+            for stack, sec in stacks.most_common():
+                f.write(";".join(_frame_name(c) for c, _ in stack) + f" {round(sec * 1e6)}\n")
         return {
             "thread": name,
-            "samples": total,
+            "sampled_ms_per_step": total * 1e3 / n,
             "by_own_time": rows(own),
             "by_cumulative_time": rows(cum),
             "folded": f"{safe}.folded",
@@ -229,12 +259,11 @@ class HostProfile:
     def _report(self, sampler: _Sampler, wall: float, cpu: float) -> dict[str, Any]:
         n = max(1, self.profiled)
         names = {t.ident: t.name for t in threading.enumerate()}
-        ms_per_sample = wall * 1e3 / max(1, sampler.samples)  # the sampler's real interval
         threads = []
         for tid, stacks in sampler.stacks.items():
             name = "engine" if tid == self._engine_tid else names.get(tid, f"thread-{tid}")
-            threads.append(self._thread_report(name, stacks, ms_per_sample))
-        threads.sort(key=lambda t: (t["thread"] != "engine", -t["samples"]))
+            threads.append(self._thread_report(name, stacks))
+        threads.sort(key=lambda t: (t["thread"] != "engine", -t["sampled_ms_per_step"]))
         syncs = [
             {"thread": thread, "count": count, "per_step": count / n, "stack": list(site)}
             for (thread, site), count in self._sync_sites.most_common()
@@ -246,7 +275,11 @@ class HostProfile:
             "wall_ms_per_step": wall / n * 1e3,
             "engine_cpu_ms_per_step": cpu / n * 1e3,
             "cpu_share_of_wall": cpu / wall if wall > 0 else None,
-            "sample_interval_ms": ms_per_sample,
+            "samples": sampler.samples,
+            "sample_interval_ms": sampler.seconds * 1e3 / max(1, sampler.samples),
+            "switch_interval_ms": (
+                None if self.switch_interval_s is None else self.switch_interval_s * 1e3
+            ),
             "threads": threads,
             "syncs_watched": self.want_syncs,
             "syncs_per_step": sum(s["count"] for s in syncs) / n,

@@ -85,6 +85,14 @@ async def test_generate_stream_chunks_are_json_dumps_bytes(server):
         ids += chunk["output_ids"]
         assert chunk["text"] == "".join(f" w{i}" for i in ids)
         assert line == f"data: {json.dumps(chunk)}\n"
+    # a request id that JSON must escape: quotes, a backslash, non-ASCII
+    rid = 'r"\\ü-1'
+    r = await s.post("/generate", json={**body, "rid": rid})
+    lines = [raw.decode() async for raw in r.content if raw.strip()]
+    assert len(lines) == 41
+    for line in lines[:-1]:
+        chunk = json.loads(line[len("data: ") :])
+        assert chunk["meta_info"]["id"] == rid and line == f"data: {json.dumps(chunk)}\n"
 
 
 async def test_text_prompt_is_accepted(server):

@@ -32,8 +32,8 @@ def test_outputs_arrive_in_order_with_one_wakeup_per_batch():
         t.start()
         got = [[] for _ in queues]
         for j, q in enumerate(queues):
-            while len(got[j]) < n:
-                got[j].append(await q.get())
+            while len(got[j]) < n:  # a lost wake-up fails here, not at the suite's timeout
+                got[j].append(await asyncio.wait_for(q.get(), timeout=10))
         t.join()
         return got, len(wakeups)
 

@@ -514,4 +514,5 @@ def test_host_table_reads_the_sampled_threads(tmp_path):
     assert row["system"] == "Resident + DSpark" and row["engine: waiting for the device %"] == 40
     assert row["engine: CPU / wall %"] == 60 and row["event loop busy %"] == 25
     assert row["engine's busiest functions (own ms / step)"] == "host_sync.py:56:to_device 1.50"
+    assert row["samples"] == "unweighted"  # a profile from before the samples were weighted
     assert fig10.host_table(tmp_path / "none") is None

@@ -4,6 +4,7 @@ in it."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import warnings
@@ -63,6 +64,37 @@ def test_window_samples_each_thread_apart(tmp_path):
     folded = (tmp_path / "host" / threads["engine"]["folded"]).read_text().splitlines()
     assert any(";" in line and line.rsplit(" ", 1)[1].isdigit() for line in folded)
     assert out["syncs_watched"] is False and out["syncs"] == []
+
+
+def _half_busy(stop: threading.Event) -> None:
+    while not stop.is_set():
+        _spin(0.01)
+        time.sleep(0.01)
+
+
+def test_a_thread_busy_half_its_time_reads_about_half(tmp_path):
+    """Samples stand for the time since the previous one, and the window's switch interval
+    lets the sampler in while a thread runs Python: counted alike at Python's 5 ms interval, a
+    thread spinning half its time read ~12 % busy."""
+    stop = threading.Event()
+    busy = threading.Thread(target=_half_busy, args=(stop,), name="half-busy")
+    busy.start()
+    before = sys.getswitchinterval()
+    try:
+        prof = HostProfile(tmp_path, wait=0, active=40, top=20, syncs=False, switch_interval_ms=0.2)
+        assert sys.getswitchinterval() == pytest.approx(0.0002)
+        for _ in range(40):
+            time.sleep(0.01)  # the "engine" waits; the other thread is the one measured
+            prof.step()
+    finally:
+        stop.set()
+        busy.join()
+    assert sys.getswitchinterval() == pytest.approx(before)
+    out = json.loads((tmp_path / "host_profile.json").read_text())
+    t = next(t for t in out["threads"] if t["thread"] == "half-busy")
+    spin = sum(r["share"] for r in t["by_own_time"] if ":_spin@" in r["function"])
+    assert 0.3 < spin < 0.7, spin
+    assert out["switch_interval_ms"] == pytest.approx(0.2)
 
 
 def test_run_ending_inside_the_window_reports_its_steps(tmp_path):
