@@ -87,6 +87,9 @@ class LoadConfig:
     prefixes: int | None = None  # N shared prompts; None = a fresh prompt per request
     vocab_size: int | None = None  # None: the server's vocabulary (server_limits), else 1000
     warmup: int = 0
+    # the warm-up requests' output cap (None: output_len); a few tokens prepare every prefix
+    # before the load without a warm-up as long as a request
+    warmup_output_len: int | None = None
     out: str | None = None  # records JSONL
     summary_out: str | None = None
     metrics_out: str | None = None  # scraped /metrics JSONL
@@ -425,30 +428,15 @@ class _Bodies:
         if cfg.api not in ("generate", "openai"):
             raise ValueError(f"api must be 'generate' or 'openai', got {cfg.api!r}")
         self.path = "/generate" if cfg.api == "generate" else "/v1/completions"
+        if cfg.warmup_output_len is not None and int(cfg.warmup_output_len) < 1:
+            raise ValueError(f"warmup_output_len must be >= 1, got {cfg.warmup_output_len!r}")
         if self.api == "generate":
-            sp = json.dumps(
-                {
-                    "max_new_tokens": int(cfg.output_len),
-                    "temperature": float(cfg.temperature),
-                    "ignore_eos": bool(cfg.ignore_eos),
-                },
-                separators=(",", ":"),
-            )
             self._pre = '{"input_ids":'
-            self._post = f',"sampling_params":{sp},"stream":true,"rid":"'
         else:
-            rest = json.dumps(
-                {
-                    "max_tokens": int(cfg.output_len),
-                    "temperature": float(cfg.temperature),
-                    "stream": True,
-                    "ignore_eos": bool(cfg.ignore_eos),
-                    "stream_options": {"include_usage": True},
-                },
-                separators=(",", ":"),
-            )
             self._pre = f'{{"model":{json.dumps(cfg.model)},"prompt":'
-            self._post = "," + rest[1:]
+        self._post = self._tail(int(cfg.output_len))
+        warm_len = cfg.warmup_output_len
+        self._post_warm = self._post if warm_len is None else self._tail(int(warm_len))
         self._rng = np.random.default_rng([int(cfg.seed), 1])
         self._rng_warm = np.random.default_rng([int(cfg.seed), 2])
         self._cache: list[bytes] = []
@@ -457,15 +445,46 @@ class _Bodies:
             for _ in range(int(cfg.prefixes)):
                 self._cache.append(self._head(rng))
 
-    def _head(self, rng: np.random.Generator) -> bytes:
+    def _tail(self, output_len: int) -> str:
+        """What follows the prompt ids: the sampling parameters with this output cap."""
+        cfg = self.cfg
+        if self.api == "generate":
+            sp = json.dumps(
+                {
+                    "max_new_tokens": output_len,
+                    "temperature": float(cfg.temperature),
+                    "ignore_eos": bool(cfg.ignore_eos),
+                },
+                separators=(",", ":"),
+            )
+            return f',"sampling_params":{sp},"stream":true,"rid":"'
+        rest = json.dumps(
+            {
+                "max_tokens": output_len,
+                "temperature": float(cfg.temperature),
+                "stream": True,
+                "ignore_eos": bool(cfg.ignore_eos),
+                "stream_options": {"include_usage": True},
+            },
+            separators=(",", ":"),
+        )
+        return "," + rest[1:]
+
+    def _ids(self, rng: np.random.Generator) -> str:
         ids = rng.integers(0, int(self.cfg.vocab_size), size=int(self.cfg.input_len)).tolist()
-        return (self._pre + "[" + ",".join(map(str, ids)) + "]" + self._post).encode()
+        return self._pre + "[" + ",".join(map(str, ids)) + "]"
+
+    def _head(self, rng: np.random.Generator) -> bytes:
+        return (self._ids(rng) + self._post).encode()
 
     def body(self, index: int, rid: str, warmup: bool = False) -> bytes:
         if self._cache:
             head = self._cache[index % len(self._cache)]
+            if warmup and self._post_warm is not self._post:  # the same prompt, a shorter cap
+                head = head[: len(head) - len(self._post.encode())] + self._post_warm.encode()
         else:
-            head = self._head(self._rng_warm if warmup else self._rng)
+            rng = self._rng_warm if warmup else self._rng
+            head = (self._ids(rng) + (self._post_warm if warmup else self._post)).encode()
         if self.api == "generate":
             return head + rid.encode() + b'"}'
         return head
@@ -1114,6 +1133,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="requests sent and awaited before measuring (not recorded)",
+    )
+    p.add_argument(
+        "--warmup-output-len",
+        type=int,
+        default=None,
+        help="the warm-up requests' output cap (default: --output-len)",
     )
     p.add_argument("--out", default=None, help="per-request records JSONL")
     p.add_argument("--summary-out", default=None, help="summary JSON (written atomically)")

@@ -217,9 +217,10 @@ def legacy_run_id(cfg: DictConfig, point: dict) -> str:
 # Keys a config may carry beyond conf/config.yaml's own: an experiment's ``reproduce`` block, the
 # markers ``+rerun=<tag>`` / ``+repeat=<i>`` (harness.reproduce's interleaved repeats) /
 # ``+smoke=true`` / ``+prewarm=1`` (benchmarks/gpu_batch.sh's throwaway run), and the collectors'
-# folder the server launcher sets. Optional workload keys: ``min_waves``, ``paper_concurrency``.
+# folder the server launcher sets. Optional workload keys: ``min_waves``, ``paper_concurrency``,
+# ``warmup_output_len`` (the warm-up requests' output cap; absent: output_len).
 _EXTRA_TOP_KEYS = {"reproduce", "rerun", "repeat", "smoke", "prewarm", "profile_dir"}
-_EXTRA_WORKLOAD_KEYS = {"min_waves", "paper_concurrency"}
+_EXTRA_WORKLOAD_KEYS = {"min_waves", "paper_concurrency", "warmup_output_len"}
 # Sweep keys that only harness.reproduce understands (it turns them into config values).
 REPRODUCE_KEYS = {"b_over_k": "system.kv.hot_cache_rows=<B> (B = b_over_k x model.index_topk)"}
 
@@ -418,6 +419,9 @@ def run(
                 prefixes=int(w.prefixes) if w.get("prefixes") else None,
                 vocab_size=int(w.get("vocab_size") or ecfg.model.vocab_size),
                 warmup=int(w.warmup),
+                warmup_output_len=(
+                    int(w.warmup_output_len) if w.get("warmup_output_len") is not None else None
+                ),
                 out=str(d / "records.jsonl"),
                 metrics_out=str(d / "server_metrics.jsonl"),
                 seed=int(cfg.seed),
@@ -499,7 +503,8 @@ def warn_profile_in_warmup(cfg) -> bool:
     warm = warmup_request_count(w.get("warmup"), w.get("prefixes"))
     # the warm-up runs before the first load point, at up to its concurrency (a schedule's peak)
     conc = point_concurrency(_load_points(cfg)[0]) or 1
-    steps = -(-warm // conc) * int(w.get("output_len") or 0)
+    cap = w.get("warmup_output_len")
+    steps = -(-warm // conc) * int((w.get("output_len") if cap is None else cap) or 0)
     wait = int(prof.get("wait") or 0)
     if warm and wait <= steps:
         print(

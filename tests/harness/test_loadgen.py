@@ -555,3 +555,32 @@ def test_config_from_mapping():
         LoadConfig.from_mapping({"nope": 1})
     with pytest.raises(ValueError):
         LoadConfig().mode()
+
+
+@pytest.mark.parametrize("api", ["generate", "openai"])
+@pytest.mark.parametrize("prefixes", [None, 3])
+def test_warmup_output_len_caps_the_warm_up_only(api, prefixes):
+    """``warmup_output_len``: the warm-up's bodies carry their own output cap, the same prompt
+    as a measured request of that prefix; measured bodies keep ``output_len``."""
+    from harness.loadgen import LoadConfig, _Bodies
+
+    key = "max_new_tokens" if api == "generate" else "max_tokens"
+
+    def parsed(b: bytes) -> tuple[list, int]:
+        d = json.loads(b)
+        ids = d["input_ids"] if api == "generate" else d["prompt"]
+        return ids, (d["sampling_params"] if api == "generate" else d)[key]
+
+    base = dict(
+        url="http://x", api=api, input_len=12, output_len=50, prefixes=prefixes, vocab_size=100
+    )
+    bodies = _Bodies(LoadConfig(**base, warmup_output_len=4))
+    warm_ids, warm_cap = parsed(bodies.body(1, "w-1", warmup=True))
+    ids, cap = parsed(bodies.body(1, "m-1"))
+    assert (warm_cap, cap) == (4, 50) and len(warm_ids) == len(ids) == 12
+    if prefixes:
+        assert warm_ids == ids  # the prefix the warm-up prepares is the measured one
+    plain = _Bodies(LoadConfig(**base))  # absent: the warm-up runs as long as a request
+    assert parsed(plain.body(1, "w-1", warmup=True))[1] == 50
+    with pytest.raises(ValueError, match="warmup_output_len"):
+        _Bodies(LoadConfig(**base, warmup_output_len=0))
