@@ -439,7 +439,7 @@ def test_noise_section_lists_each_repeated_point_against_the_bound(tmp_path):
     from figures.make_all import noise_rows, write_noise
 
     runs = [
-        ("h", "hisparse", [(3900.0, "g1"), (4000.0, "g1"), (4100.0, "g1")]),
+        ("h", "hisparse", [(4100.0, "g1"), (4000.0, "g1"), (3900.0, "g1")]),
         ("a", "adaptive_dhisparse", [(3000.0, "g1"), (4000.0, "g1"), (5000.0, "g2")]),
         ("r", "resident", [(1000.0, "g1"), (2000.0, "g2")]),
     ]
@@ -458,11 +458,14 @@ def test_noise_section_lists_each_repeated_point_against_the_bound(tmp_path):
         3000.0,
         4000.0,
     )
+    # the slowest run's place in its group's start order: hisparse's last, adaptive's first
+    assert by["hisparse-x-c128"]["slowest"] == 3 and by["adaptive_dhisparse-x-c128"]["slowest"] == 1
     lines = write_noise(tmp_path / "noise.md", rows, tmp_path)
     text = "\n".join(lines)
     assert "1 of 2 points" in text and "28.6% (adaptive_dhisparse-x-c128)" in text
+    assert "In 1 of the 1 outside it the slowest run is the first" in text
     full = (tmp_path / "noise.md").read_text()
-    assert "| 5.0% | yes |" in full and "| 28.6% | **no** |" in full
+    assert "| 5.0% | yes | 3 of 3 |" in full and "| 28.6% | **no** | 1 of 2 |" in full
     assert write_noise(tmp_path / "empty.md", [], tmp_path) == []
 
 
