@@ -201,6 +201,7 @@ class SpeculativeDecoder:
             seed=mcfg.seed,
         )
         self._round_ms: dict[int, float] = {}  # verification width -> EMA of round time
+        self._uniform_k: dict[tuple[int, int], torch.Tensor] = {}  # (batch, width) -> K_r
         # a verification pass's usual width, which the warm-up captures (target and catch-up):
         # the whole block, except where DSpark's choice is known before any round (calibrated
         # confidence is the same for every request and round, and the cost model stays the
@@ -341,15 +342,33 @@ class SpeculativeDecoder:
         B = proposals.shape[0]
         if self.kind != "dspark":
             return torch.full((B,), self.block, dtype=torch.long)
-        if self.calibrated_confidence:
-            conf = torch.full((B, self.block - 1), self.alpha)
+        if self.calibrated_confidence:  # every request has the same confidences: one row
+            conf = torch.full((1, self.block - 1), self.alpha)
         else:
             conf = self.drafter.last_confidence.float().cpu()  # (B, K-1), even when greedy
         surv = torch.cumprod(conf, dim=1)
         ks = torch.arange(1, self.block + 1, dtype=torch.float32)
-        exp_tokens = 1 + torch.cat([torch.zeros(B, 1), surv.cumsum(1)], dim=1)  # (B, K)
+        exp_tokens = 1 + torch.cat([torch.zeros(len(conf), 1), surv.cumsum(1)], dim=1)  # (., K)
         a, b = self._cost_model()
-        return (exp_tokens / (a + b * ks)).argmax(1) + 1  # K_r in 1..block
+        k_r = (exp_tokens / (a + b * ks)).argmax(1) + 1  # K_r in 1..block
+        return k_r.expand(B) if len(k_r) == 1 else k_r
+
+    def _k_on_device(self, k_r: torch.Tensor) -> torch.Tensor:
+        """``k_r`` on the device without waiting for it: one width for the whole batch (DFlash2's
+        block, calibrated DSpark's choice) is a cached tensor, which kernels only read; else a
+        queued pinned copy (a pageable one would wait for the verification pass)."""
+        B, k = len(k_r), int(k_r[0])
+        if bool((k_r == k).all()):
+            key = (B, k)
+            t = self._uniform_k.get(key)
+            if t is None:
+                if len(self._uniform_k) >= 512:  # batch sizes x widths: bounded in practice
+                    self._uniform_k.clear()
+                t = self._uniform_k[key] = torch.full(
+                    (B,), k, dtype=torch.int64, device=self.e.device
+                )
+            return t
+        return to_device(k_r.tolist(), self.e.device, torch.int64)
 
     def _cost_model(self) -> tuple[float, float]:
         """Engine cost of a verification pass of K queries, cost(K) = a + b K, profiled online:
@@ -457,8 +476,7 @@ class SpeculativeDecoder:
             A = to_device(A_l, dev, torch.int64)
             nxt = to_device(nxt_l, dev, torch.int64)
         else:
-            # k_r is host data: a pageable copy here would wait for the verification pass
-            k_dev = to_device(k_r.tolist(), dev, torch.int64)
+            k_dev = self._k_on_device(k_r)
             if self.mode == "exact":
                 A, nxt = accept_greedy(logits, proposals, k_dev)
             else:

@@ -510,3 +510,20 @@ def test_arrivals_fill_the_draft_ring_in_one_catch_up():
     assert {len(e.tail_hidden) for _, e in arrivals} == {len(p) for p in prompts[:3]} | {64}
     torch.testing.assert_close(rings[0], rings[1], rtol=1e-5, atol=1e-6)
     assert rings[0].abs().sum() > 0
+
+
+def test_one_width_for_the_batch_is_a_cached_device_tensor():
+    """A round whose requests all verify one width (DFlash2's block, calibrated DSpark) reuses
+    one device tensor of it per batch size, where a copy per round was host work; mixed widths
+    (DSpark's own confidences) are copied as they are."""
+    dec = _spec_engine(
+        "resident_dspark", "tiny", 8, False, "system.speculation.acceptance=calibrated"
+    ).decoder
+    k_r = dec._k_r(None, torch.zeros((5, 7), dtype=torch.long))
+    assert k_r.shape == (5,) and len(set(k_r.tolist())) == 1
+    first = dec._k_on_device(k_r)
+    assert dec._k_on_device(k_r.clone()) is first and first.tolist() == k_r.tolist()
+    assert dec._k_on_device(k_r[:3]) is not first  # another batch size, another tensor
+    mixed = torch.tensor([1, 4, 2])
+    got = dec._k_on_device(mixed)
+    assert got.tolist() == [1, 4, 2] and got.dtype == torch.int64
