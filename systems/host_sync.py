@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # aten ops that read device data on the host (or build tensors from host data): illegal while a
@@ -61,12 +62,36 @@ def to_device(values, device, dtype=None):
     one such call per step serializes the host with the GPU again (docs/engine.md). A pinned
     buffer's copy is queued instead; the caching host allocator keeps the buffer until the copy
     has run."""
-    import torch
-
     t = torch.tensor(values, dtype=dtype)
     if torch.device(device).type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t
+
+
+class UniformValues:
+    """Per-step host values on the device, where a batch whose values are all one (every
+    request's temperature, a round's verification width) reuses a cached tensor of that value:
+    no pinned copy per step. The tensors are only read by kernels (never written), so reusing
+    one while a step that reads it is in flight is safe. Mixed values go through ``to_device``."""
+
+    MAX_ENTRIES = 512  # batch sizes x values: bounded in practice; cleared past it
+
+    def __init__(self, device, dtype):
+        self.device, self.dtype = device, dtype
+        self._cache: dict = {}
+
+    def __call__(self, values) -> torch.Tensor:
+        vals = list(values)
+        if vals and all(v == vals[0] for v in vals):
+            key = (len(vals), vals[0])
+            t = self._cache.get(key)
+            if t is None:
+                if len(self._cache) >= self.MAX_ENTRIES:
+                    self._cache.clear()
+                t = torch.full((len(vals),), vals[0], dtype=self.dtype, device=self.device)
+                self._cache[key] = t
+            return t
+        return to_device(vals, self.device, self.dtype)
 
 
 # (pinned host tensor, event) of readbacks whose kernel may still be storing: held here so the
@@ -81,8 +106,6 @@ def start_readback(t):
     storing into pinned memory (systems/kernels/readback.py): an asynchronous memcpy would queue
     behind a handoff's history backup on the device-to-host copy engine. Without Triton it is
     that memcpy."""
-    import torch
-
     if t.device.type != "cuda":
         return t.clone(), None
     from systems.kernels.readback import readback, readback_available

@@ -30,7 +30,7 @@ from systems.engine.prefill import PrefixStore, PromptKey
 from systems.engine.request import ReqStatus, Request
 from systems.engine.sampler import sample_on_host
 from systems.engine.scheduler import PhaseTimes, QueueFull, Scheduler, clock
-from systems.host_sync import to_device
+from systems.host_sync import UniformValues, to_device
 from systems.kv.base import KVConfig
 from systems.kv.registry import create_backend
 from systems.models.config import ModelConfig
@@ -149,6 +149,8 @@ class Engine:
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
         self.device = torch.device(cfg.device)
+        # the batch's temperatures on the device: one temperature for all is a cached tensor
+        self._temps_on_device = UniformValues(self.device, torch.float32)
         # wall seconds of each start-up phase (the server logs them: a server start is paid
         # once per system and sweep setting of every experiment)
         self.startup_s: dict[str, float] = {}
@@ -553,7 +555,7 @@ class Engine:
         return failed
 
     def _temperatures(self, reqs: list[Request]) -> torch.Tensor:
-        return to_device([r.params.temperature for r in reqs], self.device, torch.float32)
+        return self._temps_on_device(r.params.temperature for r in reqs)
 
     def _emit_first_token(self, req: Request, entry) -> None:
         # on the host, from the prefill's copy: a device sample read back here would wait for

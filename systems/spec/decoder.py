@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from systems.engine.sampler import sample
-from systems.host_sync import start_readback, to_device
+from systems.host_sync import UniformValues, start_readback, to_device
 from systems.models.drafters import redraw
 from systems.spec.acceptance import (
     accept_calibrated,
@@ -201,7 +201,10 @@ class SpeculativeDecoder:
             seed=mcfg.seed,
         )
         self._round_ms: dict[int, float] = {}  # verification width -> EMA of round time
-        self._uniform_k: dict[tuple[int, int], torch.Tensor] = {}  # (batch, width) -> K_r
+        # K_r on the device: one width for the batch (DFlash2's block, calibrated DSpark) is a
+        # cached tensor; mixed widths a queued pinned copy (a pageable one would wait for the
+        # verification pass)
+        self._widths = UniformValues(self.e.device, torch.int64)
         # a verification pass's usual width, which the warm-up captures (target and catch-up):
         # the whole block, except where DSpark's choice is known before any round (calibrated
         # confidence is the same for every request and round, and the cost model stays the
@@ -353,23 +356,6 @@ class SpeculativeDecoder:
         k_r = (exp_tokens / (a + b * ks)).argmax(1) + 1  # K_r in 1..block
         return k_r.expand(B) if len(k_r) == 1 else k_r
 
-    def _k_on_device(self, k_r: torch.Tensor) -> torch.Tensor:
-        """``k_r`` on the device without waiting for it: one width for the whole batch (DFlash2's
-        block, calibrated DSpark's choice) is a cached tensor, which kernels only read; else a
-        queued pinned copy (a pageable one would wait for the verification pass)."""
-        B, k = len(k_r), int(k_r[0])
-        if bool((k_r == k).all()):
-            key = (B, k)
-            t = self._uniform_k.get(key)
-            if t is None:
-                if len(self._uniform_k) >= 512:  # batch sizes x widths: bounded in practice
-                    self._uniform_k.clear()
-                t = self._uniform_k[key] = torch.full(
-                    (B,), k, dtype=torch.int64, device=self.e.device
-                )
-            return t
-        return to_device(k_r.tolist(), self.e.device, torch.int64)
-
     def _cost_model(self) -> tuple[float, float]:
         """Engine cost of a verification pass of K queries, cost(K) = a + b K, profiled online:
         a least-squares line through the mean measured round time per K (EMA), once two widths
@@ -476,7 +462,7 @@ class SpeculativeDecoder:
             A = to_device(A_l, dev, torch.int64)
             nxt = to_device(nxt_l, dev, torch.int64)
         else:
-            k_dev = self._k_on_device(k_r)
+            k_dev = self._widths(k_r.tolist())
             if self.mode == "exact":
                 A, nxt = accept_greedy(logits, proposals, k_dev)
             else:

@@ -512,18 +512,27 @@ def test_arrivals_fill_the_draft_ring_in_one_catch_up():
     assert rings[0].abs().sum() > 0
 
 
-def test_one_width_for_the_batch_is_a_cached_device_tensor():
-    """A round whose requests all verify one width (DFlash2's block, calibrated DSpark) reuses
-    one device tensor of it per batch size, where a copy per round was host work; mixed widths
-    (DSpark's own confidences) are copied as they are."""
+def test_one_value_for_the_batch_is_a_cached_device_tensor():
+    """A round whose requests all verify one width (DFlash2's block, calibrated DSpark) or
+    share one temperature reuses one device tensor of it per batch size, where a copy per round
+    was host work; mixed values (DSpark's own confidences, mixed temperatures) are copied as
+    they are."""
+    from systems.host_sync import UniformValues
+
     dec = _spec_engine(
         "resident_dspark", "tiny", 8, False, "system.speculation.acceptance=calibrated"
     ).decoder
     k_r = dec._k_r(None, torch.zeros((5, 7), dtype=torch.long))
     assert k_r.shape == (5,) and len(set(k_r.tolist())) == 1
-    first = dec._k_on_device(k_r)
-    assert dec._k_on_device(k_r.clone()) is first and first.tolist() == k_r.tolist()
-    assert dec._k_on_device(k_r[:3]) is not first  # another batch size, another tensor
-    mixed = torch.tensor([1, 4, 2])
-    got = dec._k_on_device(mixed)
+    widths = UniformValues(torch.device("cpu"), torch.int64)
+    first = widths(k_r.tolist())
+    assert widths(k_r.clone().tolist()) is first and first.tolist() == k_r.tolist()
+    assert widths(k_r[:3].tolist()) is not first  # another batch size, another tensor
+    got = widths([1, 4, 2])
     assert got.tolist() == [1, 4, 2] and got.dtype == torch.int64
+    temps = UniformValues(torch.device("cpu"), torch.float32)
+    assert temps([1.0] * 4) is temps(x for x in [1.0] * 4)
+    assert temps([0.0, 1.0]).tolist() == [0.0, 1.0]
+    widths.MAX_ENTRIES = 2  # the cache stays bounded: past it, it starts over
+    widths([7] * 9), widths([7] * 10)
+    assert len(widths._cache) <= 2
