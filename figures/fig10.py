@@ -200,6 +200,10 @@ def served_idle(results) -> tuple[float, C.Run] | None:
 HOST_EXPERIMENT = "fig10_host_h200"
 
 
+# a sample's innermost frame in one of torch's synchronize wrappers: waiting for the device
+_SYNC_FRAME = r":synchronize@"
+
+
 def _share(rows: list[dict], pattern: str) -> float:
     """The share of a thread's samples whose innermost frame matches ``pattern``."""
     return sum(r["share"] for r in rows if re.search(pattern, r["function"]))
@@ -219,11 +223,11 @@ def host_table(results) -> pd.DataFrame | None:
         if eng is None:
             continue
         # innermost frames are disjoint: the synchronize wrappers' own shares add up
-        wait = _share(eng["by_own_time"], r":synchronize@")
+        wait = _share(eng["by_own_time"], _SYNC_FRAME)
         busy = [
             f"{x['function'].split('@')[0]} {x['ms_per_step']:.2f}"
             for x in eng["by_own_time"]
-            if not re.search(r":synchronize@", x["function"])
+            if not re.search(_SYNC_FRAME, x["function"])
         ][:3]
         rows.append(
             {

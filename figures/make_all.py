@@ -242,9 +242,13 @@ def noise_rows(results: Path) -> list[dict]:
     rows = []
     for d in sorted(p for p in Path(results).glob(f"*{C.H200_SUFFIX}*") if p.is_dir()):
         for run in C.load_runs(results, d.name):
-            by_group = C.values_by_run_group({"run": run}, "output_tok_s")
             for group, (sp, n) in C.within_call_spread(run, "output_tok_s").items():
-                vals = by_group[group]["run"]
+                # the group's runs of this point in the order they started
+                mine = sorted(
+                    (x for x in (run.repeats or [run]) if x.run_group == group),
+                    key=lambda x: str(x.env.get("time_utc") or ""),
+                )
+                vals = [v for v in (C.run_value(x, "output_tok_s") for x in mine) if v]
                 rows.append(
                     {
                         "experiment": d.name,
@@ -254,22 +258,11 @@ def noise_rows(results: Path) -> list[dict]:
                         "lo": min(vals),
                         "hi": max(vals),
                         "spread": sp,
-                        "slowest": _slowest_position(run, group),
+                        # where the slowest run came (1: first): a cold first run shows as 1
+                        "slowest": vals.index(min(vals)) + 1,
                     }
                 )
     return rows
-
-
-def _slowest_position(run, group: str) -> int | None:
-    """Where the point's slowest run of ``group`` came in the order the group's runs of it
-    started (1: first): a cold first run shows as 1 again and again."""
-    mine = [x for x in (run.repeats or [run]) if x.run_group == group]
-    mine = [x for x in mine if C.run_value(x, "output_tok_s")]
-    if len(mine) < 2:
-        return None
-    order = sorted(mine, key=lambda x: str(x.env.get("time_utc") or ""))
-    slowest = min(order, key=lambda x: C.run_value(x, "output_tok_s"))
-    return order.index(slowest) + 1
 
 
 def write_noise(path: Path, rows: list[dict], report_dir: Path) -> list[str]:

@@ -443,7 +443,7 @@ class _Bodies:
         if cfg.prefixes:
             rng = np.random.default_rng(int(cfg.seed))
             for _ in range(int(cfg.prefixes)):
-                self._cache.append(self._head(rng))
+                self._cache.append(self._head(rng, self._post))
 
     def _tail(self, output_len: int) -> str:
         """What follows the prompt ids: the sampling parameters with this output cap."""
@@ -470,12 +470,9 @@ class _Bodies:
         )
         return "," + rest[1:]
 
-    def _ids(self, rng: np.random.Generator) -> str:
+    def _head(self, rng: np.random.Generator, post: str) -> bytes:
         ids = rng.integers(0, int(self.cfg.vocab_size), size=int(self.cfg.input_len)).tolist()
-        return self._pre + "[" + ",".join(map(str, ids)) + "]"
-
-    def _head(self, rng: np.random.Generator) -> bytes:
-        return (self._ids(rng) + self._post).encode()
+        return (self._pre + "[" + ",".join(map(str, ids)) + "]" + post).encode()
 
     def body(self, index: int, rid: str, warmup: bool = False) -> bytes:
         if self._cache:
@@ -483,8 +480,9 @@ class _Bodies:
             if warmup and self._post_warm is not self._post:  # the same prompt, a shorter cap
                 head = head[: len(head) - len(self._post.encode())] + self._post_warm.encode()
         else:
-            rng = self._rng_warm if warmup else self._rng
-            head = (self._ids(rng) + (self._post_warm if warmup else self._post)).encode()
+            head = self._head(
+                *((self._rng_warm, self._post_warm) if warmup else (self._rng, self._post))
+            )
         if self.api == "generate":
             return head + rid.encode() + b'"}'
         return head

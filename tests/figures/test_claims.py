@@ -470,7 +470,7 @@ def test_noise_section_lists_each_repeated_point_against_the_bound(tmp_path):
 
 
 def test_host_table_reads_the_sampled_threads(tmp_path):
-    """Fig. 10's host table: the engine thread's share inside a synchronize (cumulative), its
+    """Fig. 10's host table: the engine thread's share inside a synchronize (own time), its
     CPU share, the event loop's share outside select, the engine's busiest functions without
     the wait; a run without a profile gives no row."""
     from figures import fig10
