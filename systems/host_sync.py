@@ -55,14 +55,15 @@ class no_host_sync(TorchDispatchMode):
 
 
 def to_device(values, device, dtype=None):
-    """Host values (a list of numbers) on ``device`` without waiting for the device.
+    """Host values (a list of numbers, or a CPU tensor) on ``device`` without waiting for the
+    device.
 
     ``torch.tensor(values, device=cuda)`` copies from pageable memory, which waits for
     everything queued on the stream: under overlap scheduling that is the step in flight, and
     one such call per step serializes the host with the GPU again (docs/engine.md). A pinned
     buffer's copy is queued instead; the caching host allocator keeps the buffer until the copy
     has run."""
-    t = torch.tensor(values, dtype=dtype)
+    t = values.to(dtype) if torch.is_tensor(values) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t

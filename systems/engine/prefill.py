@@ -16,7 +16,7 @@ import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,6 +33,9 @@ class PrefillEntry:
     last_logits_host: torch.Tensor  # the same on the host: admission samples there, no sync
     tail_hidden: torch.Tensor  # (L, D): target features of the last L positions (drafters)
     prefill_s: float
+    # what a decoder derives from the prompt alone, once (a drafter's ring KV of the tail):
+    # kept, and evicted, with the entry
+    derived: dict = field(default_factory=dict)
 
 
 class PromptKey:

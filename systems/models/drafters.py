@@ -104,28 +104,43 @@ class _DraftCore(torch.nn.Module):
         positions: torch.Tensor,
         hidden: torch.Tensor,
         valid: torch.Tensor,
-        fresh: bool = False,
     ) -> None:
-        """Write ring KV for committed positions. tokens/positions/valid (B, L); hidden (B, L, D).
-        Rows where valid is False are not written. ``fresh``: the chunk is the first the slots'
-        rings hold for their requests (an arrival's prompt tail), so it attends to itself alone:
-        the ring rows before it hold a previous request's positions, not this one's."""
+        """Write ring KV for committed positions, which attend to the slots' ring windows
+        before them and to the chunk causally. tokens/positions/valid (B, L); hidden (B, L, D).
+        Rows where valid is False are not written."""
+        rows = self.ring.rows(slots, positions).reshape(-1)
+        # rows of invalid entries keep their contents: a masked write instead of boolean
+        # indexing, which would sync (the rows of one call are distinct: L <= ring size)
+        keep = ~valid.reshape(-1, 1)
+        ctx = self._context(slots, positions[:, :1], tokens.shape[1], True)
+        for li, (k, v) in enumerate(self._chunk_kv(tokens, hidden, ctx)):
+            for j, new in ((0, k), (1, v)):
+                ring = self.ring.kv[li, j]
+                ring[rows] = torch.where(keep, ring[rows], new.reshape(-1, self.dim))
+
+    def prompt_kv(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The ring KV of a prompt's last L positions, tokens (L,) and target features (L, D),
+        attending to themselves alone (a new request has no ring history): (layers, 2, L, d),
+        for ``DraftRing.write``. It depends on the prompt only, so a prefill computes it once
+        for every request of that prompt, at batch 1 (the same bytes whatever else arrives)."""
+        kv = [torch.stack((k[0], v[0])) for k, v in self._chunk_kv(tokens[None], hidden[None])]
+        return torch.stack(kv)
+
+    def _chunk_kv(self, tokens: torch.Tensor, hidden: torch.Tensor, ctx=None):
+        """Each layer's (k, v), (B, L, d), of a chunk of committed positions: tokens (B, L),
+        hidden (B, L, D), attending to ``ctx`` (``_context``) or, None, to the chunk alone. A
+        layer's keys are yielded after its attention has read the ring, so a caller writing
+        them reads what a read-then-write would; the last layer's attention and MLP feed
+        nothing the ring keeps, and are skipped."""
         x = self._embed(tokens) + self._mm(hidden.to(self.w_hid.dtype), self.w_hid)
-        rows = self.ring.rows(slots, positions)
-        # the history before this chunk (none for a fresh one), and the chunk causally
-        ctx = None if fresh else self._context(slots, positions[:, :1], tokens.shape[1], True)
+        last = len(self.layers) - 1
         for li, p in enumerate(self.layers):
             h = self._norm(x)
             k, v = self._mm(h, p["wk"]), self._mm(h, p["wv"])
-            x = x + self._attend(p, h, k, v, ctx, li)
-            x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
-            # rows of invalid entries keep their contents: a masked write instead of boolean
-            # indexing, which would sync (the rows of one call are distinct: L <= ring size)
-            keep = ~valid.reshape(-1, 1)
-            r = rows.reshape(-1)
-            for j, new in ((0, k), (1, v)):
-                ring = self.ring.kv[li, j]
-                ring[r] = torch.where(keep, ring[r], new.reshape(-1, self.dim))
+            if li < last:
+                x = x + self._attend(p, h, k, v, ctx, li)
+                x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
+            yield k, v
 
     def _context(self, slots: torch.Tensor, first_pos: torch.Tensor, L: int, causal_block: bool):
         """What a block of L queries starting at first_pos (B, 1) attends to: each slot's whole

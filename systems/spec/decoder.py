@@ -24,6 +24,7 @@ from systems.spec.acceptance import (
     calibrated_alpha,
 )
 from systems.spec.config import SpeculationConfig
+from systems.spec.ring import ring_address
 
 # names of the profiler ranges a PhaseTimer with ``ranges`` opens: PHASE_RANGE + phase
 PHASE_RANGE = "spec_phase:"
@@ -223,41 +224,33 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ admission
     def on_admit(self, arrivals) -> None:
-        """Fill the drafter's ring with the last W prompt positions of each arrival, (request,
-        prefill entry), and their target features, the tail attending to itself alone (the
-        slot's ring rows are a previous request's): one catch-up for all of them (a catch-up is
-        ~1 ms of eager host work, and a wave of handoffs joins in the same step). Shorter tails
-        are padded at the end and masked; padded positions are never written. The ring's values
-        match one catch-up per request to float rounding, not bit for bit (a batched GEMM sums
-        in its own order), as the drafter's batched proposals already do: greedy exact output
-        never depends on them; calibrated and sampled drafts may follow the arrival grouping."""
+        """Write each arrival's prompt tail, (request, prefill entry), into its slot's ring:
+        the drafter's KV of the last W prompt positions, which a prompt's prefill entry keeps
+        (``_prompt_ring``) as a prefill node would hand it over with the target's KV, so an
+        arrival costs one scatter for the whole wave, not a catch-up on the engine thread.
+        The slot's other ring rows are a previous request's: the window mask of the request's
+        first round excludes them."""
         if not arrivals:
             return
-        dev = self.e.device
-        tails = [(req, entry.tail_hidden) for req, entry in arrivals]  # (L, D) each
-        Lm = max(h.shape[0] for _, h in tails)
-        toks, starts = [], []
-        for req, h in tails:
-            T, L = req.num_prompt_tokens, h.shape[0]
-            toks.append([*req.prompt_ids[T - L :], *[0] * (Lm - L)])  # a list or an array
-            starts.append(T - L)
-        meta = to_device(
-            [*(r.slot for r, _ in tails), *starts, *(h.shape[0] for _, h in tails)], dev
-        )
-        n = len(tails)
-        slots, start, length = meta[:n], meta[n : 2 * n], meta[2 * n :]
-        ar = torch.arange(Lm, device=dev)
-        hid = torch.stack(
-            [torch.nn.functional.pad(h, (0, 0, 0, Lm - h.shape[0])) for _, h in tails]
-        )
-        self.drafter.catch_up(
-            slots,
-            to_device(toks, dev),
-            start.unsqueeze(1) + ar,
-            hid,
-            ar < length.unsqueeze(1),
-            fresh=True,
-        )
+        r_d = self.drafter.ring.r_d
+        chunks, rows = [], []
+        for req, entry in arrivals:
+            kv = self._prompt_ring(req, entry)
+            T, L = req.num_prompt_tokens, kv.shape[2]
+            chunks.append(kv)
+            rows.append(ring_address(req.slot, torch.arange(T - L, T), r_d))
+        self.drafter.ring.write(to_device(torch.cat(rows), self.e.device), torch.cat(chunks, 2))
+
+    def _prompt_ring(self, req, entry) -> torch.Tensor:
+        """The drafter's ring KV of the prompt's tail (``prompt_kv``), computed at the prompt's
+        first admission and kept in its prefill entry (evicted with it)."""
+        kv = entry.derived.get("draft_ring")
+        if kv is None:
+            h = entry.tail_hidden  # (L, D): the last L = min(W, T) positions
+            T = req.num_prompt_tokens
+            tokens = to_device(list(req.prompt_ids[T - h.shape[0] :]), self.e.device)
+            kv = entry.derived["draft_ring"] = self.drafter.prompt_kv(tokens, h)
+        return kv
 
     # ------------------------------------------------------------------ drafter graphs
     def _drafter_graphs(self, B: int, sampled: bool):

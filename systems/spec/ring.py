@@ -52,6 +52,11 @@ class DraftRing:
         """The slots' rows (the padding slot's are not counted, as a backend's are not)."""
         return self.kv[:, :, : self.num_slots * self.r_d].numel() * self.kv.element_size()
 
+    def write(self, rows: torch.Tensor, kv: torch.Tensor) -> None:
+        """kv (layers, 2, N, dim) into physical rows (N,) (``rows``), every layer in one
+        scatter."""
+        self.kv[:, :, rows] = kv
+
     def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """slots (B,), positions (B, L) -> physical rows (B, L)."""
         return ring_address(slots.long().unsqueeze(-1), positions.long(), self.r_d)

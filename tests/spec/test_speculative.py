@@ -484,15 +484,17 @@ def test_phase_timer_splits_each_round_into_its_phases():
     assert ms["verify"][-1] > 0 and ms["propose"][-1] > 0
 
 
-def test_arrivals_fill_the_draft_ring_in_one_catch_up():
-    """A wave of handoffs sets up the drafter in one catch-up (tails of different lengths,
-    padded and masked): the ring holds what one catch-up per request writes, to float rounding
-    (batched GEMMs sum in their own order), and nothing at the padded positions."""
+def test_an_arrival_writes_its_prompts_ring_once_computed_whatever_arrives_with_it():
+    """An arrival's drafter ring rows are its prompt's tail attending to itself alone, computed
+    at the prompt's first admission and kept in the prefill entry: the same bytes whether the
+    wave's arrivals come together or one by one, a later request of the prompt reuses them,
+    and a prompt within the window matches a catch-up from position 0 (whose window holds
+    nothing), to float rounding (another attention kernel)."""
     import types
 
     prompts = [GOLDEN["prompts"][i] for i in range(3)]
     prompts.append(list(range(2, 90)))  # longer than the window: its last 64 positions
-    rings = []
+    rings, engines = [], []
     for batched in (True, False):
         eng = _spec_engine("resident_dflash2", "tiny", 4, False)
         arrivals = []
@@ -507,9 +509,37 @@ def test_arrivals_fill_the_draft_ring_in_one_catch_up():
             for a in arrivals:
                 eng.decoder.on_admit([a])
         rings.append(eng.decoder.drafter.ring.kv.clone())
+        engines.append((eng, arrivals))
     assert {len(e.tail_hidden) for _, e in arrivals} == {len(p) for p in prompts[:3]} | {64}
-    torch.testing.assert_close(rings[0], rings[1], rtol=1e-5, atol=1e-6)
-    assert rings[0].abs().sum() > 0
+    assert torch.equal(rings[0], rings[1]) and rings[0].abs().sum() > 0
+
+    eng, arrivals = engines[0]
+    d = eng.decoder.drafter
+    kept = [e.derived["draft_ring"] for _, e in arrivals]
+    calls = []
+    d.prompt_kv = lambda *a: calls.append(a)  # a second request of a prompt: nothing computed
+    req, entry = arrivals[0]
+    eng.decoder.on_admit([(types.SimpleNamespace(**{**vars(req), "slot": 3}), entry)])
+    assert calls == [] and entry.derived["draft_ring"] is kept[0]
+    slot3 = d.ring.rows(torch.tensor([3]), torch.arange(len(prompts[0]))[None])[0]
+    slot0 = d.ring.rows(torch.tensor([0]), torch.arange(len(prompts[0]))[None])[0]
+    assert torch.equal(d.ring.kv[:, :, slot3], d.ring.kv[:, :, slot0])
+
+    p = prompts[1]  # within the window: a catch-up from position 0 sees no ring history
+    ref = _spec_engine("resident_dflash2", "tiny", 4, False)
+    entry, _ = ref.prefixes.get(p)
+    L = len(p)
+    ref.decoder.drafter.catch_up(
+        torch.tensor([1]),
+        torch.tensor([p]),
+        torch.arange(L)[None],
+        entry.tail_hidden[None],
+        torch.ones(1, L, dtype=torch.bool),
+    )
+    rows = d.ring.rows(torch.tensor([1]), torch.arange(L)[None])[0]
+    torch.testing.assert_close(
+        ref.decoder.drafter.ring.kv[:, :, rows], d.ring.kv[:, :, rows], rtol=1e-5, atol=1e-6
+    )
 
 
 def test_one_value_for_the_batch_is_a_cached_device_tensor():
