@@ -97,11 +97,11 @@ class InflightStep:
 class InflightRound(InflightStep):
     """A speculative round launched but not yet read back: ``tokens`` are its next tokens (the
     following round's anchors) and ``n_next`` the next anchor positions (the following round's inputs, on the device);
-    ``host`` receives (accepted, next, drafts) per request. Reading it commits it."""
+    ``host`` receives (accepted, next, K_r verified, K_r wanted, drafts) per request. Reading
+    it commits it."""
 
     n_next: torch.Tensor | None = None
     decoder: object = None
-    k_r: torch.Tensor | None = None
     width: int = 0
     t0: float = 0.0
 
@@ -214,6 +214,12 @@ class SpeculativeDecoder:
         self.verify_queries = self.block
         if self.kind == "dspark" and self.calibrated_confidence:
             self.verify_queries = int(self._k_r(None, torch.zeros(1, self.block - 1)).max())
+        # DSpark on the drafter's confidences chooses K_r on the device (no read of the
+        # proposal pass); the pass's width, which the host must know to launch it, is then the
+        # widest choice of the last round read back (one round late), each K_r clamped to it;
+        # the first round reads its own choice (there is no earlier one)
+        self.device_widths = self.kind == "dspark" and not self.calibrated_confidence
+        self._width: int | None = None
         self.phase_timer: PhaseTimer | None = None  # set by benchmarks (bench_decode_step --phases)
         self.stats = {
             "spec_rounds_total": 0,
@@ -332,22 +338,27 @@ class SpeculativeDecoder:
         """Verification prefix per request: DFlash2 uses its fixed block; DSpark maximizes
         expected emitted tokens per unit of engine cost from the drafter's confidences. Under
         calibrated acceptance (``scheduler_confidence: auto``) the confidence of every draft
-        position is the calibrated per-position acceptance ``alpha``: acceptance no longer follows the drafter, and the
-        mini models' random-weight drafter is unconfident enough that the scheduler would
-        verify no draft at all (K_r = 1 in every round of the first Fig. 5 runs)."""
+        position is the calibrated per-position acceptance ``alpha``: acceptance no longer
+        follows the drafter, and the mini models' random-weight drafter is unconfident enough
+        that the scheduler would verify no draft at all (K_r = 1 in every round of the first
+        Fig. 5 runs). On the host, except from the drafter's confidences (``device_widths``):
+        on the device, where the proposal pass left them."""
         B = proposals.shape[0]
         if self.kind != "dspark":
             return torch.full((B,), self.block, dtype=torch.long)
         if self.calibrated_confidence:  # every request has the same confidences: one row
-            conf = torch.full((1, self.block - 1), self.alpha)
-        else:
-            conf = self.drafter.last_confidence.float().cpu()  # (B, K-1), even when greedy
+            return self._choose(torch.full((1, self.block - 1), self.alpha)).expand(B)
+        return self._choose(self.drafter.last_confidence.float())  # (B, K-1), even when greedy
+
+    def _choose(self, conf: torch.Tensor) -> torch.Tensor:
+        """DSpark's scheduler: conf (R, K-1), the draft positions' confidences -> K_r (R,) in
+        1..block, on conf's device."""
         surv = torch.cumprod(conf, dim=1)
-        ks = torch.arange(1, self.block + 1, dtype=torch.float32)
-        exp_tokens = 1 + torch.cat([torch.zeros(len(conf), 1), surv.cumsum(1)], dim=1)  # (., K)
+        ks = torch.arange(1, self.block + 1, dtype=torch.float32, device=conf.device)
+        none = torch.zeros(len(conf), 1, device=conf.device)
+        exp_tokens = 1 + torch.cat([none, surv.cumsum(1)], dim=1)  # (R, K)
         a, b = self._cost_model()
-        k_r = (exp_tokens / (a + b * ks)).argmax(1) + 1  # K_r in 1..block
-        return k_r.expand(B) if len(k_r) == 1 else k_r
+        return (exp_tokens / (a + b * ks)).argmax(1) + 1
 
     def _cost_model(self) -> tuple[float, float]:
         """Engine cost of a verification pass of K queries, cost(K) = a + b K, profiled online:
@@ -440,9 +451,16 @@ class SpeculativeDecoder:
         else:
             proposals, q = self.drafter.propose(slots, anchors, n, K, temps, e.gen, draft_sampled)
         mark()
-        k_r = self._k_r(q, proposals)
+        want = self._k_r(q, proposals)
         # the pass verifies the widest prefix any request asked for (DSpark saves work here)
-        Kv = int(k_r.max())
+        if self.device_widths:
+            if self._width is None:
+                self._width = int(want.max())
+            Kv = self._width
+            k_dev = want.clamp_max(Kv)
+        else:
+            Kv = int(want.max())
+            k_dev = self._widths(want.tolist())
         proposals, q = proposals[:, : Kv - 1], q[:, : Kv - 1]
         t0 = time.perf_counter()
         # verification: queries [anchor, x_1 .. x_{K-1}] at positions n .. n + K - 1
@@ -451,17 +469,18 @@ class SpeculativeDecoder:
         logits, hidden = e.run_target(slots, tokens, positions, max_pos + Kv)
         mark()
         if self.mode == "exact" and sampled:  # rejection sampling: a host loop (rare)
-            A_l, nxt_l = accept_exact(logits, proposals, q, k_r, temps, e.gen)
+            A_l, nxt_l = accept_exact(logits, proposals, q, k_dev.cpu(), temps, e.gen)
             A = to_device(A_l, dev, torch.int64)
             nxt = to_device(nxt_l, dev, torch.int64)
         else:
-            k_dev = self._widths(k_r.tolist())
             if self.mode == "exact":
                 A, nxt = accept_greedy(logits, proposals, k_dev)
             else:
                 A, nxt = accept_calibrated(logits, k_dev, self.alpha, e.gen, temps, sampled)
-        # one readback (A, next, drafts), queued before the catch-up reuses the drafter's buffers
-        back = torch.cat([A.unsqueeze(1), nxt.unsqueeze(1), proposals.long()], dim=1)
+        # one readback (A, next, K_r verified, K_r wanted, drafts), queued before the catch-up
+        # reuses the drafter's buffers
+        cols = (A, nxt, k_dev, want if self.device_widths else k_dev)
+        back = torch.cat([*(c.unsqueeze(1) for c in cols), proposals.long()], dim=1)
         host, read = start_readback(back)
         mark()
         # the drafter advances with the same prefix: anchor + accepted, with target features;
@@ -487,7 +506,6 @@ class SpeculativeDecoder:
             {id(r): i for i, r in enumerate(batch)},
             n_next=n + 1 + A,
             decoder=self,
-            k_r=k_r,
             width=Kv,
             t0=t0,
         )
@@ -506,10 +524,12 @@ class SpeculativeDecoder:
         self.e.backend.commit(
             [r.slot for r, _ in live], [r.seq_len + 1 + row[0] for r, row in live]
         )
-        out = [row[2 : 2 + row[0]] + [row[1]] for row in rows]
+        out = [row[4 : 4 + row[0]] + [row[1]] for row in rows]
         acc = sum(row[0] for row in rows)
+        if self.device_widths and rows:  # the next launched round's width
+            self._width = max(row[3] for row in rows)
         self.stats["spec_rounds_total"] += len(rows)
-        self.stats["spec_queries_total"] += int(rnd.k_r.sum())
+        self.stats["spec_queries_total"] += sum(row[2] for row in rows)
         self.stats["spec_accepted_total"] += acc
         self.stats["spec_emitted_total"] += acc + len(rows)
         return out

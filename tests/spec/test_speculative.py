@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from systems.engine.request import Request, SamplingParams
 from systems.models.drafters import DFlash2Drafter
 from systems.spec import acceptance
 from systems.spec.ring import ring_address, ring_rows
@@ -118,6 +119,31 @@ def test_dspark_with_real_drafter_is_exact_and_picks_prefixes(system):
     st_ = eng.decoder.stats
     # with costly queries and random-drafter confidences, the scheduler verifies short prefixes
     assert st_["spec_queries_total"] < 8 * st_["spec_rounds_total"]
+
+
+def test_dspark_chooses_prefixes_on_the_device_after_its_first_round(monkeypatch):
+    """On the drafter's confidences DSpark's prefix choice stays on the device: once a round
+    has been read back (its widest choice sets the next pass's width), launching a round reads
+    no device value on the host; the tokens stay golden."""
+    import systems.host_sync as hs
+
+    eng = _spec_engine("resident_dspark", "tiny", 8, False, "system.speculation.cost_per_query=0.5")
+    reqs = [
+        Request(eng.new_rid(), p, SamplingParams(max_new_tokens=GOLDEN["max_new_tokens"]))
+        for p in GOLDEN["prompts"][:3]
+    ]
+    for r in reqs:
+        eng.submit(r)
+    eng.step(), eng.step()  # admissions and the first rounds (the first reads its choice)
+    assert eng.decoder.device_widths and eng.decoder._width is not None
+    # the ops that read device data on the host (building tensors from host data is allowed)
+    reads = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.is_nonzero"}
+    monkeypatch.setattr(hs, "_SYNC_OPS", reads)
+    with hs.no_host_sync():
+        eng.step()  # launches a round, then reads and commits the previous one
+    monkeypatch.undo()
+    eng.run_until_idle()
+    assert [r.output_ids for r in reqs] == GOLDEN["outputs"]["tiny"][:3]
 
 
 def test_dspark_under_calibrated_acceptance_verifies_drafts():
