@@ -69,6 +69,45 @@ def to_device(values, device, dtype=None):
     return t
 
 
+class CounterSnapshot:
+    """Device counters read on the host without waiting for the device. ``take`` (the engine
+    thread, between steps) queues a copy of the counters into a fresh pinned buffer and records
+    an event; ``latest`` (any thread: the HTTP server's /metrics) returns the newest copy whose
+    event has completed, or None before the first. A fresh buffer per copy: a reader never sees
+    one being written. On a CPU device there is nothing to wait for: ``latest`` is None and the
+    caller reads the counters themselves."""
+
+    def __init__(self, device):
+        self.on = torch.device(device).type == "cuda"
+        self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
+        self._done: torch.Tensor | None = None
+
+    def take(self, counters) -> bool:
+        """Queue a copy of ``counters()`` (a callable: nothing is built when no copy is
+        queued); False when the previous copy has not landed yet (one at a time) or there is no
+        device to wait for."""
+        if not self.on:
+            return False
+        self.latest()  # retire the previous copy if it has landed
+        if self._pending is not None:
+            return False
+        counters = counters()
+        host = torch.empty(counters.shape, dtype=counters.dtype, pin_memory=True)
+        host.copy_(counters, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._pending = (host, ev)
+        return True
+
+    def latest(self) -> torch.Tensor | None:
+        pending = self._pending  # one read: the engine thread may replace it meanwhile
+        if pending is not None and pending[1].query():
+            self._done = pending[0]
+            if self._pending is pending:
+                self._pending = None
+        return self._done
+
+
 class UniformValues:
     """Per-step host values on the device, where a batch whose values are all one (every
     request's temperature, a round's verification width) reuses a cached tensor of that value:

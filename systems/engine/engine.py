@@ -243,6 +243,8 @@ class Engine:
         # admission's phases on the engine's side (the scheduler keeps its own): the decoder's
         # set-up of arrivals and their first tokens (/metrics: dhs_admit_phase_seconds_total)
         self._admit_phases = PhaseTimes(("decoder", "first_token"))
+        self._snapshot_at = 0.0  # perf_counter of the last counter snapshot (/metrics)
+        self._steps_unsnapped = False  # steps ran since it
         self.error: BaseException | None = None
         self._gpu_time = DecodeGpuTime(self.device)
         # the decoder says whether it can launch a step before the previous one is read back
@@ -337,7 +339,9 @@ class Engine:
             # collectors are entered on this thread: torch.profiler records the entering thread
             with maybe_profile(self.cfg.profile, out_dir=self.cfg.profile_dir, source=self) as prof:
                 while not self._stop.is_set():
-                    if self.step():
+                    busy = self.step()
+                    self._snapshot_counters(idle=not busy)
+                    if busy:
                         if prof is not None:
                             prof.step(sessions=len(self.scheduler.running))
                     else:
@@ -756,7 +760,25 @@ class Engine:
                 self._output_failed(req, done)
 
     # ------------------------------------------------------------------ observability
-    def metrics(self) -> dict[str, float]:
+    # the device counters /metrics reports trail the device by at most this, while serving
+    SNAPSHOT_INTERVAL_S = 0.25
+
+    def _snapshot_counters(self, idle: bool) -> None:
+        """A host copy of the backend's device counters for /metrics (``metrics(sync=False)``,
+        on the event loop, which must not wait for the device): every SNAPSHOT_INTERVAL_S while
+        steps run, and once more when the engine goes idle, so the last steps' counts reach it."""
+        self._steps_unsnapped |= not idle
+        now = time.perf_counter()
+        if not self._steps_unsnapped or (
+            not idle and now - self._snapshot_at < self.SNAPSHOT_INTERVAL_S
+        ):
+            return
+        if self.backend.snapshot_counters():
+            self._snapshot_at, self._steps_unsnapped = now, False
+
+    def metrics(self, sync: bool = True) -> dict[str, float]:
+        """Counters and gauges of the engine and its backend. ``sync=False``: read no device
+        value (the HTTP server's event loop; ``KVBackend.metrics``)."""
         m = {
             "dhs_num_running_reqs": len(self.scheduler.running),
             "dhs_num_handoff_reqs": len(self.scheduler.arriving),  # history on its way
@@ -771,7 +793,7 @@ class Engine:
             for name, cache in (("graph", gr.cache), ("drafter_graph", gr.drafter)):
                 for k, v in cache.stats.items():
                     m[f"dhs_{name}_{k}_total"] = v
-        m.update(self.backend.metrics())
+        m.update(self.backend.metrics(sync))
         for k, v in getattr(self.decoder, "stats", {}).items():
             m[f"dhs_{k}"] = v
         for reason, n in self.scheduler.wait_reason_counts.items():

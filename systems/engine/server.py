@@ -781,7 +781,7 @@ class Server:
     async def metrics(self, request: web.Request) -> web.Response:
         # the text format wants one TYPE line per metric family, its samples right below it
         families: dict[str, list[str]] = {}
-        metrics = dict(self.engine.metrics())
+        metrics = dict(self.engine.metrics(sync=False))  # on the loop: no wait for the GPU
         for where, n in self.parser.parsed.items():
             metrics[f'dhs_http_bodies_parsed_total{{where="{where}"}}'] = n
         for name, value in metrics.items():

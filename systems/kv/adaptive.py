@@ -590,8 +590,8 @@ class AdaptiveBackend(HiSparseBackend):
         # the base checks use HiSparse's page count: hot/tail pages only
         super().check_integrity_base()
 
-    def metrics(self) -> dict[str, float]:
-        m = super().metrics()
+    def metrics(self, sync: bool = True) -> dict[str, float]:
+        m = super().metrics(sync)
         m["dhs_ready_optional_coverage"] = self.coverage()
         m["dhs_optional_pages"] = self.optional_pages
         m["dhs_optional_pages_lent"] = len(self._lent_holder)  # in free slots' index history

@@ -549,7 +549,16 @@ class KVBackend(ABC):
         assert not (set(self.free_slots) & self.active_slots)
         self.index_pages.check()
 
-    def metrics(self) -> dict[str, float]:
+    def snapshot_counters(self) -> bool:
+        """Queue a host copy of the device-side counters, which ``metrics(sync=False)``
+        reports (the engine thread calls it between steps); False when none was queued (none
+        here)."""
+        return False
+
+    def metrics(self, sync: bool = True) -> dict[str, float]:
+        """The backend's counters and gauges. ``sync=False`` (the HTTP server's /metrics,
+        on the event loop) must not wait for the device: device-side counters come from the
+        last ``snapshot_counters`` copy that has landed."""
         rep = self.memory_report()
         return {
             "dhs_kv_pool_capacity_bytes": rep.capacity,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
-from systems.host_sync import allow_host_sync, to_device
+from systems.host_sync import CounterSnapshot, allow_host_sync, to_device
 from systems.kernels.backup import backup_rows
 from systems.kernels.resolver import (
     COUNTER_DIRECT,
@@ -275,7 +275,8 @@ class HiSparseBackend(KVBackend):
         self.tail_start_dev = torch.zeros(ns, dtype=torch.int32, device=dev)
         self._slot_pages: dict[int, tuple[int, list[int]]] = {}
         # Counters and the LRU clock are device tensors advanced by device work: a graph replay
-        # advances them without any Python running. Read them at scrape time (one sync).
+        # advances them without any Python running. Reports read them (one sync); /metrics reads
+        # the engine's periodic host copy (snapshot_counters).
         self.stamp_dev = torch.zeros(1, dtype=torch.int64, device=dev)
         # a step's i-th resolver call reads clock + i from a table built once per step (no
         # increment kernel per call); at most one call per layer (backends take a step's
@@ -284,6 +285,7 @@ class HiSparseBackend(KVBackend):
         self.census = torch.zeros(4, dtype=torch.int64, device=dev)
         self.overflow_dev = torch.zeros((), dtype=torch.int64, device=dev)
         self.calls_dev = torch.zeros((), dtype=torch.int64, device=dev)
+        self._counter_snap = CounterSnapshot(dev)  # what /metrics reads (metrics(sync=False))
         self.backup_rows = 0
         self.resolver_impl = opt.resolver_impl
         self.copy_grid = int(opt.copy_grid) or None
@@ -696,9 +698,20 @@ class HiSparseBackend(KVBackend):
         held = sum(len(h) for _, h in self._slot_pages.values())
         assert held == self.host_pages.num_used, "host pages leaked"
 
-    def metrics(self) -> dict[str, float]:
-        m = super().metrics()
-        c = self.census.tolist()  # one sync, at scrape time (once a second), not per step
+    def _device_counters(self) -> torch.Tensor:
+        """The census (COUNTER_*), then resolver calls and staged rows: one device tensor."""
+        return torch.cat([self.census, self.calls_dev.view(1), self.overflow_dev.view(1)])
+
+    def snapshot_counters(self) -> bool:
+        return self._counter_snap.take(self._device_counters)
+
+    def metrics(self, sync: bool = True) -> dict[str, float]:
+        m = super().metrics(sync)
+        snap = None if sync else self._counter_snap.latest()
+        # sync: one read of the device (reports, tests); else the latest landed snapshot, which
+        # trails the device by up to the engine's snapshot interval
+        c = (self._device_counters() if snap is None else snap).tolist()
+        calls, staged = c[len(self.census)], c[len(self.census) + 1]
         total = c[COUNTER_DIRECT] + c[COUNTER_HOT_HIT] + c[COUNTER_HOST_SEL]
         m.update(
             {
@@ -708,8 +721,8 @@ class HiSparseBackend(KVBackend):
                 "dhs_selected_rows_from_host_total": c[COUNTER_HOST_SEL],
                 "dhs_host_rows_copied_total": c[COUNTER_HOST_COPIES],
                 "dhs_host_bytes_total": c[COUNTER_HOST_COPIES] * self.mcfg.row_bytes,
-                "dhs_resolver_calls_total": self.resolver_calls,
-                "dhs_staged_rows_total": self.overflow_rows,
+                "dhs_resolver_calls_total": calls,
+                "dhs_staged_rows_total": staged,
                 "dhs_host_backup_rows_total": self.backup_rows,
                 "dhs_host_pool_used_ratio": self.host_pages.num_used / self.host_pages.num_pages,
             }
