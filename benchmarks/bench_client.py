@@ -71,8 +71,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.loadgen import LoadConfig, _loop_factory, run_load_sync  # noqa: E402
+from harness.loadgen import LoadConfig, run_load_sync  # noqa: E402
 from harness.records import atomic_write_json  # noqa: E402
+from systems.event_loops import loop_factory  # noqa: E402
 from tests.harness.fake_server import Program, start_server_process  # noqa: E402
 
 TARGET_TOK_S = 100_000
@@ -519,7 +520,7 @@ def asyncio_read_floor(
         }
 
     try:
-        with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
+        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
             return runner.run(main())
     finally:
         os.waitpid(pid, 0)
@@ -868,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     loops = [x.strip() for x in args.event_loops.split(",") if x.strip()]
     try:
         for loop in loops:
-            _loop_factory(loop)  # unknown name -> ValueError, uvloop missing -> RuntimeError
+            loop_factory(loop)  # unknown name -> ValueError, uvloop missing -> RuntimeError
     except (ValueError, RuntimeError) as e:
         ap.error(str(e))
     if args.repeats < 1:
@@ -886,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_floor:
             return
         for loop in dict.fromkeys(
-            "asyncio" if lp == "asyncio" or _loop_factory(lp) is None else "uvloop" for lp in loops
+            "asyncio" if lp == "asyncio" or loop_factory(lp) is None else "uvloop" for lp in loops
         ):
             wait_quiet(args.quiet_wait_s, args.quiet_cpus)
             f = asyncio_read_floor(

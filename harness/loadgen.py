@@ -52,6 +52,7 @@ from yarl import URL
 
 from harness.metrics import parse_prometheus, summarize
 from harness.records import JsonlWriter, RequestRecord, atomic_write_json
+from systems.event_loops import loop_factory, loop_name
 
 __all__ = [
     "LoadConfig",
@@ -833,7 +834,7 @@ class _Runner:
         cfg = self.cfg
         _raise_nofile_limit()
         # the loop actually running (run_load may be called on any loop)
-        self.event_loop = _loop_name(asyncio.get_running_loop())
+        self.event_loop = loop_name(asyncio.get_running_loop())
         _log.info("loadgen: event loop %s", self.event_loop)
         if cfg.event_loop not in ("auto", self.event_loop):
             _log.warning(
@@ -1030,34 +1031,6 @@ async def run_load(
     return await _Runner(await fit_to_server(cfg), observer).run()
 
 
-def _loop_name(loop: asyncio.AbstractEventLoop) -> str:
-    """``"uvloop"`` or ``"asyncio"`` (the top-level package of the loop's class)."""
-    return type(loop).__module__.split(".")[0]
-
-
-def _loop_factory(choice: str) -> Any:
-    """Event-loop factory for ``choice`` ("auto" | "uvloop" | "asyncio"); None = asyncio's default.
-
-    uvloop is optional (extra ``fast``).  On the bench_client host it cuts the
-    client's CPU per token by ~10 % at one SSE event per read (15-25 % for a
-    do-nothing protocol; docs/metrics.md); the request code path and what is
-    measured are the same on either loop.
-    """
-    if choice not in ("auto", "uvloop", "asyncio"):
-        raise ValueError(f"event_loop must be 'auto', 'uvloop' or 'asyncio', got {choice!r}")
-    if choice == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            raise RuntimeError(
-                "event_loop='uvloop' but uvloop is not installed (pip install -e '.[fast]')"
-            ) from None
-        return None
-    return uvloop.new_event_loop
-
-
 def run_load_sync(
     cfg: LoadConfig | Mapping[str, Any], observer: Callable[[dict, dict], None] | None = None
 ) -> LoadResult:
@@ -1067,7 +1040,7 @@ def run_load_sync(
         cfg = LoadConfig.from_mapping(cfg)
     # a loop factory, not a global policy: loops of other threads (e.g. an
     # in-process server) are left alone
-    with asyncio.Runner(loop_factory=_loop_factory(cfg.event_loop)) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:
         return runner.run(run_load(cfg, observer))
 
 

@@ -53,6 +53,7 @@ from systems.engine.engine import DuplicateRequest, Engine, EngineStopped
 from systems.engine.request import Request, SamplingParams
 from systems.engine.scheduler import QueueFull
 from systems.engine.tokenizer import WordTokenizer
+from systems.event_loops import loop_factory, loop_name
 
 log = logging.getLogger("dhs.server")
 
@@ -79,12 +80,18 @@ class ServerConfig:
     # processes that parse large request bodies (systems/engine/body_parser.py): a 125K-token
     # body's parse would hold the engine thread's GIL ~13 ms; 0 parses every body in-process
     parse_workers: int = 2
+    # the event loop of `python -m systems.engine.server` (systems/event_loops.py): "auto" is
+    # uvloop where installed. asyncio's socket writes release the GIL, one per stream and step,
+    # and each hand-over can leave the writer waiting on the engine thread (or the engine on
+    # it) for up to the switch interval; uvloop writes without releasing it
+    event_loop: str = "auto"
 
     def __post_init__(self) -> None:
         ms = self.gil_switch_interval_ms
         if ms is not None and not (isinstance(ms, (int, float)) and 0 < ms <= 1000):
             raise ValueError(f"server.gil_switch_interval_ms must be in (0, 1000], got {ms!r}")
         BodyParser(self.parse_workers)  # the same check as the server's: fail at config time
+        loop_factory(self.event_loop)  # unknown name, or uvloop asked for and missing
 
     @classmethod
     def from_cfg(cls, server: Any, host: str | None = None) -> ServerConfig:
@@ -1134,8 +1141,8 @@ async def start_server(app: web.Application, port: int = 0, host: str | None = N
     return Serving(runner, site)
 
 
-def serve_forever(app: web.Application, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT."""
+def serve_forever(app: web.Application, host: str, port: int, event_loop: str = "auto") -> None:
+    """Serve until SIGTERM or SIGINT, on ``event_loop`` (``ServerConfig.event_loop``)."""
 
     async def run():
         serving = await start_server(app, port, host)
@@ -1143,13 +1150,14 @@ def serve_forever(app: web.Application, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("serving on http://%s:%d", host, serving.port)
+        log.info("serving on http://%s:%d (event loop: %s)", host, serving.port, loop_name(loop))
         try:
             await stop.wait()
         finally:
             await serving.close()
 
-    asyncio.run(run())
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+        runner.run(run())
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -1215,7 +1223,9 @@ def main(argv: list[str] | None = None) -> None:
         ", ".join(f"{k} {v:.1f} s" for k, v in engine.startup_s.items()),
     )
     try:
-        serve_forever(build_app(engine, config=scfg), args.host, args.port)
+        serve_forever(
+            build_app(engine, config=scfg), args.host, args.port, event_loop=scfg.event_loop
+        )
     finally:
         engine.stop()
 

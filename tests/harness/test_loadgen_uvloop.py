@@ -12,11 +12,11 @@ from harness.loadgen import (
     GenerateStreamParser,
     LoadConfig,
     OpenAIStreamParser,
-    _loop_factory,
     build_arg_parser,
     config_from_args,
     run_load_sync,
 )
+from systems.event_loops import loop_factory
 from tests.harness.fake_server import Program, start_server_process
 
 try:
@@ -85,12 +85,12 @@ def test_closed_loop_on_uvloop(server):
 
 def test_loop_factory_without_uvloop(monkeypatch):
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop -> ImportError
-    assert _loop_factory("auto") is None  # falls back to asyncio's default loop
-    assert _loop_factory("asyncio") is None
+    assert loop_factory("auto") is None  # falls back to asyncio's default loop
+    assert loop_factory("asyncio") is None
     with pytest.raises(RuntimeError, match="not installed"):
-        _loop_factory("uvloop")
+        loop_factory("uvloop")
     with pytest.raises(ValueError):
-        _loop_factory("trio")
+        loop_factory("trio")
 
 
 def test_cli_event_loop_flag():

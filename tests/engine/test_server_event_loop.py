@@ -1,0 +1,60 @@
+"""server.event_loop: the bundled server process runs on uvloop where installed ("auto"), or on
+the loop asked for; either serves the same tokens, streamed, and its log names the loop."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from harness import servers
+from systems.engine.config import compose
+from systems.engine.server import ServerConfig
+from systems.event_loops import loop_factory
+from tests.helpers import golden_prompts
+
+LOOPS = ["asyncio"] + (["uvloop"] if loop_factory("auto") is not None else [])
+
+
+def _stream(url: str) -> list[int]:
+    body = {
+        "input_ids": golden_prompts()[1],
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
+    req = urllib.request.Request(
+        url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    ids = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: {"):
+                ids += json.loads(line[6:])["output_ids"]
+    return ids
+
+
+def test_each_loop_serves_the_same_stream(tmp_path):
+    outs = {}
+    for loop in LOOPS:
+        cfg = compose(
+            [
+                "device=cpu",
+                "server.mode=subprocess",
+                "hardware.kv_pool_gib=0.01",
+                f"server.event_loop={loop}",
+            ]
+        )
+        work = tmp_path / loop
+        with servers.bundled_server(cfg, work) as url:
+            outs[loop] = _stream(url)
+        (log,) = work.glob("server-*.log")
+        assert f"(event loop: {loop})" in log.read_text()
+    assert len(outs["asyncio"]) == 6 and len(set(map(tuple, outs.values()))) == 1
+
+
+def test_auto_is_uvloop_where_installed_and_a_bad_name_is_refused():
+    assert ServerConfig.from_cfg(compose([]).server).event_loop == "auto"
+    with pytest.raises(ValueError, match="event_loop"):
+        ServerConfig(event_loop="trio")
