@@ -1020,6 +1020,22 @@ MEASUREMENT_CHANGES = (
         "queued outputs at once (before it, a self-pipe write and a loop iteration per request "
         "and step: ~390 socket sends a step at 200 running on dsv41_h200)",
     ),
+    (
+        "beb83e9",
+        "a drafter's ring rows of a prompt's tail are computed once per prompt and scattered at "
+        "admission (before it, an eager catch-up per admitting step: ~5 ms of the engine thread "
+        "per request on dsv41_h200)",
+    ),
+    (
+        "badbc85",
+        "/metrics reads the device counters from a periodic host copy (before it, three syncs "
+        "per scrape on the event loop, each waiting for the step in flight)",
+    ),
+    (
+        "221df4d",
+        "the bundled server runs on uvloop where installed (before it, asyncio: one GIL "
+        "hand-over per stream and step in its socket writes)",
+    ),
 )
 
 
