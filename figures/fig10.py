@@ -535,7 +535,9 @@ def main(argv=None) -> C.Report:
             "launched. 'Waiting for the device' is the engine thread's share of samples inside "
             "a synchronize (reading the previous step's tokens: the GPU is the bound then); "
             "the event loop is busy outside its poll (asyncio's select, or uvloop's C loop; a "
-            "loop back from its poll but waiting for the GIL still counts as in it). Unweighted samples over-weight waits; even "
+            "loop back from its poll but waiting for the GIL still counts as in it). uvloop "
+            "reads and writes sockets in that C loop too, which counts as idle, so the busy "
+            "shares of the two loops are not comparable. Unweighted samples over-weight waits; even "
             "weighted, busy Python code reads low at Python's 5 ms switch interval "
             "(profiling/host.py). The paper gives no host numbers."
         )

@@ -9,6 +9,7 @@ raises on such ops; code that syncs on purpose (the CPU reference resolver) says
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -74,11 +75,13 @@ class CounterSnapshot:
     thread, between steps) queues a copy of the counters into a fresh pinned buffer and records
     an event; ``latest`` (any thread: the HTTP server's /metrics) returns the newest copy whose
     event has completed, or None before the first. A fresh buffer per copy: a reader never sees
-    one being written. On a CPU device there is nothing to wait for: ``latest`` is None and the
-    caller reads the counters themselves."""
+    one being written; a lock, so that the newest landed copy only moves forward. On a CPU
+    device there is nothing to wait for: ``latest`` is None and the caller reads the counters
+    themselves."""
 
     def __init__(self, device):
         self.on = torch.device(device).type == "cuda"
+        self._lock = threading.Lock()
         self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
         self._done: torch.Tensor | None = None
 
@@ -88,24 +91,26 @@ class CounterSnapshot:
         device to wait for."""
         if not self.on:
             return False
-        self.latest()  # retire the previous copy if it has landed
-        if self._pending is not None:
-            return False
-        counters = counters()
-        host = torch.empty(counters.shape, dtype=counters.dtype, pin_memory=True)
-        host.copy_(counters, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record()
-        self._pending = (host, ev)
-        return True
+        with self._lock:
+            self._retire()
+            if self._pending is not None:
+                return False  # the previous copy is still queued behind a step
+            counters = counters()
+            host = torch.empty(counters.shape, dtype=counters.dtype, pin_memory=True)
+            host.copy_(counters, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._pending = (host, ev)
+            return True
 
     def latest(self) -> torch.Tensor | None:
-        pending = self._pending  # one read: the engine thread may replace it meanwhile
-        if pending is not None and pending[1].query():
-            self._done = pending[0]
-            if self._pending is pending:
-                self._pending = None
-        return self._done
+        with self._lock:
+            self._retire()
+            return self._done
+
+    def _retire(self) -> None:
+        if self._pending is not None and self._pending[1].query():
+            self._done, self._pending = self._pending[0], None
 
 
 class UniformValues:

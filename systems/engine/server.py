@@ -1028,6 +1028,10 @@ class _CappedSite(web.TCPSite):
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
+        await self.listen()
+
+    async def listen(self) -> None:
+        """Open the listening socket (again, on the port it had: ``Serving``'s watch)."""
         server = self._runner.server
 
         def factory():
@@ -1035,8 +1039,9 @@ class _CappedSite(web.TCPSite):
                 return _Refusal(self.cap)
             return server()
 
+        port = getattr(self, "_bound_port", None) or self._port
         self._server = await asyncio.get_running_loop().create_server(
-            factory, self._host, self._port, backlog=self._backlog, reuse_address=True
+            factory, self._host, port, backlog=self._backlog, reuse_address=True
         )
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
@@ -1100,17 +1105,37 @@ def _fd_cap(cap: int) -> int:
 
 
 class Serving:
-    """The app on a listening socket of the running loop, with its limits."""
+    """The app on a listening socket of the running loop, with its limits, and a watch that
+    opens the socket again if the loop closed it: uvloop closes a listener for good on an
+    accept error such as ENOBUFS or ENOMEM, with no log line (asyncio logs it and goes on)."""
+
+    WATCH_S = 1.0  # how often the watch looks
 
     def __init__(self, runner: web.AppRunner, site: _CappedSite):
         self.runner = runner
         self.site = site
+        self.relistens = 0
+        self._watch = asyncio.get_running_loop().create_task(self._watch_listener())
+
+    async def _watch_listener(self) -> None:
+        while True:
+            await asyncio.sleep(self.WATCH_S)
+            srv = self.site._server
+            if srv is None or srv.is_serving():
+                continue
+            log.error("the listening socket on port %d was closed: opening it again", self.port)
+            try:
+                await self.site.listen()
+                self.relistens += 1
+            except OSError as e:  # e.g. still out of file descriptors: try again next time
+                log.error("could not listen again on port %d: %r", self.port, e)
 
     @property
     def port(self) -> int:
         return self.site.port
 
     async def close(self) -> None:
+        self._watch.cancel()
         await self.runner.cleanup()
 
 

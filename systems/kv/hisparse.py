@@ -707,9 +707,12 @@ class HiSparseBackend(KVBackend):
 
     def metrics(self, sync: bool = True) -> dict[str, float]:
         m = super().metrics(sync)
-        snap = None if sync else self._counter_snap.latest()
         # sync: one read of the device (reports, tests); else the latest landed snapshot, which
-        # trails the device by up to the engine's snapshot interval
+        # trails the device by up to the engine's snapshot interval, and before the first one
+        # the counters' initial zeros (never a read of the device from the event loop)
+        snap = None if sync else self._counter_snap.latest()
+        if snap is None and not sync and self._counter_snap.on:
+            snap = torch.zeros(len(self.census) + 2, dtype=torch.int64)
         c = (self._device_counters() if snap is None else snap).tolist()
         calls, staged = c[len(self.census)], c[len(self.census) + 1]
         total = c[COUNTER_DIRECT] + c[COUNTER_HOT_HIT] + c[COUNTER_HOST_SEL]

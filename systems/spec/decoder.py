@@ -216,8 +216,8 @@ class SpeculativeDecoder:
             self.verify_queries = int(self._k_r(None, torch.zeros(1, self.block - 1)).max())
         # DSpark on the drafter's confidences chooses K_r on the device (no read of the
         # proposal pass); the pass's width, which the host must know to launch it, is then the
-        # widest choice of the last round read back (one round late), each K_r clamped to it;
-        # the first round reads its own choice (there is no earlier one)
+        # widest choice of the last round read back (one round late, two under overlap
+        # scheduling), each K_r clamped to it; the first round reads its own choice
         self.device_widths = self.kind == "dspark" and not self.calibrated_confidence
         self._width: int | None = None
         self.phase_timer: PhaseTimer | None = None  # set by benchmarks (bench_decode_step --phases)

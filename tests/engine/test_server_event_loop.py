@@ -3,6 +3,7 @@ the loop asked for; either serves the same tokens, streamed, and its log names t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 
@@ -58,3 +59,39 @@ def test_auto_is_uvloop_where_installed_and_a_bad_name_is_refused():
     assert ServerConfig.from_cfg(compose([]).server).event_loop == "auto"
     with pytest.raises(ValueError, match="event_loop"):
         ServerConfig(event_loop="trio")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_listener_the_loop_closed_is_opened_again(loop, monkeypatch):
+    """uvloop closes a listening socket for good on an accept error (ENOBUFS, ENOMEM) without
+    a log line; the server's watch opens it again on the same port, on either loop."""
+    import aiohttp
+
+    from systems.engine import server as server_mod
+    from tests.helpers import make_engine
+
+    monkeypatch.setattr(server_mod.Serving, "WATCH_S", 0.05)
+    eng = make_engine("hardware.kv_pool_gib=0.01")
+    eng.start()
+
+    async def main():
+        serving = await server_mod.start_server(server_mod.build_app(eng))
+        port = serving.port
+        try:
+            serving.site._server.close()  # what uvloop's fatal accept error does
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if serving.relistens:
+                    break
+            assert serving.relistens == 1 and serving.port == port
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{port}/health") as r:
+                    assert r.status == 200
+        finally:
+            await serving.close()
+
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+            runner.run(main())
+    finally:
+        eng.stop()
