@@ -321,6 +321,8 @@ def main(argv=None) -> C.Report:
 # (fig4_protocol.yaml). Fig. 4's own runs are at ours C = paper C, four times the paper's load
 # per decode GPU.
 PROTOCOL_EXPERIMENTS = ("fig4_h200", "fig4_protocol")
+# fig4_h200 with a transport-bound handoff queue (engine.max_handoffs_in_flight); a note only
+TRANSPORT_EXPERIMENT = "fig4_h200_transport"
 PROTOCOL_ROWS = (  # key, quantity, paper value, (a, b), summary key, scale
     ("adhs_vs_hisparse", "ADHS / HiSparse output", "adhs_vs_hisparse_C128",
      ("adaptive_dhisparse", "hisparse"), OUT),
@@ -422,6 +424,9 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
             f"(`{exp}` at ours C{c}; results/engine_step/summary.json, interpolated between its "
             f"batches; issue 22's target: within 15 %): {served}."
         )
+    transport = _transport_note(results, c, paper_c)
+    if transport:
+        rep.note(transport)
     for e, e_runs in by_exp.items():
         paired = C.paired_ratio_note(e_runs, [row[3] for row in PROTOCOL_ROWS[:3]], c)
         if paired:
@@ -429,6 +434,24 @@ def protocol_rows(results, rep: C.Report, P: dict, paper_c: int = 128) -> None:
                 f"Under the protocol (`{e}`, {_model_name(e_runs)}, {load_label(paper_c, c)}"
                 f"{', the claims above' if e == exp else ''}): {paired}."
             )
+
+
+def _transport_note(results, c: int, paper_c: int) -> str | None:
+    """fig4_h200 with the handoffs bounded by a transport of N in flight instead of a count per
+    step (conf/experiment/fig4_h200_transport.yaml): its TTFT and output ratios, where it has
+    runs of HiSparse and Adaptive DHiSparse."""
+    runs = C.load_runs(results, TRANSPORT_EXPERIMENT)
+    waves = _ttft_waves(runs, c, paper_c)
+    if not waves:
+        return None
+    n = C.find_key(C.pick(runs, "hisparse", c).config, "max_handoffs_in_flight")
+    paired = C.paired_ratio_note(runs, [PROTOCOL_ROWS[0][3]], c)
+    return (
+        f"With a KV transport of {n} handoffs in flight instead of four admissions a step "
+        f"(`{TRANSPORT_EXPERIMENT}`, otherwise fig4_h200): {waves}"
+        + (f"; {paired}" if paired else "")
+        + "."
+    )
 
 
 def _adaptive_mechanism(runs, c: int, P: dict) -> str | None:

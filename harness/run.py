@@ -143,12 +143,14 @@ _KV_IMPLICIT_BEFORE = {
     "copy_programs_per_request": 0,
 }
 # engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
-# the batch), the CUDA graphs' padding ladder and their capture at start-up
+# the batch), the CUDA graphs' padding ladder and their capture at start-up, the handoffs in
+# flight
 _ENGINE_IMPLICIT_BEFORE = {
     "overlap_schedule": True,
     "async_handoffs": True,
     "cuda_graph_bs": None,
     "cuda_graph_warmup": True,
+    "max_handoffs_in_flight": 0,
 }
 # model: the GEMM implementation (cuBLAS was all there was)
 _MODEL_IMPLICIT_BEFORE = {"gemm_impl": "cublas"}

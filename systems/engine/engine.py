@@ -116,6 +116,10 @@ class EngineConfig:
     # over several decode steps instead of stalling the running batch for all of its handoffs
     # (SGLang's decode side likewise merges transferred requests between decode iterations)
     max_handoffs_per_step: int = 0
+    # handoffs copying at once, 0 = no bound: the KV transport of a disaggregated decode node
+    # carries a bounded number of transfers, so a queue of arrivals drains at the rate the
+    # handoffs complete (a cheaper handoff drains it sooner), not at a fixed count per step
+    max_handoffs_in_flight: int = 0
     # overlap scheduling (SGLang's overlap scheduler, vLLM's async scheduling): a plain decode
     # step is launched with the previous step's tokens still on the device, and those tokens are
     # read back while the new step runs, so the host's part of a step hides behind the GPU's.
@@ -189,6 +193,7 @@ class Engine:
             cfg.max_waiting,
             cfg.max_handoffs_per_step,
             async_handoffs=cfg.async_handoffs,
+            max_handoffs_in_flight=cfg.max_handoffs_in_flight,
         )
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.host_gen = torch.Generator().manual_seed(cfg.seed)  # first tokens (admission)

@@ -63,6 +63,7 @@ class Scheduler:
         max_waiting: int,
         max_handoffs_per_step: int = 0,
         async_handoffs: bool = False,
+        max_handoffs_in_flight: int = 0,
     ):
         if max_handoffs_per_step < 0:
             raise ValueError(
@@ -73,6 +74,12 @@ class Scheduler:
         self.prefixes = prefixes
         self.max_waiting = max_waiting
         self.max_handoffs = max_handoffs_per_step
+        if max_handoffs_in_flight < 0:
+            raise ValueError(
+                f"engine.max_handoffs_in_flight must be >= 0 (0: no bound), got "
+                f"{max_handoffs_in_flight}"
+            )
+        self.max_in_flight = max_handoffs_in_flight
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # slot -> request
         self.async_handoffs = async_handoffs
@@ -91,7 +98,10 @@ class Scheduler:
         self, on_error: Callable[[Request, Exception], None] | None = None
     ) -> list[tuple[Request, object]]:
         """Admit waiting requests while they fit, at most ``max_handoffs_per_step`` of them
-        (0: no bound; the rest stay queued for the next round), and start their handoffs.
+        (0: no bound; the rest stay queued for the next round) and while fewer than
+        ``max_handoffs_in_flight`` handoffs are still copying (0: no bound: a transport that
+        carries that many at once, so a cheaper handoff lets the queue drain sooner), and start
+        their handoffs.
         Returns the requests whose handoff completed (``arrivals``): (request, prefill entry)
         pairs, now running.
 
@@ -100,6 +110,8 @@ class Scheduler:
         started = 0
         self.wait_reason = ""
         while self.waiting and not (self.max_handoffs and started >= self.max_handoffs):
+            if self.max_in_flight and len(self.arriving) >= self.max_in_flight:
+                break  # not a memory wait: the transport is full
             req = self.waiting[0]
             held = None
             try:

@@ -76,6 +76,38 @@ def test_handoffs_per_step_bound_lets_the_batch_decode_while_a_wave_joins(system
     assert outs[0] == outs[2]
 
 
+def test_handoffs_in_flight_bound_waits_for_copies_not_for_steps(monkeypatch):
+    """engine.max_handoffs_in_flight=2: no third handoff starts while two are still copying,
+    however many steps pass; once they land, the next two start. Tokens are an unbounded
+    engine's."""
+    prompts = golden_prompts()[:5]
+    outs = {}
+    for bound in (0, 2):
+        eng = make_engine(
+            "system=hisparse", "hardware.kv_pool_gib=0.01", f"engine.max_handoffs_in_flight={bound}"
+        )
+        reqs = [_req(eng, p, 6) for p in prompts]
+        for r in reqs:
+            eng.submit(r)
+        if bound:
+            be = eng.backend
+            landed = be.import_done
+            monkeypatch.setattr(be, "import_done", lambda slot, wait=False: False)  # copying
+            for _ in range(3):
+                eng.step()
+            assert len(eng.scheduler.arriving) == 2 and len(eng.scheduler.waiting) == 3
+            assert eng.scheduler.wait_reason == ""  # not a memory wait
+            monkeypatch.setattr(be, "import_done", landed)
+            eng.step()
+            assert len(eng.scheduler.running) == 2 and len(eng.scheduler.arriving) <= 2
+        eng.run_until_idle()
+        outs[bound] = [r.output_ids for r in reqs]
+        eng.backend.check_integrity()
+    assert outs[0] == outs[2]
+    with pytest.raises(ValueError, match="max_handoffs_in_flight"):
+        make_engine("engine.max_handoffs_in_flight=-1")
+
+
 def test_negative_handoff_bound_is_a_clear_error():
     with pytest.raises(ValueError, match="max_handoffs_per_step"):
         make_engine("engine.max_handoffs_per_step=-1")
