@@ -766,7 +766,7 @@ class Engine:
 
     # ------------------------------------------------------------------ observability
     # the device counters /metrics reports trail the device by at most this, while serving
-    SNAPSHOT_INTERVAL_S = 0.25
+    SNAPSHOT_INTERVAL_S = 0.1
 
     def _snapshot_counters(self, idle: bool) -> None:
         """A host copy of the backend's device counters for /metrics (``metrics(sync=False)``,
