@@ -57,3 +57,23 @@ def test_metrics_without_sync_report_the_snapshot_and_with_sync_the_device():
     assert lagged["dhs_selected_rows_total"] == exact["dhs_selected_rows_total"] - 3
     assert eng.metrics() == exact  # reports and tests read the device
     assert torch.equal(be._device_counters()[:4], be.census)
+
+
+async def test_the_servers_metrics_endpoint_asks_for_no_device_read(monkeypatch):
+    """GET /metrics runs on the event loop: it asks the engine for metrics(sync=False)."""
+    import aiohttp
+
+    from systems.engine.server import build_app, start_server
+
+    eng = make_engine("system=hisparse", "hardware.kv_pool_gib=0.01")
+    calls = []
+    real = eng.metrics
+    monkeypatch.setattr(eng, "metrics", lambda sync=True: calls.append(sync) or real(sync))
+    srv = await start_server(build_app(eng))
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{srv.port}/metrics") as r:
+                assert r.status == 200 and "dhs_resolver_calls_total" in await r.text()
+    finally:
+        await srv.close()
+    assert calls == [False]
