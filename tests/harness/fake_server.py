@@ -188,6 +188,13 @@ class FakeServer:
         return web.json_response(d)
 
     async def h_reset(self, request: web.Request) -> web.Response:
+        # streams of an earlier test may still be closing (their client gone, the server not yet
+        # told): zeroing the in-flight count under them would let their late decrements hold it
+        # below the true count (a run's dhs_num_running_reqs then read 0 with four requests in
+        # flight), so the reset waits for them, up to a few seconds
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while self.inflight > 0 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
         self.reset_stats()
         return web.json_response({"ok": True})
 
