@@ -245,6 +245,8 @@ def host_table(results) -> pd.DataFrame | None:
                     if prof.get("cpu_share_of_wall") is None
                     else round(100 * prof["cpu_share_of_wall"], 1)
                 ),
+                # every server before 221df4d ran on asyncio, and its profiles do not say so
+                "event loop": prof.get("event_loop") or "asyncio",
                 "event loop busy %": (
                     round(100 * (1 - _share(loop["by_own_time"], LOOP_POLL)), 1) if loop else None
                 ),

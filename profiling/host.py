@@ -281,6 +281,8 @@ class HostProfile:
                 None if self.switch_interval_s is None else self.switch_interval_s * 1e3
             ),
             "threads": threads,
+            # which loop the event-loop thread's samples are of (uvloop polls and writes in C)
+            "event_loop": getattr(sys.modules.get("systems.engine.server"), "SERVING_LOOP", None),
             "syncs_watched": self.want_syncs,
             "syncs_per_step": sum(s["count"] for s in syncs) / n,
             "syncs": syncs,

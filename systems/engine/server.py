@@ -58,6 +58,9 @@ from systems.event_loops import loop_factory, loop_name
 log = logging.getLogger("dhs.server")
 
 MAX_BODY_BYTES = 16 << 20
+# the event loop this process's server runs on ("uvloop" | "asyncio"; None before one serves):
+# profiling/host.py records it beside the event loop's samples
+SERVING_LOOP: str | None = None
 LINGER_S = 1.0
 
 
@@ -1144,8 +1147,10 @@ async def start_server(app: web.Application, port: int = 0, host: str | None = N
     (0: a free one) with the config's header timeout and connection cap. A lost connection
     cancels its handler (handler_cancellation), which is how a disconnect aborts a request
     that is not streaming or still queued."""
+    global SERVING_LOOP
     cfg: ServerConfig = app[CONFIG]
     loop = asyncio.get_running_loop()
+    SERVING_LOOP = loop_name(loop)
     if not isinstance(loop.get_exception_handler(), _AcceptErrors):
         loop.set_exception_handler(_AcceptErrors())
     # lingering_time: the unread body of a refused request (403 / 408 / 413 / 415) is read and

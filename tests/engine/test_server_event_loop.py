@@ -76,6 +76,7 @@ def test_a_listener_the_loop_closed_is_opened_again(loop, monkeypatch):
 
     async def main():
         serving = await server_mod.start_server(server_mod.build_app(eng))
+        assert server_mod.SERVING_LOOP == loop  # what a host profile records
         port = serving.port
         try:
             serving.site._server.close()  # what uvloop's fatal accept error does

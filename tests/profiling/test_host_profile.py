@@ -32,7 +32,10 @@ def _loop_work(stop: threading.Event) -> None:
         time.sleep(0.002)  # lets the engine thread run (and the sampler)
 
 
-def test_window_samples_each_thread_apart(tmp_path):
+def test_window_samples_each_thread_apart(tmp_path, monkeypatch):
+    import systems.engine.server as server_mod
+
+    monkeypatch.setattr(server_mod, "SERVING_LOOP", "uvloop")  # a server in this process
     stop = threading.Event()
     other = threading.Thread(target=_loop_work, args=(stop,), name="event-loop")
     other.start()
@@ -48,6 +51,7 @@ def test_window_samples_each_thread_apart(tmp_path):
         other.join()
     out = json.loads((tmp_path / "host" / "host_profile.json").read_text())
     assert out["steps"] == 20 and out["after_steps"] == 2 and out["mean_running"] == 4
+    assert out["event_loop"] == "uvloop"
     assert out["wall_ms_per_step"] >= 10 and out["engine_cpu_ms_per_step"] > 0
     threads = {t["thread"]: t for t in out["threads"]}
     assert out["threads"][0]["thread"] == "engine" and "event-loop" in threads
