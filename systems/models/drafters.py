@@ -134,13 +134,20 @@ class _DraftCore(torch.nn.Module):
         nothing the ring keeps, and are skipped."""
         x = self._embed(tokens) + self._mm(hidden.to(self.w_hid.dtype), self.w_hid)
         last = len(self.layers) - 1
-        for li, p in enumerate(self.layers):
-            h = self._norm(x)
-            k, v = self._mm(h, p["wk"]), self._mm(h, p["wv"])
-            if li < last:
-                x = x + self._attend(p, h, k, v, ctx, li)
-                x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
+        for li in range(len(self.layers)):
+            k, v, x = self._layer(li, x, ctx, out=li < last)
             yield k, v
+
+    def _layer(self, li: int, x: torch.Tensor, ctx, out: bool = True):
+        """Layer ``li`` over x (B, L, d): its keys and values, and with ``out`` x after it
+        (attention over ``ctx`` and the chunk, then the MLP); else x as it came."""
+        p = self.layers[li]
+        h = self._norm(x)
+        k, v = self._mm(h, p["wk"]), self._mm(h, p["wv"])
+        if out:
+            x = x + self._attend(p, h, k, v, ctx, li)
+            x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
+        return k, v, x
 
     def _context(self, slots: torch.Tensor, first_pos: torch.Tensor, L: int, causal_block: bool):
         """What a block of L queries starting at first_pos (B, 1) attends to: each slot's whole
@@ -217,10 +224,8 @@ class DFlash2Drafter(_DraftCore):
             [self._embed(anchors).unsqueeze(1), self.mask_emb.expand(B, K - 1, -1)], dim=1
         )  # (B, K, d)
         ctx = self._context(slots, n.unsqueeze(1), K, causal_block=False)  # bidirectional block
-        for li, p in enumerate(self.layers):
-            h = self._norm(x)
-            x = x + self._attend(p, h, self._mm(h, p["wk"]), self._mm(h, p["wv"]), ctx, li)
-            x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
+        for li in range(len(self.layers)):
+            x = self._layer(li, x, ctx)[2]
         logits = self._logits(x[:, : K - 1])  # block position j proposes token n + j + 1
         return _draw(logits, temperatures, gen, sampled)
 
@@ -238,10 +243,8 @@ class DSparkDrafter(_DraftCore):
             xs.append(self._embed(toks[-1]).unsqueeze(1))
             x = torch.cat(xs, dim=1)  # (B, j+1, d): recompute the short block (K <= 8)
             ctx = self._context(slots, n.unsqueeze(1), j + 1, causal_block=True)
-            for li, p in enumerate(self.layers):
-                h = self._norm(x)
-                x = x + self._attend(p, h, self._mm(h, p["wk"]), self._mm(h, p["wv"]), ctx, li)
-                x = x + self._mm(F.silu(self._mm(self._norm(x), p["w1"])), p["w2"])
+            for li in range(len(self.layers)):
+                x = self._layer(li, x, ctx)[2]
             logits = self._logits(x[:, -1:])
             t, q = _draw(logits, temperatures, gen, sampled)
             toks.append(t[:, 0])
