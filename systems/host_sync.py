@@ -74,16 +74,16 @@ class CounterSnapshot:
     """Device counters read on the host without waiting for the device. ``take`` (the engine
     thread, between steps) queues a copy of the counters into a fresh pinned buffer and records
     an event; ``latest`` (any thread: the HTTP server's /metrics) returns the newest copy whose
-    event has completed, or None before the first. A fresh buffer per copy: a reader never sees
-    one being written; a lock, so that the newest landed copy only moves forward. On a CPU
-    device there is nothing to wait for: ``latest`` is None and the caller reads the counters
-    themselves."""
+    event has completed, ``initial`` (the counters' starting values) before the first. A fresh
+    buffer per copy: a reader never sees one being written; a lock, so that the newest landed
+    copy only moves forward. On a CPU device there is nothing to wait for: ``latest`` is None
+    and the caller reads the counters themselves."""
 
-    def __init__(self, device):
+    def __init__(self, device, initial: torch.Tensor):
         self.on = torch.device(device).type == "cuda"
         self._lock = threading.Lock()
         self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
-        self._done: torch.Tensor | None = None
+        self._done: torch.Tensor | None = initial.cpu() if self.on else None
 
     def take(self, counters) -> bool:
         """Queue a copy of ``counters()`` (a callable: nothing is built when no copy is

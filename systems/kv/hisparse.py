@@ -285,7 +285,8 @@ class HiSparseBackend(KVBackend):
         self.census = torch.zeros(4, dtype=torch.int64, device=dev)
         self.overflow_dev = torch.zeros((), dtype=torch.int64, device=dev)
         self.calls_dev = torch.zeros((), dtype=torch.int64, device=dev)
-        self._counter_snap = CounterSnapshot(dev)  # what /metrics reads (metrics(sync=False))
+        # what /metrics reads (metrics(sync=False)): the counters as they start, until a copy
+        self._counter_snap = CounterSnapshot(dev, self._device_counters())
         self.backup_rows = 0
         self.resolver_impl = opt.resolver_impl
         self.copy_grid = int(opt.copy_grid) or None
@@ -708,11 +709,9 @@ class HiSparseBackend(KVBackend):
     def metrics(self, sync: bool = True) -> dict[str, float]:
         m = super().metrics(sync)
         # sync: one read of the device (reports, tests); else the latest landed snapshot, which
-        # trails the device by up to the engine's snapshot interval, and before the first one
-        # the counters' initial zeros (never a read of the device from the event loop)
+        # trails the device by up to the engine's snapshot interval (never a read of the device
+        # from the event loop; None only where there is no device to wait for)
         snap = None if sync else self._counter_snap.latest()
-        if snap is None and not sync and self._counter_snap.on:
-            snap = torch.zeros(len(self.census) + 2, dtype=torch.int64)
         c = (self._device_counters() if snap is None else snap).tolist()
         calls, staged = c[len(self.census)], c[len(self.census) + 1]
         total = c[COUNTER_DIRECT] + c[COUNTER_HOT_HIT] + c[COUNTER_HOST_SEL]
