@@ -444,10 +444,12 @@ def _transport_note(results, c: int, paper_c: int) -> str | None:
     waves = _ttft_waves(runs, c, paper_c)
     if not waves:
         return None
-    n = C.find_key(C.pick(runs, "hisparse", c).config, "max_handoffs_in_flight")
+    config = C.pick(runs, "hisparse", c).config
+    n = C.find_key(config, "max_handoffs_in_flight")
+    per_step = C.find_key(config, "max_handoffs_per_step")
     paired = C.paired_ratio_note(runs, [PROTOCOL_ROWS[0][3]], c)
     return (
-        f"With a KV transport of {n} handoffs in flight instead of four admissions a step "
+        f"With a KV transport of {n} handoffs in flight besides {per_step} admissions a step "
         f"(`{TRANSPORT_EXPERIMENT}`, otherwise fig4_h200): {waves}"
         + (f"; {paired}" if paired else "")
         + "."

@@ -54,10 +54,10 @@ def _frame_name(code, lineno: int | None = None) -> str:
 class _Sampler(threading.Thread):
     """Samples every other thread's Python stack each ``interval_s`` until stopped.
 
-    Each sample stands for the time since the previous one: the sampler needs the GIL to take
-    a sample, so a thread running Python holds it off for up to the switch interval while a
-    thread in a wait that released the GIL (a synchronize, a select) is sampled on time;
-    counted alike, samples over-weight waits (a thread spinning half its time read 12 %)."""
+    Each sample is weighted by the time since the previous one: the sampler needs the GIL to
+    take a sample, so a thread running Python holds it off for up to the switch interval while
+    a thread in a wait that released the GIL (a synchronize, a select) is sampled on time, and
+    samples counted alike would over-weight waits."""
 
     def __init__(self, interval_s: float):
         super().__init__(name="dhs-host-sampler", daemon=True)
