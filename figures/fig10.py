@@ -225,6 +225,8 @@ def host_table(results) -> pd.DataFrame | None:
         prof = json.loads(path.read_text())
         threads = {t["thread"]: t for t in prof.get("threads", [])}
         eng, loop = threads.get("engine"), threads.get("MainThread")
+        if prof.get("engine_process"):  # MainThread receives the server's messages: no loop
+            loop = None
         if eng is None:
             continue
         # innermost frames are disjoint: the synchronize wrappers' own shares add up
@@ -247,6 +249,9 @@ def host_table(results) -> pd.DataFrame | None:
                 ),
                 # every server before 221df4d ran on asyncio, and its profiles do not say so
                 "event loop": prof.get("event_loop") or "asyncio",
+                # server.engine_process: the loop ran in the server's process, off the engine's
+                # GIL, and was not sampled
+                "engine process": "own" if prof.get("engine_process") else "the server's",
                 "event loop busy %": (
                     round(100 * (1 - _share(loop["by_own_time"], LOOP_POLL)), 1) if loop else None
                 ),

@@ -281,9 +281,19 @@ class HostProfile:
                 None if self.switch_interval_s is None else self.switch_interval_s * 1e3
             ),
             "threads": threads,
-            # which loop the event-loop thread's samples are of (uvloop polls and writes in C)
-            "event_loop": getattr(sys.modules.get("systems.engine.server"), "SERVING_LOOP", None),
+            # the server's event loop (uvloop polls and writes in C), and whether it ran in this
+            # process, where MainThread's samples are of it, or the engine ran in its own
+            # (server.engine_process), where MainThread only receives the server's messages
+            **_serving_loop(),
             "syncs_watched": self.want_syncs,
             "syncs_per_step": sum(s["count"] for s in syncs) / n,
             "syncs": syncs,
         }
+
+
+def _serving_loop() -> dict[str, Any]:
+    ep = sys.modules.get("systems.engine.engine_process")
+    if ep is not None and ep.SERVER_LOOP is not None:
+        return {"event_loop": ep.SERVER_LOOP, "engine_process": True}
+    server = sys.modules.get("systems.engine.server")
+    return {"event_loop": getattr(server, "SERVING_LOOP", None), "engine_process": False}

@@ -3,9 +3,14 @@ their writer still runs, and removing those of writers that died before cleaning
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+log = logging.getLogger("dhs.pids")
 
 
 def pid_alive(pid: int) -> bool:
@@ -28,3 +33,21 @@ def remove_files_of_dead_pids(files: Iterable[Path], pid_of: Callable[[Path], st
             f.unlink(missing_ok=True)
             removed.append(f)
     return removed
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Linux: SIGTERM this process when the process that started it dies, even by SIGKILL
+    (PR_SET_PDEATHSIG: the signal follows the parent *thread* that started it, so start
+    children from a thread that lives as long as the process); a parent already gone means
+    exit now. Elsewhere a no-op."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return
+    if os.getppid() != parent_pid:  # it died before the prctl
+        sys.exit(f"parent {parent_pid} is gone")

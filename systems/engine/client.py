@@ -36,9 +36,10 @@ class ClientError(Exception):
 
 class InProcessClient:
     def __init__(self, engine: Engine, model_name: str = "dhs-bundled"):
+        self.engine = engine
         self.server = Server(engine, model_name)
 
-    def _start(self, body: dict, openai: bool):
+    async def _start(self, body: dict, openai: bool):
         srv = self.server
         try:
             parsed = srv._parse_openai(body) if openai else srv._parse_generate(body)
@@ -46,7 +47,7 @@ class InProcessClient:
             raise ClientError(400, str(e), e.param) from None
         rid = None if openai else parsed[3]
         try:
-            req, q = srv._submit(parsed[0], parsed[1], rid)
+            req, q = await srv._submit(parsed[0], parsed[1], rid)
         except QueueFull as e:
             raise ClientError(503, str(e), None, "server_overloaded") from None
         except DuplicateRequest as e:
@@ -56,7 +57,7 @@ class InProcessClient:
         return parsed, req, q
 
     async def _full(self, body: dict, openai: bool) -> dict:
-        parsed, req, q = self._start(body, openai)
+        parsed, req, q = await self._start(body, openai)
         finished = False
         try:
             while not finished:
@@ -72,7 +73,7 @@ class InProcessClient:
         return fmt(req, parsed)
 
     async def _stream(self, body: dict, openai: bool) -> AsyncIterator[dict]:
-        parsed, req, q = self._start(body, openai)
+        parsed, req, q = await self._start(body, openai)
         stream = self.server._openai_stream if openai else self.server._generate_stream
         write_chunk = stream(req, parsed)
         finished = False
@@ -107,4 +108,4 @@ class InProcessClient:
         return self._stream(body, openai=True)
 
     async def metrics(self) -> dict[str, float]:
-        return dict(self.server.engine.metrics())
+        return dict(self.engine.metrics())

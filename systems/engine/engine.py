@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -251,6 +252,10 @@ class Engine:
         self._snapshot_at = 0.0  # perf_counter of the last counter snapshot (/metrics)
         self._steps_unsnapped = False  # steps ran since it
         self.error: BaseException | None = None
+        # called on the engine thread after every scheduling round, and once more after the
+        # loop failed every request: what a round emitted can leave in one message
+        # (systems/engine/engine_process.py sends it to the server's process)
+        self.after_round: Callable[[], None] | None = None
         self._gpu_time = DecodeGpuTime(self.device)
         # the decoder says whether it can launch a step before the previous one is read back
         self._overlap = cfg.overlap_schedule and getattr(self.decoder, "supports_overlap", False)
@@ -345,6 +350,8 @@ class Engine:
             with maybe_profile(self.cfg.profile, out_dir=self.cfg.profile_dir, source=self) as prof:
                 while not self._stop.is_set():
                     busy = self.step()
+                    if self.after_round is not None:
+                        self.after_round()
                     self._snapshot_counters(idle=not busy)
                     if busy:
                         if prof is not None:
@@ -356,6 +363,8 @@ class Engine:
             with self._lock:
                 self.error = e
             self._fail_outstanding(e)
+            if self.after_round is not None:
+                self.after_round()
             raise
 
     def step(self) -> bool:

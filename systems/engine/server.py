@@ -4,7 +4,7 @@ Endpoints, all bound to 127.0.0.1 unless ``--host`` says otherwise:
 - ``POST /generate``       SGLang native format, streamed (SSE) or not
 - ``POST /v1/completions`` OpenAI completions, streamed (SSE) or not, with ``usage``
 - ``GET /metrics``         Prometheus text
-- ``GET /health``          200 while the engine thread is alive
+- ``GET /health``          200 while the engine serves (its thread, or its process)
 - ``GET /v1/models``
 
 Every client error is a 4xx with ``{"error": {"message", "type", "param"}}``; a 400 names the
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import ipaddress
@@ -39,10 +40,8 @@ import math
 import resource
 import signal
 import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +49,12 @@ from aiohttp import web
 
 from systems.engine.body_parser import BodyError, BodyParser, TokenIds
 from systems.engine.engine import DuplicateRequest, Engine, EngineStopped
+from systems.engine.engine_client import EngineClient, LocalEngineClient
 from systems.engine.request import Request, SamplingParams
 from systems.engine.scheduler import QueueFull
 from systems.engine.tokenizer import WordTokenizer
 from systems.event_loops import loop_factory, loop_name
+from systems.pids import die_with_parent
 
 log = logging.getLogger("dhs.server")
 
@@ -75,10 +76,10 @@ class ServerConfig:
     max_connections: int = 1024  # open connections; past it a 503 and close
     # Host header names accepted; None: loopback names when bound to loopback, any otherwise
     allowed_hosts: list[str] | None = None
-    # Python's thread switch interval in the server process (sys.setswitchinterval), ms; None
-    # keeps Python's 5 ms. The engine runs as a thread beside this server: after a wait that
-    # released the GIL (a CUDA sync), it may wait up to this long to get the GIL back while the
-    # server streams tokens. Set by `python -m systems.engine.server` (subprocess mode) only.
+    # Python's thread switch interval (sys.setswitchinterval), ms, in the server's process and
+    # the engine's; None keeps Python's 5 ms. A thread that released the GIL (the engine in a
+    # CUDA sync) may wait up to this long to get it back from a thread running Python. Set by
+    # `python -m systems.engine.server` (subprocess mode) only.
     gil_switch_interval_ms: float | None = None
     # processes that parse large request bodies (systems/engine/body_parser.py): a 125K-token
     # body's parse would hold the engine thread's GIL ~13 ms; 0 parses every body in-process
@@ -88,6 +89,10 @@ class ServerConfig:
     # and each hand-over can leave the writer waiting on the engine thread (or the engine on
     # it) for up to the switch interval; uvloop writes without releasing it
     event_loop: str = "auto"
+    # `python -m systems.engine.server` runs the engine in a process of its own
+    # (systems/engine/engine_process.py), off this process's GIL; false: a thread beside the
+    # event loop, as build_app(engine) always does
+    engine_process: bool = True
 
     def __post_init__(self) -> None:
         ms = self.gil_switch_interval_ms
@@ -286,52 +291,22 @@ class _StopStrings:
         return None
 
 
-class _Outbox:
-    """Outputs the engine thread hands to the event loop, one wake-up per batch.
-
-    A step emits tokens for every running request. Handing each to its stream with
-    ``call_soon_threadsafe`` costs a self-pipe write and an event-loop iteration per request:
-    at 200 running requests, ~400 socket sends a step on the thread the engine shares the GIL
-    with (profile=host on dsv41_h200 at ours C256). Here the engine thread appends to a deque
-    and schedules one drain while none is pending; the drain hands every queued output to its
-    stream's queue in the order they were put (a stream's outputs stay in order)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self._items: deque = deque()
-        self._lock = threading.Lock()  # put's check-and-schedule against the drain's swap
-        self._scheduled = False
-
-    def put(self, q: asyncio.Queue, item) -> None:  # engine thread
-        with self._lock:
-            self._items.append((q, item))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop closed under a running batch: nobody is listening
-            pass
-
-    def _drain(self) -> None:  # event loop
-        with self._lock:
-            items, self._items = self._items, deque()
-            self._scheduled = False
-        for q, item in items:
-            q.put_nowait(item)
-
-
 class Server:
-    def __init__(self, engine: Engine, model_name: str = "dhs-bundled", parse_workers: int = 0):
-        self.engine = engine
+    def __init__(
+        self,
+        engine: Engine | EngineClient,
+        model_name: str = "dhs-bundled",
+        parse_workers: int = 0,
+    ):
+        # an Engine is one whose thread runs in this process; an engine in a process of its own
+        # comes as its client (systems/engine/engine_process.py)
+        self.engine = LocalEngineClient(engine) if isinstance(engine, Engine) else engine
         self.parser = BodyParser(parse_workers)
         self.model_name = model_name
-        mcfg = engine.cfg.model
-        self.tok = WordTokenizer(mcfg.vocab_size)
-        self.vocab_size = mcfg.vocab_size
-        self.max_total = engine.backend.max_total_tokens
+        self.tok = WordTokenizer(self.engine.vocab_size)
+        self.vocab_size = self.engine.vocab_size
+        self.max_total = self.engine.max_total_tokens
         self.started = time.time()
-        self._outbox: _Outbox | None = None
 
     # ------------------------------------------------------------------ validation
     async def _json(self, request: web.Request, timeout_s: float) -> dict:
@@ -404,7 +379,7 @@ class Server:
             raise BadRequest(f"{field}: token id {bad} outside [0, {V})", field)
 
     def _check_lengths(self, ids: list[int], max_new: Any, field: str, mfield: str) -> int:
-        cap = self.engine.cfg.max_new_tokens_cap
+        cap = self.engine.max_new_tokens_cap
         max_new = _int(max_new, mfield, 1, cap)
         if len(ids) + max_new > self.max_total:
             raise BadRequest(
@@ -576,23 +551,9 @@ class Server:
         return ids, params, stream, include_usage, False
 
     # ------------------------------------------------------------------ engine bridge
-    def _submit(self, ids: list[int], params: SamplingParams, rid: str | None):
-        loop = asyncio.get_running_loop()
-        if self._outbox is None or self._outbox.loop is not loop:
-            self._outbox = _Outbox(loop)
-        outbox = self._outbox
-        q: asyncio.Queue = asyncio.Queue()
-
-        def on_output(req, new_ids, done):  # engine thread
-            if loop.is_closed():  # server shutting down under a running batch: nobody is listening
-                return
-            # the count as of this output: the engine thread may append the next token before
-            # the event loop writes this chunk
-            outbox.put(q, (list(new_ids), done, len(req.output_ids)))
-
-        req = Request(rid or self.engine.new_rid(), ids, params, on_output=on_output)
-        self.engine.submit(req)
-        return req, q
+    async def _submit(self, ids: list[int], params: SamplingParams, rid: str | None):
+        req = Request(rid or self.engine.new_rid(), ids, params)
+        return req, await self.engine.submit(req)
 
     async def _run(self, request: web.Request, parse, stream_writer, respond_full):
         cfg: ServerConfig = request.app[CONFIG]
@@ -607,7 +568,9 @@ class Server:
             return resp
         ids, params, stream = parsed[0], parsed[1], parsed[2]
         try:
-            req, q = self._submit(ids, params, parsed[3] if parse == self._parse_generate else None)
+            req, q = await self._submit(
+                ids, params, parsed[3] if parse == self._parse_generate else None
+            )
         except QueueFull as e:
             return _error(503, str(e), None, "server_overloaded", {"Retry-After": "1"})
         except DuplicateRequest as e:
@@ -791,7 +754,7 @@ class Server:
     async def metrics(self, request: web.Request) -> web.Response:
         # the text format wants one TYPE line per metric family, its samples right below it
         families: dict[str, list[str]] = {}
-        metrics = dict(self.engine.metrics(sync=False))  # on the loop: no wait for the GPU
+        metrics = await self.engine.metrics()  # no wait for the GPU
         for where, n in self.parser.parsed.items():
             metrics[f'dhs_http_bodies_parsed_total{{where="{where}"}}'] = n
         for name, value in metrics.items():
@@ -805,9 +768,9 @@ class Server:
         )
 
     async def health(self, request: web.Request) -> web.Response:
-        t = self.engine._thread
-        if self.engine.error is not None or (t is not None and not t.is_alive()):
-            return _error(503, f"engine stopped: {self.engine.error!r}", None, "engine_error")
+        stopped = await self.engine.stopped()
+        if stopped is not None:
+            return _error(503, stopped, None, "engine_error")
         return web.json_response({"status": "ok", "uptime_s": time.time() - self.started})
 
     async def models(self, request: web.Request) -> web.Response:
@@ -822,8 +785,8 @@ class Server:
                         "object": "model",
                         "owned_by": "dhs",
                         "max_model_len": self.max_total,
-                        "vocab_size": self.engine.cfg.model.vocab_size,
-                        "max_new_tokens_cap": self.engine.cfg.max_new_tokens_cap,
+                        "vocab_size": self.vocab_size,
+                        "max_new_tokens_cap": self.engine.max_new_tokens_cap,
                     }
                 ],
             }
@@ -956,7 +919,9 @@ LOOPBACK = "loopback names and addresses"
 
 
 def build_app(
-    engine: Engine, model_name: str = "dhs-bundled", config: ServerConfig | None = None
+    engine: Engine | EngineClient,
+    model_name: str = "dhs-bundled",
+    config: ServerConfig | None = None,
 ) -> web.Application:
     cfg = config or ServerConfig()
     srv = Server(engine, model_name, cfg.parse_workers)
@@ -1171,41 +1136,45 @@ async def start_server(app: web.Application, port: int = 0, host: str | None = N
     return Serving(runner, site)
 
 
-def serve_forever(app: web.Application, host: str, port: int, event_loop: str = "auto") -> None:
-    """Serve until SIGTERM or SIGINT, on ``event_loop`` (``ServerConfig.event_loop``)."""
+def serve_forever(
+    start_engine: Callable[[], Awaitable[EngineClient]], config: ServerConfig, port: int
+) -> None:
+    """Start the engine (``await start_engine()``), serve it on ``config.host``:``port`` on
+    ``config.event_loop`` until SIGTERM or SIGINT, then stop it. A signal that arrives while the
+    engine starts (model, pools, CUDA graphs: minutes on a large preset) stops it as well."""
 
     async def run():
-        serving = await start_server(app, port, host)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("serving on http://%s:%d (event loop: %s)", host, serving.port, loop_name(loop))
+        starting = asyncio.ensure_future(start_engine())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return
+        engine = starting.result()  # a failed start raises here
         try:
-            await stop.wait()
+            serving = await start_server(build_app(engine, config=config), port, config.host)
+            log.info(
+                "serving on http://%s:%d (event loop: %s)",
+                config.host,
+                serving.port,
+                loop_name(loop),
+            )
+            try:
+                await stop.wait()
+            finally:
+                await serving.close()
         finally:
-            await serving.close()
+            await engine.close()
 
-    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
         runner.run(run())
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: SIGTERM this process when the process that started it dies, even by SIGKILL
-    (PR_SET_PDEATHSIG); a parent already gone means exit now. Elsewhere a no-op."""
-    import ctypes
-    import os
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
-        log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-        return
-    if os.getppid() != parent_pid:  # it died before the prctl
-        sys.exit(f"parent {parent_pid} is gone")
 
 
 def apply_switch_interval(cfg: ServerConfig) -> float:
@@ -1235,7 +1204,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. system=hisparse model=tiny")
     args = ap.parse_args(argv)
     if args.parent_pid:
-        _die_with_parent(args.parent_pid)
+        die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = OmegaConf.load(args.config) if args.config else compose(args.overrides)
     if args.config and args.overrides:
@@ -1243,21 +1212,32 @@ def main(argv: list[str] | None = None) -> None:
     ecfg = resolve_engine_config(cfg)
     scfg = ServerConfig.from_cfg(cfg.get("server"), host=args.host)
     apply_switch_interval(scfg)
-    engine = Engine(ecfg)
-    engine.start()
-    log.info(
-        "engine up: backend=%s model=%s device=%s; start-up %s",
-        ecfg.kv.backend,
-        ecfg.model.name,
-        ecfg.device,
-        ", ".join(f"{k} {v:.1f} s" for k, v in engine.startup_s.items()),
-    )
-    try:
-        serve_forever(
-            build_app(engine, config=scfg), args.host, args.port, event_loop=scfg.event_loop
+
+    async def start_engine() -> EngineClient:
+        if scfg.engine_process:
+            from systems.engine.engine_process import EngineProcessClient
+
+            client = await EngineProcessClient.start(
+                ecfg,
+                switch_interval_ms=scfg.gil_switch_interval_ms,
+                server_loop=loop_name(asyncio.get_running_loop()),
+            )
+            where = f"process {client.proc.pid}"
+        else:
+            engine = Engine(ecfg)
+            engine.start()
+            client, where = LocalEngineClient(engine), "thread"
+        log.info(
+            "engine up (%s): backend=%s model=%s device=%s; start-up %s",
+            where,
+            ecfg.kv.backend,
+            ecfg.model.name,
+            ecfg.device,
+            ", ".join(f"{k} {v:.1f} s" for k, v in client.startup_s.items()),
         )
-    finally:
-        engine.stop()
+        return client
+
+    serve_forever(start_engine, scfg, args.port)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """server.event_loop: the bundled server process runs on uvloop where installed ("auto"), or on
-the loop asked for; either serves the same tokens, streamed, and its log names the loop."""
+the loop asked for; either serves the same tokens, streamed, and its log names the loop (and
+where the engine runs)."""
 
 from __future__ import annotations
 
@@ -37,22 +38,25 @@ def _stream(url: str) -> list[int]:
 
 
 def test_each_loop_serves_the_same_stream(tmp_path):
+    """... and so does the engine as a thread beside the loop (server.engine_process=false)."""
     outs = {}
-    for loop in LOOPS:
+    for loop, engine_process in [(loop, True) for loop in LOOPS] + [("asyncio", False)]:
         cfg = compose(
             [
                 "device=cpu",
                 "server.mode=subprocess",
                 "hardware.kv_pool_gib=0.01",
                 f"server.event_loop={loop}",
+                f"server.engine_process={str(engine_process).lower()}",
             ]
         )
-        work = tmp_path / loop
+        work = tmp_path / f"{loop}-{engine_process}"
         with servers.bundled_server(cfg, work) as url:
-            outs[loop] = _stream(url)
+            outs[loop, engine_process] = _stream(url)
         (log,) = work.glob("server-*.log")
         assert f"(event loop: {loop})" in log.read_text()
-    assert len(outs["asyncio"]) == 6 and len(set(map(tuple, outs.values()))) == 1
+        assert ("engine up (process " in log.read_text()) is engine_process
+    assert len(outs["asyncio", True]) == 6 and len(set(map(tuple, outs.values()))) == 1
 
 
 def test_auto_is_uvloop_where_installed_and_a_bad_name_is_refused():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from systems.engine.server import _Outbox
+from systems.engine.engine_client import _Outbox
 
 
 def test_outputs_arrive_in_order_with_one_wakeup_per_batch():

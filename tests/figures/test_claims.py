@@ -472,13 +472,15 @@ def test_noise_section_lists_each_repeated_point_against_the_bound(tmp_path):
 def test_host_table_reads_the_sampled_threads(tmp_path):
     """Fig. 10's host table: the engine thread's share inside a synchronize (own time), its
     CPU share, the event loop's share outside select, the engine's busiest functions without
-    the wait; a run without a profile gives no row."""
+    the wait; a run without a profile gives no row; an engine in its own process has no loop
+    beside it to read."""
     from figures import fig10
 
-    for name, prof in (("prof", True), ("bare", False)):
+    for name, prof in (("prof", True), ("bare", False), ("own", "engine_process")):
         d = tmp_path / "fig10_host_h200" / name
         (d / "host").mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"system": "resident_dspark"}))
+        system = "adaptive_dhisparse_dspark" if name == "own" else "resident_dspark"
+        (d / "summary.json").write_text(json.dumps({"system": system}))
         (d / "env.json").write_text(json.dumps({"git_commit": "abc1234"}))
         if not prof:
             continue
@@ -508,12 +510,13 @@ def test_host_table_reads_the_sampled_threads(tmp_path):
                     "cpu_share_of_wall": 0.6,
                     "syncs_per_step": 0.1,
                     "threads": [engine, loop],
+                    **({"engine_process": True} if prof == "engine_process" else {}),
                 }
             )
         )
-    df = fig10.host_table(tmp_path)
-    assert len(df) == 1
-    row = df.iloc[0]
+    df = fig10.host_table(tmp_path).set_index("engine process")
+    assert len(df) == 2 and pd.isna(df.loc["own", "event loop busy %"])
+    row = df.loc["the server's"]
     assert row["system"] == "Resident + DSpark" and row["engine: waiting for the device %"] == 40
     assert row["engine: CPU / wall %"] == 60 and row["event loop busy %"] == 25
     assert row["engine's busiest functions (own ms / step)"] == "host_sync.py:56:to_device 1.50"

@@ -51,7 +51,7 @@ def test_window_samples_each_thread_apart(tmp_path, monkeypatch):
         other.join()
     out = json.loads((tmp_path / "host" / "host_profile.json").read_text())
     assert out["steps"] == 20 and out["after_steps"] == 2 and out["mean_running"] == 4
-    assert out["event_loop"] == "uvloop"
+    assert out["event_loop"] == "uvloop" and out["engine_process"] is False
     assert out["wall_ms_per_step"] >= 10 and out["engine_cpu_ms_per_step"] > 0
     threads = {t["thread"]: t for t in out["threads"]}
     assert out["threads"][0]["thread"] == "engine" and "event-loop" in threads
@@ -68,6 +68,17 @@ def test_window_samples_each_thread_apart(tmp_path, monkeypatch):
     folded = (tmp_path / "host" / threads["engine"]["folded"]).read_text().splitlines()
     assert any(";" in line and line.rsplit(" ", 1)[1].isdigit() for line in folded)
     assert out["syncs_watched"] is False and out["syncs"] == []
+
+
+def test_an_engine_process_records_the_server_processs_loop(monkeypatch):
+    """In an engine process (server.engine_process) MainThread receives the server's messages;
+    the profile names the loop the server's process served on and says it ran elsewhere."""
+    import systems.engine.engine_process as ep
+    from profiling.host import _serving_loop
+
+    assert _serving_loop()["engine_process"] is False
+    monkeypatch.setattr(ep, "SERVER_LOOP", "uvloop")
+    assert _serving_loop() == {"event_loop": "uvloop", "engine_process": True}
 
 
 def _half_busy(stop: threading.Event) -> None:

@@ -1,6 +1,7 @@
 """No orphans (issue 26, point 5): a runner killed with SIGKILL (nothing of it runs, so neither
-exit_on_sigterm nor a ``finally``) takes its engine server with it, and the per-process launch
-config it left behind is removed by the next runner that starts in that folder."""
+exit_on_sigterm nor a ``finally``) takes its engine server with it, and the server its engine
+process; the per-process launch config it left behind is removed by the next runner that starts
+in that folder."""
 
 import os
 import signal
@@ -24,6 +25,11 @@ with servers.bundled_server(cfg, Path(sys.argv[1])) as url:
     print("SERVER", pid, url, flush=True)
     time.sleep(300)
 """
+
+
+def _children(pid: int) -> set[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return {int(p) for p in f.read().split()}
 
 
 def _dead_pid() -> int:
@@ -54,12 +60,15 @@ def test_a_killed_runner_takes_its_server_with_it_and_stale_files_go(tmp_path):
         assert (tmp_path / f"server_config-{runner.pid}.yaml").exists()
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             assert r.status == 200
+        engine = _children(pid)  # the engine process (server.engine_process), its tracker
+        assert engine
         runner.send_signal(signal.SIGKILL)
         runner.wait(timeout=10)
         deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
+        while any(map(_alive, {pid, *engine})) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(pid), "the server outlived its runner"
+        assert not any(map(_alive, engine)), "the engine process outlived its server"
     finally:
         if runner.poll() is None:
             runner.kill()

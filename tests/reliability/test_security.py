@@ -30,8 +30,8 @@ from tests.reliability.support import (
 def test_cli_binds_loopback_by_default(monkeypatch):
     seen = {}
 
-    def fake_serve_forever(app, host=None, port=None, **kw):
-        seen.update(host=host, port=port)
+    def fake_serve_forever(start_engine, config, port):
+        seen.update(host=config.host, port=port)
 
     monkeypatch.setattr(server_mod, "serve_forever", fake_serve_forever)
     server_mod.main(["device=cpu"])
