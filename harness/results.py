@@ -1036,6 +1036,11 @@ MEASUREMENT_CHANGES = (
         "the bundled server runs on uvloop where installed (before it, asyncio: one GIL "
         "hand-over per stream and step in its socket writes)",
     ),
+    (
+        "83a316a",
+        "the bundled server runs its engine in a process of its own (before it, a thread "
+        "sharing the server's GIL with its event loop)",
+    ),
 )
 
 

@@ -178,3 +178,15 @@ def test_the_cli_server_streams_from_its_engine_process_and_stops_it(tmp_path):
         assert not _alive(engine_pid), "the engine process outlived its server"
     finally:
         stop_process(proc, grace_s=5)
+
+
+def test_the_ipc_benchmark_runs():
+    """benchmarks/bench_engine_ipc.py speaks the engine process's wire with its classes."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import bench_engine_ipc
+    finally:
+        sys.path.pop(0)
+    row = asyncio.run(bench_engine_ipc._point(n=3, k=2, rounds=4, warmup=1, prompt_len=10))
+    assert row["requests"] == 3 and row["engine_us"] > 0 and row["server_loop_cpu_us"] > 0
+    assert row["bytes"] > 3 * 2  # three requests' two tokens each, pickled
