@@ -76,7 +76,7 @@ async def _point(n: int, k: int, rounds: int, warmup: int, prompt_len: int) -> d
     engine = threading.Thread(target=_engine_side, args=(theirs,), daemon=True)
     engine.start()
     reader, writer = await asyncio.open_unix_connection(sock=ours)
-    proc = types.SimpleNamespace(pid=0, exitcode=None)
+    proc = types.SimpleNamespace(pid=0, exitcode=None, join=lambda timeout=None: None)
     info = {"vocab_size": 1 << 20, "max_total_tokens": 1 << 20, "max_new_tokens_cap": None}
     client = EngineProcessClient(proc, reader, writer, {**info, "startup_s": {}})
     prompt = array("q", range(prompt_len))

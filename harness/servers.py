@@ -109,7 +109,8 @@ def exit_on_sigterm() -> None:
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 30.0, group: bool = False) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``; ``group`` signals the process group the child
-    leads (start_new_session=True), for servers that fork workers (SGLang)."""
+    leads (start_new_session=True), for servers with child processes (SGLang's schedulers, the
+    bundled server's engine process)."""
     try:
         if proc.poll() is not None:
             return
@@ -229,15 +230,19 @@ def bundled_server(cfg: DictConfig, workdir: Path):
             stderr=subprocess.STDOUT,
             env=env,
             cwd=str(REPO),
+            # its own process group, signalled whole: the engine runs in a child process of the
+            # server (server.engine_process) and holds the GPU until it exits, so a server
+            # killed after the grace period must not leave it behind for the next run's server
+            start_new_session=True,
         )
-    track(proc)
+    track(proc, group=True)
     try:
         wait_healthy(url, timeout, proc, log_path, "bundled server")
         # paid once per system and setting: the engine's own phases are in its log
         print(f"[harness] server up in {time.monotonic() - t0:.1f} s ({log_path})", flush=True)
         yield url
     finally:
-        stop_process(proc)
+        stop_process(proc, group=True)
         launch_cfg.unlink(missing_ok=True)
 
 

@@ -252,10 +252,11 @@ class Engine:
         self._snapshot_at = 0.0  # perf_counter of the last counter snapshot (/metrics)
         self._steps_unsnapped = False  # steps ran since it
         self.error: BaseException | None = None
-        # called on the engine thread after every scheduling round, and once more after the
-        # loop failed every request: what a round emitted can leave in one message
-        # (systems/engine/engine_process.py sends it to the server's process)
-        self.after_round: Callable[[], None] | None = None
+        # called on the engine thread where buffered outputs must leave: after admission (the
+        # first tokens, before the decode step is launched: they would otherwise wait a step),
+        # after the round, and after the loop failed every request. systems/engine/
+        # engine_process.py sends what its outputs callback buffered to the server's process
+        self.flush_outputs: Callable[[], None] | None = None
         self._gpu_time = DecodeGpuTime(self.device)
         # the decoder says whether it can launch a step before the previous one is read back
         self._overlap = cfg.overlap_schedule and getattr(self.decoder, "supports_overlap", False)
@@ -350,8 +351,8 @@ class Engine:
             with maybe_profile(self.cfg.profile, out_dir=self.cfg.profile_dir, source=self) as prof:
                 while not self._stop.is_set():
                     busy = self.step()
-                    if self.after_round is not None:
-                        self.after_round()
+                    if self.flush_outputs is not None:
+                        self.flush_outputs()
                     self._snapshot_counters(idle=not busy)
                     if busy:
                         if prof is not None:
@@ -363,8 +364,8 @@ class Engine:
             with self._lock:
                 self.error = e
             self._fail_outstanding(e)
-            if self.after_round is not None:
-                self.after_round()
+            if self.flush_outputs is not None:
+                self.flush_outputs()
             raise
 
     def step(self) -> bool:
@@ -390,6 +391,8 @@ class Engine:
                     self.scheduler.finish(req)
                 self._fail(req, e)
                 self._check_after_failure()
+        if self.flush_outputs is not None:
+            self.flush_outputs()  # first tokens and aborts now, not after the decode step
         t_end = clock()
         t0 = t_end[0]
         if admitted:

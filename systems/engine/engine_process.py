@@ -9,10 +9,10 @@ engine core; here:
 - the server's process keeps HTTP, validation, the tokenizer and the streams;
 - the engine process (spawned) runs ``Engine`` on its thread; its main thread receives
   submissions, aborts and queries and answers them;
-- one socket pair carries length-prefixed pickles both ways. The engine thread sends what a
-  scheduling round emitted as one message (``Engine.after_round``); the server's side applies
-  it to its copy of each request (tokens; at the end the finish reason and timestamps) and
-  hands it to the request's stream.
+- one socket pair carries length-prefixed pickles both ways. The engine thread sends what it
+  emitted as one message at each ``Engine.flush_outputs``: after admission (first tokens) and
+  after the decode step; the server's side applies it to its copy of each request (tokens; at
+  the end the finish reason and timestamps) and hands it to the request's stream.
 
 The server's side never blocks on the engine's: it reads and writes the socket as an asyncio
 stream, and a call (submit, metrics, health) awaits its reply. A request is numbered by the
@@ -37,7 +37,7 @@ import traceback
 from array import array
 from typing import Any
 
-from systems.engine.engine import EngineConfig, EngineStopped
+from systems.engine.engine import DuplicateRequest, EngineConfig, EngineStopped
 from systems.engine.request import ReqStatus, Request
 
 log = logging.getLogger("dhs.engine_process")
@@ -119,22 +119,24 @@ class EngineProcessClient:
         )
         proc.start()
         theirs.close()
+        loop = asyncio.get_running_loop()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         try:
             msg = await _read(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
-            await asyncio.get_running_loop().run_in_executor(None, proc.join, 10.0)
             writer.close()
+            await loop.run_in_executor(None, _stop_process, proc, 10.0)
             raise RuntimeError(
                 f"the engine process exited (code {proc.exitcode}) before it was ready"
             ) from None
-        except BaseException:  # cancelled while the engine starts (SIGTERM): take it down
+        except BaseException:  # cancelled while the engine starts (SIGTERM): take it down now
             writer.close()
-            _stop_process(proc, 5.0)
+            proc.terminate()  # its SIGTERM handler unwinds the engine's construction
+            await loop.run_in_executor(None, _stop_process, proc, 10.0)
             raise
         if msg[0] == "failed":
             writer.close()
-            await asyncio.get_running_loop().run_in_executor(None, proc.join, 10.0)
+            await loop.run_in_executor(None, _stop_process, proc, 10.0)
             raise RuntimeError(f"the engine failed to start:\n{msg[1]}")
         log.info("engine process %d up", proc.pid)
         return cls(proc, reader, writer, msg[1])
@@ -152,6 +154,8 @@ class EngineProcessClient:
                 ids = array("q", ids)
             except (OverflowError, TypeError) as e:
                 raise ValueError(f"prompt token ids must be 64-bit integers: {e}") from None
+        if id(req) in self._seq_of:  # this very object is in flight already
+            raise DuplicateRequest(f"request id {req.rid!r} is already in flight")
         seq = next(self._seqs)
         q: asyncio.Queue = asyncio.Queue()
         # registered before it is sent: the engine thread may emit before the reply is written
@@ -174,7 +178,7 @@ class EngineProcessClient:
             self._send(("abort", seq))  # its last output still comes back and ends it here
 
     async def metrics(self) -> dict[str, float]:
-        return await self._call("metrics")
+        return await self._call("metrics", timeout_s=30.0)
 
     async def stopped(self) -> str | None:
         if self._down is not None:
@@ -217,7 +221,8 @@ class EngineProcessClient:
 
     def _forget(self, seq: int, req: Request) -> None:
         self._live.pop(seq, None)
-        self._seq_of.pop(id(req), None)
+        if self._seq_of.get(id(req)) == seq:
+            del self._seq_of[id(req)]
 
     async def _read_loop(self) -> None:
         try:
@@ -233,8 +238,10 @@ class EngineProcessClient:
                         else:
                             fut.set_exception(msg[3])
         except (asyncio.IncompleteReadError, ConnectionError):
+            # its exit status, where it comes within a moment of the connection closing
+            await asyncio.get_running_loop().run_in_executor(None, self.proc.join, 2.0)
             code = self.proc.exitcode
-            self._lost("the engine process exited" + (f" (code {code})" if code else ""))
+            self._lost("the engine process exited" + ("" if code is None else f" (code {code})"))
         except Exception as e:  # a message that does not unpickle: nothing after it can be read
             log.exception("engine process connection broken")
             self._lost(f"connection to the engine process broken: {e!r}")
@@ -336,7 +343,7 @@ class _Outputs:
 
         return on_output
 
-    def flush(self) -> None:  # Engine.after_round
+    def flush(self) -> None:  # Engine.flush_outputs
         with self._lock:
             items, self._items = self._items, []
         if items:
@@ -378,7 +385,7 @@ def run_engine_process(
         raise SystemExit(1) from None
     live: dict[int, Request] = {}
     outputs = _Outputs(wire, live)
-    engine.after_round = outputs.flush
+    engine.flush_outputs = outputs.flush
     engine.start()
     wire.send(
         (

@@ -754,7 +754,10 @@ class Server:
     async def metrics(self, request: web.Request) -> web.Response:
         # the text format wants one TYPE line per metric family, its samples right below it
         families: dict[str, list[str]] = {}
-        metrics = await self.engine.metrics()  # no wait for the GPU
+        try:
+            metrics = await self.engine.metrics()  # no wait for the GPU
+        except (EngineStopped, TimeoutError) as e:  # an engine process gone or not answering
+            return _error(503, str(e) or "engine not answering", None, "engine_error")
         for where, n in self.parser.parsed.items():
             metrics[f'dhs_http_bodies_parsed_total{{where="{where}"}}'] = n
         for name, value in metrics.items():
@@ -1213,20 +1216,7 @@ def main(argv: list[str] | None = None) -> None:
     scfg = ServerConfig.from_cfg(cfg.get("server"), host=args.host)
     apply_switch_interval(scfg)
 
-    async def start_engine() -> EngineClient:
-        if scfg.engine_process:
-            from systems.engine.engine_process import EngineProcessClient
-
-            client = await EngineProcessClient.start(
-                ecfg,
-                switch_interval_ms=scfg.gil_switch_interval_ms,
-                server_loop=loop_name(asyncio.get_running_loop()),
-            )
-            where = f"process {client.proc.pid}"
-        else:
-            engine = Engine(ecfg)
-            engine.start()
-            client, where = LocalEngineClient(engine), "thread"
+    def log_up(client: EngineClient, where: str) -> EngineClient:
         log.info(
             "engine up (%s): backend=%s model=%s device=%s; start-up %s",
             where,
@@ -1236,6 +1226,26 @@ def main(argv: list[str] | None = None) -> None:
             ", ".join(f"{k} {v:.1f} s" for k, v in client.startup_s.items()),
         )
         return client
+
+    if scfg.engine_process:
+        from systems.engine.engine_process import EngineProcessClient
+
+        async def start_engine() -> EngineClient:
+            client = await EngineProcessClient.start(
+                ecfg,
+                switch_interval_ms=scfg.gil_switch_interval_ms,
+                server_loop=loop_name(asyncio.get_running_loop()),
+            )
+            return log_up(client, f"process {client.proc.pid}")
+
+    else:
+        # built before the loop installs its signal handlers: a SIGTERM during the build (minutes
+        # on a large preset) ends the process at once
+        engine = Engine(ecfg)
+        engine.start()
+
+        async def start_engine() -> EngineClient:
+            return log_up(LocalEngineClient(engine), "thread")
 
     serve_forever(start_engine, scfg, args.port)
 

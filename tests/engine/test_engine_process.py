@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -97,6 +98,8 @@ async def test_stop_strings_aborts_and_refusals_cross_the_process_boundary():
         q_long = await client.submit(long)
         with pytest.raises(DuplicateRequest):
             await client.submit(Request("same", prompt, SamplingParams(max_new_tokens=4)))
+        with pytest.raises(DuplicateRequest):  # the same object again: refused, still abortable
+            await client.submit(long)
         # one runs, one may wait: the third of three is refused wherever the first is
         extra = [Request(f"x{i}", prompt, SamplingParams(max_new_tokens=400)) for i in range(2)]
         with pytest.raises(QueueFull):
@@ -127,8 +130,35 @@ async def test_a_dead_engine_process_fails_its_streams_and_refuses_work():
         assert "engine stopped" in await client.stopped()
         with pytest.raises(EngineStopped):
             await client.submit(Request("later", [5, 6], SamplingParams(max_new_tokens=2)))
+        assert (await Server(client).metrics(None)).status == 503
     finally:
         await client.close()
+
+
+async def test_a_start_cancelled_by_a_signal_takes_the_engine_process_down_at_once():
+    """SIGTERM while the engine builds (minutes on a large preset) cancels the start: the
+    engine process is terminated, not waited for."""
+    starting = asyncio.ensure_future(_start())
+    await asyncio.sleep(0.2)  # spawned, not yet ready
+    t0 = time.monotonic()
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert time.monotonic() - t0 < 4
+    assert not [p for p in multiprocessing.active_children() if p.name == "dhs-engine"]
+
+
+def test_first_tokens_leave_before_the_decode_step():
+    """Engine.flush_outputs runs after admission, before the step is launched: an engine
+    process's first tokens would otherwise reach their streams a decode step late."""
+    eng = make_engine(*CFG[1:])
+    events = []
+    eng.flush_outputs = lambda: events.append(("flush", eng.stats["num_steps"]))
+    req = Request("r", golden_prompts()[0], SamplingParams(max_new_tokens=4))
+    req.on_output = lambda r, new_ids, done: events.append(("out", len(r.output_ids)))
+    eng.submit(req)
+    eng.step()
+    assert events[:2] == [("out", 1), ("flush", 0)]
 
 
 async def test_an_engine_that_fails_to_start_says_why():
