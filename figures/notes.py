@@ -30,6 +30,7 @@ from harness.results import (
     load_runs,
     pick,
     queries_per_round,
+    server_loop_busy_share,
     step_cost,
     system_sort_key,
     timing_split,
@@ -572,6 +573,9 @@ def breakdown(run: Run) -> str | None:
     idle = _median_over_repeats(run, gpu_idle_share)
     if idle is not None:
         parts.append(f"GPU without a step {100 * idle:.0f}% of its serving time")
+    loop = _median_over_repeats(run, server_loop_busy_share)
+    if loop is not None:
+        parts.append(f"server event loop on the CPU {100 * loop:.0f}% of the time")
     tt = _median_over_repeats(
         run, lambda x: timing_split(x, post_wave=False) if x.records else None
     )

@@ -365,6 +365,21 @@ def admission_blocked_share(run: Run) -> float | None:
     return min(1.0, max(0.0, 1.0 - sum(float(b[c] - a[c]) for c in cpu) / t))
 
 
+def server_loop_busy_share(run: Run) -> float | None:
+    """Share of the wall time the server's event loop spent on the CPU while requests were
+    running (``dhs_server_loop_cpu_seconds_total``: the loop thread's CPU time, read by its
+    /metrics handler): parsing, validation, delivering the engine's outputs, writing streams.
+    Near 1 the server's side, not the engine, paces the streams. None for runs before the
+    counter."""
+    cpu = "dhs_server_loop_cpu_seconds_total"
+    w = live_window(run, {cpu, "ts"})
+    if w is None:
+        return None
+    _, a, b = w
+    wall = float(b["ts"] - a["ts"])
+    return min(1.0, max(0.0, float(b[cpu] - a[cpu]) / wall)) if wall > 0 else None
+
+
 def gpu_idle_share(run: Run) -> float | None:
     """Share of the GPU's serving timeline with no decode step on it while requests were running:
     1 - the growth of ``dhs_decode_gpu_seconds_total`` over ``dhs_decode_gpu_span_seconds_total``

@@ -760,6 +760,9 @@ class Server:
             return _error(503, str(e) or "engine not answering", None, "engine_error")
         for where, n in self.parser.parsed.items():
             metrics[f'dhs_http_bodies_parsed_total{{where="{where}"}}'] = n
+        # the event loop's own CPU seconds (this handler runs on it): how busy the server's side
+        # is, apart from the engine (harness.results.server_loop_busy_share)
+        metrics["dhs_server_loop_cpu_seconds_total"] = time.thread_time()
         for name, value in metrics.items():
             families.setdefault(name.split("{", 1)[0], []).append(f"{name} {_sample(value)}")
         lines = []

@@ -137,6 +137,7 @@ async def test_metrics_and_health(server):
         "dhs_num_waiting_reqs",
         "dhs_num_allocated_slots",
         "dhs_kv_pool_used_ratio",
+        "dhs_server_loop_cpu_seconds_total",
     ):
         assert n in names
     models = await (await s.get("/v1/models")).json()

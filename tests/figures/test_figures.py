@@ -438,6 +438,35 @@ def test_engine_time_split_and_diagnosis(tmp_path):
     assert C.stall_diagnosis([run], 64) is None
 
 
+def test_server_loop_busy_share_is_the_loop_threads_cpu_over_the_running_window(tmp_path):
+    """The server's event-loop CPU seconds (/metrics) grow 1.5 s over the 2 s with requests
+    running: 75 %, named by the claim breakdown; None without the counter."""
+    import json
+
+    import pandas as pd
+
+    from figures import common as C
+    from figures.notes import breakdown
+    from harness.results import server_loop_busy_share
+
+    d = tmp_path / "fig5" / "resident-x-c256-0"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"system": "resident", "concurrency": 256}))
+    frame = {
+        "ts": [0.0, 1.0, 2.0, 3.0, 4.0],
+        "dhs_num_running_reqs": [0, 5, 9, 9, 0],
+        "dhs_server_loop_cpu_seconds_total": [0.0, 0.2, 1.0, 1.7, 1.8],
+    }
+    pd.DataFrame(frame).to_parquet(d / "server_metrics.parquet")
+    (run,) = C.load_runs(tmp_path, "fig5")
+    assert server_loop_busy_share(run) == pytest.approx(0.75)
+    assert "server event loop on the CPU 75% of the time" in breakdown(run)
+    del frame["dhs_server_loop_cpu_seconds_total"]
+    pd.DataFrame(frame).to_parquet(d / "server_metrics.parquet")
+    (run,) = C.load_runs(tmp_path, "fig5")
+    assert server_loop_busy_share(run) is None
+
+
 def test_admission_blocked_share_is_admission_wall_time_off_the_cpu(tmp_path):
     """Over the running window, the admission phases' wall seconds less the engine thread's CPU
     seconds in them, as a share of the wall; the claim breakdown names it; None without the CPU
