@@ -8,7 +8,6 @@ server stopped by SIGTERM takes its engine process with it."""
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import os
 import re
@@ -16,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -27,6 +25,7 @@ from systems.engine.engine_process import EngineProcessClient
 from systems.engine.request import Request, SamplingParams
 from systems.engine.scheduler import QueueFull
 from systems.engine.server import Server
+from tests.engine.test_server_event_loop import _stream
 from tests.harness.test_sigterm import _alive
 from tests.helpers import golden_prompts, make_engine, run_greedy
 
@@ -188,18 +187,8 @@ def test_the_cli_server_streams_from_its_engine_process_and_stops_it(tmp_path):
         wait_healthy(url, 120, proc, log)
         (engine_pid,) = map(int, re.findall(r"engine up \(process (\d+)\)", log.read_text()))
         assert engine_pid in _children(proc.pid)
-        body = {
-            "input_ids": golden_prompts()[1],
-            "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
-            "stream": True,
-        }
-        r = urllib.request.Request(
-            url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(r, timeout=60) as resp:
-            chunks = [ln for ln in resp.read().decode().splitlines() if ln.startswith("data: {")]
         (want,) = run_greedy(make_engine(*CFG[1:]), [golden_prompts()[1]], 6)
-        assert [t for c in chunks for t in json.loads(c[6:])["output_ids"]] == want
+        assert _stream(url) == want  # golden_prompts()[1], 6 tokens, greedy
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         deadline = time.monotonic() + 10
