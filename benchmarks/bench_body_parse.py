@@ -2,8 +2,8 @@
 
     python benchmarks/bench_body_parse.py --tokens 125000 --bodies 64 --out results/body_parse/cpu.json
 
-The engine is a thread of the server process, so the GIL the server's event loop holds is time
-the engine thread cannot queue a step or a handoff. Here a probe thread stands in for the engine
+With the engine as a thread of the server process (``server.engine_process=false``), the GIL the
+server's event loop holds is time the engine thread cannot queue a step or a handoff. Here a probe thread stands in for the engine
 thread: it runs short pieces of Python work back to back, as long as the run lasts, while the
 event loop parses ``--bodies`` ``/generate`` bodies of ``--tokens`` ids (``--concurrency`` at a
 time) through the server's ``BodyParser`` with each ``--workers`` count (0: on the event loop,

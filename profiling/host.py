@@ -2,8 +2,10 @@
 
 The decode benchmark's ``--host-profile`` profiles steps the benchmark drives itself, with a
 few requests and no server beside them; a served run's engine thread also admits handoffs
-among hundreds of running requests and shares the GIL with the server's event loop. So the
-served process is profiled where it runs, over ``active`` decoded steps after ``wait``:
+among hundreds of running requests, and shares the GIL with the server's event loop where it is a
+thread of the server (``server.engine_process=false``; otherwise the engine's process is the one
+profiled, its main thread receiving the server's messages). So the served engine is profiled
+where it runs, over ``active`` decoded steps after ``wait``:
 
 - a sampler thread reads every thread's Python stack each ``interval_ms``
   (``sys._current_frames``) and counts, per thread, the function each sample is in (*own*)

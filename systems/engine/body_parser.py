@@ -1,14 +1,15 @@
 """Request bodies parsed outside the server process's GIL.
 
-The engine runs as a thread of the server process, so every millisecond the HTTP thread holds
-the GIL is a millisecond the engine thread cannot queue a step or a handoff. A 125,000-token
-``input_ids`` body holds it for ~13 ms (``json.loads`` ~7 ms, one C call the interpreter cannot
-interrupt, then the ids' checks ~5 ms): under a closed loop every arrival costs the engine that
-much, and an arrival wave of 256 such requests seconds. SGLang avoids it by running its
-scheduler in another process than the HTTP front end; here the front end hands large bodies to
-parser processes instead (``server.parse_workers``), which return the token-id lists as packed
+A 125,000-token ``input_ids`` body holds the GIL for ~13 ms (``json.loads`` ~7 ms, one C call
+the interpreter cannot interrupt, then the ids' checks ~5 ms). With the engine as a thread of the
+server process (``server.engine_process=false``, in-process servers) that is a millisecond the
+engine thread cannot queue a step or a handoff for every millisecond parsed: under a closed loop
+every arrival costs the engine that much, and an arrival wave of 256 such requests seconds; with
+the engine in its own process (the CLI's default, as SGLang runs its scheduler apart from the
+HTTP front end) it still stalls every stream the event loop writes. The front end hands large
+bodies to parser processes (``server.parse_workers``), which return the token-id lists as packed
 int64 bytes (``TokenIds``) with their length and range. What is left on the GIL is a memcpy per
-list and a hash of its bytes (``PromptKey``), well under a millisecond.
+list, well under a millisecond.
 
 The workers are plain subprocesses (``python -m systems.engine.body_parser``) that import nothing
 but the standard library: a multiprocessing pool would import the server's main module, and

@@ -57,7 +57,7 @@ class _Residency:
     @property
     def num_pages(self) -> int:
         # a C-level count: /metrics sums this over every request (~2,000 pages each at 125K
-        # tokens), on the event loop's thread, which shares the GIL with the engine
+        # tokens), on a thread that shares the GIL with the engine thread
         return len(self.page) - self.page.count(-1)
 
 
