@@ -8,6 +8,7 @@ server stopped by SIGTERM takes its engine process with it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import os
 import re
@@ -209,3 +210,31 @@ def test_the_ipc_benchmark_runs():
     row = asyncio.run(bench_engine_ipc._point(n=3, k=2, rounds=4, warmup=1, prompt_len=10))
     assert row["requests"] == 3 and row["engine_us"] > 0 and row["server_loop_cpu_us"] > 0
     assert row["bytes"] > 3 * 2  # three requests' two tokens each, pickled
+
+
+def test_a_served_runs_collectors_run_in_the_engine_process(tmp_path):
+    """A run through the runner's server (server.mode=subprocess: the engine in its own
+    process) with profile=host: the collector runs on the engine thread of that process and
+    its file lands in the run's directory, saying where the event loop was."""
+    from harness.run import run
+
+    (d,) = run(
+        compose(
+            [
+                "experiment=default_cpu",
+                "server.mode=subprocess",
+                "workload.concurrency=[2]",
+                "workload.num_requests=4",
+                "workload.output_len=12",
+                "workload.warmup=0",
+                f"results_dir={tmp_path}",
+                "profile=host",
+                "profile.wait=1",
+                "profile.active=5",
+            ]
+        )
+    )
+    prof = json.loads((d / "host" / "host_profile.json").read_text())
+    assert prof["engine_process"] is True and prof["steps"] == 5
+    assert prof["event_loop"] in ("uvloop", "asyncio")
+    assert {t["thread"] for t in prof["threads"]} >= {"engine", "MainThread"}
