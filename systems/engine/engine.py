@@ -256,7 +256,7 @@ class Engine:
         # first tokens, before the decode step is launched: they would otherwise wait a step),
         # after the round, and after the loop failed every request. systems/engine/
         # engine_process.py sends what its outputs callback buffered to the server's process
-        self.flush_outputs: Callable[[], None] | None = None
+        self.flush_outputs: Callable[[], None] = lambda: None
         self._gpu_time = DecodeGpuTime(self.device)
         # the decoder says whether it can launch a step before the previous one is read back
         self._overlap = cfg.overlap_schedule and getattr(self.decoder, "supports_overlap", False)
@@ -351,8 +351,7 @@ class Engine:
             with maybe_profile(self.cfg.profile, out_dir=self.cfg.profile_dir, source=self) as prof:
                 while not self._stop.is_set():
                     busy = self.step()
-                    if self.flush_outputs is not None:
-                        self.flush_outputs()
+                    self.flush_outputs()
                     self._snapshot_counters(idle=not busy)
                     if busy:
                         if prof is not None:
@@ -364,8 +363,7 @@ class Engine:
             with self._lock:
                 self.error = e
             self._fail_outstanding(e)
-            if self.flush_outputs is not None:
-                self.flush_outputs()
+            self.flush_outputs()
             raise
 
     def step(self) -> bool:
@@ -391,8 +389,7 @@ class Engine:
                     self.scheduler.finish(req)
                 self._fail(req, e)
                 self._check_after_failure()
-        if self.flush_outputs is not None:
-            self.flush_outputs()  # first tokens and aborts now, not after the decode step
+        self.flush_outputs()  # first tokens and aborts now, not after the decode step
         t_end = clock()
         t0 = t_end[0]
         if admitted:

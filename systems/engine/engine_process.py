@@ -34,10 +34,10 @@ import sys
 import threading
 import time
 import traceback
-from array import array
 from typing import Any
 
 from systems.engine.engine import DuplicateRequest, EngineConfig, EngineStopped
+from systems.engine.prefill import packed_ids
 from systems.engine.request import ReqStatus, Request
 
 log = logging.getLogger("dhs.engine_process")
@@ -146,14 +146,7 @@ class EngineProcessClient:
         return f"req-{next(self._rids)}"
 
     async def submit(self, req: Request) -> asyncio.Queue:
-        if self._down is not None:
-            raise EngineStopped(f"engine stopped: {self._down}")
-        ids = req.prompt_ids
-        if not (isinstance(ids, array) and ids.typecode == "q"):
-            try:  # pickled as bytes, not one object per token
-                ids = array("q", ids)
-            except (OverflowError, TypeError) as e:
-                raise ValueError(f"prompt token ids must be 64-bit integers: {e}") from None
+        ids = packed_ids(req.prompt_ids)  # pickled as bytes, not one object per token
         if id(req) in self._seq_of:  # this very object is in flight already
             raise DuplicateRequest(f"request id {req.rid!r} is already in flight")
         seq = next(self._seqs)
@@ -181,8 +174,6 @@ class EngineProcessClient:
         return await self._call("metrics", timeout_s=30.0)
 
     async def stopped(self) -> str | None:
-        if self._down is not None:
-            return f"engine stopped: {self._down}"
         try:
             return await self._call("health", timeout_s=30.0)
         except EngineStopped as e:

@@ -38,6 +38,17 @@ class PrefillEntry:
     derived: dict = field(default_factory=dict)
 
 
+def packed_ids(ids: Sequence[int]) -> array:
+    """Token ids as an ``array('q')`` (int64), the array itself where it already is one;
+    ValueError for ids that are not 64-bit integers."""
+    if isinstance(ids, array) and ids.typecode == "q":
+        return ids
+    try:
+        return array("q", ids)
+    except (OverflowError, TypeError) as e:
+        raise ValueError(f"prompt token ids must be 64-bit integers: {e}") from None
+
+
 class PromptKey:
     """A prompt as a dict key, hashed once. ``Engine.submit`` builds it on the caller's thread
     (``Request.prompt_key``), not at admission on the engine thread. The ids are kept packed
@@ -47,11 +58,7 @@ class PromptKey:
     __slots__ = ("ids", "h")
 
     def __init__(self, ids: Sequence[int]):
-        try:
-            a = ids if isinstance(ids, array) and ids.typecode == "q" else array("q", ids)
-        except (OverflowError, TypeError) as e:
-            raise ValueError(f"prompt token ids must be 64-bit integers: {e}") from None
-        self.ids = a.tobytes()
+        self.ids = packed_ids(ids).tobytes()
         self.h = hash(self.ids)
 
     def __hash__(self) -> int:

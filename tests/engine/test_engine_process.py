@@ -27,7 +27,7 @@ from systems.engine.request import Request, SamplingParams
 from systems.engine.scheduler import QueueFull
 from systems.engine.server import Server
 from tests.engine.test_server_event_loop import _stream
-from tests.harness.test_sigterm import _alive
+from tests.harness.test_sigterm import _alive, _children
 from tests.helpers import golden_prompts, make_engine, run_greedy
 
 CFG = ["device=cpu", "hardware.kv_pool_gib=0.01", "engine.cuda_graph_warmup=false"]
@@ -164,11 +164,6 @@ def test_first_tokens_leave_before_the_decode_step():
 async def test_an_engine_that_fails_to_start_says_why():
     with pytest.raises(RuntimeError, match="failed to start(.|\n)*kv_pool_gib"):
         await _start("system=adaptive_dhisparse", "hardware.kv_pool_gib=0.0001")
-
-
-def _children(pid: int) -> set[int]:
-    path = f"/proc/{pid}/task/{pid}/children"
-    return {int(p) for p in open(path).read().split()} if os.path.exists(path) else set()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

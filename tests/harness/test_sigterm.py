@@ -32,6 +32,12 @@ asyncio.run(main())
 """
 
 
+def _children(pid: int) -> set[int]:
+    """Linux: the processes ``pid`` started (none once it is gone)."""
+    path = f"/proc/{pid}/task/{pid}/children"
+    return {int(p) for p in open(path).read().split()} if os.path.exists(path) else set()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

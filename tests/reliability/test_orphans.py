@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 from harness.servers import remove_stale_launch_configs
-from tests.harness.test_sigterm import REPO, _alive
+from tests.harness.test_sigterm import REPO, _alive, _children
 
 # a runner: the bundled server in its own process, as harness.run starts it
 SCRIPT = r"""
@@ -25,11 +25,6 @@ with servers.bundled_server(cfg, Path(sys.argv[1])) as url:
     print("SERVER", pid, url, flush=True)
     time.sleep(300)
 """
-
-
-def _children(pid: int) -> set[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return {int(p) for p in f.read().split()}
 
 
 def _dead_pid() -> int:
