@@ -546,12 +546,13 @@ def main(argv=None) -> C.Report:
         tag = "hisparse" if s == "hisparse" else "adaptive"
         if outs:
             lo_pv, hi_pv = D[f"{tag}_miss_pct_lo_B"], D[f"{tag}_miss_pct_hi_B"]
+            flat = D["output_spread_within_pct"]
             # the output's spread follows the host-miss range the sweep spans: say it beside
             # the paper's, whose output stayed flat over its range
             rep.diagnose(
                 [f"ds128.spread.{s}"],
-                per_budget(sel) + f" (paper: host-miss {C.fmt(lo_pv)}% at the smallest "
-                f"B, {C.fmt(hi_pv)}% at the largest)",
+                per_budget(sel) + f"; paper: host-miss {C.fmt(lo_pv)}% at the smallest B, "
+                f"{C.fmt(hi_pv)}% at the largest, output within {C.fmt(flat)}%",
             )
         within = within_call_spread(sel)
         if within:
