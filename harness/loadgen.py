@@ -124,6 +124,32 @@ class LoadConfig:
             kw[k2] = v
         return cls(**kw)
 
+    def check(self) -> None:
+        """Every value in range, or a ValueError naming it: a load that cannot succeed fails
+        here, before a request is sent, not as a run whose every request the server refused."""
+        mode = self.mode()
+        if mode == "closed" and int(self.concurrency) < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency!r}")
+        if mode == "open" and self.concurrency is not None and int(self.concurrency) < 1:
+            raise ValueError(f"concurrency (cap) must be >= 1, got {self.concurrency!r}")
+        if mode == "open" and not (float(self.request_rate) > 0):
+            raise ValueError(f"request_rate must be > 0, got {self.request_rate!r}")
+        if mode in ("closed", "open"):
+            if self.num_requests is None:
+                raise ValueError("num_requests is required without a schedule")
+            if int(self.num_requests) < 1:
+                raise ValueError(f"num_requests must be >= 1, got {self.num_requests!r}")
+        for name in ("input_len", "output_len", "warmup_output_len", "prefixes", "vocab_size"):
+            v = getattr(self, name)
+            if v is not None and int(v) < 1:
+                raise ValueError(f"{name} must be >= 1, got {v!r}")
+        if int(self.warmup) < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup!r}")
+        if not float(self.temperature) >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.api not in ("generate", "openai"):
+            raise ValueError(f"api must be 'generate' or 'openai', got {self.api!r}")
+
     def mode(self) -> str:
         """``schedule`` > ``open`` (request_rate set; concurrency, if also set,
         caps the requests in flight like SGLang's --max-concurrency) > ``closed``."""
@@ -426,11 +452,7 @@ class _Bodies:
     def __init__(self, cfg: LoadConfig):
         self.cfg = cfg
         self.api = cfg.api
-        if cfg.api not in ("generate", "openai"):
-            raise ValueError(f"api must be 'generate' or 'openai', got {cfg.api!r}")
         self.path = "/generate" if cfg.api == "generate" else "/v1/completions"
-        if cfg.warmup_output_len is not None and int(cfg.warmup_output_len) < 1:
-            raise ValueError(f"warmup_output_len must be >= 1, got {cfg.warmup_output_len!r}")
         if self.api == "generate":
             self._pre = '{"input_ids":'
         else:
@@ -511,14 +533,7 @@ class _Runner:
         self.observer = observer
         self.mode = cfg.mode()
         self.phases_spec = parse_schedule(cfg.schedule) if self.mode == "schedule" else []
-        if self.mode == "closed" and int(cfg.concurrency) < 1:
-            raise ValueError("concurrency must be >= 1")
-        if self.mode == "open" and cfg.concurrency is not None and int(cfg.concurrency) < 1:
-            raise ValueError("concurrency (cap) must be >= 1")
-        if self.mode == "open" and not (float(cfg.request_rate) > 0):
-            raise ValueError("request_rate must be > 0")
-        if self.mode in ("closed", "open") and not cfg.num_requests:
-            raise ValueError("num_requests is required without a schedule")
+        cfg.check()
         self.base = cfg.url.rstrip("/")
         self.bodies = _Bodies(cfg)
         self.url = URL(self.base + self.bodies.path)  # parsed once, not per request

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 import traceback
 import urllib.error
@@ -88,7 +89,12 @@ def num_requests(w: DictConfig, concurrency: int | None) -> int:
     """Requests of a closed-loop point: ``workload.num_requests``, but at least
     ``workload.min_waves`` (default 1) x C, so that post-wave metrics (which skip the first C
     requests) have data at the highest loads."""
-    return max(int(w.num_requests), int(w.get("min_waves") or 1) * (concurrency or 0))
+    n, waves = int(w.num_requests), int(w.get("min_waves") or 1)
+    if n < 1 or waves < 1:
+        raise ValueError(
+            f"workload.num_requests and workload.min_waves must be >= 1, got {n} and {waves}"
+        )
+    return max(n, waves * (concurrency or 0))
 
 
 def run_labels(cfg: DictConfig, point: dict) -> dict:
@@ -116,7 +122,7 @@ def hot_cache_rows(cfg: DictConfig) -> int | None:
     backend without a hot cache."""
     from systems.engine.config import kv_options_from, model_config_from, resolve_device
 
-    device = resolve_device(cfg.get("device", "auto"))
+    device = resolve_device(cfg.get("device", "auto"), check=False)  # ids need no GPU
     options = kv_options_from(cfg.system, model_config_from(cfg.model, device), device)
     b = getattr(options, "hot_cache_rows", None)
     return None if b is None else int(b)
@@ -231,28 +237,16 @@ def check_keys(cfg: DictConfig, reproduce_keys: bool = False) -> None:
     """Unknown keys are errors, not silently ignored settings: a ``+key=...`` Hydra accepted at
     the top level or under ``workload`` that nothing reads, or a harness.reproduce sweep key
     (``+b_over_k``) given to harness.run."""
-    from systems.engine.config import compose
+    from systems.engine.config import check_known_keys
 
-    base = compose([])
     for key in cfg:
-        if key in REPRODUCE_KEYS:
-            if not reproduce_keys:
-                raise ValueError(
-                    f"{key} is a sweep key of harness.reproduce (e.g. python -m "
-                    f"harness.reproduce --only fig9 --where {key}=4); with "
-                    f"harness.run set {REPRODUCE_KEYS[key]}"
-                )
-        elif key not in base and key not in _EXTRA_TOP_KEYS:
+        if key in REPRODUCE_KEYS and not reproduce_keys:
             raise ValueError(
-                f"unknown config key {key!r}; known top-level keys: "
-                f"{sorted(set(base) | _EXTRA_TOP_KEYS)}"
+                f"{key} is a sweep key of harness.reproduce (e.g. python -m "
+                f"harness.reproduce --only fig9 --where {key}=4); with "
+                f"harness.run set {REPRODUCE_KEYS[key]}"
             )
-    unknown = sorted(set(cfg.workload) - set(base.workload) - _EXTRA_WORKLOAD_KEYS)
-    if unknown:
-        raise ValueError(
-            f"unknown workload key(s) {unknown}; known: "
-            f"{sorted(set(base.workload) | _EXTRA_WORKLOAD_KEYS)}"
-        )
+    check_known_keys(cfg, _EXTRA_TOP_KEYS | set(REPRODUCE_KEYS), _EXTRA_WORKLOAD_KEYS)
 
 
 def _write_metrics(samples: list[dict], path: Path) -> None:
@@ -267,6 +261,16 @@ def _write_metrics(samples: list[dict], path: Path) -> None:
 
 class ServerFailed(RuntimeError):
     """The server was not healthy when a run's load ended: the run's numbers are not kept."""
+
+
+class RunFailed(RuntimeError):
+    """Every request of a run failed: nothing was measured, so no summary is written and a
+    resumed sweep redoes the run."""
+
+
+class ConfigError(ValueError):
+    """A config this harness cannot run (an unknown key, a value out of range, a device this
+    machine lacks), found before any server starts; the command line says it in one line."""
 
 
 def _server_failure(url: str) -> str | None:
@@ -362,16 +366,24 @@ def run(
     those of the full sweep and a later full call resumes around them. ``reproduce_keys``:
     harness.reproduce's sweep keys are allowed (it has applied them). ``run_group`` names the
     runs measured together (env.json; default DHS_RUN_GROUP)."""
-    from harness.loadgen import LoadConfig, run_load_sync
+    from harness.loadgen import run_load_sync
     from systems.engine.config import resolve_engine_config
 
-    check_keys(cfg, reproduce_keys)
-    ecfg = resolve_engine_config(cfg)  # fail fast on a bad config, before any server starts
-    if cfg.server.mode == "sglang":
-        from systems.sglang.adapter import check_supported
+    try:  # fail fast on a bad config, before any server starts
+        check_keys(cfg, reproduce_keys)
+        ecfg = resolve_engine_config(cfg)
+        if cfg.server.mode == "sglang":
+            from systems.sglang.adapter import check_supported
 
-        check_supported(cfg)  # a clear error before anything launches
-    exp_dir, plan = point_plan(cfg, only_tags)
+            check_supported(cfg)
+        exp_dir, plan = point_plan(cfg, only_tags)
+        for p, rid, _ in plan:
+            try:
+                _load_config(cfg, ecfg, p, "http://127.0.0.1", exp_dir / rid).check()
+            except ValueError as e:  # LoadConfig's fields are the workload's keys
+                raise ValueError(f"workload.{e}") from e
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     todo = []
     for p, rid, finished in plan:
         d = exp_dir / rid
@@ -383,7 +395,6 @@ def run(
     if not todo:
         return done_dirs
     logger = make_logger(cfg.get("logger"))
-    w = cfg.workload
     warn_profile_in_warmup(cfg)
     warn_profile_skipped(cfg)
     env = environment()
@@ -407,31 +418,7 @@ def run(
             d.mkdir(parents=True)
             OmegaConf.save(cfg, d / "config.yaml", resolve=True)
             atomic_write_json(d / "env.json", {**env, "device": ecfg.device})
-            conc = p.get("concurrency")
-            n_req = num_requests(w, conc)
-            lcfg = LoadConfig(
-                url=url,
-                api=str(w.api),
-                concurrency=conc,
-                request_rate=p.get("request_rate"),
-                schedule=p.get("schedule"),
-                num_requests=n_req if not p.get("schedule") else None,
-                input_len=int(w.input_len),
-                output_len=int(w.output_len),
-                prefixes=int(w.prefixes) if w.get("prefixes") else None,
-                vocab_size=int(w.get("vocab_size") or ecfg.model.vocab_size),
-                warmup=int(w.warmup),
-                warmup_output_len=(
-                    int(w.warmup_output_len) if w.get("warmup_output_len") is not None else None
-                ),
-                out=str(d / "records.jsonl"),
-                metrics_out=str(d / "server_metrics.jsonl"),
-                seed=int(cfg.seed),
-                num_gpus=int(cfg.hardware.get("num_gpus", 1)),
-                temperature=float(w.get("temperature", 0.0)),
-                ignore_eos=True,
-                quiet=True,
-            )
+            lcfg = _load_config(cfg, ecfg, p, url, d)
             wb = None
             if logger is not None:
                 wb = logger.start_run(
@@ -457,6 +444,18 @@ def run(
                     raise ServerFailed(
                         f"{rid}: the server failed during the run ({failure}); "
                         f"{len(res.records)} records kept, no summary written"
+                    )
+                errors = int(res.summary.get("errors") or 0)
+                if errors and not res.summary.get("completed"):
+                    raise RunFailed(
+                        f"{rid}: all {errors} requests failed, first: {_first_error(res.records)}"
+                        "; records kept, no summary written"
+                    )
+                if errors:
+                    print(
+                        f"[harness] {rid}: WARNING {errors} of {len(res.records)} requests "
+                        f"failed (first: {_first_error(res.records)}); records.jsonl has each",
+                        flush=True,
                     )
                 if res.samples:
                     _write_metrics(res.samples, d / "server_metrics.parquet")
@@ -489,6 +488,44 @@ def run(
     _collect_profile(server_dir, [Path(r["_dir"]) for r in rows if r.get("_dir")])
     _print_table(rows)
     return done_dirs
+
+
+def _load_config(cfg: DictConfig, ecfg, p: dict, url: str, d: Path):
+    """The load generator's config for load point ``p`` of ``cfg``, writing into ``d``."""
+    from harness.loadgen import LoadConfig
+
+    w = cfg.workload
+    conc = p.get("concurrency")
+    return LoadConfig(
+        url=url,
+        api=str(w.api),
+        concurrency=conc,
+        request_rate=p.get("request_rate"),
+        schedule=p.get("schedule"),
+        num_requests=num_requests(w, conc) if not p.get("schedule") else None,
+        input_len=int(w.input_len),
+        output_len=int(w.output_len),
+        prefixes=int(w.prefixes) if w.get("prefixes") else None,
+        vocab_size=int(w.get("vocab_size") or ecfg.model.vocab_size),
+        warmup=int(w.warmup),
+        warmup_output_len=(
+            int(w.warmup_output_len) if w.get("warmup_output_len") is not None else None
+        ),
+        out=str(d / "records.jsonl"),
+        metrics_out=str(d / "server_metrics.jsonl"),
+        seed=int(cfg.seed),
+        num_gpus=int(cfg.hardware.get("num_gpus", 1)),
+        temperature=float(w.get("temperature", 0.0)),
+        ignore_eos=True,
+        quiet=True,
+    )
+
+
+def _first_error(records) -> str:
+    for r in records:
+        if not r.success:
+            return f"{r.error} (HTTP {r.status})" if r.status else str(r.error)
+    return "none"
 
 
 def warn_profile_in_warmup(cfg) -> bool:
@@ -580,7 +617,11 @@ def main(cfg: DictConfig) -> None:
     from harness.servers import exit_on_sigterm
 
     exit_on_sigterm()
-    run(cfg)
+    try:
+        run(cfg)
+    except ConfigError as e:  # the user's to fix: one line, no traceback, a usage error's code
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

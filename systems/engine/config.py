@@ -32,12 +32,34 @@ log = logging.getLogger("dhs.config")
 _NOT_ENGINE_KEYS = {"model", "kv", "device", "seed", "speculation", "profile", "profile_dir"}
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        import torch
+def resolve_device(device: str, check: bool = True) -> str:
+    """``auto`` -> cuda where a GPU is present, else cpu; ``cpu``, ``cuda`` and ``cuda:N`` as
+    given, after checking that this machine has them (a clear error before anything is built).
+    ``check=False`` only names the device: a run id or plan composed on a machine without the
+    GPU the run will use."""
+    import torch
 
+    device = str(device)
+    if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    if device == "cpu":
+        return device
+    if device == "cuda" or device.startswith("cuda:"):
+        if not check:
+            return device
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={device}: this machine has no CUDA GPU (this config needs one; "
+                "device=auto or device=cpu runs on the CPU, with a CPU-sized model such as "
+                "model=tiny)"
+            )
+        index = device.partition(":")[2]
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise ValueError(
+                f"device={device}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+        return device
+    raise ValueError(f"device={device!r}: expected auto, cpu, cuda or cuda:N")
 
 
 def _plain(node: Any) -> Any:
@@ -149,6 +171,27 @@ def compose(overrides: list[str] | None = None) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return hcompose(config_name="config", overrides=list(overrides or []))
+
+
+def check_known_keys(
+    cfg: DictConfig, extra_top: set[str] = frozenset(), extra_workload: set[str] = frozenset()
+) -> None:
+    """Unknown keys are errors, not silently ignored settings: a ``+key=...`` Hydra accepted at
+    the top level or under ``workload`` that no default config has (``extra_*``: keys the
+    caller reads besides)."""
+    base = compose([])
+    unknown = sorted(k for k in cfg if k not in base and k not in extra_top)
+    if unknown:
+        raise ValueError(
+            f"unknown config key(s) {unknown}; known top-level keys: "
+            f"{sorted(set(base) | set(extra_top))}"
+        )
+    unknown = sorted(set(cfg.get("workload") or {}) - set(base.workload) - set(extra_workload))
+    if unknown:
+        raise ValueError(
+            f"unknown workload key(s) {unknown}; known: "
+            f"{sorted(set(base.workload) | set(extra_workload))}"
+        )
 
 
 def compose_engine_config(

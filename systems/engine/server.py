@@ -39,6 +39,7 @@ import logging
 import math
 import resource
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -1191,10 +1192,43 @@ def apply_switch_interval(cfg: ServerConfig) -> float:
     return sys.getswitchinterval()
 
 
-def main(argv: list[str] | None = None) -> None:
-    from omegaconf import OmegaConf
+def _port(text: str) -> int:
+    """argparse type of --port: 0 (any free port) to 65535."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535 (0: any free port), got {n}")
+    return n
 
-    from systems.engine.config import compose, resolve_engine_config
+
+def check_can_listen(host: str, port: int) -> None:
+    """Bind ``host``:``port`` once and let go, with the options the server's listener uses, so
+    that an address in use fails in one line before the engine is built (minutes on a large
+    preset) rather than after it."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host!r}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            why = "in use" if e.errno == errno.EADDRINUSE else e.strerror
+            raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from systems.engine.config import check_known_keys, compose, resolve_engine_config
 
     ap = argparse.ArgumentParser(description="Serve the bundled engine over HTTP.")
     ap.add_argument(
@@ -1202,7 +1236,9 @@ def main(argv: list[str] | None = None) -> None:
         default="127.0.0.1",
         help="bind address (default 127.0.0.1; use 0.0.0.0 only on trusted networks)",
     )
-    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument(
+        "--port", type=_port, default=30000, help="port (default 30000; 0: any free port)"
+    )
     ap.add_argument("--config", help="a resolved config YAML written by the runner")
     ap.add_argument(
         "--parent-pid", type=int, help="exit when this process (the runner that started us) dies"
@@ -1212,11 +1248,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.parent_pid:
         die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg = OmegaConf.load(args.config) if args.config else compose(args.overrides)
-    if args.config and args.overrides:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(args.overrides))
-    ecfg = resolve_engine_config(cfg)
-    scfg = ServerConfig.from_cfg(cfg.get("server"), host=args.host)
+    try:  # the user's mistakes in one line, before the engine is built
+        if args.config:
+            cfg = OmegaConf.load(args.config)  # the runner's resolved config, already checked
+            if args.overrides:
+                cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(args.overrides))
+        else:
+            cfg = compose(args.overrides)
+            check_known_keys(cfg)
+        ecfg = resolve_engine_config(cfg)
+        scfg = ServerConfig.from_cfg(cfg.get("server"), host=args.host)
+        check_can_listen(scfg.host, args.port)
+    except (ValueError, OSError, HydraException, OmegaConfBaseException) as e:
+        ap.exit(2, f"error: {e}\n")
     apply_switch_interval(scfg)
 
     def log_up(client: EngineClient, where: str) -> EngineClient:

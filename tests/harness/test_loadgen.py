@@ -557,6 +557,30 @@ def test_config_from_mapping():
         LoadConfig().mode()
 
 
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"input_len": 0}, "input_len"),
+        ({"input_len": -5}, "input_len"),
+        ({"output_len": 0}, "output_len"),
+        ({"num_requests": 0}, "num_requests"),
+        ({"num_requests": -3}, "num_requests"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"warmup": -1}, "warmup"),
+        ({"prefixes": 0}, "prefixes"),
+        ({"api": "grpc"}, "api"),
+    ],
+)
+def test_check_names_the_value_out_of_range(bad, field):
+    """A load that cannot succeed fails before a request is sent, naming the value."""
+    ok = dict(concurrency=2, num_requests=4, input_len=8, output_len=4)
+    LoadConfig(**ok).check()
+    with pytest.raises(ValueError, match=f"^{field}"):
+        LoadConfig(**{**ok, **bad}).check()
+
+
 @pytest.mark.parametrize("api", ["generate", "openai"])
 @pytest.mark.parametrize("prefixes", [None, 3])
 def test_warmup_output_len_caps_the_warm_up_only(api, prefixes):
@@ -583,4 +607,4 @@ def test_warmup_output_len_caps_the_warm_up_only(api, prefixes):
     plain = _Bodies(LoadConfig(**base))  # absent: the warm-up runs as long as a request
     assert parsed(plain.body(1, "w-1", warmup=True))[1] == 50
     with pytest.raises(ValueError, match="warmup_output_len"):
-        _Bodies(LoadConfig(**base, warmup_output_len=0))
+        LoadConfig(**base, concurrency=1, num_requests=1, warmup_output_len=0).check()

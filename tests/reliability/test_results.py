@@ -177,6 +177,60 @@ def test_interrupted_sweep_resumes_and_redoes_only_the_unfinished_run(tmp_path, 
     assert "done" not in capsys.readouterr().out.replace("finished earlier", "")
 
 
+def test_a_run_whose_every_request_failed_is_not_finished(tmp_path, monkeypatch):
+    """A server that refuses every request measured nothing: no summary (a resume redoes the
+    run), the records and error.txt say why; one failed request among many only warns."""
+
+    def refuse(self, req):
+        raise ValueError("refused for this test")
+
+    monkeypatch.setattr(Engine, "submit", refuse)
+    cfg = _cfg(tmp_path, "workload.concurrency=[2]")
+    with pytest.raises(run_mod.RunFailed, match="all 3 requests failed, first: .*refused"):
+        run_mod.run(cfg)
+    (d,) = [p for p in (tmp_path / "rel").iterdir() if not p.name.startswith(".")]
+    assert not (d / "summary.json").exists()
+    assert (d / "error.txt").read_text().startswith("run failed: RunFailed:")
+    assert len(load_records(d / "records.jsonl")) == 3
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("workload.input_len=0", "workload.input_len must be >= 1"),
+        ("workload.num_requests=0", "workload.num_requests and workload.min_waves must be >= 1"),
+        ("workload.temperature=-1", "workload.temperature must be >= 0"),
+        ("device=tpu", "expected auto, cpu, cuda or cuda:N"),
+    ],
+)
+def test_a_bad_value_fails_before_any_server_starts(tmp_path, monkeypatch, override, message):
+    import harness.servers
+
+    def no_server(*a, **k):
+        raise AssertionError("a server started for a config that cannot run")
+
+    monkeypatch.setattr(run_mod, "bundled_server", no_server)
+    monkeypatch.setattr(harness.servers, "bundled_server", no_server)
+    with pytest.raises(run_mod.ConfigError, match=message):
+        run_mod.run(_cfg(tmp_path, override))
+    assert not (tmp_path / "rel").exists()
+
+
+def test_the_command_line_says_a_config_error_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.run", "workload.output_len=0", f"results_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "error: workload.output_len must be >= 1, got 0"
+    assert "Traceback" not in r.stderr
+
+
 class SimulatedCrash(BaseException):
     """Not an Exception: the engine's per-request isolation does not catch it, its thread dies."""
 
