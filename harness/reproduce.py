@@ -41,7 +41,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hydra.errors import HydraException
 from omegaconf import OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException
 
 from harness.environment import REPO
 
@@ -532,6 +534,47 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _choices(exp_groups: list[Group]) -> str:
+    """What --system and --where can pick in an experiment's plan."""
+    runs = [ov for g in exp_groups for ov in g.runs]
+    fixed = {"experiment", "system", "smoke"}
+    values: dict[str, set[str]] = {}
+    for ov in runs:
+        for o in ov:
+            k, _, v = o.partition("=")
+            if k.lstrip("+") not in fixed:
+                values.setdefault(k.lstrip("+"), set()).add(v)
+    swept = {k: sorted(v) for k, v in values.items() if len(v) > 1}
+    systems = sorted({setting(ov, "system") for ov in runs})
+    return f"systems {systems}" + "".join(
+        f"; {k}: {', '.join(v)}" for k, v in sorted(swept.items())
+    )
+
+
+def chosen_groups(exp: str, args) -> list[tuple[Group, list[list[str]]]]:
+    """The groups of ``exp``'s plan with the runs --system / --where pick, each run's overrides
+    followed by the command line's; a ValueError naming what can be chosen when they pick
+    nothing, when an override is a key nothing reads, or when --point names no load point."""
+    from harness.run import _load_points, check_keys
+
+    exp_groups = groups(exp, args.smoke)
+    chosen = [(g, select(g.runs, args.system, args.where)) for g in exp_groups]
+    chosen = [(g, [ov + list(args.overrides) for ov in runs]) for g, runs in chosen if runs]
+    if not chosen:
+        n = sum(len(g.runs) for g in exp_groups)
+        raise ValueError(
+            f"--system / --where select none of its {n} runs; it has {_choices(exp_groups)}"
+        )
+    # the command line's overrides are every run's: one composed run finds a key nothing reads
+    check_keys(_run_cfg(chosen[0][1][0], None), reproduce_keys=True)
+    if args.point:
+        tags = {p["tag"] for _, runs in chosen for p in _load_points(_run_cfg(runs[0], None))}
+        unknown = sorted(set(args.point) - tags)
+        if unknown:
+            raise ValueError(f"--point {unknown}: its load points are {sorted(tags)}")
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     from harness.servers import exit_on_sigterm
 
@@ -588,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--rerun-before: a UTC time such as 20261203T103000Z, got {args.rerun_before!r}"
             )
         os.environ["DHS_RERUN_BEFORE"] = args.rerun_before
-    names = args.only or experiments()
+    names = [n for o in args.only or [] for n in o.split(",") if n] or experiments()
     unknown = sorted(set(names) - set(experiments()))
     if unknown:
         ap.error(f"unknown experiment(s) {unknown}; available: {experiments()}")
@@ -612,15 +655,14 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     totals: dict[str, list[int]] = {}
     session = session_name()
-    for exp in names:
-        exp_groups = groups(exp, args.smoke)
-        chosen = [(g, select(g.runs, args.system, args.where)) for g in exp_groups]
-        chosen = [(g, runs) for g, runs in chosen if runs]
-        if not chosen:
-            n = sum(len(g.runs) for g in exp_groups)
-            ap.error(f"{exp}: --system / --where select none of its {n} runs")
+    plans = {}
+    for exp in names:  # every selection and override checked before anything runs
+        try:
+            plans[exp] = chosen_groups(exp, args)
+        except (ValueError, HydraException, OmegaConfBaseException) as e:
+            ap.error(f"{exp}: {e}")
+    for exp, chosen in plans.items():
         for g, runs in chosen:
-            runs = [ov + list(args.overrides) for ov in runs]
             group = None
             if g.repeats:
                 group = f"{session}/{g.name.replace(' ', '/')}"

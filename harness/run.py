@@ -246,7 +246,8 @@ def check_keys(cfg: DictConfig, reproduce_keys: bool = False) -> None:
                 f"harness.reproduce --only fig9 --where {key}=4); with "
                 f"harness.run set {REPRODUCE_KEYS[key]}"
             )
-    check_known_keys(cfg, _EXTRA_TOP_KEYS | set(REPRODUCE_KEYS), _EXTRA_WORKLOAD_KEYS)
+    extra = _EXTRA_TOP_KEYS | (set(REPRODUCE_KEYS) if reproduce_keys else set())
+    check_known_keys(cfg, extra, _EXTRA_WORKLOAD_KEYS)
 
 
 def _write_metrics(samples: list[dict], path: Path) -> None:

@@ -215,3 +215,33 @@ def test_dry_run_lists_each_point_finished_or_pending(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{rids[0]}: finished" in out
     assert f"took 12 s: {rids[0]}" in out  # the other blocks' point, same system and load
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ["--only", "fig9", "--system", "nope"],
+            "it has systems ['adaptive_hisparse', 'hisparse']",
+        ),
+        (["--only", "fig9", "--where", "b_over_k=3"], "b_over_k: 1, 2, 4, 8"),
+        (["--only", "fig9", "--where", "b_over_k"], "--where wants key=value"),
+        (["--only", "fig9", "--point", "c999"], "--point ['c999']: its load points are"),
+        (["--only", "fig9", "+nope=3"], "unknown config key(s) ['nope']"),
+        (["--only", "fig9,fig7", "--system", "hisparse"], "fig7: --system / --where select none"),
+    ],
+)
+def test_a_selection_or_override_that_cannot_run_is_a_usage_error(tmp_path, capsys, argv, says):
+    """Checked for every experiment before any runs (a dry run too), naming what can be chosen:
+    an unknown key would otherwise change every run id and show the finished runs as pending."""
+    with pytest.raises(SystemExit) as e:
+        reproduce_main([*argv, "--dry-run", "--results", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_only_takes_a_comma_list(tmp_path, capsys):
+    assert reproduce_main(["--only", "fig7,fig6", "--dry-run", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "experiment=fig7" in out and "experiment=fig6" in out
