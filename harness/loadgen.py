@@ -98,6 +98,9 @@ class LoadConfig:
     seed: int = 0
     timeout: float = 3600.0  # per-request total timeout (s)
     disable_progress: bool = False
+    # where stderr is not a terminal (a log file, CI, a GPU batch) the bar is off and a status
+    # line is printed every this many seconds instead; <= 0: none
+    progress_interval: float = 30.0
     num_gpus: int = 1
     model: str = "default"  # OpenAI "model" field
     temperature: float = 0.0
@@ -776,6 +779,22 @@ class _Runner:
             "phase": self.cur_phase,
         }
 
+    async def _status_lines(self, interval: float) -> None:
+        """A line on stderr every ``interval`` seconds: where the load stands when no progress
+        bar can be drawn (cancelled at the end of the run)."""
+        total = None if self.mode == "schedule" else int(self.cfg.num_requests)
+        t0 = _perf()
+        while True:
+            await asyncio.sleep(interval)
+            p = self.progress()
+            done = p["completed"] + p["errors"]
+            print(
+                f"[loadgen] {done}{'' if total is None else f'/{total}'} requests done "
+                f"({p['errors']} failed), {p['in_flight']} in flight, {_perf() - t0:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
     async def _scrape_loop(self, interval: float) -> None:
         # Stopped by a flag, not by cancel(): on Python 3.12 a cancel() that lands while the
         # event wait completes can be swallowed by wait_for, and the run then never ends
@@ -886,6 +905,9 @@ class _Runner:
                 self.pbar = tqdm(total=total, disable=disable, desc="requests", unit="req")
             except Exception:  # pragma: no cover - tqdm missing
                 self.pbar = None
+            status_task = None
+            if not cfg.disable_progress and not sys.stderr.isatty() and cfg.progress_interval > 0:
+                status_task = asyncio.create_task(self._status_lines(float(cfg.progress_interval)))
             self.epoch_offset = time.time() - _perf()
             # Move everything allocated so far (imports, warmup) out of the GC's
             # reach so collections during the run stay short.
@@ -931,7 +953,7 @@ class _Runner:
                 await self._drain()
                 self._scrape_stop = True
                 self._scrape_ev.set()
-                for t in (scrape_task, timer_task):
+                for t in (scrape_task, timer_task, status_task):
                     if t is not None and not t.done():
                         t.cancel()
                         await asyncio.wait([t], timeout=30)
@@ -1137,7 +1159,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600.0, help="per-request timeout in seconds")
-    p.add_argument("--disable-progress", action="store_true")
+    p.add_argument("--disable-progress", action="store_true", help="no progress bar or lines")
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=30.0,
+        help="seconds between status lines where stderr is not a terminal (0: none)",
+    )
     p.add_argument("--num-gpus", type=int, default=1, help="decode GPUs, for per-GPU throughput")
     p.add_argument("--model", default="default", help='"model" field for --api openai')
     p.add_argument("--temperature", type=float, default=0.0)
@@ -1195,14 +1223,34 @@ def format_summary(s: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def unreachable(url: str, timeout: float = 10.0) -> str | None:
+    """Why nothing answers HTTP at ``url`` (connection refused, unknown host, timeout), or None
+    when something does, whatever its status: a load against no server says so in one line
+    rather than as a table of failed requests."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None  # a server answered
+    except (urllib.error.URLError, OSError) as e:
+        return str(getattr(e, "reason", e))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
     cfg = config_from_args(args)
     try:
-        cfg.mode()
+        cfg.check()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    why = unreachable(cfg.url)
+    if why is not None:
+        print(f"error: cannot connect to {cfg.url}: {why}", file=sys.stderr)
+        return 1
     try:
         res = run_load_sync(cfg)
     except ValueError as e:  # a load that cannot fit the server: say so before sending anything

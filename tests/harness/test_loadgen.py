@@ -338,6 +338,17 @@ def test_http_500_and_aborts_counted(server):
     assert s["completed"] == 30 - s["errors"]
 
 
+def test_status_lines_where_no_progress_bar_can_be_drawn(server, capsys):
+    """stderr is not a terminal here (a log, CI): a line every progress_interval seconds."""
+    server.program(ttft_s=0.05, itl_s=0.05)
+    c = cfg(server, concurrency=2, num_requests=8, disable_progress=False, progress_interval=0.1)
+    assert run_load_sync(c).summary["completed"] == 8
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[loadgen] ")]
+    assert len(lines) >= 3 and "/8 requests done (0 failed)" in lines[-1]
+    run_load_sync(cfg(server, concurrency=2, num_requests=4, progress_interval=0.1))
+    assert "[loadgen]" not in capsys.readouterr().err  # disable_progress: nothing
+
+
 def test_timeout_is_an_error(server):
     server.program(ttft_s=0.05, itl_s=0.5)
     res = run_load_sync(cfg(server, concurrency=2, num_requests=2, output_len=4, timeout=0.3))
@@ -367,6 +378,23 @@ def test_connection_refused_is_an_error():
     assert res.summary["errors"] == 4 and res.summary["completed"] == 0
     assert all(r.status is None and r.error for r in res.records)
     assert res.summary["errors_by_status"] == {"no_response": 4}
+
+
+def test_cli_against_no_server_says_so_in_one_line(capsys):
+    import socket
+
+    from harness.loadgen import main as loadgen_main
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    argv = ["--url", f"http://127.0.0.1:{port}", "--concurrency", "2", "--output-len", "4"]
+    assert loadgen_main([*argv, "--num-requests", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot connect to http://127.0.0.1:{port}:") and "refused" in err
+    assert loadgen_main([*argv, "--num-requests", "0"]) == 2
+    assert capsys.readouterr().err == "error: num_requests must be >= 1, got 0\n"
 
 
 # ---------------------------------------------------------------------------
