@@ -705,4 +705,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        from harness.run import INTERRUPTED
+
+        print(f"[reproduce] {INTERRUPTED}", file=sys.stderr, flush=True)
+        sys.exit(130)

@@ -623,6 +623,15 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as e:  # the user's to fix: one line, no traceback, a usage error's code
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print(f"[harness] {INTERRUPTED}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+
+
+INTERRUPTED = (
+    "interrupted: finished runs are kept; the unfinished one keeps its records.jsonl and "
+    "error.txt, and running the same command again resumes there"
+)
 
 
 if __name__ == "__main__":

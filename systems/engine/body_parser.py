@@ -139,6 +139,11 @@ def _reply(raw: bytes) -> tuple[bytes, bytes]:
 
 
 def _worker() -> None:
+    import signal
+
+    # a terminal's Ctrl-C reaches the whole process group: the server closes our stdin to stop
+    # us, so the signal is its, not ours (no KeyboardInterrupt traceback per worker)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     _widen(inp.fileno())
     _widen(out.fileno())

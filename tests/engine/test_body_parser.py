@@ -2,6 +2,7 @@
 answers as an in-process parse, over a real server on loopback, and a server that keeps serving
 when a parser process dies."""
 
+import asyncio
 import contextlib
 import json
 import random
@@ -163,6 +164,23 @@ async def test_the_server_keeps_serving_when_a_parser_process_dies():
         assert first[0] == again[0] == 200 and first[1]["output_ids"] == again[1]["output_ids"]
         assert await parsed_counts(s) == {"worker": 1, "inline": 1}
     assert proc.returncode is not None
+
+
+async def test_a_terminals_ctrl_c_is_the_servers_not_its_parser_processes():
+    """SIGINT reaches the whole process group; the workers leave it to the server (which
+    closes their stdin), so they neither die mid-parse nor print a traceback each."""
+    import signal
+
+    async with serving(1) as (s, parser):
+        raw = padded({"input_ids": IDS, "sampling_params": GREEDY})
+        first = await post(s, "/generate", raw)
+        proc = parser.workers[0].proc
+        proc.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.3)
+        assert proc.returncode is None
+        again = await post(s, "/generate", raw)
+        assert first[1]["output_ids"] == again[1]["output_ids"]
+        assert await parsed_counts(s) == {"worker": 2, "inline": 0}
 
 
 async def test_closing_the_server_ends_its_parser_processes():

@@ -217,9 +217,6 @@ def test_a_bad_value_fails_before_any_server_starts(tmp_path, monkeypatch, overr
 
 
 def test_the_command_line_says_a_config_error_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
     r = subprocess.run(
         [sys.executable, "-m", "harness.run", "workload.output_len=0", f"results_dir={tmp_path}"],
         capture_output=True,
@@ -229,6 +226,28 @@ def test_the_command_line_says_a_config_error_in_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == "error: workload.output_len must be >= 1, got 0"
     assert "Traceback" not in r.stderr
+
+
+def test_ctrl_c_ends_the_command_line_in_one_line_and_keeps_the_unfinished_run(tmp_path):
+    argv = [sys.executable, "-m", "harness.run", "workload.num_requests=100000"]
+    argv += ["workload.concurrency=[2]", f"results_dir={tmp_path}", "experiment_name=rel"]
+    p = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    records = None
+    for _ in range(600):  # until the load is under way
+        time.sleep(0.1)
+        records = next(tmp_path.glob("rel/*/records.jsonl"), None)
+        if records is not None and records.stat().st_size > 0:
+            break
+    os.killpg(p.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "[harness] interrupted: finished runs are kept"
+    )
+    d = records.parent
+    assert not (d / "summary.json").exists() and (d / "error.txt").exists()
 
 
 class SimulatedCrash(BaseException):
