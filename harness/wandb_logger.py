@@ -272,12 +272,19 @@ class WandbLogger:
         while self.mode != "disabled":
             try:
                 Path(kw["dir"]).mkdir(parents=True, exist_ok=True)
-                return wandb.init(
+                run = wandb.init(
                     mode=self.mode,
                     reinit="create_new",
                     settings=wandb.Settings(init_timeout=self.init_timeout_s, silent=True),
                     **kw,
                 )
+                if self.mode == "offline":  # say once where the runs are and how to upload
+                    _warn_once(
+                        "where",
+                        f"logging offline into each run's directory ({kw['dir']}/wandb/...); "
+                        "upload with: wandb sync <run directory>/wandb/offline-run-*",
+                    )
+                return run
             except Exception as e:
                 if self.mode == "offline":
                     _warn_once(

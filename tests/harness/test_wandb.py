@@ -99,11 +99,16 @@ def test_flatten_keeps_order_and_drops_non_finite():
     }
 
 
-def test_offline_by_default_writes_an_offline_run(tmp_path, monkeypatch):
+def test_offline_by_default_writes_an_offline_run(tmp_path, monkeypatch, capsys):
+    wl._warned.clear()
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     run(compose(BASE + [f"results_dir={tmp_path}"]))
-    assert list(tmp_path.rglob("offline-run-*")), "no offline W&B run directory"
+    (offline,) = list(tmp_path.rglob("offline-run-*"))
+    # the console says where (each run's directory) and how to upload, once
+    err = capsys.readouterr().err
+    assert err.count("upload with: wandb sync") == 1
+    assert f"({offline.parent.parent}/wandb/...)" in err
 
 
 @pytest.mark.parametrize("trouble", ["no_key", "unreachable"])
@@ -126,7 +131,9 @@ def test_online_trouble_warns_once_and_falls_back_offline(tmp_path, monkeypatch,
     assert len(list(tmp_path.rglob("summary.json"))) == 1
     assert not list(tmp_path.rglob("error.txt"))
     err = capsys.readouterr().err
-    assert err.count("[harness] W&B:") == 1 and "logging offline" in err
+    # one warning about the trouble, one line on where the offline runs go
+    assert err.count("run failed (") == 1 and "logging offline" in err
+    assert err.count("upload with: wandb sync") == 1
     assert list(tmp_path.rglob("offline-run-*"))
     # the next run of this process goes offline at once, with no second warning
     run(
