@@ -59,6 +59,8 @@
 # DHS_ARGS_bench_resolver="--skip a" there.
 # The GPU machine's copy of the tree may carry a stale git HEAD: pass the commit the runs measure,
 # e.g. DHS_GIT_COMMIT=$(git rev-parse HEAD) in the command, or env.json records the stale one.
+case "${1:-}" in -h|--help)  # the header above is the usage
+  sed -n '2,/^[^#]/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 LANES=()

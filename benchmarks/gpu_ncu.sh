@@ -8,6 +8,8 @@
 # every 32 cycles): the details page and the per-SASS-instruction samples as CSV, the kernel's cubin,
 # and benchmarks/ncu_lines.py's per-source-line summary with the share of each of the kernel's
 # phases, all in $OUT/ncu.tgz (+ the summaries as .txt).
+case "${1:-}" in -h|--help)  # the header above is the usage
+  sed -n '2,/^[^#]/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 set -uo pipefail
 export PYTHONPATH=$PWD/benchmarks:$PWD PYTHONUNBUFFERED=1
 mkdir -p $OUT/ncu

@@ -379,17 +379,38 @@ def write_report(
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(
-        prog="python -m figures.make_all", description=__doc__.splitlines()[0]
+        prog="python -m figures.make_all",
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
     )
     ap.add_argument(
-        "--results", type=Path, default=Path(os.environ.get("DHS_RESULTS", C.DEFAULT_RESULTS))
+        "--results",
+        type=Path,
+        default=Path(os.environ.get("DHS_RESULTS", C.DEFAULT_RESULTS)),
+        help="the results tree the scripts read (default results/, or $DHS_RESULTS)",
     )
-    ap.add_argument("--out", type=Path, default=C.DEFAULT_OUT)
-    ap.add_argument("--report", type=Path, default=C.REPO / "REPRODUCTION.md")
-    ap.add_argument("--claims", type=Path, default=None, help="default: <results>/claims.json")
-    ap.add_argument("--dpi", type=int, default=150)
-    ap.add_argument("--only", default="", help="comma-separated subset of scripts")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument(
+        "--out", type=Path, default=C.DEFAULT_OUT, help="where figures go (figures/out/)"
+    )
+    ap.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="the summary to write (default REPRODUCTION.md; with --only, none unless given)",
+    )
+    ap.add_argument(
+        "--claims",
+        type=Path,
+        default=None,
+        help="the claims file to write (default <results>/claims.json; with --only, none "
+        "unless given)",
+    )
+    ap.add_argument("--dpi", type=int, default=150, help="figure resolution (default 150)")
+    ap.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated subset of the scripts: {', '.join(SCRIPTS)}",
+    )
+    ap.add_argument("--quiet", action="store_true", help="do not print each script's table")
     ap.add_argument(
         "--inputs",
         type=Path,
@@ -398,8 +419,18 @@ def main(argv=None) -> dict:
         "(harness.compact --prune-unused keeps exactly these)",
     )
     args = ap.parse_args(argv)
-    read_log = start_read_log() if args.inputs else None
+    if not args.results.is_dir():
+        ap.error(f"--results {args.results}: no such directory")
     names = [n for n in (args.only.split(",") if args.only else SCRIPTS) if n]
+    unknown = [n for n in names if n not in SCRIPTS]
+    if unknown:
+        ap.error(f"--only: unknown script(s) {unknown}; the scripts are {', '.join(SCRIPTS)}")
+    # the summary and the claims cover every script: a subset would overwrite them with a part
+    report_path, claims_path = args.report, args.claims
+    if not args.only:
+        report_path = report_path or C.REPO / "REPRODUCTION.md"
+        claims_path = claims_path or args.results / "claims.json"
+    read_log = start_read_log() if args.inputs else None
     reports: dict[str, C.Report] = {}
     failures: dict[str, str] = {}
     t0 = time.perf_counter()
@@ -414,15 +445,24 @@ def main(argv=None) -> dict:
             failures[name] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
     claims = build_claims(reports)
-    claims_path = args.claims or (args.results / "claims.json")
-    claims_path.parent.mkdir(parents=True, exist_ok=True)
-    claims_path.write_text(json.dumps(claims, indent=1) + "\n")
-    write_report(args.report, reports, failures, claims, args.out, args.results)
+    wrote = []
+    if claims_path is not None:
+        claims_path.parent.mkdir(parents=True, exist_ok=True)
+        claims_path.write_text(json.dumps(claims, indent=1) + "\n")
+        wrote.append(str(claims_path))
+    if report_path is not None:
+        write_report(report_path, reports, failures, claims, args.out, args.results)
+        wrote.insert(0, str(report_path))
     if read_log is not None:
         args.inputs.write_text(json.dumps(read_log.as_json(args.results), indent=1) + "\n")
     print(
         f"[make_all] {len(reports)} scripts ok, {len(failures)} failed in "
-        f"{time.perf_counter() - t0:.1f} s -> {args.report}, {claims_path}"
+        f"{time.perf_counter() - t0:.1f} s -> "
+        + (
+            ", ".join(wrote)
+            if wrote
+            else f"{args.out} (--only: REPRODUCTION.md and claims.json left as they are)"
+        )
     )
     if failures:
         print("[make_all] failed: " + ", ".join(failures), file=sys.stderr)

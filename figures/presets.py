@@ -778,7 +778,7 @@ def markdown() -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m figures.presets", description=__doc__.split("\n")[0]
+        prog="python -m figures.presets", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
     ap.add_argument("--write", type=Path, help="write the doc here (docs/presets.md)")
     args = ap.parse_args(argv)

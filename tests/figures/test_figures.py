@@ -79,6 +79,31 @@ def test_no_script_fails(full, empty):
     assert set(full["reports"]) == set(SCRIPTS)
 
 
+def test_a_subset_leaves_the_summary_and_the_claims_alone(tmp_path, monkeypatch):
+    """REPRODUCTION.md and claims.json cover every script: --only draws its figures and writes
+    neither (unless asked), where it used to overwrite both with the subset's claims."""
+    monkeypatch.setattr(C, "REPO", tmp_path)  # where REPRODUCTION.md would go
+    res = tmp_path / "results"
+    res.mkdir()
+    out = tmp_path / "out"
+    make_all.main(["--results", str(res), "--out", str(out), "--only", "fig7", "--quiet"])
+    assert (out / "fig7.png").is_file()
+    assert not (tmp_path / "REPRODUCTION.md").exists() and not (res / "claims.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--only", "fig99"], "unknown script(s) ['fig99']"),
+        (["--results", "/nonexistent/results"], "no such directory"),
+    ],
+)
+def test_a_bad_argument_is_a_usage_error(capsys, argv, says):
+    with pytest.raises(SystemExit) as e:
+        make_all.main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_on_fixture(full, name):
     png, md = full["out"] / f"{name}.png", full["out"] / f"{name}.md"
