@@ -637,7 +637,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown experiment(s) {unknown}; available: {experiments()}")
     if args.prune_superseded:
         for exp in names:
-            for d in superseded(exp, args.results):
+            old = superseded(exp, args.results)
+            if not old:
+                print(f"[reproduce] {exp}: nothing superseded", flush=True)
+            for d in old:
                 print(
                     f"[reproduce] {exp}: {d.name} superseded"
                     + (" (dry run: kept)" if args.dry_run else ": removed"),

@@ -29,23 +29,30 @@ def finished_run_dirs(names: list[str]) -> set[PurePosixPath]:
     return out
 
 
-def unpack(archive: str | Path, root: str | Path = ".") -> list[str]:
-    """Extract ``archive`` under ``root``; returns the run directories it replaced."""
+def unpack(archive: str | Path, root: str | Path = ".") -> tuple[list[str], list[str]]:
+    """Extract ``archive`` under ``root``; returns the finished run directories it held and
+    those of them it replaced. A ValueError for a file that is no tar archive, or a member that
+    would land outside ``root``."""
     root = Path(root).resolve()
-    with tarfile.open(archive) as tar:
+    try:
+        tar = tarfile.open(archive)
+    except tarfile.ReadError as e:
+        raise ValueError(f"{archive}: not a tar archive ({e})") from None
+    with tar:
         members = tar.getmembers()
         for m in members:  # never outside the repository
             target = (root / m.name).resolve()
             if not target.is_relative_to(root) or m.issym() or m.islnk():
-                raise ValueError(f"refusing archive member {m.name!r}")
+                raise ValueError(f"refusing archive member {m.name!r}: outside {root} or a link")
+        runs = sorted(finished_run_dirs([m.name for m in members]))
         replaced = []
-        for d in sorted(finished_run_dirs([m.name for m in members])):
+        for d in runs:
             local = root / d
             if local.exists():
                 shutil.rmtree(local)
                 replaced.append(str(d))
         tar.extractall(root, members=members)
-    return replaced
+    return [str(d) for d in runs], replaced
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,8 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not Path(args.archive).is_file():
         ap.error(f"no such archive: {args.archive}")
-    for d in unpack(args.archive, args.root):
+    try:
+        runs, replaced = unpack(args.archive, args.root)
+    except ValueError as e:
+        ap.error(str(e))
+    for d in replaced:
         print(f"[unpack] replaced {d}")
+    print(
+        f"[unpack] {len(runs)} finished run(s) from {args.archive} "
+        f"({len(runs) - len(replaced)} new, {len(replaced)} replaced) under {args.root}"
+    )
     return 0
 
 

@@ -908,6 +908,17 @@ async def _errors(request: web.Request, handler):
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"request body exceeds {MAX_BODY_BYTES} bytes", "body")
+    except web.HTTPNotFound:  # name what is served, as an OpenAI-style client would want
+        routes = sorted(
+            {f"{r.method} {r.resource.canonical}" for r in request.app.router.routes()}
+            - {f"HEAD {r.resource.canonical}" for r in request.app.router.routes()}
+        )
+        return _error(
+            404,
+            f"no endpoint {request.method} {request.path}; this server answers "
+            + ", ".join(routes),
+            None,
+        )
     except web.HTTPException as e:
         if e.status >= 400:
             return _error(e.status, e.reason or "error", None)

@@ -209,6 +209,15 @@ async def test_oversized_body_is_413(server):
     assert (await r.json())["error"]["param"] == "body"
 
 
+async def test_an_unknown_endpoint_is_a_404_naming_the_served_ones(server):
+    s, _ = server
+    r = await s.post("/v1/chat/completions", json={"messages": []})
+    assert r.status == 404
+    msg = (await r.json())["error"]["message"]
+    assert msg.startswith("no endpoint POST /v1/chat/completions; this server answers ")
+    assert "POST /v1/completions" in msg and "GET /v1/models" in msg and "HEAD" not in msg
+
+
 async def test_queue_full_is_503_with_retry_after(server):
     s, eng = server
     eng.cfg.max_waiting = 0  # every submission now exceeds the bound

@@ -216,10 +216,41 @@ def test_unpack_replaces_a_re_measured_run_whole(tmp_path):
     archive = tmp_path / "results.tgz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(src / "results", arcname="results")
-    assert unpack(archive, repo) == [run]
+    assert unpack(archive, repo) == ([run], [run])
     assert sorted(p.name for p in (repo / run).iterdir()) == ["summary.json"]
     assert json.loads((repo / run / "summary.json").read_text()) == {"new": 1}
     assert (repo / "results/fig4_h200/other-rep1-def/error.txt").exists()
+
+
+def test_unpack_says_what_it_did_and_refuses_what_is_no_archive(tmp_path, capsys):
+    import tarfile
+
+    from harness.unpack import main as unpack_main
+
+    run = "results/fig4_h200/hisparse-x-rep1-abc"
+    (tmp_path / "src" / run).mkdir(parents=True)
+    (tmp_path / "src" / run / "summary.json").write_text("{}")
+    archive = tmp_path / "results.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "src" / "results", arcname="results")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    assert unpack_main([str(archive), "--root", str(repo)]) == 0
+    out = capsys.readouterr().out
+    assert "1 finished run(s)" in out and "(1 new, 0 replaced)" in out
+    not_tar = tmp_path / "README.md"
+    not_tar.write_text("# not an archive")
+    with pytest.raises(SystemExit) as e:
+        unpack_main([str(not_tar), "--root", str(repo)])
+    assert e.value.code == 2 and "not a tar archive" in capsys.readouterr().err
+    evil = tmp_path / "evil.tgz"
+    (tmp_path / "src" / "x").write_text("outside")
+    with tarfile.open(evil, "w:gz") as tar:
+        tar.add(tmp_path / "src" / "x", arcname="../escaped")
+    with pytest.raises(SystemExit) as e:
+        unpack_main([str(evil), "--root", str(repo)])
+    assert e.value.code == 2 and "refusing archive member '../escaped'" in capsys.readouterr().err
+    assert not (tmp_path / "escaped").exists()
 
 
 def test_prune_superseded_removes_only_runs_a_finished_planned_run_replaces(tmp_path, capsys):
