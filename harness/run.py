@@ -30,6 +30,8 @@ import urllib.request
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness.environment import REPO, environment
@@ -361,6 +363,7 @@ def run(
     only_tags: list[str] | None = None,
     reproduce_keys: bool = False,
     run_group: str | None = None,
+    title: str | None = None,
 ) -> list[Path]:
     """Run every load point of ``cfg`` not finished earlier. ``only_tags`` (e.g. ["c128"])
     restricts this call to those points without touching the config, so the run ids stay
@@ -487,7 +490,7 @@ def run(
                 f"[harness] {rid}: done -> {d.relative_to(REPO) if d.is_relative_to(REPO) else d}"
             )
     _collect_profile(server_dir, [Path(r["_dir"]) for r in rows if r.get("_dir")])
-    _print_table(rows)
+    _print_table(rows, title)
     return done_dirs
 
 
@@ -596,14 +599,14 @@ def _fmt(v, nd=1):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
-def _print_table(rows: list[dict]) -> None:
+def _print_table(rows: list[dict], title: str | None = None) -> None:
     if not rows:
         return
     hdr = (
         f"{'system':<20} {'C':>5} {'done':>5} {'err':>4} {'out tok/s':>10} "
         f"{'TTFT ms':>9} {'TPOT ms':>9} {'ITL ms':>8}"
     )
-    print("\n" + hdr + "\n" + "-" * len(hdr))
+    print("\n" + (f"{title}\n" if title else "") + hdr + "\n" + "-" * len(hdr))
     for r in rows:
         c = r["point"].get("concurrency", r["point"].get("tag"))
         print(
@@ -618,8 +621,12 @@ def main(cfg: DictConfig) -> None:
     from harness.servers import exit_on_sigterm
 
     exit_on_sigterm()
+    title = None
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:  # one table per job: say which job's it is
+        title = f"job {hc.job.num}: {' '.join(hc.overrides.task)}"
     try:
-        run(cfg)
+        run(cfg, title=title)
     except ConfigError as e:  # the user's to fix: one line, no traceback, a usage error's code
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
