@@ -48,7 +48,6 @@ def test_dry_run_lists_done_and_pending_per_experiment(tmp_path, capsys):
 # below fails until it does).
 NOT_YET_MEASURED = {
     "fig4_protocol",  # issue 23: the protocol, written in the paper's C
-    "fig4_h200_transport",  # issue 23: handoffs bounded by a transport of N in flight
     "fig4_h200_sweep",  # issue 23: repeats 2 and 3, for the capacity claims' intervals
 }
 # Single runs cut by their GPU call's time box, the rest of their experiment committed; the next
