@@ -375,7 +375,8 @@ def run(
 
     try:  # fail fast on a bad config, before any server starts
         check_keys(cfg, reproduce_keys)
-        ecfg = resolve_engine_config(cfg)
+        # a bundled server runs on this machine's device; an SGLang deployment on its own
+        ecfg = resolve_engine_config(cfg, check_device=cfg.server.mode != "sglang")
         if cfg.server.mode == "sglang":
             from systems.sglang.adapter import check_supported
 

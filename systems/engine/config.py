@@ -103,8 +103,10 @@ def kv_options_from(
     )
 
 
-def resolve_engine_config(cfg: DictConfig) -> EngineConfig:
-    device = resolve_device(cfg.get("device", "auto"))
+def resolve_engine_config(cfg: DictConfig, check_device: bool = True) -> EngineConfig:
+    """``check_device=False``: the engine runs elsewhere (an SGLang deployment the harness
+    drives), so this machine need not have its device."""
+    device = resolve_device(cfg.get("device", "auto"), check=check_device)
     model = model_config_from(cfg.model, device)
     system = cfg.system
     spec = speculation_from(system.get("speculation"), model)

@@ -132,3 +132,16 @@ def test_conf_and_code_cite_no_b_on_the_model():
     for p in (CONF_DIR / "model").glob("*.yaml"):
         assert "hot_cache_rows" not in OmegaConf.to_container(OmegaConf.load(p)), p.name
     assert Path(CONF_DIR).is_dir()
+
+
+def test_a_device_this_machine_lacks_is_an_error_unless_the_engine_runs_elsewhere():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    cfg = compose(["device=cuda"])
+    with pytest.raises(ValueError, match="device=cuda: this machine has no CUDA GPU"):
+        resolve_engine_config(cfg)
+    assert resolve_engine_config(cfg, check_device=False).device == "cuda"  # SGLang's machine
+    with pytest.raises(ValueError, match="expected auto, cpu, cuda or cuda:N"):
+        resolve_engine_config(compose(["device=tpu"]), check_device=False)
