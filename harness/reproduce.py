@@ -544,7 +544,13 @@ def _choices(exp_groups: list[Group]) -> str:
             k, _, v = o.partition("=")
             if k.lstrip("+") not in fixed:
                 values.setdefault(k.lstrip("+"), set()).add(v)
-    swept = {k: sorted(v) for k, v in values.items() if len(v) > 1}
+    def order(v: str):  # numbers by value (2 before 16), then the rest by name
+        try:
+            return (0, float(v), v)
+        except ValueError:
+            return (1, 0.0, v)
+
+    swept = {k: sorted(v, key=order) for k, v in values.items() if len(v) > 1}
     systems = sorted({setting(ov, "system") for ov in runs})
     return f"systems {systems}" + "".join(
         f"; {k}: {', '.join(v)}" for k, v in sorted(swept.items())
