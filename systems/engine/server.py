@@ -910,8 +910,11 @@ async def _errors(request: web.Request, handler):
         return _error(413, f"request body exceeds {MAX_BODY_BYTES} bytes", "body")
     except web.HTTPNotFound:  # name what is served, as an OpenAI-style client would want
         routes = sorted(
-            {f"{r.method} {r.resource.canonical}" for r in request.app.router.routes()}
-            - {f"HEAD {r.resource.canonical}" for r in request.app.router.routes()}
+            {
+                f"{r.method} {r.resource.canonical}"
+                for r in request.app.router.routes()
+                if r.method != "HEAD"  # aiohttp's twin of each GET
+            }
         )
         return _error(
             404,
