@@ -544,6 +544,7 @@ def _choices(exp_groups: list[Group]) -> str:
             k, _, v = o.partition("=")
             if k.lstrip("+") not in fixed:
                 values.setdefault(k.lstrip("+"), set()).add(v)
+
     def order(v: str):  # numbers by value (2 before 16), then the rest by name
         try:
             return (0, float(v), v)
