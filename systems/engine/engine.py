@@ -337,6 +337,14 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
+    def stopped(self) -> str | None:
+        """Why the engine thread no longer serves (its error, or its exit), None while it does:
+        what /health reports, whichever process the engine runs in."""
+        t = self._thread
+        if self.error is not None or (t is not None and not t.is_alive()):
+            return f"engine stopped: {self.error!r}"
+        return None
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()

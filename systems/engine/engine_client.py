@@ -122,10 +122,7 @@ class LocalEngineClient:
         return dict(self.engine.metrics(sync=False))  # on the loop: no wait for the GPU
 
     async def stopped(self) -> str | None:
-        e, t = self.engine.error, self.engine._thread
-        if e is not None or (t is not None and not t.is_alive()):
-            return f"engine stopped: {e!r}"
-        return None
+        return self.engine.stopped()
 
     async def close(self) -> None:
         self.engine.stop()

@@ -427,9 +427,7 @@ def _serve(wire: _Wire, engine, live: dict[int, Request], outputs: _Outputs) -> 
             elif kind == "metrics":
                 value = dict(engine.metrics(sync=False))
             elif kind == "health":
-                e, t = engine.error, engine._thread
-                dead = e is not None or (t is not None and not t.is_alive())
-                value = f"engine stopped: {e!r}" if dead else None
+                value = engine.stopped()
             else:
                 raise ValueError(f"unknown message {kind!r}")
             reply = ("reply", cid, True, value)
