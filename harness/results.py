@@ -15,6 +15,7 @@ Conventions of the results files (see docs/figures.md): shares are fractions in 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -626,10 +627,56 @@ _VOLATILE = ("server", "logger", "results_dir", "hydra", "rerun", "repeat")
 REPRODUCE_UNHASHED = ("speculation", "kv", "repeats", "system_overrides", "warm_up_concurrency")
 
 
+# Keys added with a default that keeps what earlier runs did, or that changes how a run goes but
+# not which tokens it serves: at that default a key stays out of the id (another value is part
+# of it), so the runs made before it keep theirs; MEASUREMENT_CHANGES flags runs
+# on both sides of a default that moves the numbers.
+# system.kv: defaults the backends applied without the configs naming them; lending free slots'
+# index history to optional history (how much is fetched from host); the copy grid scaling with
+# the batch
+KV_IMPLICIT_BEFORE = {
+    "cap_slots_to_pool": True,
+    "tail_rows": 0,
+    "lend_index_store": True,
+    "copy_grid": 0,
+    "pools_sized_for_rows": 0,
+    "copy_programs_per_request": 0,
+}
+# engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
+# the batch), the CUDA graphs' padding ladder and their capture at start-up, the handoffs in
+# flight
+ENGINE_IMPLICIT_BEFORE = {
+    "overlap_schedule": True,
+    "async_handoffs": True,
+    "cuda_graph_bs": None,
+    "cuda_graph_warmup": True,
+    "max_handoffs_in_flight": 0,
+}
+# model: the GEMM implementation (cuBLAS was all there was)
+MODEL_IMPLICIT_BEFORE = {"gemm_impl": "cublas"}
+
+
+def _drop_defaults(section, defaults: dict) -> None:
+    if isinstance(section, dict):
+        for key, default in defaults.items():
+            if key in section and section[key] == default:
+                del section[key]
+
+
+def drop_implicit_defaults(material: dict) -> None:
+    """Remove, in place, the keys above where they hold their default: the layout run ids hash
+    (harness.run) and repeats are recognised in (``fold_repeats``), so a run made before a key
+    existed and one made after, at its default, are the same configuration."""
+    _drop_defaults(((material.get("system") or {}).get("kv")), KV_IMPLICIT_BEFORE)
+    _drop_defaults(material.get("engine"), ENGINE_IMPLICIT_BEFORE)
+    _drop_defaults(material.get("model"), MODEL_IMPLICIT_BEFORE)
+
+
 def _repeat_key(r: Run) -> str:
     if not r.config:  # no config.yaml: nothing says it repeats another run
         return str(r.path)
-    material = {k: v for k, v in r.config.items() if k not in _VOLATILE}
+    material = copy.deepcopy({k: v for k, v in r.config.items() if k not in _VOLATILE})
+    drop_implicit_defaults(material)
     srv = r.config.get("server")
     # the engine served is not volatile: an SGLang run never repeats a bundled one
     material["server.mode"] = srv.get("mode") if isinstance(srv, dict) else None

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.environment import REPO, environment
 from harness.load_mapping import decode_gpus, ours_concurrency
 from harness.records import atomic_write_json
-from harness.results import REPRODUCE_UNHASHED, load_json
+from harness.results import REPRODUCE_UNHASHED, drop_implicit_defaults, load_json
 from harness.servers import bundled_server
 from harness.sglang_launch import sglang_server
 from harness.wandb_logger import make_logger, run_config, tags
@@ -135,40 +135,6 @@ def hot_cache_rows(cfg: DictConfig) -> int | None:
 # run ids hash the config in that layout, so that the runs measured before keep their ids (and
 # a resumed sweep skips them). The models' B then, which resident runs carried unread:
 _MODEL_B_BEFORE = {"glm53_mini": 1024, "dsv41_mini": 2048, "tiny": 16, "tiny_dsv": 16}
-# Keys added with a default that keeps what earlier runs did, or that changes how a run goes but
-# not which tokens it serves: at that default a key stays out of the id (another value is part
-# of it), so the runs made before it keep theirs; harness.results.MEASUREMENT_CHANGES flags runs
-# on both sides of a default that moves the numbers.
-# system.kv: defaults the backends applied without the configs naming them; lending free slots'
-# index history to optional history (how much is fetched from host); the copy grid scaling with
-# the batch
-_KV_IMPLICIT_BEFORE = {
-    "cap_slots_to_pool": True,
-    "tail_rows": 0,
-    "lend_index_store": True,
-    "copy_grid": 0,
-    "pools_sized_for_rows": 0,
-    "copy_programs_per_request": 0,
-}
-# engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
-# the batch), the CUDA graphs' padding ladder and their capture at start-up, the handoffs in
-# flight
-_ENGINE_IMPLICIT_BEFORE = {
-    "overlap_schedule": True,
-    "async_handoffs": True,
-    "cuda_graph_bs": None,
-    "cuda_graph_warmup": True,
-    "max_handoffs_in_flight": 0,
-}
-# model: the GEMM implementation (cuBLAS was all there was)
-_MODEL_IMPLICIT_BEFORE = {"gemm_impl": "cublas"}
-
-
-def _drop_defaults(section, defaults: dict) -> None:
-    if isinstance(section, dict):
-        for key, default in defaults.items():
-            if key in section and section[key] == default:
-                del section[key]
 
 
 def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
@@ -181,9 +147,7 @@ def _hashed_layout(cfg: DictConfig, material: dict) -> dict:
             del kv["pools_sized_for_rows"]  # pools sized for B itself: the default's run
     elif model.get("name") in _MODEL_B_BEFORE:
         model["hot_cache_rows"] = _MODEL_B_BEFORE[model["name"]]
-    _drop_defaults(kv, _KV_IMPLICIT_BEFORE)
-    _drop_defaults(material.get("engine"), _ENGINE_IMPLICIT_BEFORE)
-    _drop_defaults(model, _MODEL_IMPLICIT_BEFORE)
+    drop_implicit_defaults(material)
     return material
 
 

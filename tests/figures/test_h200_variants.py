@@ -354,6 +354,53 @@ def test_table_a3_scales_the_bounds_to_the_h200_preset(tmp_path):
     assert any("x0.250 for TPOT bounds" in n and "x0.125" in n for n in rep.notes)
 
 
+def test_table_a3_sustained_ratios_have_an_interval_over_repeats(tmp_path):
+    """With the sweep repeated, the sustained loads are judged on each point's medians over the
+    repeats, and the ratio's interval resamples repeat numbers (the same draw for both systems):
+    one repeat where ADHS holds C128 and one where it holds only C64 give 1-2x, which a
+    direction claim cannot call above 1. One repeat gives no interval."""
+    from figures import tableA3
+    from tests.figures.fixture import _write_run
+
+    root = tmp_path / "results"
+    # paper C -> per repeat (TPOT ms, post-wave p99 TTFT ms, output tok/s); HiSparse C16 sets
+    # the unit (7.1 / 28.4 = 0.25): bounds 10 ms and 1.25 s
+    runs = {
+        "hisparse": {16: [(7.1, 300, 900)] * 2, 64: [(10.5, 900, 2200)] * 2,
+                     32: [(8.5, 600, 1500), (8.5, 600, 1600)]},
+        "adaptive_dhisparse": {64: [(6.0, 700, 2800)] * 2,
+                               128: [(8.0, 1200, 3600), (11.0, 1200, 3400)]},
+    }  # fmt: skip
+    for sys_, pts in runs.items():
+        for pc, reps in pts.items():
+            for k, (tpot, ttft, out) in enumerate(reps, start=1):
+                point = {"concurrency": pc // 4, "paper_concurrency": pc, "tag": f"c{pc // 4}"}
+                s = {"system": sys_, "model": "glm53_h200", "point": point, "completed": 64,
+                     "errors": 0, "tpot_ms_mean": tpot, "post_wave_ttft_ms_p99": ttft,
+                     "output_tok_s_per_gpu": out}  # fmt: skip
+                cfg = {"system": {"name": sys_}, "model": {"name": "glm53_h200"},
+                       "workload": {"output_len": 1024}, "repeat": k}  # fmt: skip
+                _write_run(root, "fig4_h200_sweep", f"{sys_}-c{pc}-rep{k}", s, cfg)
+    rep = tableA3.main(["--results", str(root), "--out", str(tmp_path / "out")])
+    # medians: ADHS TPOT at C128 9.5 ms <= 10 ms, so it sustains C128 over HiSparse's C32
+    row = next(r for r in rep.rows if r.key == "bound_a.concurrency_ratio")
+    assert row.ours == pytest.approx(4.0)
+    # repeat 1: 128 / 32 = 4x; repeat 2: ADHS misses C128 (11 ms), 64 / 32 = 2x
+    assert sorted(row.stats.group_ratios) == pytest.approx([2.0, 4.0])
+    assert row.interval == pytest.approx((2.0, 4.0)) and row.stats.paired
+    out = next(r for r in rep.rows if r.key == "bound_a.output_ratio")
+    assert sorted(out.stats.group_ratios) == pytest.approx([2800 / 1600, 3600 / 1500])
+
+    # one repeat of ADHS at every load: nothing to resample, no interval
+    for d in root.glob("fig4_h200_sweep/adaptive_dhisparse-*-rep2"):
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    rep = tableA3.main(["--results", str(root), "--out", str(tmp_path / "out")])
+    row = next(r for r in rep.rows if r.key == "bound_a.concurrency_ratio")
+    assert row.ours == pytest.approx(4.0) and row.interval is None
+
+
 def test_table_a3_judges_no_bound_without_its_anchor(tmp_path):
     """Without HiSparse at the sweep's lowest load there is no unit of time: the paper's bounds
     in B300 time would pass every system, so no bound row is measured."""
