@@ -38,7 +38,7 @@ import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, POPULATE, nvtx_range
 from systems.host_sync import to_device
-from systems.kernels.backup import backup_rows, restore_rows
+from systems.kernels.backup import backup_rows, copy_rows, restore_rows
 from systems.kv.base import MemoryReport, PrefixKV
 from systems.kv.hisparse import HiSparseBackend, HiSparseOptions
 from systems.kv.registry import register
@@ -374,12 +374,24 @@ class AdaptiveBackend(HiSparseBackend):
     def _import_rows(self, slot: int, prefix: PrefixKV) -> None:
         G, r = self.G, self.res[slot]
         keep = r.kept
-        if keep:  # one indexed copy per source for every kept page, not one per page
-            rows = self._unit_rows(to_device(r.page[:keep], self.device)).view(self.S, -1)
-            # each source's kept rows are one contiguous run of the prefix: indexing them alone
-            # needs no reshaped copy of the whole kept history (hundreds of MB at 125K tokens)
-            for s in range(self.S):
-                self.kv_flat[rows[s]] = prefix.kv[s, : keep * G]
+        if keep:  # one row-copy launch for every kept page of every source
+            dst = self._unit_rows(to_device(r.page[:keep], self.device))  # (source, page, row)
+            # each source's kept rows are the first keep * G rows of its slice of the prefix;
+            # the prefix read as one flat pool names them without a reshaped copy of the kept
+            # history (hundreds of MB at 125K tokens). A word-wide copy kernel, not an indexed
+            # assignment of uint8 rows, which moves one byte per thread: the handoff's SM time
+            # is taken from the decode steps that run beside it
+            kv = prefix.kv.to(self.device).contiguous()
+            S, T = kv.shape[0], kv.shape[1]
+            first = torch.arange(S, device=self.device).view(-1, 1) * T
+            src = (first + torch.arange(keep * G, device=self.device)).view(-1)
+            copy_rows(
+                kv.view(1, S * T, kv.shape[-1]),
+                self.kv_flat.unsqueeze(0),
+                src,
+                dst,
+                self.backup_impl,
+            )
         # everything not kept on device goes to host now (incl. the partial boundary page)
         self._backup(slot, keep * G, prefix.num_tokens, prefix.kv[:, keep * G :])
 
