@@ -192,6 +192,11 @@ def main() -> None:
     from harness.environment import environment
 
     env = environment()
+    from systems.engine.config import compose, model_config_from
+    from systems.models.config import GEOMETRY_KEYS
+
+    model = model_config_from(compose([f"model={args.model}"]).model, "cpu")
+    geometry = {k: getattr(model, k) for k in GEOMETRY_KEYS if hasattr(model, k)}
     rows = []
     bracketed = True  # --solve-at: the paper's share lies between the two ends
 
@@ -219,6 +224,7 @@ def main() -> None:
             "fit_error_log2": err(best) if fitted else None,
             "points": rows,
             "settings": vars(args),
+            "model_geometry": geometry,
             "env": env,
             "bracketed": bracketed,
             "fit": "grid over every published budget"

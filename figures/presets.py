@@ -766,13 +766,13 @@ def preset_summary(preset: str) -> str:
     )
 
 
-def _locality_source(preset: str, paper: str) -> str:
+def _locality_source(preset: str, paper: str, cal_dir: Path | None = None) -> str:
     """Where the preset's selection locality comes from: the points its GPU calibration files
     (the grid's ``locality-<preset>.json``, bisections' ``locality-<preset>-at<B>k.json``)
     measured at that lambda, or glm53_mini's fit while it has none."""
     import json
 
-    cal_dir = Path(__file__).resolve().parents[1] / "results" / "calibration"
+    cal_dir = cal_dir or Path(__file__).resolve().parents[1] / "results" / "calibration"
     files = sorted(cal_dir.glob(f"locality-{preset}.json")) + sorted(
         cal_dir.glob(f"locality-{preset}-at*k.json")
     )
@@ -782,10 +782,20 @@ def _locality_source(preset: str, paper: str) -> str:
             f"glm53_mini's fit, to be recalibrated to Fig. {fig} on the GPU: "
             "benchmarks/calibrate_locality.py"
         )
-    lam = model_config(preset).selection_locality
-    pts, paper_pct, gpu = {}, {}, "GPU"
+    m = model_config(preset)
+    lam = m.selection_locality
+    pts, paper_pct, gpu, stale = {}, {}, "GPU", []
     for f in files:
         cal = json.loads(f.read_text())
+        # the random weights' shapes it measured (systems/models/config.GEOMETRY_KEYS)
+        then = cal.get("model_geometry") or {}
+        moved = {k: v for k, v in then.items() if getattr(m, k, v) != v}
+        if moved:  # measured on other random weights: its shares are not this preset's
+            stale.append(
+                f"{f.name} measured with "
+                + ", ".join(f"{k} {v} (now {getattr(m, k)})" for k, v in moved.items())
+            )
+            continue
         paper_pct.update(
             cal.get("paper_host_share_pct") or cal.get("paper_fig9e_host_share_pct") or {}
         )
@@ -794,6 +804,11 @@ def _locality_source(preset: str, paper: str) -> str:
             # a config states lambda to three decimals; the bisection's points carry more
             if math.isclose(p["lambda"], lam, abs_tol=5e-4):
                 pts[p["b_over_k"]] = p["host_share_pct"]
+    if stale:
+        return (
+            f"{'; '.join(stale)}: to be checked again on the GPU with "
+            "benchmarks/calibrate_locality.py"
+        )
     if not pts:
         return f"not among the points of {', '.join(f.name for f in files)}"
     shares = ", ".join(

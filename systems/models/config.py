@@ -26,6 +26,20 @@ ATTENTION_IMPLS = ("auto", "triton", "triton_mma", "reference")
 GEMM_IMPLS = ("cublas", "triton")  # systems/kernels/gemm.py
 
 
+# the fields that set the random weights' shapes (and so what a drawn model selects): a
+# calibration measured on one geometry says nothing certain about another
+GEOMETRY_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "kv_dim",
+    "index_dim",
+    "index_topk",
+    "layer_roles",
+)
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     index: int

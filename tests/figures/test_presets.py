@@ -119,6 +119,27 @@ def test_the_step_fit_file_is_table_1s_fit(tmp_path, monkeypatch):
     assert got["commits"] == ["abc1234"]
 
 
+def test_a_calibration_of_other_weights_is_not_the_presets(tmp_path):
+    """A locality calibration is quoted only where it measured the preset's geometry (the
+    random weights' shapes): one made before the FFN changed is named as due again."""
+    import json
+
+    m = P.model_config("dsv41_h200")
+    geo = {"hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size}
+    point = {"lambda": m.selection_locality, "b_over_k": 16, "host_share_pct": 9.9}
+    cal = {"points": [point], "model_geometry": geo, "env": {"gpu": "NVIDIA H200"},
+           "paper_host_share_pct": {"16": 9.5}}  # fmt: skip
+    f = tmp_path / "locality-dsv41_h200-at16k.json"
+    f.write_text(json.dumps(cal))
+    got = P._locality_source("dsv41_h200", "dsv", tmp_path)
+    assert got.startswith("calibrated on the NVIDIA H200: host share 9.9 % at B = 16k")
+    cal["model_geometry"] = {**geo, "intermediate_size": 22528}
+    f.write_text(json.dumps(cal))
+    got = P._locality_source("dsv41_h200", "dsv", tmp_path)
+    assert f"intermediate_size 22528 (now {m.intermediate_size})" in got
+    assert "checked again" in got and "9.9" not in got
+
+
 def test_glm_derivation_numbers():
     by = {r.key: r for r in P.derivation("glm53_h200")}
     assert by["slots"].ours == 52 and by["slots"].paper == 52

@@ -50,6 +50,8 @@ def test_points_and_fit(tmp_path, monkeypatch):
     assert all(0 <= p["host_share_pct"] <= 100 for p in d["points"])
     assert d["fitted_lambda"] in (0.0, 0.5) and d["fit_error_log2"] >= 0
     assert d["settings"]["temperature"] == 1.0  # the serving experiments' temperature
+    # the random weights' shapes it measured, so a later change of the preset marks it stale
+    assert d["model_geometry"]["hidden_size"] == 64 and "intermediate_size" in d["model_geometry"]
 
 
 def test_sampled_outputs_leave_the_greedy_cycles():
