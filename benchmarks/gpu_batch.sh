@@ -37,8 +37,11 @@
 # - each lane makes one throwaway serving run (DHS_PREWARM=0 skips it, about 30 s): a fresh
 #   machine's first run is slow even with the cache carried in.
 # Every run of the batch records one id (env.json's run_group; DHS_RUN_GROUP, default the time and
-# host): the figures pair systems measured together by it. vmstat and nvidia-smi dmon log the host
-# and each GPU's PCIe / SM / memory use to $OUT, so a lane slowed by another shows why.
+# host): the figures pair systems measured together by it. A call that resumes a group the
+# previous call's time box cut, on the same machine still held (the device tool's lease says
+# warm), may pass that call's id (printed first in its log) so the group's pairs stay paired.
+# vmstat and nvidia-smi dmon log the host and each GPU's PCIe / SM / memory use to $OUT, so a
+# lane slowed by another shows why.
 # DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
 #
 # Runs go to the repository's results/ (finished runs are skipped, so an item cut by its time box
