@@ -96,17 +96,8 @@ class ModelConfig:
         def bad(fld: str, msg: str) -> ValueError:
             return ValueError(f"model.{fld}: {msg}")
 
-        for fld in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_heads",
-            "kv_dim",
-            "index_dim",
-            "index_topk",
-            "max_context_len",
-            "page_size",
-        ):
+        sizes = [k for k in GEOMETRY_KEYS if k != "layer_roles"]
+        for fld in (*sizes, "max_context_len", "page_size"):
             if int(getattr(self, fld)) < 1:
                 raise bad(fld, f"must be >= 1, got {getattr(self, fld)}")
         if self.index_topk > self.max_context_len:
