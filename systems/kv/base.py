@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from systems.host_sync import to_device
+from systems.kernels.backup import copy_rows
 from systems.kernels.index_scores import index_scores
 from systems.kernels.selfcheck import resolve_impl
 from systems.models.config import LayerSpec, ModelConfig
@@ -320,10 +321,16 @@ class KVBackend(ABC):
         return (pages.unsqueeze(1) * self.P + self._page_offsets).reshape(-1)[:T]
 
     def _import_index(self, slot: int, prefix: PrefixKV) -> None:
+        """The prompt's index keys into the slot's pages, a row-copy launch per index source
+        (word-wide: an indexed assignment moves an element per thread, SM time taken from the
+        decode steps a handoff runs beside)."""
         T = prefix.num_tokens
         loc = self._history_locs(slot, T)
+        rows = torch.arange(T, device=self.device)
+        impl = "triton" if self.device.type == "cuda" else "reference"
         for s, i in self.index_src_ids.items():
-            self.index_pool[i, loc] = prefix.index[s].to(self.device, torch.bfloat16)
+            keys = prefix.index[s].to(self.device, torch.bfloat16).contiguous()
+            copy_rows(keys.unsqueeze(0), self.index_pool[i].unsqueeze(0), rows, loc, impl)
 
     # ------------------------------------------------------------------ slots
     def _take_slot(self) -> int:
