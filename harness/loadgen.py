@@ -1078,7 +1078,46 @@ def run_load_sync(
     # a loop factory, not a global policy: loops of other threads (e.g. an
     # in-process server) are left alone
     with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:
-        return runner.run(run_load(cfg, observer))
+        return runner.run(_ctrl_c_cancels(run_load(cfg, observer)))
+
+
+async def _ctrl_c_cancels(coro):
+    """Await ``coro`` as the main task with Ctrl-C (SIGINT) handled by the event loop: the first
+    cancels the task (the load's cleanup runs, its records stay) and ends in KeyboardInterrupt;
+    a second falls to Python's default handler. asyncio.Runner's own handler is a Python signal
+    handler, and Python signal handlers under uvloop have known failures to interrupt (uvloop
+    issue 295); once a Ctrl-C went unanswered for the rest of a 100,000-request load, cause
+    not pinned down. A handler added to the loop runs as a loop callback of its own. Where the
+    loop cannot take one (not the main thread), Runner's handling stays."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    hits = 0
+
+    def on_sigint() -> None:
+        nonlocal hits
+        hits += 1
+        if hits == 1:
+            task.cancel()
+        else:  # the cleanup is stuck: the default handler's KeyboardInterrupt from here on
+            loop.remove_signal_handler(signal.SIGINT)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return await coro
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if hits:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGINT)
+        except (RuntimeError, ValueError):  # the loop is closing
+            pass
 
 
 # --------------------------------------------------------------------------

@@ -185,3 +185,37 @@ def test_fast_path_matches_general_path(cls, make):
             assert got[1:] == whole[1:]
             assert [n for _, n in got[0]] == tokens
             assert [t for t, _ in got[0]] == _expected_stamps(events, reads)
+
+
+@pytest.mark.parametrize("choice", ["asyncio", pytest.param("uvloop", marks=NEED_UVLOOP)])
+def test_ctrl_c_cancels_the_main_task_on_either_loop(choice):
+    """One SIGINT cancels the awaited coroutine (its cleanup runs) and ends in
+    KeyboardInterrupt, on asyncio's loop and on uvloop's, even while socket callbacks run."""
+    import asyncio
+    import os
+    import signal
+
+    from harness.loadgen import _ctrl_c_cancels
+
+    cleaned = []
+
+    async def busy():
+        # a stream of callbacks, as a load's socket reads are, with the signal among them
+        loop = asyncio.get_running_loop()
+        r, w = os.pipe()
+        loop.add_reader(r, lambda: os.read(r, 1))
+        loop.call_later(0.2, os.kill, os.getpid(), signal.SIGINT)
+        try:
+            for _ in range(2000):
+                os.write(w, b"x")
+                await asyncio.sleep(0.005)
+        finally:
+            loop.remove_reader(r)
+            os.close(r), os.close(w)
+            cleaned.append(True)
+
+    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(_ctrl_c_cancels(busy()))
+    assert cleaned == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
