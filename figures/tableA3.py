@@ -157,13 +157,19 @@ def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None
     return RatioStats(point, float(lo), float(hi), (len(units), len(units)), per_repeat, True)
 
 
-def first_failure(runs, system, ttft_bound_s, tpot_bound_ms) -> str | None:
+def first_failure(runs, system, ttft_bound_s, tpot_bound_ms, units=None) -> str | None:
     """The lowest measured load at which ``system`` misses a bound, and by how much (a ratio of
-    sustained loads can turn on a small margin)."""
+    sustained loads can turn on a small margin): on each load's medians over the repeats, or
+    over the repeat numbers ``units``."""
     seen = 0
-    for r in C.by_system(runs).get(system, []):
-        pw, tp = r.num("post_wave_ttft_ms_p99"), r.num("tpot_ms_mean")
-        if pw is None or tp is None or r.concurrency is None:
+    for pc, xs in sorted(_repeat_points(runs, system).items()):
+        chosen = xs if units is None else [x for x in xs if _unit(x) in units]
+        med = {}
+        for key in ("post_wave_ttft_ms_p99", "tpot_ms_mean"):
+            v = [a for a in (run_value(x, key) for x in chosen) if a is not None]
+            med[key] = float(np.median(v)) if v else None
+        pw, tp = med["post_wave_ttft_ms_p99"], med["tpot_ms_mean"]
+        if pw is None or tp is None:
             continue
         seen += 1
         miss = []
@@ -172,9 +178,39 @@ def first_failure(runs, system, ttft_bound_s, tpot_bound_ms) -> str | None:
         if tp > tpot_bound_ms:
             miss.append(f"TPOT {tp:.3g} ms")
         if miss:
-            at = f"C{paper_c(r)}" + (f" (ours C{r.concurrency})" if r.paper_concurrency else "")
+            ours = chosen[0].concurrency if chosen else None
+            at = f"C{pc}" + (f" (ours C{ours})" if ours and ours != pc else "")
             return f"{label(system)} first misses it at {at} ({', '.join(miss)})"
     return f"{label(system)} meets it at every load measured" if seen else None
+
+
+def per_repeat_failures(runs, ttft_bound_s, tpot_bound_ms) -> str | None:
+    """Where each system first misses the bound in each repeat, when the repeats disagree on
+    what either sustains (what spreads a sustained ratio's interval); None when they agree."""
+    compared = ("hisparse", "adaptive_dhisparse")
+    singles = [x for s in compared for xs in _repeat_points(runs, s).values() for x in xs]
+    units = sorted({_unit(x) for x in singles} - {None})
+    if len(units) < 2:
+        return None
+    held = {
+        u: tuple(
+            _sustained_in(_repeat_points(runs, s), (u,), ttft_bound_s, tpot_bound_ms)[0]
+            for s in compared
+        )
+        for u in units
+    }
+    if len(set(held.values())) < 2:
+        return None
+    parts = []
+    for u in units:
+        commits = sorted({x.commit for x in singles if _unit(x) == u and x.commit})
+        misses = [
+            m
+            for m in (first_failure(runs, s, ttft_bound_s, tpot_bound_ms, {u}) for s in compared)
+            if m
+        ]
+        parts.append(f"repeat {u} ({', '.join(commits) or 'no commit'}): " + "; ".join(misses))
+    return "the repeats disagree: " + " | ".join(parts)
 
 
 def main(argv=None) -> C.Report:
@@ -340,6 +376,9 @@ def main(argv=None) -> C.Report:
         reasons.append(
             f"under p99 post-wave TTFT <= {tb:.3g} s and TPOT <= {pb:.3g} ms: " + "; ".join(margins)
         )
+        spread = per_repeat_failures(runs, tb, pb)
+        if spread:
+            reasons.append(spread)
     if reasons and judged:
         rep.diagnose(("bound_a.concurrency_ratio", "bound_a.output_ratio"), "; ".join(reasons))
     return rep.finish(fig, args)

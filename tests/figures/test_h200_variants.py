@@ -390,6 +390,12 @@ def test_table_a3_sustained_ratios_have_an_interval_over_repeats(tmp_path):
     assert row.interval == pytest.approx((2.0, 4.0)) and row.stats.paired
     out = next(r for r in rep.rows if r.key == "bound_a.output_ratio")
     assert sorted(out.stats.group_ratios) == pytest.approx([2800 / 1600, 3600 / 1500])
+    # the reason names what each repeat sustained where they disagree
+    why = rep.why["bound_a.concurrency_ratio"]
+    assert "the repeats disagree: repeat 1" in why
+    assert (
+        "repeat 2 (no commit): " in why and "first misses it at C128 (ours C32) (TPOT 11 ms)" in why
+    )
 
     # one repeat of ADHS at every load: nothing to resample, no interval
     for d in root.glob("fig4_h200_sweep/adaptive_dhisparse-*-rep2"):
