@@ -241,7 +241,12 @@ def test_ctrl_c_ends_the_command_line_in_one_line_and_keeps_the_unfinished_run(t
         if records is not None and records.stat().st_size > 0:
             break
     os.killpg(p.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
-    _, err = p.communicate(timeout=120)
+    try:
+        _, err = p.communicate(timeout=120)
+    finally:  # a Ctrl-C that went unanswered must not leave a load running under later tests
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
     assert p.returncode == 130
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
         "[harness] interrupted: finished runs are kept"
