@@ -390,7 +390,7 @@ class AdaptiveBackend(HiSparseBackend):
                 self.kv_flat.unsqueeze(0),
                 src,
                 dst,
-                self.backup_impl,
+                self.copy_impl,
             )
         # everything not kept on device goes to host now (incl. the partial boundary page)
         self._backup(slot, keep * G, prefix.num_tokens, prefix.kv[:, keep * G :])
@@ -409,7 +409,7 @@ class AdaptiveBackend(HiSparseBackend):
         if unbacked:
             with nvtx_range(BACKUP):
                 dev_rows, host_rows = self._page_rows([(slot, r.page[j], j) for j in unbacked])
-                backup_rows(*self._flat_pools(), dev_rows, host_rows, self.backup_impl)
+                backup_rows(*self._flat_pools(), dev_rows, host_rows, self.copy_impl)
             self.backup_rows += dev_rows.numel()
             for j in unbacked:
                 r.backed[j] = True
@@ -497,7 +497,7 @@ class AdaptiveBackend(HiSparseBackend):
                 return
             dev_rows, host_rows = self._page_rows(pages)
             kv, host = self._flat_pools()
-            restore_rows(host, kv, host_rows, dev_rows, self.backup_impl)
+            restore_rows(host, kv, host_rows, dev_rows, self.copy_impl)
         except BaseException:  # nothing was queued: the pages go back as they were
             self._free_optional([r.page[j] for r, j in taken])
             for r, j in taken:

@@ -216,6 +216,9 @@ class KVBackend(ABC):
         # the indexer's scan follows model.attention_impl (auto: the kernel on a GPU)
         impl = resolve_impl(model_cfg.attention_impl, self.device)
         self.index_impl = "triton" if impl.startswith("triton") else impl
+        # row copies (handoff imports, backups, restores): the word-wide kernel on a GPU, where
+        # it reads or writes the pinned host store through UVA
+        self.copy_impl = "triton" if self.device.type == "cuda" else "reference"
         self.slot_len = [0] * self.num_slots  # committed positions per slot (host-side)
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
         self.active_slots: set[int] = set()
@@ -327,10 +330,9 @@ class KVBackend(ABC):
         T = prefix.num_tokens
         loc = self._history_locs(slot, T)
         rows = torch.arange(T, device=self.device)
-        impl = "triton" if self.device.type == "cuda" else "reference"
         for s, i in self.index_src_ids.items():
             keys = prefix.index[s].to(self.device, torch.bfloat16).contiguous()
-            copy_rows(keys.unsqueeze(0), self.index_pool[i].unsqueeze(0), rows, loc, impl)
+            copy_rows(keys.unsqueeze(0), self.index_pool[i].unsqueeze(0), rows, loc, self.copy_impl)
 
     # ------------------------------------------------------------------ slots
     def _take_slot(self) -> int:

@@ -291,8 +291,6 @@ class HiSparseBackend(KVBackend):
         self.resolver_impl = opt.resolver_impl
         self.copy_grid = int(opt.copy_grid) or None
         self.copy_programs = int(opt.copy_programs_per_request) or None
-        # commit's tail backups: the kernel writes the pinned store through UVA on a GPU
-        self.backup_impl = "triton" if dev.type == "cuda" else "reference"
         self.verify = opt.verify_rows
         self._shadow: dict[int, torch.Tensor] = {}
         self.prefetch = opt.prefetch_followers
@@ -625,7 +623,7 @@ class HiSparseBackend(KVBackend):
             # one pinned host->device copy of the row lists and of the new tail starts
             meta = to_device([*dev_rows, *host_rows, *moved, *moved.values()], self.device)
             N, M = len(dev_rows), len(moved)
-            backup_rows(self.kv_pool, self.host_pool, meta[:N], meta[N : 2 * N], self.backup_impl)
+            backup_rows(self.kv_pool, self.host_pool, meta[:N], meta[N : 2 * N], self.copy_impl)
             self.tail_start_dev[meta[2 * N : 2 * N + M]] = meta[2 * N + M :].to(torch.int32)
 
     def finish_forward(self) -> None:
