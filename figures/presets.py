@@ -405,9 +405,9 @@ def weights_for_share(d: Deployment, fit: dict, share: float) -> float:
     return fit["weights_bytes"] + (fixed_ms - fit["intercept_ms"]) * 1e-3 * HBM_BPS
 
 
-def write_step_fit(preset: str, results: Path) -> Path:
+def write_step_fit(preset: str, results: Path) -> tuple[Path, dict]:
     """Table 1's served fit of ``preset`` (figures/table1.py) with the weights it was measured
-    with, as the calibration file ``step_fit`` reads."""
+    with, as the calibration file ``step_fit`` reads; its path and contents."""
     import json
 
     from figures.table1 import measured_fixed_share
@@ -430,7 +430,8 @@ def write_step_fit(preset: str, results: Path) -> Path:
     }
     path = step_fit_path(preset)
     path.write_text(json.dumps(out, indent=1) + "\n")
-    return path
+    step_fit.cache_clear()
+    return path, out
 
 
 # ------------------------------------------------------------------------------- derivation
@@ -885,8 +886,7 @@ def main(argv=None) -> None:
     )
     args = ap.parse_args(argv)
     if args.fit_step:
-        path = write_step_fit(args.fit_step, args.results)
-        fit = step_fit.__wrapped__(args.fit_step)
+        path, fit = write_step_fit(args.fit_step, args.results)
         d = DEPLOYMENTS[args.fit_step]
         print(
             f"wrote {path}: {fit['intercept_ms']:.2f} ms + {fit['ms_per_request']:.3f} ms per "

@@ -65,10 +65,10 @@ def bootstrap_ratio(
     rng = np.random.default_rng(seed)
     ma = np.median(rng.choice(a, size=(resamples, len(a)), replace=True), axis=1)
     mb = np.median(rng.choice(b, size=(resamples, len(b)), replace=True), axis=1)
-    return _percentile_interval(ma / mb, interval)
+    return percentile_interval(ma / mb, interval)
 
 
-def _percentile_interval(ratios: np.ndarray, interval: float) -> tuple[float, float]:
+def percentile_interval(ratios: np.ndarray, interval: float) -> tuple[float, float]:
     """The central ``interval`` of resampled ratios."""
     tail = 100.0 * (1.0 - interval) / 2.0
     lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
@@ -88,7 +88,7 @@ def bootstrap_paired_ratio(
         return None
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(p), size=(resamples, len(p)))
-    return _percentile_interval(
+    return percentile_interval(
         np.median(p[idx, 0], axis=1) / np.median(p[idx, 1], axis=1), interval
     )
 

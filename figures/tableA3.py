@@ -15,7 +15,14 @@ import numpy as np
 
 from figures import common as C
 from figures.paper_values import A3_CONCURRENCY, PAPER, label
-from figures.stats import INTERVAL, MIN_RUNS, RESAMPLES, SEED, RatioStats
+from figures.stats import (
+    INTERVAL,
+    MIN_RUNS,
+    RESAMPLES,
+    SEED,
+    RatioStats,
+    percentile_interval,
+)
 from harness.results import run_value
 
 NAME = "tableA3"
@@ -89,19 +96,23 @@ def _unit(run) -> int | None:
     return int(rep) if rep is not None else None
 
 
+def _medians(xs: list, units) -> tuple[dict, list]:
+    """({key: median} of a load's runs in ``units`` (a multiset of repeat numbers, each drawn
+    run counted as often as its number; None: every run), and those runs)."""
+    chosen = xs if units is None else [x for u in units for x in xs if _unit(x) == u]
+    med = {}
+    for key in ("post_wave_ttft_ms_p99", "tpot_ms_mean", "output_tok_s_per_gpu"):
+        v = [a for a in (run_value(x, key) for x in chosen) if a is not None]
+        med[key] = float(np.median(v)) if v else None
+    return med, chosen
+
+
 def _sustained_in(points: dict[int, list], units, ttft_bound_s, tpot_bound_ms):
-    """Highest paper C whose medians over the runs of ``units`` (a multiset of repeat numbers;
-    None: every run) meet the bounds, with its median output."""
+    """Highest paper C whose medians over the runs of ``units`` (``_medians``) meet the bounds,
+    with its median output."""
     best = None
     for pc, xs in points.items():
-        if units is None:
-            chosen = xs
-        else:
-            chosen = [x for u in units for x in xs if _unit(x) == u]
-        vals = {}
-        for key in ("post_wave_ttft_ms_p99", "tpot_ms_mean", "output_tok_s_per_gpu"):
-            v = [a for a in (run_value(x, key) for x in chosen) if a is not None]
-            vals[key] = float(np.median(v)) if v else None
+        vals, _ = _medians(xs, units)
         pw, tp = vals["post_wave_ttft_ms_p99"], vals["tpot_ms_mean"]
         if pw is None or tp is None:
             continue
@@ -151,10 +162,9 @@ def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None
             vals.append(memo[key])
     if len(vals) < RESAMPLES * INTERVAL:  # a drawn repeat sustained no load: no interval
         return None
-    tail = 100.0 * (1.0 - INTERVAL) / 2.0
-    lo, hi = np.percentile(vals, [tail, 100.0 - tail])
+    lo, hi = percentile_interval(np.asarray(vals), INTERVAL)
     per_repeat = tuple(r for r in (ratio((u,)) for u in units) if r is not None)
-    return RatioStats(point, float(lo), float(hi), (len(units), len(units)), per_repeat, True)
+    return RatioStats(point, lo, hi, (len(units), len(units)), per_repeat, True)
 
 
 def first_failure(runs, system, ttft_bound_s, tpot_bound_ms, units=None) -> str | None:
@@ -163,11 +173,7 @@ def first_failure(runs, system, ttft_bound_s, tpot_bound_ms, units=None) -> str 
     over the repeat numbers ``units``."""
     seen = 0
     for pc, xs in sorted(_repeat_points(runs, system).items()):
-        chosen = xs if units is None else [x for x in xs if _unit(x) in units]
-        med = {}
-        for key in ("post_wave_ttft_ms_p99", "tpot_ms_mean"):
-            v = [a for a in (run_value(x, key) for x in chosen) if a is not None]
-            med[key] = float(np.median(v)) if v else None
+        med, chosen = _medians(xs, units)
         pw, tp = med["post_wave_ttft_ms_p99"], med["tpot_ms_mean"]
         if pw is None or tp is None:
             continue
@@ -188,15 +194,13 @@ def per_repeat_failures(runs, ttft_bound_s, tpot_bound_ms) -> str | None:
     """Where each system first misses the bound in each repeat, when the repeats disagree on
     what either sustains (what spreads a sustained ratio's interval); None when they agree."""
     compared = ("hisparse", "adaptive_dhisparse")
-    singles = [x for s in compared for xs in _repeat_points(runs, s).values() for x in xs]
+    points = {s: _repeat_points(runs, s) for s in compared}
+    singles = [x for p in points.values() for xs in p.values() for x in xs]
     units = sorted({_unit(x) for x in singles} - {None})
     if len(units) < 2:
         return None
     held = {
-        u: tuple(
-            _sustained_in(_repeat_points(runs, s), (u,), ttft_bound_s, tpot_bound_ms)[0]
-            for s in compared
-        )
+        u: tuple(_sustained_in(points[s], (u,), ttft_bound_s, tpot_bound_ms)[0] for s in compared)
         for u in units
     }
     if len(set(held.values())) < 2:

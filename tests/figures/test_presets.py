@@ -112,8 +112,9 @@ def test_the_step_fit_file_is_table_1s_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(
         table1, "measured_fixed_share", lambda results, preset: (0.4, 2.0, 0.05, [R("x"), R("y")])
     )
-    path = P.write_step_fit("dsv41_h200", Path("/r"))
+    path, written = P.write_step_fit("dsv41_h200", Path("/r"))
     got = json.loads(path.read_text())
+    assert got == written
     assert got["weights_bytes"] == P.model_config("dsv41_h200").weight_bytes(2)
     assert (got["intercept_ms"], got["ms_per_request"], got["runs"]) == (2.0, 0.05, ["x", "y"])
     assert got["commits"] == ["abc1234"]
