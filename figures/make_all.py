@@ -144,7 +144,7 @@ def _headline_table(claims: dict, notes: C.Footnotes) -> list[str]:
     a bound's or eq. 13's verdict with its criterion; the reasons are numbered notes."""
     lines = [
         "| claim | load: paper / ours | paper | ours (90% interval) | direction holds "
-        "| factor (±30%) or bound holds | why not |",
+        "| factor (±30%) or bound holds | why not; caveats |",
         "|---|---|---|---|---|---|---|",
     ]
     for cid, c in claims.items():
@@ -161,6 +161,11 @@ def _headline_table(claims: dict, notes: C.Footnotes) -> list[str]:
             bound = f"{_holds_text(c)} " + (
                 f"({criterion})" if len(criterion) <= 20 else notes.ref(criterion)
             )
+        # runs of a preset whose geometry changed since, or made before changes that move the
+        # numbers: said wherever the claim stands
+        prov = c.get("provenance") or ""
+        why += re.findall(r"measured on an earlier [^;]*\)", prov)[:1]
+        why += re.findall(r"made before \d+ later chang[^;]*;[^)]*\)", prov)[:1]
         # the direction's and the magnitude's reasons share their notes
         refs = dict.fromkeys(re.findall(r"\[\d+\]", "".join(notes.sources(w) for w in why if w)))
         lines.append(

@@ -5,6 +5,7 @@ cost against batch, admission, acceptance, per-run-group ratios with their inter
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -181,11 +182,12 @@ def paired_ratio_note(
     of medians over different machines can be further from either machine's own ratio than the
     effect is large."""
     runs = list(runs)
-    parts = []
+    parts, groups = [], set()
     for a_sys, b_sys in pairs:
         a, b = pick(runs, a_sys, concurrency), pick(runs, b_sys, concurrency)
         if a is None or b is None or (len(a.repeats) < 2 and len(b.repeats) < 2):
             continue
+        groups |= {x.run_group for x in (a.repeats or [a]) + (b.repeats or [b])}
         by_group = values_by_run_group({"a": a, "b": b}, key)
         ratios = [
             (g, float(np.median(d["a"]) / np.median(d["b"])))
@@ -209,11 +211,12 @@ def paired_ratio_note(
         parts.append(text)
     if not parts:
         return None
-    return (
-        f"ratios at C{concurrency} within one run group (its id, or its commit): "
-        + "; ".join(parts)
-        + ". The figure's ratio is of the repeats' medians, which come from different GPU machines"
+    text = f"ratios at C{concurrency} within one run group (its id, or its commit): " + "; ".join(
+        parts
     )
+    if len(groups) > 1:
+        text += ". The figure's ratio is of the repeats' medians, which come from different GPU machines"
+    return text
 
 
 def eager_note(runs: Iterable[Run]) -> str | None:
@@ -433,6 +436,37 @@ def compare_ratio(rep, key, quantity, paper, runs, systems, c: int, value_key: s
     )
 
 
+@cache
+def _preset_geometry(name: str) -> dict | None:
+    """The geometry (systems/models/config.GEOMETRY_KEYS) of model preset ``name`` as
+    conf/model/ composes it today; None where no such preset exists."""
+    from figures.presets import model_config
+    from systems.models.config import GEOMETRY_KEYS
+
+    if not (Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml").exists():
+        return None
+    m = model_config(name)
+    return {k: getattr(m, k) for k in GEOMETRY_KEYS}
+
+
+def geometry_change(run: Run) -> str:
+    """Where the run's model section differs from its preset's geometry today, what it
+    measured ('measured on an earlier <preset> geometry (key old, now new)'): a re-run draws
+    other random weights of other shapes, so its numbers are not this preset's; else ''."""
+    m = run.config.get("model") or {}
+    now = _preset_geometry(str(m.get("name"))) if m.get("name") else None
+    if not now:
+        return ""
+
+    def same(a, b) -> bool:
+        return list(a) == list(b) if isinstance(b, (list, tuple)) else a == b
+
+    moved = [f"{k} {m[k]}, now {now[k]}" for k in now if k in m and not same(m[k], now[k])]
+    if not moved:
+        return ""
+    return f"measured on an earlier {m['name']} geometry ({'; '.join(moved)})"
+
+
 def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> str:
     """Where a measured number came from: scaled preset / calibrated input(s), device."""
     if runs is None:
@@ -447,6 +481,7 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
     for r in runs:
         model = r.model
         add(f"scaled preset ({model})" if model else "scaled preset")
+        add(geometry_change(r))
         loc = as_float(find_key(r.config, "selection_locality"))
         if loc is None:
             loc = as_float(r.summary.get("selection_locality"))

@@ -8,7 +8,7 @@ import argparse
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -509,7 +509,14 @@ def df_to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def parse_args(name: str, doc: str | None, argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    name: str,
+    doc: str | None,
+    argv: Sequence[str] | None = None,
+    add: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """The figure scripts' common options (``--results``, ``--out``, ``--dpi``, ``--quiet``),
+    plus a script's own where ``add`` adds them to the parser."""
     ap = argparse.ArgumentParser(
         prog=f"python -m figures.{name}",
         description=(doc or "").strip().splitlines()[0] if doc else None,
@@ -528,6 +535,8 @@ def parse_args(name: str, doc: str | None, argv: Sequence[str] | None = None) ->
     )
     ap.add_argument("--dpi", type=int, default=150)
     ap.add_argument("--quiet", action="store_true", help="do not print the comparison")
+    if add is not None:
+        add(ap)
     return ap.parse_args(list(argv) if argv is not None else None)
 
 

@@ -108,24 +108,36 @@ def _medians(xs: list, units) -> tuple[dict, list]:
 
 
 def _sustained_in(points: dict[int, list], units, ttft_bound_s, tpot_bound_ms):
-    """Highest paper C whose medians over the runs of ``units`` (``_medians``) meet the bounds,
-    with its median output."""
+    """The last paper C before the first load (ascending) whose medians over the runs of
+    ``units`` (``_medians``) miss a bound, with its median output: a load that meets the bounds
+    again above a miss (noise) is not sustained."""
     best = None
-    for pc, xs in points.items():
+    for pc, xs in sorted(points.items()):
         vals, _ = _medians(xs, units)
         pw, tp = vals["post_wave_ttft_ms_p99"], vals["tpot_ms_mean"]
         if pw is None or tp is None:
             continue
-        if pw / 1e3 <= ttft_bound_s and tp <= tpot_bound_ms:
-            if best is None or pc > best[0]:
-                best = (pc, vals["output_tok_s_per_gpu"])
+        if pw / 1e3 > ttft_bound_s or tp > tpot_bound_ms:
+            break
+        best = (pc, vals["output_tok_s_per_gpu"])
     return best or (None, None)
 
 
 def sustained(runs, system, ttft_bound_s, tpot_bound_ms):
-    """Highest offered C (the paper's) whose post-wave p99 TTFT and mean TPOT (medians over the
-    repeats) meet the bounds, with its output."""
+    """The highest offered C (the paper's) up to which every load's post-wave p99 TTFT and mean
+    TPOT (medians over the repeats) meet the bounds, with its output."""
     return _sustained_in(_repeat_points(runs, system), None, ttft_bound_s, tpot_bound_ms)
+
+
+def _whole_units(points: list[dict[int, list]], units) -> list:
+    """The repeat numbers of ``units`` whose runs (on every side, at every load) share one run
+    group: measured in one call on one machine, so a true interleaved pair."""
+    whole = []
+    for u in units:
+        groups = {x.run_group for p in points for xs in p.values() for x in xs if _unit(x) == u}
+        if len(groups) == 1 and None not in groups and "" not in groups:
+            whole.append(u)
+    return whole
 
 
 def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None:
@@ -133,38 +145,43 @@ def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None
     interval over the sweep's repeats.
 
     ``a_side`` / ``b_side`` are (system, TTFT bound s, TPOT bound ms). A resample draws repeat
-    numbers with replacement, the same draw for both systems (a repeat ran both in one call, so a
-    machine's speed is shared by the pair), and judges each system on the medians of the drawn
-    repeats at every load: the statistic the point estimate is, resampled whole. None without
-    two repeats that measured both systems. The bounds stay where all repeats put them."""
+    numbers with replacement and judges each system on the medians of its drawn repeats at
+    every load: the statistic the point estimate is, resampled whole. Where every repeat number
+    ran both systems at every load in one run group (one call, one machine), the pair shares a
+    machine's speed, so both systems get the same draw (``paired``) and each repeat's ratio is a
+    run group's; otherwise the two are drawn independently. None without two repeats that
+    measured both systems. The bounds stay where all repeats put them."""
     pa, pb = _repeat_points(runs, a_side[0]), _repeat_points(runs, b_side[0])
     ua = {_unit(x) for xs in pa.values() for x in xs}
     ub = {_unit(x) for xs in pb.values() for x in xs}
     units = sorted(u for u in ua & ub if u is not None)
 
-    def ratio(sel):
-        a = _sustained_in(pa, sel, *a_side[1:])[which]
-        b = _sustained_in(pb, sel, *b_side[1:])[which]
+    def ratio(sel_a, sel_b):
+        a = _sustained_in(pa, sel_a, *a_side[1:])[which]
+        b = _sustained_in(pb, sel_b, *b_side[1:])[which]
         return C.ratio(a, b)
 
-    point = ratio(None)
+    point = ratio(None, None)
     if point is None or len(units) < MIN_RUNS:
         return None
+    whole = _whole_units([pa, pb], units)
+    paired = whole == units
     rng = np.random.default_rng(SEED)
-    draws = rng.integers(0, len(units), size=(RESAMPLES, len(units)))
+    draws = rng.integers(0, len(units), size=(RESAMPLES, 2, len(units)))
     memo: dict[tuple, float | None] = {}  # few distinct multisets: judge each once
     vals = []
     for d in draws:
-        key = tuple(sorted(units[i] for i in d))
-        if key not in memo:
-            memo[key] = ratio(key)
-        if memo[key] is not None:
-            vals.append(memo[key])
+        ka = tuple(sorted(units[i] for i in d[0]))
+        kb = ka if paired else tuple(sorted(units[i] for i in d[1]))
+        if (ka, kb) not in memo:
+            memo[(ka, kb)] = ratio(ka, kb)
+        if memo[(ka, kb)] is not None:
+            vals.append(memo[(ka, kb)])
     if len(vals) < RESAMPLES * INTERVAL:  # a drawn repeat sustained no load: no interval
         return None
     lo, hi = percentile_interval(np.asarray(vals), INTERVAL)
-    per_repeat = tuple(r for r in (ratio((u,)) for u in units) if r is not None)
-    return RatioStats(point, lo, hi, (len(units), len(units)), per_repeat, True)
+    in_group = tuple(r for r in (ratio((u,), (u,)) for u in whole) if r is not None)
+    return RatioStats(point, lo, hi, (len(units), len(units)), in_group, paired)
 
 
 def first_failure(runs, system, ttft_bound_s, tpot_bound_ms, units=None) -> str | None:
@@ -218,11 +235,22 @@ def per_repeat_failures(runs, ttft_bound_s, tpot_bound_ms) -> str | None:
 
 
 def main(argv=None) -> C.Report:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--ttft-bound", type=float, default=None)
-    pre.add_argument("--tpot-bound", type=float, default=None)
-    extra, rest = pre.parse_known_args(argv)
-    args = C.parse_args(NAME, __doc__, rest)
+    def bound_options(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument(
+            "--ttft-bound",
+            type=float,
+            default=None,
+            help="post-wave p99 TTFT bound in seconds, for every bound row (default: the "
+            "paper's, scaled to the preset's time on the H200 preset)",
+        )
+        ap.add_argument(
+            "--tpot-bound",
+            type=float,
+            default=None,
+            help="mean TPOT bound in ms, for every bound row (default: as --ttft-bound)",
+        )
+
+    args = extra = C.parse_args(NAME, __doc__, argv, add=bound_options)
     exp = H200_EXPERIMENT if C.load_runs(args.results, H200_EXPERIMENT) else "fig4"
     runs = C.load_runs(args.results, exp)
     rep = C.Report(NAME, f"Table A3 - latency at every load (ours: {C.preset_label(exp)})")

@@ -1125,7 +1125,8 @@ def _after_change(commit: str, change: str) -> bool | None:
 
 
 def change_mix(runs: Iterable[Run]) -> str:
-    """A provenance note when ``runs`` straddle a MEASUREMENT_CHANGES commit, else ''."""
+    """A provenance note when ``runs`` straddle a MEASUREMENT_CHANGES commit, or (straddling
+    none) were all made before some of them, else ''."""
     commits = set()
     for r in runs:
         for x in r.repeats or [r]:
@@ -1140,6 +1141,20 @@ def change_mix(runs: Iterable[Run]) -> str:
             notes.append(
                 f"mixes runs from before {change} ({', '.join(before)}) and after it "
                 f"({', '.join(after)}): {what}"
+            )
+    if commits and not notes:
+        # every run on the early side of some changes: nothing mixes, but a re-run would differ
+        later = [
+            (change, what)
+            for change, what in MEASUREMENT_CHANGES
+            if all(_after_change(c, change) is False for c in commits)
+        ]
+        if later:
+            change, what = later[-1]
+            notes.append(
+                f"made before {len(later)} later change{'s' if len(later) > 1 else ''} that "
+                f"move the numbers (harness.results.MEASUREMENT_CHANGES; the newest, {change}: "
+                f"{what.split(' (before it')[0]})"
             )
     grid = copy_grid_mix(runs)
     if grid:

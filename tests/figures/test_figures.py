@@ -715,7 +715,37 @@ def test_provenance_names_repeat_commits_and_a_kernel_change_between_runs(tmp_pa
     if R._after_change("1ef6892", "a5e1803") is None:
         pytest.skip("git history not available here")
     assert "mixes runs from before a5e1803 (60e6be1) and after it (1ef6892)" in prov
-    assert C.change_mix([C.Run(runs[0].path, runs[0].summary)]) == ""  # one side only
+    # one side only: nothing mixes, but the run predates the later changes
+    alone = C.change_mix([C.Run(runs[0].path, runs[0].summary)])
+    assert "mixes" not in alone and alone.startswith("made before ")
+    assert f"the newest, {R.MEASUREMENT_CHANGES[-1][0]}: " in alone
+    # a run at HEAD follows every change: nothing to say
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
+    (runs[0].path / "env.json").write_text(json.dumps({"git_commit": head.stdout.strip()}))
+    assert C.change_mix([C.Run(runs[0].path, runs[0].summary)]) == ""
+
+
+def test_provenance_names_a_preset_geometry_changed_since_the_run(tmp_path):
+    """A run whose model section has other shapes than its preset composes today measured
+    other random weights: its provenance says which field moved; a run of today's shapes, or
+    of a model no preset names, says nothing."""
+    from figures import common as C
+    from figures.presets import model_config
+
+    now = model_config("glm53_mini")
+    for name, model in (
+        ("old", {"name": "glm53_mini", "intermediate_size": 999, "hidden_size": now.hidden_size}),
+        ("new", {"name": "glm53_mini", "intermediate_size": now.intermediate_size}),
+        ("adhoc", {"name": "no_such_preset", "intermediate_size": 999}),
+    ):
+        d = tmp_path / "fig4" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": name, "concurrency": 8}))
+        (d / "config.yaml").write_text(json.dumps({"model": model}))
+    runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig4")}
+    want = f"measured on an earlier glm53_mini geometry (intermediate_size 999, now {now.intermediate_size})"
+    assert want in C.provenance(runs["old"])
+    assert "earlier" not in C.provenance([runs["new"], runs["adhoc"]])
 
 
 def test_provenance_flags_hisparse_runs_on_different_copy_grids(tmp_path):
@@ -811,7 +841,14 @@ def test_paired_ratio_note_pairs_repeats_by_device_call(tmp_path):
     assert len(runs) == 2 and all(len(r.repeats) == 3 for r in runs)
     note = C.paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
     assert "1.09 (aaaaaaa), 1.03 (bbbbbbb), 0.79 (ccccccc), median 1.03" in note
+    assert "come from different GPU machines" in note
     assert C.paired_ratio_note(runs, (("adaptive_dhisparse", "resident"),), 128) is None
+    # repeats all of one run group: no machines to tell apart
+    for r in runs:
+        for x in r.repeats:
+            x.env["run_group"] = "one-call"
+    note = C.paired_ratio_note(runs, (("adaptive_dhisparse", "hisparse"),), 128)
+    assert "(one-call)" in note and "different GPU machines" not in note
     # env.json's device_call, where present, separates two calls made at one commit
     for name in ("adhs9", "hs9"):
         run(

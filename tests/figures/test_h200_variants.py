@@ -380,16 +380,29 @@ def test_table_a3_sustained_ratios_have_an_interval_over_repeats(tmp_path):
                      "output_tok_s_per_gpu": out}  # fmt: skip
                 cfg = {"system": {"name": sys_}, "model": {"name": "glm53_h200"},
                        "workload": {"output_len": 1024}, "repeat": k}  # fmt: skip
-                _write_run(root, "fig4_h200_sweep", f"{sys_}-c{pc}-rep{k}", s, cfg)
+                d = _write_run(root, "fig4_h200_sweep", f"{sys_}-c{pc}-rep{k}", s, cfg)
+                (d / "env.json").write_text(json.dumps({"run_group": f"call{k}"}))
     rep = tableA3.main(["--results", str(root), "--out", str(tmp_path / "out")])
     # medians: ADHS TPOT at C128 9.5 ms <= 10 ms, so it sustains C128 over HiSparse's C32
     row = next(r for r in rep.rows if r.key == "bound_a.concurrency_ratio")
     assert row.ours == pytest.approx(4.0)
-    # repeat 1: 128 / 32 = 4x; repeat 2: ADHS misses C128 (11 ms), 64 / 32 = 2x
+    # repeat 1: 128 / 32 = 4x; repeat 2: ADHS misses C128 (11 ms), 64 / 32 = 2x; each repeat ran
+    # in one call, so the draws are paired and each repeat's ratio is a run group's
     assert sorted(row.stats.group_ratios) == pytest.approx([2.0, 4.0])
     assert row.interval == pytest.approx((2.0, 4.0)) and row.stats.paired
     out = next(r for r in rep.rows if r.key == "bound_a.output_ratio")
     assert sorted(out.stats.group_ratios) == pytest.approx([2800 / 1600, 3600 / 1500])
+
+    # repeat 2 of ADHS at C128 from another call: that repeat is no pair, so the systems are
+    # drawn independently and only repeat 1 is a run group's ratio
+    (root / "fig4_h200_sweep/adaptive_dhisparse-c128-rep2/env.json").write_text(
+        json.dumps({"run_group": "call3"})
+    )
+    rep = tableA3.main(["--results", str(root), "--out", str(tmp_path / "out")])
+    row = next(r for r in rep.rows if r.key == "bound_a.concurrency_ratio")
+    assert row.ours == pytest.approx(4.0) and not row.stats.paired
+    assert row.stats.group_ratios == pytest.approx((4.0,))
+    assert row.interval == pytest.approx((2.0, 4.0))
     # the reason names what each repeat sustained where they disagree
     why = rep.why["bound_a.concurrency_ratio"]
     assert "the repeats disagree: repeat 1" in why
@@ -405,6 +418,22 @@ def test_table_a3_sustained_ratios_have_an_interval_over_repeats(tmp_path):
     rep = tableA3.main(["--results", str(root), "--out", str(tmp_path / "out")])
     row = next(r for r in rep.rows if r.key == "bound_a.concurrency_ratio")
     assert row.ours == pytest.approx(4.0) and row.interval is None
+
+
+def test_table_a3_sustains_only_up_to_the_first_miss(tmp_path):
+    """A system sustains the loads below its first miss: a higher load that meets the bounds
+    again (noise, a cut run) does not raise what it sustains."""
+    from figures import common as C
+    from figures import tableA3
+    from tests.figures.fixture import _write_run
+
+    for pc, tpot in ((16, 5.0), (32, 11.0), (64, 9.0)):  # misses 10 ms at C32, meets it at C64
+        s = {"system": "hisparse", "point": {"concurrency": pc // 4, "paper_concurrency": pc},
+             "tpot_ms_mean": tpot, "post_wave_ttft_ms_p99": 100.0,
+             "output_tok_s_per_gpu": 10.0 * pc, "completed": 8, "errors": 0}  # fmt: skip
+        _write_run(tmp_path, "sweep", f"hisparse-c{pc}", s, {"system": {"name": "hisparse"}})
+    runs = C.load_runs(tmp_path, "sweep")
+    assert tableA3.sustained(runs, "hisparse", 1.0, 10.0) == (16, 160.0)
 
 
 def test_table_a3_judges_no_bound_without_its_anchor(tmp_path):
