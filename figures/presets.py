@@ -44,9 +44,9 @@ step; Q = K: a verification round) costs bytes over bandwidths, each term read o
 The fixed share is the weights' time over the step's. ``benchmarks/bench_decode_step.py`` on the
 GPU checks the model: its ``floor_ms`` is the HBM part (it counts the index keys once per query,
 where the kernel reads them once per call), its ``step_ms`` the measured step or round and its
-``round_over_step`` the ratio. The committed glm53_probe rows (results/engine_step/summary.json)
-measured 3.2x the floor at batch 32 and a round / step of 1.52: today's host and launch overhead
-(~5 ms a step) sits on top of the model, which leaves it out. Table 1 (figures/table1.py) measures
+``round_over_step`` the ratio. The glm53_probe rows measured at 1ada8b7 (``git show
+429bb59:results/engine_step/summary.json``) took 3.2x the floor at batch 32 and a round / step of
+1.52: the host and launch overhead of then (~5 ms a step) sits on top of the model, which leaves it out. Table 1 (figures/table1.py) measures
 the time structure as served: a line through each preset's served steps against their running
 requests (its non-speculative runs at its budget, up to its paper-C128 batch), whose intercept
 over the step at that batch is the load-independent share the rule's band bounds.

@@ -5,7 +5,7 @@
 - ``results/fig6/summary.json`` (and ``results/fig6_h200/summary.json``, the same on the GLM-like
   H200 preset): host_fetch_share_low_on / _off (first low-load phase, percent),
   coverage_low_on, seconds_to_coverage_below_1pct, seconds_to_coverage_above_50pct_after_drop,
-  slots_fill_s_on / _off.
+  seconds_to_fill_slots_on / _off.
 - ``results/fig7/summary.json`` (and ``results/fig7_h200/summary.json``): per block size and
   load, emitted_tokens_per_round and
   output_tok_s_per_gpu, plus missing_selections_per_distinct_host_row.
@@ -122,8 +122,8 @@ def fig6(results: Path, experiment: str = "fig6") -> dict | None:
         "coverage_low_on": _pct(on.get("coverage_low")),
         "seconds_to_coverage_below_1pct": on.get("below_1pct_s"),
         "seconds_to_coverage_above_50pct_after_drop": on.get("above_50pct_s"),
-        "slots_fill_s_on": on.get("fill_s"),
-        "slots_fill_s_off": off.get("fill_s"),
+        "seconds_to_fill_slots_on": on.get("fill_s"),
+        "seconds_to_fill_slots_off": off.get("fill_s"),
         "runs": {a: str(r.path.relative_to(results)) for a, r in by_arm.items()},
         "note": "scaled preset and time-scaled phases; see the runs' config.yaml",
     }
