@@ -619,9 +619,13 @@ class Engine:
             return
         self._deferred = []
         try:
-            for r, t in zip(done.batch, toks):
-                if r.finish_reason is None and r.status == ReqStatus.RUNNING:
+            self.decoder.on_delivered(
+                sum(
                     self._append_tokens(r, t)
+                    for r, t in zip(done.batch, toks)
+                    if r.finish_reason is None and r.status == ReqStatus.RUNNING
+                )
+            )
         finally:
             deferred, self._deferred = self._deferred, None
         self._release(done.release_after, None)
@@ -663,8 +667,7 @@ class Engine:
         except Exception as e:  # fail this step's requests, keep the engine serving
             self._fail_step(batch, e)
             return
-        for r, toks in zip(batch, outs):
-            self._append_tokens(r, toks)
+        self.decoder.on_delivered(sum(self._append_tokens(r, t) for r, t in zip(batch, outs)))
 
     # ------------------------------------------------------------------ failure isolation
     def _notify(self, req: Request, emitted: list[int], done: bool) -> None:
@@ -742,7 +745,9 @@ class Engine:
         self.requests.clear()
         self._live.clear()
 
-    def _append_tokens(self, req: Request, toks: list[int]) -> None:
+    def _append_tokens(self, req: Request, toks: list[int]) -> int:
+        """Append a step's tokens to ``req`` up to its length cap, EOS or stop match; returns
+        how many it took."""
         now = time.time()
         emitted = []
         for t in toks:
@@ -758,7 +763,12 @@ class Engine:
                 req.finish_reason = {"type": "stop", "matched": t}
                 break
             if req.params.stop is not None:
-                matched = req.params.stop(req.output_ids)
+                try:
+                    matched = req.params.stop(req.output_ids)
+                except Exception as e:  # a broken matcher fails its request, not the engine
+                    log.exception("stop matcher of %s failed", req.rid)
+                    req.finish_reason = {"type": "error", "message": f"stop matcher: {e!r}"}
+                    break
                 if matched is not None:
                     req.finish_reason = {"type": "stop", "matched": matched}
                     break
@@ -772,7 +782,8 @@ class Engine:
                 self._deferred.append(req)
             else:
                 self.scheduler.finish(req)
-            self.stats["finished_total"] += 1
+            failed = req.finish_reason["type"] == "error"
+            self.stats["failed_total" if failed else "finished_total"] += 1
             self.requests.pop(req.rid, None)
             self._live.discard(req.rid)
         if req.on_output is not None:
@@ -780,6 +791,7 @@ class Engine:
                 req.on_output(req, emitted, done)
             except Exception:
                 self._output_failed(req, done)
+        return len(emitted)
 
     # ------------------------------------------------------------------ observability
     # the device counters /metrics reports trail the device by at most this, while serving
@@ -800,7 +812,9 @@ class Engine:
 
     def metrics(self, sync: bool = True) -> dict[str, float]:
         """Counters and gauges of the engine and its backend. ``sync=False``: read no device
-        value (the HTTP server's event loop; ``KVBackend.metrics``)."""
+        value (the HTTP server's event loop; ``KVBackend.metrics``). Called from other threads
+        while the engine thread runs: dicts that thread may grow are read through a copy (one C
+        call under the GIL), since iterating one while it resizes raises."""
         m = {
             "dhs_num_running_reqs": len(self.scheduler.running),
             "dhs_num_handoff_reqs": len(self.scheduler.arriving),  # history on its way
@@ -808,22 +822,24 @@ class Engine:
             "dhs_num_prefills_total": self.prefixes.num_prefills,
             "dhs_num_prefix_loads_total": self.prefixes.num_loads,  # from DHS_PREFIX_CACHE
         }
-        for k, v in self.stats.items():
+        for k, v in dict(self.stats).items():
             m[f"dhs_{k}"] = v
         gr = self.graph_runner
         if gr is not None:
             for name, cache in (("graph", gr.cache), ("drafter_graph", gr.drafter)):
-                for k, v in cache.stats.items():
+                for k, v in dict(cache.stats).items():
                     m[f"dhs_{name}_{k}_total"] = v
         m.update(self.backend.metrics(sync))
-        for k, v in getattr(self.decoder, "stats", {}).items():
+        for k, v in dict(getattr(self.decoder, "stats", {})).items():
             m[f"dhs_{k}"] = v
-        for reason, n in self.scheduler.wait_reason_counts.items():
+        for reason, n in dict(self.scheduler.wait_reason_counts).items():
             m[f'dhs_admission_wait_events_total{{reason="{reason}"}}'] = n
         for times in (self.scheduler.admit_phases, self._admit_phases):
-            for phase in times.wall:
-                m[f'dhs_admit_phase_seconds_total{{phase="{phase}"}}'] = times.wall[phase]
-                m[f'dhs_admit_phase_cpu_seconds_total{{phase="{phase}"}}'] = times.cpu[phase]
+            for phase, wall in dict(times.wall).items():
+                m[f'dhs_admit_phase_seconds_total{{phase="{phase}"}}'] = wall
+                m[f'dhs_admit_phase_cpu_seconds_total{{phase="{phase}"}}'] = times.cpu.get(
+                    phase, 0.0
+                )
         m["dhs_admission_blocked"] = 1.0 if self.scheduler.wait_reason else 0.0
         if self.device.type == "cuda":
             m.update(cuda_allocator_counters(self.device))

@@ -113,6 +113,10 @@ class Scheduler:
             if self.max_in_flight and len(self.arriving) >= self.max_in_flight:
                 break  # not a memory wait: the transport is full
             req = self.waiting[0]
+            if req.aborted:
+                # aborted after this round's intake: its abort is taken in next round (before
+                # any admission); starting its handoff now would copy a history for nothing
+                break
             held = None
             try:
                 t = clock()

@@ -188,9 +188,12 @@ class AdaptiveBackend(HiSparseBackend):
         )
 
     # ------------------------------------------------------------------ accounting
+    # Reads for /metrics run on another thread (the server's event loop, or the engine process's
+    # main thread) while the engine thread admits and releases requests: they iterate a copy of
+    # ``res`` (one C call under the GIL), never the dict the engine thread may be resizing.
     @property
     def optional_pages(self) -> int:
-        return sum(r.num_pages for r in self.res.values())
+        return sum(r.num_pages for r in list(self.res.values()))
 
     def _is_lent(self, page: int) -> bool:
         return page >= self.num_payload
@@ -545,8 +548,9 @@ class AdaptiveBackend(HiSparseBackend):
     # ------------------------------------------------------------------ reports
     def coverage(self) -> float:
         """Ready optional history over eligible history (complete prompt pages)."""
-        elig = sum(r.num_complete for r in self.res.values())
-        ready = sum(sum(r.ready) for r in self.res.values())
+        rs = list(self.res.values())
+        elig = sum(r.num_complete for r in rs)
+        ready = sum(sum(r.ready) for r in rs)
         return ready / elig if elig else 0.0
 
     def memory_report(self) -> MemoryReport:
@@ -554,7 +558,7 @@ class AdaptiveBackend(HiSparseBackend):
         opt = self.optional_pages * self.payload_page_bytes
         # optional payload pages are counted as optional, not required (lent pages lie in free
         # slots' index history, which required memory does not count)
-        in_payload = sum(self._payload_pages_of(r) for r in self.res.values())
+        in_payload = sum(self._payload_pages_of(r) for r in list(self.res.values()))
         rep.required -= in_payload * self.payload_page_bytes
         rep.components["hot_cache_and_tail"] -= in_payload * self.payload_page_bytes
         rep.optional = opt
@@ -607,6 +611,6 @@ class AdaptiveBackend(HiSparseBackend):
         m["dhs_ready_optional_coverage"] = self.coverage()
         m["dhs_optional_pages"] = self.optional_pages
         m["dhs_optional_pages_lent"] = len(self._lent_holder)  # in free slots' index history
-        for k, v in self.stats_adaptive.items():
+        for k, v in dict(self.stats_adaptive).items():
             m[f"dhs_{k}"] = v
         return m

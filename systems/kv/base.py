@@ -578,7 +578,7 @@ class KVBackend(ABC):
             "dhs_num_slots": self.num_slots,
             **{
                 f'dhs_handoff_phase_seconds_total{{phase="{k}"}}': v
-                for k, v in self.handoff_seconds.items()
+                for k, v in dict(self.handoff_seconds).items()  # (another thread: a copy)
             },
         }
 

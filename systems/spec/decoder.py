@@ -160,6 +160,9 @@ class PlainDecoder:
         """One step, read back before it returns (synchronous scheduling)."""
         return self.launch(batch, None).read()
 
+    def on_delivered(self, tokens: int) -> None:
+        """The engine appended ``tokens`` of a step's output to its requests (no count here)."""
+
 
 class SpeculativeDecoder:
     """Draft, verify K_r queries in one target pass, accept, commit."""
@@ -525,11 +528,16 @@ class SpeculativeDecoder:
             [r.slot for r, _ in live], [r.seq_len + 1 + row[0] for r, row in live]
         )
         out = [row[4 : 4 + row[0]] + [row[1]] for row in rows]
-        acc = sum(row[0] for row in rows)
         if self.device_widths and rows:  # the next launched round's width
             self._width = max(row[3] for row in rows)
-        self.stats["spec_rounds_total"] += len(rows)
-        self.stats["spec_queries_total"] += sum(row[2] for row in rows)
-        self.stats["spec_accepted_total"] += acc
-        self.stats["spec_emitted_total"] += acc + len(rows)
+        # the counters describe the rounds whose tokens reach a request, not the round a request
+        # that finished meanwhile still ran (overlap); the tokens they emitted are counted as
+        # delivered (on_delivered: not those past a length cap, an EOS or a stop match)
+        self.stats["spec_rounds_total"] += len(live)
+        self.stats["spec_queries_total"] += sum(row[2] for _, row in live)
+        self.stats["spec_accepted_total"] += sum(row[0] for _, row in live)
         return out
+
+    def on_delivered(self, tokens: int) -> None:
+        """The engine appended ``tokens`` of a round's output to its requests."""
+        self.stats["spec_emitted_total"] += tokens

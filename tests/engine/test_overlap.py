@@ -85,6 +85,13 @@ def test_overlapped_rounds_give_the_tokens_of_synchronous_ones(system, emulate):
     assert e_over.backend.blocks_in_flight == 2 and e_sync.backend.blocks_in_flight == 1
     # the rounds really accepted several drafts at once (the scripted drafter)
     assert e_over.decoder.stats["spec_accepted_total"] > 0
+    # the counters are the delivered rounds' in both modes: not the round a request that
+    # finished meanwhile still ran under overlap, nor tokens past a cap or a stop token (every
+    # token but a request's first, sampled at admission, comes from a round)
+    for e, toks in ((e_sync, sync), (e_over, over)):
+        assert e.decoder.stats["spec_emitted_total"] == sum(len(t) - 1 for t in toks)
+    keys = ("spec_rounds_total", "spec_accepted_total", "spec_queries_total")
+    assert [e_over.decoder.stats[k] for k in keys] == [e_sync.decoder.stats[k] for k in keys]
 
 
 def test_overlapped_rounds_under_calibrated_acceptance_commit_every_token():

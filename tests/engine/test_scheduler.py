@@ -152,6 +152,39 @@ def test_abort_frees_pages_running_and_waiting():
     assert eng.backend.pages.num_used == 0
 
 
+def test_a_request_aborted_after_intake_is_not_admitted_before_its_abort():
+    """An abort that lands between a round's intake and its admission: the request is not
+    admitted (no slot, no handoff); the next intake ends it."""
+    eng = make_engine("system=hisparse", "hardware.kv_pool_gib=0.01")
+    req = Request(eng.new_rid(), golden_prompts()[0], SamplingParams(max_new_tokens=4))
+    eng.submit(req)
+    eng._intake()
+    eng.abort(req)
+    assert eng.scheduler.admit() == [] and req.slot == -1 and eng.backend.is_empty
+    eng._intake()
+    assert req.finish_reason == {"type": "abort"} and not eng.scheduler.waiting
+
+
+def test_a_stop_matcher_that_raises_fails_its_request_only():
+    """The server's stop-string matcher runs on the engine thread after every token: if it
+    raises, its request ends with an error and frees its slot; the others finish normally."""
+
+    def broken(ids):
+        raise ValueError("bad matcher")
+
+    eng = make_engine("system=hisparse", "hardware.kv_pool_gib=0.01")
+    bad = Request(eng.new_rid(), golden_prompts()[0], SamplingParams(max_new_tokens=6, stop=broken))
+    good = Request(eng.new_rid(), golden_prompts()[1], SamplingParams(max_new_tokens=6))
+    for r in (bad, good):
+        eng.submit(r)
+    eng.run_until_idle()
+    assert bad.finish_reason["type"] == "error" and "bad matcher" in bad.finish_reason["message"]
+    assert good.finish_reason["type"] == "length" and len(good.output_ids) == 6
+    assert eng.stats["failed_total"] == 1 and eng.stats["finished_total"] == 1
+    eng.backend.check_integrity()
+    assert eng.backend.is_empty
+
+
 def test_timestamps_are_ordered():
     eng = make_engine()
     r = _req(eng, golden_prompts()[1], 4)

@@ -318,3 +318,28 @@ def test_lending_keeps_eq3_and_a_hot_cache_per_slot():
     # one unit short of the pool above: three slots, not four without a hot cache for one
     tight = _engine(*extra, pool=repr(float(_pool_with_payload_pages("tiny", 4, *extra)) - 1e-9))
     assert tight.backend.num_slots <= tight.backend.payload_pages.num_pages
+
+
+def test_metrics_reads_survive_the_engine_thread_resizing_the_residencies():
+    """/metrics reads the backend from another thread while the engine thread admits and
+    releases requests: a residency dict resized in the middle of a read (here by the read
+    itself, deterministically) must not raise 'dictionary changed size during iteration'."""
+    from systems.kv.adaptive import _Residency
+
+    eng = _engine()
+    b = eng.backend
+
+    class Admitting(_Residency):
+        @property
+        def num_pages(self) -> int:
+            b.res[len(b.res) + 10_000] = _Residency(order=0, num_complete=0)
+            return 0
+
+    b.res[-1] = Admitting(order=0, num_complete=1, page=[-1], ready=[False])
+    try:
+        assert b.optional_pages == 0
+        assert b.coverage() == 0.0
+        b.memory_report()
+        assert eng.metrics(sync=False)["dhs_optional_pages"] == 0
+    finally:
+        b.res.clear()
