@@ -35,7 +35,10 @@
 #   once and cached in /tmp/dhs-prefixes (DHS_PREFIX_CACHE: 16 prompts of 125K tokens for the
 #   DeepSeek-like preset);
 # - each lane makes one throwaway serving run (DHS_PREWARM=0 skips it, about 30 s): a fresh
-#   machine's first run is slow even with the cache carried in.
+#   machine's first run is slow even with the cache carried in;
+# - an interleaved group's per-system warm-up runs once per machine and configuration
+#   (DHS_WARM_DIR, /tmp/dhs-warm): a later item of the batch that runs the same experiment's
+#   systems again (another repeat, say), or a later call on the same held machine, skips it.
 # Every run of the batch records one id (env.json's run_group; DHS_RUN_GROUP, default the time and
 # host): the figures pair systems measured together by it. A call that resumes a group the
 # previous call's time box cut, on the same machine still held (the device tool's lease says
@@ -80,6 +83,8 @@ export PYTHONUNBUFFERED=1
 # prompts made by the first (systems/disk_cache.py)
 export DHS_WEIGHT_CACHE="${DHS_WEIGHT_CACHE:-/tmp/dhs-weights}"
 export DHS_PREFIX_CACHE="${DHS_PREFIX_CACHE:-/tmp/dhs-prefixes}"
+# a system warmed up for a configuration is not warmed up again on this machine (harness.reproduce)
+export DHS_WARM_DIR="${DHS_WARM_DIR:-/tmp/dhs-warm}"
 export DHS_RUN_GROUP="${DHS_RUN_GROUP:-$(date -u +%Y%m%dT%H%M%SZ)-$(hostname)}"
 export TRITON_CACHE_DIR=$PWD/.triton_cache; mkdir -p "$TRITON_CACHE_DIR" "$OUT"
 echo "[gpu_batch] run group $DHS_RUN_GROUP; Triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) compiled kernels carried in"

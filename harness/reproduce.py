@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import itertools
+import json
 import os
 import shutil
 import socket
@@ -325,6 +327,21 @@ def warm_up(overrides: list[str], only_tags: list[str] | None) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def warm_mark(overrides: list[str], tag: str) -> Path | None:
+    """Where this machine records that a system's warm-up ran for these overrides (the repeat
+    marker aside) and warm-up point: a file under DHS_WARM_DIR (benchmarks/gpu_batch.sh sets a
+    machine-local one), or None without it. What a first run pays for is the machine's (Triton
+    kernels compiled for the experiment's shapes, the weights and prefixes in the page cache):
+    a later item of the same batch, or a call on the same held machine, that runs the same
+    configuration again finds it warm."""
+    root = os.environ.get("DHS_WARM_DIR")
+    if not root:
+        return None
+    same = sorted(o for o in overrides if setting([o], "repeat") is None)
+    key = hashlib.sha1(json.dumps([same, tag]).encode()).hexdigest()[:16]
+    return Path(root) / f"{setting(overrides, 'system')}-{key}"
+
+
 def begin_interleaved(
     g: Group,
     runs: list[list[str]],
@@ -353,6 +370,14 @@ def begin_interleaved(
     if dry_run or not any(has_pending(ov, results, t, skipped_points(ov)) for ov, t in todo):
         return
     for system, first in firsts.items():
+        mark = warm_mark(first[0], tag)
+        if mark is not None and mark.exists():
+            print(
+                f"[reproduce] {system}: no warm-up, this machine already warmed it up for this "
+                f"configuration ({mark})",
+                flush=True,
+            )
+            continue
         try:
             warm_up(*first)
         except Exception as e:  # the measured runs still run, and say so if they fail
@@ -360,6 +385,10 @@ def begin_interleaved(
                 f"[reproduce] warm-up of {system} FAILED: {e!r}; its first run is cold",
                 flush=True,
             )
+            continue
+        if mark is not None:
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.touch()
 
 
 def session_name() -> str:
@@ -373,8 +402,6 @@ def session_name() -> str:
 def _duration_guide(exp_dir: Path, prefix: str, cfg) -> str:
     """The load time of the latest finished run of the same system, model and point, preferring
     one with the same output cap (a run's time scales with it)."""
-    import json
-
     from omegaconf import OmegaConf
 
     cap = cfg.workload.get("output_len")

@@ -103,7 +103,7 @@ def test_the_plan_interleaves_the_compared_systems():
     assert all(g.repeats is None and len(g.runs) == 1 for g in rp.groups("fig9", smoke=False))
 
 
-def _main_calls(monkeypatch, tmp_path, pending=True, argv=()):
+def _main_calls(monkeypatch, tmp_path, pending=True, argv=(), warm_dir=None):
     calls = []
     monkeypatch.setattr(rp, "has_gpu", lambda: True)
     monkeypatch.setattr(rp, "has_pending", lambda *a, **k: pending)
@@ -113,6 +113,10 @@ def _main_calls(monkeypatch, tmp_path, pending=True, argv=()):
     )
     monkeypatch.setattr("harness.summaries.write_all", lambda *a: {})
     monkeypatch.setenv("DHS_RUN_GROUP", "batch-7")
+    if warm_dir is None:  # gpu_batch.sh's machine-local marks: not here
+        monkeypatch.delenv("DHS_WARM_DIR", raising=False)
+    else:
+        monkeypatch.setenv("DHS_WARM_DIR", str(warm_dir))
     assert rp.main(["--only", "fig4_protocol", "--results", str(tmp_path), *argv]) == 0
     return calls
 
@@ -141,6 +145,22 @@ def test_reproduce_runs_a_warm_up_per_system_then_the_rounds_in_one_run_group(
     calls = _main_calls(monkeypatch, tmp_path, argv=["--system", "adaptive_dhisparse"])
     assert [c[0] for c in calls] == ["warm-up"] + ["run"] * 3
     assert calls[0][1][1] == "system=adaptive_dhisparse"
+
+
+def test_a_machine_warms_a_configuration_up_once(monkeypatch, tmp_path):
+    """With DHS_WARM_DIR (gpu_batch.sh's), a later call that runs another repeat of the same
+    group on the same machine skips the warm-ups its systems already had; other overrides are
+    another configuration, warmed up again."""
+    warm = tmp_path / "warm"
+    first = _main_calls(monkeypatch, tmp_path, argv=["--where", "repeat=1"], warm_dir=warm)
+    assert [c[0] for c in first] == ["warm-up"] * 3 + ["run"] * 3
+    assert len(list(warm.iterdir())) == 3
+    again = _main_calls(monkeypatch, tmp_path, argv=["--where", "repeat=2,3"], warm_dir=warm)
+    assert [c[0] for c in again] == ["run"] * 6
+    other = _main_calls(
+        monkeypatch, tmp_path, argv=["--where", "repeat=2", "workload.output_len=64"], warm_dir=warm
+    )
+    assert [c[0] for c in other] == ["warm-up"] * 3 + ["run"] * 3
 
 
 def test_dry_run_shows_the_interleaved_order(capsys, tmp_path):
