@@ -203,9 +203,14 @@ def add_rms_norm(x, delta, impl: str = "triton"):
     if delta is None:
         xo, d2 = x2, x2
     else:
-        if delta.shape != shape:
-            raise ValueError(f"delta {tuple(delta.shape)} does not match x {tuple(shape)}")
-        d2 = _rows(delta.to(x.dtype))
+        if delta.shape != shape or delta.dtype != x.dtype:
+            # the reference would promote a wider delta (and return that dtype): not a case the
+            # model has (its deltas come from projections in x's dtype), so not one to guess
+            raise ValueError(
+                f"delta {tuple(delta.shape)} {delta.dtype} does not match x {tuple(shape)} "
+                f"{x.dtype}"
+            )
+        d2 = _rows(delta)
         xo = torch.empty_like(x2)
     if M:
         _add_rms_norm_kernel[(M,)](

@@ -14,8 +14,11 @@ order-preserving integer image of the score in the high half and the complement 
 in the low half, makes every key distinct: the selection and its order are then a function of
 the query's own scores alone, whatever else runs in the batch.
 
-Scores are finite or +-inf. NaN is outside the contract: a positive NaN ranks above +inf in
-both implementations; the kernel never selects a negative NaN (the reference may, after -1s).
+Scores are finite or +-inf. The query's own position ranks above every score, +inf included
+(its 32-bit key is the largest int32, above +inf's), so it is selected whatever the others
+score. NaN is outside the contract: a positive NaN ranks above +inf in both implementations
+(and may tie with the own position's key); the kernel never selects a negative NaN (the
+reference may, after -1s).
 
 The Triton kernel (``topk_positions_triton``) is a radix select on the 32-bit score key. A
 row runs as S segments (``topk_segments``; S = 1 for short rows or large batches), one program
@@ -60,6 +63,9 @@ except Exception:  # pragma: no cover - triton is a dependency; keep the referen
     _HAVE_TRITON = False
 
 _LOW = (1 << 32) - 1
+# the own position's 32-bit score key: above +inf's (0x7F800000), so k or more +inf scores cannot
+# crowd a query out of its own selection
+OWN_KEY = 0x7FFFFFFF
 MAX_K = 4096
 # Positions per block and warps per program. Measured on the H200 with segments
 # (results/kernels/topk-h200-segments.json, CUDA-graph replays): 2,048 x 8 warps took 65 / 83 us
@@ -85,8 +91,11 @@ def topk_positions_reference(scores: torch.Tensor, positions: torch.Tensor, k: i
     pos = positions.unsqueeze(-1)
     scores = scores.masked_fill(ar > pos, float("-inf"))  # causal: the future is never selected
     scores = scores.masked_fill(ar == pos, float("inf"))  # the query's own row, always
+    keys = ordered_keys(scores)
+    own = OWN_KEY * (1 << 32) + (_LOW - ar)  # above every score's key, +inf's included
+    keys = torch.where(ar == pos, own, keys)
     kk = min(k, L)
-    _, idx = ordered_keys(scores).topk(kk, dim=-1)
+    _, idx = keys.topk(kk, dim=-1)
     picked = scores.gather(-1, idx)
     idx = torch.where(picked == float("-inf"), -1, idx).to(torch.int32)
     if kk < k:
@@ -96,7 +105,7 @@ def topk_positions_reference(scores: torch.Tensor, positions: torch.Tensor, k: i
 
 if _HAVE_TRITON:
     # 32-bit score keys, signed order = float order (ordered_keys' high half)
-    _KEY_INF = tl.constexpr(0x7F800000)  # +inf: the query's own position
+    _KEY_OWN = tl.constexpr(OWN_KEY)  # the query's own position: above +inf
     _KEY_NEG_INF = tl.constexpr(-0x7F800001)  # -inf: never selected
     _PAD = tl.constexpr(-(1 << 63))  # below every 64-bit key: sorts after the winners
 
@@ -106,7 +115,7 @@ if _HAVE_TRITON:
         bits = x.to(tl.int32, bitcast=True)
         bits = tl.where(bits == -0x80000000, 0, bits)  # -0.0 -> +0.0, as ordered_keys does
         ks = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        ks = tl.where(ll == t, _KEY_INF, ks)
+        ks = tl.where(ll == t, _KEY_OWN, ks)
         return ks, vis & (ks > _KEY_NEG_INF)
 
     @triton.jit

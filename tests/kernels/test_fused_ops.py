@@ -36,6 +36,8 @@ def test_add_rms_norm_refuses_mismatched_delta_and_unknown_impl():
     x = torch.randn(2, 8)
     with pytest.raises(ValueError, match="does not match"):
         fo.add_rms_norm(x, torch.randn(2, 9))
+    with pytest.raises(ValueError, match="does not match"):  # the reference would promote it
+        fo.add_rms_norm(x.bfloat16(), torch.randn(2, 8))
     with pytest.raises(ValueError, match="unknown add_rms_norm impl"):
         fo.add_rms_norm(x, None, impl="cuda")
 

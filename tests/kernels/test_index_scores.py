@@ -28,7 +28,9 @@ def test_kernel_matches_reference(B, Q, L, di, P, dtype, form):
     # each slot's pages: a random permutation of page ids, some logical pages left unmapped
     table = torch.stack([torch.randperm(S * pages, generator=g)[:pages] for _ in range(S)])
     table = table.to(torch.int32)
-    table[1, -1] = -1  # a page without an id reads row 0, as the reference's clamp does
+    # a page of the history without an id (the last one positions 0..L-1 read) reads row 0, as
+    # the reference's clamp does
+    table[1, (L - 1) // P] = -1
     slots = torch.randperm(S, generator=g)[:B]
     slots[0] = 1
     iq = torch.randn(B, Q, di, generator=g)

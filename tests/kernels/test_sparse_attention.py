@@ -28,6 +28,8 @@ def _case(fmt, N, H, k, d, rope, M, pad, seed):
     drop[:, 0] = False  # a query always selects something (its own position)
     sel = torch.where(drop, -1, sel)
     loc = torch.where(drop, -1, loc)
+    # the contract's last clause: a negative location under a real selection reads row 0
+    loc = torch.where(~drop & (torch.rand(N, k, generator=g) < 0.1), -3, loc)
     q = torch.randn(N, H, d, generator=g)
     return cfg, kv, sel, loc, q
 

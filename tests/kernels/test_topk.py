@@ -110,6 +110,20 @@ def test_rows_without_history_and_all_ties():
     assert tri[1, 1].tolist() == [40] + list(range(23))
 
 
+def test_the_own_position_outranks_inf_scores():
+    """k or more +inf scores before the query's own position do not crowd it out: its key is
+    above +inf's, in both implementations and with the row split into segments."""
+    L, k = 40, 3
+    scores = torch.randn(1, 2, L, generator=torch.Generator().manual_seed(3))
+    scores[:, :, :4] = INF
+    pos = torch.tensor([[8, 30]])
+    ref = tk.topk_positions_reference(scores, pos, k)
+    assert ref[0, :, 0].tolist() == [8, 30] and ref[0, :, 1:].tolist() == [[0, 1], [0, 1]]
+    for segments in (1, 3):
+        tri = tk.topk_positions_triton(scores, pos, k, block=16, segments=segments)
+        assert torch.equal(tri, ref)
+
+
 def test_dispatch_and_limits():
     s, p = torch.zeros(1, 1, 4), torch.zeros(1, 1, dtype=torch.long)
     assert torch.equal(
