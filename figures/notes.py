@@ -552,7 +552,7 @@ def summary_provenance(d: Mapping | None, kind: str) -> str:
     return "; ".join(parts)
 
 
-def _median_over_repeats(run: Run, read) -> Any:
+def median_over_repeats(run: Run, read) -> Any:
     """``read`` of each of the run's repeats (the run alone without any), as their median: a
     number's median, or a dict's median per key; None where no repeat has it."""
     vals = [v for v in (read(x) for x in (run.repeats or [run])) if v is not None]
@@ -591,29 +591,27 @@ def breakdown(run: Run) -> str | None:
     sc = step_cost(run)
     if sc is not None:
         parts.append(f"step {sc[0]:.1f} ms at {sc[1]:.0f} running")
-    adm = _median_over_repeats(run, _admission)
+    adm = median_over_repeats(run, _admission)
     if adm and "waiting" in adm:
         parts.append(
             f"{adm['waiting']:.0f} waiting for {adm['slots']:.0f} slots"
             + (f" at {adm['steps_per_s']:.1f} steps/s" if adm.get("steps_per_s") else "")
         )
-    split = _median_over_repeats(run, engine_time_split)
+    split = median_over_repeats(run, engine_time_split)
     if split:
         parts.append("engine time " + " / ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))
-    blocked = _median_over_repeats(run, admission_blocked_share)
+    blocked = median_over_repeats(run, admission_blocked_share)
     if blocked is not None:
         parts.append(
             f"admission off the CPU (GIL, sleeping waits) {100 * blocked:.0f}% of its time"
         )
-    idle = _median_over_repeats(run, gpu_idle_share)
+    idle = median_over_repeats(run, gpu_idle_share)
     if idle is not None:
         parts.append(f"GPU without a step {100 * idle:.0f}% of its serving time")
-    loop = _median_over_repeats(run, server_loop_busy_share)
+    loop = median_over_repeats(run, server_loop_busy_share)
     if loop is not None:
         parts.append(f"server event loop on the CPU {100 * loop:.0f}% of the time")
-    tt = _median_over_repeats(
-        run, lambda x: timing_split(x, post_wave=False) if x.records else None
-    )
+    tt = median_over_repeats(run, lambda x: timing_split(x, post_wave=False) if x.records else None)
     if tt and tt.get("ttft_s") is not None and tt.get("handoff_s") is not None:
         parts.append(
             f"TTFT {tt['ttft_s']:.2f} s = allocation wait {1e3 * tt.get('alloc_wait_s', 0.0):.0f} ms"
@@ -623,7 +621,7 @@ def breakdown(run: Run) -> str | None:
         h = run.num("handoff_s_mean")
         if h is not None:
             parts.append(f"handoff {1e3 * h:.0f} ms per request")
-    acc = _median_over_repeats(run, accepted_per_round)
+    acc = median_over_repeats(run, accepted_per_round)
     if acc is not None:
         parts.append(f"{acc:.2f} drafts accepted per round")
     return ", ".join(parts) if parts else None

@@ -148,6 +148,8 @@ class LoadConfig:
                 raise ValueError(f"{name} must be >= 1, got {v!r}")
         if int(self.warmup) < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup!r}")
+        if int(self.num_gpus) < 1:  # the summary divides by it, after the whole load has run
+            raise ValueError(f"num_gpus must be >= 1, got {self.num_gpus!r}")
         if not float(self.temperature) >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if self.api not in ("generate", "openai"):
@@ -181,6 +183,17 @@ def warmup_request_count(warmup: int | None, prefixes: int | None) -> int:
     ``warmup=0`` stays 0 (the profiled experiments count engine steps from the start)."""
     n = int(warmup or 0)
     return max(n, int(prefixes or 0)) if n > 0 else 0
+
+
+def first_wave(mode: str, concurrency: int | None, phases: list[tuple[int, float]]) -> int | None:
+    """How many requests the first wave sends at once (post-wave statistics leave them out):
+    the closed loop's concurrency, a schedule's first phase that sends anything (a leading idle
+    phase, C0, sends nothing), None for an open loop (no wave)."""
+    if mode == "closed":
+        return int(concurrency)
+    if mode == "schedule":
+        return next((int(c) for c, _ in phases if int(c) > 0), 0)
+    return None
 
 
 def parse_schedule(spec: Any) -> list[tuple[int, float]]:
@@ -306,9 +319,15 @@ class _StreamParserBase:
                     append((now, n))
 
     def finish(self, now: float) -> None:
-        """Flush a trailing event without a final newline."""
+        """Flush a trailing event without a final newline; then a stream that did not end, or
+        ended without a token, is an error (a request asks for at least one: without one it
+        has no TTFT or E2E, and counted as completed it would dilute every rate)."""
         if self.buf.strip():
             self.feed(b"\n", now)
+        if self.error is None and not self.complete:
+            self.error = "stream ended without [DONE] or finish_reason"
+        if self.error is None and not any(n > 0 for _, n in self.chunks):
+            self.error = "stream ended without a token"
 
     def _bad(self, payload: bytes) -> None:
         self.error = f"unparsable SSE payload: {payload[:200]!r}"
@@ -604,8 +623,6 @@ class _Runner:
                             break
                         feed(data, _perf())
                     parser.finish(_perf())
-                    if parser.error is None and not parser.complete:
-                        parser.error = "stream ended without [DONE] or finish_reason"
                     rec.error = parser.error
         except asyncio.CancelledError:
             raise
@@ -814,12 +831,7 @@ class _Runner:
 
     def _summary(self, duration_hint: float | None, interrupted: bool) -> dict:
         cfg = self.cfg
-        if self.mode == "closed":
-            pw = int(cfg.concurrency)
-        elif self.mode == "schedule":
-            pw = int(self.phases_spec[0][0])
-        else:
-            pw = None
+        pw = first_wave(self.mode, cfg.concurrency, self.phases_spec)
         phases = [
             dict(p, end_mono=p["end_mono"] if p["end_mono"] is not None else _perf())
             for p in self.phase_info

@@ -94,7 +94,8 @@ def tpot_s(rec: RequestRecord) -> float | None:
 
 
 def itl_s(rec: RequestRecord) -> list[float]:
-    """Gaps between consecutive token-carrying chunks (one value per gap)."""
+    """Gaps between consecutive token-carrying chunks (one value per gap): SGLang bench_serving's
+    ITL for its OpenAI-completions client."""
     out: list[float] = []
     prev = None
     for t, n in rec.chunks:
@@ -107,14 +108,15 @@ def itl_s(rec: RequestRecord) -> list[float]:
 
 
 def itl_per_token_s(rec: RequestRecord) -> list[float]:
-    """Each chunk gap divided by the token count of the chunk that ends it."""
+    """Each chunk gap divided by the token count n of the chunk that ends it, once per token
+    (n values): SGLang bench_serving's ITL for its native /generate client, weighted by tokens."""
     out: list[float] = []
     prev = None
     for t, n in rec.chunks:
         if n <= 0:
             continue
         if prev is not None:
-            out.append((t - prev) / n)
+            out.extend([(t - prev) / n] * n)
         prev = t
     return out
 
@@ -453,6 +455,9 @@ def summarize(
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "output_tok_s": total_out / duration_s if duration_s > 0 else None,
+        # SGLang's input_throughput and total_throughput
+        "input_tok_s": total_in / duration_s if duration_s > 0 else None,
+        "total_tok_s": (total_in + total_out) / duration_s if duration_s > 0 else None,
         "output_tok_s_per_gpu": (total_out / duration_s / num_gpus) if duration_s > 0 else None,
         "request_throughput": len(ok) / duration_s if duration_s > 0 else None,
         "num_gpus": num_gpus,

@@ -599,6 +599,7 @@ def test_config_from_mapping():
         ({"warmup": -1}, "warmup"),
         ({"prefixes": 0}, "prefixes"),
         ({"api": "grpc"}, "api"),
+        ({"num_gpus": 0}, "num_gpus"),
     ],
 )
 def test_check_names_the_value_out_of_range(bad, field):

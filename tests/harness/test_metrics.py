@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import metrics as M
-from harness.loadgen import GenerateStreamParser, OpenAIStreamParser, parse_schedule
+from harness.loadgen import GenerateStreamParser, OpenAIStreamParser, first_wave, parse_schedule
 from harness.records import JsonlWriter, RequestRecord, atomic_write_json, load_records, read_jsonl
 
 
@@ -77,12 +77,35 @@ def test_multi_token_chunks():
     r = rec(0, 0.0, [(0.1, 3), (0.13, 3), (0.16, 3)], ct=9)
     assert M.ttft_s(r) == pytest.approx(0.1)
     assert M.itl_s(r) == pytest.approx([0.03, 0.03])
-    assert M.itl_per_token_s(r) == pytest.approx([0.01, 0.01])
+    assert M.itl_per_token_s(r) == pytest.approx([0.01] * 6)  # once per token
     assert M.tpot_s(r) == pytest.approx(0.06 / 8)
     s = M.summarize([r])
     assert s["itl_ms_mean"] == pytest.approx(30.0)
     assert s["itl_per_token_ms_mean"] == pytest.approx(10.0)
     assert s["total_output_tokens"] == 9
+    # SGLang's input and total throughput over the same duration as the output's
+    assert s["input_tok_s"] == pytest.approx(10 / s["duration_s"])
+    assert s["total_tok_s"] == pytest.approx(19 / s["duration_s"])
+
+
+def test_itl_per_token_is_weighted_by_tokens_as_sglang_generate():
+    """Accept lengths 4, 1, 4, 1 at 10 ms steps: one value per token (SGLang's /generate
+    client), so the 4-token chunks' 2.5 ms count four times: mean 4 ms, median 2.5 ms; the
+    per-chunk ITL (its completions client) is 10 ms."""
+    chunks = [(0.01 * (i + 1), n) for i, n in enumerate([1, 4, 1, 4, 1, 4, 1, 4, 1])]
+    r = rec(0, 0.0, chunks, ct=21)
+    s = M.summarize([r])
+    assert s["itl_ms_mean"] == pytest.approx(10.0)
+    # (16 tokens x 2.5 ms + 4 tokens x 10 ms) / 20 tokens
+    assert s["itl_per_token_ms_mean"] == pytest.approx(4.0)
+    assert s["itl_per_token_ms_median"] == pytest.approx(2.5)
+
+
+def test_the_first_wave_post_wave_statistics_leave_out():
+    assert first_wave("closed", 8, []) == 8
+    assert first_wave("schedule", None, [(4, 10.0), (64, 5.0)]) == 4
+    assert first_wave("schedule", None, [(0, 3.0), (16, 5.0)]) == 16  # an idle lead-in
+    assert first_wave("open", 4, []) is None
 
 
 def test_output_tokens_fallback_to_chunk_sum():
@@ -480,6 +503,17 @@ def test_parsers_invariant_to_read_boundaries(splits, per_chunk, spaces):
     a, b = run_parser(OpenAIStreamParser, ev), run_parser(OpenAIStreamParser, ev, splits)
     assert [n for _, n in a.chunks] == [n for _, n in b.chunks]
     assert b.completion_tokens == 9 and b.done
+
+
+@pytest.mark.parametrize("cls", [GenerateStreamParser, OpenAIStreamParser])
+def test_a_stream_without_a_token_or_an_end_is_an_error(cls):
+    """A stream of [DONE] alone is no completed request (no TTFT, no E2E); one that stops
+    mid-way without [DONE] or a finish reason is a truncated one."""
+    p = run_parser(cls, [b"data: [DONE]\n\n"])
+    assert p.error == "stream ended without a token"
+    ev = gen_stream(3) if cls is GenerateStreamParser else oai_stream(3, 1)
+    p = run_parser(cls, ev[:2])
+    assert p.error == "stream ended without [DONE] or finish_reason"
 
 
 def test_generate_parser_crlf_comments_and_no_final_newline():
