@@ -764,6 +764,7 @@ class _Runner:
             ev.set()
 
     async def _scrape_once(self) -> None:
+        sent = _perf()
         try:
             async with self.session.get(
                 URL(self.base + "/metrics"), timeout=aiohttp.ClientTimeout(total=10)
@@ -778,7 +779,11 @@ class _Runner:
         except Exception:
             self.scrape_errors += 1
             return
-        sample = {"ts": time.time(), "values": parse_prometheus(text)}
+        # stamped on the records' clock (monotonic + the run's one epoch offset: a wall-clock step
+        # mid-run cannot shift a sample against the requests), at the middle of the exchange
+        # (a busy event loop reads the answer late, but sent the request on time)
+        ts = self.epoch_offset + (sent + _perf()) / 2
+        sample = {"ts": ts, "values": parse_prometheus(text)}
         self.samples.append(sample)
         if self.metrics_writer is not None:
             self.metrics_writer.write(sample)
