@@ -5,6 +5,7 @@
     python -m harness.reproduce --smoke         # every experiment end to end on CPU, tiny sizes
     python -m harness.reproduce --only fig7 model.attention_impl=reference   # + overrides
     python -m harness.reproduce --only fig9 --system hisparse --where b_over_k=4,8 --point c128
+    python -m harness.reproduce --status        # what is measured, how stale, a re-run's time
 
 An experiment config lists what it runs under ``reproduce``: ``systems`` (conf/system names) and
 ``sweep`` (override -> values, crossed; ``b_over_k`` sets system.kv.hot_cache_rows = value * k).
@@ -505,6 +506,67 @@ def superseded(exp: str, results: str | None = None) -> list[Path]:
     )
 
 
+# a server start on the H200 (10-25 s) plus its share of a group's warm-up: what a run costs on top
+# of its load, for --status's estimate of a re-run
+RUN_OVERHEAD_S = 30.0
+
+
+def status_row(exp: str, results: str | None = None) -> dict:
+    """What --status says of one experiment: its plan's finished and pending runs, the commits
+    its committed runs were measured at, how many later changes that move the numbers
+    (harness.results.MEASUREMENT_CHANGES) the oldest of them predates, when the newest was
+    measured, and the device minutes a whole re-run would take (the committed runs' load time
+    plus RUN_OVERHEAD_S each)."""
+    from harness.results import MEASUREMENT_CHANGES, _after_change, load_runs
+
+    done, pending = plan_status(exp, results)
+    singles = [
+        x for r in load_runs(results or "results", exp_dir_name(exp)) for x in (r.repeats or [r])
+    ]
+    commits = sorted({x.commit for x in singles if x.commit})
+    before = [
+        change
+        for change, _ in MEASUREMENT_CHANGES
+        if any(_after_change(c, change) is False for c in commits)
+    ]
+    load_s = sum(float(x.summary.get("duration_s") or 0.0) for x in singles)
+    return {
+        "experiment": exp,
+        "done": done,
+        "pending": pending,
+        "runs": len(singles),
+        "commits": commits,
+        "changes_since": len(before),
+        "newest_change_since": before[-1] if before else None,
+        "measured": max((str(x.env.get("time_utc") or "") for x in singles), default="")[:10],
+        "rerun_min": (load_s + RUN_OVERHEAD_S * len(singles)) / 60.0,
+    }
+
+
+def print_status(names: list[str], results: str | None) -> None:
+    """--status: one line per experiment (see status_row)."""
+    print(
+        f"{'experiment':24s} {'plan done/pending':>17s} {'runs':>5s} {'changes since':>13s} "
+        f"{'measured':>10s} {'re-run':>8s}  commits"
+    )
+    for exp in names:
+        r = status_row(exp, results)
+        since = f"{r['changes_since']}" + (
+            f" ({r['newest_change_since']})" if r["newest_change_since"] else ""
+        )
+        print(
+            f"{exp:24s} {r['done']:>8d}/{r['pending']:<8d} {r['runs']:>5d} {since:>13s} "
+            f"{r['measured'] or '-':>10s} {r['rerun_min']:>5.1f} min  {', '.join(r['commits'])}"
+        )
+    print(
+        "changes since: later commits of harness.results.MEASUREMENT_CHANGES that the oldest "
+        "committed run predates (the newest in brackets); re-measure under the same run ids with "
+        "--rerun-before <UTC time> (gpu_batch.sh: EXP+rerun-before=...); re-run: the committed "
+        f"runs' load time plus {RUN_OVERHEAD_S:.0f} s each",
+        flush=True,
+    )
+
+
 @functools.cache
 def exp_dir_name(exp: str) -> str:
     """The results directory an experiment writes to: the experiment_name its config file sets
@@ -650,6 +712,13 @@ def main(argv: list[str] | None = None) -> int:
         "--dry-run only list them; no GPU needed",
     )
     ap.add_argument(
+        "--status",
+        action="store_true",
+        help="per experiment: planned runs finished and pending, the commits of its committed "
+        "runs and the later changes that move the numbers they predate, and a re-run's device "
+        "time; no GPU needed",
+    )
+    ap.add_argument(
         "overrides",
         nargs="*",
         help="Hydra overrides appended to every run, e.g. model.attention_impl=reference",
@@ -669,6 +738,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(experiments()))
     if unknown:
         ap.error(f"unknown experiment(s) {unknown}; available: {experiments()}")
+    if args.status:
+        print_status(names, args.results)
+        return 0
     if args.prune_superseded:
         for exp in names:
             old = superseded(exp, args.results)

@@ -288,3 +288,29 @@ def test_prune_superseded_removes_only_runs_a_finished_planned_run_replaces(tmp_
     assert sorted(d.name for d in exp_dir.iterdir()) == sorted(
         names[k] for k in ("new", "old_a", "other")
     )
+
+
+def test_status_names_what_a_rerun_would_redo(tmp_path, capsys):
+    """--status: per experiment, its plan's finished and pending runs, its committed runs'
+    commits, the later measurement changes they predate, and a re-run's device time."""
+    from harness.results import MEASUREMENT_CHANGES, _after_change
+
+    d = tmp_path / "fig7_h200" / "adaptive_dhisparse-glm53_h200-c32-K4-rep1-0000aaaa"
+    d.mkdir(parents=True)
+    summary = {"system": "adaptive_dhisparse", "model": "glm53_h200", "duration_s": 90.0,
+               "point": {"concurrency": 32, "paper_concurrency": 128, "tag": "c32"}}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(summary))
+    (d / "env.json").write_text(json.dumps({"git_commit": "60e6be1", "time_utc": "2026-11-30T01"}))
+    row = rp.status_row("fig7_h200", str(tmp_path))
+    assert (row["done"], row["pending"], row["runs"]) == (0, 9, 1)
+    assert row["commits"] == ["60e6be1"] and row["measured"] == "2026-11-30"
+    assert row["rerun_min"] == pytest.approx((90.0 + rp.RUN_OVERHEAD_S) / 60)
+    if _after_change("60e6be1", MEASUREMENT_CHANGES[-1][0]) is None:
+        pytest.skip("git history not available here")
+    assert row["changes_since"] == sum(
+        _after_change("60e6be1", c) is False for c, _ in MEASUREMENT_CHANGES
+    )
+    assert row["newest_change_since"] == MEASUREMENT_CHANGES[-1][0]
+    assert rp.main(["--status", "--only", "fig7_h200", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fig7_h200" in out and "60e6be1" in out and "2026-11-30" in out
