@@ -481,7 +481,11 @@ def superseded(exp: str, results: str | None = None) -> list[Path]:
     name up to the config hash (system, model, load, budget, repeat), a run id no experiment
     writing to that directory plans. What a config change leaves behind (a new default that joins
     the id, e.g. the HiSparse baseline's fixed copy grid): the figures would read both until the
-    old runs are removed. A run whose name no planned run shares is never listed."""
+    old runs are removed. A run whose name no planned run shares is never listed, nor a repeat
+    of a planned config (a ``+rerun`` run: the figures fold it into the planned run's median),
+    nor a run measured after the planned run that would replace it (a later re-measurement
+    under an extra override, which the figures read instead of the older planned run)."""
+    from harness.results import Run, _repeat_key, load_json
     from harness.run import point_plan
 
     target = exp_dir_name(exp)
@@ -497,13 +501,23 @@ def superseded(exp: str, results: str | None = None) -> list[Path]:
                     replaced_by[rid.rsplit("-", 1)[0]] = rid
     if exp_dir is None or not exp_dir.is_dir():
         return []
-    return sorted(
+
+    def run(d: Path) -> Run:
+        return Run(d, load_json(d / "summary.json") or {})
+
+    def measured(d: Path) -> str:
+        return str(run(d).env.get("time_utc") or "")
+
+    candidates = [
         d
         for d in exp_dir.iterdir()
         if (d / "summary.json").exists()
         and d.name not in planned
         and d.name.rsplit("-", 1)[0] in replaced_by
-    )
+        and measured(d) < measured(exp_dir / replaced_by[d.name.rsplit("-", 1)[0]])
+    ]
+    repeated = {_repeat_key(run(exp_dir / rid)) for rid in replaced_by.values()}
+    return sorted(d for d in candidates if _repeat_key(run(d)) not in repeated)
 
 
 # a server start on the H200 (10-25 s) plus its share of a group's warm-up: what a run costs on top

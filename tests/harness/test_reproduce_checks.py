@@ -262,7 +262,9 @@ def test_unpack_says_what_it_did_and_refuses_what_is_no_archive(tmp_path, capsys
 def test_prune_superseded_removes_only_runs_a_finished_planned_run_replaces(tmp_path, capsys):
     """A config change gives a system's runs new ids: the old run of a point whose new run has
     finished goes (listed first with --dry-run); an old run whose replacement is still pending,
-    and a run no planned name matches, stay."""
+    a run no planned name matches, a run measured after the planned one (a re-measurement under
+    an extra override, which the figures read instead) and a ``+rerun`` repeat of the planned
+    config (folded into its median) stay."""
     plan = [
         rid
         for ov in rp.plan("fig1_h200", smoke=False)
@@ -276,17 +278,29 @@ def test_prune_superseded_removes_only_runs_a_finished_planned_run_replaces(tmp_
         "old_h": new_h.rsplit("-", 1)[0] + "-00000000",
         "old_a": adhs.rsplit("-", 1)[0] + "-00000000",  # its planned run is pending: kept
         "other": "resident-glm53_h200-c32-rep1-00000000",
+        "later": new_h.rsplit("-", 1)[0] + "-11111111",  # measured after "new": kept
+        "rerun": new_h.rsplit("-", 1)[0] + "-22222222",  # "new"'s config, +rerun: kept
     }
-    for n in names.values():
+    when = {"later": "2026-12-03T00:00:00Z", "new": "2026-12-02T00:00:00Z"}
+    config = {
+        "new": {"system": {"name": "hisparse"}},
+        "rerun": {"system": {"name": "hisparse"}, "rerun": 2},
+    }
+    for k, n in names.items():
         (exp_dir / n).mkdir(parents=True)
         (exp_dir / n / "summary.json").write_text("{}")
+        (exp_dir / n / "env.json").write_text(
+            json.dumps({"time_utc": when.get(k, "2026-12-01T00:00:00Z")})
+        )
+        if k in config:
+            (exp_dir / n / "config.yaml").write_text(json.dumps(config[k]))
     args = ["--only", "fig1_h200", "--results", str(tmp_path), "--prune-superseded"]
     assert rp.main(args + ["--dry-run"]) == 0
     assert f"{names['old_h']} superseded (dry run: kept)" in capsys.readouterr().out
     assert (exp_dir / names["old_h"]).exists()
     assert rp.main(args) == 0
     assert sorted(d.name for d in exp_dir.iterdir()) == sorted(
-        names[k] for k in ("new", "old_a", "other")
+        names[k] for k in ("new", "old_a", "other", "later", "rerun")
     )
 
 
