@@ -107,13 +107,20 @@ pack() {  # what this batch wrote so far into $OUT/results.tgz (replaced whole, 
       new+=("$d")
     fi
   done < <(find results -mindepth 2 -maxdepth 2 -type d -newer "$MARK" ! -name '*.superseded-*' 2>/dev/null | sort)
+  # the loose files: server logs (depth 3, under a dot folder) and experiment summaries (depth
+  # 2 only: a run's own summary.json, written before its folder qualified above, must not come
+  # back without the rest of its run)
   while read -r d; do
     [ -n "$d" ] && new+=("$d")
-  done < <(find results -mindepth 2 -maxdepth 3 -type f -newer "$MARK" \
-      \( -path 'results/*/.*/*' -o -name summary.json \) 2>/dev/null \
+  done < <({ find results -mindepth 3 -maxdepth 3 -type f -newer "$MARK" -path 'results/*/.*/*'
+             find results -mindepth 2 -maxdepth 2 -type f -newer "$MARK" -name summary.json
+           } 2>/dev/null \
      | grep -v -F -f <(printf '%s/\n' ${new[@]+"${new[@]}"} /no-such-folder) | sort)
   [ ${#new[@]} -gt 0 ] || return 1
-  if [ "${1:-}" != force ] && [ "${new[*]}" = "$(cat "$MARK.packed" 2>/dev/null)" ]; then
+  # the same list as last time and nothing in it written since (a profile moved into a run after
+  # its summary, say): nothing to do
+  if [ "${1:-}" != force ] && [ "${new[*]}" = "$(cat "$MARK.packed" 2>/dev/null)" ] \
+     && [ -z "$(find "${new[@]}" -newer "$MARK.packed" -print -quit 2>/dev/null)" ]; then
     return 0
   fi
   # exit status 1: a file (a live server's log) changed while read; the archive is still whole

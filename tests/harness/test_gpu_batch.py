@@ -134,6 +134,10 @@ if [ "$1" = "-m" ] && [ "$2" = "harness.reproduce" ]; then
   mkdir -p "results/$4/finished" "results/$4/cut" "results/$4/failed"
   echo '{}' > "results/$4/finished/summary.json"; echo '{}' > "results/$4/cut/records.jsonl"
   echo 'RuntimeError' > "results/$4/failed/error.txt"
+  # a run whose folder the pack's first look missed (here: dated before the batch) while its
+  # summary.json is new: that file must not come back without the rest of its run
+  mkdir -p "results/$4/racy" && echo '{}' > "results/$4/racy/summary.json"
+  touch -d '2000-01-01' "results/$4/racy"
   exec sleep 60
 fi
 exit 0
@@ -184,6 +188,7 @@ def test_a_batch_cut_off_still_returns_its_finished_runs(tmp_path):
     assert "results/fig7_h200/finished/summary.json" in names
     assert "results/fig7_h200/failed/error.txt" in names  # a failure says why
     assert not any("/cut" in n for n in names)
+    assert not any("/racy" in n for n in names)
     # 70 s less 30 for the last pack: the first item's box is 40 s, not 500
     log = (out / "lane0.log").read_text()  # 39 where a second ticks between start and item
     assert "[lane 0] fig7_h200 (time box 40 s)" in log or "(time box 39 s)" in log
