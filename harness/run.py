@@ -19,6 +19,7 @@ the server log) instead of ``summary.json``, so a resumed sweep redoes it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,7 +39,7 @@ from harness.environment import REPO, environment
 from harness.load_mapping import decode_gpus, ours_concurrency
 from harness.records import atomic_write_json
 from harness.results import REPRODUCE_UNHASHED, drop_implicit_defaults, load_json
-from harness.servers import bundled_server
+from harness.servers import bundled_server, on_sigterm
 from harness.sglang_launch import sglang_server
 from harness.wandb_logger import make_logger, run_config, tags
 
@@ -251,6 +252,87 @@ def _server_failure(url: str) -> str | None:
         return f"server unreachable after the run: {type(e).__name__}: {e}"
 
 
+def _restore_superseded(d: Path, superseded: Path | None) -> None:
+    """After a re-measurement of ``d`` failed (or was cut): its attempt goes aside as
+    ``.failed-<time>`` and the earlier measurement, moved to ``superseded``, comes back."""
+    if superseded is None or not superseded.exists() or (d / "summary.json").exists():
+        return
+    if d.exists():
+        d.rename(d.with_name(f"{d.name}.failed-{int(time.time())}"))
+    superseded.rename(d)
+
+
+def _prepare(cfg, ecfg, p: dict, d: Path, url: str, env: dict):
+    """A point's run directory with its config and env; the load generator's config."""
+    d.mkdir(parents=True)
+    OmegaConf.save(cfg, d / "config.yaml", resolve=True)
+    atomic_write_json(d / "env.json", {**env, "device": ecfg.device})
+    return _load_config(cfg, ecfg, p, url, d)
+
+
+def _start_logging(logger, cfg, p: dict, rid: str, d: Path, env: dict):
+    """The point's W&B run (None without a logger)."""
+    if logger is None:
+        return None
+    return logger.start_run(
+        rid,
+        str(cfg.logger.get("group") or cfg.experiment_name),
+        run_config(OmegaConf.to_container(cfg, resolve=True), run_labels(cfg, p)),
+        tags(
+            {
+                "system": cfg.system.name,
+                "model": cfg.model.name,
+                "experiment": cfg.experiment_name,
+                "point": p,
+                "git_commit": env["git_commit"],
+                "gpu": env["gpu"],
+            }
+        ),
+        str(d),
+    )
+
+
+def _measure(cfg, ecfg, p: dict, rid: str, d: Path, url: str, env: dict, lcfg, wb):
+    """The load of one point (logged live to ``wb`` where given), then the server samples and,
+    last, summary.json, which marks the run finished. Returns (summary, load result)."""
+    from harness.loadgen import run_load_sync  # (aiohttp and the loop only where a load runs)
+
+    res = run_load_sync(lcfg, observer=wb.sample if wb is not None else None)
+    failure = _server_failure(url)
+    if failure is not None:
+        raise ServerFailed(
+            f"{rid}: the server failed during the run ({failure}); "
+            f"{len(res.records)} records kept, no summary written"
+        )
+    errors = int(res.summary.get("errors") or 0)
+    if errors and not res.summary.get("completed"):
+        raise RunFailed(
+            f"{rid}: all {errors} requests failed, first: {_first_error(res.records)}"
+            "; records kept, no summary written"
+        )
+    if errors:
+        print(
+            f"[harness] {rid}: WARNING {errors} of {len(res.records)} requests "
+            f"failed (first: {_first_error(res.records)}); records.jsonl has each",
+            flush=True,
+        )
+    if res.samples:
+        _write_metrics(res.samples, d / "server_metrics.parquet")
+    summary = {
+        **res.summary,
+        "run_id": rid,
+        "system": cfg.system.name,
+        "model": cfg.model.name,
+        "experiment": cfg.experiment_name,
+        "point": p,
+        "device": ecfg.device,
+        "gpu": env["gpu"],
+        "git_commit": env["git_commit"],
+    }
+    atomic_write_json(d / "summary.json", summary)  # marks the run finished
+    return summary, res
+
+
 def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
     """error.txt: a clear first line, the traceback, and the server log's tail when there is one."""
     what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
@@ -334,7 +416,6 @@ def run(
     those of the full sweep and a later full call resumes around them. ``reproduce_keys``:
     harness.reproduce's sweep keys are allowed (it has applied them). ``run_group`` names the
     runs measured together (env.json; default DHS_RUN_GROUP)."""
-    from harness.loadgen import run_load_sync
     from systems.engine.config import resolve_engine_config
 
     try:  # fail fast on a bad config, before any server starts
@@ -384,70 +465,23 @@ def run(
                 d.rename(superseded)
             elif d.exists():  # an unfinished attempt
                 d.rename(d.with_name(f"{rid}.failed-{int(time.time())}"))
-            d.mkdir(parents=True)
-            OmegaConf.save(cfg, d / "config.yaml", resolve=True)
-            atomic_write_json(d / "env.json", {**env, "device": ecfg.device})
-            lcfg = _load_config(cfg, ecfg, p, url, d)
-            wb = None
-            if logger is not None:
-                wb = logger.start_run(
-                    rid,
-                    str(cfg.logger.get("group") or cfg.experiment_name),
-                    run_config(OmegaConf.to_container(cfg, resolve=True), run_labels(cfg, p)),
-                    tags(
-                        {
-                            "system": cfg.system.name,
-                            "model": cfg.model.name,
-                            "experiment": cfg.experiment_name,
-                            "point": p,
-                            "git_commit": env["git_commit"],
-                            "gpu": env["gpu"],
-                        }
-                    ),
-                    str(d),
-                )
-            try:
-                res = run_load_sync(lcfg, observer=wb.sample if wb is not None else None)
-                failure = _server_failure(url)
-                if failure is not None:
-                    raise ServerFailed(
-                        f"{rid}: the server failed during the run ({failure}); "
-                        f"{len(res.records)} records kept, no summary written"
-                    )
-                errors = int(res.summary.get("errors") or 0)
-                if errors and not res.summary.get("completed"):
-                    raise RunFailed(
-                        f"{rid}: all {errors} requests failed, first: {_first_error(res.records)}"
-                        "; records kept, no summary written"
-                    )
-                if errors:
-                    print(
-                        f"[harness] {rid}: WARNING {errors} of {len(res.records)} requests "
-                        f"failed (first: {_first_error(res.records)}); records.jsonl has each",
-                        flush=True,
-                    )
-                if res.samples:
-                    _write_metrics(res.samples, d / "server_metrics.parquet")
-                summary = {
-                    **res.summary,
-                    "run_id": rid,
-                    "system": cfg.system.name,
-                    "model": cfg.model.name,
-                    "experiment": cfg.experiment_name,
-                    "point": p,
-                    "device": ecfg.device,
-                    "gpu": env["gpu"],
-                    "git_commit": env["git_commit"],
-                }
-                atomic_write_json(d / "summary.json", summary)  # marks the run finished
-            except BaseException as e:  # incl. KeyboardInterrupt: say why there is no summary
-                if wb is not None:
-                    wb.close()
-                _write_error(d, e, server_dir)
-                if superseded is not None:  # the earlier measurement stands until one replaces it
-                    d.rename(d.with_name(f"{rid}.failed-{int(time.time())}"))
-                    superseded.rename(d)
-                raise
+            # the earlier measurement stands until one replaces it: put back after any failure,
+            # Ctrl-C, or a time box's SIGTERM (whose handler exits without unwinding)
+            restore = functools.partial(_restore_superseded, d, superseded)
+            with on_sigterm(restore):
+                wb = None
+                try:
+                    lcfg = _prepare(cfg, ecfg, p, d, url, env)
+                    wb = _start_logging(logger, cfg, p, rid, d, env)
+                    summary, res = _measure(cfg, ecfg, p, rid, d, url, env, lcfg, wb)
+                except BaseException as e:  # incl. KeyboardInterrupt: say why there is no summary
+                    try:
+                        if wb is not None:
+                            wb.close()
+                        _write_error(d, e, server_dir)
+                    finally:
+                        restore()
+                    raise
             if wb is not None:  # after the summary is on disk: W&B never costs a measurement
                 wb.finish(summary, res.records, res.samples)
             rows.append({**summary, "_dir": str(d)})

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -74,6 +75,20 @@ def wait_healthy(
 
 # Server processes this harness started and has not stopped yet: (process, signal its group).
 _LIVE: dict[int, tuple[subprocess.Popen, bool]] = {}
+# What a SIGTERM must still do before the harness exits (exit_on_sigterm), e.g. put back a run
+# that a re-measurement moved aside: the handler ends the process without unwinding.
+_ON_SIGTERM: dict[object, Callable[[], None]] = {}
+
+
+@contextlib.contextmanager
+def on_sigterm(fn: Callable[[], None]):
+    """Within the block, a SIGTERM that ends the harness (exit_on_sigterm) calls ``fn`` first."""
+    key = object()
+    _ON_SIGTERM[key] = fn
+    try:
+        yield
+    finally:
+        _ON_SIGTERM.pop(key, None)
 
 
 def track(proc: subprocess.Popen, group: bool = False) -> None:
@@ -94,6 +109,11 @@ def exit_on_sigterm() -> None:
             for proc, group in reversed(list(_LIVE.values())):  # last started first (router)
                 try:
                     stop_process(proc, grace_s=10.0, group=group)
+                except Exception:
+                    pass
+            for fn in list(_ON_SIGTERM.values()):
+                try:
+                    fn()
                 except Exception:
                     pass
             sys.stdout.flush()

@@ -64,3 +64,32 @@ def test_sigterm_stops_the_server_child():
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child)
+
+
+RESTORE = r"""
+import os, signal, sys, time
+from pathlib import Path
+from harness.run import _restore_superseded
+from harness.servers import exit_on_sigterm, on_sigterm
+exit_on_sigterm()
+root = Path(sys.argv[1])
+d, old = root / "run", root / "run.superseded-1"
+old.mkdir(); (old / "summary.json").write_text("{}")  # the earlier measurement, moved aside
+d.mkdir(); (d / "config.yaml").write_text("{}")  # the re-measurement under way
+with on_sigterm(lambda: _restore_superseded(d, old)):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+"""
+
+
+def test_a_time_box_during_a_re_measurement_puts_the_earlier_run_back(tmp_path):
+    """--rerun-before moves a finished run aside while it is measured again; a time box's
+    SIGTERM (whose handler exits without unwinding) must put it back, its attempt aside."""
+    proc = subprocess.run(
+        [sys.executable, "-c", RESTORE, str(tmp_path)], cwd=REPO, timeout=60, capture_output=True
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert (tmp_path / "run" / "summary.json").exists()
+    assert not (tmp_path / "run.superseded-1").exists()
+    failed = [p.name for p in tmp_path.iterdir() if p.name.startswith("run.failed-")]
+    assert len(failed) == 1 and (tmp_path / failed[0] / "config.yaml").exists()
