@@ -518,8 +518,8 @@ def finished_runs(results: str | Path, experiment: str) -> list[Run]:
     _log("experiments", [d])
     runs = []
     for sub in sorted(p for p in d.iterdir() if p.is_dir()):
-        if ".superseded-" in sub.name:  # re-measured (harness.reproduce --rerun-before)
-            continue
+        if ".superseded-" in sub.name or ".failed-" in sub.name:
+            continue  # re-measured (--rerun-before, harness.unpack), or an attempt that failed
         s = load_json(sub / "summary.json")
         if isinstance(s, dict):
             runs.append(Run(sub, s))

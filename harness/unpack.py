@@ -1,22 +1,34 @@
 """Unpack a GPU batch's results.tgz (benchmarks/gpu_batch.sh) over the repository.
 
-    python -m harness.unpack /path/to/results.tgz [--root .]
+    python -m harness.unpack /path/to/results.tgz [--root .] [--force]
 
 A finished run in the archive (its directory holds summary.json) replaces the local directory of
 the same run id whole: a run re-measured under ``harness.reproduce --rerun-before`` must not keep
 files of the measurement it replaces (compressed records, pruning notes, profiles), which a
-plain ``tar x`` over the old directory would leave beside the new ones. Everything else (failed
-attempts, server logs, experiments' summaries) is extracted as it is. Prints what it replaced;
-then run ``make compact`` and commit.
+plain ``tar x`` over the old directory would leave beside the new ones. An archived finished run
+measured before the local one is not unpacked (a stale archive; ``--force`` unpacks it), and a
+failed attempt never lands in a finished local run: it goes beside it as ``<run id>.failed-<time>``.
+Everything else (server logs, experiments' summaries) is extracted as it is.
+
+Nothing local changes until the whole archive has been extracted into a staging folder under the
+root and every finished run in it is whole (summary, config and env): a truncated archive, a full
+disk or Ctrl-C during extraction leaves the tree as it was. A finished run is then swapped in by
+two renames. Prints what it replaced; then run ``make compact`` and commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import sys
 import tarfile
+import time
 from pathlib import Path, PurePosixPath
+
+# what every finished run directory holds (harness.run writes them before its summary)
+RUN_FILES = ("summary.json", "config.yaml", "env.json")
 
 
 def finished_run_dirs(names: list[str]) -> set[PurePosixPath]:
@@ -29,41 +41,130 @@ def finished_run_dirs(names: list[str]) -> set[PurePosixPath]:
     return out
 
 
-def unpack(archive: str | Path, root: str | Path = ".") -> tuple[list[str], list[str]]:
-    """Extract ``archive`` under ``root``; returns the finished run directories it held and
-    those of them it replaced. A ValueError for a file that is no tar archive, or a member that
-    would land outside ``root``."""
+def _measured_at(run: Path) -> str:
+    try:
+        return str(json.loads((run / "env.json").read_text()).get("time_utc") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def _extract(tar: tarfile.TarFile, members: list, stage: Path) -> None:
+    try:  # regular files and folders only (Python's "data" filter, where this Python has it)
+        tar.extractall(stage, members=members, filter="data")
+    except TypeError:  # pragma: no cover - Python without extraction filters
+        tar.extractall(stage, members=members)
+
+
+def _move_file(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(src, dst)
+
+
+def unpack(
+    archive: str | Path, root: str | Path = ".", force: bool = False
+) -> tuple[list[str], list[str]]:
+    """Extract ``archive`` under ``root``; returns the finished run directories it unpacked and
+    those of them that replaced a local one. A ValueError for a file that is no whole tar
+    archive, a member that would land outside ``root`` or is no regular file or folder, or a
+    finished run missing one of RUN_FILES; nothing local has changed then."""
     root = Path(root).resolve()
     try:
         tar = tarfile.open(archive)
     except tarfile.ReadError as e:
         raise ValueError(f"{archive}: not a tar archive ({e})") from None
-    with tar:
-        members = tar.getmembers()
-        for m in members:  # never outside the repository
-            target = (root / m.name).resolve()
-            if not target.is_relative_to(root) or m.issym() or m.islnk():
-                raise ValueError(f"refusing archive member {m.name!r}: outside {root} or a link")
+    stage = root / f".unpack-{os.getpid()}"
+    try:
+        with tar:
+            try:
+                members = tar.getmembers()
+            except (tarfile.TarError, EOFError, OSError) as e:
+                raise ValueError(
+                    f"{archive}: truncated or corrupt ({e}); nothing unpacked"
+                ) from None
+            for m in members:  # never outside the repository, nothing but files and folders
+                target = (root / m.name).resolve()
+                if not target.is_relative_to(root) or not (m.isfile() or m.isdir()):
+                    raise ValueError(
+                        f"refusing archive member {m.name!r}: outside {root}, a link or a special file"
+                    )
+            try:
+                _extract(tar, members, stage)
+            except (tarfile.TarError, EOFError) as e:
+                raise ValueError(
+                    f"{archive}: truncated or corrupt ({e}); nothing unpacked"
+                ) from None
         runs = sorted(finished_run_dirs([m.name for m in members]))
-        replaced = []
         for d in runs:
-            local = root / d
-            if local.exists():
-                shutil.rmtree(local)
-                replaced.append(str(d))
-        tar.extractall(root, members=members)
-    return [str(d) for d in runs], replaced
+            missing = [f for f in RUN_FILES if not (stage / d / f).is_file()]
+            if missing:
+                raise ValueError(
+                    f"{d}: a finished run without {', '.join(missing)}; nothing unpacked"
+                )
+        return _swap_in(stage, root, runs, force)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _swap_in(stage: Path, root: Path, runs: list, force: bool) -> tuple[list[str], list[str]]:
+    """Move what ``stage`` holds into ``root``: finished runs whole (two renames), the rest file
+    by file, a failed attempt beside a finished local run rather than into it."""
+    unpacked, replaced = [], []
+    whole = set(runs)
+    stamp = int(time.time())
+    for d in runs:
+        local, new = root / d, stage / d
+        if local.exists():
+            if not force and (local / "summary.json").exists():
+                if _measured_at(new) < _measured_at(local):
+                    print(
+                        f"[unpack] kept {d}: the local run was measured later "
+                        f"({_measured_at(local)} against {_measured_at(new)}; --force replaces it)"
+                    )
+                    continue
+            # aside under a name the figures skip until the new run is in place (an interrupted
+            # swap leaves it there, not lost), then removed
+            old = local.with_name(f"{local.name}.superseded-unpack-{stamp}")
+            local.rename(old)
+            new.rename(local)
+            shutil.rmtree(old)
+            replaced.append(str(d))
+        else:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            new.rename(local)
+        unpacked.append(str(d))
+    for f in sorted(p for p in stage.rglob("*") if p.is_file()):
+        rel = f.relative_to(stage)
+        parts = PurePosixPath(rel.as_posix()).parts
+        if PurePosixPath(*parts[:3]) in whole:
+            continue  # a finished run kept out above
+        run = PurePosixPath(*parts[:3]) if len(parts) >= 4 and parts[0] == "results" else None
+        if (
+            run is not None
+            and not run.parts[2].startswith(".")
+            and (root / run / "summary.json").exists()
+        ):
+            # an unfinished attempt of a run finished here: beside it, never merged into it
+            dst = root / run.parent / f"{run.name}.failed-{stamp}" / PurePosixPath(*parts[3:])
+        else:
+            dst = root / rel
+        _move_file(f, dst)
+    return unpacked, replaced
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("archive")
     ap.add_argument("--root", default=".", help="the repository root (default: here)")
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="also replace a local finished run measured after the archived one",
+    )
     args = ap.parse_args(argv)
     if not Path(args.archive).is_file():
         ap.error(f"no such archive: {args.archive}")
     try:
-        runs, replaced = unpack(args.archive, args.root)
+        runs, replaced = unpack(args.archive, args.root, args.force)
     except ValueError as e:
         ap.error(str(e))
     for d in replaced:

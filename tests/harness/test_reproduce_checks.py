@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 import harness.reproduce as rp
+import harness.unpack as urp
 from harness.environment import REPO
 from harness.run import point_plan, run
 from systems.engine.config import compose
@@ -206,26 +207,82 @@ def test_rerun_before_redoes_the_runs_measured_before_the_time(tmp_path, monkeyp
 def test_unpack_replaces_a_re_measured_run_whole(tmp_path):
     """harness.unpack: an archived finished run replaces its local directory (no file of the
     old measurement stays); a failed attempt and logs are extracted as they are."""
-    import tarfile
 
     from harness.unpack import unpack
 
     src, repo = tmp_path / "src", tmp_path / "repo"
     run = "results/fig4_h200/hisparse-x-rep1-abc"
-    (src / run).mkdir(parents=True)
-    (src / run / "summary.json").write_text('{"new": 1}')
+    _finished(src / run, {"new": 1}, "2026-12-02T00:00:00Z")
     (src / "results/fig4_h200/other-rep1-def").mkdir(parents=True)
     (src / "results/fig4_h200/other-rep1-def/error.txt").write_text("failed")
-    (repo / run).mkdir(parents=True)
-    (repo / run / "summary.json").write_text('{"old": 1}')
+    _finished(repo / run, {"old": 1}, "2026-12-01T00:00:00Z")
     (repo / run / "records.jsonl.xz").write_text("old records")
-    archive = tmp_path / "results.tgz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(src / "results", arcname="results")
+    archive = _tar(tmp_path / "results.tgz", src)
     assert unpack(archive, repo) == ([run], [run])
-    assert sorted(p.name for p in (repo / run).iterdir()) == ["summary.json"]
+    assert sorted(p.name for p in (repo / run).iterdir()) == sorted(urp.RUN_FILES)
     assert json.loads((repo / run / "summary.json").read_text()) == {"new": 1}
     assert (repo / "results/fig4_h200/other-rep1-def/error.txt").exists()
+    assert sorted(p.name for p in (repo / "results/fig4_h200").iterdir()) == [
+        "hisparse-x-rep1-abc",
+        "other-rep1-def",
+    ]  # nothing left aside, no staging folder
+    assert not any(p.name.startswith(".unpack") for p in repo.iterdir())
+
+
+def _finished(d, summary: dict, when: str) -> None:
+    """A finished run directory as harness.run leaves one (its summary written last)."""
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text("{}")
+    (d / "env.json").write_text(json.dumps({"time_utc": when}))
+    (d / "summary.json").write_text(json.dumps(summary))
+
+
+def _tar(archive, src):
+    import tarfile
+
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src / "results", arcname="results")
+    return archive
+
+
+def test_unpack_changes_nothing_local_unless_the_archive_is_whole(tmp_path):
+    """A truncated archive, or a finished run missing a file a finished run always has, leaves
+    the local tree as it was; a failed attempt lands beside a finished local run, not in it; an
+    archived run measured before the local one is kept out unless forced."""
+    run = "results/fig4_h200/hisparse-x-rep1-abc"
+    repo = tmp_path / "repo"
+    _finished(repo / run, {"local": 1}, "2026-12-02T00:00:00Z")
+    before = sorted(p.name for p in (repo / run).iterdir())
+
+    src = tmp_path / "src"
+    _finished(src / run, {"new": 1}, "2026-12-03T00:00:00Z")
+    whole = _tar(tmp_path / "whole.tgz", src).read_bytes()
+    cut = tmp_path / "cut.tgz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt|not a tar archive"):
+        urp.unpack(cut, repo)
+    (src / run / "env.json").unlink()
+    with pytest.raises(ValueError, match="without env.json"):
+        urp.unpack(_tar(tmp_path / "partial.tgz", src), repo)
+    assert sorted(p.name for p in (repo / run).iterdir()) == before
+    assert json.loads((repo / run / "summary.json").read_text()) == {"local": 1}
+    assert sorted(p.name for p in repo.iterdir()) == ["results"]
+
+    failed = tmp_path / "failed"
+    (failed / run).mkdir(parents=True)
+    (failed / run / "error.txt").write_text("cut by its time box")
+    assert urp.unpack(_tar(tmp_path / "failed.tgz", failed), repo) == ([], [])
+    assert sorted(p.name for p in (repo / run).iterdir()) == before
+    aside = [p for p in (repo / "results/fig4_h200").iterdir() if ".failed-" in p.name]
+    assert len(aside) == 1 and (aside[0] / "error.txt").exists()
+
+    stale = tmp_path / "stale"
+    _finished(stale / run, {"stale": 1}, "2026-12-01T00:00:00Z")
+    archive = _tar(tmp_path / "stale.tgz", stale)
+    assert urp.unpack(archive, repo) == ([], [])
+    assert json.loads((repo / run / "summary.json").read_text()) == {"local": 1}
+    assert urp.unpack(archive, repo, force=True) == ([run], [run])
+    assert json.loads((repo / run / "summary.json").read_text()) == {"stale": 1}
 
 
 def test_unpack_says_what_it_did_and_refuses_what_is_no_archive(tmp_path, capsys):
@@ -234,8 +291,7 @@ def test_unpack_says_what_it_did_and_refuses_what_is_no_archive(tmp_path, capsys
     from harness.unpack import main as unpack_main
 
     run = "results/fig4_h200/hisparse-x-rep1-abc"
-    (tmp_path / "src" / run).mkdir(parents=True)
-    (tmp_path / "src" / run / "summary.json").write_text("{}")
+    _finished(tmp_path / "src" / run, {}, "2026-12-01T00:00:00Z")
     archive = tmp_path / "results.tgz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(tmp_path / "src" / "results", arcname="results")
