@@ -329,8 +329,16 @@ def _measure(cfg, ecfg, p: dict, rid: str, d: Path, url: str, env: dict, lcfg, w
         "gpu": env["gpu"],
         "git_commit": env["git_commit"],
     }
+    if _profiled(cfg):  # the collectors' outputs come when the server stops (_collect_profile)
+        summary["profile_pending"] = True
     atomic_write_json(d / "summary.json", summary)  # marks the run finished
     return summary, res
+
+
+def _profiled(cfg) -> bool:
+    """Whether collectors run inside this run's server (profile=kernels, host, ...)."""
+    name = (cfg.get("profile") or {}).get("name")
+    return bool(name) and name != "none"
 
 
 def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
@@ -374,7 +382,7 @@ def point_plan(
             and (exp_dir / old / "summary.json").exists()
         ):
             rid = old  # finished under the id it had before the swept values joined it
-        finished = (exp_dir / rid / "summary.json").exists() and not _stale(exp_dir / rid)
+        finished = _finished(exp_dir / rid) and not _stale(exp_dir / rid)
         out.append((p, rid, finished))
     return exp_dir, out
 
@@ -390,6 +398,15 @@ def parse_utc(text: str):
     except ValueError:
         d = datetime.fromisoformat(t.replace("Z", "+00:00"))
         return d if d.tzinfo else d.replace(tzinfo=UTC)
+
+
+def _finished(run_dir: Path) -> bool:
+    """A summary, and no profile still to come: a profiled run's summary says
+    ``profile_pending`` until the server's collectors' outputs have been moved in (they are
+    written when the server stops, after the load), so a run cut in between is measured again
+    rather than kept without its profile."""
+    s = load_json(run_dir / "summary.json")
+    return isinstance(s, dict) and not s.get("profile_pending")
 
 
 def _stale(run_dir: Path) -> bool:
@@ -585,13 +602,16 @@ def _collect_profile(server_dir: Path, run_dirs: list[Path]) -> None:
     from harness.servers import server_profile_dir
 
     prof = server_profile_dir(server_dir)
-    if not prof.is_dir() or not run_dirs:
-        return
-    for sub in prof.iterdir():
-        dest = run_dirs[0] / sub.name
-        if not dest.exists():
-            shutil.move(str(sub), str(dest))
-    shutil.rmtree(prof, ignore_errors=True)  # what a rerun's outputs would otherwise sit beside
+    if prof.is_dir() and run_dirs:
+        for sub in prof.iterdir():
+            dest = run_dirs[0] / sub.name
+            if not dest.exists():
+                shutil.move(str(sub), str(dest))
+        shutil.rmtree(prof, ignore_errors=True)  # what a rerun's outputs would otherwise sit beside
+    for d in run_dirs:  # finished now: whatever the collectors wrote is in place
+        s = load_json(d / "summary.json")
+        if isinstance(s, dict) and s.pop("profile_pending", None) is not None:
+            atomic_write_json(d / "summary.json", s)
 
 
 def _fmt(v, nd=1):

@@ -45,22 +45,30 @@ def test_bad_config_fails_before_any_server_starts(tmp_path):
 
 
 def test_profile_kernels_lands_in_the_run_directory(tmp_path):
-    dirs = run(
-        compose(
-            BASE
-            + [
-                f"results_dir={tmp_path}",
-                "profile=kernels",
-                "workload.num_requests=8",
-                "profile.wait=1",
-                "profile.active=3",
-            ]
-        )
+    """The collectors' outputs are written when the server stops, after the run's summary: the
+    summary says profile_pending until they are in place, and a run left so (cut between the
+    two) is not finished for the plan."""
+    from harness.run import point_plan
+
+    cfg = compose(
+        BASE
+        + [
+            f"results_dir={tmp_path}",
+            "profile=kernels",
+            "workload.num_requests=8",
+            "profile.wait=1",
+            "profile.active=3",
+        ]
     )
+    dirs = run(cfg)
     summary = dirs[0] / "kernels" / "kernel_summary.json"
     assert summary.exists()
     d = json.loads(summary.read_text())
     assert d  # steps were classified into families
+    s = json.loads((dirs[0] / "summary.json").read_text())
+    assert "profile_pending" not in s and point_plan(cfg)[1][0][2]
+    (dirs[0] / "summary.json").write_text(json.dumps({**s, "profile_pending": True}))
+    assert not point_plan(cfg)[1][0][2]  # cut before its profile came: measured again
 
 
 def test_min_waves_sets_a_floor_of_waves_times_concurrency():
