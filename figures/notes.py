@@ -524,6 +524,15 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
         elif dev == "cpu":
             add("CPU run")
     add(change_mix(runs))
+    # a run is finished with some requests failed (never all): its numbers count the rest
+    failed = [(x, int(x.summary.get("errors") or 0)) for r in runs for x in (r.repeats or [r])]
+    failed = [(x, n) for x, n in failed if n > 0]
+    if failed:
+        n_req = sum(n + int(x.summary.get("completed") or 0) for x, n in failed)
+        add(
+            f"{len(failed)} run(s) with failed requests ({sum(n for _, n in failed)} of {n_req} "
+            "requests; their numbers count the successful ones)"
+        )
     n_first, n_all = first_run_count(runs)
     if n_first:
         add(

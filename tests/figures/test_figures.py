@@ -748,6 +748,20 @@ def test_provenance_names_a_preset_geometry_changed_since_the_run(tmp_path):
     assert "earlier" not in C.provenance([runs["new"], runs["adhoc"]])
 
 
+def test_provenance_says_a_run_had_failed_requests(tmp_path):
+    """A run finishes with some of its requests failed (never all): its figures say so."""
+    from figures import common as C
+
+    for name, errors in (("ok", 0), ("some", 3)):
+        d = tmp_path / "fig4" / name
+        d.mkdir(parents=True)
+        summary = {"system": name, "concurrency": 8, "completed": 61, "errors": errors}
+        (d / "summary.json").write_text(json.dumps(summary))
+    runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig4")}
+    assert "failed requests" not in C.provenance(runs["ok"])
+    assert "1 run(s) with failed requests (3 of 64 requests" in C.provenance(runs.values())
+
+
 def test_provenance_flags_hisparse_runs_on_different_copy_grids(tmp_path):
     """HiSparse runs on the paper's fixed copy grid beside runs on the batch-scaled one (a
     sweep part re-run) are named; runs of one grid, or of other systems, are not."""
