@@ -46,7 +46,24 @@ class Family:
     note: str = ""
 
     def tags(self) -> list[str]:
-        return [f"experiment:{e}" for e in self.experiments]
+        return [f"experiment:{e}" for e in _with_variants(self.experiments)]
+
+
+def _with_variants(names: tuple[str, ...]) -> list[str]:
+    """The experiments a family's names stand for, as their runs are tagged (the experiment_name
+    of conf/experiment/): each with its re-runs under other names (``fig4`` -> ``fig4_h200``,
+    ``fig4_h200_sweep``, ``fig4_protocol``, ...; ``fig4_more`` writes as ``fig4``)."""
+    from omegaconf import OmegaConf
+
+    from harness.environment import REPO
+
+    out = list(names)
+    for p in sorted((REPO / "conf" / "experiment").glob("*.yaml")):
+        if any(p.stem.startswith(base + "_") for base in names):
+            name = str(OmegaConf.load(p).get("experiment_name") or p.stem)
+            if name not in out:
+                out.append(name)
+    return out
 
 
 _SERVING = (
@@ -77,7 +94,8 @@ FAMILIES: tuple[Family, ...] = (
             (LOAD + "completed", LOAD + "errors"),
         ),
         bars=tuple(f"{SUMMARY}phases/{i}/tpot_ms_mean" for i in range(3)),
-        note="The 16 -> 128 -> 16 step over time, residency on and off "
+        note="The paper's C16 -> C256 -> C16 step over time (ours: C12 -> C128 -> C12 on "
+        "glm53_mini, C4 -> C64 -> C4 on glm53_h200), residency on and off "
         "(config optional_residency); bars: TPOT per phase.",
     ),
     Family(
@@ -91,7 +109,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "Speculation block sweep (Fig. 7, Fig. 11)",
-        ("fig7", "fig11"),
+        ("fig7", "fig11", "fig11b"),
         ("fig7", "fig11"),
         x="block_size",
         summary=_SERVING[:3],

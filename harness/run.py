@@ -120,6 +120,14 @@ def run_labels(cfg: DictConfig, point: dict) -> dict:
     return labels
 
 
+def wandb_labels(cfg: DictConfig, point: dict) -> dict:
+    """The values a W&B run's config carries at its top level, for panels across runs: the
+    swept values (``run_labels``) and the point's concurrency (ours, and the paper's where the
+    experiment is written in it)."""
+    loads = {k: point[k] for k in ("concurrency", "paper_concurrency") if point.get(k) is not None}
+    return {**run_labels(cfg, point), **loads}
+
+
 def hot_cache_rows(cfg: DictConfig) -> int | None:
     """The resolved hot-cache budget B of the system's backend (0 -> 2k there), None for a
     backend without a hot cache."""
@@ -277,7 +285,7 @@ def _start_logging(logger, cfg, p: dict, rid: str, d: Path, env: dict):
     return logger.start_run(
         rid,
         str(cfg.logger.get("group") or cfg.experiment_name),
-        run_config(OmegaConf.to_container(cfg, resolve=True), run_labels(cfg, p)),
+        run_config(OmegaConf.to_container(cfg, resolve=True), wandb_labels(cfg, p)),
         tags(
             {
                 "system": cfg.system.name,

@@ -168,6 +168,10 @@ class WandbRun:
         self.run = logger._init(init_kw)
         self.t0: float | None = None
         self.live = self.run is not None  # rows reached the run as they came
+        # a live run that failed mid-load: finished after the load, never on the load
+        # generator's event loop (an online finish flushes and uploads: seconds of the
+        # clients' timestamps)
+        self.failed = None
 
     def sample(self, sample: dict, progress: dict) -> None:
         if self.run is None:
@@ -182,12 +186,13 @@ class WandbRun:
                 f"live logging failed ({type(e).__name__}: {e}); the rest of "
                 "this run goes to an offline run when it ends",
             )
-            self._drop()
+            self.failed, self.run = self.run, None
 
     def finish(
         self, summary: Mapping[str, Any], records: Iterable[Any], samples: list[dict]
     ) -> None:
         records = list(records)
+        self._finish_failed()
         if self.run is None and self.logger.mode != "disabled":
             # the live run failed (or never started): everything goes to an offline run now
             self.logger.fall_back("offline")
@@ -208,7 +213,7 @@ class WandbRun:
             self.run.summary.update(summary_row(summary))
         except Exception as e:
             _warn_once(
-                "finish",
+                "summary",
                 f"logging the summary failed ({type(e).__name__}: {e}); "
                 "the run's results on disk are complete",
             )
@@ -217,7 +222,16 @@ class WandbRun:
 
     def close(self) -> None:
         """End the run without a summary (the load failed: nothing of it is a result)."""
+        self._finish_failed()
         self._drop()
+
+    def _finish_failed(self) -> None:
+        run, self.failed = self.failed, None
+        if run is not None:
+            try:
+                run.finish()
+            except Exception as e:
+                _warn_once("finish", f"finishing the W&B run failed ({type(e).__name__}: {e})")
 
     def _drop(self) -> None:
         run, self.run = self.run, None

@@ -8,7 +8,7 @@ import harness.wandb_logger as wl
 from harness import dashboard
 from harness.environment import REPO
 from harness.reproduce import _run_cfg, plan
-from harness.run import run, run_labels
+from harness.run import _load_points, run, wandb_labels
 from systems.engine.config import compose
 from tests.harness.test_wandb import BASE, logged_keys, record_wandb
 
@@ -42,17 +42,15 @@ def test_panels_read_only_keys_that_runs_log(tmp_path, monkeypatch):
     history_and_summary = logged_keys(runs[-1])
     # config keys: the logger's run_config for every experiment a section reads
     config_keys: set[str] = set()
+    # (a family's re-runs under other names, fig4_h200 and the like, log the same keys)
     experiments = {e for f in dashboard.FAMILIES for e in f.experiments}
     conf_experiments = {p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")}
     for exp in sorted(experiments & conf_experiments):
         one_per_system = {ov[1]: ov for ov in plan(exp, smoke=False)}  # ov[1]: system=...
         for ov in one_per_system.values():
             cfg = _run_cfg(ov, None)
-            for c in cfg.workload.concurrency or [1]:
-                point = {"concurrency": int(c), "tag": f"c{c}"}
-                config_keys |= set(
-                    wl.run_config({}, {"concurrency": int(c), **run_labels(cfg, point)})
-                )
+            for point in _load_points(cfg):  # what harness.run logs, nothing added by hand
+                config_keys |= set(wl.run_config({}, wandb_labels(cfg, point)))
     # figure images: attach_figures on one file per figure script
     figs = tmp_path / "figs"
     figs.mkdir()
@@ -85,3 +83,12 @@ def test_panels_read_only_keys_that_runs_log(tmp_path, monkeypatch):
                 {"experiment": compose([f"experiment={exp}"]).experiment_name}
             )
             assert served or tag in figure_run_tags, tag
+
+
+def test_sections_read_the_re_runs_of_their_experiments_too():
+    """A section's tags take in its experiments' re-runs under other names (the H200 presets'
+    runs, where the claims come from), by the experiment_name their runs are tagged with."""
+    tags = {t for f in dashboard.FAMILIES for t in f.tags()}
+    for name in ("fig4_h200", "fig4_h200_sweep", "fig5_h200", "fig6_h200", "fig9_dsv_h200"):
+        assert f"experiment:{name}" in tags
+    assert "experiment:fig4_more" not in tags  # its runs are tagged experiment:fig4

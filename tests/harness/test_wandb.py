@@ -157,3 +157,22 @@ def test_a_failure_while_logging_never_costs_the_measurement(tmp_path, monkeypat
     assert len(list(tmp_path.rglob("summary.json"))) == 1 and not list(tmp_path.rglob("error.txt"))
     assert "quota exceeded" in capsys.readouterr().err
     assert all(r.finished for r in runs)
+
+
+def test_a_live_failure_finishes_its_run_after_the_load_not_during_it(tmp_path, monkeypatch):
+    """A failed live log happens on the load generator's event loop: the failed run is finished
+    (an online finish uploads: seconds) only once the load has ended, with the rest offline."""
+    wl._warned.clear()
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    runs = record_wandb(monkeypatch)
+    logger = wl.WandbLogger({"mode": "offline"})
+    r = logger.start_run("rid", "group", {}, [], str(tmp_path))
+
+    def broken(row):
+        raise ConnectionError("network gone")
+
+    monkeypatch.setattr(runs[0], "log", broken)
+    r.sample({"ts": 1.0, "values": {}}, {"sent": 1})
+    assert not runs[0].finished  # not on the load's loop
+    r.finish({"completed": 1}, [], [{"ts": 1.0, "values": {}}])
+    assert runs[0].finished and len(runs) == 2 and runs[1].finished  # the rest went offline
