@@ -350,13 +350,14 @@ def _profiled(cfg) -> bool:
 
 
 def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
-    """error.txt: a clear first line, the traceback, and the server log's tail when there is one."""
+    """error.txt: a clear first line, the traceback, and the tail of each server log there is
+    (the bundled server's, or an SGLang deployment's per role)."""
     what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
     text = f"run failed: {what}\n\n" + "".join(traceback.format_exception(exc))
     from harness.servers import server_log
 
-    log = server_log(server_dir)
-    if log.exists():
+    logs = [server_log(server_dir), *sorted(server_dir.glob("sglang-*.log"))]
+    for log in (p for p in logs if p.exists()):
         text += f"\n--- tail of {log} ---\n" + log.read_text(errors="replace")[-5000:]
     tmp = d / ".error.txt.tmp"
     tmp.write_text(text)

@@ -130,13 +130,24 @@ def exit_on_sigterm() -> None:
 def stop_process(proc: subprocess.Popen, grace_s: float = 30.0, group: bool = False) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``; ``group`` signals the process group the child
     leads (start_new_session=True), for servers with child processes (SGLang's schedulers, the
-    bundled server's engine process)."""
+    bundled server's engine process). A group is signalled whatever its leader's state: a
+    leader that crashed at start-up can leave its children holding the GPU."""
     try:
-        if proc.poll() is not None:
+        if proc.poll() is not None and not group:
             return
         _stop(proc, grace_s, group)
     finally:
         _LIVE.pop(proc.pid, None)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal: still there
+        return True
+    return True
 
 
 def _stop(proc: subprocess.Popen, grace_s: float, group: bool) -> None:
@@ -148,11 +159,19 @@ def _stop(proc: subprocess.Popen, grace_s: float, group: bool) -> None:
                 proc.send_signal(sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        if not group:
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+        # a group: until every member has gone, not only its leader
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, so that it no longer counts as a member
+            if not _group_alive(proc.pid):
+                return
+            time.sleep(0.05)
 
 
 _STARTED = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"

@@ -563,6 +563,21 @@ def _server_host(cfg: Any) -> str:
 # ---------------------------------------------------------------------------- the plan
 
 
+def _check_gpu_count(root: Mapping, s: dict) -> None:
+    """output_tok_s_per_gpu divides by hardware.num_gpus: it must count the GPUs that decode
+    (a co-located server's tensor parallel size, the decode server's under PD), or a 4-GPU
+    server's total would be reported per GPU."""
+    decode = s["pd"]["decode"]["tp"] if s["pd"].get("enabled") else s.get("tp")
+    decode = _int(decode, "tensor parallel size")
+    have = int(((root.get("hardware") or {}).get("num_gpus")) or 1)
+    if have != decode:
+        raise ValueError(
+            f"hardware.num_gpus={have}, but this deployment decodes on {decode} GPU(s) "
+            f"({'server.sglang.pd.decode.tp' if s['pd'].get('enabled') else 'server.sglang.tp'}): "
+            f"output per GPU divides by hardware.num_gpus; set hardware.num_gpus={decode}"
+        )
+
+
 def build_plan(cfg: Any, pick_port: Callable[[], int] | None = None) -> LaunchPlan:
     """Validate ``cfg`` and lay out the processes of one deployment. Starts nothing.
 
@@ -573,6 +588,7 @@ def build_plan(cfg: Any, pick_port: Callable[[], int] | None = None) -> LaunchPl
     s = settings(cfg)
     srv = root.get("server") or {}
     host = _server_host(cfg)
+    _check_gpu_count(root, s)
 
     def port(v: Any, where: str) -> int:
         v = 0 if v is None else _int(v, where, lo=0)

@@ -93,3 +93,16 @@ def test_a_time_box_during_a_re_measurement_puts_the_earlier_run_back(tmp_path):
     assert not (tmp_path / "run.superseded-1").exists()
     failed = [p.name for p in tmp_path.iterdir() if p.name.startswith("run.failed-")]
     assert len(failed) == 1 and (tmp_path / failed[0] / "config.yaml").exists()
+
+
+def test_stopping_a_group_whose_leader_died_stops_its_children():
+    """A server that crashes at start-up can leave its children (SGLang's schedulers) in its
+    process group: stopping it signals the group whatever the leader's state, until none is
+    left."""
+    from harness.servers import _group_alive, stop_process
+
+    proc = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60 & exit 0"], start_new_session=True)
+    proc.wait(timeout=10)  # the leader is gone; its two children live on in its group
+    assert _group_alive(proc.pid)
+    stop_process(proc, grace_s=5, group=True)
+    assert not _group_alive(proc.pid)

@@ -128,6 +128,7 @@ def test_describe_prints_runnable_commands():
         "server.port=30000",
         "server.sglang.gpus=[2,3]",
         "server.sglang.tp=2",
+        "hardware.num_gpus=2",
     )
     text = adapter.build_plan(cfg).describe()
     assert "CUDA_VISIBLE_DEVICES=2,3 .venv-sglang/bin/python -m sglang.launch_server" in text
@@ -145,3 +146,11 @@ def test_plain_dicts_work_without_hydra():
     assert json.loads(_flag(args, "--hisparse-config"))["host_to_device_ratio"] == 3
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['bogus'\]"):
         adapter.settings({"server": {"sglang": {"pd": {"bogus": 1}}}})
+
+
+def test_per_gpu_output_needs_the_decoding_gpus_counted():
+    """output_tok_s_per_gpu divides by hardware.num_gpus: a 2-GPU server with num_gpus=1 would
+    report its total per GPU, so the plan refuses it, naming the setting."""
+    cfg = sglang_cfg("system=hisparse", "model=tiny", "server.port=30000", "server.sglang.tp=2")
+    with pytest.raises(ValueError, match="set hardware.num_gpus=2"):
+        adapter.build_plan(cfg)
