@@ -281,7 +281,7 @@ def main(argv=None) -> C.Report:
     ax.invert_yaxis()
     ax.set_xlabel("Profiled round time (ms)")
     ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
-    C.panel_title(ax, "a", "GLM-like with DFlash2, C64")
+    C.panel_title(ax, "a", "GLM-like with DFlash2, paper C64")
     rep.panel("a", "measured" if have else f"{C.NOT_MEASURED} (round partition)")
 
     ax = axes[0][1]

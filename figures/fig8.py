@@ -16,7 +16,7 @@ from figures import common as C
 from figures.paper_values import PAPER
 
 NAME = "fig8"
-CASE_MARKERS = {"shared": "o", "partial": "s", "disjoint": "D"}
+CASE_MARKERS = {"shared": "o", "partial75": "^", "partial": "s", "partial25": "v", "disjoint": "D"}
 
 
 def fit(points):
@@ -167,7 +167,7 @@ def main(argv=None) -> C.Report:
     ax = axes[0][0]
     if pts:
         for p in pts:
-            mk = CASE_MARKERS.get(str(p.get("case")), "^")
+            mk = CASE_MARKERS.get(str(p.get("case")), "x")
             cold = str(p.get("cache", "cold")) == "cold"
             ax.scatter(
                 p["unique_miss_bytes"] / 1e6,
@@ -188,6 +188,15 @@ def main(argv=None) -> C.Report:
                 color="#555555",
                 linewidth=1,
                 label=f"fit {C.fmt(gb)} GB/s",
+            )
+            # the paper's line: its no-miss call plus its host path's rate (MB / (GB/s) = ms)
+            ax.plot(
+                xs,
+                P["nomiss_ms"] + xs / P["host_path_gbps"],
+                ":",
+                color="black",
+                linewidth=1,
+                label=f"paper {C.fmt(P['host_path_gbps'])} GB/s",
             )
         ax.set_xlabel("Unique host-miss payload (MB per call)")
         ax.set_ylabel("Resolver time (ms per call)")
@@ -211,6 +220,15 @@ def main(argv=None) -> C.Report:
                     color=col,
                     label=f"batch {batch}",
                 )
+        ax.scatter(  # the paper gives the no-miss call's time at B = 4,096
+            [4096, 4096],
+            [P["nomiss_b4096_batch8_us"], P["nomiss_b4096_batch160_us"]],
+            marker="_",
+            s=300,
+            color="black",
+            zorder=3,
+            label="paper (B = 4,096)",
+        )
         d = sweep_val(bs, 4096, 8, 0, "direct")
         if d is not None:
             ax.axhline(d, linestyle=":", color=C.PALETTE[0], label="direct path, batch 8")
@@ -250,6 +268,17 @@ def main(argv=None) -> C.Report:
                         va="bottom",
                         fontsize=7,
                     )
+        for j, m in enumerate((0, 77)):  # the paper's calls, on their bars
+            key = "nomiss" if m == 0 else "miss77"
+            ax.scatter(
+                x + (j - 0.5) * 0.38,
+                [P[f"{key}_b4096_batch{b}_us"] for b in (8, 160)],
+                marker="_",
+                s=300,
+                color="black",
+                zorder=3,
+                label="paper" if j == 0 else None,
+            )
         ax.set_xticks(x)
         ax.set_xticklabels(["batch 8", "batch 160"])
         ax.set_ylabel("Resolver time (µs per call)")
