@@ -36,6 +36,24 @@ def step_loads(runs) -> dict[int, int]:
     return {}
 
 
+def _paper_low_load(ax, panel: str, arms: dict, P: dict) -> None:
+    """Panel b: the paper's 75-100 % coverage with residency on; panel c: its host-fetched
+    shares, 14.2 % off and 1.4 % on; each over our first phase (the paper's is 5 minutes)."""
+    r = next(iter(arms.values()))
+    t0 = float(r.metrics["ts"].iloc[0])
+    first = next(iter(phase_bounds(r, t0)), None)
+    if first is None:
+        return
+    x0, x1 = first[0] / 60.0, first[1] / 60.0
+    if panel == "b":
+        lo, hi = P["coverage_low_on_pct"]["lo"], P["coverage_low_on_pct"]["hi"]
+        ax.fill_between([x0, x1], lo, hi, color=ARM_COLORS["on"], alpha=0.15, label="paper, on")
+    elif panel == "c":
+        for arm, key in (("off", "host_share_low_off_pct"), ("on", "host_share_low_on_pct")):
+            ax.hlines(P[key], x0, x1, colors=ARM_COLORS[arm], linestyles=":", label=f"paper, {arm}")
+    C.legend(ax)
+
+
 def low_load_host_share(run) -> float | None:
     """The first (low-load) phase's share of selected rows fetched from host, from the run's
     per-phase statistics (summary.json ``phases``)."""
@@ -88,6 +106,8 @@ def main(argv=None) -> C.Report:
             for s0, s1, c in phase_bounds(r, t0):
                 if c and c > 16:
                     ax.axvspan(s0 / 60.0, s1 / 60.0, color="#eeeeee", zorder=0)
+        if drew:  # the paper's low-load values over the first (low-load) phase, dotted
+            _paper_low_load(ax, lt, A, P)
         if not drew:
             C.not_measured_panel(ax, "load-step runs with one-second counters")
             rep.panel(lt, f"{C.NOT_MEASURED} ({ylabel})")

@@ -241,6 +241,13 @@ def profile_of(
     return {}, ""
 
 
+# Fig. 9's text gives HiSparse's host-fetched share at C128 at the smallest and largest budget
+_PAPER_MISS_ENDS = {
+    "glm": ("hisparse_miss_pct_Bk", "hisparse_miss_pct_B8k"),
+    "deepseek": ("hisparse_miss_pct_lo_B", "hisparse_miss_pct_hi_B"),
+}
+
+
 def main(argv=None) -> C.Report:
     args = C.parse_args(NAME, __doc__, argv)
     pts = sweep(args.results)
@@ -276,6 +283,18 @@ def main(argv=None) -> C.Report:
                 if sp:
                     drew = True
                     C.plot_system_curve(ax, *zip(*sp), s)
+            if drew and i == 1 and c == 128:  # the paper's host-fetched shares at the budget ends
+                ends = _PAPER_MISS_ENDS[fam]
+                budgets = P[f"{fam}_budgets"]
+                ax.scatter(
+                    [budgets[0], budgets[-1]],
+                    [P[f"{fam}_C128"][ends[0]], P[f"{fam}_C128"][ends[1]]],
+                    marker="x",
+                    color="black",
+                    zorder=3,
+                    label="paper (HiSparse)",
+                )
+                C.legend(ax)
             if drew:
                 ax.set_xscale("log", base=2)
                 bks = sorted({p.bk for p in select(pts, fam, None, c)})
