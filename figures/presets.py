@@ -310,14 +310,21 @@ def memory(m, d: Deployment, B: int) -> dict:
     off_gpu = L * len(m.index_sources) * m.index_row_bytes + m.num_sources * (B + 64) * m.row_bytes
     host = d.hierarchy_slots * host_slot_bytes(m, B, d.k_max)
     # device: weights, pools, drafter, the prefill store's prefixes (bf16 rows and fp32 index
-    # keys: an upper bound on what systems/engine/prefill.py keeps) and 10 % for activations,
-    # CUDA graphs and workspaces
+    # keys: an upper bound on what systems/engine/prefill.py keeps) and 10 % for CUDA graphs
+    # and workspaces; then a prompt's prefill on top: its residual stream, norm and attention
+    # output, its projections (queries, KV row, index key and query) in bf16, and the MLP's
+    # intermediate of one token slice (SparseModel.MLP_SLICE_BYTES, and its activated half)
     prefix = (
         d.prefixes
         * d.input_len
         * (m.num_sources * 2 * m.kv_dim + len(m.index_sources) * 4 * m.index_dim)
     )
-    hbm = (m.weight_bytes(2) + pool + drafter + prefix) * 1.1
+    from systems.models.sparse_model import SparseModel
+
+    proj_cols = m.num_heads * m.kv_dim + m.kv_dim + 2 * m.index_dim
+    prefill = d.input_len * 2 * (3 * m.hidden_size + proj_cols + m.num_heads * m.kv_dim)
+    prefill += 1.5 * min(SparseModel.MLP_SLICE_BYTES, d.input_len * 4 * m.intermediate_size)
+    hbm = (m.weight_bytes(2) + pool + drafter + prefix) * 1.1 + prefill
     return {
         "cap": cap,
         "kv_pool_gib": pool / GIB,
@@ -674,7 +681,7 @@ def derivation(preset: str, m=None) -> list[Row]:
         )
     add(
         "hbm_share",
-        "HBM used / 141 GB (weights, pools, drafter, prefixes, +10 %)",
+        "HBM used / 141 GB (weights, pools, drafter, prefixes, +10 %, a prefill)",
         None,
         mem["hbm_bytes"] / H200_HBM_BYTES,
         (0.0, 1.0),

@@ -25,6 +25,7 @@ from systems.pids import remove_files_of_dead_pids
 
 log = logging.getLogger("dhs.disk_cache")
 WEIGHTS_ENV = "DHS_WEIGHT_CACHE"
+FREE_MARGIN_BYTES = 8 * 10**9  # disk a saved cache file leaves free
 PREFIX_ENV = "DHS_PREFIX_CACHE"
 
 
@@ -94,7 +95,10 @@ def _save(state: dict, path: Path, kind: str) -> None:
             log.info("%s cache: %s is being written by another process: not saved", kind, path)
             return
         free = shutil.disk_usage(path.parent).free
-        if free < 2 * size:  # leave the disk to the runs' results
+        # the file, and room for the runs' results and logs beside it (a run's are megabytes);
+        # twice the file would refuse dsv41_h200's 30 GB weights on the GPU machine's 64 GiB disk,
+        # and every server start would draw them again (minutes)
+        if free < size + FREE_MARGIN_BYTES:
             log.warning(
                 "%s cache: %.1f GB free at %s, the file takes %.1f GB: not saved",
                 kind,

@@ -216,6 +216,29 @@ class SparseModel(torch.nn.Module):
             buf, rows = target
             encode_fp8_rows(kv, cfg.kv_dim, cfg.kv_rope_dim, cfg.row_bytes, buf, rows)
 
+    # The MLP's intermediate of a whole prompt at once (125,000 tokens x 2 x 73,728 on
+    # dsv41_h200: 37 GB, and half that again after the gate) would set a prefill's peak memory;
+    # past this many bytes the tokens go through it in slices. A decode step's few queries, and
+    # prompts whose intermediate stays under it (every preset but the DeepSeek-like H200 one),
+    # take the whole at once as before.
+    MLP_SLICE_BYTES = 4 << 30
+
+    def _mlp_add_norm(
+        self, p: dict, x: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + mlp(h), its norm): row by row, so in token slices where the whole would pass
+        MLP_SLICE_BYTES."""
+        B, Q, _ = h.shape
+        per_token = B * 2 * self.cfg.intermediate_size * h.element_size()
+        n = max(1, self.MLP_SLICE_BYTES // per_token)
+        if Q <= n:
+            return self._add_norm(x, self._mlp(p, h))
+        parts = [
+            self._add_norm(x[:, c0 : c0 + n], self._mlp(p, h[:, c0 : c0 + n]))
+            for c0 in range(0, Q, n)
+        ]
+        return torch.cat([a for a, _ in parts], dim=1), torch.cat([b for _, b in parts], dim=1)
+
     def _mlp(self, p: dict, h: torch.Tensor) -> torch.Tensor:
         if "w13" in p:
             return self._mm(silu_mul(self._mm(h, p["w13"]), impl=self.norm_impl), p["w2"])
@@ -336,7 +359,7 @@ class SparseModel(torch.nn.Module):
                 x, h2 = self._add_norm(x, self._mm(attn.reshape(B, Q, H * d), p["wo"]))
             with nvtx_range(MLP):
                 # the next layer's input norm (the final norm after the last layer) fused in
-                x, h = self._add_norm(x, self._mlp(p, h2))
+                x, h = self._mlp_add_norm(p, x, h2)
         hidden = h
         logits = self._mm(hidden[:, -1:] if last_only else hidden, self.lm_head).float()
         return logits, hidden

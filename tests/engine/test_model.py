@@ -131,3 +131,24 @@ def test_locality_knob_makes_consecutive_selections_overlap():
         return len(a & b) / 16
 
     assert overlap(0.95) > overlap(0.0) + 0.3
+
+
+def test_a_long_prompt_goes_through_the_mlp_in_slices_with_the_same_result(monkeypatch):
+    """Past MLP_SLICE_BYTES of intermediate the prefill's MLP runs in token slices (a 125K-token
+    prompt's whole would take 55 GB on dsv41_h200): row-wise, so the same history and logits."""
+    from systems.models.sparse_model import SparseModel
+
+    eng = make_engine("hardware.kv_pool_gib=0.01")
+    prompt = golden_prompts()[0]
+    whole, _ = PrefixStore(eng.model).get(prompt)
+    calls = []
+    mlp = SparseModel._mlp
+    monkeypatch.setattr(
+        SparseModel, "_mlp", lambda self, p, h: calls.append(h.shape[1]) or mlp(self, p, h)
+    )
+    per_token = 2 * eng.model.cfg.intermediate_size * 4  # float32 on CPU
+    monkeypatch.setattr(SparseModel, "MLP_SLICE_BYTES", 3 * per_token)  # 3 tokens a slice
+    sliced, _ = PrefixStore(eng.model).get(prompt)
+    assert max(calls) == 3 and len(calls) > len(eng.model.layers)
+    torch.testing.assert_close(sliced.last_logits, whole.last_logits, rtol=1e-5, atol=1e-5)
+    assert int(sliced.last_logits.argmax()) == int(whole.last_logits.argmax())

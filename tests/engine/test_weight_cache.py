@@ -69,3 +69,22 @@ def test_a_dead_writers_temporary_goes_and_a_live_writer_is_left_alone(tmp_path,
     live.write_bytes(b"being written")
     SparseModel(cfg)
     assert not path.exists() and live.exists()
+
+
+def test_a_cache_file_is_saved_where_it_and_the_margin_fit(tmp_path, monkeypatch):
+    """The disk keeps FREE_MARGIN_BYTES beside a saved file: a file that leaves less is not
+    saved (the start goes on), one that leaves more is, however large against the disk."""
+    import collections
+
+    from systems import disk_cache
+
+    usage = collections.namedtuple("usage", "total used free")
+    state = {"w": torch.zeros(1000, dtype=torch.uint8)}  # 1,000 bytes
+    for free, saved in (
+        (disk_cache.FREE_MARGIN_BYTES + 999, False),
+        (disk_cache.FREE_MARGIN_BYTES + 1000, True),
+    ):
+        monkeypatch.setattr(disk_cache.shutil, "disk_usage", lambda p, f=free: usage(0, 0, f))
+        path = tmp_path / f"weights-{free}.pt"
+        disk_cache._save(state, path, "weights")
+        assert path.exists() == saved
