@@ -40,10 +40,13 @@ Per (model, system, batch) row:
   ``handoff_arrival_step_ms`` the median step in which requests landed; with ``--host-profile``
   ``handoff_arrival_host_profile`` is a further wave's landing step under cProfile.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
-  docs/design.md): all weights in bf16 + the selected KV rows (B x layers x k x row bytes) + the
-  indexer's scan of every visible index key (B x selecting layers x L x index row bytes). A
-  speculative round's floor counts its K queries' rows and scans. ``host_rows_per_step``: the
-  rows the timed steps read from pinned host memory (HiSparse's misses), and
+  docs/design.md): the weights in bf16 (of the embedding table only the rows gathered) + the
+  selected KV rows (B x queries x layers x k x row bytes) + the indexer's scan of every visible
+  index key (B x selecting layers x L x index row bytes: once per call, whatever the queries)
+  + in a speculative round its drafting (``drafter_bytes``: per proposal pass the drafter's
+  weights, the target's LM head and the ring windows, plus the catch-up). ``host_rows_per_step``:
+  the rows the timed steps copied from pinned host memory (HiSparse's misses; a row several
+  queries select is copied once: ``host_selections_per_step`` counts selections), and
   ``host_floor_ms`` that traffic at the bulk pinned-copy rate (55.4 GB/s): the PCIe floor,
   apart from the HBM one (a layer's misses must arrive before its attention runs).
 - ``busy_share``: union of the GPU's kernel / copy intervals over the wall time of the profiled
@@ -186,16 +189,34 @@ def phase_kernels(ev: list, kern: list, steps: int) -> dict:
     }
 
 
-def floor_bytes(m, batch: int, context: int, queries: int) -> dict:
-    w = m.weight_bytes(2)
+def floor_bytes(m, batch: int, context: int, queries: int, drafter=None) -> dict:
+    """The HBM bytes a step or round must read once. The embedding table counts only the rows
+    the step gathers; the indexer reads each request's keys once per call, whatever its query
+    count (systems/kernels/index_scores.py), while each query reads its own selected rows. A
+    round adds its drafter (``drafter_bytes``)."""
+    w = m.weight_bytes(2) - m.vocab_size * m.hidden_size * 2  # the embedding table: gathered
+    w += batch * queries * m.hidden_size * 2
     kv = batch * queries * m.num_layers * m.index_topk * m.row_bytes
-    idx = batch * queries * m.num_selecting_layers * context * m.index_row_bytes
+    idx = batch * m.num_selecting_layers * context * m.index_row_bytes
+    dr = drafter_bytes(m, drafter, batch, queries) if drafter is not None else 0
     return {
         "weight_bytes": w,
         "selected_kv_bytes": kv,
         "index_scan_bytes": idx,
-        "floor_ms": (w + kv + idx) / HBM_BPS * 1e3,
+        "drafter_bytes": dr,
+        "floor_ms": (w + kv + idx + dr) / HBM_BPS * 1e3,
     }
+
+
+def drafter_bytes(m, drafter, batch: int, queries: int) -> int:
+    """A round's drafting reads: per proposal pass the drafter's weights and the target's LM
+    head (its logits), and every request's ring window, then one catch-up pass (no LM head).
+    Proposal passes per round: DFlash2 one for the block, DSpark one per drafted token (K - 1)."""
+    weights = drafter.fixed_bytes - drafter.ring.nbytes
+    window = batch * drafter.ring.nbytes // max(drafter.ring.num_slots, 1)
+    passes = max(queries - 1, 1) if drafter.name == "dspark" else 1
+    lm_head = m.hidden_size * m.vocab_size * 2
+    return passes * (weights + lm_head + window) + weights + window
 
 
 def steps_per_row(args) -> int:
@@ -404,14 +425,17 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     c1 = eng.backend.metrics()
-    host_rows = (
-        c1.get("dhs_selected_rows_from_host_total", 0)
-        - c0.get("dhs_selected_rows_from_host_total", 0)
-    ) / max(len(times), 1)
+
+    def per_step(key: str) -> float:
+        return (c1.get(key, 0) - c0.get(key, 0)) / max(len(times), 1)
+
+    # rows the timed steps copied from pinned host memory over PCIe (HiSparse's misses: a row
+    # several of a round's queries select is copied once), and that traffic's own floor at the
+    # bulk pinned-copy rate: a step cannot beat either floor
+    host_rows = per_step("dhs_host_rows_copied_total")
     row = {
-        # rows the timed steps read from pinned host memory over PCIe (HiSparse's misses), and
-        # that traffic's own floor at the bulk pinned-copy rate: a step cannot beat either floor
         "host_rows_per_step": host_rows,
+        "host_selections_per_step": per_step("dhs_selected_rows_from_host_total"),
         # adaptive residency's population (host history copied back into free pages) during
         # the timed steps: work a step does besides decoding
         "populated_pages_per_step": (
@@ -681,7 +705,7 @@ def main() -> None:
                 "kv_pool_gib": cfg.hardware.kv_pool_gib,
                 "slots": eng.backend.num_slots,
                 **measure(eng, m, B, args, torch),
-                **floor_bytes(m, B, args.context, queries),
+                **floor_bytes(m, B, args.context, queries, getattr(eng.decoder, "drafter", None)),
             }
             rows.append(row)
             write_rows(Path(args.out), rows, env, args.overrides, torch)

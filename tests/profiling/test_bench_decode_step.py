@@ -341,3 +341,30 @@ def test_variants_interleave_and_their_rows_stay_apart(tmp_path):
     pipelined = [{**r, "step_ms_pipelined": r["step_ms"]} for r in rec]
     got = bench_step_at(pipelined, "m", "adaptive_hisparse", 8)
     assert got is not None and got["ms"] == 4.0  # the build's own row, not the sweep's
+
+
+def test_the_floor_counts_what_a_step_reads_once():
+    """The indexer reads a request's keys once per call whatever its queries; the embedding
+    table only the gathered rows; a round adds its drafter's passes (DSpark one per draft)."""
+    from types import SimpleNamespace
+
+    from systems.models.config import ModelConfig
+
+    m = ModelConfig()
+    one, four = B.floor_bytes(m, 2, 1024, 1), B.floor_bytes(m, 2, 1024, 4)
+    assert four["index_scan_bytes"] == one["index_scan_bytes"]
+    assert four["selected_kv_bytes"] == 4 * one["selected_kv_bytes"]
+    assert one["weight_bytes"] == m.weight_bytes(2) - (m.vocab_size - 2) * m.hidden_size * 2
+    ring = SimpleNamespace(nbytes=8000, num_slots=8)  # 1,000 bytes a request's window
+
+    def drafter(name):
+        return SimpleNamespace(name=name, fixed_bytes=10_000 + 8000, ring=ring)
+
+    lm = m.hidden_size * m.vocab_size * 2
+    per_pass = 10_000 + lm + 2 * 1000
+    assert B.floor_bytes(m, 2, 1024, 4, drafter("dflash2"))["drafter_bytes"] == (
+        per_pass + 10_000 + 2 * 1000
+    )
+    assert B.floor_bytes(m, 2, 1024, 4, drafter("dspark"))["drafter_bytes"] == (
+        3 * per_pass + 10_000 + 2 * 1000
+    )
