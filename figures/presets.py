@@ -73,9 +73,12 @@ What the model says the presets cannot keep
   its C128 is 64 requests per GPU; harness/load_mapping.py maps the DeepSeek-like presets' C to
   C / 2 (GLM's to C / 4), and dsv41_h200 is derived at 64.
 - *DeepSeek's memory per session.* The paper gives no DeepSeek Table 1 and no slot count; the
-  preset keeps the loads of Fig. 5's text (the hierarchy still scales at C512 = 256 per GPU,
-  resident stops at C128 = 64) and one B for all four sources (the paper: 16k on the five-layer
-  source, 8k on the others; our hot cache has one budget).
+  preset keeps the hierarchy's load of Fig. 5's text (it still scales at C512 = 256 per GPU) and
+  one B for all four sources (the paper: 16k on the five-layer source, 8k on the others; our hot
+  cache has one budget). Resident serving, which that text has stop at C128 = 64 per GPU, holds
+  ~45 sessions in the same pool here (paper ~C90): both loads in one pool need a resident :
+  offloaded ratio of ~4, and the preset's is ~5.6, since its rows keep GLM-5.3's 656-byte layout
+  where the paper's DeepSeek rows take 288 bytes (Table 3).
 - *Selection locality* is calibrated per preset on the GPU (benchmarks/calibrate_locality.py,
   counted over whole 1,024-token outputs, as a served run counts it) against HiSparse's host
   share on GLM-5.3: Fig. 9e's ends (33 % at B = k, 3.9 % at 8k) and Table A1's 13.8 % at B = 2k,

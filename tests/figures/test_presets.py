@@ -261,3 +261,25 @@ def test_drafter_fixed_bytes_are_the_drafters():
         seed=0,
     )
     assert dr.fixed_bytes == P.drafter_fixed_elements(tiny, d, 3) * target.dtype.itemsize
+
+
+def test_the_h200_experiments_run_their_preset_as_derived():
+    """Every experiment on an H200 preset holds the pool, slots and host store the derivation
+    gives (its YAML repeats them; a preset re-derived without its experiments would leave them
+    stale)."""
+    from omegaconf import OmegaConf
+
+    exps = sorted(
+        (Path(__file__).resolve().parents[2] / "conf" / "experiment").glob("*_h200*.yaml")
+    )
+    checked = 0
+    for path in exps:
+        cfg = compose([f"experiment={path.stem}"])
+        preset = cfg.model.name
+        if preset not in P.DEPLOYMENTS:
+            continue
+        want = dict(o.split("=", 1) for o in P.overrides(preset) if o.startswith("hardware."))
+        got = {k: str(OmegaConf.select(cfg, k)) for k in want}
+        assert got == want, path.stem
+        checked += 1
+    assert checked >= 10
