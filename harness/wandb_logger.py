@@ -227,19 +227,20 @@ class WandbRun:
 
     def _finish_failed(self) -> None:
         run, self.failed = self.failed, None
-        if run is not None:
-            try:
-                run.finish()
-            except Exception as e:
-                _warn_once("finish", f"finishing the W&B run failed ({type(e).__name__}: {e})")
+        _finish_quietly(run)
 
     def _drop(self) -> None:
         run, self.run = self.run, None
-        if run is not None:
-            try:
-                run.finish()
-            except Exception as e:
-                _warn_once("finish", f"finishing the W&B run failed ({type(e).__name__}: {e})")
+        _finish_quietly(run)
+
+
+def _finish_quietly(run) -> None:
+    """Finish a W&B run (None: nothing to do); a failure warns once."""
+    if run is not None:
+        try:
+            run.finish()
+        except Exception as e:
+            _warn_once("finish", f"finishing the W&B run failed ({type(e).__name__}: {e})")
 
 
 class WandbLogger:
