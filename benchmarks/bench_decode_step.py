@@ -795,8 +795,10 @@ def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) 
     for r in rows:
         base = plain.get(build(r)) if "phases_ms" in r else None
         r["round_over_step"] = r["step_ms"] / base if base else None
-        if base:
+        if base:  # the step it was divided by, measured in the same run (synced times both):
+            # the ratio stays readable when a later run replaces that base row in the file
             r["round_base"] = ROUND_BASE
+            r["round_base_step_ms"] = base
         r["commit"] = env.get("git_commit")
     head = {
         "gpu": env.get("gpu") or torch.cuda.get_device_name(),

@@ -78,6 +78,7 @@ def test_rows_are_merged_after_each_row_with_round_over_step(tmp_path):
     # the round against the plain step of its own build, not the baseline's (the old row is kept)
     assert by[("spec", 1)]["round_over_step"] == 2.5
     assert by[("spec", 1)]["round_base"] == "adaptive_hisparse"
+    assert by[("spec", 1)]["round_base_step_ms"] == 2.0  # readable if that row is replaced
     assert by[("hisparse", 1)]["round_over_step"] is None
     assert rec["commit"] == "abc" and by[("spec", 1)]["commit"] == "abc"
     assert not out.with_suffix(".tmp").exists()
