@@ -412,12 +412,36 @@ class Report:
         if self.png:
             print(f"  -> {self.png}  {self.md}")
 
+    def claims_caption(self) -> str:
+        """One line per headline claim this report's rows hold (figures/claims.py): the
+        claim, the paper's value and ours with its interval; '' without any."""
+        from figures.claims import CLAIMS, GEOMETRY, MAGNITUDE
+
+        lines = []
+        for cl in CLAIMS.values():
+            if cl.report != self.name or cl.kind in (MAGNITUDE, GEOMETRY):
+                continue
+            row = self.row(cl.key)
+            if row is None or row.ours is None:
+                continue
+            iv = f" (90% {fmt(row.interval[0])}-{fmt(row.interval[1])})" if row.interval else ""
+            ours_c = row.ours_c or cl.ours_c or (self.loads or {}).get(cl.paper_c)
+            at = f" at paper C{cl.paper_c}" if cl.paper_c else ""
+            at += f" = ours C{ours_c}" if at and ours_c else ""
+            lines.append(
+                f"{cl.text}{at}: paper {fmt(paper_number(cl.paper))}, ours {fmt(row.ours)}{iv}"
+            )
+        return "\n".join(lines)
+
     def finish(self, fig, args) -> Report:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         self.png = out / f"{self.name}.png"
         self.md = out / f"{self.name}.md"
         if fig is not None:
+            caption = self.claims_caption()
+            if caption:  # under the panels: the image says what the report's claims measured
+                fig.text(0.01, 0.0, caption, ha="left", va="top", fontsize=7, color="#333333")
             fig.savefig(self.png, dpi=args.dpi, bbox_inches="tight")
             plt.close(fig)
         self.md.write_text(self.markdown(image=self.png.name))
