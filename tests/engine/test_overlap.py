@@ -99,6 +99,10 @@ def test_overlapped_rounds_under_calibrated_acceptance_commit_every_token():
     so the tokens may differ from synchronous rounds; the commits must still match them."""
     toks, eng = _serve_spec(True, "adaptive_dhisparse", True, "calibrated")
     assert eng.stats["overlapped_steps_total"] > 0 and all(toks)
+    # every request stopped at its cap or stop token (_serve_spec checks the caps of 3 and 1),
+    # and each delivered token after the first came from a committed round
+    assert eng.decoder.stats["spec_emitted_total"] == sum(len(t) - 1 for t in toks)
+    assert eng.decoder.stats["spec_accepted_total"] > 0
 
 
 def test_a_tail_ring_too_small_for_two_blocks_is_refused():

@@ -194,7 +194,23 @@ def test_timestamps_are_ordered():
     assert r.handoff_done_ts <= r.first_token_ts <= r.finish_ts
     assert len(r.token_ts) == 4
     t = r.timing()
-    assert t["alloc_wait_s"] >= 0 and t["handoff_s"] >= 0
+    # Table A2's split: waiting for a slot after the prefill, then the handoff
+    assert t["alloc_wait_s"] == pytest.approx(r.alloc_ts - r.prefill_done_ts)
+    assert t["handoff_s"] == pytest.approx(r.handoff_done_ts - r.alloc_ts)
+
+
+def test_a_request_waiting_for_a_slot_counts_that_wait_as_allocation_wait():
+    """With one slot, the second request waits for the first to finish: its allocation wait
+    spans about the first's decode, the first's is about nothing."""
+    eng = make_engine("hardware.max_running_requests=1")
+    a, b = (_req(eng, p, 24) for p in golden_prompts()[:2])
+    for r in (a, b):
+        eng.submit(r)
+    eng.run_until_idle()
+    ta, tb = a.timing(), b.timing()
+    assert ta["alloc_wait_s"] < 0.5 * (a.finish_ts - a.handoff_done_ts)
+    assert tb["alloc_wait_s"] >= 0.8 * (a.finish_ts - a.handoff_done_ts)
+    assert b.alloc_ts >= a.finish_ts - 1e-3  # its slot came free when a finished
 
 
 def test_temperature_sampling_runs_and_differs_from_greedy():

@@ -77,6 +77,10 @@ def test_eq13_needs_our_measurement_near_the_papers():
     assert _judge(EQ13, 0.89, paper=1.29, arg="m", **m)[0] is False
     m = {"m": (1.25, 1.29)}  # our measurement is near the paper's, our prediction is not near it
     assert _judge(EQ13, 1.45, paper=1.29, arg="m", **m)[0] is False
+    # the prediction's 10 % at its edge: 1.02 against 0.93 is 9.7 % off, 1.03 is 10.8 %
+    m = {"m": (0.93, 1.29)}
+    assert _judge(EQ13, 1.02, paper=1.29, arg="m", **m)[0] is True
+    assert _judge(EQ13, 1.03, paper=1.29, arg="m", **m)[0] is False
     assert _judge(EQ13, 0.94, paper=1.29, arg="missing")[0] is None
 
 
