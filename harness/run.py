@@ -504,7 +504,8 @@ def run(
                     try:
                         if wb is not None:
                             wb.close()
-                        _write_error(d, e, server_dir)
+                        if d.is_dir():  # (its preparation may have failed before it existed)
+                            _write_error(d, e, server_dir)
                     finally:
                         restore()
                     raise
