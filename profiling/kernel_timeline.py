@@ -415,8 +415,9 @@ def step_windows(
 ) -> dict[int, tuple[float, float]]:
     """Window of each step. ``kernels``: from the first kernel of the step to the end of its
     last one. ``period``: from the first kernel of the step to the first kernel of the next
-    step (the gap between steps counts as "no kernel running"); the last step ends with its
-    last kernel."""
+    step (the gap between steps counts as "no kernel running"); the last step, whose gap to a
+    next step is unknown, is left out (a lone step keeps its kernels' span): ending it at its
+    last kernel would take its gap out of the mean."""
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     for k in events:
@@ -428,10 +429,9 @@ def step_windows(
     if mode == "kernels":
         return {s: (first[s], last[s]) for s in steps}
     if mode == "period":
-        out = {}
-        for a, b in zip(steps, steps[1:] + [None]):
-            out[a] = (first[a], first[b] if b is not None else last[a])
-        return out
+        if len(steps) == 1:
+            return {steps[0]: (first[steps[0]], last[steps[0]])}
+        return {a: (first[a], first[b]) for a, b in zip(steps, steps[1:])}
     raise ValueError(f"window mode must be 'kernels' or 'period', got {mode!r}")
 
 
