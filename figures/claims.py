@@ -260,6 +260,16 @@ CLAIMS: dict[str, Claim] = {
 }
 
 
+def ours_load(c: Claim, row: Row | None, rep: Report | None) -> int | None:
+    """Our concurrency for the claim: what its row's runs ran, else the claim's fixed load,
+    else the load its report compared at the paper's C."""
+    return (
+        (row.ours_c if row is not None else None)
+        or c.ours_c
+        or (rep.loads.get(c.paper_c) if rep and rep.loads and c.paper_c else None)
+    )
+
+
 def criterion_text(c: Claim) -> str:
     p = paper_number(c.paper)
     if c.kind == DIRECTION:

@@ -32,6 +32,7 @@ from figures.claims import (
     THRESHOLD,
     criterion_text,
     judge,
+    ours_load,
 )
 from harness.load_mapping import PAPER_DECODE_GPUS
 from harness.results import start_read_log
@@ -63,11 +64,7 @@ def build_claims(reports: dict[str, C.Report]) -> dict:
         ours = row.ours if row else None
         p = C.paper_number(cl.paper)
         holds, untested = judge(cl, row, rep)
-        ours_c = (  # what the row's runs ran, else the claim's fixed load, else the report's
-            (row.ours_c if row is not None else None)
-            or cl.ours_c
-            or (rep.loads.get(cl.paper_c) if rep and cl.paper_c else None)
-        )
+        ours_c = ours_load(cl, row, rep)
         out[cid] = {
             "claim": cl.text,
             "kind": cl.kind,

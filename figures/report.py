@@ -415,7 +415,7 @@ class Report:
     def claims_caption(self) -> str:
         """One line per headline claim this report's rows hold (figures/claims.py): the
         claim, the paper's value and ours with its interval; '' without any."""
-        from figures.claims import CLAIMS, GEOMETRY, MAGNITUDE
+        from figures.claims import CLAIMS, GEOMETRY, MAGNITUDE, ours_load
 
         lines = []
         for cl in CLAIMS.values():
@@ -425,7 +425,7 @@ class Report:
             if row is None or row.ours is None:
                 continue
             iv = f" (90% {fmt(row.interval[0])}-{fmt(row.interval[1])})" if row.interval else ""
-            ours_c = row.ours_c or cl.ours_c or (self.loads or {}).get(cl.paper_c)
+            ours_c = ours_load(cl, row, self)
             at = f" at paper C{cl.paper_c}" if cl.paper_c else ""
             at += f" = ours C{ours_c}" if at and ours_c else ""
             lines.append(

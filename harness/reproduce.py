@@ -505,19 +505,19 @@ def superseded(exp: str, results: str | None = None) -> list[Path]:
     def run(d: Path) -> Run:
         return Run(d, load_json(d / "summary.json") or {})
 
-    def measured(d: Path) -> str:
-        return str(run(d).env.get("time_utc") or "")
+    def measured(r: Run) -> str:
+        return str(r.env.get("time_utc") or "")
 
-    candidates = [
-        d
-        for d in exp_dir.iterdir()
-        if (d / "summary.json").exists()
-        and d.name not in planned
-        and d.name.rsplit("-", 1)[0] in replaced_by
-        and measured(d) < measured(exp_dir / replaced_by[d.name.rsplit("-", 1)[0]])
-    ]
-    repeated = {_repeat_key(run(exp_dir / rid)) for rid in replaced_by.values()}
-    return sorted(d for d in candidates if _repeat_key(run(d)) not in repeated)
+    replacing = {name: run(exp_dir / rid) for name, rid in replaced_by.items()}
+    repeated = {_repeat_key(r) for r in replacing.values()}
+    old = []
+    for d in exp_dir.iterdir():
+        name = d.name.rsplit("-", 1)[0]
+        if (d / "summary.json").exists() and d.name not in planned and name in replacing:
+            r = run(d)
+            if measured(r) < measured(replacing[name]) and _repeat_key(r) not in repeated:
+                old.append(d)
+    return sorted(old)
 
 
 # a server start on the H200 (10-25 s) plus its share of a group's warm-up: what a run costs on top
@@ -613,10 +613,11 @@ def calls(overrides: list[str], tags: list[str] | None) -> list[list[str] | None
     one per load point where the run has a profile, whose collectors run for the server's whole
     life and leave their outputs in the call's first run (docs/profiling.md), so that each
     point's profile is its own; else one call for every point."""
+    from harness.run import _load_points, profiled
+
     cfg = _run_cfg(overrides, None)
-    if str((cfg.get("profile") or {}).get("name", "none")) == "none":
+    if not profiled(cfg):
         return [tags]
-    from harness.run import _load_points
 
     every = [p["tag"] for p in _load_points(cfg)]
     chosen = [t for t in every if tags is None or t in tags]

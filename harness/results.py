@@ -1132,7 +1132,7 @@ def change_mix(runs: Iterable[Run]) -> str:
         for x in r.repeats or [r]:
             if x.commit:
                 commits.add(x.commit)
-    notes = []
+    notes, later = [], []  # later: changes every run predates
     for change, what in MEASUREMENT_CHANGES:
         side = {c: _after_change(c, change) for c in commits}
         before = sorted(c for c, v in side.items() if v is False)
@@ -1142,20 +1142,16 @@ def change_mix(runs: Iterable[Run]) -> str:
                 f"mixes runs from before {change} ({', '.join(before)}) and after it "
                 f"({', '.join(after)}): {what}"
             )
-    if commits and not notes:
+        elif before and len(before) == len(commits):
+            later.append((change, what))
+    if later and not notes:
         # every run on the early side of some changes: nothing mixes, but a re-run would differ
-        later = [
-            (change, what)
-            for change, what in MEASUREMENT_CHANGES
-            if all(_after_change(c, change) is False for c in commits)
-        ]
-        if later:
-            change, what = later[-1]
-            notes.append(
-                f"made before {len(later)} later change{'s' if len(later) > 1 else ''} that "
-                f"move the numbers (harness.results.MEASUREMENT_CHANGES; the newest, {change}: "
-                f"{what.split(' (before it')[0]})"
-            )
+        change, what = later[-1]
+        notes.append(
+            f"made before {len(later)} later change{'s' if len(later) > 1 else ''} that "
+            f"move the numbers (harness.results.MEASUREMENT_CHANGES; the newest, {change}: "
+            f"{what.split(' (before it')[0]})"
+        )
     grid = copy_grid_mix(runs)
     if grid:
         notes.append(grid)

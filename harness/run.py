@@ -337,16 +337,15 @@ def _measure(cfg, ecfg, p: dict, rid: str, d: Path, url: str, env: dict, lcfg, w
         "gpu": env["gpu"],
         "git_commit": env["git_commit"],
     }
-    if _profiled(cfg):  # the collectors' outputs come when the server stops (_collect_profile)
+    if profiled(cfg):  # the collectors' outputs come when the server stops (_collect_profile)
         summary["profile_pending"] = True
     atomic_write_json(d / "summary.json", summary)  # marks the run finished
     return summary, res
 
 
-def _profiled(cfg) -> bool:
+def profiled(cfg) -> bool:
     """Whether collectors run inside this run's server (profile=kernels, host, ...)."""
-    name = (cfg.get("profile") or {}).get("name")
-    return bool(name) and name != "none"
+    return str((cfg.get("profile") or {}).get("name") or "none") != "none"
 
 
 def _write_error(d: Path, exc: BaseException, server_dir: Path) -> None:
