@@ -325,20 +325,31 @@ class CudaGraphRunner:
 
     # ------------------------------------------------------------------ run
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, max_len: int
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        max_len: int,
+        widths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step's target forward. ``backend.host_prepare()`` must have run. Returns
-        (logits, hidden), static until the next call."""
+        (logits, hidden), static until the next call. ``widths``: each request's verified
+        queries (``KVBackend.begin_step``), an input of graphs of their own."""
         B, Q = tokens.shape
         L = self.scan_len(max_len)
         inputs = (tokens.long(), positions.long(), slots.long())
-        return self.cache.run_padded((B, Q, L), 0, self._region(L), inputs, self.pad_rows(Q))
+        key = (B, Q, L)
+        if widths is not None:
+            inputs += (widths.long(),)
+            key += ("widths",)
+        pads = self.pad_rows(Q, widths is not None)
+        return self.cache.run_padded(key, 0, self._region(L), inputs, pads)
 
     def _region(self, L: int):
         be = self.backend
 
-        def region(tok, pos, sl):
-            be.device_prepare(sl, pos, L)
+        def region(tok, pos, sl, *widths):
+            be.device_prepare(sl, pos, L, *widths)
             out = self.model(tok, pos, be)
             be.finish_forward()
             return out
@@ -352,23 +363,28 @@ class CudaGraphRunner:
         top = next((s for s in sizes if s >= bs), sizes[-1] if sizes else 0)
         return [s for s in sizes if s <= top]
 
-    def warm_up(self, batch_sizes, queries: int, max_lens: tuple[int, int]) -> int:
+    def warm_up(
+        self, batch_sizes, queries: int, max_lens: tuple[int, int], widths: bool = False
+    ) -> int:
         """Capture the target graphs of ``batch_sizes`` at ``queries`` queries per request for
         every scan bucket a step of ``max_lens`` (lowest, highest need) meets, with padding rows
         only, before any request arrives, as SGLang captures its batch sizes at start-up: a
         closed-loop run then replays its ramp-up and drain sizes from its first step instead of
         capturing them inside the measured window (each capture is an eager step plus the
-        recording). Returns the graphs captured."""
+        recording). ``widths``: the graphs of passes that name each request's verified
+        queries (``forward``'s). Returns the graphs captured."""
         be = self.backend
         if be.pad_slot is None or not be.graph_capturable or self.broken:
             return 0
         lo, hi = max_lens
         buckets = sorted({self.scan_len(x) for x in [*range(lo, hi, self.l_step), hi]})
-        keys = [(b, queries, L) for L in buckets for b in batch_sizes if self.can_run(b)]
+        tag = ("widths",) if widths else ()
+        keys = [(b, queries, L, *tag) for L in buckets for b in batch_sizes if self.can_run(b)]
+        pads = self.pad_rows(queries, widths)
         n = 0
         for key in keys:
-            b, _, L = key
-            inputs = tuple(make(b).contiguous() for make in self.pad_rows(queries))
+            b, _, L = key[:3]
+            inputs = tuple(make(b).contiguous() for make in pads)
             be.host_prepare()
             try:
                 n += self.cache.capture(key, self._region(L), *inputs)
@@ -376,14 +392,18 @@ class CudaGraphRunner:
                 be.end_step()
         return n
 
-    def pad_rows(self, Q: int):
-        """Makers of n padding rows of (tokens, positions, slots) with Q queries each: token 0
-        at positions 0 .. Q-1 of the backend's padding slot (None without one)."""
+    def pad_rows(self, Q: int, widths: bool = False):
+        """Makers of n padding rows of (tokens, positions, slots[, widths]) with Q queries
+        each: token 0 at positions 0 .. Q-1 of the backend's padding slot, every query verified
+        (None without a padding slot)."""
         dev, pad = self.device, self.backend.pad_slot
         if pad is None:
             return None
-        return (
+        makers = (
             lambda n: torch.zeros(n, Q, dtype=torch.long, device=dev),
             lambda n: self._pad_positions[:Q].expand(n, Q),
             lambda n: torch.full((n,), pad, dtype=torch.long, device=dev),
         )
+        if widths:
+            makers += (lambda n: torch.full((n,), Q, dtype=torch.long, device=dev),)
+        return makers

@@ -275,7 +275,7 @@ class Engine:
             return
         t0 = time.perf_counter()
         sizes = r.ladder_up_to(self.backend.num_slots)
-        n = r.warm_up(sizes, self.decoder.verify_queries, lens)
+        n = r.warm_up(sizes, self.decoder.verify_queries, lens, self.decoder.verify_widths)
         n += self.decoder.warm_up_graphs(sizes)
         self.startup_s["cuda_graphs"] = time.perf_counter() - t0
         log.info(
@@ -536,25 +536,28 @@ class Engine:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         max_len: int,
+        widths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The target model's forward over this step's queries, through the KV backend:
         a CUDA graph replay when one applies, else eager. tokens / positions (B, Q) on the
         device; max_len = the largest query position + 1 (known on the host). Returns
         (logits, hidden); with graphs they stay valid until the next call only. ``slots``: a
-        list, or already on the device (one copy with the step's other metadata)."""
+        list, or already on the device (one copy with the step's other metadata). ``widths``
+        (B,) on the device: the queries each request verifies, where they differ from Q
+        (``KVBackend.begin_step``)."""
         be = self.backend
         dev_slots = slots if torch.is_tensor(slots) else to_device(slots, self.device, torch.int64)
         r = self.graph_runner
         if r is not None and r.can_run(len(slots)):
             be.host_prepare()
             try:
-                return r.forward(tokens, positions, dev_slots, max_len)
+                return r.forward(tokens, positions, dev_slots, max_len, widths)
             finally:
                 be.end_step()
         if r is not None:
             max_len = r.scan_len(max_len)  # the graphs' bucket: the same selections either way
             r.stats["eager_steps"] += 1
-        be.begin_step(dev_slots, positions, max_len)
+        be.begin_step(dev_slots, positions, max_len, widths)
         out = self.model(tokens, positions, be)
         be.end_step()
         return out

@@ -3,7 +3,8 @@
 A backend owns the device storage of request histories for one engine. Per decode step the model
 runner calls, in order:
 
-    begin_step(slots, positions)        # which requests run, at which query positions (B, Q)
+    begin_step(slots, positions[, widths])  # which requests run, at which query positions
+                                        # (B, Q); widths: queries each request verifies
     write_kv / write_index              # the new rows of the step (once per writing layer;
                                         # kv_write_target: the model encodes them in place)
     index_scores(source, iq)            # indexer scores of the visible history (keys on device)
@@ -433,23 +434,33 @@ class KVBackend(ABC):
 
     # ------------------------------------------------------------------ step protocol
     def begin_step(
-        self, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None
+        self,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        max_len: int | None = None,
+        widths: torch.Tensor | None = None,
     ) -> None:
         """slots (B,) int, positions (B, Q) int: the positions of this step's queries.
 
         ``max_len``: how many history positions the index scans (>= max(positions) + 1; the
         caller knows it on the host, which spares a device sync; a captured graph passes its
-        bucket). Equivalent to ``host_prepare()`` followed by ``device_prepare(...)``.
+        bucket). ``widths`` (B,) int on the device, 1..Q: a verification pass where request b
+        verifies only its first widths[b] queries (DSpark's K_r); None: every query counts.
+        Equivalent to ``host_prepare()`` followed by ``device_prepare(...)``.
         """
         self.host_prepare()
-        self.device_prepare(slots, positions, max_len)
+        self.device_prepare(slots, positions, max_len, widths)
 
     def host_prepare(self) -> None:
         """Hook, eager part of a step's preparation: host-side bookkeeping that must run before
         every step, captured or not (the adaptive backend publishes finished populations)."""
 
     def device_prepare(
-        self, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None
+        self,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        max_len: int | None = None,
+        widths: torch.Tensor | None = None,
     ) -> None:
         """Device part of a step's preparation: only device work on (slots, positions) and
         persistent device state, no host sync, so a CUDA graph can capture it with the
@@ -457,7 +468,15 @@ class KVBackend(ABC):
         if max_len is None:
             max_len = int(positions.max().item()) + 1 if positions.numel() else 0
         self._step = {"slots": slots, "positions": positions, "L": max_len}
+        if widths is not None:
+            q = torch.arange(positions.shape[1], device=positions.device)
+            self._step["verified"] = q.unsqueeze(0) < widths.to(positions.device).unsqueeze(1)
         self._prepare_step()
+
+    def verified_queries(self) -> torch.Tensor | None:
+        """(B, Q) bool: the step's queries whose selections count (a request's first K_r);
+        None when every query does."""
+        return self._step.get("verified")
 
     def _prepare_step(self) -> None:
         """Hook: the step's tables (write locations, tails), device-only. Here: where each

@@ -638,7 +638,12 @@ class HiSparseBackend(KVBackend):
         st = self._step
         if st is not None and st.get("counters"):  # once per step, after the streams joined
             real = (st["slots"] != self.pad_slot).to(torch.int64)  # padding rows count nothing
-            self.census += (torch.stack(st["counters"]) * real[None, :, None]).sum((0, 1))
+            counts = torch.stack(st["counters"])  # (calls, R, 4)
+            verified = st.get("verified")
+            if verified is not None:  # a query past its K_r selected its own tail row only:
+                # not a selection of the round's union (eq. 6), so the census leaves it out
+                counts[..., COUNTER_DIRECT] -= (~verified).sum(1)
+            self.census += (counts * real[None, :, None]).sum((0, 1))
             self.overflow_dev += (torch.stack(st["overflow"]) * real).sum()
             self.calls_dev += len(st["counters"])  # a graph replays the same number of calls
             self.stamp_dev += len(st["counters"])

@@ -61,6 +61,12 @@ class KVContext(Protocol):
     ) -> torch.Tensor:
         """The rows themselves: ``buffer[locations]``, (B, Qc, k, row_bytes) uint8."""
 
+    def verified_queries(self) -> torch.Tensor | None:
+        """(B, Q) bool: the queries whose selections count, or None when all of them do. A
+        verification pass runs the batch's widest prefix; eq. 6's union is over each
+        request's own K_r queries, so the model lets a query past them select its own row
+        only (in the tail: nothing to fetch, stage or scan; its output is never accepted)."""
+
 
 def _source(fn) -> str:
     try:
@@ -313,6 +319,11 @@ class SparseModel(torch.nn.Module):
         B, Q = tokens.shape
         H, d = cfg.num_heads, cfg.kv_dim
         q_chunk = q_chunk or Q
+        verified = ctx.verified_queries()
+        if verified is not None:  # a query past its request's K_r selects its own row only
+            verified = verified.unsqueeze(2)
+            own = torch.full((B, Q, cfg.index_topk), -1, dtype=torch.int32, device=tokens.device)
+            own[:, :, 0] = positions
         x = self.embed[tokens.long()]  # (B, Q, D)
         x, h = self._add_norm(x, None)
         last_sel: torch.Tensor | None = None
@@ -336,6 +347,8 @@ class SparseModel(torch.nn.Module):
                             iq = self.index_query(p, h[:, c0:c1])
                         scores = ctx.index_scores(spec.source, iq)
                         sel = self.select_from_scores(scores, positions[:, c0:c1])
+                        if verified is not None:
+                            sel = torch.where(verified[:, c0:c1], sel, own[:, c0:c1])
                 elif spec.role == "follower":
                     sel = last_sel[:, c0:c1]
                 else:  # reuse: the latest selection made on this source
@@ -391,6 +404,9 @@ class PrefillContext:
 
     def index_scores(self, source, iq):
         return torch.einsum("bqd,ld->bql", iq, self.index[source].float())
+
+    def verified_queries(self):
+        return None  # every query of a prompt counts
 
     def locate(self, layer, selections, q0, inherit):
         return self.kv[layer.source], selections  # a prompt's row p is local row p

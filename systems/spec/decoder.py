@@ -119,6 +119,7 @@ class PlainDecoder:
     supports_overlap = True
     commit_lag = 0  # launch commits its step's rows at once (the lengths are known)
     verify_queries = 1  # a step's queries per request (warm-up graphs)
+    verify_widths = False  # whether its passes name the queries each request verifies
 
     def __init__(self, engine):
         self.e = engine
@@ -222,6 +223,9 @@ class SpeculativeDecoder:
         # widest choice of the last round read back (one round late, two under overlap
         # scheduling), each K_r clamped to it; the first round reads its own choice
         self.device_widths = self.kind == "dspark" and not self.calibrated_confidence
+        # then requests verify prefixes of their own within the pass, which the KV path is told
+        # (a query past a request's K_r adds nothing to the union it resolves, eq. 6)
+        self.verify_widths = self.device_widths
         self._width: int | None = None
         self.phase_timer: PhaseTimer | None = None  # set by benchmarks (bench_decode_step --phases)
         self.stats = {
@@ -469,7 +473,8 @@ class SpeculativeDecoder:
         # verification: queries [anchor, x_1 .. x_{K-1}] at positions n .. n + K - 1
         tokens = torch.cat([anchors.unsqueeze(1), proposals], dim=1)
         positions = n.unsqueeze(1) + torch.arange(Kv, device=dev)
-        logits, hidden = e.run_target(slots, tokens, positions, max_pos + Kv)
+        widths = k_dev if self.verify_widths else None
+        logits, hidden = e.run_target(slots, tokens, positions, max_pos + Kv, widths)
         mark()
         if self.mode == "exact" and sampled:  # rejection sampling: a host loop (rare)
             A_l, nxt_l = accept_exact(logits, proposals, q, k_dev.cpu(), temps, e.gen)

@@ -109,6 +109,13 @@ def test_real_drafters_through_drafter_graphs_are_exact(system):
     assert st["captures"] >= 2 and st["replays"] > 0  # propose and catch_up keys
     assert {k[0] for k in graph.graph_runner.drafter.graphs} == {"propose", "catch_up"}
     assert eager.decoder.stats == graph.decoder.stats
+    if "dspark" in system:  # per-request K_r reach the KV path through the target's graphs
+        assert {k[3:] for k in graph.graph_runner.graphs} == {("widths",)}
+        census = [
+            {k: v for k, v in e.metrics().items() if k.startswith("dhs_selected_rows")}
+            for e in (eager, graph)
+        ]
+        assert census[0] == census[1]
 
 
 @pytest.mark.parametrize("system", ["resident_dspark", "adaptive_dhisparse_dspark"])
@@ -592,3 +599,69 @@ def test_one_value_for_the_batch_is_a_cached_device_tensor():
     widths.MAX_ENTRIES = 2  # the cache stays bounded: past it, it starts over
     widths([7] * 9), widths([7] * 10)
     assert len(widths._cache) <= 2
+
+
+def _round_counters(eng, reqs, queries, widths):
+    """Run one verification pass of ``queries`` queries for ``reqs`` (widths: the queries each
+    verifies, or None) and return (its logits, the census it added)."""
+    be = eng.backend
+    keys = (
+        "dhs_selected_rows_direct_total",
+        "dhs_selected_rows_hot_total",
+        "dhs_selected_rows_from_host_total",
+        "dhs_host_rows_copied_total",
+        "dhs_staged_rows_total",
+    )
+    before = eng.metrics()
+    n = torch.tensor([r.seq_len for r in reqs])
+    positions = n.unsqueeze(1) + torch.arange(queries)
+    V = eng.model.cfg.vocab_size  # queries of other tokens select other rows
+    tokens = torch.tensor([[(r.output_ids[-1] + 37 * j) % V for j in range(queries)] for r in reqs])
+    w = None if widths is None else torch.tensor(widths)
+    logits, _ = eng.run_target(
+        [r.slot for r in reqs], tokens, positions, int(positions.max()) + 1, w
+    )
+    after = eng.metrics()
+    be.check_integrity()
+    return logits.clone(), {k: after[k] - before[k] for k in keys}
+
+
+def test_queries_past_a_requests_prefix_add_nothing_to_its_union():
+    """Eq. 6: a round resolves the union of each request's own K_r queries. A pass that runs
+    the batch's widest prefix (8 queries) with widths (3, 8) selects, fetches, stages and
+    counts exactly what request 0 alone at 3 queries and request 1 alone at 8 do; without the
+    widths it fetches more (the test can tell)."""
+
+    def engine():
+        eng = _spec_engine(
+            "adaptive_dhisparse",
+            "tiny",
+            8,
+            False,
+            "system.kv.hot_cache_rows=8",
+            "system.kv.optional_residency=false",
+            "engine.overlap_schedule=false",
+        )
+        reqs = [
+            Request(eng.new_rid(), p, SamplingParams(max_new_tokens=40))
+            for p in GOLDEN["prompts"][3:]
+        ]
+        for r in reqs:
+            eng.submit(r)
+        while any(not r.output_ids for r in reqs) or any(r.slot is None for r in reqs):
+            eng.step()
+        eng.step()  # a round with both running: their hot caches hold rows
+        return eng, reqs
+
+    eng, reqs = engine()
+    both_logits, both = _round_counters(eng, reqs, 8, [3, 8])
+    eng, reqs = engine()
+    alone0_logits, alone0 = _round_counters(eng, reqs[:1], 3, None)
+    alone1_logits, alone1 = _round_counters(eng, reqs[1:], 8, None)
+    assert both == {k: alone0[k] + alone1[k] for k in both}
+    assert both["dhs_selected_rows_from_host_total"] > 0  # the rounds fetch from host
+    torch.testing.assert_close(both_logits[0, :3], alone0_logits[0])
+    torch.testing.assert_close(both_logits[1], alone1_logits[0])
+    eng, reqs = engine()
+    _, unmasked = _round_counters(eng, reqs, 8, None)
+    assert unmasked["dhs_host_rows_copied_total"] > both["dhs_host_rows_copied_total"]
