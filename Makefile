@@ -38,8 +38,8 @@ lint: $(STAMP)  ## ruff check and ruff format --check (configured in pyproject.t
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-server: $(STAMP)  ## serve the bundled engine on 127.0.0.1:30000 (ARGS="system=... model=...")
-	$(PY) -m systems.engine.server --port 30000 $(ARGS)
+server: $(STAMP)  ## serve the bundled engine on 127.0.0.1:30000 with `make run`'s model and pools (ARGS="system=... model=...")
+	$(PY) -m systems.engine.server --port 30000 experiment=$(DEFAULT_EXP) $(ARGS)
 
 test-sglang: $(STAMP)  ## SGLang adapter tests; builds .venv-sglang (torch 2.14.1 + sglang 0.5.23, ~11 GB) on first use
 	bash scripts/sglang_env.sh $(ARGS)

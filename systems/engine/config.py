@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from systems.engine.engine import EngineConfig
 from systems.kv.base import KVConfig, KVOptions
-from systems.kv.registry import options_from
+from systems.kv.registry import check_value_types, options_from
 from systems.models.config import ModelConfig
 from systems.spec.config import SpeculationConfig
 
@@ -62,6 +62,16 @@ def resolve_device(device: str, check: bool = True) -> str:
     raise ValueError(f"device={device!r}: expected auto, cpu, cuda or cuda:N")
 
 
+@dataclasses.dataclass(frozen=True)
+class HardwareNumbers:
+    """The types of ``hardware``'s numbers (conf/hardware/*.yaml), for their check."""
+
+    kv_pool_gib: float = 0.0
+    host_pool_gib: float = 0.0
+    max_running_requests: int = 0
+    num_gpus: int = 0
+
+
 def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
@@ -71,6 +81,7 @@ def _typed(cls, data: dict[str, Any], where: str, exclude: set[str] = frozenset(
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(names)}")
+    check_value_types(cls, data, where)
     return cls(**data)
 
 
@@ -91,6 +102,15 @@ def speculation_from(node: Any, model: ModelConfig) -> SpeculationConfig | None:
         return None
     if not isinstance(data, dict):
         raise ValueError(f"system.speculation: must be a mapping or null, got {data!r}")
+    if "drafter" not in data:
+        # a speculative system's YAML names its drafter; keys added to a system without
+        # speculation (+system.speculation.block_size=4 on hisparse) would otherwise turn it on
+        # with the default drafter, under the non-speculative system's name
+        raise ValueError(
+            f"system.speculation: {sorted(data)} set without a drafter: this system has no "
+            "speculation (choose a speculative one, e.g. system=adaptive_dhisparse or "
+            "resident_dflash2, or name system.speculation.drafter)"
+        )
     return _typed(SpeculationConfig, data, "system.speculation").resolved(model.max_context_len)
 
 
@@ -112,6 +132,7 @@ def resolve_engine_config(cfg: DictConfig, check_device: bool = True) -> EngineC
     spec = speculation_from(system.get("speculation"), model)
     q_max = spec.k_max if spec else 1
     hw = cfg.hardware
+    check_value_types(HardwareNumbers, dict(_plain(hw)), "hardware")
     kv = KVConfig(
         backend=str(system.kv_backend),
         kv_pool_gib=float(hw.kv_pool_gib),
@@ -175,12 +196,33 @@ def compose(overrides: list[str] | None = None) -> DictConfig:
         return hcompose(config_name="config", overrides=list(overrides or []))
 
 
+# Config groups whose keys are checked against every option of the group (conf/<group>/*.yaml):
+# ``system.kv`` and ``system.speculation`` have typed checks of their own (options_from,
+# SpeculationConfig), ``model`` its geometry check, ``engine`` EngineConfig's fields.
+CHECKED_GROUPS = ("system", "hardware", "server")
+
+
+def _group_keys(group: str) -> set[str]:
+    """The top-level keys any option of a config group has."""
+    keys: set[str] = set()
+    for f in sorted((CONF_DIR / group).glob("*.yaml")):
+        keys |= set(OmegaConf.load(f)) - {"defaults"}
+    return keys
+
+
 def check_known_keys(
     cfg: DictConfig, extra_top: set[str] = frozenset(), extra_workload: set[str] = frozenset()
 ) -> None:
     """Unknown keys are errors, not silently ignored settings: a ``+key=...`` Hydra accepted at
-    the top level or under ``workload`` that no default config has (``extra_*``: keys the
-    caller reads besides)."""
+    the top level, under ``workload`` or in one of CHECKED_GROUPS that no default config has
+    (``extra_*``: keys the caller reads besides)."""
+    for group in CHECKED_GROUPS:
+        known = _group_keys(group)
+        unknown = sorted(set(cfg.get(group) or {}) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown {group} key(s) {unknown}; known (conf/{group}/*.yaml): {sorted(known)}"
+            )
     base = compose([])
     unknown = sorted(k for k in cfg if k not in base and k not in extra_top)
     if unknown:

@@ -45,6 +45,17 @@ def options_class(backend: str) -> type:
     return _OPTIONS[backend]
 
 
+def check_value_types(cls, data: dict[str, Any], where: str) -> None:
+    """A number or flag given as a word (``hot_cache_rows=abc``) is named with its key here,
+    not left to an ``int()`` deep in a constructor: the type is the field's default's."""
+    for f in dataclasses.fields(cls):
+        if f.name not in data or f.default is dataclasses.MISSING:
+            continue
+        want, v = type(f.default), data[f.name]
+        if want in (int, float, bool) and isinstance(v, str):
+            raise ValueError(f"{where}.{f.name}: expected {want.__name__}, got {v!r}")
+
+
 def options_from(backend: str, data: dict[str, Any] | None):
     """The backend's options dataclass from a ``system.kv`` mapping (unresolved: ``auto`` and
     0-means-derived values stay as written; ``systems.engine.config.resolve`` fills them)."""
@@ -57,6 +68,7 @@ def options_from(backend: str, data: dict[str, Any] | None):
             f"system.kv: unknown key(s) {unknown} for backend {backend!r}; "
             f"allowed: {names or 'none'}"
         )
+    check_value_types(cls, data, "system.kv")
     return cls(**data)
 
 

@@ -90,11 +90,34 @@ def test_experiment_sets_b_for_its_hierarchy_systems_only():
         ("+engine.max_wait=3", r"engine: unknown field\(s\) \['max_wait'\]"),
         ("+model.hot_cache_rows=16", r"model.hot_cache_rows: B is a KV-policy knob now"),
         ("model.gemm_impl=cutlass", r"model.gemm_impl: must be one of cublas, triton"),
+        ("system.kv.hot_cache_rows=abc", r"system.kv.hot_cache_rows: expected int, got 'abc'"),
+        ("engine.overlap_schedule=maybe", r"engine.overlap_schedule: expected bool"),
+        ("hardware.kv_pool_gib=lots", r"hardware.kv_pool_gib: expected float, got 'lots'"),
     ],
 )
 def test_bad_keys_are_named(override, match):
     with pytest.raises(ValueError, match=match):
         resolve_engine_config(compose(["device=cpu", "system=hisparse", override]))
+
+
+@pytest.mark.parametrize("group", ["system", "hardware", "server"])
+def test_unknown_keys_of_the_config_groups_are_named(group):
+    """A key no option of the group has (a typo, a knob of another group) stops the run."""
+    from systems.engine.config import check_known_keys
+
+    cfg = compose(["device=cpu", "system=hisparse", f"+{group}.kv_pool=1"])
+    with pytest.raises(ValueError, match=rf"unknown {group} key\(s\) \['kv_pool'\]"):
+        check_known_keys(cfg)
+    check_known_keys(compose(["device=cpu", "system=adaptive_dhisparse", "server=sglang"]))
+
+
+def test_speculation_keys_on_a_system_without_speculation_are_refused():
+    """+system.speculation.block_size=4 on hisparse would turn speculation on (the default
+    drafter) in runs named hisparse."""
+    with pytest.raises(ValueError, match=r"set without a drafter: this system has no spec"):
+        resolve_engine_config(
+            compose(["device=cpu", "system=hisparse", "+system.speculation.block_size=4"])
+        )
 
 
 def test_bad_speculation_knobs_are_named():

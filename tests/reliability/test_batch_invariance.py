@@ -5,6 +5,8 @@ the greedy tokens must be identical."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -23,6 +25,13 @@ SYSTEMS = {
     "adaptive_dhisparse": SPEC,
     "adaptive_dhisparse_dspark": SPEC,
 }
+
+
+def test_every_system_is_checked_for_batch_invariance():
+    """A new conf/system/<name>.yaml fails here until it is added to SYSTEMS (with the overrides
+    its drafter needs on the CPU pools)."""
+    conf = Path(__file__).parents[2] / "conf" / "system"
+    assert sorted(SYSTEMS) == sorted(f.stem for f in conf.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("system", sorted(SYSTEMS))
