@@ -29,6 +29,7 @@ from figures.notes import (  # noqa: F401
     admission_note,
     batch_scaling_note,
     breakdown,
+    caveats,
     claim_breakdown,
     compare_ratio,
     curves_and_claims_label,

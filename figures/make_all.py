@@ -160,9 +160,7 @@ def _headline_table(claims: dict, notes: C.Footnotes) -> list[str]:
             )
         # runs of a preset whose geometry changed since, or made before changes that move the
         # numbers: said wherever the claim stands
-        prov = c.get("provenance") or ""
-        why += re.findall(r"measured on an earlier [^;]*\)", prov)[:1]
-        why += re.findall(r"made before \d+ later chang[^;]*;[^)]*\)", prov)[:1]
+        why += C.caveats(c.get("provenance") or "")
         # the direction's and the magnitude's reasons share their notes
         refs = dict.fromkeys(re.findall(r"\[\d+\]", "".join(notes.sources(w) for w in why if w)))
         lines.append(

@@ -4,6 +4,7 @@ cost against batch, admission, acceptance, per-run-group ratios with their inter
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -465,6 +466,22 @@ def geometry_change(run: Run) -> str:
     if not moved:
         return ""
     return f"measured on an earlier {m['name']} geometry ({'; '.join(moved)})"
+
+
+# The provenance tags that are caveats on a claim wherever it stands (the headline table's
+# "why not; caveats" column), one pattern per tag this module or harness.results writes:
+# geometry_change's, and change_mix's runs-before-later-changes note (its text has "; " inside
+# its brackets, so tags are found by pattern, not by splitting the provenance).
+CAVEAT_PATTERNS = (
+    re.compile(r"measured on an earlier [^;]*\)"),
+    re.compile(r"made before \d+ later chang[^;]*;[^)]*\)"),
+)
+
+
+def caveats(prov: str) -> list[str]:
+    """The caveat tags of a provenance (CAVEAT_PATTERNS), the first of each kind."""
+    found = (pattern.search(prov or "") for pattern in CAVEAT_PATTERNS)
+    return [m.group(0) for m in found if m]
 
 
 def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> str:

@@ -719,6 +719,8 @@ def test_provenance_names_repeat_commits_and_a_kernel_change_between_runs(tmp_pa
     alone = C.change_mix([C.Run(runs[0].path, runs[0].summary)])
     assert "mixes" not in alone and alone.startswith("made before ")
     assert f"the newest, {R.MEASUREMENT_CHANGES[-1][0]}: " in alone
+    # the headline table finds it as a caveat in a provenance, whole
+    assert C.caveats(f"scaled preset (tiny); {alone}; H200") == [alone]
     # a run at HEAD follows every change: nothing to say
     head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
     (runs[0].path / "env.json").write_text(json.dumps({"git_commit": head.stdout.strip()}))
@@ -745,6 +747,7 @@ def test_provenance_names_a_preset_geometry_changed_since_the_run(tmp_path):
     runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig4")}
     want = f"measured on an earlier glm53_mini geometry (intermediate_size 999, now {now.intermediate_size})"
     assert want in C.provenance(runs["old"])
+    assert C.caveats(C.provenance(runs["old"])) == [want]  # the headline table's caveat
     assert "earlier" not in C.provenance([runs["new"], runs["adhoc"]])
 
 
