@@ -59,6 +59,10 @@ from systems.pids import die_with_parent
 
 log = logging.getLogger("dhs.server")
 
+# Counters whose names predate the ``_total`` convention (results read them by these names):
+# typed as counters on /metrics all the same.
+COUNTERS_NOT_TOTAL = frozenset({"dhs_num_steps"})
+
 MAX_BODY_BYTES = 16 << 20
 # the event loop this process's server runs on ("uvloop" | "asyncio"; None before one serves):
 # profiling/host.py records it beside the event loop's samples
@@ -768,7 +772,8 @@ class Server:
             families.setdefault(name.split("{", 1)[0], []).append(f"{name} {_sample(value)}")
         lines = []
         for base, samples in families.items():
-            lines.append(f"# TYPE {base} {'counter' if base.endswith('_total') else 'gauge'}")
+            kind = "counter" if base.endswith("_total") or base in COUNTERS_NOT_TOTAL else "gauge"
+            lines.append(f"# TYPE {base} {kind}")
             lines.extend(samples)
         return web.Response(
             text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"

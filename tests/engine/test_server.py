@@ -140,6 +140,9 @@ async def test_metrics_and_health(server):
         "dhs_server_loop_cpu_seconds_total",
     ):
         assert n in names
+    types = dict(ln.split()[2:4] for ln in text.splitlines() if ln.startswith("# TYPE"))
+    assert types["dhs_num_steps"] == types["dhs_server_loop_cpu_seconds_total"] == "counter"
+    assert types["dhs_num_running_reqs"] == "gauge"
     models = await (await s.get("/v1/models")).json()
     assert models["data"][0]["id"]
 
