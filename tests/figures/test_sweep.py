@@ -1,0 +1,55 @@
+"""figures.sweep: any experiment directory's runs, one line per setting, repeats folded."""
+
+import json
+
+from figures import sweep
+
+
+def _run(root, name, system, c, out_tok_s, B=None, K=None):
+    d = root / "mysweep" / name
+    d.mkdir(parents=True)
+    summary = {
+        "system": system,
+        "model": "tiny",
+        "point": {"concurrency": c, "tag": f"c{c}"},
+        "output_tok_s": out_tok_s,
+        "tpot_ms_mean": 1000.0 / out_tok_s,
+        "ttft_ms_mean": 10.0 * c,
+    }
+    (d / "summary.json").write_text(json.dumps(summary))
+    sysc = {"name": system}
+    if B is not None:
+        sysc["kv"] = {"hot_cache_rows": B}
+    if K is not None:
+        sysc["speculation"] = {"block_size": K}
+    cfg = {"system": sysc, "workload": {"input_len": 64, "output_len": 32}}
+    (d / "config.yaml").write_text(json.dumps(cfg))
+
+
+def test_lines_are_settings_and_repeats_fold_into_their_median(tmp_path):
+    _run(tmp_path, "r1", "resident", 2, 500.0)
+    _run(tmp_path, "r2", "resident", 8, 900.0)
+    for c in (2, 8):
+        for B in (32, 64):
+            _run(tmp_path, f"h-{c}-{B}", "hisparse", c, 100.0 * c + B, B=B)
+    _run(tmp_path, "h-8-64-again", "hisparse", 8, 1064.0, B=64)  # a repeat: median of 864 and 1064
+    runs = sweep.finished_runs(tmp_path, "mysweep")
+    groups = sweep.lines(runs, "concurrency")
+    # B varies across the runs, so it names the lines; resident has none; model, input and
+    # output are the same everywhere and stay out of the labels
+    assert set(groups) == {("resident",), ("hisparse", "B=32"), ("hisparse", "B=64")}
+    assert sorted(groups[("hisparse", "B=64")]) == [2, 8]
+    assert sweep._median(groups[("hisparse", "B=64")][8], "output_tok_s") == 964.0
+    # another x axis: the budget, one line per system and load
+    by_b = sweep.lines(runs, "B")
+    assert set(by_b[("hisparse",)]) == {32, 64}
+    assert sweep.main(["mysweep", "--results", str(tmp_path), "--out", str(tmp_path / "o")]) == 0
+    md = (tmp_path / "o" / "sweep-mysweep.md").read_text()
+    assert (tmp_path / "o" / "sweep-mysweep.png").stat().st_size > 0
+    assert "h-8-64-again" in md and md.count("| hisparse |") == 5
+
+
+def test_a_directory_without_finished_runs_is_an_error(tmp_path, capsys):
+    (tmp_path / "other").mkdir()
+    assert sweep.main(["mysweep", "--results", str(tmp_path)]) == 1
+    assert "no finished runs under" in capsys.readouterr().err
