@@ -8,6 +8,7 @@ import argparse
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -433,9 +434,28 @@ class Report:
             )
         return "\n".join(lines)
 
+    def _note_unused_runs(self, results: Path | None) -> None:
+        """Where nothing of the report was measured but its experiments' directories hold
+        finished runs (a smoke or ad-hoc sweep at other models or loads than the figure
+        compares), say so rather than leave bare not-measured panels."""
+        if results is None or any(r.ours is not None for r in self.rows) or not self.rows:
+            return
+        dirs = sorted(Path(results).glob(f"{self.name}*/"))
+        found = {d.name: len(list(d.glob("*/summary.json"))) for d in dirs if d.is_dir()}
+        found = {k: v for k, v in found.items() if v}
+        if found:
+            where = ", ".join(f"{n} in {Path(results) / k}" for k, n in found.items())
+            text = (
+                f"Finished runs were found ({where}), none at the preset and loads this figure "
+                f"compares; `python -m figures.sweep <experiment>` plots any experiment's runs."
+            )
+            self.note(text)
+            print(f"[{self.name}] {text}", file=sys.stderr)
+
     def finish(self, fig, args) -> Report:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
+        self._note_unused_runs(getattr(args, "results", None))
         self.png = out / f"{self.name}.png"
         self.md = out / f"{self.name}.md"
         if fig is not None:

@@ -53,3 +53,17 @@ def test_a_directory_without_finished_runs_is_an_error(tmp_path, capsys):
     (tmp_path / "other").mkdir()
     assert sweep.main(["mysweep", "--results", str(tmp_path)]) == 1
     assert "no finished runs under" in capsys.readouterr().err
+
+
+def test_a_paper_figure_says_when_its_runs_are_not_what_it_compares(tmp_path, capsys):
+    """A smoke or ad-hoc sweep under a figure's experiment directory (another model, other
+    loads) leaves every panel unmeasured: the report says runs were found and what plots them."""
+    from figures import fig9
+
+    d = tmp_path / "fig9" / "hisparse-tiny-c2-B16-1234abcd"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"system": "hisparse", "model": "tiny"}))
+    rep = fig9.main(["--results", str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"])
+    assert all(r.ours is None for r in rep.rows)
+    assert "Finished runs were found (1 in" in rep.md.read_text()
+    assert "figures.sweep" in capsys.readouterr().err
