@@ -31,6 +31,7 @@ figures compare systems measured together (docs/running.md, "Loads and repeats")
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import hashlib
 import itertools
@@ -563,8 +564,15 @@ def print_status(names: list[str], results: str | None) -> None:
         f"{'experiment':24s} {'plan done/pending':>17s} {'runs':>5s} {'changes since':>13s} "
         f"{'measured':>10s} {'re-run':>8s}  commits"
     )
-    for exp in names:
-        r = status_row(exp, results)
+    # each row composes its experiment's whole plan (~0.15 s a config, 200 of them): the rows
+    # are worked out in processes of their own, printed in order
+    workers = min(len(names), os.cpu_count() or 1)
+    if workers > 1:
+        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+            rows = list(pool.map(status_row, names, [results] * len(names)))
+    else:
+        rows = [status_row(exp, results) for exp in names]
+    for exp, r in zip(names, rows):
         since = f"{r['changes_since']}" + (
             f" ({r['newest_change_since']})" if r["newest_change_since"] else ""
         )
