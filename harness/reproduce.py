@@ -822,8 +822,9 @@ def main(argv: list[str] | None = None) -> int:
                         failed.append((exp, ov, repr(e)))
     if args.dry_run:
         print("\n[reproduce] the plan per experiment (load points):")
+        width = max(map(len, totals), default=0)
         for exp, (done, pending) in totals.items():
-            print(f"  {exp:<16s} {done:>4d} done {pending:>4d} pending")
+            print(f"  {exp:<{width}s} {done:>4d} done {pending:>4d} pending")
     else:
         from harness.summaries import write_all
 
