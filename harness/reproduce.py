@@ -468,13 +468,40 @@ def _planned(
     return [bool(done) for p, _, done in points if p["tag"] not in skip]
 
 
+def _plan_points(exp: str, results: str | None) -> tuple[tuple[str, bool], ...]:
+    """(run id, finished) of every load point of ``exp``'s plan, the skipped ones left out."""
+    from harness.run import point_plan
+
+    out = []
+    for ov in plan(exp, smoke=False):
+        skip = skipped_points(ov)
+        _, points = point_plan(_run_cfg(ov, results))
+        out += [(rid, bool(done)) for p, rid, done in points if p["tag"] not in skip]
+    return tuple(out)
+
+
 def plan_status(exp: str, results: str | None = None) -> tuple[int, int]:
     """(finished, pending) runs of ``exp``'s plan in ``results`` (points the plan skips are
     neither): what REPRODUCTION.md says of an experiment whose config changed after its runs."""
-    runs = [
-        d for ov in plan(exp, smoke=False) for d in _planned(ov, results, None, skipped_points(ov))
-    ]
-    return sum(runs), len(runs) - sum(runs)
+    points = _plan_points(exp, results)
+    done = sum(d for _, d in points)
+    return done, len(points) - done
+
+
+def off_plan_runs(exp: str, results: str | None = None, points=None) -> list[str]:
+    """Finished runs in ``exp``'s results directory that no plan writing there names: runs of
+    a config changed since (their points are pending under new ids) or of a removed setting.
+    The figures still read them until they are re-run or pruned (--prune-superseded).
+    ``points``: ``exp``'s own plan points where the caller has them."""
+    from harness.results import finished_runs
+
+    target = exp_dir_name(exp)
+    planned = {rid for rid, _ in (points or _plan_points(exp, results))}
+    for name in experiments():
+        if name != exp and exp_dir_name(name) == target:
+            planned |= {rid for rid, _ in _plan_points(name, results)}
+    runs = finished_runs(results or REPO / "results", target)
+    return sorted(r.path.name for r in runs if r.path.name not in planned)
 
 
 def superseded(exp: str, results: str | None = None) -> list[Path]:
@@ -534,7 +561,10 @@ def status_row(exp: str, results: str | None = None) -> dict:
     plus RUN_OVERHEAD_S each)."""
     from harness.results import MEASUREMENT_CHANGES, _after_change, load_runs
 
-    done, pending = plan_status(exp, results)
+    points = _plan_points(exp, results)
+    done = sum(d for _, d in points)
+    pending = len(points) - done
+    off_plan = len(off_plan_runs(exp, results, points))
     singles = [
         x for r in load_runs(results or "results", exp_dir_name(exp)) for x in (r.repeats or [r])
     ]
@@ -549,6 +579,7 @@ def status_row(exp: str, results: str | None = None) -> dict:
         "experiment": exp,
         "done": done,
         "pending": pending,
+        "off_plan": off_plan,
         "runs": len(singles),
         "commits": commits,
         "changes_since": len(before),
@@ -561,8 +592,8 @@ def status_row(exp: str, results: str | None = None) -> dict:
 def print_status(names: list[str], results: str | None) -> None:
     """--status: one line per experiment (see status_row)."""
     print(
-        f"{'experiment':24s} {'plan done/pending':>17s} {'runs':>5s} {'changes since':>13s} "
-        f"{'measured':>10s} {'re-run':>8s}  commits"
+        f"{'experiment':24s} {'plan done/pending':>17s} {'off plan':>8s} {'runs':>5s} "
+        f"{'changes since':>13s} {'measured':>10s} {'re-run':>8s}  commits"
     )
     # each row composes its experiment's whole plan (~0.15 s a config, 200 of them): the rows
     # are worked out in processes of their own, printed in order
@@ -577,10 +608,14 @@ def print_status(names: list[str], results: str | None) -> None:
             f" ({r['newest_change_since']})" if r["newest_change_since"] else ""
         )
         print(
-            f"{exp:24s} {r['done']:>8d}/{r['pending']:<8d} {r['runs']:>5d} {since:>13s} "
+            f"{exp:24s} {r['done']:>8d}/{r['pending']:<8d} {r['off_plan']:>8d} {r['runs']:>5d} "
+            f"{since:>13s} "
             f"{r['measured'] or '-':>10s} {r['rerun_min']:>5.1f} min  {', '.join(r['commits'])}"
         )
     print(
+        "off plan: finished runs in the experiment's directory under ids no plan writing there "
+        "names (a config changed since: their points are pending under new ids; the figures read "
+        "them until re-run or pruned); "
         "changes since: later commits of harness.results.MEASUREMENT_CHANGES that the oldest "
         "committed run predates (the newest in brackets); re-measure under the same run ids with "
         "--rerun-before <UTC time> (gpu_batch.sh: EXP+rerun-before=...); re-run: the committed "

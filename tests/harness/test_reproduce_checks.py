@@ -176,6 +176,12 @@ def test_plan_status_counts_finished_and_pending_runs(tmp_path):
     (exp_dir / plan[0][1]).mkdir(parents=True)
     (exp_dir / plan[0][1] / "summary.json").write_text("{}")
     assert rp.plan_status("fig6_h200", str(tmp_path)) == (1, 5)
+    # a finished run under an id no plan names (its config changed since) is off the plan
+    old = exp_dir / (plan[0][1].rsplit("-", 1)[0] + "-0000aaaa")
+    old.mkdir()
+    (old / "summary.json").write_text("{}")
+    assert rp.off_plan_runs("fig6_h200", str(tmp_path)) == [old.name]
+    assert rp.status_row("fig6_h200", str(tmp_path))["off_plan"] == 1
 
 
 def test_rerun_before_redoes_the_runs_measured_before_the_time(tmp_path, monkeypatch):
