@@ -857,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
                         failed.append((exp, ov, repr(e)))
     if args.dry_run:
         print("\n[reproduce] the plan per experiment (load points):")
-        width = max(map(len, totals), default=0)
+        width = max([16, *map(len, totals)])
         for exp, (done, pending) in totals.items():
             print(f"  {exp:<{width}s} {done:>4d} done {pending:>4d} pending")
     else:
