@@ -28,10 +28,10 @@ run: $(STAMP)  ## the embedded default benchmark (tiny model on CPU, H200 preset
 	$(PY) -m harness.run experiment=$(DEFAULT_EXP) $(ARGS)
 
 TEST_WORKERS ?= 2
-test: $(STAMP)  ## ruff (lint + format check), then the CPU test suite (what CI runs) in TEST_WORKERS processes, then the solo tests alone
+test: $(STAMP)  ## ruff (lint + format check), then the CPU test suite (what CI runs) in TEST_WORKERS processes (a module marked xdist_group in one of them), then the solo tests alone
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --no-solo tests $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-solo tests $(ARGS)
 	$(PY) -m pytest --solo-only tests $(ARGS)
 
 lint: $(STAMP)  ## ruff check and ruff format --check (configured in pyproject.toml)

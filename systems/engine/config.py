@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -186,14 +188,52 @@ def _profile(cfg: DictConfig) -> dict | None:
     return OmegaConf.to_container(prof, resolve=True)
 
 
+# compose() results, pickled (~10 KB each), by (override list, conf/ fingerprint): a reproduce
+# plan, a smoke run or a test session composes the same override lists over and over (~50 ms
+# each: Hydra re-reads and re-merges every YAML file); a hit costs an unpickling (~2 ms)
+_COMPOSED: dict[tuple, bytes] = {}
+_COMPOSED_MAX = 1024
+
+
+def _conf_fingerprint() -> tuple:
+    """Every file under conf/ with its size and mtime: an edited, added or removed YAML file
+    composes afresh."""
+    out = []
+    stack = [str(CONF_DIR)]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=True):
+                    stack.append(e.path)
+                else:
+                    st = e.stat()
+                    out.append((e.path, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(out))
+
+
 def compose(overrides: list[str] | None = None) -> DictConfig:
+    """The Hydra config of conf/config.yaml with ``overrides``: a fresh copy on every call (the
+    caller may change it), composed once per override list while conf/ stays as it is."""
+    overrides = list(overrides or [])
+    key = (tuple(overrides), _conf_fingerprint())
+    blob = _COMPOSED.get(key)
+    if blob is None:
+        cfg = _compose(overrides)
+        if len(_COMPOSED) >= _COMPOSED_MAX:
+            _COMPOSED.pop(next(iter(_COMPOSED)))
+        _COMPOSED[key] = pickle.dumps(cfg)
+        return cfg
+    return pickle.loads(blob)
+
+
+def _compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return hcompose(config_name="config", overrides=list(overrides or []))
+        return hcompose(config_name="config", overrides=overrides)
 
 
 # Config groups whose keys are checked against every option of the group (conf/<group>/*.yaml):

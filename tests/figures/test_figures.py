@@ -23,6 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = make_all.SCRIPTS
 ROW = re.compile(r"^\| (?P<q>[^|]+) \| (?P<paper>[^|]+) \| (?P<ours>[^|]+) \| (?P<ratio>[^|]+) \|")
 
+# one test worker runs the module (make test: --dist loadgroup), so that the module-scoped
+# ``full`` and ``empty`` runs of make_all (most of the module's time) are built once, not once
+# per worker
+pytestmark = pytest.mark.xdist_group("test_figures")
+
 
 def _run_all(results: Path, tmp: Path) -> dict:
     out = tmp / "out"

@@ -150,6 +150,8 @@ def test_smoke_reproduction_then_figures(tmp_path, monkeypatch):
             str(out),
             "--report",
             str(tmp_path / "REPRODUCTION.md"),
+            "--dpi",  # the images' resolution is no part of this test (nor its time)
+            "30",
             "--quiet",
         ]
     )

@@ -22,6 +22,10 @@ from tests.reliability.support import PROMPTS, assert_drained
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LONG = 500  # tokens a vanished client asked for: far more than it may cost
 
+# one test worker runs the module (make test: --dist loadgroup): the module-scoped CLI server
+# starts once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_aborts")
+
 
 @pytest.fixture(scope="module")
 def cli_server(tmp_path_factory):
