@@ -33,7 +33,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.environment import REPO, environment
 from harness.load_mapping import decode_gpus, ours_concurrency
@@ -206,6 +206,22 @@ _EXTRA_TOP_KEYS = {"reproduce", "rerun", "repeat", "smoke", "prewarm", "profile_
 _EXTRA_WORKLOAD_KEYS = {"min_waves", "paper_concurrency", "warmup_output_len"}
 # Sweep keys that only harness.reproduce understands (it turns them into config values).
 REPRODUCE_KEYS = {"b_over_k": "system.kv.hot_cache_rows=<B> (B = b_over_k x model.index_topk)"}
+
+
+def name_backend(cfg: DictConfig) -> None:
+    """A system run on another KV backend (``system=resident system.kv_backend=mine``, a quick
+    try of a new backend) is named ``resident+mine``: its run ids, tables, summaries and W&B
+    tags would otherwise file it under the system's own backend, and the figures would plot it
+    as that system."""
+    from systems.engine.config import CONF_DIR, compose
+
+    system = cfg.system
+    if not (CONF_DIR / "system" / f"{system.name}.yaml").is_file():
+        return  # a system of no conf/system file (or named here already): nothing to compare
+    own = compose([f"system={system.name}"]).system.kv_backend
+    if str(system.kv_backend) != str(own):
+        with open_dict(cfg):
+            system.name = f"{system.name}+{system.kv_backend}"
 
 
 def check_keys(cfg: DictConfig, reproduce_keys: bool = False) -> None:
@@ -445,6 +461,7 @@ def run(
 
     try:  # fail fast on a bad config, before any server starts
         check_keys(cfg, reproduce_keys)
+        name_backend(cfg)
         # a bundled server runs on this machine's device; an SGLang deployment on its own
         ecfg = resolve_engine_config(cfg, check_device=cfg.server.mode != "sglang")
         if cfg.server.mode == "sglang":

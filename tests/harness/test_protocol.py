@@ -279,3 +279,19 @@ def test_system_overrides_must_name_a_system_of_the_experiment(monkeypatch):
     monkeypatch.setattr(engine_config, "compose", compose)
     with pytest.raises(ValueError, match="system_overrides names systems"):
         rp.groups("fig4_h200_c256", smoke=False)
+
+
+def test_a_system_on_another_kv_backend_is_named_for_both():
+    """A quick try of a backend under an existing system (system.kv_backend=...) is filed as
+    neither that system nor its backend: ``resident+hisparse``, in its run ids too."""
+    from harness.run import name_backend
+
+    cfg = compose(["system=resident", "system.kv_backend=hisparse"])
+    name_backend(cfg)
+    assert cfg.system.name == "resident+hisparse"
+    assert run_id(cfg, _load_points(cfg)[0]).startswith("resident+hisparse-")
+    name_backend(cfg)  # named once
+    assert cfg.system.name == "resident+hisparse"
+    own = compose(["system=adaptive_dhisparse"])
+    name_backend(own)
+    assert own.system.name == "adaptive_dhisparse"
