@@ -56,7 +56,21 @@ from profiling import ranges as R
 
 # Ordered: the first pattern that matches (case-insensitive search) decides.
 NAME_PATTERNS: list[tuple[str, str]] = [
-    (r"_resolver_kernel|resolver", R.RESOLVER_FAMILY),
+    # the engine's own Triton kernels first, each where its range puts it in an eager step
+    # (in a replayed CUDA graph no range reaches them, and their names match none of the
+    # generic patterns below: sparse attention and the index scan had counted as other kernels)
+    (r"_resolver_kernel|_copy_grid_kernel|resolver", R.RESOLVER_FAMILY),
+    (r"_step_tables_kernel", R.PAGE_BOOKKEEPING),
+    (
+        r"_sparse_attention|_combine_kernel|_index_scores_kernel|_blend_index_query_kernel|"
+        r"_topk_kernel|_ring_attention_kernel",
+        R.INDEXING_ATTENTION,
+    ),
+    (r"_mm_kernel|_merge_kernel", R.DENSE_PROJ),  # the batch-invariant GEMM and its split merge
+    (r"_copy_rows_kernel", R.HOST_BACKUP),  # backups, population and imports of whole rows
+    # PyTorch's fused attention (the drafter's SDPA): before the GEMM pattern, which its
+    # cutlass name would match
+    (r"fmha|flash_fwd|flash_attn|attention", R.INDEXING_ATTENTION),
     (r"follower", R.FOLLOWER_COPY),
     # host <-> device transfers: backups (DtoH) and population / handoff reads (HtoD)
     (r"memcpy\s*(dtoh|htod)|device\s*->\s*pinned|pinned\s*->\s*device|pageable", R.HOST_BACKUP),
