@@ -39,6 +39,9 @@ FOLLOWER_COPIES = "dhs_follower_copies_total"  # optional: follower-layer resolv
 BACKUP_ROWS = "dhs_host_backup_rows_total"
 COVERAGE = "dhs_ready_optional_coverage"  # a gauge, not a counter
 TOKENS = "dhs_generated_tokens_total"
+# each admission emits its request's first token from the prefill's logits, which looks nothing
+# up: "per token" counts the decoded tokens, the generated ones less the handoffs
+HANDOFFS = "dhs_handoffs_total"
 REQUESTS = "dhs_finished_total"
 STEPS = "dhs_num_steps"
 
@@ -53,6 +56,7 @@ COUNTERS = (
     FOLLOWER_COPIES,
     BACKUP_ROWS,
     TOKENS,
+    HANDOFFS,
     REQUESTS,
     STEPS,
 )
@@ -184,7 +188,7 @@ def census(
                 f"counter {key} went backwards ({before.get(key)} -> {after[key]}): "
                 "snapshots out of order or from different servers"
             )
-    tok = float(tokens) if tokens is not None else d(TOKENS)
+    tok = float(tokens) if tokens is not None else d(TOKENS) - d(HANDOFFS)
     req = float(requests) if requests is not None else d(REQUESTS)
     stp = float(steps) if steps is not None else d(STEPS)
     lookups, direct, hot, host = d(SELECTED), d(DIRECT), d(HOT), d(FROM_HOST)

@@ -177,7 +177,9 @@ class MemorySampler:
                 w.writeheader()
                 w.writerows(self.rows)
             paths.append(p)
-            last = self.rows[-1]
+            # per session at the sample with the most sessions (the latest of those): the last
+            # sample is taken after the load drained, with no session left to divide by
+            last = max(reversed(self.rows), key=lambda r: r.get("sessions") or 0)
             comps = {k.split(":", 1)[1]: v for k, v in last.items() if k.startswith("component:")}
             rep = {
                 **{k: last[k] for k in ("capacity", "required", "optional", "reserve")},

@@ -71,3 +71,15 @@ def test_sampler_on_a_real_engine():
     row = s.sample()
     assert row["sessions"] == 0 and row["capacity"] > 0
     assert "component:host_backup" in row
+
+
+def test_per_session_is_taken_where_the_sessions_are(tmp_path):
+    """A run's last sample comes after its load drained (no session to divide by): the
+    per-session file reads the sample with the most sessions."""
+    s = M.MemorySampler(interval_s=0.0, clock=lambda: 0.0)
+    for ts, n in ((0.0, 0), (1.0, 4), (2.0, 4), (3.0, 0)):
+        s.record(rep(), sessions=n, ts=ts)
+    s.save(tmp_path)
+    data = json.loads((tmp_path / "memory_per_session.json").read_text())
+    assert data["at_ts"] == 2.0  # the latest of the busiest samples
+    assert data["per_session"]["required_bytes_per_session"] == 75  # 300 / 4
