@@ -510,6 +510,11 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
             add(f"outputs sampled at temperature {temp:g}" if temp else "greedy outputs")
         if r.calibrated_acceptance:
             add("calibrated input: acceptance")
+        prof = ((r.config or {}).get("profile") or {}).get("name")
+        if prof and prof != "none":
+            # a collector's work (torch.profiler's recording, host stack samples) shares the
+            # run's machine: its times are the profiled server's
+            add(f"profiled run ({prof} collector on during the load)")
         lend = find_key(r.config, "lend_index_store")
         if find_key(r.config, "optional_residency") and not lend:
             # sec. 3.1's unused index backing: these runs kept optional history to payload pages

@@ -1395,3 +1395,18 @@ def test_fig9_says_how_the_budget_sweeps_pools_were_sized():
     assert "configured for B = 2,048 rows at every budget" in kept
     assert "one capacity sized for each B" in pools_note([pt(1024), pt(2048), pt(4096)])
     assert "a mix" in pools_note([pt(1024), pt(4096, 2048)])
+
+
+def test_provenance_says_a_run_was_profiled(tmp_path):
+    """A collector ran during the load (torch.profiler, host samples): the numbers are the
+    profiled server's, and the provenance says so; a run without one says nothing."""
+    from figures import common as C
+
+    for name, prof in (("plain", {"name": "none"}), ("prof", {"name": "kernels"})):
+        d = tmp_path / "fig10" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": name, "concurrency": 8}))
+        (d / "config.yaml").write_text(json.dumps({"profile": prof}))
+    runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig10")}
+    assert "profiled run (kernels collector" in C.provenance(runs["prof"])
+    assert "profiled" not in C.provenance(runs["plain"])
