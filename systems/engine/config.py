@@ -239,7 +239,7 @@ def _compose(overrides: list[str]) -> DictConfig:
 # Config groups whose keys are checked against every option of the group (conf/<group>/*.yaml):
 # ``system.kv`` and ``system.speculation`` have typed checks of their own (options_from,
 # SpeculationConfig), ``model`` its geometry check, ``engine`` EngineConfig's fields.
-CHECKED_GROUPS = ("system", "hardware", "server")
+CHECKED_GROUPS = ("system", "hardware", "server", "logger", "profile")
 
 
 def _group_keys(group: str) -> set[str]:

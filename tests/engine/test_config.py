@@ -100,7 +100,7 @@ def test_bad_keys_are_named(override, match):
         resolve_engine_config(compose(["device=cpu", "system=hisparse", override]))
 
 
-@pytest.mark.parametrize("group", ["system", "hardware", "server"])
+@pytest.mark.parametrize("group", ["system", "hardware", "server", "logger", "profile"])
 def test_unknown_keys_of_the_config_groups_are_named(group):
     """A key no option of the group has (a typo, a knob of another group) stops the run."""
     from systems.engine.config import check_known_keys
