@@ -7,6 +7,29 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def _share_the_cores_among_xdist_workers() -> None:
+    """In a pytest-xdist worker (``make test``'s parallel pass), torch's OpenMP pool gets this
+    worker's share of the cores, not all of them: with two workers on two cores, each worker's
+    two OpenMP threads spin against the other worker's (and against the event loop of a served
+    test), and a CPU step gets several to tens of times slower (see tests/reliability/conftest.py).
+    Set before torch is imported, so the subprocesses a test starts (servers, benchmark scripts)
+    inherit it. A value the user set wins; the solo pass (no worker) keeps every core."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or "OMP_NUM_THREADS" in os.environ:
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    n = max(1, cores // max(1, int(workers)))
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    if "torch" in sys.modules:  # imported already (a plugin): set its pool directly
+        sys.modules["torch"].set_num_threads(n)
+
+
+_share_the_cores_among_xdist_workers()
+
+
 def pytest_addoption(parser):
     # `make test` runs the suite in two passes: everything but the ``solo`` tests in
     # parallel workers, then the ``solo`` tests alone (their timing tolerances assume

@@ -79,9 +79,10 @@ def test_prune_unused_never_removes_what_a_figure_reads(tmp_path, capsys, monkey
     # pending-runs paragraph, which composes every planned run's config to look for its
     # summary.json (kept, asserted below; the fixture's hand-named runs are never the plan's;
     # tested in tests/figures/test_figures.py), and the images, drawn from what the scripts
-    # already read (the report text and claims are compared, not pixels)
+    # already read, and their layout (the report text and claims are compared, not pixels)
     monkeypatch.setattr(make_all, "_stale_runs_note", lambda results: [])
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: None)
+    monkeypatch.setattr(matplotlib.figure.Figure, "tight_layout", lambda self, *a, **k: None)
     res = build(tmp_path / "results")
     bench = res / "lane_interference" / "run-a"  # no figure lists this experiment
     bench.mkdir(parents=True)
