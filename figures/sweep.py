@@ -48,6 +48,7 @@ SETTINGS = (
     ("input", lambda r: find_key(r.config.get("workload") or {}, "input_len")),
     ("output", lambda r: find_key(r.config.get("workload") or {}, "output_len")),
 )
+X_SETTING = {"input_len": "input"}  # an x axis whose setting has another name in SETTINGS
 X_AXES = {
     "concurrency": lambda r: r.concurrency,
     "input_len": lambda r: find_key(r.config.get("workload") or {}, "input_len"),
@@ -68,8 +69,9 @@ def lines(runs: Sequence[Run], x: str) -> dict[tuple, dict]:
     """{line label: {x: [runs]}}: the label names the system and the settings that vary
     across the runs (one left out where every run has the same)."""
     rows = [(r, describe(r, x)) for r in runs]
+    on_x = X_SETTING.get(x, x)  # the setting the x axis is: never part of a line's label
     varying = [
-        name for name, _ in SETTINGS if name != x and len({str(d[name]) for _, d in rows}) > 1
+        name for name, _ in SETTINGS if name != on_x and len({str(d[name]) for _, d in rows}) > 1
     ]
     out: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
     for r, d in rows:

@@ -40,8 +40,8 @@ BACKUP_ROWS = "dhs_host_backup_rows_total"
 COVERAGE = "dhs_ready_optional_coverage"  # a gauge, not a counter
 TOKENS = "dhs_generated_tokens_total"
 # each admission emits its request's first token from the prefill's logits, which looks nothing
-# up: "per token" counts the decoded tokens, the generated ones less the handoffs
-HANDOFFS = "dhs_handoffs_total"
+# up: "per token" counts the decoded tokens, the generated ones less those first tokens
+FIRST_TOKENS = "dhs_first_tokens_total"
 REQUESTS = "dhs_finished_total"
 STEPS = "dhs_num_steps"
 
@@ -56,7 +56,7 @@ COUNTERS = (
     FOLLOWER_COPIES,
     BACKUP_ROWS,
     TOKENS,
-    HANDOFFS,
+    FIRST_TOKENS,
     REQUESTS,
     STEPS,
 )
@@ -188,7 +188,7 @@ def census(
                 f"counter {key} went backwards ({before.get(key)} -> {after[key]}): "
                 "snapshots out of order or from different servers"
             )
-    tok = float(tokens) if tokens is not None else d(TOKENS) - d(HANDOFFS)
+    tok = float(tokens) if tokens is not None else d(TOKENS) - d(FIRST_TOKENS)
     req = float(requests) if requests is not None else d(REQUESTS)
     stp = float(steps) if steps is not None else d(STEPS)
     lookups, direct, hot, host = d(SELECTED), d(DIRECT), d(HOT), d(FROM_HOST)

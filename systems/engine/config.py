@@ -242,9 +242,15 @@ def _compose(overrides: list[str]) -> DictConfig:
 CHECKED_GROUPS = ("system", "hardware", "server", "logger", "profile")
 
 
+# Keys a group's options leave out but the code reads where given (``+group.key=...``).
+OPTIONAL_GROUP_KEYS = {
+    "profile": {"switch_interval_ms"},  # profile=host: the GIL switch interval while sampling
+}
+
+
 def _group_keys(group: str) -> set[str]:
-    """The top-level keys any option of a config group has."""
-    keys: set[str] = set()
+    """The top-level keys any option of a config group has, and its optional ones."""
+    keys: set[str] = set(OPTIONAL_GROUP_KEYS.get(group, ()))
     for f in sorted((CONF_DIR / group).glob("*.yaml")):
         keys |= set(OmegaConf.load(f)) - {"defaults"}
     return keys

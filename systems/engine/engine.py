@@ -239,6 +239,7 @@ class Engine:
             # latter split by whether the step captured a CUDA graph
             "admit_seconds_total": 0.0,
             "handoffs_total": 0,
+            "first_tokens_total": 0,  # emitted at admission from the prefill's logits
             "decode_seconds_total": 0.0,
             "decode_gpu_seconds_total": 0.0,  # CUDA-event time inside steps (DecodeGpuTime)
             "decode_gpu_span_seconds_total": 0.0,  # the GPU timeline the steps ran on
@@ -592,6 +593,7 @@ class Engine:
         t = torch.tensor([req.params.temperature], dtype=torch.float32)
         tok = sample_on_host(entry.last_logits_host.unsqueeze(0), t, self.host_gen)
         self.stats["prompt_tokens_total"] += req.num_prompt_tokens
+        self.stats["first_tokens_total"] += 1
         self._append_tokens(req, [int(tok)])
 
     def _overlapped_step(self, batch: list[Request], prev) -> None:

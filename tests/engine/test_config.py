@@ -109,6 +109,8 @@ def test_unknown_keys_of_the_config_groups_are_named(group):
     with pytest.raises(ValueError, match=rf"unknown {group} key\(s\) \['kv_pool'\]"):
         check_known_keys(cfg)
     check_known_keys(compose(["device=cpu", "system=adaptive_dhisparse", "server=sglang"]))
+    # a key the code reads where given, which no option lists (docs/profiling.md's)
+    check_known_keys(compose(["profile=host", "+profile.switch_interval_ms=0.2"]))
 
 
 def test_speculation_keys_on_a_system_without_speculation_are_refused():

@@ -67,3 +67,31 @@ def test_a_paper_figure_says_when_its_runs_are_not_what_it_compares(tmp_path, ca
     assert all(r.ours is None for r in rep.rows)
     assert "Finished runs were found (1 in" in rep.md.read_text()
     assert "figures.sweep" in capsys.readouterr().err
+
+
+def test_the_input_length_as_x_draws_one_line_across_lengths(tmp_path):
+    for n in (64, 128, 256):
+        _run(tmp_path, f"r{n}", "resident", 4, 500.0)
+        cfg_path = tmp_path / "mysweep" / f"r{n}" / "config.yaml"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["workload"]["input_len"] = n
+        cfg_path.write_text(json.dumps(cfg))
+    groups = sweep.lines(sweep.finished_runs(tmp_path, "mysweep"), "input_len")
+    assert {k: sorted(v) for k, v in groups.items()} == {("resident",): [64, 128, 256]}
+
+
+def test_a_figure_names_only_its_own_experiments_runs(tmp_path):
+    """fig1's report does not point at fig10's runs (a shared prefix), only at fig1's own."""
+    from figures.report import Report
+
+    d = tmp_path / "fig10" / "run-a"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text("{}")
+    rep = Report("fig1", "Fig. 1")
+    rep.compare("x", "a quantity", 1.0, None)
+    rep._note_unused_runs(tmp_path)
+    assert rep.notes == []
+    (tmp_path / "fig1_h200" / "run-b").mkdir(parents=True)
+    (tmp_path / "fig1_h200" / "run-b" / "summary.json").write_text("{}")
+    rep._note_unused_runs(tmp_path)
+    assert len(rep.notes) == 1 and "fig1_h200" in rep.notes[0]
