@@ -441,11 +441,7 @@ class Report:
         if results is None or any(r.ours is not None for r in self.rows) or not self.rows:
             return
         # the figure's own experiments: fig1 and fig1_h200, not fig10
-        dirs = [
-            d
-            for d in sorted(Path(results).glob(f"{self.name}*/"))
-            if d.name == self.name or d.name.startswith(f"{self.name}_")
-        ]
+        dirs = [Path(results) / self.name, *sorted(Path(results).glob(f"{self.name}_*/"))]
         found = {d.name: len(list(d.glob("*/summary.json"))) for d in dirs if d.is_dir()}
         found = {k: v for k, v in found.items() if v}
         if found:

@@ -40,38 +40,31 @@ PANELS = (
     ("ttft_ms_mean", "mean TTFT (s)", 1e-3),
 )
 # settings that tell runs apart (beside the system), as a run's config names them
-SETTINGS = (
-    ("model", lambda r: r.model),
-    ("B", lambda r: hot_cache_rows_of(r) or None),  # the system's own (resident: none)
-    ("K", lambda r: find_key(r.config.get("system") or {}, "block_size")),
-    ("residency", lambda r: kv_config_of(r).get("optional_residency")),
-    ("input", lambda r: find_key(r.config.get("workload") or {}, "input_len")),
-    ("output", lambda r: find_key(r.config.get("workload") or {}, "output_len")),
-)
-X_SETTING = {"input_len": "input"}  # an x axis whose setting has another name in SETTINGS
-X_AXES = {
-    "concurrency": lambda r: r.concurrency,
-    "input_len": lambda r: find_key(r.config.get("workload") or {}, "input_len"),
-    "B": lambda r: hot_cache_rows_of(r) or None,
+SETTINGS = {
+    "model": lambda r: r.model,
+    "B": lambda r: hot_cache_rows_of(r) or None,  # the system's own (resident: none)
     "K": lambda r: find_key(r.config.get("system") or {}, "block_size"),
+    "residency": lambda r: kv_config_of(r).get("optional_residency"),
+    "input": lambda r: find_key(r.config.get("workload") or {}, "input_len"),
+    "output": lambda r: find_key(r.config.get("workload") or {}, "output_len"),
 }
+# the x axes (--x) and the setting each is, which a line's label then leaves out
+X_AXES = {"concurrency": None, "input_len": "input", "B": "B", "K": "K"}
 
 
 def describe(run: Run, x: str) -> dict:
     """A run's system, settings (SETTINGS) and x value."""
-    row = {"system": run.system, "x": X_AXES[x](run)}
-    for name, get in SETTINGS:
-        row[name] = get(run)
-    return row
+    settings = {name: get(run) for name, get in SETTINGS.items()}
+    on_x = run.concurrency if X_AXES[x] is None else settings[X_AXES[x]]
+    return {"system": run.system, "x": on_x, **settings}
 
 
 def lines(runs: Sequence[Run], x: str) -> dict[tuple, dict]:
     """{line label: {x: [runs]}}: the label names the system and the settings that vary
     across the runs (one left out where every run has the same)."""
     rows = [(r, describe(r, x)) for r in runs]
-    on_x = X_SETTING.get(x, x)  # the setting the x axis is: never part of a line's label
     varying = [
-        name for name, _ in SETTINGS if name != on_x and len({str(d[name]) for _, d in rows}) > 1
+        name for name in SETTINGS if name != X_AXES[x] and len({str(d[name]) for _, d in rows}) > 1
     ]
     out: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
     for r, d in rows:

@@ -460,30 +460,27 @@ def show_plan(
 
 def _planned(
     overrides: list[str], results: str | None, only_tags: list[str] | None, skip
-) -> list[bool]:
-    """Whether each load point of a run of the plan finished, the ``skip``ped ones left out."""
+) -> list[tuple[str, bool]]:
+    """(run id, finished) of each load point of a run of the plan, the ``skip``ped ones left
+    out."""
     from harness.run import point_plan
 
     _, points = point_plan(_run_cfg(overrides, results), only_tags)
-    return [bool(done) for p, _, done in points if p["tag"] not in skip]
+    return [(rid, bool(done)) for p, rid, done in points if p["tag"] not in skip]
 
 
-def _plan_points(exp: str, results: str | None) -> tuple[tuple[str, bool], ...]:
+def _plan_points(exp: str, results: str | None) -> list[tuple[str, bool]]:
     """(run id, finished) of every load point of ``exp``'s plan, the skipped ones left out."""
-    from harness.run import point_plan
-
-    out = []
-    for ov in plan(exp, smoke=False):
-        skip = skipped_points(ov)
-        _, points = point_plan(_run_cfg(ov, results))
-        out += [(rid, bool(done)) for p, rid, done in points if p["tag"] not in skip]
-    return tuple(out)
+    return [
+        x for ov in plan(exp, smoke=False) for x in _planned(ov, results, None, skipped_points(ov))
+    ]
 
 
-def plan_status(exp: str, results: str | None = None) -> tuple[int, int]:
+def plan_status(exp: str, results: str | None = None, points=None) -> tuple[int, int]:
     """(finished, pending) runs of ``exp``'s plan in ``results`` (points the plan skips are
-    neither): what REPRODUCTION.md says of an experiment whose config changed after its runs."""
-    points = _plan_points(exp, results)
+    neither): what REPRODUCTION.md says of an experiment whose config changed after its runs.
+    ``points``: its ``_plan_points`` where the caller has them."""
+    points = _plan_points(exp, results) if points is None else points
     done = sum(d for _, d in points)
     return done, len(points) - done
 
@@ -496,7 +493,7 @@ def off_plan_runs(exp: str, results: str | None = None, points=None) -> list[str
     from harness.results import finished_runs
 
     target = exp_dir_name(exp)
-    planned = {rid for rid, _ in (points or _plan_points(exp, results))}
+    planned = {rid for rid, _ in (_plan_points(exp, results) if points is None else points)}
     for name in experiments():
         if name != exp and exp_dir_name(name) == target:
             planned |= {rid for rid, _ in _plan_points(name, results)}
@@ -562,8 +559,7 @@ def status_row(exp: str, results: str | None = None) -> dict:
     from harness.results import MEASUREMENT_CHANGES, _after_change, load_runs
 
     points = _plan_points(exp, results)
-    done = sum(d for _, d in points)
-    pending = len(points) - done
+    done, pending = plan_status(exp, results, points)
     off_plan = len(off_plan_runs(exp, results, points))
     singles = [
         x for r in load_runs(results or "results", exp_dir_name(exp)) for x in (r.repeats or [r])
@@ -637,7 +633,7 @@ def has_pending(
     overrides: list[str], results: str | None, only_tags: list[str] | None, skip: list[str] = ()
 ) -> bool:
     """Whether a run of the plan has a load point left to measure."""
-    return not all(_planned(overrides, results, only_tags, skip))
+    return not all(done for _, done in _planned(overrides, results, only_tags, skip))
 
 
 def _points_to_run(overrides: list[str], point: list[str] | None) -> list[str] | None:

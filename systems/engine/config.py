@@ -13,6 +13,7 @@ ValueError naming it and the allowed ones, before any memory is allocated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import pickle
@@ -249,11 +250,17 @@ OPTIONAL_GROUP_KEYS = {
 
 
 def _group_keys(group: str) -> set[str]:
-    """The top-level keys any option of a config group has, and its optional ones."""
+    """The top-level keys any option of a config group has, and its optional ones: read once
+    while conf/ stays as it is (a plan checks every run's config, ~20 ms of YAML a check)."""
+    return _group_keys_of(group, _conf_fingerprint())
+
+
+@functools.lru_cache(maxsize=32)
+def _group_keys_of(group: str, fingerprint: tuple) -> frozenset[str]:
     keys: set[str] = set(OPTIONAL_GROUP_KEYS.get(group, ()))
     for f in sorted((CONF_DIR / group).glob("*.yaml")):
         keys |= set(OmegaConf.load(f)) - {"defaults"}
-    return keys
+    return frozenset(keys)
 
 
 def check_known_keys(
