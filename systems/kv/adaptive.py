@@ -13,8 +13,9 @@ lends nothing if there is one, else reclaims the requests holding pages in the c
 - Resident-first admission: a new request keeps its imported history on device in optional
   pages while pages are spare, and its host backup is deferred. Only the partial boundary page
   goes to host at once. A page without host backing is never retired before its backup.
-- Reclaim (eq. 4): an admission short of D pages walks admitted requests in reclaim order and
-  takes whole requests until their optional pages cover D; their unbacked pages are copied to
+- Reclaim (eq. 4): an admission short of D pages (its hot/tail page, then the reserve M_res
+  kept free after it: eq. 3 holds between admissions too) walks admitted requests in reclaim
+  order and takes whole requests until their optional pages cover D; their unbacked pages are copied to
   host, then retired. If all optional pages cannot cover D, the admission waits
   (reason ``reclaim_insufficient``).
 - Population: while pages are free beyond the admission reserve (payload pages first, then lent
@@ -270,25 +271,34 @@ class AdaptiveBackend(HiSparseBackend):
 
     def _pick_slot(self) -> tuple[int, set[int]] | None:
         """The free slot an admission takes, and the requests to reclaim for its index region:
-        a slot whose region lends nothing if any, else the one with the fewest lent pages held
-        by requests not still importing. None when every free region is held by an import."""
-        best = None
-        for slot in reversed(self.free_slots):  # the allocator's order (it pops the end)
+        a slot whose region lends nothing if any, else eq. 4's walk: the shortest prefix of the
+        reclaim order that holds every lent page of some free slot's region, whose holders then
+        go (the prefix's other requests free nothing there and stay). A region a handoff still
+        copies into is never taken; None when every free region is held by an import."""
+        free = list(reversed(self.free_slots))  # the allocator's order (it pops the end)
+        held = {}
+        for slot in free:
             holders = self._region_holders(slot)
             if not holders:
                 return slot, holders
-            if any(h in self.importing for h in holders):
-                continue
-            cost = sum(self.res[h].num_pages for h in holders)
-            if best is None or cost < best[0]:
-                best = (cost, slot, holders)
-        return None if best is None else best[1:]
+            if not any(h in self.importing for h in holders):
+                held[slot] = holders
+        if not held:
+            return None
+        taken: set[int] = set()
+        for r in self._ordered():
+            taken.add(r)
+            for slot, holders in held.items():
+                if holders <= taken:
+                    return slot, holders
+        return None  # not reached: the order walks every request not importing
 
     def _required_free(self):
         # a free slot whose index region can be had (a lent region's holders are reclaimed)
         if self.lends_index and self._pick_slot() is None:
             return False, "reclaim_insufficient"
-        # one hot/tail page is needed; the reserve may be used by admission itself
+        # one hot/tail page is needed: required allocations come before the reserve (reserve()
+        # restores the reserve where optional pages allow)
         if self.payload_pages.num_free >= 1:
             return True, ""
         if self.optional_on and self._reclaim_plan(1 - self.payload_pages.num_free) is not None:
@@ -326,22 +336,27 @@ class AdaptiveBackend(HiSparseBackend):
 
     # ------------------------------------------------------------------ admission
     def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
-        if self.payload_pages.num_free < 1:
-            plan = self._reclaim_plan(1 - self.payload_pages.num_free)
-            assert plan is not None, "admit called without can_admit"
-            for s in plan:
-                self._reclaim(s)
-            self.stats_adaptive["reclaim_events_total"] += 1
-        if self.lends_index:
+        holders: set[int] = set()
+        if self.lends_index:  # first: its holders' payload pages count towards the deficit below
             picked = self._pick_slot()
             assert picked is not None, "admit called without can_admit"
             want, holders = picked
             for s in sorted(holders):
                 self._reclaim(s)
-            if holders:
-                self.stats_adaptive["reclaim_events_total"] += 1
             self.free_slots.remove(want)
             self.free_slots.append(want)  # the slot _take_slot pops
+        # eq. 3 at all times: the admission's hot/tail page and the reserve M_res after it. When
+        # every optional page could not restore the reserve, the required page takes it
+        # (required allocations come first) and only what that page needs is reclaimed
+        free = self.payload_pages.num_free
+        plan = self._reclaim_plan(1 + self.reserve_pages - free)
+        if plan is None:
+            plan = self._reclaim_plan(1 - free)
+        assert plan is not None, "admit called without can_admit"
+        for s in plan:
+            self._reclaim(s)
+        if holders or plan:
+            self.stats_adaptive["reclaim_events_total"] += 1
         slot = self._alloc_slot(prefix, max_new_tokens)
         try:
             self._reserve_history(slot, prefix)
@@ -562,7 +577,8 @@ class AdaptiveBackend(HiSparseBackend):
         rep.required -= in_payload * self.payload_page_bytes
         rep.components["hot_cache_and_tail"] -= in_payload * self.payload_page_bytes
         rep.optional = opt
-        # the reserve an admission may already have used is not held back any more
+        # the part of the reserve that required allocations took (no optional page was left to
+        # reclaim for it) is not held back
         rep.reserve = min(self.reserve_pages, self.payload_pages.num_free) * self.payload_page_bytes
         rep.components["optional_history"] = opt
         return rep
