@@ -1103,6 +1103,12 @@ MEASUREMENT_CHANGES = (
         "the bundled server runs its engine in a process of its own (before it, a thread "
         "sharing the server's GIL with its event loop)",
     ),
+    (
+        "02d92fa",
+        "adaptive residency keeps its admission reserve free after every admission and reclaims "
+        "lent index regions in the reclaim order (before it, an admission could spend the "
+        "reserve, and a region went to the holders with the fewest optional pages)",
+    ),
 )
 
 
