@@ -82,6 +82,9 @@ def measure(lam: float, b_over_k: int, args) -> dict:
         eng.submit(r)
     while len(eng.scheduler.running) < args.requests:  # admission: prefill, handoffs
         eng.step()
+        failed = [r.finish_reason for r in reqs if r.finish_reason]
+        if failed:  # a request that failed (out of memory, say) never runs: say why, not hang
+            raise RuntimeError(f"lambda {lam}, B/k {b_over_k}: a request failed: {failed[0]}")
     keys = (
         "dhs_selected_rows_total",
         "dhs_selected_rows_from_host_total",
@@ -198,7 +201,8 @@ def main() -> None:
     model = model_config_from(compose([f"model={args.model}"]).model, "cpu")
     geometry = {k: getattr(model, k) for k in GEOMETRY_KEYS if hasattr(model, k)}
     rows = []
-    bracketed = True  # --solve-at: the paper's share lies between the two ends
+    # --solve-at: the paper's share lies between the two ends (no fit until both are measured)
+    bracketed = args.solve_at is None
 
     targets = paper if args.solve_at is None else {args.solve_at: paper[args.solve_at]}
 
@@ -279,6 +283,7 @@ def main() -> None:
                 f"{lo} / {hi}): widen --lams -> {args.out}"
             )
         else:
+            bracketed = True
             for _ in range(args.iters):
                 mid = round((lo + hi) / 2, 4)
                 if point(mid, bk) > goal:

@@ -142,3 +142,38 @@ def test_deepseek_like_presets_calibrate_to_their_own_published_points(tmp_path,
     monkeypatch.setattr(sys, "argv", ["x", "--model", "dsv41_h200", "--budgets", "1,2,8"])
     with pytest.raises(SystemExit):
         cl.main()
+
+
+def test_a_bisection_cut_after_one_end_has_no_fit(tmp_path, monkeypatch):
+    """The file is written after every point: one written before the second end is measured
+    (the call cut there) must not name the first end as the fit."""
+    fake = _curve(9.5, 0.8)
+
+    def cut_after_one(lam, bk, args):
+        if lam != 0.75:
+            raise RuntimeError("cut")
+        return fake(lam, bk, args)
+
+    with pytest.raises(RuntimeError):
+        _solve(monkeypatch, tmp_path, cut_after_one, "--model", "dsv41_h200", "--lams",
+               "0.75,0.8", "--solve-at", "16")  # fmt: skip
+    d = json.loads((tmp_path / "loc.json").read_text())
+    assert [p["lambda"] for p in d["points"]] == [0.75]
+    assert d["fitted_lambda"] is None and d["bracketed"] is False
+
+
+def test_a_request_that_fails_stops_the_point(monkeypatch):
+    """A request whose prefill fails (out of memory, say) never runs: the point says so
+    instead of stepping an engine that waits for it until the call's time box ends."""
+    from types import SimpleNamespace
+
+    from systems.engine.prefill import PrefixStore
+
+    def oom(self, prompt_ids):
+        raise MemoryError("out of memory in the prefill")
+
+    monkeypatch.setattr(PrefixStore, "_prefill", oom)
+    args = SimpleNamespace(model="tiny", device="cpu", context=120, requests=2, steps=3,
+                           warmup=1, window=2, pool_gib=0.05, host_gib=0.1, temperature=1.0)  # fmt: skip
+    with pytest.raises(RuntimeError, match="a request failed"):
+        cl.measure(0.5, 1, args)
