@@ -4,6 +4,7 @@ throwaway warm-up run first, one run group, a distinct run id per repeat), witho
 id of any run committed before."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -107,7 +108,9 @@ def _main_calls(monkeypatch, tmp_path, pending=True, argv=(), warm_dir=None):
     calls = []
     monkeypatch.setattr(rp, "has_gpu", lambda: True)
     monkeypatch.setattr(rp, "has_pending", lambda *a, **k: pending)
-    monkeypatch.setattr(rp, "warm_up", lambda ov, tags: calls.append(("warm-up", ov, None)))
+    monkeypatch.setattr(
+        rp, "warm_up", lambda ov, tags, results=None: calls.append(("warm-up", ov, None))
+    )
     monkeypatch.setattr(
         rp, "run_one", lambda ov, res, tags, run_group=None: calls.append(("run", ov, run_group))
     )
@@ -215,6 +218,29 @@ def test_the_warm_up_is_one_wave_of_capped_outputs(monkeypatch):
     assert [(w.concurrency, w.num_requests, w.min_waves) for w in seen] == [([32], 32, 1)] * 2
     assert [w.output_len for w in seen] == [rp.WARM_UP_OUTPUT_TOKENS, 1024] == [1024, 1024]
     assert compose(rp.plan("fig1_h200", smoke=False)[0]).workload.output_len == 4000
+
+
+def test_the_warm_up_keeps_its_server_logs(tmp_path, monkeypatch):
+    """The warm-up's run directory goes, its server's log stays beside the experiment's server
+    logs (a fresh machine's start-up cost is in it), under a name no run's log has."""
+    import harness.run
+
+    def fake_run(cfg, reproduce_keys):
+        d = Path(cfg.results_dir) / cfg.experiment_name
+        (d / "hisparse-run").mkdir(parents=True)
+        (d / ".server-hisparse-tiny").mkdir()
+        (d / ".server-hisparse-tiny" / "server-1.log").write_text("start-up model 217 s\n")
+
+    monkeypatch.setattr(harness.run, "run", fake_run)
+    ov = rp.plan("fig4_protocol", smoke=True)[0]
+    rp.warm_up(ov, None, results=str(tmp_path))
+    exp = rp._run_cfg(ov, None).experiment_name
+    kept = list(tmp_path.rglob("*.log"))
+    assert [p.relative_to(tmp_path).as_posix() for p in kept] == [
+        f"{exp}/.server-hisparse-tiny/warm-up-server-1.log"
+    ]
+    assert kept[0].read_text() == "start-up model 217 s\n"
+    assert not list(tmp_path.rglob("hisparse-run"))
 
 
 def test_smoke_protocol_end_to_end(tmp_path):
