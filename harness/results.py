@@ -1155,7 +1155,8 @@ def change_mix(runs: Iterable[Run]) -> str:
         change, what = later[-1]
         notes.append(
             f"made before {len(later)} later change{'s' if len(later) > 1 else ''} that "
-            f"move the numbers (harness.results.MEASUREMENT_CHANGES; the newest, {change}: "
+            f"move{'' if len(later) > 1 else 's'} the numbers "
+            f"(harness.results.MEASUREMENT_CHANGES; the newest, {change}: "
             f"{what.split(' (before it')[0]})"
         )
     grid = copy_grid_mix(runs)

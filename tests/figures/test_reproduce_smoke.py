@@ -70,7 +70,9 @@ def test_smoke_reproduction_of_the_interleaved_experiments(tmp_path, monkeypatch
     res = tmp_path / "results"
     repeated, _, runs = _smoke_plans()
     warmed = []
-    monkeypatch.setattr(rp, "warm_up", lambda ov, tags: warmed.append(rp.setting(ov, "experiment")))
+    monkeypatch.setattr(
+        rp, "warm_up", lambda ov, tags, results=None: warmed.append(rp.setting(ov, "experiment"))
+    )
     first = ["--where", "repeat=1"]
     assert reproduce_main(["--smoke", "--results", str(res), *_only(repeated), *first]) == 0
     assert set(warmed) == set(repeated)  # a warm-up before each interleaved group
@@ -87,7 +89,9 @@ def test_smoke_reproduction_then_figures(tmp_path, monkeypatch):
     res = tmp_path / "results"
     _, once, runs = _smoke_plans()
     warmed = []
-    monkeypatch.setattr(rp, "warm_up", lambda ov, tags: warmed.append(rp.setting(ov, "experiment")))
+    monkeypatch.setattr(
+        rp, "warm_up", lambda ov, tags, results=None: warmed.append(rp.setting(ov, "experiment"))
+    )
     assert reproduce_main(["--smoke", "--results", str(res), *_only(once)]) == 0
     assert not warmed
     summaries = _all_ran(res, sum(len(runs[n]) for n in once))
