@@ -28,6 +28,7 @@ glm53_h200), written after every point; the fit belongs in the preset
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -117,7 +118,11 @@ def measure(lam: float, b_over_k: int, args) -> dict:
     # a greedy output of random weights can settle into a short cycle, which repeats one query
     # and so fetches nothing: the fewest distinct tokens among the requests' last window shows it
     distinct = min(len(set(r.output_ids[-args.window :])) for r in reqs)
+    # the engine and its parts refer to each other: only a collection frees its weights and
+    # pools, and without one the next point's engine found the GPU full (a 30 GB preset on an
+    # 80 GB card)
     del eng
+    gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return {

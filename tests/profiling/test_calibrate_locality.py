@@ -177,3 +177,30 @@ def test_a_request_that_fails_stops_the_point(monkeypatch):
                            warmup=1, window=2, pool_gib=0.05, host_gib=0.1, temperature=1.0)  # fmt: skip
     with pytest.raises(RuntimeError, match="a request failed"):
         cl.measure(0.5, 1, args)
+
+
+def test_a_point_frees_its_engine(monkeypatch):
+    """Engines hold reference cycles: a point must collect its engine before the next one is
+    built (with automatic collection off here, only the point's own collection can free it)."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    import systems.engine.engine as engine_mod
+
+    built = []
+
+    class Recorded(engine_mod.Engine):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            built.append(weakref.ref(self))
+
+    monkeypatch.setattr(engine_mod, "Engine", Recorded)
+    args = SimpleNamespace(model="tiny", device="cpu", context=120, requests=2, steps=3,
+                           warmup=1, window=2, pool_gib=0.05, host_gib=0.1, temperature=1.0)  # fmt: skip
+    gc.disable()
+    try:
+        cl.measure(0.5, 1, args)
+        assert len(built) == 1 and built[0]() is None
+    finally:
+        gc.enable()
