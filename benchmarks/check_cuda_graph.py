@@ -72,6 +72,8 @@ def _serve(overrides, prompts, new_tokens, warmup, stagger=0):
     out["host_rows_copied"] = m.get("dhs_host_rows_copied_total")
     out["selection_counters"] = {k: v for k, v in m.items() if k.startswith("dhs_selected_rows")}
     out["optional_pages_lent_max"] = lent
+    # whether the adaptive backends' reclaim path ran at all (a roomy pool never reclaims)
+    out["reclaimed_pages"] = m.get("dhs_reclaimed_pages_total")
     del eng
     gc.collect()  # the engine and its decoder refer to each other: free its pools now
     if torch.cuda.is_available():
@@ -183,6 +185,7 @@ def main() -> None:
             "failed": [eager["failed"], graph["failed"]],
             "host_rows_copied": [eager["host_rows_copied"], graph["host_rows_copied"]],
             "optional_pages_lent_max": graph["optional_pages_lent_max"],
+            "reclaimed_pages": [eager["reclaimed_pages"], graph["reclaimed_pages"]],
         }
         rows.append(row)
         print(
@@ -190,7 +193,8 @@ def main() -> None:
             f"batch_invariant={invariant} overlap_identical={overlap_same} "
             f"eager {row['eager_step_ms']:.2f} ms "
             f"graph {row['graph_step_ms']:.2f} ms ({row['speedup']:.1f}x) "
-            f"{row['graph_stats']} lent pages (max) {row['optional_pages_lent_max']}",
+            f"{row['graph_stats']} lent pages (max) {row['optional_pages_lent_max']} "
+            f"reclaimed pages {row['reclaimed_pages']}",
             flush=True,
         )
     finish_benchmark(

@@ -106,6 +106,11 @@ class AdaptiveOptions(HiSparseOptions):
     admission_reserve_pages: int = 1  # M_res, in payload pages
     populate_pages_per_step: int = 4  # bounded population work per engine step
     reclaim_order: str = "newest_first"  # eq. 4's order over admitted requests
+    # restore the admission reserve off the decode stream: the victims' backups run on the
+    # handoff stream while decode steps keep reading their pages, which retire once the copies
+    # are done (false: backed up on the decode stream and retired at once, a stall of the
+    # backup's PCIe time)
+    async_reclaim: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -128,6 +133,10 @@ class AdaptiveBackend(HiSparseBackend):
         self.reserve_pages = int(opt.admission_reserve_pages)
         self.populate_pages_per_step = int(opt.populate_pages_per_step)
         self.reclaim_order = opt.reclaim_order
+        self.async_reclaim = bool(opt.async_reclaim)
+        # slot -> (the event after its backup's copies, the prompt pages they back up): requests
+        # whose reclaim runs off the decode stream; their pages stay published until it is done
+        self.reclaiming: dict[int, tuple[object, list[int]]] = {}
         # per source, each slot's ready prompt pages as G-row units of kv_flat (-1: not ready)
         # (the padding slot's row stays -1: its history is never optional)
         self.direct_table = torch.full(
@@ -286,7 +295,7 @@ class AdaptiveBackend(HiSparseBackend):
         if not held:
             return None
         taken: set[int] = set()
-        for r in self._ordered():
+        for r in self._ordered(with_reclaiming=True):
             taken.add(r)
             for slot, holders in held.items():
                 if holders <= taken:
@@ -301,16 +310,22 @@ class AdaptiveBackend(HiSparseBackend):
         # restores the reserve where optional pages allow)
         if self.payload_pages.num_free >= 1:
             return True, ""
+        if self.reclaiming:  # pages on their way back: wait for them rather than take more
+            return False, "reclaim_in_flight"
         if self.optional_on and self._reclaim_plan(1 - self.payload_pages.num_free) is not None:
             return True, ""
         # lent pages hold index history, never a hot cache: only payload pages can cover this
         in_payload = any(self._payload_pages_of(r) for r in self.res.values())
         return False, "reclaim_insufficient" if in_payload else "kv_pool_full"
 
-    def _ordered(self) -> list[int]:
+    def _ordered(self, with_reclaiming: bool = False) -> list[int]:
         # a slot whose handoff is still copying into its pages is not reclaimed: its pages'
-        # bytes are not there yet
-        slots = [s for s in self.res if s not in self.importing]
+        # bytes are not there yet; one whose reclaim is in flight is already going
+        slots = [
+            s
+            for s in self.res
+            if s not in self.importing and (with_reclaiming or s not in self.reclaiming)
+        ]
         key = {
             "newest_first": lambda s: -self.res[s].order,
             "oldest_first": lambda s: self.res[s].order,
@@ -335,7 +350,7 @@ class AdaptiveBackend(HiSparseBackend):
         return None
 
     # ------------------------------------------------------------------ admission
-    def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+    def reserve(self, prefix: PrefixKV, max_new_tokens: int, asynchronous: bool = False) -> int:
         holders: set[int] = set()
         if self.lends_index:  # first: its holders' payload pages count towards the deficit below
             picked = self._pick_slot()
@@ -349,12 +364,27 @@ class AdaptiveBackend(HiSparseBackend):
         # every optional page could not restore the reserve, the required page takes it
         # (required allocations come first) and only what that page needs is reclaimed
         free = self.payload_pages.num_free
-        plan = self._reclaim_plan(1 + self.reserve_pages - free)
-        if plan is None:
+        if self.async_reclaim and asynchronous:
+            # the required page now (the reserve has it, but for a reclaim still in flight);
+            # the reserve's victims back up off the decode stream and retire when done
             plan = self._reclaim_plan(1 - free)
-        assert plan is not None, "admit called without can_admit"
-        for s in plan:
-            self._reclaim(s)
+            assert plan is not None, "admit called without can_admit"
+            for s in plan:
+                self._reclaim(s)
+            coming = sum(self._payload_pages_of(self.res[v]) for v in self.reclaiming)
+            later = self._reclaim_plan(
+                1 + self.reserve_pages - self.payload_pages.num_free - coming
+            )
+            for s in later or ():
+                self._begin_reclaim(s)
+            plan = plan + (later or [])
+        else:
+            plan = self._reclaim_plan(1 + self.reserve_pages - free)
+            if plan is None:
+                plan = self._reclaim_plan(1 - free)
+            assert plan is not None, "admit called without can_admit"
+            for s in plan:
+                self._reclaim(s)
         if holders or plan:
             self.stats_adaptive["reclaim_events_total"] += 1
         slot = self._alloc_slot(prefix, max_new_tokens)
@@ -420,17 +450,33 @@ class AdaptiveBackend(HiSparseBackend):
         as the commit's tail backups do: a copy per page and source would be ~20,000 copies for
         one 50K-token request, tens of milliseconds of launches on the decode stream. Nothing is
         marked backed or retired until the launch is queued, so a failure leaves every page as
-        it was."""
+        it was. A request whose reclaim already runs off the decode stream waits for it."""
+        if slot in self.reclaiming:
+            self._finish_reclaim(slot, wait=True)
+            return
+        r = self.res[slot]
+        unbacked = [j for j, pg in enumerate(r.page) if pg >= 0 and not r.backed[j]]
+        self._backup_pages(slot, unbacked)
+        for j in unbacked:
+            r.backed[j] = True
+        self._retire(slot)
+
+    def _backup_pages(self, slot: int, pages: list[int]) -> None:
+        """One launch that copies the slot's prompt pages ``pages`` to host, on the current
+        stream."""
+        if not pages:
+            return
+        r = self.res[slot]
+        with nvtx_range(BACKUP):
+            dev_rows, host_rows = self._page_rows([(slot, r.page[j], j) for j in pages])
+            backup_rows(*self._flat_pools(), dev_rows, host_rows, self.copy_impl)
+        self.backup_rows += dev_rows.numel()
+
+    def _retire(self, slot: int) -> None:
+        """Every optional page of the slot leaves the direct table and goes back to the pools
+        (each has a host copy)."""
         r = self.res[slot]
         owned = [j for j, pg in enumerate(r.page) if pg >= 0]
-        unbacked = [j for j in owned if not r.backed[j]]
-        if unbacked:
-            with nvtx_range(BACKUP):
-                dev_rows, host_rows = self._page_rows([(slot, r.page[j], j) for j in unbacked])
-                backup_rows(*self._flat_pools(), dev_rows, host_rows, self.copy_impl)
-            self.backup_rows += dev_rows.numel()
-            for j in unbacked:
-                r.backed[j] = True
         if not owned:
             return
         self.direct_table[:, slot] = -1  # every published page of the slot retires
@@ -440,9 +486,63 @@ class AdaptiveBackend(HiSparseBackend):
             r.page[j], r.ready[j] = -1, False
         self.stats_adaptive["reclaimed_pages_total"] += len(owned)
 
+    def _begin_reclaim(self, slot: int) -> None:
+        """Eq. 4 off the decode stream: the request's unbacked optional pages are copied to host
+        on the handoff stream (after the decode stream's work so far, which computed the rows'
+        lists) while decode steps keep reading them; ``_finish_reclaims`` retires them once the
+        copies are done (sec. 3.1: a page retires after its backup and earlier readers)."""
+        r = self.res[slot]
+        unbacked = [j for j, pg in enumerate(r.page) if pg >= 0 and not r.backed[j]]
+        if not unbacked:  # nothing to copy: its pages can go now
+            self._retire(slot)
+            return
+        stream = self._handoff(True)
+        if stream is None:
+            self._backup_pages(slot, unbacked)
+        else:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._backup_pages(slot, unbacked)
+        self.reclaiming[slot] = (self._reclaim_event(stream), unbacked)
+
+    def _reclaim_event(self, stream):
+        """What says a background reclaim's copies are done: a CUDA event on ``stream``, None
+        where the copies ran in order on the current stream (CPU)."""
+        if stream is None:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def _finish_reclaim(self, slot: int, wait: bool = False) -> bool:
+        """Retire a background reclaim's pages if its copies are done (``wait``: block until
+        they are). Whether it finished."""
+        ev, unbacked = self.reclaiming[slot]
+        if ev is not None:
+            if wait:
+                ev.synchronize()
+            elif not ev.query():
+                return False
+        del self.reclaiming[slot]
+        r = self.res[slot]
+        for j in unbacked:
+            r.backed[j] = True
+        self._retire(slot)
+        return True
+
+    def _finish_reclaims(self) -> None:
+        for slot in list(self.reclaiming):
+            self._finish_reclaim(slot)
+
     def release(self, slot: int) -> None:
         if slot not in self.active_slots:
             return
+        if slot in self.reclaiming:
+            # its backup still reads the pages about to be freed and writes the slot's host
+            # rows, which the slot's next request may write
+            ev = self.reclaiming.pop(slot)[0]
+            if ev is not None:
+                ev.synchronize()
         r = self.res.pop(slot, None)
         if r is not None:
             self._free_optional([p for p in r.page if p >= 0])
@@ -483,7 +583,8 @@ class AdaptiveBackend(HiSparseBackend):
         [S, G, rb] slice is strided on both sides, and a copy_ across devices stages it through
         contiguous temporaries, a CPU copy on the engine thread per page."""
         budget = min(self.populate_pages_per_step, self._spare())
-        slots = sorted(s for s in self.res if s not in self.importing)  # arrived only
+        # arrived only, and not being reclaimed
+        slots = sorted(s for s in self.res if s not in self.importing and s not in self.reclaiming)
         if budget <= 0 or not slots or not self.optional_on:
             return
         n = len(slots)
@@ -550,6 +651,7 @@ class AdaptiveBackend(HiSparseBackend):
     # ------------------------------------------------------------------ step hooks
     def host_prepare(self) -> None:
         with nvtx_range(BOOKKEEPING):
+            self._finish_reclaims()
             self._publish()
 
     def _direct_pages(self):
@@ -593,6 +695,7 @@ class AdaptiveBackend(HiSparseBackend):
         assert pages_ok_before == len(hot) + len(in_payload), "payload pages leaked"
         lent = {p: s for s, r in self.res.items() for p in r.page if self._is_lent(p)}
         assert lent == self._lent_holder, "lent pages and their holders disagree"
+        assert set(self.reclaiming) <= set(self.res), "a reclaim in flight without its request"
         assert self._lent_free == set(self._lendable_scan()), "the free lent pages drifted"
         for p in lent:
             # a lent page lies in free slots' index history: an admission reclaims it first
@@ -627,6 +730,7 @@ class AdaptiveBackend(HiSparseBackend):
         m["dhs_ready_optional_coverage"] = self.coverage()
         m["dhs_optional_pages"] = self.optional_pages
         m["dhs_optional_pages_lent"] = len(self._lent_holder)  # in free slots' index history
+        m["dhs_reclaims_in_flight"] = len(self.reclaiming)
         for k, v in dict(self.stats_adaptive).items():
             m[f"dhs_{k}"] = v
         return m

@@ -357,11 +357,12 @@ class KVBackend(ABC):
         """Whether a request fits now; the reason names what is missing when it does not."""
 
     @abstractmethod
-    def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+    def reserve(self, prefix: PrefixKV, max_new_tokens: int, asynchronous: bool = False) -> int:
         """Take a slot and the memory the request needs and set its tables; the first half
         of a handoff. Runs on the decode stream: it may change other requests' state (the
-        adaptive backend reclaims their optional pages here). Atomic: on failure nothing is
-        held. Returns the slot."""
+        adaptive backend reclaims their optional pages here; ``asynchronous``, as ``admit``'s,
+        lets it run their backups off the decode stream). Atomic: on failure nothing is held.
+        Returns the slot."""
 
     @abstractmethod
     def import_history(self, slot: int, prefix: PrefixKV) -> None:
@@ -378,7 +379,7 @@ class KVBackend(ABC):
         earlier, an abort, waits for its copies). As a disaggregated decode node receives a
         prefill node's KV while it keeps decoding."""
         t0 = time.perf_counter()
-        slot = self.reserve(prefix, max_new_tokens)
+        slot = self.reserve(prefix, max_new_tokens, asynchronous)
         t1 = time.perf_counter()
         self.handoff_seconds["reserve"] += t1 - t0
         stream = self._handoff(asynchronous)

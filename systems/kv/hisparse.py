@@ -373,7 +373,7 @@ class HiSparseBackend(KVBackend):
         if self.verify:
             self._shadow[slot] = torch.zeros(self.S, total, self.mcfg.row_bytes, dtype=torch.uint8)
 
-    def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+    def reserve(self, prefix: PrefixKV, max_new_tokens: int, asynchronous: bool = False) -> int:
         return self._alloc_slot(prefix, max_new_tokens)
 
     def import_history(self, slot: int, prefix: PrefixKV) -> None:

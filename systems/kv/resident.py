@@ -48,7 +48,7 @@ class ResidentBackend(KVBackend):
             return False, "kv_pool_full"
         return True, ""
 
-    def reserve(self, prefix: PrefixKV, max_new_tokens: int) -> int:
+    def reserve(self, prefix: PrefixKV, max_new_tokens: int, asynchronous: bool = False) -> int:
         slot = self._take_slot()
         total = prefix.num_tokens + max_new_tokens + self.q_extra  # room for a draft block
         try:

@@ -68,6 +68,98 @@ def test_golden_tokens_with_reclaim_mid_decode(model, residency):
     assert eng.backend.is_empty and eng.backend.payload_pages.num_used == 0
 
 
+class _PendingCopy:
+    """Stands in for a background reclaim's CUDA event: done after ``polls`` queries."""
+
+    def __init__(self, polls: int):
+        self.left, self.waited = polls, False
+
+    def query(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+    def synchronize(self) -> None:
+        self.left, self.waited = -1, True
+
+
+def _slow_reclaims(be, polls: int) -> list[_PendingCopy]:
+    made: list[_PendingCopy] = []
+
+    def event(stream):
+        made.append(_PendingCopy(polls))
+        return made[-1]
+
+    be._reclaim_event = event
+    return made
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny_dsv"])
+def test_reclaims_off_the_decode_stream_give_the_golden_tokens(model):
+    """system.kv.async_reclaim: the reserve's victims back up while decode steps keep reading
+    their pages, which retire only when the copies are done (here a stand-in event pending for
+    a few polls). Every resolved row is checked against its source (verify_rows), the sec. 3.1
+    invariant after every step, and the tokens are the golden ones."""
+    extra = ("system.kv.async_reclaim=true", "hardware.max_running_requests=8")
+    eng = _engine(f"model={model}", *extra, pool=_tight_pool(model, *extra))
+    be = eng.backend
+    copies = _slow_reclaims(be, polls=3)
+    reqs = [
+        Request(eng.new_rid(), p, SamplingParams(max_new_tokens=GOLDEN["max_new_tokens"]))
+        for p in GOLDEN["prompts"]
+    ]
+    for r in reqs[:2][::-1]:
+        eng.submit(r)
+    for _ in range(3):
+        eng.step()
+    for r in reqs[2:]:
+        eng.submit(r)
+    steps_in_flight: dict[int, int] = {}  # victim -> steps it ran with its reclaim pending
+    while eng.scheduler.running or eng.scheduler.waiting or eng.scheduler.arriving:
+        for slot in be.reclaiming:  # a victim keeps reading its published pages meanwhile
+            steps_in_flight[slot] = steps_in_flight.get(slot, 0) + 1
+            assert any(pg >= 0 for pg in be.res[slot].page)
+        eng.step()
+        be.check_integrity()
+    assert [r.output_ids for r in reqs] == GOLDEN["outputs"][model]
+    # retired only once its stand-in said done (3 polls, one a step), not at the next step
+    assert copies and max(steps_in_flight.values()) >= 3 and not be.reclaiming
+    assert be.is_empty and be.payload_pages.num_used == 0
+
+
+def test_an_admission_waits_for_a_reclaim_in_flight_and_a_release_for_its_copies():
+    """With no payload page free and a reclaim's pages on their way, an admission waits
+    (reason reclaim_in_flight) instead of taking more victims; releasing the victim meanwhile
+    waits for its copies (they read the pages it frees) and frees everything."""
+    import torch
+
+    extra = ("system.kv.async_reclaim=true", "hardware.max_running_requests=8")
+    eng = _engine(*extra, pool=_tight_pool("tiny", *extra))
+    be = eng.backend
+    copies = _slow_reclaims(be, polls=10**6)
+    g = torch.Generator().manual_seed(0)
+    while not be.reclaiming:  # long requests until one admission starts a reclaim
+        e = eng.prefixes.get(torch.randint(2, 512, (130,), generator=g).tolist())[0]
+        assert be.can_admit(130, 8)[0]
+        be.admit(e.prefix, 8, asynchronous=True)
+        be.check_integrity()
+    (victim,) = be.reclaiming
+    while be.payload_pages.num_free:  # take what is free, as later admissions would
+        e = eng.prefixes.get(torch.randint(2, 512, (24,), generator=g).tolist())[0]
+        if not be.can_admit(24, 8)[0]:
+            break
+        be.admit(e.prefix, 8, asynchronous=True)
+    assert be.payload_pages.num_free == 0
+    assert be.can_admit(24, 8) == (False, "reclaim_in_flight")
+    be._finish_reclaims()  # still copying: nothing retires
+    assert victim in be.reclaiming and any(pg >= 0 for pg in be.res[victim].page)
+    be.release(victim)
+    assert copies[0].waited and victim not in be.reclaiming
+    be.check_integrity()
+    for s in list(be.active_slots):
+        be.release(s)
+    assert be.is_empty and be.payload_pages.num_used == 0
+
+
 def test_reclaim_plan_is_the_minimal_prefix_of_the_order():
     eng = _engine("system.kv.reclaim_order=oldest_first")
     be = eng.backend
