@@ -109,7 +109,7 @@ class AdaptiveOptions(HiSparseOptions):
     # restore the admission reserve off the decode stream: the victims' backups run on the
     # handoff stream while decode steps keep reading their pages, which retire once the copies
     # are done (false: backed up on the decode stream and retired at once, a stall of the
-    # backup's PCIe time)
+    # backup's PCIe time). Only where handoffs are asynchronous (engine.async_handoffs, a GPU)
     async_reclaim: bool = False
 
     def __post_init__(self) -> None:
@@ -311,6 +311,9 @@ class AdaptiveBackend(HiSparseBackend):
         if self.payload_pages.num_free >= 1:
             return True, ""
         if self.reclaiming:  # pages on their way back: wait for them rather than take more
+            self._finish_reclaims()  # those whose copies are done retire now, not a step later
+            if self.payload_pages.num_free >= 1:
+                return True, ""
             return False, "reclaim_in_flight"
         if self.optional_on and self._reclaim_plan(1 - self.payload_pages.num_free) is not None:
             return True, ""
@@ -696,6 +699,11 @@ class AdaptiveBackend(HiSparseBackend):
         lent = {p: s for s, r in self.res.items() for p in r.page if self._is_lent(p)}
         assert lent == self._lent_holder, "lent pages and their holders disagree"
         assert set(self.reclaiming) <= set(self.res), "a reclaim in flight without its request"
+        for s, (_, unbacked) in self.reclaiming.items():
+            # a victim's pages stay held and published until its copies are done
+            assert s not in self.importing, f"slot {s} reclaimed while its handoff copies"
+            r = self.res[s]
+            assert all(r.page[j] >= 0 and r.ready[j] for j in unbacked), f"slot {s} retired early"
         assert self._lent_free == set(self._lendable_scan()), "the free lent pages drifted"
         for p in lent:
             # a lent page lies in free slots' index history: an admission reclaims it first
