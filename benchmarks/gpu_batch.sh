@@ -39,6 +39,13 @@
 # - an interleaved group's per-system warm-up runs once per machine and configuration
 #   (DHS_WARM_DIR, /tmp/dhs-warm): a later item of the batch that runs the same experiment's
 #   systems again (another repeat, say), or a later call on the same held machine, skips it.
+# DHS_PREDRAW="dsv41_h200 ...": those presets' weights are drawn into the weight cache on the CPU
+# beside the batch's items (python -m systems.models.predraw, in a process session of its own,
+# so it goes on after this call on a machine still held; log /tmp/dhs-predraw.log, returned as
+# $OUT/predraw.log): the next call's first server of such a preset loads them in seconds
+# (dsv41_h200's first start on a fresh machine took 217 s, most of it drawing 30 GB). Not beside
+# items of that preset (their first server would draw them too) nor beside dsv41_h200 serving,
+# whose pinned host backing leaves too little host memory for 30 GB more.
 # Every run of the batch records one id (env.json's run_group; DHS_RUN_GROUP, default the time and
 # host): the figures pair systems measured together by it. A call that resumes a group the
 # previous call's time box cut, on the same machine still held (the device tool's lease says
@@ -91,6 +98,11 @@ echo "[gpu_batch] run group $DHS_RUN_GROUP; Triton cache: $(ls "$TRITON_CACHE_DI
 MARK=$(mktemp)  # run directories newer than this come back (not whole experiment folders)
 
 START=$(date +%s)
+if [ -n "${DHS_PREDRAW:-}" ]; then
+  # shellcheck disable=SC2086  # a list of presets
+  setsid nice -n 10 python3 -m systems.models.predraw $DHS_PREDRAW > /tmp/dhs-predraw.log 2>&1 < /dev/null &
+  echo "[gpu_batch] drawing the weights of $DHS_PREDRAW into $DHS_WEIGHT_CACHE beside the batch"
+fi
 
 pack() {  # what this batch wrote so far into $OUT/results.tgz (replaced whole, never half-written)
   # its finished run directories (an experiment writes to results/<its experiment_name>, fig4_more
@@ -204,6 +216,7 @@ for i in "${!LANES[@]}"; do cat $OUT/lane$i.log 2>/dev/null; done
 python3 -m harness.summaries --results results >/dev/null 2>&1
 kill -TERM $PACKER 2>/dev/null; wait $PACKER 2>/dev/null; rm -f "$OUT"/results.tgz.part.*
 pack force && du -h $OUT/results.tgz
+[ -f /tmp/dhs-predraw.log ] && cp /tmp/dhs-predraw.log "$OUT/predraw.log"
 # xz: the cache gzip'd passed 20 MB of the 64 MiB a device call may carry in (xz: ~3 MB)
 if command -v xz >/dev/null; then
   tar cf - .triton_cache | xz -6 -T0 > $OUT/triton_cache.txz && du -h $OUT/triton_cache.txz

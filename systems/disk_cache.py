@@ -72,7 +72,7 @@ def load_or_compute(
             log.warning("%s cache %s unreadable (%r): computing it", kind, path, e)
     state = compute()
     if path is not None:
-        _save(state, path, kind)
+        save(state, path, kind)
     return state, False
 
 
@@ -86,7 +86,7 @@ def _remove_stale(root: Path, kind: str) -> None:
     remove_files_of_dead_pids(root.glob(f"{kind}-*.tmp*"), lambda f: f.suffix.removeprefix(".tmp"))
 
 
-def _save(state: dict, path: Path, kind: str) -> None:
+def save(state: dict, path: Path, kind: str) -> None:
     size = _nbytes(state)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

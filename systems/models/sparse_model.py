@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -79,6 +80,41 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def _weight_fields(c: ModelConfig) -> tuple:
+    """What the drawn weights depend on besides the drawing code and the dtype."""
+    roles = tuple((s.writes_source, s.role, s.selects) for s in c.layers)
+    dims = (c.hidden_size, c.intermediate_size, c.num_heads, c.kv_dim, c.index_dim)
+    return (*dims, c.vocab_size, c.seed, roles)
+
+
+def weight_cache_key(cfg: ModelConfig, dtype: torch.dtype) -> str:
+    """The weight cache's key (systems/disk_cache.py): the drawing code, the fields the draw
+    reads, the dtype and torch's version (its CPU generator's stream is not promised across
+    releases)."""
+    return repr((_source(SparseModel._draw_weights), _weight_fields(cfg), dtype, torch.__version__))
+
+
+def predraw(cfg: ModelConfig) -> tuple[Path, bool]:
+    """Draw ``cfg``'s weights on the CPU into DHS_WEIGHT_CACHE, the file a server on any
+    device loads (the draw is the CPU generator's on every device, the dtype ``cfg``'s): a GPU
+    batch draws a large preset beside runs of another, and that preset's first server then
+    starts in seconds, not minutes (dsv41_h200's 30 GB: ~3.5 min of the first start).
+    (the file, whether it was drawn now rather than found)."""
+    from types import SimpleNamespace
+
+    from systems.disk_cache import WEIGHTS_ENV, cache_path, save
+
+    dtype = _dtype(cfg.dtype)
+    path = cache_path(weight_cache_key(cfg, dtype), WEIGHTS_ENV, "weights")
+    if path is None:
+        raise ValueError(f"predraw: set {WEIGHTS_ENV} to the weight cache's directory")
+    if path.exists():
+        return path, False
+    drawer = SimpleNamespace(cfg=cfg, specs=cfg.layers, device=torch.device("cpu"), dtype=dtype)
+    save(SparseModel._draw_weights(drawer), path, "weights")
+    return path, True
+
+
 class SparseModel(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu"):
         super().__init__()
@@ -99,31 +135,17 @@ class SparseModel(torch.nn.Module):
         self.gemm_impl = cfg.gemm_impl
         # drawn once per set of weights when DHS_WEIGHT_CACHE is set (systems/disk_cache.py)
         # torch's version too: its CPU generator's stream is not promised across releases
-        key = repr(
-            (
-                _source(SparseModel._draw_weights),
-                self._weight_fields(),
-                self.dtype,
-                torch.__version__,
-            )
-        )
-        drawn = load_or_draw(key, self._draw_weights, self.device)
+        drawn = load_or_draw(weight_cache_key(cfg, self.dtype), self._draw_weights, self.device)
         self.embed, self.lm_head, self.layers = drawn["embed"], drawn["lm_head"], drawn["layers"]
         if self.fused:
             for p in self.layers:
                 self._fuse_weights(p)
         self.scale = 1.0 / math.sqrt(cfg.kv_dim)
 
-    def _weight_fields(self) -> tuple:
-        """What the drawn weights depend on besides the drawing code: the weight cache's key."""
-        c = self.cfg
-        roles = tuple((s.writes_source, s.role, s.selects) for s in self.specs)
-        dims = (c.hidden_size, c.intermediate_size, c.num_heads, c.kv_dim, c.index_dim)
-        return (*dims, c.vocab_size, c.seed, roles)
-
     def _draw_weights(self) -> dict:
         """The model's weights from one seeded CPU generator (the same on every device), in
-        a fixed order: {"embed", "lm_head", "layers": [per-layer dict]}."""
+        a fixed order: {"embed", "lm_head", "layers": [per-layer dict]}. Reads only
+        ``cfg``, ``specs``, ``device`` and ``dtype`` (``predraw`` calls it without a model)."""
         cfg = self.cfg
         g = torch.Generator().manual_seed(cfg.seed)
 

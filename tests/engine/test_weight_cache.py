@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 from systems.models import sparse_model
@@ -86,5 +87,34 @@ def test_a_cache_file_is_saved_where_it_and_the_margin_fit(tmp_path, monkeypatch
     ):
         monkeypatch.setattr(disk_cache.shutil, "disk_usage", lambda p, f=free: usage(0, 0, f))
         path = tmp_path / f"weights-{free}.pt"
-        disk_cache._save(state, path, "weights")
+        disk_cache.save(state, path, "weights")
         assert path.exists() == saved
+
+
+def test_predrawn_weights_are_what_a_model_loads(tmp_path, monkeypatch, capsys):
+    """``python -m systems.models.predraw`` draws a preset into the cache without building a
+    model; a model of that preset then loads the file (no draw) and holds the weights it would
+    have drawn itself, in its device's dtype. A second predraw finds it cached."""
+    from systems.engine.config import compose, model_config_from
+    from systems.models.predraw import main
+
+    cfg = model_config_from(compose(["model=tiny"]).model, "cpu")
+    drawn = SparseModel(cfg)  # cache off: drawn here
+    monkeypatch.setenv("DHS_WEIGHT_CACHE", str(tmp_path))
+    assert main(["tiny", "--device", "cpu"]) == 0
+    assert "tiny: drawn" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("weights-*.pt"))) == 1
+
+    real = SparseModel._draw_weights  # the key names its source
+    monkeypatch.setattr(SparseModel, "_draw_weights", lambda self: pytest.fail("drawn again"))
+    monkeypatch.setattr(sparse_model, "_source", lambda fn: sparse_model.inspect.getsource(real))
+    loaded = SparseModel(cfg)
+    assert _same(drawn, loaded)
+    assert main(["tiny", "--device", "cpu"]) == 0
+    assert "tiny: already cached" in capsys.readouterr().out
+
+
+def test_predraw_needs_the_cache_directory(monkeypatch):
+    monkeypatch.delenv("DHS_WEIGHT_CACHE", raising=False)
+    with pytest.raises(ValueError, match="DHS_WEIGHT_CACHE"):
+        sparse_model.predraw(ModelConfig(**SMALL))

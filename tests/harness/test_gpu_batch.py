@@ -78,6 +78,7 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
         # the packer's pending `sleep` outlives the batch holding the captured stdout open, so
         # subprocess.run waits that long for EOF: 1 s here, not the default 30 s
         DHS_PACK_EVERY="1",
+        DHS_PREDRAW="dsv41_h200 glm53_h200",
     )
     proc = subprocess.run(
         [
@@ -109,6 +110,12 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
         "GPU=1 -m harness.reproduce --only fig5 --results results --rerun-before 20261203T103000Z "
         "engine.disable_cuda_graph=true" in calls
     )
+    # the presets' weights drawn beside the batch, in a process of their own
+    for _ in range(50):
+        if any("systems.models.predraw" in c for c in stub_log.read_text().splitlines()):
+            break
+        time.sleep(0.1)
+    assert "-m systems.models.predraw dsv41_h200 glm53_h200" in stub_log.read_text()
     # one throwaway serving run per lane, before its items, all in one run group
     assert sum("+prewarm=1" in c for c in calls) == 2
     assert proc.stdout.count("[gpu_batch] run group ") == 1
