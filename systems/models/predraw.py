@@ -13,6 +13,7 @@ other items (``DHS_PREDRAW``). A preset already in the cache is left as it is.
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         "--device", default="cuda", help="the device whose dtype the weights take (default: cuda)"
     )
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     from systems.engine.config import compose, model_config_from
     from systems.models.sparse_model import predraw

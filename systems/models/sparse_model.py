@@ -112,6 +112,8 @@ def predraw(cfg: ModelConfig) -> tuple[Path, bool]:
         return path, False
     drawer = SimpleNamespace(cfg=cfg, specs=cfg.layers, device=torch.device("cpu"), dtype=dtype)
     save(SparseModel._draw_weights(drawer), path, "weights")
+    if not path.exists():  # save() logs why (too little disk, another writer) and goes on
+        raise RuntimeError(f"predraw: the weights were drawn but not saved to {path}")
     return path, True
 
 

@@ -114,7 +114,13 @@ def test_predrawn_weights_are_what_a_model_loads(tmp_path, monkeypatch, capsys):
     assert "tiny: already cached" in capsys.readouterr().out
 
 
-def test_predraw_needs_the_cache_directory(monkeypatch):
+def test_predraw_needs_the_cache_directory_and_says_when_it_could_not_save(tmp_path, monkeypatch):
+    from systems import disk_cache
+
     monkeypatch.delenv("DHS_WEIGHT_CACHE", raising=False)
     with pytest.raises(ValueError, match="DHS_WEIGHT_CACHE"):
+        sparse_model.predraw(ModelConfig(**SMALL))
+    monkeypatch.setenv("DHS_WEIGHT_CACHE", str(tmp_path))
+    monkeypatch.setattr(disk_cache, "FREE_MARGIN_BYTES", 10**18)  # no disk is large enough
+    with pytest.raises(RuntimeError, match="not saved"):
         sparse_model.predraw(ModelConfig(**SMALL))
