@@ -517,13 +517,23 @@ class AdaptiveBackend(HiSparseBackend):
         ev.record(stream)
         return ev
 
+    def _order_after(self, ev) -> None:
+        """Everything queued on the decode stream from now on runs after ``ev``'s copies: a
+        wait on the device, so the host goes on queueing (the handoff stream is ordered after
+        them already: one stream). A stand-in event without a device is waited for."""
+        if isinstance(ev, torch.cuda.Event):
+            torch.cuda.current_stream(self.device).wait_event(ev)
+        elif ev is not None:
+            ev.synchronize()
+
     def _finish_reclaim(self, slot: int, wait: bool = False) -> bool:
-        """Retire a background reclaim's pages if its copies are done (``wait``: block until
-        they are). Whether it finished."""
+        """Retire a background reclaim's pages if its copies are done, or (``wait``) now, with
+        the decode stream's later work ordered after the copies: the pages' next users and the
+        victim's host fetches. Whether it finished."""
         ev, unbacked = self.reclaiming[slot]
         if ev is not None:
             if wait:
-                ev.synchronize()
+                self._order_after(ev)
             elif not ev.query():
                 return False
         del self.reclaiming[slot]
@@ -542,10 +552,8 @@ class AdaptiveBackend(HiSparseBackend):
             return
         if slot in self.reclaiming:
             # its backup still reads the pages about to be freed and writes the slot's host
-            # rows, which the slot's next request may write
-            ev = self.reclaiming.pop(slot)[0]
-            if ev is not None:
-                ev.synchronize()
+            # rows, which the slot's next request may write: their next users come after it
+            self._order_after(self.reclaiming.pop(slot)[0])
         r = self.res.pop(slot, None)
         if r is not None:
             self._free_optional([p for p in r.page if p >= 0])
