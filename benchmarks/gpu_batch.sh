@@ -18,6 +18,9 @@
 #                                   (same run ids; harness.reproduce --rerun-before); unpack the
 #                                   batch's results with `python -m harness.unpack`, which replaces
 #                                   a re-measured run's directory whole
+#   EXP+any-gpu[:SECS]              an experiment of the H200 presets (*_h200) on another GPU
+#                                   (harness.reproduce stops them elsewhere: their figures
+#                                   compare H200 runs)
 #   @NAME[:SECS]                    python benchmarks/NAME.py --out $OUT/NAME.json $DHS_ARGS_NAME
 #   @NAME#K[:SECS]                  the same benchmark again with $DHS_ARGS_NAME_K, into NAME_K.json
 # Overrides after -- go to every harness run of the batch.

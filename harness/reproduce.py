@@ -688,6 +688,26 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def h200_sized(plans: dict[str, list]) -> list[str]:
+    """The experiments whose presets are sized for an NVIDIA H200 (``*_h200``: their pools and
+    batch fill its 141 GB). On an 80 GB H100 the DeepSeek-like preset does not fit, and the
+    GLM-like one fits but times another GPU's steps into figures whose other runs are the
+    H200's (a GPU machine asked for an H200 may be lent an H100)."""
+    return sorted(
+        exp
+        for exp, chosen in plans.items()
+        if any(
+            str(_run_cfg(runs[0], None).model.name).endswith("_h200") for _, runs in chosen if runs
+        )
+    )
+
+
 def _choices(exp_groups: list[Group]) -> str:
     """What --system and --where can pick in an experiment's plan."""
     runs = [ov for g in exp_groups for ov in g.runs]
@@ -784,6 +804,12 @@ def main(argv: list[str] | None = None) -> int:
         "time; no GPU needed",
     )
     ap.add_argument(
+        "--any-gpu",
+        action="store_true",
+        help="run experiments of the H200 presets (*_h200) on another GPU too (their runs "
+        "record the GPU; the figures would mix its timings with the H200's)",
+    )
+    ap.add_argument(
         "overrides",
         nargs="*",
         help="Hydra overrides appended to every run, e.g. model.attention_impl=reference",
@@ -835,6 +861,15 @@ def main(argv: list[str] | None = None) -> int:
             plans[exp] = chosen_groups(exp, args)
         except (ValueError, HydraException, OmegaConfBaseException) as e:
             ap.error(f"{exp}: {e}")
+    if not (args.dry_run or args.smoke or args.any_gpu):
+        wrong = h200_sized(plans)
+        if wrong and "H200" not in (gpu := gpu_name()):
+            print(
+                f"[reproduce] {', '.join(wrong)}: presets sized for an NVIDIA H200, and this GPU "
+                f"is {gpu}; their figures compare runs on the H200 (--any-gpu runs them anyway)",
+                flush=True,
+            )
+            return 2
     for exp, chosen in plans.items():
         for g, runs in chosen:
             group = None

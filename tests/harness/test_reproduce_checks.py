@@ -24,6 +24,26 @@ def test_without_a_gpu_it_stops_at_once_with_one_line(monkeypatch, capsys):
     )
 
 
+def test_h200_presets_on_another_gpu_stop_before_any_run(monkeypatch, capsys, tmp_path):
+    """A machine asked for an H200 may be an H100: the *_h200 experiments stop there in one
+    line, naming the GPU (their figures compare H200 runs), unless --any-gpu; the mini
+    presets' experiments run on any GPU."""
+    ran = []
+    monkeypatch.setattr(rp, "has_gpu", lambda: True)
+    monkeypatch.setattr(rp, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(rp, "run_one", lambda ov, res, tags, run_group=None: ran.append(ov))
+    monkeypatch.setattr(rp, "has_pending", lambda *a, **k: False)  # no warm-up runs
+    monkeypatch.setattr("harness.summaries.write_all", lambda *a: {})
+    res = ["--results", str(tmp_path)]
+    assert rp.main(["--only", "fig11b_h200,fig11b", *res]) == 2
+    out = capsys.readouterr().out
+    assert "fig11b_h200: presets sized for an NVIDIA H200" in out and "NVIDIA H100" in out
+    assert "fig11b:" not in out and ran == []
+    assert rp.main(["--only", "fig11b", *res]) == 0 and ran
+    ran.clear()
+    assert rp.main(["--only", "fig11b_h200", "--any-gpu", *res]) == 0 and ran
+
+
 def test_make_reproduce_without_a_gpu_is_one_line_before_any_set_up():
     if subprocess.run("command -v nvidia-smi", shell=True).returncode == 0:
         pytest.skip("this machine has nvidia-smi")
@@ -115,6 +135,7 @@ def test_a_profiled_run_serves_one_load_point_per_call(tmp_path, monkeypatch):
     in one."""
     got = []
     monkeypatch.setattr(rp, "has_gpu", lambda: True)
+    monkeypatch.setattr(rp, "gpu_name", lambda: "NVIDIA H200")
     monkeypatch.setattr(rp, "run_one", lambda ov, res, tags, run_group=None: got.append(tags))
     monkeypatch.setattr("harness.summaries.write_all", lambda results: None)
     assert rp.main(["--only", "fig11b_h200", "--results", str(tmp_path)]) == 0
