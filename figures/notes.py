@@ -475,6 +475,7 @@ def geometry_change(run: Run) -> str:
 CAVEAT_PATTERNS = (
     re.compile(r"measured on an earlier [^;]*\)"),
     re.compile(r"made before \d+ later chang[^;]*;[^)]*\)"),
+    re.compile(r"runs on several GPUs \([^)]*\)"),
 )
 
 
@@ -546,6 +547,13 @@ def provenance(runs: Iterable[Run] | Run | None, extra: str | None = None) -> st
         elif dev == "cpu":
             add("CPU run")
     add(change_mix(runs))
+    # one number from runs on two kinds of GPU (a machine asked for an H200 may be an H100):
+    # their times do not compare
+    gpus = sorted(
+        {str(x.summary["gpu"]) for r in runs for x in (r.repeats or [r]) if x.summary.get("gpu")}
+    )
+    if len(gpus) > 1:
+        add(f"runs on several GPUs ({', '.join(gpus)})")
     # a run is finished with some requests failed (never all): its numbers count the rest
     failed = [(x, int(x.summary.get("errors") or 0)) for r in runs for x in (r.repeats or [r])]
     failed = [(x, n) for x, n in failed if n > 0]

@@ -770,6 +770,23 @@ def test_provenance_says_a_run_had_failed_requests(tmp_path):
     assert "1 run(s) with failed requests (3 of 64 requests" in C.provenance(runs.values())
 
 
+def test_provenance_flags_a_number_from_runs_on_different_gpus(tmp_path):
+    """Runs on an H100 beside runs on an H200 behind one number: a caveat of the headline
+    table; runs of one GPU are not flagged."""
+    from figures import common as C
+
+    for name, gpu in (("a", "NVIDIA H200"), ("b", "NVIDIA H200"), ("c", "NVIDIA H100 80GB HBM3")):
+        d = tmp_path / "fig4" / name
+        d.mkdir(parents=True)
+        summary = {"system": name, "concurrency": 8, "completed": 8, "gpu": gpu}
+        (d / "summary.json").write_text(json.dumps(summary))
+    runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig4")}
+    assert "several GPUs" not in C.provenance([runs["a"], runs["b"]])
+    mixed = C.provenance(runs.values())
+    want = "runs on several GPUs (NVIDIA H100 80GB HBM3, NVIDIA H200)"
+    assert want in mixed and C.caveats(mixed) == [want]
+
+
 def test_provenance_flags_hisparse_runs_on_different_copy_grids(tmp_path):
     """HiSparse runs on the paper's fixed copy grid beside runs on the batch-scaled one (a
     sweep part re-run) are named; runs of one grid, or of other systems, are not."""
