@@ -627,7 +627,10 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every engine")
     args = ap.parse_args()
     if args.merge:
-        n = merge_rows(Path(args.out), [Path(f) for f in args.merge])
+        try:
+            n = merge_rows(Path(args.out), [Path(f) for f in args.merge])
+        except ValueError as e:
+            sys.exit(f"bench_decode_step --merge: {e}")
         print(f"merged {len(args.merge)} file(s) into {args.out}: {n} rows")
         return
 
@@ -815,6 +818,13 @@ def _merge_into(path: Path, summaries: list[dict]) -> int:
     whole at once. Returns the row count."""
     rec = json.loads(path.read_text()) if path.exists() else {"rows": []}
     for new in summaries:
+        # one file, one kind of GPU: its rows are compared with each other (a machine asked for
+        # an H200 may be an H100)
+        if rec.get("rows") and rec.get("gpu") and new.get("gpu") and new["gpu"] != rec["gpu"]:
+            raise ValueError(
+                f"rows measured on {new['gpu']} do not go into {path}, whose rows are the "
+                f"{rec['gpu']}'s: --out names a file of their own"
+            )
         keys = {row_key(r) for r in new.get("rows", [])}
         rows = [r for r in rec.get("rows", []) if row_key(r) not in keys] + new.get("rows", [])
         rec = {**rec, **{k: v for k, v in new.items() if k != "rows"}, "rows": rows}

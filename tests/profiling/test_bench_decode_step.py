@@ -277,7 +277,7 @@ def test_merge_puts_a_batch_s_rows_over_the_committed_ones(tmp_path, capsys, mon
                 "commit": commit}  # fmt: skip
 
     dst.write_text(
-        json.dumps({"gpu": "old", "commit": "a", "rows": [row(1, 9.0, "a"), row(8, 9.5, "a")]})
+        json.dumps({"gpu": "H200", "commit": "a", "rows": [row(1, 9.0, "a"), row(8, 9.5, "a")]})
     )
     src.write_text(json.dumps({"gpu": "H200", "commit": "b", "rows": [row(8, 5.0, "b")]}))
     monkeypatch.setattr(
@@ -300,6 +300,11 @@ def test_merge_puts_a_batch_s_rows_over_the_committed_ones(tmp_path, capsys, mon
         (7.0, "fig4_h200"),
         (9.0, None),
     ]
+    # rows of another kind of GPU do not join the file's, which are compared with each other
+    src.write_text(json.dumps({"gpu": "H100", "commit": "d", "rows": [row(32, 4.0, "d")]}))
+    with pytest.raises(SystemExit, match="rows measured on H100 do not go into"):
+        B.main()
+    assert json.loads(dst.read_text())["rows"] == rows
 
 
 def test_variants_interleave_and_their_rows_stay_apart(tmp_path):
