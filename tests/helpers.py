@@ -66,3 +66,20 @@ SMALL_MODEL = dict(
     vocab_size=40,
     max_context_len=64,
 )
+
+
+class SlowCopy:
+    """Stands in for a CUDA event after copies on a side stream (a handoff's, a background
+    reclaim's): complete after ``polls`` queries; ``synchronize`` completes it and says it was
+    waited for."""
+
+    def __init__(self, polls: int):
+        self.left = polls
+        self.waited = False
+
+    def query(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+    def synchronize(self) -> None:
+        self.left, self.waited = -1, True

@@ -16,24 +16,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from systems.engine.request import ReqStatus, Request, SamplingParams
-from tests.helpers import golden_prompts, make_engine
+from tests.helpers import SlowCopy, golden_prompts, make_engine
 
 SYSTEMS = ["resident", "hisparse", "adaptive_hisparse", "adaptive_dhisparse"]
-
-
-class SlowCopy:
-    """Stands in for a handoff's CUDA event: complete after ``polls`` queries."""
-
-    def __init__(self, polls: int):
-        self.left = polls
-        self.waited = False
-
-    def query(self) -> bool:
-        self.left -= 1
-        return self.left < 0
-
-    def synchronize(self) -> None:
-        self.left, self.waited = -1, True
 
 
 def slow_handoffs(eng, polls: int) -> list[SlowCopy]:

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from systems.engine.request import Request, SamplingParams
-from tests.helpers import make_engine
+from tests.helpers import SlowCopy, make_engine
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "tiny_greedy.json").read_text())
 
@@ -68,25 +68,11 @@ def test_golden_tokens_with_reclaim_mid_decode(model, residency):
     assert eng.backend.is_empty and eng.backend.payload_pages.num_used == 0
 
 
-class _PendingCopy:
-    """Stands in for a background reclaim's CUDA event: done after ``polls`` queries."""
-
-    def __init__(self, polls: int):
-        self.left, self.waited = polls, False
-
-    def query(self) -> bool:
-        self.left -= 1
-        return self.left < 0
-
-    def synchronize(self) -> None:
-        self.left, self.waited = -1, True
-
-
-def _slow_reclaims(be, polls: int) -> list[_PendingCopy]:
-    made: list[_PendingCopy] = []
+def _slow_reclaims(be, polls: int) -> list[SlowCopy]:
+    made: list[SlowCopy] = []
 
     def event(stream):
-        made.append(_PendingCopy(polls))
+        made.append(SlowCopy(polls))
         return made[-1]
 
     be._reclaim_event = event
