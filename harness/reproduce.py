@@ -567,7 +567,7 @@ def status_row(exp: str, results: str | None = None) -> dict:
     (harness.results.MEASUREMENT_CHANGES) the oldest of them predates, when the newest was
     measured, and the device minutes a whole re-run would take (the committed runs' load time
     plus RUN_OVERHEAD_S each)."""
-    from harness.results import MEASUREMENT_CHANGES, _after_change, load_runs
+    from harness.results import MEASUREMENT_CHANGES, _after_change, load_runs, moved_by
 
     points = _plan_points(exp, results)
     done, pending = plan_status(exp, results, points)
@@ -579,7 +579,10 @@ def status_row(exp: str, results: str | None = None) -> dict:
     before = [
         change
         for change, _ in MEASUREMENT_CHANGES
-        if any(_after_change(c, change) is False for c in commits)
+        if any(
+            _after_change(c, change) is False
+            for c in {x.commit for x in singles if x.commit and moved_by(change, x)}
+        )
     ]
     load_s = sum(float(x.summary.get("duration_s") or 0.0) for x in singles)
     return {
@@ -624,7 +627,8 @@ def print_status(names: list[str], results: str | None) -> None:
         "names (a config changed since: their points are pending under new ids; the figures read "
         "them until re-run or pruned); "
         "changes since: later commits of harness.results.MEASUREMENT_CHANGES that the oldest "
-        "committed run predates (the newest in brackets); re-measure under the same run ids with "
+        "committed run predates, of those that move its KV backend (CHANGE_SCOPE; the newest in "
+        "brackets); re-measure under the same run ids with "
         "--rerun-before <UTC time> (gpu_batch.sh: EXP+rerun-before=...); re-run: the committed "
         f"runs' load time plus {RUN_OVERHEAD_S:.0f} s each",
         flush=True,

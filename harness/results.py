@@ -1131,16 +1131,36 @@ def _after_change(commit: str, change: str) -> bool | None:
     return {0: True, 1: False}.get(res.returncode)
 
 
+# The changes of MEASUREMENT_CHANGES that move the runs of some KV backends only (the others'
+# runs measure as they did): change -> those backends (system.kv_backend). A change not named
+# here moves every run.
+CHANGE_SCOPE = {
+    "3468fa5": ("adaptive_hisparse",),
+    "f3df0a4": ("adaptive_hisparse",),
+    "5f1eff6": ("adaptive_hisparse",),
+    "02d92fa": ("adaptive_hisparse",),
+}
+
+
+def moved_by(change: str, run: Run) -> bool:
+    """Whether ``change`` moves what ``run`` measures (its KV backend is in the change's scope,
+    or unknown)."""
+    scope = CHANGE_SCOPE.get(change)
+    if scope is None:
+        return True
+    backend = ((run.config or {}).get("system") or {}).get("kv_backend")
+    return backend is None or backend in scope
+
+
 def change_mix(runs: Iterable[Run]) -> str:
     """A provenance note when ``runs`` straddle a MEASUREMENT_CHANGES commit, or (straddling
-    none) were all made before some of them, else ''."""
-    commits = set()
-    for r in runs:
-        for x in r.repeats or [r]:
-            if x.commit:
-                commits.add(x.commit)
+    none) were all made before some of them, else ''. A change counts for the runs it moves
+    (CHANGE_SCOPE)."""
+    runs = list(runs)
+    singles = [x for r in runs for x in (r.repeats or [r])]
     notes, later = [], []  # later: changes every run predates
     for change, what in MEASUREMENT_CHANGES:
+        commits = {x.commit for x in singles if x.commit and moved_by(change, x)}
         side = {c: _after_change(c, change) for c in commits}
         before = sorted(c for c, v in side.items() if v is False)
         after = sorted(c for c, v in side.items() if v is True)

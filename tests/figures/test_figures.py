@@ -1427,3 +1427,32 @@ def test_provenance_says_a_run_was_profiled(tmp_path):
     runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig10")}
     assert "profiled run (kernels collector" in C.provenance(runs["prof"])
     assert "profiled" not in C.provenance(runs["plain"])
+
+
+def test_a_change_of_one_kv_backend_flags_only_its_runs(tmp_path):
+    """A MEASUREMENT_CHANGES entry scoped to some KV backends (CHANGE_SCOPE: adaptive
+    residency's reserve, 02d92fa) counts against the runs on them, not against HiSparse's; a
+    run whose backend is unknown counts it."""
+    from figures import common as C
+
+    def run(name, backend):
+        d = tmp_path / "fig4" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"system": name, "concurrency": 8}))
+        (d / "env.json").write_text(json.dumps({"git_commit": "60e6be1"}))
+        system = {"name": name} | ({"kv_backend": backend} if backend else {})
+        (d / "config.yaml").write_text(json.dumps({"system": system}))
+
+    run("hisparse", "hisparse")
+    run("adaptive_hisparse", "adaptive_hisparse")
+    run("unknown", None)
+    if R._after_change("60e6be1", "02d92fa") is None:
+        pytest.skip("git history not available here")
+    runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig4")}
+    assert R.CHANGE_SCOPE["02d92fa"] == ("adaptive_hisparse",)
+
+    def count(name):  # "made before N later changes"
+        return int(C.change_mix([runs[name]]).split("made before ")[1].split()[0])
+
+    assert count("adaptive_hisparse") == count("unknown") == count("hisparse") + len(R.CHANGE_SCOPE)
+    assert "02d92fa" not in C.change_mix([runs["hisparse"]])
