@@ -1131,25 +1131,35 @@ def _after_change(commit: str, change: str) -> bool | None:
     return {0: True, 1: False}.get(res.returncode)
 
 
-# The changes of MEASUREMENT_CHANGES that move the runs of some KV backends only (the others'
-# runs measure as they did): change -> those backends (system.kv_backend). A change not named
-# here moves every run.
+# The changes of MEASUREMENT_CHANGES that move some runs only (the others measure as they did):
+# change -> the runs it moves, by KV backend (system.kv_backend) and/or by speculation (a
+# drafter in system.speculation). A change not named here moves every run.
 CHANGE_SCOPE = {
-    "3468fa5": ("adaptive_hisparse",),
-    "f3df0a4": ("adaptive_hisparse",),
-    "5f1eff6": ("adaptive_hisparse",),
-    "02d92fa": ("adaptive_hisparse",),
+    "3468fa5": {"kv_backend": ("adaptive_hisparse",)},
+    "cc63719": {"speculative": True},
+    "f3df0a4": {"kv_backend": ("adaptive_hisparse",)},
+    "473698b": {"kv_backend": ("hisparse", "adaptive_hisparse")},
+    "cb0d325": {"speculative": True},
+    "3aa49d6": {"speculative": True},
+    "5f1eff6": {"kv_backend": ("adaptive_hisparse",)},
+    "beb83e9": {"speculative": True},
+    "02d92fa": {"kv_backend": ("adaptive_hisparse",)},
 }
 
 
 def moved_by(change: str, run: Run) -> bool:
-    """Whether ``change`` moves what ``run`` measures (its KV backend is in the change's scope,
-    or unknown)."""
+    """Whether ``change`` moves what ``run`` measures (CHANGE_SCOPE; a run whose config does
+    not say is moved)."""
     scope = CHANGE_SCOPE.get(change)
-    if scope is None:
+    if not scope:
         return True
-    backend = ((run.config or {}).get("system") or {}).get("kv_backend")
-    return backend is None or backend in scope
+    system = (run.config or {}).get("system") or {}
+    backend = system.get("kv_backend")
+    if "kv_backend" in scope and backend is not None and backend not in scope["kv_backend"]:
+        return False
+    if scope.get("speculative") and "speculation" in system and not system["speculation"]:
+        return False
+    return True
 
 
 def change_mix(runs: Iterable[Run]) -> str:

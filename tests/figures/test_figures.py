@@ -1431,8 +1431,9 @@ def test_provenance_says_a_run_was_profiled(tmp_path):
 
 def test_a_change_of_one_kv_backend_flags_only_its_runs(tmp_path):
     """A MEASUREMENT_CHANGES entry scoped to some KV backends (CHANGE_SCOPE: adaptive
-    residency's reserve, 02d92fa) counts against the runs on them, not against HiSparse's; a
-    run whose backend is unknown counts it."""
+    residency's reserve, 02d92fa) counts against the runs on them, not against HiSparse's, and
+    one scoped to speculation not against runs without a drafter; a run whose config does
+    not say counts them all."""
     from figures import common as C
 
     def run(name, backend):
@@ -1440,7 +1441,7 @@ def test_a_change_of_one_kv_backend_flags_only_its_runs(tmp_path):
         d.mkdir(parents=True)
         (d / "summary.json").write_text(json.dumps({"system": name, "concurrency": 8}))
         (d / "env.json").write_text(json.dumps({"git_commit": "60e6be1"}))
-        system = {"name": name} | ({"kv_backend": backend} if backend else {})
+        system = {"name": name} | ({"kv_backend": backend, "speculation": None} if backend else {})
         (d / "config.yaml").write_text(json.dumps({"system": system}))
 
     run("hisparse", "hisparse")
@@ -1449,10 +1450,15 @@ def test_a_change_of_one_kv_backend_flags_only_its_runs(tmp_path):
     if R._after_change("60e6be1", "02d92fa") is None:
         pytest.skip("git history not available here")
     runs = {r.path.name: r for r in C.load_runs(tmp_path, "fig4")}
-    assert R.CHANGE_SCOPE["02d92fa"] == ("adaptive_hisparse",)
+    assert R.CHANGE_SCOPE["02d92fa"] == {"kv_backend": ("adaptive_hisparse",)}
 
     def count(name):  # "made before N later changes"
         return int(C.change_mix([runs[name]]).split("made before ")[1].split()[0])
 
-    assert count("adaptive_hisparse") == count("unknown") == count("hisparse") + len(R.CHANGE_SCOPE)
+    adaptive_only = [c for c, v in R.CHANGE_SCOPE.items() if v.get("kv_backend") == (
+        "adaptive_hisparse",)]  # fmt: skip
+    speculative = [c for c, v in R.CHANGE_SCOPE.items() if v.get("speculative")]
+    # neither run has a drafter (speculation: null), the unknown run's config does not say
+    assert count("unknown") == count("adaptive_hisparse") + len(speculative)
+    assert count("adaptive_hisparse") == count("hisparse") + len(adaptive_only)
     assert "02d92fa" not in C.change_mix([runs["hisparse"]])
