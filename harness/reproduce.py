@@ -567,7 +567,7 @@ def status_row(exp: str, results: str | None = None) -> dict:
     (harness.results.MEASUREMENT_CHANGES) the oldest of them predates, when the newest was
     measured, and the device minutes a whole re-run would take (the committed runs' load time
     plus RUN_OVERHEAD_S each)."""
-    from harness.results import MEASUREMENT_CHANGES, _after_change, load_runs, moved_by
+    from harness.results import MEASUREMENT_CHANGES, _after_change, load_runs, moved_commits
 
     points = _plan_points(exp, results)
     done, pending = plan_status(exp, results, points)
@@ -579,10 +579,7 @@ def status_row(exp: str, results: str | None = None) -> dict:
     before = [
         change
         for change, _ in MEASUREMENT_CHANGES
-        if any(
-            _after_change(c, change) is False
-            for c in {x.commit for x in singles if x.commit and moved_by(change, x)}
-        )
+        if any(_after_change(c, change) is False for c in moved_commits(change, singles))
     ]
     load_s = sum(float(x.summary.get("duration_s") or 0.0) for x in singles)
     return {

@@ -1162,6 +1162,11 @@ def moved_by(change: str, run: Run) -> bool:
     return True
 
 
+def moved_commits(change: str, runs: Iterable[Run]) -> set[str]:
+    """The commits of the single runs in ``runs`` that ``change`` moves (moved_by)."""
+    return {x.commit for x in runs if x.commit and moved_by(change, x)}
+
+
 def change_mix(runs: Iterable[Run]) -> str:
     """A provenance note when ``runs`` straddle a MEASUREMENT_CHANGES commit, or (straddling
     none) were all made before some of them, else ''. A change counts for the runs it moves
@@ -1170,7 +1175,7 @@ def change_mix(runs: Iterable[Run]) -> str:
     singles = [x for r in runs for x in (r.repeats or [r])]
     notes, later = [], []  # later: changes every run predates
     for change, what in MEASUREMENT_CHANGES:
-        commits = {x.commit for x in singles if x.commit and moved_by(change, x)}
+        commits = moved_commits(change, singles)
         side = {c: _after_change(c, change) for c in commits}
         before = sorted(c for c, v in side.items() if v is False)
         after = sorted(c for c, v in side.items() if v is True)

@@ -457,12 +457,14 @@ class AdaptiveBackend(HiSparseBackend):
         if slot in self.reclaiming:
             self._finish_reclaim(slot, wait=True)
             return
-        r = self.res[slot]
-        unbacked = [j for j, pg in enumerate(r.page) if pg >= 0 and not r.backed[j]]
+        unbacked = self._unbacked(slot)
         self._backup_pages(slot, unbacked)
-        for j in unbacked:
-            r.backed[j] = True
-        self._retire(slot)
+        self._retire(slot, unbacked)
+
+    def _unbacked(self, slot: int) -> list[int]:
+        """The slot's optional pages without a complete host copy (resident-first pages)."""
+        r = self.res[slot]
+        return [j for j, pg in enumerate(r.page) if pg >= 0 and not r.backed[j]]
 
     def _backup_pages(self, slot: int, pages: list[int]) -> None:
         """One launch that copies the slot's prompt pages ``pages`` to host, on the current
@@ -475,10 +477,12 @@ class AdaptiveBackend(HiSparseBackend):
             backup_rows(*self._flat_pools(), dev_rows, host_rows, self.copy_impl)
         self.backup_rows += dev_rows.numel()
 
-    def _retire(self, slot: int) -> None:
-        """Every optional page of the slot leaves the direct table and goes back to the pools
-        (each has a host copy)."""
+    def _retire(self, slot: int, copied: list[int]) -> None:
+        """Every optional page of the slot leaves the direct table and goes back to the pools:
+        ``copied``, the pages just backed up, now have host copies as the others had."""
         r = self.res[slot]
+        for j in copied:
+            r.backed[j] = True
         owned = [j for j, pg in enumerate(r.page) if pg >= 0]
         if not owned:
             return
@@ -494,18 +498,12 @@ class AdaptiveBackend(HiSparseBackend):
         on the handoff stream (after the decode stream's work so far, which computed the rows'
         lists) while decode steps keep reading them; ``_finish_reclaims`` retires them once the
         copies are done (sec. 3.1: a page retires after its backup and earlier readers)."""
-        r = self.res[slot]
-        unbacked = [j for j, pg in enumerate(r.page) if pg >= 0 and not r.backed[j]]
+        unbacked = self._unbacked(slot)
         if not unbacked:  # nothing to copy: its pages can go now
-            self._retire(slot)
+            self._retire(slot, [])
             return
         stream = self._handoff(True)
-        if stream is None:
-            self._backup_pages(slot, unbacked)
-        else:
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self._backup_pages(slot, unbacked)
+        self._on_stream(stream, lambda: self._backup_pages(slot, unbacked))
         self.reclaiming[slot] = (self._reclaim_event(stream), unbacked)
 
     def _reclaim_event(self, stream):
@@ -537,10 +535,7 @@ class AdaptiveBackend(HiSparseBackend):
             elif not ev.query():
                 return False
         del self.reclaiming[slot]
-        r = self.res[slot]
-        for j in unbacked:
-            r.backed[j] = True
-        self._retire(slot)
+        self._retire(slot, unbacked)
         return True
 
     def _finish_reclaims(self) -> None:

@@ -384,14 +384,10 @@ class KVBackend(ABC):
         self.handoff_seconds["reserve"] += t1 - t0
         stream = self._handoff(asynchronous)
         try:
-            if stream is None:
-                self.import_history(slot, prefix)
-            else:
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    self.import_history(slot, prefix)
-                    done = torch.cuda.Event()
-                    done.record(stream)
+            self._on_stream(stream, lambda: self.import_history(slot, prefix))
+            if stream is not None:
+                done = torch.cuda.Event()
+                done.record(stream)
                 # the prefix's tensors were allocated on the decode stream: keep their memory
                 # from being reused there before the copies have read it
                 for t in (prefix.kv, *prefix.index.values()):
@@ -406,6 +402,16 @@ class KVBackend(ABC):
         finally:
             self.handoff_seconds["import"] += time.perf_counter() - t1
         return slot
+
+    def _on_stream(self, stream, copies) -> None:
+        """Queue ``copies()`` on ``stream`` (the handoff stream), after everything queued on
+        the decode stream so far; where ``stream`` is None, in order on the current stream."""
+        if stream is None:
+            copies()
+            return
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            copies()
 
     def _handoff(self, asynchronous: bool):
         if not asynchronous or self.device.type != "cuda":
