@@ -46,7 +46,7 @@
 # beside the batch's items (python -m systems.models.predraw, in a process session of its own,
 # so it goes on after this call on a machine still held; log /tmp/dhs-predraw.log, returned as
 # $OUT/predraw.log): the next call's first server of such a preset loads them in seconds
-# (dsv41_h200's first start on a fresh machine took 217 s, most of it drawing 30 GB). Not beside
+# (drawing dsv41_h200's 30 GB is minutes of a fresh machine's first start). Not beside
 # items of that preset (their first server would draw them too) nor beside dsv41_h200 serving,
 # whose pinned host backing leaves too little host memory for 30 GB more.
 # Every run of the batch records one id (env.json's run_group; DHS_RUN_GROUP, default the time and

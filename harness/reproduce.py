@@ -306,8 +306,7 @@ def warm_up(overrides: list[str], only_tags: list[str] | None, results: str | No
     output tokens, into a scratch results directory that is removed afterwards: no figure can
     read it. Its server logs are kept beside the experiment's (``.server-*/warm-up-*.log``
     under ``results``, or the config's results directory): on a fresh machine the warm-up's
-    server start-up is where drawing the weights and compiling kernels shows (dsv41_h200's
-    took 217 s against 23 s for the next server)."""
+    server start-up is where drawing the weights and compiling kernels shows."""
     from omegaconf import open_dict
 
     from harness.run import run

@@ -98,7 +98,7 @@ def predraw(cfg: ModelConfig) -> tuple[Path, bool]:
     """Draw ``cfg``'s weights on the CPU into DHS_WEIGHT_CACHE, the file a server on any
     device loads (the draw is the CPU generator's on every device, the dtype ``cfg``'s): a GPU
     batch draws a large preset beside runs of another, and that preset's first server then
-    starts in seconds, not minutes (dsv41_h200's 30 GB: ~3.5 min of the first start).
+    starts in seconds, not minutes (dsv41_h200's 30 GB).
     (the file, whether it was drawn now rather than found)."""
     from types import SimpleNamespace
 
