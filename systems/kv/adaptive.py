@@ -110,7 +110,7 @@ class AdaptiveOptions(HiSparseOptions):
     # handoff stream while decode steps keep reading their pages, which retire once the copies
     # are done (false: backed up on the decode stream and retired at once, a stall of the
     # backup's PCIe time). Only where handoffs are asynchronous (engine.async_handoffs, a GPU)
-    async_reclaim: bool = False
+    async_reclaim: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
