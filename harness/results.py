@@ -641,7 +641,7 @@ KV_IMPLICIT_BEFORE = {
     "copy_grid": 0,
     "pools_sized_for_rows": 0,
     "copy_programs_per_request": 0,
-    "async_reclaim": False,
+    "async_reclaim": True,
 }
 # engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
 # the batch), the CUDA graphs' padding ladder and their capture at start-up, the handoffs in
@@ -1110,6 +1110,11 @@ MEASUREMENT_CHANGES = (
         "lent index regions in the reclaim order (before it, an admission could spend the "
         "reserve, and a region went to the holders with the fewest optional pages)",
     ),
+    (
+        "317bfd1",
+        "adaptive residency backs up the reserve's reclaim victims on the handoff stream, "
+        "system.kv.async_reclaim; before it, on the decode stream, a stall of their PCIe time",
+    ),
 )
 
 
@@ -1144,6 +1149,7 @@ CHANGE_SCOPE = {
     "5f1eff6": {"kv_backend": ("adaptive_hisparse",)},
     "beb83e9": {"speculative": True},
     "02d92fa": {"kv_backend": ("adaptive_hisparse",)},
+    "317bfd1": {"kv_backend": ("adaptive_hisparse",)},
 }
 
 
