@@ -102,8 +102,9 @@ MARK=$(mktemp)  # run directories newer than this come back (not whole experimen
 
 START=$(date +%s)
 if [ -n "${DHS_PREDRAW:-}" ]; then
+  # at low priority and on four threads: the batch's servers keep the host's other cores
   # shellcheck disable=SC2086  # a list of presets
-  setsid nice -n 10 python3 -m systems.models.predraw $DHS_PREDRAW > /tmp/dhs-predraw.log 2>&1 < /dev/null &
+  OMP_NUM_THREADS=4 setsid nice -n 10 python3 -m systems.models.predraw $DHS_PREDRAW > /tmp/dhs-predraw.log 2>&1 < /dev/null &
   echo "[gpu_batch] drawing the weights of $DHS_PREDRAW into $DHS_WEIGHT_CACHE beside the batch"
 fi
 
