@@ -50,18 +50,28 @@ if _HAVE_TRITON:
         dst_rows_ptr,
         src_stride,
         dst_stride,
+        N,
         W: tl.constexpr,
         W_P: tl.constexpr,
+        BLOCK_R: tl.constexpr,
     ):
-        # one program per (row, source): W words of one row
-        i = tl.program_id(0)
+        # programs (P, source): program p copies tiles p, p + P, ... of BLOCK_R rows, W words
+        # each, of one source (P = N, BLOCK_R = 1: a program per row)
         s = tl.program_id(1).to(tl.int64)
-        a = tl.load(src_rows_ptr + i)
-        b = tl.load(dst_rows_ptr + i)
+        rr = tl.arange(0, BLOCK_R)
         ww = tl.arange(0, W_P)
-        m = ww < W
-        x = tl.load(src_ptr + s * src_stride + a * W + ww, mask=m)
-        tl.store(dst_ptr + s * dst_stride + b * W + ww, x, mask=m)
+        for t in range(tl.program_id(0), tl.cdiv(N, BLOCK_R), tl.num_programs(0)):
+            i = t * BLOCK_R + rr
+            mi = i < N
+            a = tl.load(src_rows_ptr + i, mask=mi, other=0)
+            b = tl.load(dst_rows_ptr + i, mask=mi, other=0)
+            m = mi[:, None] & (ww < W)[None, :]
+            x = tl.load(src_ptr + s * src_stride + a[:, None] * W + ww[None, :], mask=m)
+            tl.store(dst_ptr + s * dst_stride + b[:, None] * W + ww[None, :], x, mask=m)
+
+
+# rows per tile of a bounded grid: 8 rows x 164 words (a 656-byte GLM row) per iteration
+_TILE_ROWS = 8
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -73,13 +83,19 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def copy_rows_triton(src, dst, src_rows, dst_rows) -> None:
+def copy_rows_triton(src, dst, src_rows, dst_rows, programs: int | None = None) -> None:
+    """``programs``: thread blocks per source, each looping over tiles of rows (None: one per
+    row). Copies queued beside decode steps take a few: a program per row fills every SM with
+    the copy's blocks (1.3M of them for a 50K-token, 26-source import), and the step's kernels
+    wait for SMs behind them."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use the reference")
     if not (src.is_contiguous() and dst.is_contiguous()):
         raise ValueError("both pools must be contiguous [S, rows, row_bytes]")
     if src.shape[0] != dst.shape[0] or src.shape[2] != dst.shape[2]:
         raise ValueError(f"pools disagree: {tuple(src.shape)} vs {tuple(dst.shape)}")
+    if programs is not None and programs < 1:
+        raise ValueError(f"programs must be None or >= 1, got {programs}")
     N = src_rows.numel()
     if N == 0:
         return
@@ -87,30 +103,39 @@ def copy_rows_triton(src, dst, src_rows, dst_rows) -> None:
     if s_words.dtype != d_words.dtype:
         s_words, d_words = src, dst
     W = s_words.shape[-1]
-    _copy_rows_kernel[(N, src.shape[0])](
+    block = 1 if programs is None else _TILE_ROWS
+    grid = N if programs is None else min(programs, triton.cdiv(N, block))
+    _copy_rows_kernel[(grid, src.shape[0])](
         s_words,
         d_words,
         src_rows,
         dst_rows,
         s_words.stride(0),
         d_words.stride(0),
+        N,
         W=W,
         W_P=triton.next_power_of_2(W),
+        BLOCK_R=block,
     )
 
 
-def copy_rows(src, dst, src_rows, dst_rows, impl: str = "reference") -> None:
-    """``dst[s, dst_rows[i]] = src[s, src_rows[i]]`` for every source s (see the module)."""
+def copy_rows(
+    src, dst, src_rows, dst_rows, impl: str = "reference", programs: int | None = None
+) -> None:
+    """``dst[s, dst_rows[i]] = src[s, src_rows[i]]`` for every source s (see the module);
+    ``programs`` bounds the kernel's grid (``copy_rows_triton``)."""
     if impl == "triton":
-        return copy_rows_triton(src, dst, src_rows, dst_rows)
+        return copy_rows_triton(src, dst, src_rows, dst_rows, programs)
     if impl == "reference":
         return copy_rows_reference(src, dst, src_rows, dst_rows)
     raise ValueError(f"unknown row-copy impl {impl!r}")
 
 
-def backup_rows(kv_pool, host_pool, dev_rows, host_rows, impl: str = "reference") -> None:
+def backup_rows(
+    kv_pool, host_pool, dev_rows, host_rows, impl: str = "reference", programs: int | None = None
+) -> None:
     """Device pool rows to the host store."""
-    copy_rows(kv_pool, host_pool, dev_rows, host_rows, impl)
+    copy_rows(kv_pool, host_pool, dev_rows, host_rows, impl, programs)
 
 
 def restore_rows(host_pool, kv_pool, host_rows, dev_rows, impl: str = "reference") -> None:

@@ -442,6 +442,7 @@ class AdaptiveBackend(HiSparseBackend):
                 src,
                 dst,
                 self.copy_impl,
+                self._copy_programs(),
             )
         # everything not kept on device goes to host now (incl. the partial boundary page)
         self._backup(slot, keep * G, prefix.num_tokens, prefix.kv[:, keep * G :])
@@ -474,7 +475,9 @@ class AdaptiveBackend(HiSparseBackend):
         r = self.res[slot]
         with nvtx_range(BACKUP):
             dev_rows, host_rows = self._page_rows([(slot, r.page[j], j) for j in pages])
-            backup_rows(*self._flat_pools(), dev_rows, host_rows, self.copy_impl)
+            backup_rows(
+                *self._flat_pools(), dev_rows, host_rows, self.copy_impl, self._copy_programs()
+            )
         self.backup_rows += dev_rows.numel()
 
     def _retire(self, slot: int, copied: list[int]) -> None:

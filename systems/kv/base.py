@@ -220,6 +220,10 @@ class KVBackend(ABC):
         # row copies (handoff imports, backups, restores): the word-wide kernel on a GPU, where
         # it reads or writes the pinned host store through UVA
         self.copy_impl = "triton" if self.device.type == "cuda" else "reference"
+        # the row-copy kernel's blocks per source for copies on the handoff stream (None: one
+        # per row); a backend with the option sets it. Whether copies are being queued there
+        self.side_copy_programs: int | None = None
+        self._side_copies = False
         self.slot_len = [0] * self.num_slots  # committed positions per slot (host-side)
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
         self.active_slots: set[int] = set()
@@ -333,7 +337,14 @@ class KVBackend(ABC):
         rows = torch.arange(T, device=self.device)
         for s, i in self.index_src_ids.items():
             keys = prefix.index[s].to(self.device, torch.bfloat16).contiguous()
-            copy_rows(keys.unsqueeze(0), self.index_pool[i].unsqueeze(0), rows, loc, self.copy_impl)
+            copy_rows(
+                keys.unsqueeze(0),
+                self.index_pool[i].unsqueeze(0),
+                rows,
+                loc,
+                self.copy_impl,
+                self._copy_programs(),
+            )
 
     # ------------------------------------------------------------------ slots
     def _take_slot(self) -> int:
@@ -410,8 +421,17 @@ class KVBackend(ABC):
             copies()
             return
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            copies()
+        self._side_copies = True
+        try:
+            with torch.cuda.stream(stream):
+                copies()
+        finally:
+            self._side_copies = False
+
+    def _copy_programs(self) -> int | None:
+        """The row-copy grid for copies queued now: bounded on the handoff stream, where the
+        copy shares the SMs with the decode steps running beside it."""
+        return self.side_copy_programs if self._side_copies else None
 
     def _handoff(self, asynchronous: bool):
         if not asynchronous or self.device.type != "cuda":

@@ -79,6 +79,10 @@ class HiSparseOptions(KVOptions):
     # for the call's batch and queries (systems/kernels/resolver.py: default_copy_programs); N
     # fixes it, e.g. to sweep the verification copy's width in bench_decode_step
     copy_programs_per_request: int = 0
+    # thread blocks per KV source for the row copies queued on the handoff stream beside the
+    # decode steps (imports, background reclaims' backups), each looping over rows; 0: one block
+    # per row, which fills every SM and holds the steps' kernels back while it runs
+    handoff_copy_programs: int = 0
 
     def __post_init__(self) -> None:
         for f in (
@@ -87,6 +91,7 @@ class HiSparseOptions(KVOptions):
             "copy_grid",
             "pools_sized_for_rows",
             "copy_programs_per_request",
+            "handoff_copy_programs",
         ):
             if int(getattr(self, f)) < 0:
                 raise ValueError(f"system.kv.{f}: must be >= 0, got {getattr(self, f)}")
@@ -291,6 +296,7 @@ class HiSparseBackend(KVBackend):
         self.resolver_impl = opt.resolver_impl
         self.copy_grid = int(opt.copy_grid) or None
         self.copy_programs = int(opt.copy_programs_per_request) or None
+        self.side_copy_programs = int(opt.handoff_copy_programs) or None
         self.verify = opt.verify_rows
         self._shadow: dict[int, torch.Tensor] = {}
         self.prefetch = opt.prefetch_followers

@@ -18,9 +18,19 @@ pytestmark = interpreted(bk._copy_rows_kernel)
 
 
 @pytest.mark.parametrize(
-    "S,NG,NH,rb,N", [(1, 5, 7, 4, 1), (3, 41, 53, 656, 9), (2, 9, 30, 6, 5), (5, 17, 40, 34, 17)]
+    "S,NG,NH,rb,N,programs",
+    [
+        (1, 5, 7, 4, 1, None),
+        (3, 41, 53, 656, 9, None),
+        (2, 9, 30, 6, 5, None),
+        (5, 17, 40, 34, 17, None),
+        # a bounded grid: programs loop over tiles of rows, the last tile partial
+        (3, 41, 53, 656, 37, 3),
+        (2, 60, 70, 6, 41, 1),
+        (1, 9, 30, 34, 5, 4),
+    ],
 )
-def test_kernel_matches_reference(S, NG, NH, rb, N):
+def test_kernel_matches_reference(S, NG, NH, rb, N, programs):
     g = torch.Generator().manual_seed(S * 100 + rb)
     kv = torch.randint(0, 256, (S, NG, rb), generator=g, dtype=torch.uint8)
     host0 = torch.randint(0, 256, (S, NH, rb), generator=g, dtype=torch.uint8)
@@ -28,7 +38,7 @@ def test_kernel_matches_reference(S, NG, NH, rb, N):
     host_rows = torch.randperm(NH, generator=g)[:N]  # distinct destinations
     want, got = host0.clone(), host0.clone()
     bk.copy_rows_reference(kv, want, dev_rows, host_rows)
-    bk.backup_rows(kv, got, dev_rows, host_rows, impl="triton")
+    bk.backup_rows(kv, got, dev_rows, host_rows, impl="triton", programs=programs)
     assert torch.equal(got, want)
     untouched = torch.ones(NH, dtype=torch.bool)
     untouched[host_rows] = False
@@ -51,6 +61,8 @@ def test_no_rows_is_a_no_op_and_bad_shapes_are_refused():
         bk.copy_rows_triton(
             kv, torch.ones(3, 6, 8, dtype=torch.uint8), torch.zeros(1).long(), torch.zeros(1).long()
         )
+    with pytest.raises(ValueError, match="programs must be None or >= 1"):
+        bk.copy_rows_triton(kv, host, torch.zeros(1).long(), torch.zeros(1).long(), programs=0)
     with pytest.raises(ValueError, match="unknown row-copy impl"):
         bk.backup_rows(kv, host, torch.zeros(1).long(), torch.zeros(1).long(), impl="cuda")
 
