@@ -228,6 +228,37 @@ def steps_per_row(args) -> int:
     return args.warmup + 2 * args.steps + host + HANDOFF_STEPS + args.profile_steps + 4
 
 
+def fill_allowance(max_context_len: int, context: int, rounds: int, asked: int) -> int:
+    """``--fill-steps``, checked against the positions the context leaves (a round's block of
+    up to 8 queries each, as ``row_configs`` fits the context)."""
+    room = (max_context_len - context) // 8 - rounds - 1
+    if asked > room:
+        raise ValueError(
+            f"--fill-steps {asked}: the context {context} leaves room for {max(room, 0)} more "
+            f"steps in model.max_context_len {max_context_len}"
+        )
+    return asked
+
+
+def fill_batch(eng, reqs, batch: int) -> int:
+    """Step the engine until ``batch`` requests run; returns the steps it took. Raises, naming
+    the admission's waits, once a request has finished first (its output cap reached while
+    others waited, or failed): the batch could then never fill."""
+    steps = 0
+    while len(eng.scheduler.running) < batch:
+        done = [r for r in reqs if r.finish_reason is not None]
+        if done:
+            raise RuntimeError(
+                f"the batch of {batch} did not fill: after {steps} steps {len(done)} requests "
+                f"finished ({done[0].finish_reason}) with {len(eng.scheduler.running)} running; "
+                f"admission waits {dict(eng.scheduler.wait_reason_counts)} (a slow admission: "
+                "--fill-steps extends the output caps)"
+            )
+        eng.step()
+        steps += 1
+    return steps
+
+
 def bucket_context(context: int, span: int, l_step: int) -> int:
     """A context at which a row's queries (positions ``context`` .. ``context + span``) stay in
     one CUDA graph scan bucket (``engine.cuda_graph_scan_step``): ``context`` where they do,
@@ -403,15 +434,18 @@ def measure(eng, m, batch: int, args, torch) -> dict:
 
     spec = eng.cfg.speculation
     rounds = steps_per_row(args)
-    new_tokens = rounds * (spec.k_max if spec else 1)
+    # requests admitted first decode while the last ones wait for memory (an adaptive pool
+    # reclaiming for them); --fill-steps lets their output cap cover that many steps more
+    # (it also reserves more memory per request, so rows of different values differ)
+    fill = fill_allowance(m.max_context_len, args.context, rounds, args.fill_steps)
+    new_tokens = (rounds + fill) * (spec.k_max if spec else 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, m.vocab_size, (args.context,), generator=g).tolist()
     params = SamplingParams(max_new_tokens=new_tokens, temperature=args.temperature)
     reqs = [Request(eng.new_rid(), prompt, params) for _ in range(batch)]
     for r in reqs:
         eng.submit(r)
-    while len(eng.scheduler.running) < batch:  # admission (prefill once, handoffs)
-        eng.step()
+    fill_steps = fill_batch(eng, reqs, batch)  # admission (prefill once, handoffs)
     times, timer, c0 = [], None, None
     for i in range(args.warmup + args.steps):
         if spec and i == args.warmup:
@@ -444,6 +478,8 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         / max(len(times), 1),
         "host_floor_ms": host_rows * m.row_bytes / PCIE_BPS * 1e3,
         "step_ms": statistics.median(times) * 1e3,
+        "fill_steps": fill_steps,  # steps the batch took to be admitted
+        **({"fill_steps_allowed": fill} if fill else {}),
         "step_ms_p10": statistics.quantiles(times, n=10)[0] * 1e3,
         "step_ms_p90": statistics.quantiles(times, n=10)[-1] * 1e3,
     }
@@ -581,6 +617,13 @@ def main() -> None:
         "start where the rows' positions must fit its context; else 16384)",
     )
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument(
+        "--fill-steps",
+        type=int,
+        default=0,
+        help="engine steps more that the output caps cover, for a batch whose admission takes "
+        "that long (its first requests decode meanwhile; default 0)",
+    )
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument(
         "--temperature",

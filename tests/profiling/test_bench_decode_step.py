@@ -374,3 +374,42 @@ def test_the_floor_counts_what_a_step_reads_once():
     assert B.floor_bytes(m, 2, 1024, 4, drafter("dspark"))["drafter_bytes"] == (
         3 * per_pass + 10_000 + 2 * 1000
     )
+
+
+class _FillEngine:
+    """Admits one request a step (``every``); each running request finishes after ``cap``
+    steps of decoding."""
+
+    def __init__(self, reqs, cap: int, every: int = 1):
+        self.reqs, self.cap, self.every, self.t = list(reqs), cap, every, 0
+        self.scheduler = type("S", (), {"running": [], "wait_reason_counts": {"kv_pool_full": 3}})()
+        self.age = {}
+
+    def step(self):
+        self.t += 1
+        for r in list(self.scheduler.running):
+            self.age[r] += 1
+            if self.age[r] >= self.cap:
+                r.finish_reason = {"type": "length"}
+                self.scheduler.running.remove(r)
+        if self.reqs and self.t % self.every == 0:
+            r = self.reqs.pop(0)
+            self.age[r] = 0
+            self.scheduler.running.append(r)
+
+
+def _reqs(n):
+    return [type("R", (), {"finish_reason": None})() for _ in range(n)]
+
+
+def test_a_batch_that_cannot_fill_is_named_not_waited_for_forever():
+    reqs = _reqs(4)
+    assert B.fill_batch(_FillEngine(reqs, cap=10), reqs, 4) == 4  # one admitted a step
+    reqs = _reqs(4)
+    # admission slower than the output cap: the first request finishes before the last is in
+    with pytest.raises(RuntimeError, match=r"did not fill: after \d+ steps 1 requests finished"):
+        B.fill_batch(_FillEngine(reqs, cap=5, every=3), reqs, 4)
+    # --fill-steps is bounded by the positions the context leaves
+    assert B.fill_allowance(51072, 49152, 137, 100) == 100
+    with pytest.raises(ValueError, match="leaves room for 102 more steps"):
+        B.fill_allowance(51072, 49152, 137, 103)
