@@ -84,10 +84,10 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def copy_rows_triton(src, dst, src_rows, dst_rows, programs: int | None = None) -> None:
-    """``programs``: thread blocks per source, each looping over tiles of rows (None: one per
-    row). Copies queued beside decode steps take a few: a program per row fills every SM with
-    the copy's blocks (1.3M of them for a 50K-token, 26-source import), and the step's kernels
-    wait for SMs behind them."""
+    """``programs``: the launch's thread blocks, shared among the sources (at least one each),
+    each looping over tiles of rows (None: one block per row and source). Copies queued beside
+    decode steps take a few: a block per row fills every SM with the copy's blocks (1.3M of
+    them for a 50K-token, 26-source import), and the step's kernels wait for SMs behind them."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use the reference")
     if not (src.is_contiguous() and dst.is_contiguous()):
@@ -104,8 +104,9 @@ def copy_rows_triton(src, dst, src_rows, dst_rows, programs: int | None = None) 
         s_words, d_words = src, dst
     W = s_words.shape[-1]
     block = 1 if programs is None else _TILE_ROWS
-    grid = N if programs is None else min(programs, triton.cdiv(N, block))
-    _copy_rows_kernel[(grid, src.shape[0])](
+    S = src.shape[0]
+    grid = N if programs is None else min(max(1, programs // S), triton.cdiv(N, block))
+    _copy_rows_kernel[(grid, S)](
         s_words,
         d_words,
         src_rows,

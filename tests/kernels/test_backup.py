@@ -24,8 +24,10 @@ pytestmark = interpreted(bk._copy_rows_kernel)
         (3, 41, 53, 656, 9, None),
         (2, 9, 30, 6, 5, None),
         (5, 17, 40, 34, 17, None),
-        # a bounded grid: programs loop over tiles of rows, the last tile partial
-        (3, 41, 53, 656, 37, 3),
+        # a bounded grid: blocks loop over tiles of rows, the last tile partial; fewer blocks
+        # than sources still give each source one
+        (3, 41, 53, 656, 37, 7),
+        (3, 41, 53, 656, 37, 2),
         (2, 60, 70, 6, 41, 1),
         (1, 9, 30, 34, 5, 4),
     ],
