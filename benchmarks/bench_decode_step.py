@@ -343,7 +343,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
     # the decode stream only: torch.cuda.synchronize() would also wait for the handoff stream,
     # timing the copies instead of the steps beside them
     sync = torch.cuda.current_stream().synchronize
-    inflight, landed, admits, admit_profile = [], [], [], None
+    inflight, landed, admits, waves, admit_profile = [], [], [], [], None
     keys = (
         "dhs_populated_pages_total",
         "dhs_host_backup_rows_total",
@@ -357,7 +357,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
             eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
         sync()
         pr = host_profiler(args) if not admits else None
-        t0 = time.perf_counter()
+        t0 = t_wave = time.perf_counter()
         eng.step()  # intake and admission: reservations, the copies queued
         sync()
         admits.append((time.perf_counter() - t0) * 1e3)
@@ -373,6 +373,8 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
             dt = time.perf_counter() - t0
             (landed if eng.stats["handoffs_total"] > arrived else inflight).append(dt)
             steps += 1
+        if not eng.scheduler.arriving and pr is None:  # the whole wave landed (not profiled)
+            waves.append(time.perf_counter() - t_wave)
         torch.cuda.synchronize()
     c1 = eng.backend.metrics()
     land_profile = _landing_profile(eng, prompt, args, sync) if args.host_profile else None
@@ -396,6 +398,9 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         "handoff_arrival_step_ms": med_ms(landed),
         "handoff_arrival_steps": len(landed),
         "handoff_waves": len(admits),
+        # from a wave's admitting step to the end of the step its last request landed in: the
+        # handoff's own time (TTFT's part), which a copy slowed to spare the steps lengthens
+        "handoff_wave_ms": med_ms(waves),
         "handoff_counters": {k: c1[k] - c0[k] for k in keys if k in c0 and k in c1},
     }
 
@@ -762,7 +767,7 @@ def main() -> None:
                     else ""
                 )
                 + f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
-                f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
+                f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  wave {row['handoff_wave_ms'] or 0:6.1f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
                 f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f} (events {row['busy_share_events'] or 0:.2f})  kernels "
                 f"{row['kernels_per_step'] or 0:6.0f}"
                 + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
