@@ -225,7 +225,10 @@ def steps_per_row(args) -> int:
     replay over a released slot would read freed pages)."""
     # --host-profile: its pipelined steps, and the landing wave's (_landing_profile)
     host = args.steps + HANDOFF_STEPS + 1 if args.host_profile else 0
-    return args.warmup + 2 * args.steps + host + HANDOFF_STEPS + args.profile_steps + 4
+    return args.warmup + 2 * args.steps + host + HANDOFF_STEPS + args.profile_steps + CAP_SLACK
+
+
+CAP_SLACK = 4  # steps an output cap covers beyond those a row runs
 
 
 def fill_allowance(max_context_len: int, context: int, rounds: int, asked: int) -> int:
@@ -240,19 +243,22 @@ def fill_allowance(max_context_len: int, context: int, rounds: int, asked: int) 
     return asked
 
 
-def fill_batch(eng, reqs, batch: int) -> int:
+def fill_batch(eng, reqs, batch: int, allowance: int = 0) -> int:
     """Step the engine until ``batch`` requests run; returns the steps it took. Raises, naming
-    the admission's waits, once a request has finished first (its output cap reached while
-    others waited, or failed): the batch could then never fill."""
+    the admission's waits, once a request has finished first (failed, or its output cap
+    reached while others waited: the batch could then never fill) or the fill has taken more
+    steps than the caps spare (``allowance``, ``--fill-steps``, and ``CAP_SLACK``): the first
+    requests would then finish during the row, shrinking its batch."""
     steps = 0
     while len(eng.scheduler.running) < batch:
         done = [r for r in reqs if r.finish_reason is not None]
-        if done:
+        if done or steps > allowance + CAP_SLACK:
+            why = f", {len(done)} requests finished ({done[0].finish_reason})" if done else ""
             raise RuntimeError(
-                f"the batch of {batch} did not fill: after {steps} steps {len(done)} requests "
-                f"finished ({done[0].finish_reason}) with {len(eng.scheduler.running)} running; "
-                f"admission waits {dict(eng.scheduler.wait_reason_counts)} (a slow admission: "
-                "--fill-steps extends the output caps)"
+                f"the batch of {batch} did not fill within {steps} steps: "
+                f"{len(eng.scheduler.running)} running{why}; admission waits "
+                f"{dict(eng.scheduler.wait_reason_counts)} (--fill-steps {allowance} lets the "
+                "output caps cover that many steps of admission; raise it)"
             )
         eng.step()
         steps += 1
@@ -442,7 +448,7 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     # requests admitted first decode while the last ones wait for memory (an adaptive pool
     # reclaiming for them); --fill-steps lets their output cap cover that many steps more
     # (it also reserves more memory per request, so rows of different values differ)
-    fill = fill_allowance(m.max_context_len, args.context, rounds, args.fill_steps)
+    fill = args.fill_steps  # checked against the context by main
     new_tokens = (rounds + fill) * (spec.k_max if spec else 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, m.vocab_size, (args.context,), generator=g).tolist()
@@ -450,7 +456,7 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     reqs = [Request(eng.new_rid(), prompt, params) for _ in range(batch)]
     for r in reqs:
         eng.submit(r)
-    fill_steps = fill_batch(eng, reqs, batch)  # admission (prefill once, handoffs)
+    fill_steps = fill_batch(eng, reqs, batch, fill)  # admission (prefill once, handoffs)
     times, timer, c0 = [], None, None
     for i in range(args.warmup + args.steps):
         if spec and i == args.warmup:
@@ -541,11 +547,13 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     return row
 
 
-def row_configs(args, batches: list[int], rounds: int):
+def row_configs(args, batches: list[int], reach: int):
     """Fill ``args``' defaults from ``--experiment`` (its model, temperature; its pool unless
     --kv-pool-gib) and return ``row_cfg(model, system)``: a row's composed config, on the
     experiment's where one is named (its slots where they hold the batch and its handoffs), else
-    on hardware=h200 with a 24 GiB pool; speculative systems verify with calibrated acceptance."""
+    on hardware=h200 with a 24 GiB pool; speculative systems verify with calibrated acceptance.
+    ``reach``: the steps a request may decode (the row's and ``--fill-steps``), which its output
+    cap, and so the context that leaves room for it, are sized by."""
     from systems.engine.config import compose
 
     base = [f"experiment={args.experiment}"] if args.experiment else ["hardware=h200"]
@@ -559,7 +567,7 @@ def row_configs(args, batches: list[int], rounds: int):
     if args.context is None and exp:
         # the experiment's input where the rows' positions (the output cap and a block) fit its
         # context, else a scan bucket's start below that (fig4_h200: 50,000 -> 49,152)
-        fit = int(exp.model.max_context_len) - (rounds * 8 + 8)
+        fit = int(exp.model.max_context_len) - (reach * 8 + 8)
         step = int(exp.engine.cuda_graph_scan_step)
         want = int(exp.workload.input_len)
         args.context = want if want <= fit else fit // step * step
@@ -579,7 +587,7 @@ def row_configs(args, batches: list[int], rounds: int):
                 *([f"hardware.kv_pool_gib={args.kv_pool_gib}"] if args.kv_pool_gib else []),
                 f"hardware.max_running_requests={slots}",
                 f"workload.input_len={args.context}",
-                f"workload.output_len={rounds * 8}",
+                f"workload.output_len={reach * 8}",
                 "++reproduce.speculation.acceptance=calibrated",
                 *args.overrides,
                 *variant,
@@ -701,9 +709,11 @@ def main() -> None:
     env = environment()
     rows = []
     rounds = steps_per_row(args)
-    span = rounds * 8 + 8  # positions a row's requests may reach: the output cap and a block
+    # steps a request may decode: the row's, and --fill-steps more while the batch is admitted
+    reach = rounds + args.fill_steps
+    span = reach * 8 + 8  # positions a row's requests may reach: the output cap and a block
 
-    row_cfg = row_configs(args, batches, rounds)
+    row_cfg = row_configs(args, batches, reach)
 
     # one context for every row (rows compare at it), in one scan bucket of the first row's
     # engine config, and within its model's context
@@ -727,6 +737,10 @@ def main() -> None:
             f"{l_step}), capturing graphs among the timed steps"
         )
         args.context = context
+    try:
+        fill_allowance(first.model.max_context_len, args.context, rounds, args.fill_steps)
+    except ValueError as e:
+        sys.exit(f"bench_decode_step: {e}")
     builds = [
         (rep, variant, model, system)
         for rep in range(1, args.repeats + 1)
@@ -831,6 +845,7 @@ def row_key(r: dict) -> tuple:
         r.get("experiment"),
         tuple(r.get("overrides") or ()),
         r.get("repeat", 1),
+        r.get("fill_steps_allowed", 0),  # longer caps reserve more memory per request
     )
 
 
@@ -840,7 +855,13 @@ def write_rows(path: Path, rows: list[dict], env: dict, overrides: list, torch) 
     is known. Called after every row, so a run cut by a time box keeps what it measured."""
 
     def build(r):  # the same build and repeat: a round against its own plain step
-        return (r["model"], r["batch"], tuple(r.get("overrides") or ()), r.get("repeat", 1))
+        return (
+            r["model"],
+            r["batch"],
+            tuple(r.get("overrides") or ()),
+            r.get("repeat", 1),
+            r.get("fill_steps_allowed", 0),
+        )
 
     plain = {build(r): r["step_ms"] for r in rows if r["system"] == ROUND_BASE}
     for r in rows:

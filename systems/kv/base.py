@@ -421,12 +421,12 @@ class KVBackend(ABC):
             copies()
             return
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        self._side_copies = True
+        outer, self._side_copies = self._side_copies, True
         try:
             with torch.cuda.stream(stream):
                 copies()
         finally:
-            self._side_copies = False
+            self._side_copies = outer
 
     def _copy_programs(self) -> int | None:
         """The row-copy grid for copies queued now: bounded on the handoff stream, where the

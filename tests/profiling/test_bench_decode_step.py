@@ -409,8 +409,14 @@ def test_a_batch_that_cannot_fill_is_named_not_waited_for_forever():
     assert B.fill_batch(_FillEngine(reqs, cap=10), reqs, 4) == 4  # one admitted a step
     reqs = _reqs(4)
     # admission slower than the output cap: the first request finishes before the last is in
-    with pytest.raises(RuntimeError, match=r"did not fill: after \d+ steps 1 requests finished"):
-        B.fill_batch(_FillEngine(reqs, cap=5, every=3), reqs, 4)
+    with pytest.raises(RuntimeError, match=r"did not fill within 8 steps: 1 running, 1 requests"):
+        B.fill_batch(_FillEngine(reqs, cap=5, every=3), reqs, 4, allowance=20)
+    # slower than the caps spare (no request finished yet): stopped before the row shrinks
+    reqs = _reqs(4)
+    with pytest.raises(RuntimeError, match=r"within 5 steps: 1 running; admission waits"):
+        B.fill_batch(_FillEngine(reqs, cap=100, every=4), reqs, 4)
+    reqs = _reqs(4)
+    assert B.fill_batch(_FillEngine(reqs, cap=100, every=4), reqs, 4, allowance=12) == 16
     # --fill-steps is bounded by the positions the context leaves
     assert B.fill_allowance(51072, 49152, 137, 100) == 100
     with pytest.raises(ValueError, match="leaves room for 102 more steps"):
