@@ -247,12 +247,14 @@ def fill_batch(eng, reqs, batch: int, allowance: int = 0) -> int:
     """Step the engine until ``batch`` requests run; returns the steps it took. Raises, naming
     the admission's waits, once a request has finished first (failed, or its output cap
     reached while others waited: the batch could then never fill) or the fill has taken more
-    steps than the caps spare (``allowance``, ``--fill-steps``, and ``CAP_SLACK``): the first
-    requests would then finish during the row, shrinking its batch."""
+    steps than the caps spare before the graph replay (``allowance``, ``--fill-steps``, plus
+    the handoff waves' steps and ``CAP_SLACK``): a replay over a released slot reads freed
+    pages. A fill past ``allowance + CAP_SLACK`` steps alone may shrink the batch during the
+    handoff waves, which the row then says (``handoff_batch_shrank``)."""
     steps = 0
     while len(eng.scheduler.running) < batch:
         done = [r for r in reqs if r.finish_reason is not None]
-        if done or steps > allowance + CAP_SLACK:
+        if done or steps > allowance + CAP_SLACK + HANDOFF_STEPS:
             why = f", {len(done)} requests finished ({done[0].finish_reason})" if done else ""
             raise RuntimeError(
                 f"the batch of {batch} did not fill within {steps} steps: "
@@ -540,6 +542,8 @@ def measure(eng, m, batch: int, args, torch) -> dict:
     # residency reclaims optional pages for them and repopulates after), so the profile, the
     # host profile and the replay above measure the state the timed steps ran in
     row.update(handoff_steps(eng, prompt, args, torch))
+    # a request that reached its cap during the waves (a slow fill spent part of it)
+    row["handoff_batch_shrank"] = any(r.finish_reason is not None for r in reqs)
     for r in reqs:
         eng.abort(r)
     eng.run_until_idle()

@@ -411,12 +411,14 @@ def test_a_batch_that_cannot_fill_is_named_not_waited_for_forever():
     # admission slower than the output cap: the first request finishes before the last is in
     with pytest.raises(RuntimeError, match=r"did not fill within 8 steps: 1 running, 1 requests"):
         B.fill_batch(_FillEngine(reqs, cap=5, every=3), reqs, 4, allowance=20)
-    # slower than the caps spare (no request finished yet): stopped before the row shrinks
-    reqs = _reqs(4)
-    with pytest.raises(RuntimeError, match=r"within 5 steps: 1 running; admission waits"):
-        B.fill_batch(_FillEngine(reqs, cap=100, every=4), reqs, 4)
-    reqs = _reqs(4)
-    assert B.fill_batch(_FillEngine(reqs, cap=100, every=4), reqs, 4, allowance=12) == 16
+    # slower than the caps spare before the replay (no request finished yet): stopped
+    reqs = _reqs(2)
+    spare = B.CAP_SLACK + B.HANDOFF_STEPS
+    with pytest.raises(RuntimeError, match=rf"within {spare + 1} steps: 0 running; admission"):
+        B.fill_batch(_FillEngine(reqs, cap=1000, every=spare + 2), reqs, 2)
+    reqs = _reqs(2)
+    got = B.fill_batch(_FillEngine(reqs, cap=1000, every=spare + 2), reqs, 2, allowance=2 * spare)
+    assert got == 2 * (spare + 2)
     # --fill-steps is bounded by the positions the context leaves
     assert B.fill_allowance(51072, 49152, 137, 100) == 100
     with pytest.raises(ValueError, match="leaves room for 102 more steps"):
