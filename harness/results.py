@@ -646,13 +646,14 @@ KV_IMPLICIT_BEFORE = {
 }
 # engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
 # the batch), the CUDA graphs' padding ladder and their capture at start-up, the handoffs in
-# flight
+# flight, the decode stream's priority
 ENGINE_IMPLICIT_BEFORE = {
     "overlap_schedule": True,
     "async_handoffs": True,
     "cuda_graph_bs": None,
     "cuda_graph_warmup": True,
     "max_handoffs_in_flight": 0,
+    "decode_stream_priority": 0,
 }
 # model: the GEMM implementation (cuBLAS was all there was)
 MODEL_IMPLICIT_BEFORE = {"gemm_impl": "cublas"}

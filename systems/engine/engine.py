@@ -130,6 +130,11 @@ class EngineConfig:
     # running batch keeps decoding; it joins the batch when the copies are done (false: every
     # handoff completes before the next step, the decode stream waits for it)
     async_handoffs: bool = True
+    # the CUDA stream priority of the engine's own work (steps, admission): 0 runs it on the
+    # thread's current stream, as torch gives it; negative on a stream of that priority (torch
+    # maps it into the device's range), above the handoff stream's 0, so that the GPU's block
+    # scheduler dispatches a step's blocks ahead of the handoff copies' waiting ones
+    decode_stream_priority: int = 0
     seed: int = 0
     speculation: SpeculationConfig | None = None  # system.speculation
     profile: dict | None = None  # conf/profile/<name>.yaml; None or name=none: off
@@ -150,10 +155,43 @@ class EngineConfig:
     cuda_graph_warmup_lens: tuple[int, int] | None = None
 
 
+# decode streams of this process, by (device index, priority): engines built one after another
+# (a benchmark's rows) share one, so memory one engine freed stays reusable by the next
+_DECODE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
+def use_decode_stream(device: torch.device, priority: int):
+    """Make the calling thread's current stream the one ``engine.decode_stream_priority`` asks
+    for, and return it (None: the thread's own current stream, nothing to set elsewhere). A
+    thread that an earlier engine moved to a decode stream goes back to the default stream
+    when this one asks for none. The device is synchronized before a switch: work queued on
+    the old stream (weights, pools) is done before the new one reads it."""
+    if device.type != "cuda":
+        return None
+    cur = torch.cuda.current_stream(device)
+    if priority == 0:
+        if cur in _DECODE_STREAMS.values():
+            torch.cuda.synchronize(device)
+            torch.cuda.set_stream(torch.cuda.default_stream(device))
+            torch.cuda.empty_cache()  # blocks cached for the other stream, free for this one
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _DECODE_STREAMS.get((index, priority))
+    if stream is None:
+        stream = _DECODE_STREAMS[(index, priority)] = torch.cuda.Stream(device, priority=priority)
+    if cur != stream:
+        torch.cuda.synchronize(device)
+        torch.cuda.set_stream(stream)
+        torch.cuda.empty_cache()
+    return stream
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
         self.device = torch.device(cfg.device)
+        # before anything is allocated or queued: the engine's memory and work on its stream
+        self.decode_stream = use_decode_stream(self.device, int(cfg.decode_stream_priority))
         # the batch's temperatures on the device: one temperature for all is a cached tensor
         self._temps_on_device = UniformValues(self.device, torch.float32)
         # wall seconds of each start-up phase (the server logs them: a server start is paid
@@ -355,6 +393,8 @@ class Engine:
     def _loop(self) -> None:
         from profiling.collectors import maybe_profile
 
+        if self.decode_stream is not None:  # a thread's current stream is its own
+            torch.cuda.set_stream(self.decode_stream)
         try:
             # collectors are entered on this thread: torch.profiler records the entering thread
             with maybe_profile(self.cfg.profile, out_dir=self.cfg.profile_dir, source=self) as prof:

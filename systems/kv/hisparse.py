@@ -304,7 +304,12 @@ class HiSparseBackend(KVBackend):
         for fols in self._followers.values():
             for a, f in enumerate(fols, start=1):
                 self._arena[f.index] = a if self.chi > 1 else 0
-        self._side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        # the step's own side stream (follower prefetch) at the step's priority
+        self._side = (
+            torch.cuda.Stream(dev, priority=getattr(torch.cuda.current_stream(dev), "priority", 0))
+            if dev.type == "cuda"
+            else None
+        )
         self._side_forked = False  # this step's forward put work on the prefetch stream
         # Resolver scratch, one per stream that resolves (main, follower prefetch), grown once
         # to the largest call here: a captured graph holds their addresses, so they never move.

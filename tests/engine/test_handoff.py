@@ -223,3 +223,60 @@ def test_admission_steps_and_release_never_write_an_element_from_the_host(system
     with spy:
         _serve(eng, [4, 3, 5, 2, 4])
     assert not spy.sites, sorted(set(spy.sites))
+
+
+def test_decode_stream_priority_moves_the_thread_and_back(monkeypatch):
+    """engine.decode_stream_priority: a negative priority puts the calling thread on a shared
+    stream of that priority (after a synchronize, so work queued before is done); a later
+    engine asking for none puts a thread an engine moved back on the default stream, and
+    leaves a thread no engine moved alone. Fake CUDA calls stand in for a GPU."""
+    import torch
+
+    from systems.engine import engine as E
+
+    class FakeStream:
+        def __init__(self, device=None, priority=0):
+            self.priority = priority
+
+    default = FakeStream()
+    state = {"cur": default, "syncs": 0, "sets": []}
+
+    def set_stream(s):
+        state["cur"] = s
+        state["sets"].append(s)
+
+    monkeypatch.setattr(E, "_DECODE_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: state["cur"])
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: default)
+    monkeypatch.setattr(torch.cuda, "set_stream", set_stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda,
+        "synchronize",
+        lambda device=None: state.__setitem__("syncs", state["syncs"] + 1),
+    )
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    dev = torch.device("cuda", 0)
+
+    assert E.use_decode_stream(torch.device("cpu"), -1) is None  # nothing to do on a CPU
+    assert E.use_decode_stream(dev, 0) is None and state["sets"] == []  # left alone
+    s = E.use_decode_stream(dev, -1)
+    assert state["cur"] is s and s.priority == -1 and state["syncs"] == 1
+    assert E.use_decode_stream(dev, -1) is s and state["syncs"] == 1  # shared, no new switch
+    assert E.use_decode_stream(dev, 0) is None
+    assert state["cur"] is default and state["syncs"] == 2  # moved back by the next engine
+
+
+def test_decode_stream_priority_is_a_no_op_on_cpu():
+    eng = make_engine("system=hisparse", "engine.decode_stream_priority=-1")
+    assert eng.decode_stream is None
+    base = make_engine("system=hisparse")
+    outs = []
+    for e in (eng, base):
+        reqs = [Request(e.new_rid(), p, SamplingParams(max_new_tokens=4)) for p in golden_prompts()]
+        for r in reqs:
+            e.submit(r)
+        e.run_until_idle()
+        outs.append([r.output_ids for r in reqs])
+    assert outs[0] == outs[1]
