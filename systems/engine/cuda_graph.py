@@ -127,7 +127,15 @@ class GraphCache:
             "eager_steps": 0,
         }
         self._pool = None if emulate else torch.cuda.graph_pool_handle()
-        self._stream = None if emulate else torch.cuda.Stream(device)
+        # captures run at the engine's stream priority (engine.decode_stream_priority): a
+        # capturing step's eager run then stays ahead of the handoff copies as a replay does
+        self._stream = (
+            None
+            if emulate
+            else torch.cuda.Stream(
+                device, priority=getattr(torch.cuda.current_stream(device), "priority", 0)
+            )
+        )
         self.broken = False  # a capture failed: every later step runs eagerly
 
     def padded_key(self, key: tuple, at: int = 0) -> tuple | None:

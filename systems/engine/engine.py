@@ -165,7 +165,13 @@ def use_decode_stream(device: torch.device, priority: int):
     for, and return it (None: the thread's own current stream, nothing to set elsewhere). A
     thread that an earlier engine moved to a decode stream goes back to the default stream
     when this one asks for none. The device is synchronized before a switch: work queued on
-    the old stream (weights, pools) is done before the new one reads it."""
+    the old stream (weights, pools) is done before the new one reads it. Only the thread that
+    built the engine and its loop thread run on the stream: call ``step`` from one of them
+    (``metrics`` orders a reader's thread after the stream)."""
+    if priority > 0:
+        raise ValueError(
+            f"engine.decode_stream_priority: 0 or negative (higher priority), got {priority}"
+        )
     if device.type != "cuda":
         return None
     cur = torch.cuda.current_stream(device)
@@ -874,6 +880,9 @@ class Engine:
             for name, cache in (("graph", gr.cache), ("drafter_graph", gr.drafter)):
                 for k, v in dict(cache.stats).items():
                     m[f"dhs_{name}_{k}_total"] = v
+        if sync and self.decode_stream is not None:
+            # a caller's thread queues its reads on its own stream: after the steps queued so far
+            torch.cuda.current_stream(self.device).wait_stream(self.decode_stream)
         m.update(self.backend.metrics(sync))
         for k, v in dict(getattr(self.decoder, "stats", {})).items():
             m[f"dhs_{k}"] = v

@@ -134,6 +134,22 @@ class HiSparseOptions(KVOptions):
         )
 
 
+_SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
+def side_stream(dev: torch.device) -> torch.cuda.Stream:
+    """The follower prefetch's side stream at the current stream's priority, one per device and
+    priority in a process: torch hands out a priority's streams from a pool of 32, round robin,
+    so a new one per backend (a benchmark's rows) would come back as the decode stream itself
+    after 32 backends, serializing the prefetch."""
+    priority = getattr(torch.cuda.current_stream(dev), "priority", 0)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    key = (index, priority)
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(dev, priority=priority)
+    return _SIDE_STREAMS[key]
+
+
 @register("hisparse", options=HiSparseOptions)
 class HiSparseBackend(KVBackend):
     def __init__(self, model_cfg, kv_cfg, device):
@@ -305,11 +321,7 @@ class HiSparseBackend(KVBackend):
             for a, f in enumerate(fols, start=1):
                 self._arena[f.index] = a if self.chi > 1 else 0
         # the step's own side stream (follower prefetch) at the step's priority
-        self._side = (
-            torch.cuda.Stream(dev, priority=getattr(torch.cuda.current_stream(dev), "priority", 0))
-            if dev.type == "cuda"
-            else None
-        )
+        self._side = side_stream(dev) if dev.type == "cuda" else None
         self._side_forked = False  # this step's forward put work on the prefetch stream
         # Resolver scratch, one per stream that resolves (main, follower prefetch), grown once
         # to the largest call here: a captured graph holds their addresses, so they never move.

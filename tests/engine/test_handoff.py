@@ -259,6 +259,8 @@ def test_decode_stream_priority_moves_the_thread_and_back(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     dev = torch.device("cuda", 0)
 
+    with pytest.raises(ValueError, match="decode_stream_priority: 0 or negative"):
+        E.use_decode_stream(torch.device("cpu"), 1)
     assert E.use_decode_stream(torch.device("cpu"), -1) is None  # nothing to do on a CPU
     assert E.use_decode_stream(dev, 0) is None and state["sets"] == []  # left alone
     s = E.use_decode_stream(dev, -1)
