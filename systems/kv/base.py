@@ -220,8 +220,9 @@ class KVBackend(ABC):
         # row copies (handoff imports, backups, restores): the word-wide kernel on a GPU, where
         # it reads or writes the pinned host store through UVA
         self.copy_impl = "triton" if self.device.type == "cuda" else "reference"
-        # the row-copy kernel's blocks per source for copies on the handoff stream (None: one
-        # per row); a backend with the option sets it. Whether copies are being queued there
+        # the row-copy kernel's blocks per launch for copies on the handoff stream (None: one
+        # per row and source); a backend with the option sets it. Whether copies are being
+        # queued there now
         self.side_copy_programs: int | None = None
         self._side_copies = False
         self.slot_len = [0] * self.num_slots  # committed positions per slot (host-side)
