@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
+from systems.cuda_streams import current_priority
 from systems.host_sync import no_host_sync
 
 log = logging.getLogger("dhs.cuda_graph")
@@ -130,11 +131,7 @@ class GraphCache:
         # captures run at the engine's stream priority (engine.decode_stream_priority): a
         # capturing step's eager run then stays ahead of the handoff copies as a replay does
         self._stream = (
-            None
-            if emulate
-            else torch.cuda.Stream(
-                device, priority=getattr(torch.cuda.current_stream(device), "priority", 0)
-            )
+            None if emulate else torch.cuda.Stream(device, priority=current_priority(device))
         )
         self.broken = False  # a capture failed: every later step runs eagerly
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from profiling.ranges import STEP, nvtx_range
+from systems.cuda_streams import is_shared, shared_stream
 from systems.engine.prefill import PrefixStore, PromptKey
 from systems.engine.request import ReqStatus, Request
 from systems.engine.sampler import sample_on_host
@@ -155,11 +156,6 @@ class EngineConfig:
     cuda_graph_warmup_lens: tuple[int, int] | None = None
 
 
-# decode streams of this process, by (device index, priority): engines built one after another
-# (a benchmark's rows) share one, so memory one engine freed stays reusable by the next
-_DECODE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
-
-
 def use_decode_stream(device: torch.device, priority: int):
     """Make the calling thread's current stream the one ``engine.decode_stream_priority`` asks
     for, and return it (None: the thread's own current stream, nothing to set elsewhere). A
@@ -176,15 +172,13 @@ def use_decode_stream(device: torch.device, priority: int):
         return None
     cur = torch.cuda.current_stream(device)
     if priority == 0:
-        if cur in _DECODE_STREAMS.values():
+        if is_shared(cur, "decode"):
             torch.cuda.synchronize(device)
             torch.cuda.set_stream(torch.cuda.default_stream(device))
             torch.cuda.empty_cache()  # blocks cached for the other stream, free for this one
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _DECODE_STREAMS.get((index, priority))
-    if stream is None:
-        stream = _DECODE_STREAMS[(index, priority)] = torch.cuda.Stream(device, priority=priority)
+    # engines built one after another (a benchmark's rows) share it (systems/cuda_streams.py)
+    stream = shared_stream(device, "decode", priority)
     if cur != stream:
         torch.cuda.synchronize(device)
         torch.cuda.set_stream(stream)

@@ -507,16 +507,7 @@ class AdaptiveBackend(HiSparseBackend):
             return
         stream = self._handoff(True)
         self._on_stream(stream, lambda: self._backup_pages(slot, unbacked))
-        self.reclaiming[slot] = (self._reclaim_event(stream), unbacked)
-
-    def _reclaim_event(self, stream):
-        """What says a background reclaim's copies are done: a CUDA event on ``stream``, None
-        where the copies ran in order on the current stream (CPU)."""
-        if stream is None:
-            return None
-        ev = torch.cuda.Event()
-        ev.record(stream)
-        return ev
+        self.reclaiming[slot] = (self._copies_done(stream), unbacked)
 
     def _order_after(self, ev) -> None:
         """Everything queued on the decode stream from now on runs after ``ev``'s copies: a

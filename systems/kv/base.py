@@ -398,8 +398,7 @@ class KVBackend(ABC):
         try:
             self._on_stream(stream, lambda: self.import_history(slot, prefix))
             if stream is not None:
-                done = torch.cuda.Event()
-                done.record(stream)
+                done = self._copies_done(stream)
                 # the prefix's tensors were allocated on the decode stream: keep their memory
                 # from being reused there before the copies have read it
                 for t in (prefix.kv, *prefix.index.values()):
@@ -428,6 +427,15 @@ class KVBackend(ABC):
                 copies()
         finally:
             self._side_copies = outer
+
+    def _copies_done(self, stream):
+        """What says the copies queued on ``stream`` so far are done: a CUDA event recorded
+        there; None where ``stream`` is None (the copies ran in order on the current stream)."""
+        if stream is None:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        return ev
 
     def _copy_programs(self) -> int | None:
         """The row-copy grid for copies queued now: bounded on the handoff stream, where the

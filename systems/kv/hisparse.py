@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, FOLLOWER_PREFETCH, RESOLVER, nvtx_range
+from systems.cuda_streams import shared_stream
 from systems.host_sync import CounterSnapshot, allow_host_sync, to_device
 from systems.kernels.backup import backup_rows
 from systems.kernels.resolver import (
@@ -132,22 +133,6 @@ class HiSparseOptions(KVOptions):
             resolver_impl=impl,
             tail_rows=int(self.tail_rows) or max(2 * max_queries_per_step, 16),
         )
-
-
-_SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
-
-
-def side_stream(dev: torch.device) -> torch.cuda.Stream:
-    """The follower prefetch's side stream at the current stream's priority, one per device and
-    priority in a process: torch hands out a priority's streams from a pool of 32, round robin,
-    so a new one per backend (a benchmark's rows) would come back as the decode stream itself
-    after 32 backends, serializing the prefetch."""
-    priority = getattr(torch.cuda.current_stream(dev), "priority", 0)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    key = (index, priority)
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(dev, priority=priority)
-    return _SIDE_STREAMS[key]
 
 
 @register("hisparse", options=HiSparseOptions)
@@ -321,7 +306,7 @@ class HiSparseBackend(KVBackend):
             for a, f in enumerate(fols, start=1):
                 self._arena[f.index] = a if self.chi > 1 else 0
         # the step's own side stream (follower prefetch) at the step's priority
-        self._side = side_stream(dev) if dev.type == "cuda" else None
+        self._side = shared_stream(dev, "prefetch") if dev.type == "cuda" else None
         self._side_forked = False  # this step's forward put work on the prefetch stream
         # Resolver scratch, one per stream that resolves (main, follower prefetch), grown once
         # to the largest call here: a captured graph holds their addresses, so they never move.

@@ -232,6 +232,7 @@ def test_decode_stream_priority_moves_the_thread_and_back(monkeypatch):
     leaves a thread no engine moved alone. Fake CUDA calls stand in for a GPU."""
     import torch
 
+    from systems import cuda_streams
     from systems.engine import engine as E
 
     class FakeStream:
@@ -245,7 +246,7 @@ def test_decode_stream_priority_moves_the_thread_and_back(monkeypatch):
         state["cur"] = s
         state["sets"].append(s)
 
-    monkeypatch.setattr(E, "_DECODE_STREAMS", {})
+    monkeypatch.setattr(cuda_streams, "_STREAMS", {})
     monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: state["cur"])
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: default)

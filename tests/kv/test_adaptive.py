@@ -75,7 +75,7 @@ def _slow_reclaims(be, polls: int) -> list[SlowCopy]:
         made.append(SlowCopy(polls))
         return made[-1]
 
-    be._reclaim_event = event
+    be._copies_done = event  # the reclaims' (admit asks only on a GPU)
     return made
 
 
