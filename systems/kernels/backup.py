@@ -51,17 +51,19 @@ if _HAVE_TRITON:
         src_stride,
         dst_stride,
         N,
+        TILES,
+        S,
         W: tl.constexpr,
         W_P: tl.constexpr,
         BLOCK_R: tl.constexpr,
     ):
-        # programs (P, source): program p copies tiles p, p + P, ... of BLOCK_R rows, W words
-        # each, of one source (P = N, BLOCK_R = 1: a program per row)
-        s = tl.program_id(1).to(tl.int64)
+        # P programs share the S x TILES (source, tile) pairs: program p copies pairs p, p + P, ...,
+        # a tile being BLOCK_R rows of W words (P = S x N, BLOCK_R = 1: a program per row and source)
         rr = tl.arange(0, BLOCK_R)
         ww = tl.arange(0, W_P)
-        for t in range(tl.program_id(0), tl.cdiv(N, BLOCK_R), tl.num_programs(0)):
-            i = t * BLOCK_R + rr
+        for f in range(tl.program_id(0), S * TILES, tl.num_programs(0)):
+            s = (f // TILES).to(tl.int64)
+            i = (f % TILES) * BLOCK_R + rr
             mi = i < N
             a = tl.load(src_rows_ptr + i, mask=mi, other=0)
             b = tl.load(dst_rows_ptr + i, mask=mi, other=0)
@@ -84,10 +86,12 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def copy_rows_triton(src, dst, src_rows, dst_rows, programs: int | None = None) -> None:
-    """``programs``: the launch's thread blocks, shared among the sources (at least one each),
-    each looping over tiles of rows (None: one block per row and source). Copies queued beside
-    decode steps take a few: a block per row fills every SM with the copy's blocks (1.3M of
-    them for a 50K-token, 26-source import), and the step's kernels wait for SMs behind them."""
+    """``programs``: the launch's thread blocks, each looping over (source, tile of rows) pairs
+    (None: one block per row and source). Copies queued beside decode steps take a few: a block
+    per row fills every SM with the copy's blocks (1.3M of them for a 50K-token, 26-source
+    import), and a step's matrix-product block, which needs an SM's whole register file, waits
+    until every copy block on that SM has left. A bounded grid holds at most ``programs`` SMs
+    for the copy's duration, whatever the number of sources."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use the reference")
     if not (src.is_contiguous() and dst.is_contiguous()):
@@ -105,8 +109,9 @@ def copy_rows_triton(src, dst, src_rows, dst_rows, programs: int | None = None) 
     W = s_words.shape[-1]
     block = 1 if programs is None else _TILE_ROWS
     S = src.shape[0]
-    grid = N if programs is None else min(max(1, programs // S), triton.cdiv(N, block))
-    _copy_rows_kernel[(grid, S)](
+    tiles = triton.cdiv(N, block)
+    grid = S * tiles if programs is None else min(programs, S * tiles)
+    _copy_rows_kernel[(grid,)](
         s_words,
         d_words,
         src_rows,
@@ -114,6 +119,8 @@ def copy_rows_triton(src, dst, src_rows, dst_rows, programs: int | None = None) 
         s_words.stride(0),
         d_words.stride(0),
         N,
+        tiles,
+        S,
         W=W,
         W_P=triton.next_power_of_2(W),
         BLOCK_R=block,

@@ -24,12 +24,14 @@ pytestmark = interpreted(bk._copy_rows_kernel)
         (3, 41, 53, 656, 9, None),
         (2, 9, 30, 6, 5, None),
         (5, 17, 40, 34, 17, None),
-        # a bounded grid: blocks loop over tiles of rows, the last tile partial; fewer blocks
-        # than sources still give each source one
+        # a bounded grid: blocks loop over (source, tile) pairs, the last tile partial; fewer
+        # blocks than sources, and more blocks than pairs
         (3, 41, 53, 656, 37, 7),
         (3, 41, 53, 656, 37, 2),
         (2, 60, 70, 6, 41, 1),
         (1, 9, 30, 34, 5, 4),
+        (5, 17, 40, 34, 17, 3),
+        (2, 9, 30, 6, 3, 64),
     ],
 )
 def test_kernel_matches_reference(S, NG, NH, rb, N, programs):
