@@ -39,6 +39,9 @@ Per (model, system, batch) row:
   (reservations, copies queued),
   ``handoff_arrival_step_ms`` the median step in which requests landed; with ``--host-profile``
   ``handoff_arrival_host_profile`` is a further wave's landing step under cProfile.
+  ``handoff_host_rows_per_step`` and ``handoff_backup_rows_per_step``: host-fetched and
+  backed-up rows per step of the waves (an adaptive admission into a full pool reclaims running
+  requests' optional pages, which the next steps fetch from host).
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): the weights in bf16 (of the embedding table only the rows gathered) + the
   selected KV rows (B x queries x layers x k x row bytes) + the indexer's scan of every visible
@@ -410,6 +413,16 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         # handoff's own time (TTFT's part), which a copy slowed to spare the steps lengthens
         "handoff_wave_ms": med_ms(waves),
         "handoff_counters": {k: c1[k] - c0[k] for k in keys if k in c0 and k in c1},
+        # per step of the waves, beside the row's own host_rows_per_step: the adaptive
+        # backend's admissions reclaim running requests' optional pages, whose selections then
+        # come from host (their slowdown is the policy's, not the copies')
+        **{
+            name: (c1[k] - c0[k]) / steps if k in c0 and k in c1 and steps else None
+            for name, k in (
+                ("handoff_host_rows_per_step", "dhs_selected_rows_from_host_total"),
+                ("handoff_backup_rows_per_step", "dhs_host_backup_rows_total"),
+            )
+        },
     }
 
 
@@ -785,7 +798,7 @@ def main() -> None:
                     else ""
                 )
                 + f"{model:12s} {system:20s} B={B:3d} step {row['step_ms']:7.2f} ms  "
-                f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  wave {row['handoff_wave_ms'] or 0:6.1f} ms  replay {row['replay_ms'] or 0:6.2f} ms  floor "
+                f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  wave {row['handoff_wave_ms'] or 0:6.1f} ms  host rows {row['host_rows_per_step'] or 0:.0f} (waves {row['handoff_host_rows_per_step'] or 0:.0f})  replay {row['replay_ms'] or 0:6.2f} ms  floor "
                 f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f} (events {row['busy_share_events'] or 0:.2f})  kernels "
                 f"{row['kernels_per_step'] or 0:6.0f}"
                 + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),

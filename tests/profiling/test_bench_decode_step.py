@@ -133,6 +133,8 @@ def test_handoff_steps_repeat_waves_until_enough_steps_saw_copies_in_flight():
     assert row["handoff_arrival_steps"] == 4  # the landing steps are timed apart
     assert eng.steps == 16  # an admitting step per wave, not timed as in flight
     assert row["handoff_counters"] == {"dhs_host_backup_rows_total": 16}
+    assert row["handoff_backup_rows_per_step"] == 1.0  # 16 rows over the waves' 16 steps
+    assert row["handoff_host_rows_per_step"] is None  # a counter the backend lacks
     assert row["handoff_wave_ms"] is not None and row["handoff_wave_ms"] >= 0
     slow = _FakeEngine(lag=10_000)  # never arrives: the step budget ends it
     row = B.handoff_steps(slow, [1], args, _FakeTorch)
