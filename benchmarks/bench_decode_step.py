@@ -42,6 +42,11 @@ Per (model, system, batch) row:
   ``handoff_host_rows_per_step`` and ``handoff_backup_rows_per_step``: host-fetched and
   backed-up rows per step of the waves (an adaptive admission into a full pool reclaims running
   requests' optional pages, which the next steps fetch from host).
+  With ``--handoff-trace``, ``handoff_wave_trace`` is one more wave under torch.profiler, from
+  its admitting step to the step it lands in: each step's wall time, and per CUDA stream its
+  kernel and copy time and its top kernels (``wave_activity``), which tells a step slowed by
+  the copies' blocks (kernels on the handoff stream beside the decode stream's) from one that
+  waits for them or fetches more from host.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): the weights in bf16 (of the embedding table only the rows gathered) + the
   selected KV rows (B x queries x layers x k x row bytes) + the indexer's scan of every visible
@@ -153,6 +158,39 @@ def trace_activity(trace: dict) -> dict:
     }
 
 
+def wave_activity(trace: dict, top: int = 8) -> dict:
+    """Per CUDA stream of a chrome trace (torch.profiler): kernel milliseconds, copy
+    milliseconds and gigabytes, and the ``top`` kernels by time (microseconds); streams keyed by
+    their id as a string, busiest first."""
+    per: dict[str, dict] = {}
+    for e in trace.get("traceEvents", []):
+        cat = e.get("cat")
+        if cat not in GPU_CATS or e.get("ph") != "X":
+            continue
+        a = e.get("args", {})
+        st = per.setdefault(
+            str(a.get("stream", "?")),
+            {
+                "kernel_ms": 0.0,
+                "memcpy_ms": 0.0,
+                "memcpy_gb": 0.0,
+                "kernels": collections.Counter(),
+            },
+        )
+        dur = float(e.get("dur", 0))
+        if cat == "kernel":
+            st["kernel_ms"] += dur / 1e3
+            st["kernels"][str(e.get("name", ""))[:80]] += dur
+        else:
+            st["memcpy_ms"] += dur / 1e3
+            st["memcpy_gb"] += float(a.get("bytes", 0)) / 1e9
+    out = {}
+    for sid, st in sorted(per.items(), key=lambda kv: -(kv[1]["kernel_ms"] + kv[1]["memcpy_ms"])):
+        kernels = st.pop("kernels")
+        out[sid] = {**st, "top_kernel_us": dict(kernels.most_common(top))}
+    return out
+
+
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # kernel and graph launches (Triton: the driver)
 
 
@@ -228,7 +266,10 @@ def steps_per_row(args) -> int:
     replay over a released slot would read freed pages)."""
     # --host-profile: its pipelined steps, and the landing wave's (_landing_profile)
     host = args.steps + HANDOFF_STEPS + 1 if args.host_profile else 0
-    return args.warmup + 2 * args.steps + host + HANDOFF_STEPS + args.profile_steps + CAP_SLACK
+    trace = HANDOFF_STEPS if getattr(args, "handoff_trace", False) else 0  # _wave_trace's wave
+    return (
+        args.warmup + 2 * args.steps + host + trace + HANDOFF_STEPS + args.profile_steps + CAP_SLACK
+    )
 
 
 CAP_SLACK = 4  # steps an output cap covers beyond those a row runs
@@ -389,6 +430,9 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         torch.cuda.synchronize()
     c1 = eng.backend.metrics()
     land_profile = _landing_profile(eng, prompt, args, sync) if args.host_profile else None
+    wave_trace = (
+        _wave_trace(eng, prompt, sync, torch) if getattr(args, "handoff_trace", False) else None
+    )
 
     def med_ms(v):
         return statistics.median(v) * 1e3 if v else None
@@ -403,6 +447,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         # with --host-profile, one more wave's first step in which requests landed, under
         # cProfile (not among the timed steps): what landing costs on the host
         **({"handoff_arrival_host_profile": land_profile} if land_profile else {}),
+        **({"handoff_wave_trace": wave_trace} if wave_trace else {}),
         "handoff_admit_step_ms": statistics.median(admits),
         "handoff_step_ms": med_ms(inflight),
         "handoff_steps": len(inflight),
@@ -447,6 +492,34 @@ def _landing_profile(eng, prompt, args, sync) -> list[dict] | None:
         if eng.stats["handoffs_total"] > arrived:
             return rows
     return None
+
+
+def _wave_trace(eng, prompt, sync, torch) -> dict:
+    """One more wave of ``HANDOFFS`` arrivals under torch.profiler, from its admitting step to
+    the step it lands in (at most ``HANDOFF_STEPS``): each step's wall time and the GPU's work
+    per stream over the wave (``wave_activity``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from systems.engine.request import Request, SamplingParams
+
+    for _ in range(HANDOFFS):
+        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
+    torch.cuda.synchronize()
+    steps_ms = []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(HANDOFF_STEPS):
+            t0 = time.perf_counter()
+            eng.step()
+            sync()
+            steps_ms.append((time.perf_counter() - t0) * 1e3)
+            if not eng.scheduler.arriving:
+                break
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        streams = wave_activity(json.loads(Path(path).read_text()))
+    return {"steps_ms": steps_ms, "streams": streams}
 
 
 def _gpu_time(eng) -> tuple[float, float]:
@@ -680,6 +753,12 @@ def main() -> None:
         help="times to measure every row (with --variants: A B A B ...); rows carry `repeat`",
     )
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument(
+        "--handoff-trace",
+        action="store_true",
+        help="profile one more handoff wave (torch.profiler): each step's time and the GPU's "
+        "work per stream (rows' handoff_wave_trace)",
+    )
     ap.add_argument(
         "--host-profile",
         type=int,

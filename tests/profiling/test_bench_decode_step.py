@@ -142,6 +142,45 @@ def test_handoff_steps_repeat_waves_until_enough_steps_saw_copies_in_flight():
     assert row["handoff_wave_ms"] is None  # a wave that never landed has no time
 
 
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_wave_trace_profiles_one_wave_from_admission_to_landing():
+    """--handoff-trace: one more wave, its admitting step to its landing, each step timed (on a
+    CPU the profiler sees no GPU work, so no stream)."""
+    eng = _FakeEngine(lag=3)
+    got = B._wave_trace(eng, [1, 2, 3], lambda: None, _FakeTorch)
+    assert eng.steps == 4 and len(got["steps_ms"]) == 4  # admit, 2 in flight, the landing
+    assert eng.stats["handoffs_total"] == 1 and got["streams"] == {}
+
+
+def test_wave_activity_splits_the_gpu_work_by_stream():
+    """A handoff wave's trace: the decode stream's kernels and the handoff stream's copy kernel
+    and DMA apart, busiest stream first, with the top kernels by time."""
+
+    def ev(cat, stream, dur, name="k", nbytes=None):
+        args = {"stream": stream, **({"bytes": nbytes} if nbytes is not None else {})}
+        return {"cat": cat, "ph": "X", "ts": 0, "dur": dur, "name": name, "args": args}
+
+    trace = {
+        "traceEvents": [
+            ev("kernel", 7, 300.0, "gemm"),
+            ev("kernel", 7, 100.0, "attention"),
+            ev("kernel", 7, 50.0, "gemm"),
+            ev("kernel", 13, 900.0, "_copy_rows_kernel"),
+            ev("gpu_memcpy", 13, 2000.0, "Memcpy DtoH", nbytes=4_000_000_000),
+            ev("cpu_op", 7, 5000.0, "aten::mm"),  # host work: not the GPU's
+            {"cat": "kernel", "ph": "i", "name": "marker", "args": {"stream": 7}},
+        ]
+    }
+    got = B.wave_activity(trace, top=1)
+    assert list(got) == ["13", "7"]  # the handoff stream did more
+    top = got["13"].pop("top_kernel_us")
+    assert top == {"_copy_rows_kernel": 900.0}
+    assert got["13"] == pytest.approx({"kernel_ms": 0.9, "memcpy_ms": 2.0, "memcpy_gb": 4.0})
+    assert got["7"]["kernel_ms"] == pytest.approx(0.45) and got["7"]["memcpy_gb"] == 0
+    assert got["7"]["top_kernel_us"] == {"gemm": 350.0}  # one entry per name, summed
+    assert B.wave_activity({}) == {}
+
+
 def test_phase_kernels_attribute_kernels_to_the_range_that_launched_them():
     from systems.spec.decoder import PHASE_RANGE
 
