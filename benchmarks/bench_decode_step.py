@@ -44,9 +44,9 @@ Per (model, system, batch) row:
   requests' optional pages, which the next steps fetch from host).
   With ``--handoff-trace``, ``handoff_wave_trace`` is one more wave under torch.profiler, from
   its admitting step to the step it lands in: each step's wall time, and per CUDA stream its
-  kernel and copy time and its top kernels (``wave_activity``), which tells a step slowed by
+  kernel, copy and memset time and its top kernels (``wave_activity``), to tell a step slowed by
   the copies' blocks (kernels on the handoff stream beside the decode stream's) from one that
-  waits for them or fetches more from host.
+  waits for them or fetches more from host; its steps are not in the output caps.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): the weights in bf16 (of the embedding table only the rows gathered) + the
   selected KV rows (B x queries x layers x k x row bytes) + the indexer's scan of every visible
@@ -160,8 +160,8 @@ def trace_activity(trace: dict) -> dict:
 
 def wave_activity(trace: dict, top: int = 8) -> dict:
     """Per CUDA stream of a chrome trace (torch.profiler): kernel milliseconds, copy
-    milliseconds and gigabytes, and the ``top`` kernels by time (microseconds); streams keyed by
-    their id as a string, busiest first."""
+    milliseconds and gigabytes, memset milliseconds, and the ``top`` kernels by time
+    (microseconds); streams keyed by their id as a string, busiest first."""
     per: dict[str, dict] = {}
     for e in trace.get("traceEvents", []):
         cat = e.get("cat")
@@ -174,6 +174,7 @@ def wave_activity(trace: dict, top: int = 8) -> dict:
                 "kernel_ms": 0.0,
                 "memcpy_ms": 0.0,
                 "memcpy_gb": 0.0,
+                "memset_ms": 0.0,
                 "kernels": collections.Counter(),
             },
         )
@@ -181,11 +182,17 @@ def wave_activity(trace: dict, top: int = 8) -> dict:
         if cat == "kernel":
             st["kernel_ms"] += dur / 1e3
             st["kernels"][str(e.get("name", ""))[:80]] += dur
-        else:
+        elif cat == "gpu_memcpy":
             st["memcpy_ms"] += dur / 1e3
             st["memcpy_gb"] += float(a.get("bytes", 0)) / 1e9
+        else:
+            st["memset_ms"] += dur / 1e3
+
+    def busy(st: dict) -> float:
+        return st["kernel_ms"] + st["memcpy_ms"] + st["memset_ms"]
+
     out = {}
-    for sid, st in sorted(per.items(), key=lambda kv: -(kv[1]["kernel_ms"] + kv[1]["memcpy_ms"])):
+    for sid, st in sorted(per.items(), key=lambda kv: -busy(kv[1])):
         kernels = st.pop("kernels")
         out[sid] = {**st, "top_kernel_us": dict(kernels.most_common(top))}
     return out
@@ -266,10 +273,7 @@ def steps_per_row(args) -> int:
     replay over a released slot would read freed pages)."""
     # --host-profile: its pipelined steps, and the landing wave's (_landing_profile)
     host = args.steps + HANDOFF_STEPS + 1 if args.host_profile else 0
-    trace = HANDOFF_STEPS if getattr(args, "handoff_trace", False) else 0  # _wave_trace's wave
-    return (
-        args.warmup + 2 * args.steps + host + trace + HANDOFF_STEPS + args.profile_steps + CAP_SLACK
-    )
+    return args.warmup + 2 * args.steps + host + HANDOFF_STEPS + args.profile_steps + CAP_SLACK
 
 
 CAP_SLACK = 4  # steps an output cap covers beyond those a row runs
@@ -400,6 +404,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         "dhs_populated_pages_total",
         "dhs_host_backup_rows_total",
         "dhs_selected_rows_from_host_total",
+        "dhs_host_rows_copied_total",
         "dhs_selected_rows_total",
     )
     c0 = eng.backend.metrics()
@@ -464,7 +469,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         **{
             name: (c1[k] - c0[k]) / steps if k in c0 and k in c1 and steps else None
             for name, k in (
-                ("handoff_host_rows_per_step", "dhs_selected_rows_from_host_total"),
+                ("handoff_host_rows_per_step", "dhs_host_rows_copied_total"),
                 ("handoff_backup_rows_per_step", "dhs_host_backup_rows_total"),
             )
         },
@@ -497,14 +502,23 @@ def _landing_profile(eng, prompt, args, sync) -> list[dict] | None:
 def _wave_trace(eng, prompt, sync, torch) -> dict:
     """One more wave of ``HANDOFFS`` arrivals under torch.profiler, from its admitting step to
     the step it lands in (at most ``HANDOFF_STEPS``): each step's wall time and the GPU's work
-    per stream over the wave (``wave_activity``)."""
+    per stream over the wave (``wave_activity``). An earlier wave still arriving lands first,
+    unprofiled (``clean_start``: none was left). Its steps are not in the output caps, so a
+    traced row keeps an untraced one's context and caps: ``batch`` gives the requests running
+    at its start and end."""
     from torch.profiler import ProfilerActivity, profile
 
     from systems.engine.request import Request, SamplingParams
 
+    clean = not eng.scheduler.arriving
+    for _ in range(HANDOFF_STEPS):
+        if not eng.scheduler.arriving:
+            break
+        eng.step()
     for _ in range(HANDOFFS):
         eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
     torch.cuda.synchronize()
+    running = [len(eng.scheduler.running)]
     steps_ms = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(HANDOFF_STEPS):
@@ -515,11 +529,12 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
             if not eng.scheduler.arriving:
                 break
         torch.cuda.synchronize()
+    running.append(len(eng.scheduler.running))
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
         streams = wave_activity(json.loads(Path(path).read_text()))
-    return {"steps_ms": steps_ms, "streams": streams}
+    return {"steps_ms": steps_ms, "clean_start": clean, "batch": running, "streams": streams}
 
 
 def _gpu_time(eng) -> tuple[float, float]:

@@ -89,9 +89,8 @@ def copy_rows_triton(src, dst, src_rows, dst_rows, programs: int | None = None) 
     """``programs``: the launch's thread blocks, each looping over (source, tile of rows) pairs
     (None: one block per row and source). Copies queued beside decode steps take a few: a block
     per row fills every SM with the copy's blocks (1.3M of them for a 50K-token, 26-source
-    import), and a step's matrix-product block, which needs an SM's whole register file, waits
-    until every copy block on that SM has left. A bounded grid holds at most ``programs`` SMs
-    for the copy's duration, whatever the number of sources."""
+    import), and the step's kernels wait for SMs behind them. A bounded grid holds at most
+    ``programs`` SMs for the copy's duration, whatever the number of sources."""
     if not _HAVE_TRITON:
         raise RuntimeError("triton is not installed; use the reference")
     if not (src.is_contiguous() and dst.is_contiguous()):
@@ -110,6 +109,8 @@ def copy_rows_triton(src, dst, src_rows, dst_rows, programs: int | None = None) 
     block = 1 if programs is None else _TILE_ROWS
     S = src.shape[0]
     tiles = triton.cdiv(N, block)
+    if S * tiles >= 2**31:  # the kernel's (source, tile) index is 32-bit
+        raise ValueError(f"{S} sources x {tiles} tiles of rows exceed one launch's index")
     grid = S * tiles if programs is None else min(programs, S * tiles)
     _copy_rows_kernel[(grid,)](
         s_words,

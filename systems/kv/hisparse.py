@@ -81,9 +81,9 @@ class HiSparseOptions(KVOptions):
     # fixes it, e.g. to sweep the verification copy's width in bench_decode_step
     copy_programs_per_request: int = 0
     # thread blocks of each row-copy launch queued on the handoff stream beside the decode steps
-    # (imports, background reclaims' backups), each looping over (source, rows) tiles, so a copy
-    # holds at most N SMs; 0: one block per row and source, which fills every SM and holds the
-    # steps' kernels back while it runs
+    # (imports, background reclaims' backups), each looping over tiles of rows, so a copy holds
+    # at most N SMs; 0: one block per row and source, which fills every SM and holds the steps'
+    # kernels back while it runs
     handoff_copy_programs: int = 0
 
     def __post_init__(self) -> None:

@@ -91,7 +91,7 @@ class _FakeEngine:
         self.lag = lag
         self.submitted, self.left, self.steps = 0, 0, 0
         self.stats = {"handoffs_total": 0}
-        self.scheduler = type("S", (), {"arriving": {}})()
+        self.scheduler = type("S", (), {"arriving": {}, "running": {}})()
         # a backend whose host backups count the steps run
         self.backend = type(
             "Be", (), {"metrics": lambda _: {"dhs_host_backup_rows_total": self.steps}}
@@ -145,11 +145,18 @@ def test_handoff_steps_repeat_waves_until_enough_steps_saw_copies_in_flight():
 @pytest.mark.filterwarnings("ignore:CUDA is not available")
 def test_wave_trace_profiles_one_wave_from_admission_to_landing():
     """--handoff-trace: one more wave, its admitting step to its landing, each step timed (on a
-    CPU the profiler sees no GPU work, so no stream)."""
+    CPU the profiler sees no GPU work, so no stream); an earlier wave still arriving lands
+    first, outside the profile."""
     eng = _FakeEngine(lag=3)
     got = B._wave_trace(eng, [1, 2, 3], lambda: None, _FakeTorch)
     assert eng.steps == 4 and len(got["steps_ms"]) == 4  # admit, 2 in flight, the landing
     assert eng.stats["handoffs_total"] == 1 and got["streams"] == {}
+    assert got["clean_start"] and got["batch"] == [0, 0]
+    late = _FakeEngine(lag=3)
+    late.scheduler.arriving, late.left = {0: 1}, 2  # an earlier wave two steps from landing
+    got = B._wave_trace(late, [1], lambda: None, _FakeTorch)
+    assert not got["clean_start"] and late.steps == 2 + 4 and len(got["steps_ms"]) == 4
+    assert late.stats["handoffs_total"] == 2
 
 
 def test_wave_activity_splits_the_gpu_work_by_stream():
@@ -167,6 +174,7 @@ def test_wave_activity_splits_the_gpu_work_by_stream():
             ev("kernel", 7, 50.0, "gemm"),
             ev("kernel", 13, 900.0, "_copy_rows_kernel"),
             ev("gpu_memcpy", 13, 2000.0, "Memcpy DtoH", nbytes=4_000_000_000),
+            ev("gpu_memset", 7, 10.0, "Memset", nbytes=1_000_000_000),  # no copy
             ev("cpu_op", 7, 5000.0, "aten::mm"),  # host work: not the GPU's
             {"cat": "kernel", "ph": "i", "name": "marker", "args": {"stream": 7}},
         ]
@@ -175,8 +183,11 @@ def test_wave_activity_splits_the_gpu_work_by_stream():
     assert list(got) == ["13", "7"]  # the handoff stream did more
     top = got["13"].pop("top_kernel_us")
     assert top == {"_copy_rows_kernel": 900.0}
-    assert got["13"] == pytest.approx({"kernel_ms": 0.9, "memcpy_ms": 2.0, "memcpy_gb": 4.0})
+    assert got["13"] == pytest.approx(
+        {"kernel_ms": 0.9, "memcpy_ms": 2.0, "memcpy_gb": 4.0, "memset_ms": 0.0}
+    )
     assert got["7"]["kernel_ms"] == pytest.approx(0.45) and got["7"]["memcpy_gb"] == 0
+    assert got["7"]["memset_ms"] == pytest.approx(0.01)
     assert got["7"]["top_kernel_us"] == {"gemm": 350.0}  # one entry per name, summed
     assert B.wave_activity({}) == {}
 
