@@ -160,9 +160,12 @@ def trace_activity(trace: dict) -> dict:
 
 def wave_activity(trace: dict, top: int = 8) -> dict:
     """Per CUDA stream of a chrome trace (torch.profiler): kernel milliseconds, copy
-    milliseconds and gigabytes, memset milliseconds, and the ``top`` kernels by time
-    (microseconds); streams keyed by their id as a string, busiest first."""
+    milliseconds and gigabytes, memset milliseconds, ``busy_ms`` (the union of its intervals:
+    against the steps' wall time, the gaps where the stream waited or had nothing queued), and
+    the ``top`` kernels by time (microseconds); streams keyed by their id as a string, busiest
+    first."""
     per: dict[str, dict] = {}
+    spans: dict[str, list] = collections.defaultdict(list)
     for e in trace.get("traceEvents", []):
         cat = e.get("cat")
         if cat not in GPU_CATS or e.get("ph") != "X":
@@ -179,6 +182,9 @@ def wave_activity(trace: dict, top: int = 8) -> dict:
             },
         )
         dur = float(e.get("dur", 0))
+        spans[str(a.get("stream", "?"))].append(
+            (float(e.get("ts", 0)), float(e.get("ts", 0)) + dur)
+        )
         if cat == "kernel":
             st["kernel_ms"] += dur / 1e3
             st["kernels"][str(e.get("name", ""))[:80]] += dur
@@ -194,7 +200,11 @@ def wave_activity(trace: dict, top: int = 8) -> dict:
     out = {}
     for sid, st in sorted(per.items(), key=lambda kv: -busy(kv[1])):
         kernels = st.pop("kernels")
-        out[sid] = {**st, "top_kernel_us": dict(kernels.most_common(top))}
+        out[sid] = {
+            **st,
+            "busy_ms": union_ms(spans[sid]),
+            "top_kernel_us": dict(kernels.most_common(top)),
+        }
     return out
 
 

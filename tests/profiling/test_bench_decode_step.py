@@ -163,15 +163,15 @@ def test_wave_activity_splits_the_gpu_work_by_stream():
     """A handoff wave's trace: the decode stream's kernels and the handoff stream's copy kernel
     and DMA apart, busiest stream first, with the top kernels by time."""
 
-    def ev(cat, stream, dur, name="k", nbytes=None):
+    def ev(cat, stream, dur, name="k", nbytes=None, ts=0.0):
         args = {"stream": stream, **({"bytes": nbytes} if nbytes is not None else {})}
-        return {"cat": cat, "ph": "X", "ts": 0, "dur": dur, "name": name, "args": args}
+        return {"cat": cat, "ph": "X", "ts": ts, "dur": dur, "name": name, "args": args}
 
     trace = {
         "traceEvents": [
             ev("kernel", 7, 300.0, "gemm"),
-            ev("kernel", 7, 100.0, "attention"),
-            ev("kernel", 7, 50.0, "gemm"),
+            ev("kernel", 7, 100.0, "attention", ts=1000.0),  # after a gap
+            ev("kernel", 7, 50.0, "gemm", ts=1050.0),  # overlaps the attention
             ev("kernel", 13, 900.0, "_copy_rows_kernel"),
             ev("gpu_memcpy", 13, 2000.0, "Memcpy DtoH", nbytes=4_000_000_000),
             ev("gpu_memset", 7, 10.0, "Memset", nbytes=1_000_000_000),  # no copy
@@ -184,8 +184,10 @@ def test_wave_activity_splits_the_gpu_work_by_stream():
     top = got["13"].pop("top_kernel_us")
     assert top == {"_copy_rows_kernel": 900.0}
     assert got["13"] == pytest.approx(
-        {"kernel_ms": 0.9, "memcpy_ms": 2.0, "memcpy_gb": 4.0, "memset_ms": 0.0}
-    )
+        {"kernel_ms": 0.9, "memcpy_ms": 2.0, "memcpy_gb": 4.0, "memset_ms": 0.0, "busy_ms": 2.0}
+    )  # its kernel and its copy overlap from t = 0
+    # the decode stream: 0-300 us, then 1000-1100 us (the gemm inside the attention)
+    assert got["7"]["busy_ms"] == pytest.approx(0.4)
     assert got["7"]["kernel_ms"] == pytest.approx(0.45) and got["7"]["memcpy_gb"] == 0
     assert got["7"]["memset_ms"] == pytest.approx(0.01)
     assert got["7"]["top_kernel_us"] == {"gemm": 350.0}  # one entry per name, summed
