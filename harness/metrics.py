@@ -418,7 +418,14 @@ def summarize(
     if duration_s is None:
         if recs:
             t0 = min(r.send_mono for r in recs)
-            ends = [end_mono(r) if end_mono(r) is not None else r.done_mono for r in recs]
+            # a request ends at its last chunk (as E2E does), a failed one when its response
+            # ended: one that streamed and then timed out or was aborted ends after its last chunk
+            ends = [
+                r.done_mono
+                if (not r.success and r.done_mono is not None) or end_mono(r) is None
+                else end_mono(r)
+                for r in recs
+            ]
             ends = [e for e in ends if e is not None]
             t1 = max(ends) if ends else t0
             duration_s = max(t1 - t0, 0.0)
@@ -460,6 +467,9 @@ def summarize(
         "total_tok_s": (total_in + total_out) / duration_s if duration_s > 0 else None,
         "output_tok_s_per_gpu": (total_out / duration_s / num_gpus) if duration_s > 0 else None,
         "request_throughput": len(ok) / duration_s if duration_s > 0 else None,
+        # SGLang's "Concurrency": the successful requests' summed E2E over the duration (the
+        # mean number in flight, as the client saw them); `concurrency` stays the load's C
+        "mean_concurrency": sum(e2es) / duration_s if duration_s > 0 else None,
         "num_gpus": num_gpus,
     }
     s.update(stats(ttfts, "ttft_ms", 1e3))
@@ -496,16 +506,16 @@ def summarize(
         )
 
     # server-side timing decomposition
-    timed = [r for r in ok if r.timing]
-    s["alloc_wait_s_mean"] = _mean(r.timing.get("alloc_wait_s") for r in timed)
-    s["handoff_s_mean"] = _mean(r.timing.get("handoff_s") for r in timed)
-    others = []
-    for r in timed:
+    # over the requests that have all three parts, so that the parts' means add up to theirs
+    parts = []
+    for r in ok:
         t = ttft_s(r)
-        aw, ho = r.timing.get("alloc_wait_s"), r.timing.get("handoff_s")
+        aw, ho = (r.timing or {}).get("alloc_wait_s"), (r.timing or {}).get("handoff_s")
         if t is not None and aw is not None and ho is not None:
-            others.append(t - aw - ho)
-    s["ttft_other_s_mean"] = _mean(others)
+            parts.append((aw, ho, t - aw - ho))
+    s["alloc_wait_s_mean"] = _mean(p[0] for p in parts)
+    s["handoff_s_mean"] = _mean(p[1] for p in parts)
+    s["ttft_other_s_mean"] = _mean(p[2] for p in parts)
 
     s["active_mean"] = (
         active_mean(samples, t0 + epoch_offset, duration_s, active_metric)

@@ -156,12 +156,16 @@ def test_summary_errors_excluded_and_counted():
     assert s["ttft_ms_median"] == pytest.approx(np.percentile(ttfts, 50))
     assert s["ttft_ms_p90"] == pytest.approx(np.percentile(ttfts, 90))
     assert s["ttft_ms_p99"] == pytest.approx(np.percentile(ttfts, 99))
-    # duration: first send (0.0) -> last completion (the failed request's last chunk 0.75)
-    assert s["duration_s"] == pytest.approx(0.75)
+    # duration: first send (0.0) -> last completion (the failed request's response ended
+    # 0.1 ms after its last chunk at 0.75)
+    d = 0.75 + 0.0001
+    assert s["duration_s"] == pytest.approx(d)
     assert s["total_output_tokens"] == 24
-    assert s["output_tok_s"] == pytest.approx(24 / 0.75)
-    assert s["output_tok_s_per_gpu"] == pytest.approx(12 / 0.75)
-    assert s["request_throughput"] == pytest.approx(6 / 0.75)
+    assert s["output_tok_s"] == pytest.approx(24 / d)
+    assert s["output_tok_s_per_gpu"] == pytest.approx(12 / d)
+    assert s["request_throughput"] == pytest.approx(6 / d)
+    # SGLang's Concurrency: the successful requests' E2E summed over the duration
+    assert s["mean_concurrency"] == pytest.approx(sum(M.e2e_s(r) for r in ok) / d)
     tpots = [M.tpot_s(r) for r in ok]
     assert s["tpot_ms_mean"] == pytest.approx(np.mean(tpots) * 1e3)
     itl = [g for r in ok for g in M.itl_s(r)]
@@ -175,6 +179,28 @@ def test_summary_errors_excluded_and_counted():
     assert s["handoff_s_mean"] == pytest.approx(0.005)
     assert s["ttft_other_s_mean"] == pytest.approx(ttfts.mean() / 1e3 - 0.015)
     json.dumps(s)  # serialisable
+
+
+def test_a_failed_stream_ends_when_its_response_ended():
+    """A request that streamed and then timed out ends the run's duration when its response
+    ended (done_mono), not at its last chunk; a successful one ends at its last chunk."""
+    good = rec(0, 0.0, [(0.1, 1), (0.2, 1)], ct=2)
+    stuck = rec(1, 0.0, [(0.15, 1)], ok=False, status=None, error="timeout")
+    stuck.done_mono = 5.0
+    assert M.summarize([good, stuck])["duration_s"] == pytest.approx(5.0)
+    assert M.summarize([good])["duration_s"] == pytest.approx(0.2)
+
+
+def test_ttft_parts_average_over_the_requests_that_have_all_of_them():
+    """alloc_wait, handoff and the rest of TTFT: means over one set of requests, so that
+    they add up to that set's mean TTFT, whatever requests lack a part."""
+    a = rec(0, 0.0, [(0.1, 1), (0.2, 1)], ct=2, timing={"alloc_wait_s": 0.02, "handoff_s": 0.03})
+    b = rec(1, 0.0, [(0.3, 1), (0.4, 1)], ct=2, timing={"alloc_wait_s": 0.2})  # no handoff_s
+    s = M.summarize([a, b])
+    assert s["alloc_wait_s_mean"] == pytest.approx(0.02)  # b left out of every part
+    assert s["handoff_s_mean"] == pytest.approx(0.03)
+    total = s["alloc_wait_s_mean"] + s["handoff_s_mean"] + s["ttft_other_s_mean"]
+    assert total == pytest.approx(M.ttft_s(a))
 
 
 def test_post_wave_excludes_first_c_by_submission_order():
