@@ -66,6 +66,7 @@ from figures.report import (  # noqa: F401
     parse_budget,
     pct_change,
     ratio,
+    spread_pct,
 )
 from figures.stats import (  # noqa: F401
     SPREAD_TARGET,

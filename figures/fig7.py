@@ -170,7 +170,7 @@ def main(argv=None) -> C.Report:
         "C64.spread",
         f"{L[64]}: output spread over the three blocks",
         P["C64"]["output_spread_within_pct"],
-        (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None,
+        C.spread_pct(outs) if len(outs) >= 2 else None,
         "%",
         prov,
     )

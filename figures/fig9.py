@@ -141,8 +141,9 @@ def within_call_spread(sel: list[SweepPoint]) -> str | None:
         if set(vals) != budgets:
             continue
         d = {bk: float(np.median(v)) for bk, v in vals.items()}  # every run of the group
+        spread = C.spread_pct(list(d.values()))
         parts.append(
-            f"{(max(d.values()) / min(d.values()) - 1) * 100:.0f}% in {group} ("
+            f"{spread:.0f}% in {group} ("
             + ", ".join(f"B/k {bk:g}: {d[bk]:.0f}" for bk in sorted(d))
             + " tok/s)"
         )
@@ -467,12 +468,13 @@ def main(argv=None) -> C.Report:
         "%",
         prov_of(*sel),
     )
-    outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
+    outs = [p.value("output_tok_s_per_gpu") for p in sel]
+    outs = [o for o in outs if o is not None]
     rep.compare(
         "glm8.spread",
         "GLM C8 Adaptive output spread over budgets",
         G["adaptive_output_spread_within_pct"],
-        (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None,
+        C.spread_pct(outs) if len(outs) >= 2 else None,
         "%",
         prov_of(*sel),
     )
@@ -553,12 +555,16 @@ def main(argv=None) -> C.Report:
         sel = hsel or select(pts, "deepseek", s, 128)
         if hsel and ("DeepSeek: " + pools_note(hsel)) not in rep.notes:
             rep.note("DeepSeek: " + pools_note(hsel))
-        outs = [p.value("output_tok_s_per_gpu") for p in sel if p.value("output_tok_s_per_gpu")]
+        outs = [
+            p.value("output_tok_s_per_gpu")
+            for p in sel
+            if p.value("output_tok_s_per_gpu") is not None  # a budget that delivered 0 counts
+        ]
         rep.compare(
             f"ds128.spread.{s}",
             f"DeepSeek C128 {C.system_label(s)} output spread over budgets{where}",
             D["output_spread_within_pct"],
-            (max(outs) / min(outs) - 1) * 100 if len(outs) >= 2 else None,
+            C.spread_pct(outs) if len(outs) >= 2 else None,
             "%",
             prov_of(*sel),
         ).ours_c = ours_c

@@ -193,7 +193,7 @@ def paired_ratio_note(
         ratios = [
             (g, float(np.median(d["a"]) / np.median(d["b"])))
             for g, d in by_group.items()
-            if d.get("a") and d.get("b")
+            if d.get("a") and d.get("b") and float(np.median(d["b"])) != 0
         ]
         if not ratios:
             continue

@@ -597,6 +597,14 @@ def pct_change(a: float | None, b: float | None) -> float | None:
     return None if r is None else (r - 1.0) * 100.0
 
 
+def spread_pct(values: list[float]) -> float:
+    """(max / min - 1) * 100 over ``values``; unbounded where one is 0 and another is not."""
+    lo, hi = min(values), max(values)
+    if lo <= 0:
+        return 0.0 if hi == lo else math.inf
+    return (hi / lo - 1.0) * 100.0
+
+
 def parse_budget(text: str) -> float | None:
     """B/k from a tag like 'B2k', 'b4k', 'Bk' or 'B=0.5k'."""
     m = re.search(r"[Bb]=?(\d*\.?\d*)k", text)

@@ -173,7 +173,7 @@ def ratio_stats(a: Run | None, b: Run | None, key) -> RatioStats | None:
     per_group = tuple(
         float(np.median(d["a"]) / np.median(d["b"]))
         for d in groups.values()
-        if d.get("a") and d.get("b")
+        if d.get("a") and d.get("b") and float(np.median(d["b"])) != 0
     )
     return RatioStats(
         float(np.median(va) / np.median(vb)),

@@ -10,6 +10,7 @@ time (``bound_scale``); --ttft-bound / --tpot-bound override both.
 from __future__ import annotations
 
 import argparse
+import math
 
 import numpy as np
 
@@ -113,11 +114,13 @@ def _sustained_in(points: dict[int, list], units, ttft_bound_s, tpot_bound_ms):
     again above a miss (noise) is not sustained."""
     best = None
     for pc, xs in sorted(points.items()):
-        vals, _ = _medians(xs, units)
-        pw, tp = vals["post_wave_ttft_ms_p99"], vals["tpot_ms_mean"]
-        if pw is None or tp is None:
+        vals, chosen = _medians(xs, units)
+        if not chosen:  # the drawn repeats did not run this load
             continue
-        if pw / 1e3 > ttft_bound_s or tp > tpot_bound_ms:
+        pw, tp = vals["post_wave_ttft_ms_p99"], vals["tpot_ms_mean"]
+        # runs at a load with no post-wave latency (no request after the first wave finished)
+        # did not meet the bounds there
+        if pw is None or tp is None or pw / 1e3 > ttft_bound_s or tp > tpot_bound_ms:
             break
         best = (pc, vals["output_tok_s_per_gpu"])
     return best or (None, None)
@@ -159,6 +162,8 @@ def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None
     def ratio(sel_a, sel_b):
         a = _sustained_in(pa, sel_a, *a_side[1:])[which]
         b = _sustained_in(pb, sel_b, *b_side[1:])[which]
+        if (a is None) != (b is None):  # one side sustained no load: 0 or unbounded, not unknown
+            return 0.0 if a is None else math.inf
         return C.ratio(a, b)
 
     point = ratio(None, None)
@@ -177,9 +182,14 @@ def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None
             memo[(ka, kb)] = ratio(ka, kb)
         if memo[(ka, kb)] is not None:
             vals.append(memo[(ka, kb)])
-    if len(vals) < RESAMPLES * INTERVAL:  # a drawn repeat sustained no load: no interval
+    if len(vals) < RESAMPLES * INTERVAL:  # drawn repeats where neither sustained a load
         return None
-    lo, hi = percentile_interval(np.asarray(vals), INTERVAL)
+    arr = np.asarray(vals)
+    if np.isinf(arr).any():  # order statistics: interpolating next to an infinity gives NaN
+        tail = 100.0 * (1.0 - INTERVAL) / 2.0
+        lo, hi = (float(v) for v in np.percentile(arr, [tail, 100 - tail], method="inverted_cdf"))
+    else:
+        lo, hi = percentile_interval(arr, INTERVAL)
     in_group = tuple(r for r in (ratio((u,), (u,)) for u in whole) if r is not None)
     return RatioStats(point, lo, hi, (len(units), len(units)), in_group, paired)
 
@@ -191,15 +201,18 @@ def first_failure(runs, system, ttft_bound_s, tpot_bound_ms, units=None) -> str 
     seen = 0
     for pc, xs in sorted(_repeat_points(runs, system).items()):
         med, chosen = _medians(xs, units)
-        pw, tp = med["post_wave_ttft_ms_p99"], med["tpot_ms_mean"]
-        if pw is None or tp is None:
+        if not chosen:
             continue
+        pw, tp = med["post_wave_ttft_ms_p99"], med["tpot_ms_mean"]
         seen += 1
         miss = []
-        if pw / 1e3 > ttft_bound_s:
-            miss.append(f"p99 post-wave TTFT {pw / 1e3:.3g} s")
-        if tp > tpot_bound_ms:
-            miss.append(f"TPOT {tp:.3g} ms")
+        if pw is None or tp is None:  # as _sustained_in: a miss
+            miss.append("no post-wave latency")
+        else:
+            if pw / 1e3 > ttft_bound_s:
+                miss.append(f"p99 post-wave TTFT {pw / 1e3:.3g} s")
+            if tp > tpot_bound_ms:
+                miss.append(f"TPOT {tp:.3g} ms")
         if miss:
             ours = chosen[0].concurrency if chosen else None
             at = f"C{pc}" + (f" (ours C{ours})" if ours and ours != pc else "")

@@ -464,7 +464,7 @@ def values_by_run_group(points: dict, key) -> dict[str, dict[Any, list[float]]]:
     for label_, r in points.items():
         for x in r.repeats or [r]:
             v = run_value(x, key)
-            if x.run_group and v:
+            if x.run_group and v is not None:  # a run that measured 0 stays in its group
                 by_group.setdefault(x.run_group, {}).setdefault(label_, []).append(v)
     return by_group
 

@@ -4,6 +4,7 @@ file, and the tolerant loader. Runs the scripts in-process at a low DPI (Agg bac
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -1193,6 +1194,16 @@ def test_fig11b_splits_a_run_into_phases_by_the_batch_it_carried(tmp_path):
         and ph["middle"] == pytest.approx(2.5)
         and "drain" not in ph
     )
+
+
+def test_spread_pct_counts_a_point_that_delivered_nothing():
+    """An output spread over points: a point at 0 beside others is an unbounded spread (the
+    output is not flat), not a point left out or a division by zero."""
+    from figures import common as C
+
+    assert C.spread_pct([100.0, 120.0, 110.0]) == pytest.approx(20.0)
+    assert C.spread_pct([0.0, 5.0]) == math.inf
+    assert C.spread_pct([0.0, 0.0]) == 0.0
 
 
 def test_fig9_budget_spread_within_one_run_group():

@@ -438,6 +438,58 @@ def test_table_a3_sustains_only_up_to_the_first_miss(tmp_path):
     assert tableA3.sustained(runs, "hisparse", 1.0, 10.0) == (16, 160.0)
 
 
+def test_table_a3_a_load_without_post_wave_latency_is_a_miss(tmp_path):
+    """Runs at a load where no request after the first wave finished (no post-wave latency)
+    did not meet the bounds there: the loads above it are not sustained."""
+    from figures import common as C
+    from figures import tableA3
+    from tests.figures.fixture import _write_run
+
+    for pc, ttft in ((16, 100.0), (32, None), (64, 100.0)):
+        s = {"system": "hisparse", "point": {"concurrency": pc // 4, "paper_concurrency": pc},
+             "tpot_ms_mean": 5.0, "post_wave_ttft_ms_p99": ttft,
+             "output_tok_s_per_gpu": 10.0 * pc, "completed": 8, "errors": 0}  # fmt: skip
+        _write_run(tmp_path, "sweep", f"hisparse-c{pc}", s, {"system": {"name": "hisparse"}})
+    runs = C.load_runs(tmp_path, "sweep")
+    assert tableA3.sustained(runs, "hisparse", 1.0, 10.0) == (16, 160.0)
+    assert "first misses it at C32 (ours C8) (no post-wave latency)" in tableA3.first_failure(
+        runs, "hisparse", 1.0, 10.0
+    )
+
+
+def test_table_a3_a_repeat_that_sustains_nothing_counts_against_the_ratio(tmp_path):
+    """A resample whose drawn repeats leave ADHS sustaining no load has a ratio of 0, not
+    none: dropping those resamples would cut the interval's lower tail, and the direction
+    claim would hold on the repeats that agree with it."""
+    from figures import common as C
+    from figures import tableA3
+    from tests.figures.fixture import _write_run
+
+    for k in range(1, 6):
+        for sys_, pc, tpot in (
+            ("hisparse", 16, 5.0),
+            ("hisparse", 32, 11.0),
+            ("adaptive_dhisparse", 16, 11.0 if k == 5 else 5.0),  # repeat 5 misses at C16
+            ("adaptive_dhisparse", 32, 5.0),
+            ("adaptive_dhisparse", 64, 11.0),
+        ):
+            point = {"concurrency": pc // 4, "paper_concurrency": pc}
+            s = {"system": sys_, "point": point, "completed": 8, "errors": 0,
+                 "tpot_ms_mean": tpot, "post_wave_ttft_ms_p99": 100.0,
+                 "output_tok_s_per_gpu": 10.0 * pc}  # fmt: skip
+            cfg = {"system": {"name": sys_}, "repeat": k}
+            d = _write_run(tmp_path, "sweep", f"{sys_}-c{pc}-rep{k}", s, cfg)
+            (d / "env.json").write_text(json.dumps({"run_group": f"call{k}"}))
+    runs = C.load_runs(tmp_path, "sweep")
+    st = tableA3.sustained_ratio_stats(
+        runs, ("adaptive_dhisparse", 1.0, 10.0), ("hisparse", 1.0, 10.0), 0
+    )
+    assert st.point == pytest.approx(2.0) and st.paired  # medians: C32 against C16
+    assert sorted(st.group_ratios) == pytest.approx([0.0, 2.0, 2.0, 2.0, 2.0])
+    assert st.lo == 0.0  # ~6 % of the draws hold repeat 5 three times or more
+    assert st.hi == pytest.approx(2.0)
+
+
 def test_table_a3_judges_no_bound_without_its_anchor(tmp_path):
     """Without HiSparse at the sweep's lowest load there is no unit of time: the paper's bounds
     in B300 time would pass every system, so no bound row is measured."""
