@@ -20,6 +20,7 @@ import numpy as np
 
 from figures import common as C
 from figures.paper_values import PAPER
+from figures.report import REASON_SEP
 from harness.load_mapping import decode_gpus, load_label
 
 NAME = "fig9"
@@ -167,7 +168,7 @@ def per_budget(sel: list[SweepPoint]) -> str:
         parts.append(
             f"{p.bk:g}: {out:.0f} tok/s{miss}, " + (C.breakdown(p.run) or "no server metrics")
         )
-    return "per B/k: " + "; ".join(parts)
+    return "per B/k: " + REASON_SEP.join(parts)  # a note per budget
 
 
 def at_paper_c128(results, exp: str, fam: str, system: str | None) -> list[SweepPoint]:
@@ -576,7 +577,8 @@ def main(argv=None) -> C.Report:
             # the paper's, whose output stayed flat over its range
             rep.diagnose(
                 [f"ds128.spread.{s}"],
-                per_budget(sel) + f"; paper: host-miss {C.fmt(lo_pv)}% at the smallest B, "
+                per_budget(sel)
+                + f"{REASON_SEP}paper: host-miss {C.fmt(lo_pv)}% at the smallest B, "
                 f"{C.fmt(hi_pv)}% at the largest, output within {C.fmt(flat)}%",
             )
         within = within_call_spread(sel)

@@ -34,6 +34,7 @@ from figures.claims import (
     judge,
     ours_load,
 )
+from figures.report import REASON_SEP
 from harness.load_mapping import PAPER_DECODE_GPUS
 from harness.results import start_read_log
 
@@ -84,9 +85,13 @@ def build_claims(reports: dict[str, C.Report]) -> dict:
             "paper_source": C.paper_source(cl.paper),
             "provenance": row.prov if row and row.measured else C.NOT_MEASURED,
         }
+        if cl.kind == EQ13:  # the measured ratios the criterion compares
+            meas = rep.row(cl.arg) if rep else None
+            out[cid]["ours_measured"] = meas.ours if meas else None
+            out[cid]["paper_measured"] = C.paper_number(meas.paper) if meas else None
         why = rep.why.get(cl.key) if rep else None
         if untested:
-            out[cid]["why_not"] = untested + (f"; {why}" if why else "")
+            out[cid]["why_not"] = untested + (f"{REASON_SEP}{why}" if why else "")
         elif why and holds is False:
             out[cid]["why_not"] = why
     return out
@@ -99,6 +104,12 @@ def _holds_text(c: dict) -> str:
 
 def _ours_text(c: dict) -> str:
     ours = C.fmt(c["ours"]) if c["ours"] is not None else f"*{C.NOT_MEASURED}*"
+    if c["kind"] == EQ13 and c["ours"] is not None and c.get("ours_measured") is not None:
+        # the criterion compares these, not the prediction with the paper's
+        paper = c.get("paper_measured")
+        ours += f" predicted, {C.fmt(c['ours_measured'])} measured" + (
+            f" (paper measured {C.fmt(paper)})" if paper is not None else ""
+        )
     if c["interval_90"]:
         paired = "paired " if c.get("interval_paired") else ""
         ours += f" ({paired}{C.fmt(c['interval_90'][0])}–{C.fmt(c['interval_90'][1])})"
@@ -124,9 +135,7 @@ def _claims_table(claims: dict, kinds: set[str], notes: C.Footnotes) -> list[str
         prov = (
             c["provenance"] if c["provenance"] == C.NOT_MEASURED else notes.sources(c["provenance"])
         )
-        why = (
-            notes.sources(c["why_not"]) if c.get("why_not") else ""
-        )  # a note per system's breakdown
+        why = notes.reasons(c["why_not"]) if c.get("why_not") else ""  # a note per reason
         # a magnitude row follows the direction row of its ratio
         text = "↳ by the paper's factor" if c["kind"] == MAGNITUDE else c["claim"]
         lines.append(
@@ -160,9 +169,12 @@ def _headline_table(claims: dict, notes: C.Footnotes) -> list[str]:
             )
         # runs of a preset whose geometry changed since, or made before changes that move the
         # numbers: said wherever the claim stands
-        why += C.caveats(c.get("provenance") or "")
+        caveats = C.caveats(c.get("provenance") or "")
         # the direction's and the magnitude's reasons share their notes
-        refs = dict.fromkeys(re.findall(r"\[\d+\]", "".join(notes.sources(w) for w in why if w)))
+        cited = "".join(notes.reasons(w) for w in why if w) + "".join(
+            notes.sources(w) for w in caveats if w
+        )
+        refs = dict.fromkeys(re.findall(r"\[\d+\]", cited))
         lines.append(
             f"| {c['claim']} | {_load_text(c)} | {C.fmt(c['paper'])} | {_ours_text(c)} | "
             f"{direction} | {bound} | {''.join(refs)} |"

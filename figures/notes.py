@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from figures.paper_values import label
-from figures.report import ratio
+from figures.report import REASON_SEP, ratio
 from figures.stats import ratio_stats
 from harness.results import (
     H200_SUFFIX,
@@ -676,4 +676,4 @@ def claim_breakdown(runs: Iterable[Run], systems: Sequence[str], concurrency: in
         b = breakdown(r) if r is not None else None
         if b:
             parts.append(f"{label(s)} at C{concurrency}: {b}")
-    return "; ".join(parts) if parts else None
+    return REASON_SEP.join(parts) if parts else None  # a note per system

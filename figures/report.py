@@ -35,6 +35,10 @@ SHORT_MAX = 60
 GRID_MAX_COLUMNS = 8
 
 
+# between two measured reasons of one row (Report.diagnose): a reason's own text may hold "; "
+REASON_SEP = "\n"
+
+
 class Footnotes:
     """The numbered notes under one table. A text that does not fit a cell leaves its short label
     (its first clause) and a note number in the cell; equal texts share one note."""
@@ -53,6 +57,11 @@ class Footnotes:
         if len(text) <= limit:
             return text
         return f"{short_label(text, limit)} {self.ref(text)}"
+
+    def reasons(self, text: str) -> str:
+        """Note numbers for a measured reason: one note per reason (``REASON_SEP``-separated),
+        in order and whole, so no clause of one reads as another's."""
+        return "".join(self.ref(t.strip()) for t in text.split(REASON_SEP) if t.strip())
 
     def sources(self, text: str) -> str:
         """Note numbers for a provenance ('; '-separated tags): its short tags together in one
@@ -235,7 +244,7 @@ class Report:
         """A measured reason for rows whose claim may not hold (shown beside the claim);
         ``append`` adds it after a reason already given."""
         for k in keys:
-            self.why[k] = f"{self.why[k]}; {text}" if append and self.why.get(k) else text
+            self.why[k] = f"{self.why[k]}{REASON_SEP}{text}" if append and self.why.get(k) else text
 
     def argmax_ties(self, row: Row, values: dict, best, tied: tuple, name: str) -> None:
         """Mark an argmax row ("the budget with the highest output") with the candidates its

@@ -16,6 +16,7 @@ import numpy as np
 
 from figures import common as C
 from figures.paper_values import A3_CONCURRENCY, PAPER, label
+from figures.report import REASON_SEP
 from figures.stats import (
     INTERVAL,
     MIN_RUNS,
@@ -425,7 +426,9 @@ def main(argv=None) -> C.Report:
         if spread:
             reasons.append(spread)
     if reasons and judged:
-        rep.diagnose(("bound_a.concurrency_ratio", "bound_a.output_ratio"), "; ".join(reasons))
+        rep.diagnose(
+            ("bound_a.concurrency_ratio", "bound_a.output_ratio"), REASON_SEP.join(reasons)
+        )
     return rep.finish(fig, args)
 
 

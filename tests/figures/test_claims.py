@@ -526,3 +526,31 @@ def test_host_table_reads_the_sampled_threads(tmp_path):
     assert row["engine's busiest functions (own ms / step)"] == "host_sync.py:56:to_device 1.50"
     assert row["samples"] == "unweighted"  # a profile from before the samples were weighted
     assert fig10.host_table(tmp_path / "none") is None
+
+
+def test_a_rows_reasons_are_one_note_each_in_order_and_whole():
+    """A claim's measured reasons: one note per reason (Report.diagnose appends them with
+    REASON_SEP), in the order given and unsplit at the "; " inside one, so no clause of one
+    reads beside another's number; a reason two rows give shares its note."""
+    from figures.report import REASON_SEP, Footnotes
+
+    rep = Report("t", "a report")
+    rep.diagnose(["a", "b"], "HiSparse at C32: step 8 ms; TTFT 0.3 s")
+    rep.diagnose(["a"], "ratio 1.45 within a group; over all runs 1.45", append=True)
+    assert rep.why["a"].split(REASON_SEP) == [
+        "HiSparse at C32: step 8 ms; TTFT 0.3 s",
+        "ratio 1.45 within a group; over all runs 1.45",
+    ]
+    notes = Footnotes()
+    assert notes.reasons(rep.why["a"]) == "[1][2]"
+    assert notes.reasons(rep.why["b"]) == "[1]"
+    assert notes.texts[1] == "ratio 1.45 within a group; over all runs 1.45"
+
+
+def test_an_eq13_row_shows_the_measured_ratios_its_criterion_compares():
+    from figures.make_all import _ours_text
+
+    c = {"kind": EQ13, "ours": 1.201, "interval_90": None, "ours_measured": 1.145,
+         "paper_measured": 1.0}  # fmt: skip
+    assert _ours_text(c) == "1.201 predicted, 1.145 measured (paper measured 1)"
+    assert _ours_text({**c, "kind": DIRECTION}) == "1.201"
