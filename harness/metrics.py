@@ -222,8 +222,11 @@ def metric_total(values: Mapping[str, float], name: str) -> float | None:
     return total if found else None
 
 
-def value_at(samples: Sequence[Mapping[str, Any]], name: str, ts: float) -> float | None:
-    """Value of metric ``name`` in the scrape sample closest in time to ``ts``."""
+def value_at(
+    samples: Sequence[Mapping[str, Any]], name: str, ts: float, max_gap: float = math.inf
+) -> float | None:
+    """Value of metric ``name`` in the scrape sample closest in time to ``ts``; None where
+    that sample is more than ``max_gap`` seconds away (scrapes that failed for a while)."""
     best = None
     best_d = math.inf
     for s in samples:
@@ -233,7 +236,13 @@ def value_at(samples: Sequence[Mapping[str, Any]], name: str, ts: float) -> floa
         d = abs(s["ts"] - ts)
         if d < best_d:
             best, best_d = v, d
-    return best
+    return best if best_d <= max_gap else None
+
+
+def scrape_gap(samples: Sequence[Mapping[str, Any]]) -> float:
+    """The median spacing of the scrapes (inf with fewer than two)."""
+    ts = sorted(s["ts"] for s in samples)
+    return float(np.median(np.diff(ts))) if len(ts) >= 2 else math.inf
 
 
 def active_mean(
@@ -298,8 +307,11 @@ def _window_stats(
     host_share = None
     if samples:
         s0, s1 = start + epoch_offset, end + epoch_offset
-        h0, h1 = value_at(samples, host_metric, s0), value_at(samples, host_metric, s1)
-        a0, a1 = value_at(samples, total_metric, s0), value_at(samples, total_metric, s1)
+        # a window edge read off a scrape further away than two scrape intervals or a tenth of
+        # the window would count another window's selections
+        gap = max(2 * scrape_gap(samples), 0.1 * dur)
+        h0, h1 = (value_at(samples, host_metric, t, gap) for t in (s0, s1))
+        a0, a1 = (value_at(samples, total_metric, t, gap) for t in (s0, s1))
         if None not in (h0, h1, a0, a1) and (a1 - a0) > 0:
             host_share = (h1 - h0) / (a1 - a0)
     act = active_mean(samples, start + epoch_offset, dur, active_metric) if samples else None

@@ -348,6 +348,19 @@ def test_phase_stats_and_host_share():
     ps2 = M.phase_stats(recs, phases, [{"ts": 1000.0, "values": {"x": 1}}], epoch_offset=1000.0)
     assert ps2[0]["host_fetched_share"] is None
 
+    # scrapes every 0.1 s that failed from 999 s to 1003 s: the windows' edges are 1 s and more
+    # from any scrape, whose counters would count other windows' selections: no share
+    def scrape(ts):
+        n = 100.0 * (ts - 998.0)
+        return {"ts": ts, "values": {"dhs_selected_rows_total": n,
+                                     "dhs_selected_rows_from_host_total": n / 10}}  # fmt: skip
+
+    holed = [scrape(998.0 + k / 10) for k in range(11)] + [
+        scrape(1003.0 + k / 10) for k in range(11)
+    ]
+    ps3 = M.phase_stats(recs, phases, holed, epoch_offset=1000.0)
+    assert [p["host_fetched_share"] for p in ps3] == [None, None]  # else phase 1's: 0.1
+
 
 def test_window_after_a_step_down_starts_when_the_higher_load_drained():
     """Table A1's last row: a step down (C4 -> C1) counts the final phase from the moment the
