@@ -47,6 +47,10 @@ Per (model, system, batch) row:
   kernel, copy and memset time and its top kernels (``wave_activity``), to tell a step slowed by
   the copies' blocks (kernels on the handoff stream beside the decode stream's) from one that
   waits for them or fetches more from host; its steps are not in the output caps.
+  With ``--handoff-pipelined``, ``handoff_pipelined_step_ms`` is one more wave's mean step run
+  back to back as served (admission's host work beside the step in flight), against
+  ``handoff_pipelined_plain_step_ms``, the plain steps just before it: issue 22's bound on the
+  step's growth while handoffs arrive, as a served step sees it.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): the weights in bf16 (of the embedding table only the rows gathered) + the
   selected KV rows (B x queries x layers x k x row bytes) + the indexer's scan of every visible
@@ -448,6 +452,11 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
     wave_trace = (
         _wave_trace(eng, prompt, sync, torch) if getattr(args, "handoff_trace", False) else None
     )
+    pipelined = (
+        _pipelined_wave(eng, prompt, sync, torch)
+        if getattr(args, "handoff_pipelined", False)
+        else {}
+    )
 
     def med_ms(v):
         return statistics.median(v) * 1e3 if v else None
@@ -463,6 +472,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         # cProfile (not among the timed steps): what landing costs on the host
         **({"handoff_arrival_host_profile": land_profile} if land_profile else {}),
         **({"handoff_wave_trace": wave_trace} if wave_trace else {}),
+        **pipelined,
         "handoff_admit_step_ms": statistics.median(admits),
         "handoff_step_ms": med_ms(inflight),
         "handoff_steps": len(inflight),
@@ -545,6 +555,53 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
         prof.export_chrome_trace(path)
         streams = wave_activity(json.loads(Path(path).read_text()))
     return {"steps_ms": steps_ms, "clean_start": clean, "batch": running, "streams": streams}
+
+
+PIPELINED_PLAIN_STEPS = 10  # plain steps timed beside --handoff-pipelined's wave
+
+
+def _pipelined_wave(eng, prompt, sync, torch) -> dict:
+    """A wave of ``HANDOFFS`` arrivals as a served engine runs it: steps back to back, one
+    synchronization at the end, so admission's host work overlaps the step in flight (overlap
+    scheduling) as it does when served. ``handoff_pipelined_step_ms``: the mean step from the
+    wave's admitting step to the one it lands in (at most ``HANDOFF_STEPS``), beside
+    ``handoff_pipelined_plain_step_ms``, the same batch's steps just before with no handoff;
+    their ratio is what the wave costs the steps around it when served. An earlier wave still
+    arriving lands first; the steps are not in the output caps (``handoff_pipelined_batch``:
+    the requests running at the start and end)."""
+    from systems.engine.request import Request, SamplingParams
+
+    for _ in range(HANDOFF_STEPS):
+        if not eng.scheduler.arriving:
+            break
+        eng.step()
+    running = [len(eng.scheduler.running)]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(PIPELINED_PLAIN_STEPS):
+        eng.step()
+    sync()
+    plain = (time.perf_counter() - t0) / PIPELINED_PLAIN_STEPS
+    for _ in range(HANDOFFS):
+        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
+    steps = 0
+    t0 = time.perf_counter()
+    while steps < HANDOFF_STEPS:
+        eng.step()
+        steps += 1
+        if steps > 1 and not eng.scheduler.arriving:  # landed (its admitting step counted)
+            break
+    sync()
+    wave = (time.perf_counter() - t0) / steps
+    running.append(len(eng.scheduler.running))
+    torch.cuda.synchronize()
+    return {
+        "handoff_pipelined_step_ms": wave * 1e3,
+        "handoff_pipelined_plain_step_ms": plain * 1e3,
+        "handoff_pipelined_steps": steps,
+        "handoff_pipelined_landed": not eng.scheduler.arriving,
+        "handoff_pipelined_batch": running,
+    }
 
 
 def _gpu_time(eng) -> tuple[float, float]:
@@ -779,6 +836,12 @@ def main() -> None:
     )
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument(
+        "--handoff-pipelined",
+        action="store_true",
+        help="time one more handoff wave's steps back to back, as served (admission beside the "
+        "step in flight), against the plain steps just before it",
+    )
+    ap.add_argument(
         "--handoff-trace",
         action="store_true",
         help="profile one more handoff wave (torch.profiler): each step's time and the GPU's "
@@ -905,7 +968,14 @@ def main() -> None:
                 f"pipelined {row['step_ms_pipelined']:7.2f} ms  handoffs {row['handoff_step_ms'] or 0:6.2f} ms x{row['handoff_steps']} landing {row['handoff_arrival_step_ms'] or 0:6.2f} ms  wave {row['handoff_wave_ms'] or 0:6.1f} ms  host rows {row['host_rows_per_step'] or 0:.0f} (waves {row['handoff_host_rows_per_step'] or 0:.0f})  replay {row['replay_ms'] or 0:6.2f} ms  floor "
                 f"{row['floor_ms']:6.2f} ms  busy {row['busy_share'] or 0:.2f} (events {row['busy_share_events'] or 0:.2f})  kernels "
                 f"{row['kernels_per_step'] or 0:6.0f}"
-                + (f"  phases {row['phases_ms']}" if "phases_ms" in row else ""),
+                + (f"  phases {row['phases_ms']}" if "phases_ms" in row else "")
+                + (
+                    f"  served wave {row['handoff_pipelined_step_ms']:.2f} ms / plain "
+                    f"{row['handoff_pipelined_plain_step_ms']:.2f} ms"
+                    f" x{row['handoff_pipelined_steps']}"
+                    if "handoff_pipelined_step_ms" in row
+                    else ""
+                ),
                 flush=True,
             )
         del eng

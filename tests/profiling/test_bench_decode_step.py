@@ -159,6 +159,23 @@ def test_wave_trace_profiles_one_wave_from_admission_to_landing():
     assert late.stats["handoffs_total"] == 2
 
 
+def test_pipelined_wave_times_the_plain_steps_then_the_wave_back_to_back():
+    """--handoff-pipelined: the plain steps, then a wave from its admitting step to its landing,
+    each run back to back (one synchronization at the end of each)."""
+    eng = _FakeEngine(lag=3)
+    syncs = []
+    got = B._pipelined_wave(eng, [1, 2], lambda: syncs.append(eng.steps), _FakeTorch)
+    assert eng.steps == B.PIPELINED_PLAIN_STEPS + 4  # plain steps, admit, 2 in flight, landing
+    assert syncs == [B.PIPELINED_PLAIN_STEPS, B.PIPELINED_PLAIN_STEPS + 4]  # two in all
+    assert got["handoff_pipelined_steps"] == 4 and got["handoff_pipelined_landed"]
+    assert got["handoff_pipelined_batch"] == [0, 0]
+    assert got["handoff_pipelined_step_ms"] >= 0 and got["handoff_pipelined_plain_step_ms"] >= 0
+    never = _FakeEngine(lag=10_000)  # a wave that never lands: the step budget ends it
+    got = B._pipelined_wave(never, [1], lambda: None, _FakeTorch)
+    assert got["handoff_pipelined_steps"] == B.HANDOFF_STEPS
+    assert not got["handoff_pipelined_landed"]
+
+
 def test_wave_activity_splits_the_gpu_work_by_stream():
     """A handoff wave's trace: the decode stream's kernels and the handoff stream's copy kernel
     and DMA apart, busiest stream first, with the top kernels by time."""
