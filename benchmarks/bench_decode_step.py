@@ -46,11 +46,12 @@ Per (model, system, batch) row:
   its admitting step to the step it lands in: each step's wall time, and per CUDA stream its
   kernel, copy and memset time and its top kernels (``wave_activity``), to tell a step slowed by
   the copies' blocks (kernels on the handoff stream beside the decode stream's) from one that
-  waits for them or fetches more from host; its steps are not in the output caps.
+  waits for them or fetches more from host.
   With ``--handoff-pipelined``, ``handoff_pipelined_step_ms`` is one more wave's mean step run
   back to back as served (admission's host work beside the step in flight), against
   ``handoff_pipelined_plain_step_ms``, the plain steps just before it: issue 22's bound on the
-  step's growth while handoffs arrive, as a served step sees it.
+  step's growth while handoffs arrive, as a served step sees it. Both lengthen the output caps
+  by their steps, as ``--fill-steps`` does.
 - ``floor_ms``: bytes the step must read once at the device's measured copy rate (4.22 TB/s,
   docs/design.md): the weights in bf16 (of the embedding table only the rows gathered) + the
   selected KV rows (B x queries x layers x k x row bytes) + the indexer's scan of every visible
@@ -287,7 +288,16 @@ def steps_per_row(args) -> int:
     replay over a released slot would read freed pages)."""
     # --host-profile: its pipelined steps, and the landing wave's (_landing_profile)
     host = args.steps + HANDOFF_STEPS + 1 if args.host_profile else 0
-    return args.warmup + 2 * args.steps + host + HANDOFF_STEPS + args.profile_steps + CAP_SLACK
+    # --handoff-trace / --handoff-pipelined: a wave each after the timed ones (and an earlier
+    # wave's landing), the plain steps before the pipelined wave, so that the batch they
+    # measure is still whole; like --fill-steps, they lengthen the caps (pass --context to
+    # compare with rows measured without them: the automatic context may be a bucket lower)
+    extra = 2 * EXTRA_WAVE_STEPS if getattr(args, "handoff_trace", False) else 0
+    if getattr(args, "handoff_pipelined", False):
+        extra += 2 * EXTRA_WAVE_STEPS + PIPELINED_PLAIN_STEPS
+    return (
+        args.warmup + 2 * args.steps + host + extra + HANDOFF_STEPS + args.profile_steps + CAP_SLACK
+    )
 
 
 CAP_SLACK = 4  # steps an output cap covers beyond those a row runs
@@ -521,17 +531,16 @@ def _landing_profile(eng, prompt, args, sync) -> list[dict] | None:
 
 def _wave_trace(eng, prompt, sync, torch) -> dict:
     """One more wave of ``HANDOFFS`` arrivals under torch.profiler, from its admitting step to
-    the step it lands in (at most ``HANDOFF_STEPS``): each step's wall time and the GPU's work
+    the step it lands in (at most ``EXTRA_WAVE_STEPS``; ``landed`` says whether it did): each step's wall time and the GPU's work
     per stream over the wave (``wave_activity``). An earlier wave still arriving lands first,
-    unprofiled (``clean_start``: none was left). Its steps are not in the output caps, so a
-    traced row keeps an untraced one's context and caps: ``batch`` gives the requests running
-    at its start and end."""
+    unprofiled (``clean_start``: none was left). ``batch``: the requests running at its start
+    and end (``steps_per_row`` counts its steps in the output caps)."""
     from torch.profiler import ProfilerActivity, profile
 
     from systems.engine.request import Request, SamplingParams
 
     clean = not eng.scheduler.arriving
-    for _ in range(HANDOFF_STEPS):
+    for _ in range(EXTRA_WAVE_STEPS):
         if not eng.scheduler.arriving:
             break
         eng.step()
@@ -541,7 +550,7 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
     running = [len(eng.scheduler.running)]
     steps_ms = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(HANDOFF_STEPS):
+        for _ in range(EXTRA_WAVE_STEPS):
             t0 = time.perf_counter()
             eng.step()
             sync()
@@ -554,24 +563,34 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
         streams = wave_activity(json.loads(Path(path).read_text()))
-    return {"steps_ms": steps_ms, "clean_start": clean, "batch": running, "streams": streams}
+    return {
+        "steps_ms": steps_ms,
+        "landed": not eng.scheduler.arriving,
+        "clean_start": clean,
+        "batch": running,
+        "streams": streams,
+    }
 
 
 PIPELINED_PLAIN_STEPS = 10  # plain steps timed beside --handoff-pipelined's wave
+# at most this many steps for an earlier wave to land, then for the extra wave (a 49K-token wave
+# of four lands in about 8 steps): what the extra waves add to the output caps, kept small
+# enough for fig4_h200's 49K context
+EXTRA_WAVE_STEPS = 20
 
 
 def _pipelined_wave(eng, prompt, sync, torch) -> dict:
     """A wave of ``HANDOFFS`` arrivals as a served engine runs it: steps back to back, one
     synchronization at the end, so admission's host work overlaps the step in flight (overlap
     scheduling) as it does when served. ``handoff_pipelined_step_ms``: the mean step from the
-    wave's admitting step to the one it lands in (at most ``HANDOFF_STEPS``), beside
+    wave's admitting step to the one it lands in (at most ``EXTRA_WAVE_STEPS``), beside
     ``handoff_pipelined_plain_step_ms``, the same batch's steps just before with no handoff;
     their ratio is what the wave costs the steps around it when served. An earlier wave still
-    arriving lands first; the steps are not in the output caps (``handoff_pipelined_batch``:
-    the requests running at the start and end)."""
+    arriving lands first (``handoff_pipelined_batch``: the requests running at the start and
+    end; ``steps_per_row`` counts these steps in the output caps)."""
     from systems.engine.request import Request, SamplingParams
 
-    for _ in range(HANDOFF_STEPS):
+    for _ in range(EXTRA_WAVE_STEPS):
         if not eng.scheduler.arriving:
             break
         eng.step()
@@ -586,7 +605,7 @@ def _pipelined_wave(eng, prompt, sync, torch) -> dict:
         eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
     steps = 0
     t0 = time.perf_counter()
-    while steps < HANDOFF_STEPS:
+    while steps < EXTRA_WAVE_STEPS:
         eng.step()
         steps += 1
         if steps > 1 and not eng.scheduler.arriving:  # landed (its admitting step counted)

@@ -151,7 +151,7 @@ def test_wave_trace_profiles_one_wave_from_admission_to_landing():
     got = B._wave_trace(eng, [1, 2, 3], lambda: None, _FakeTorch)
     assert eng.steps == 4 and len(got["steps_ms"]) == 4  # admit, 2 in flight, the landing
     assert eng.stats["handoffs_total"] == 1 and got["streams"] == {}
-    assert got["clean_start"] and got["batch"] == [0, 0]
+    assert got["clean_start"] and got["landed"] and got["batch"] == [0, 0]
     late = _FakeEngine(lag=3)
     late.scheduler.arriving, late.left = {0: 1}, 2  # an earlier wave two steps from landing
     got = B._wave_trace(late, [1], lambda: None, _FakeTorch)
@@ -172,7 +172,7 @@ def test_pipelined_wave_times_the_plain_steps_then_the_wave_back_to_back():
     assert got["handoff_pipelined_step_ms"] >= 0 and got["handoff_pipelined_plain_step_ms"] >= 0
     never = _FakeEngine(lag=10_000)  # a wave that never lands: the step budget ends it
     got = B._pipelined_wave(never, [1], lambda: None, _FakeTorch)
-    assert got["handoff_pipelined_steps"] == B.HANDOFF_STEPS
+    assert got["handoff_pipelined_steps"] == B.EXTRA_WAVE_STEPS
     assert not got["handoff_pipelined_landed"]
 
 
@@ -494,3 +494,23 @@ def test_a_batch_that_cannot_fill_is_named_not_waited_for_forever():
     assert B.fill_allowance(51072, 49152, 137, 100) == 100
     with pytest.raises(ValueError, match="leaves room for 102 more steps"):
         B.fill_allowance(51072, 49152, 137, 103)
+
+
+def test_the_extra_waves_lengthen_the_output_caps():
+    """--handoff-trace and --handoff-pipelined run after the timed waves: the caps cover their
+    steps (an earlier wave's landing, the wave, the plain steps before the pipelined one), so
+    the batch they measure is still whole."""
+
+    def args(**kw):
+        base = {"warmup": 8, "steps": 30, "host_profile": 0, "profile_steps": 5}
+        return type("A", (), {**base, **kw})()
+
+    plain = B.steps_per_row(args())
+    assert B.steps_per_row(args(handoff_trace=True)) == plain + 2 * B.EXTRA_WAVE_STEPS
+    assert (
+        B.steps_per_row(args(handoff_pipelined=True))
+        == plain + 2 * B.EXTRA_WAVE_STEPS + B.PIPELINED_PLAIN_STEPS
+    )
+    # fig4_h200's 49K rows (model.max_context_len 51072) still fit with both, at batch 8
+    both = B.steps_per_row(args(handoff_trace=True, handoff_pipelined=True))
+    assert B.fill_allowance(51072, 49152, both, 0) == 0
