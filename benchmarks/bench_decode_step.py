@@ -294,7 +294,7 @@ def steps_per_row(args) -> int:
     # compare with rows measured without them: the automatic context may be a bucket lower)
     extra = 2 * EXTRA_WAVE_STEPS if getattr(args, "handoff_trace", False) else 0
     if getattr(args, "handoff_pipelined", False):
-        extra += 2 * EXTRA_WAVE_STEPS + PIPELINED_PLAIN_STEPS
+        extra += 2 * EXTRA_WAVE_STEPS + PIPELINED_PLAIN_STEPS + 1
     return (
         args.warmup + 2 * args.steps + host + extra + HANDOFF_STEPS + args.profile_steps + CAP_SLACK
     )
@@ -531,21 +531,14 @@ def _landing_profile(eng, prompt, args, sync) -> list[dict] | None:
 
 def _wave_trace(eng, prompt, sync, torch) -> dict:
     """One more wave of ``HANDOFFS`` arrivals under torch.profiler, from its admitting step to
-    the step it lands in (at most ``EXTRA_WAVE_STEPS``; ``landed`` says whether it did): each step's wall time and the GPU's work
-    per stream over the wave (``wave_activity``). An earlier wave still arriving lands first,
-    unprofiled (``clean_start``: none was left). ``batch``: the requests running at its start
-    and end (``steps_per_row`` counts its steps in the output caps)."""
+    the step it lands in (at most ``EXTRA_WAVE_STEPS``; ``landed``: whether it did): each
+    step's wall time and the GPU's work per stream over the wave (``wave_activity``). Earlier
+    waves land first, unprofiled (``clean_start``: all did). ``batch``: the requests running
+    at its start and end (``steps_per_row`` counts its steps in the output caps)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from systems.engine.request import Request, SamplingParams
-
-    clean = not eng.scheduler.arriving
-    for _ in range(EXTRA_WAVE_STEPS):
-        if not eng.scheduler.arriving:
-            break
-        eng.step()
-    for _ in range(HANDOFFS):
-        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
+    clean = _land_earlier_waves(eng)
+    before = _submit_wave(eng, prompt)
     torch.cuda.synchronize()
     running = [len(eng.scheduler.running)]
     steps_ms = []
@@ -555,7 +548,7 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
             eng.step()
             sync()
             steps_ms.append((time.perf_counter() - t0) * 1e3)
-            if not eng.scheduler.arriving:
+            if _wave_landed(eng, before):
                 break
         torch.cuda.synchronize()
     running.append(len(eng.scheduler.running))
@@ -565,7 +558,7 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
         streams = wave_activity(json.loads(Path(path).read_text()))
     return {
         "steps_ms": steps_ms,
-        "landed": not eng.scheduler.arriving,
+        "landed": _wave_landed(eng, before),
         "clean_start": clean,
         "batch": running,
         "streams": streams,
@@ -579,46 +572,64 @@ PIPELINED_PLAIN_STEPS = 10  # plain steps timed beside --handoff-pipelined's wav
 EXTRA_WAVE_STEPS = 20
 
 
-def _pipelined_wave(eng, prompt, sync, torch) -> dict:
-    """A wave of ``HANDOFFS`` arrivals as a served engine runs it: steps back to back, one
-    synchronization at the end, so admission's host work overlaps the step in flight (overlap
-    scheduling) as it does when served. ``handoff_pipelined_step_ms``: the mean step from the
-    wave's admitting step to the one it lands in (at most ``EXTRA_WAVE_STEPS``), beside
-    ``handoff_pipelined_plain_step_ms``, the same batch's steps just before with no handoff;
-    their ratio is what the wave costs the steps around it when served. An earlier wave still
-    arriving lands first (``handoff_pipelined_batch``: the requests running at the start and
-    end; ``steps_per_row`` counts these steps in the output caps)."""
-    from systems.engine.request import Request, SamplingParams
-
+def _land_earlier_waves(eng) -> bool:
+    """Step until no handoff is arriving (at most ``EXTRA_WAVE_STEPS``); whether none is."""
     for _ in range(EXTRA_WAVE_STEPS):
         if not eng.scheduler.arriving:
             break
         eng.step()
+    return not eng.scheduler.arriving
+
+
+def _submit_wave(eng, prompt) -> int:
+    """``HANDOFFS`` one-token arrivals of ``prompt``; the engine's landed count before them."""
+    from systems.engine.request import Request, SamplingParams
+
+    before = eng.stats["handoffs_total"]
+    for _ in range(HANDOFFS):
+        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
+    return before
+
+
+def _wave_landed(eng, before: int) -> bool:
+    """Every request of the wave submitted at ``before`` has landed (the engine counts each as
+    it lands; an admission deferred by a bound is not a landing)."""
+    return eng.stats["handoffs_total"] - before >= HANDOFFS
+
+
+def _pipelined_wave(eng, prompt, sync, torch) -> dict:
+    """A wave of ``HANDOFFS`` arrivals as a served engine runs it: steps back to back with no
+    synchronization until the end, so that admission's host work overlaps the step in flight
+    (overlap scheduling), as it does when served. Each window is timed between ``step()``
+    returns, which under overlap scheduling come once the previous step has finished on the
+    GPU: ``handoff_pipelined_plain_step_ms`` over ``PIPELINED_PLAIN_STEPS`` steps with no
+    handoff, then ``handoff_pipelined_step_ms`` from the step that admits the wave, submitted
+    at the end of the plain window, to the one it lands in (at most ``EXTRA_WAVE_STEPS``);
+    their ratio is what the wave costs the steps around it when served. Earlier waves land
+    first (``handoff_pipelined_clean_start``: all did); ``handoff_pipelined_batch`` gives the
+    requests running at the start and end."""
+    clean = _land_earlier_waves(eng)
     running = [len(eng.scheduler.running)]
-    torch.cuda.synchronize()
+    eng.step()  # the pipeline's first step: one in flight from here on
     t0 = time.perf_counter()
     for _ in range(PIPELINED_PLAIN_STEPS):
         eng.step()
-    sync()
-    plain = (time.perf_counter() - t0) / PIPELINED_PLAIN_STEPS
-    for _ in range(HANDOFFS):
-        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
+    t1 = time.perf_counter()
+    before = _submit_wave(eng, prompt)
     steps = 0
-    t0 = time.perf_counter()
-    while steps < EXTRA_WAVE_STEPS:
+    while steps < EXTRA_WAVE_STEPS and not _wave_landed(eng, before):
         eng.step()
         steps += 1
-        if steps > 1 and not eng.scheduler.arriving:  # landed (its admitting step counted)
-            break
+    t2 = time.perf_counter()
     sync()
-    wave = (time.perf_counter() - t0) / steps
     running.append(len(eng.scheduler.running))
     torch.cuda.synchronize()
     return {
-        "handoff_pipelined_step_ms": wave * 1e3,
-        "handoff_pipelined_plain_step_ms": plain * 1e3,
+        "handoff_pipelined_step_ms": (t2 - t1) / max(steps, 1) * 1e3,
+        "handoff_pipelined_plain_step_ms": (t1 - t0) / PIPELINED_PLAIN_STEPS * 1e3,
         "handoff_pipelined_steps": steps,
-        "handoff_pipelined_landed": not eng.scheduler.arriving,
+        "handoff_pipelined_landed": _wave_landed(eng, before),
+        "handoff_pipelined_clean_start": clean,
         "handoff_pipelined_batch": running,
     }
 

@@ -166,9 +166,9 @@ def per_budget(sel: list[SweepPoint]) -> str:
             continue
         miss = "" if p.host_share is None else f", host-miss {C.fmt(100.0 * p.host_share)}%"
         parts.append(
-            f"{p.bk:g}: {out:.0f} tok/s{miss}, " + (C.breakdown(p.run) or "no server metrics")
+            f"B/k {p.bk:g}: {out:.0f} tok/s{miss}, " + (C.breakdown(p.run) or "no server metrics")
         )
-    return "per B/k: " + REASON_SEP.join(parts)  # a note per budget
+    return REASON_SEP.join(parts)  # a note per budget
 
 
 def at_paper_c128(results, exp: str, fam: str, system: str | None) -> list[SweepPoint]:

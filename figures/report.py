@@ -114,6 +114,8 @@ def fmt(v: Any, unit: str = "") -> str:
     f = float(v)
     if math.isnan(f):
         return "—"
+    if math.isinf(f):  # e.g. a ratio over a side that sustained nothing
+        return "∞" if f > 0 else "−∞"
     a = abs(f)
     if f == int(f) and a < 1e15:
         return f"{int(f):,}"

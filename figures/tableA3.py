@@ -144,6 +144,19 @@ def _whole_units(points: list[dict[int, list]], units) -> list:
     return whole
 
 
+def sustained_ratio(a: tuple, b: tuple, which: int) -> float | None:
+    """ADHS / HiSparse of two ``_sustained_in`` results' load (``which`` 0) or output (1): 0
+    where ADHS sustained no load and HiSparse one, unbounded the other way round, None where
+    neither did (or an output is missing)."""
+    if (a[0] is None) != (b[0] is None):
+        return 0.0 if a[0] is None else math.inf
+    return C.ratio(a[which], b[which])
+
+
+# stands for an unbounded ratio in the percentile interpolation (inf would give NaN there)
+_UNBOUNDED = 1e300
+
+
 def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None:
     """ADHS / HiSparse sustained concurrency (``which`` 0) or output (1) with a bootstrap 90%
     interval over the sweep's repeats.
@@ -161,11 +174,9 @@ def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None
     units = sorted(u for u in ua & ub if u is not None)
 
     def ratio(sel_a, sel_b):
-        a = _sustained_in(pa, sel_a, *a_side[1:])[which]
-        b = _sustained_in(pb, sel_b, *b_side[1:])[which]
-        if (a is None) != (b is None):  # one side sustained no load: 0 or unbounded, not unknown
-            return 0.0 if a is None else math.inf
-        return C.ratio(a, b)
+        return sustained_ratio(
+            _sustained_in(pa, sel_a, *a_side[1:]), _sustained_in(pb, sel_b, *b_side[1:]), which
+        )
 
     point = ratio(None, None)
     if point is None or len(units) < MIN_RUNS:
@@ -185,12 +196,8 @@ def sustained_ratio_stats(runs, a_side, b_side, which: int) -> RatioStats | None
             vals.append(memo[(ka, kb)])
     if len(vals) < RESAMPLES * INTERVAL:  # drawn repeats where neither sustained a load
         return None
-    arr = np.asarray(vals)
-    if np.isinf(arr).any():  # order statistics: interpolating next to an infinity gives NaN
-        tail = 100.0 * (1.0 - INTERVAL) / 2.0
-        lo, hi = (float(v) for v in np.percentile(arr, [tail, 100 - tail], method="inverted_cdf"))
-    else:
-        lo, hi = percentile_interval(arr, INTERVAL)
+    arr = np.minimum(np.asarray(vals), _UNBOUNDED)
+    lo, hi = (v if v < _UNBOUNDED / 2 else math.inf for v in percentile_interval(arr, INTERVAL))
     in_group = tuple(r for r in (ratio((u,), (u,)) for u in whole) if r is not None)
     return RatioStats(point, lo, hi, (len(units), len(units)), in_group, paired)
 
@@ -208,7 +215,7 @@ def first_failure(runs, system, ttft_bound_s, tpot_bound_ms, units=None) -> str 
         seen += 1
         miss = []
         if pw is None or tp is None:  # as _sustained_in: a miss
-            miss.append("no post-wave latency")
+            miss.append("no post-wave TTFT" if pw is None else "no TPOT")
         else:
             if pw / 1e3 > ttft_bound_s:
                 miss.append(f"p99 post-wave TTFT {pw / 1e3:.3g} s")
@@ -332,7 +339,7 @@ def main(argv=None) -> C.Report:
                     f"{bname}.{what}_ratio",
                     f"[{tag}] ADHS / HiSparse sustained {what}",
                     b[f"{what}_ratio"],
-                    C.ratio(a[which], h[which]),
+                    sustained_ratio(a, h, which) if judged else None,
                     "x",
                     prov_all,
                     stats=sustained_ratio_stats(runs, a_side, h_side, which) if judged else None,

@@ -89,7 +89,7 @@ class _FakeEngine:
 
     def __init__(self, lag: int):
         self.lag = lag
-        self.submitted, self.left, self.steps = 0, 0, 0
+        self.submitted, self.left, self.steps, self.wave = 0, 0, 0, 0
         self.stats = {"handoffs_total": 0}
         self.scheduler = type("S", (), {"arriving": {}, "running": {}})()
         # a backend whose host backups count the steps run
@@ -106,12 +106,13 @@ class _FakeEngine:
     def step(self):
         self.steps += 1
         if self.submitted and not self.scheduler.arriving:
+            self.wave = self.submitted
             self.scheduler.arriving, self.left, self.submitted = {0: 1}, self.lag, 0
         elif self.scheduler.arriving:
             self.left -= 1
             if self.left <= 0:
                 self.scheduler.arriving = {}
-                self.stats["handoffs_total"] += 1  # the engine counts requests as they land
+                self.stats["handoffs_total"] += self.wave  # the engine counts requests landed
 
 
 class _FakeTorch:
@@ -146,34 +147,48 @@ def test_handoff_steps_repeat_waves_until_enough_steps_saw_copies_in_flight():
 def test_wave_trace_profiles_one_wave_from_admission_to_landing():
     """--handoff-trace: one more wave, its admitting step to its landing, each step timed (on a
     CPU the profiler sees no GPU work, so no stream); an earlier wave still arriving lands
-    first, outside the profile."""
+    first, outside the profile, and one that does not land marks the trace unclean."""
     eng = _FakeEngine(lag=3)
     got = B._wave_trace(eng, [1, 2, 3], lambda: None, _FakeTorch)
     assert eng.steps == 4 and len(got["steps_ms"]) == 4  # admit, 2 in flight, the landing
-    assert eng.stats["handoffs_total"] == 1 and got["streams"] == {}
+    assert eng.stats["handoffs_total"] == B.HANDOFFS and got["streams"] == {}
     assert got["clean_start"] and got["landed"] and got["batch"] == [0, 0]
     late = _FakeEngine(lag=3)
     late.scheduler.arriving, late.left = {0: 1}, 2  # an earlier wave two steps from landing
     got = B._wave_trace(late, [1], lambda: None, _FakeTorch)
-    assert not got["clean_start"] and late.steps == 2 + 4 and len(got["steps_ms"]) == 4
-    assert late.stats["handoffs_total"] == 2
+    assert got["clean_start"] and late.steps == 2 + 4 and len(got["steps_ms"]) == 4
+    assert late.stats["handoffs_total"] == B.HANDOFFS  # the earlier wave had no requests here
+    stuck = _FakeEngine(lag=3)
+    stuck.scheduler.arriving, stuck.left = {0: 1}, 10_000  # an earlier wave that never lands
+    got = B._wave_trace(stuck, [1], lambda: None, _FakeTorch)
+    assert not got["clean_start"] and not got["landed"]
+    assert len(got["steps_ms"]) == B.EXTRA_WAVE_STEPS
 
 
 def test_pipelined_wave_times_the_plain_steps_then_the_wave_back_to_back():
-    """--handoff-pipelined: the plain steps, then a wave from its admitting step to its landing,
-    each run back to back (one synchronization at the end of each)."""
+    """--handoff-pipelined: one pipeline of steps, synchronized once at the end: a first step,
+    the timed plain steps, then the wave from its admitting step until every request of it
+    landed; a wave whose admission is deferred has not landed."""
     eng = _FakeEngine(lag=3)
     syncs = []
     got = B._pipelined_wave(eng, [1, 2], lambda: syncs.append(eng.steps), _FakeTorch)
-    assert eng.steps == B.PIPELINED_PLAIN_STEPS + 4  # plain steps, admit, 2 in flight, landing
-    assert syncs == [B.PIPELINED_PLAIN_STEPS, B.PIPELINED_PLAIN_STEPS + 4]  # two in all
+    assert eng.steps == 1 + B.PIPELINED_PLAIN_STEPS + 4  # first, plain, admit, 2, landing
+    assert syncs == [eng.steps]  # no synchronization inside the pipeline
     assert got["handoff_pipelined_steps"] == 4 and got["handoff_pipelined_landed"]
-    assert got["handoff_pipelined_batch"] == [0, 0]
+    assert got["handoff_pipelined_clean_start"] and got["handoff_pipelined_batch"] == [0, 0]
     assert got["handoff_pipelined_step_ms"] >= 0 and got["handoff_pipelined_plain_step_ms"] >= 0
     never = _FakeEngine(lag=10_000)  # a wave that never lands: the step budget ends it
     got = B._pipelined_wave(never, [1], lambda: None, _FakeTorch)
     assert got["handoff_pipelined_steps"] == B.EXTRA_WAVE_STEPS
     assert not got["handoff_pipelined_landed"]
+
+    class Deferred(_FakeEngine):  # admission put off (a bound): nothing arrives
+        def step(self):
+            self.steps += 1
+
+    got = B._pipelined_wave(Deferred(lag=1), [1], lambda: None, _FakeTorch)
+    assert not got["handoff_pipelined_landed"]
+    assert got["handoff_pipelined_steps"] == B.EXTRA_WAVE_STEPS
 
 
 def test_wave_activity_splits_the_gpu_work_by_stream():
@@ -509,7 +524,7 @@ def test_the_extra_waves_lengthen_the_output_caps():
     assert B.steps_per_row(args(handoff_trace=True)) == plain + 2 * B.EXTRA_WAVE_STEPS
     assert (
         B.steps_per_row(args(handoff_pipelined=True))
-        == plain + 2 * B.EXTRA_WAVE_STEPS + B.PIPELINED_PLAIN_STEPS
+        == plain + 2 * B.EXTRA_WAVE_STEPS + B.PIPELINED_PLAIN_STEPS + 1
     )
     # fig4_h200's 49K rows (model.max_context_len 51072) still fit with both, at batch 8
     both = B.steps_per_row(args(handoff_trace=True, handoff_pipelined=True))
