@@ -123,6 +123,14 @@ def union_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1e3
 
 
+def chrome_trace(prof) -> dict:
+    """A finished torch.profiler run's chrome trace, as a dict."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        return json.loads(Path(path).read_text())
+
+
 def trace_activity(trace: dict) -> dict:
     """Busy share and kernel count of the step ranges in a chrome trace (torch.profiler)."""
     ev = trace.get("traceEvents", [])
@@ -418,8 +426,6 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
     repeated until ``HANDOFF_SAMPLES`` steps ran with copies in flight; the first admitting
     step is profiled on the host. The backend's counters over the waves say what the steps
     did besides (``handoff_counters``: populated pages, host backups, host-fetched rows)."""
-    from systems.engine.request import Request, SamplingParams
-
     # the decode stream only: torch.cuda.synchronize() would also wait for the handoff stream,
     # timing the copies instead of the steps beside them
     sync = torch.cuda.current_stream().synchronize
@@ -434,8 +440,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
     c0 = eng.backend.metrics()
     steps = 0
     while len(inflight) < HANDOFF_SAMPLES and steps < HANDOFF_STEPS:
-        for _ in range(HANDOFFS):
-            eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
+        _submit_wave(eng, prompt)
         sync()
         pr = host_profiler(args) if not admits else None
         t0 = t_wave = time.perf_counter()
@@ -510,10 +515,7 @@ def _landing_profile(eng, prompt, args, sync) -> list[dict] | None:
     """The host profile of the first step in which a wave of ``HANDOFFS`` arrivals lands (their
     first token, release and the decoder's set-up: a drafter's ring fill): one more wave after
     the timed ones, each of its steps profiled until one lands."""
-    from systems.engine.request import Request, SamplingParams
-
-    for _ in range(HANDOFFS):
-        eng.submit(Request(eng.new_rid(), prompt, SamplingParams(max_new_tokens=1)))
+    _submit_wave(eng, prompt)
     eng.step()  # admission
     sync()
     for _ in range(HANDOFF_STEPS):
@@ -552,10 +554,7 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
                 break
         torch.cuda.synchronize()
     running.append(len(eng.scheduler.running))
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        streams = wave_activity(json.loads(Path(path).read_text()))
+    streams = wave_activity(chrome_trace(prof))
     return {
         "steps_ms": steps_ms,
         "landed": _wave_landed(eng, before),
@@ -724,10 +723,7 @@ def measure(eng, m, batch: int, args, torch) -> dict:
         torch.cuda.synchronize()
     if timer is not None:
         eng.decoder.phase_timer = None
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        row.update(trace_activity(json.loads(Path(path).read_text())))
+    row.update(trace_activity(chrome_trace(prof)))
     if args.host_profile:
         torch.cuda.synchronize()
         pr = host_profiler(args)

@@ -172,17 +172,16 @@ def use_decode_stream(device: torch.device, priority: int):
         return None
     cur = torch.cuda.current_stream(device)
     if priority == 0:
-        if is_shared(cur, "decode"):
-            torch.cuda.synchronize(device)
-            torch.cuda.set_stream(torch.cuda.default_stream(device))
-            torch.cuda.empty_cache()  # blocks cached for the other stream, free for this one
-        return None
-    # engines built one after another (a benchmark's rows) share it (systems/cuda_streams.py)
-    stream = shared_stream(device, "decode", priority)
-    if cur != stream:
+        if not is_shared(cur, "decode"):
+            return None  # a thread no engine moved: left alone
+        target, stream = torch.cuda.default_stream(device), None
+    else:
+        # engines built one after another (a benchmark's rows) share it (systems/cuda_streams.py)
+        target = stream = shared_stream(device, "decode", priority)
+    if cur != target:
         torch.cuda.synchronize(device)
-        torch.cuda.set_stream(stream)
-        torch.cuda.empty_cache()
+        torch.cuda.set_stream(target)
+        torch.cuda.empty_cache()  # blocks cached for the other stream, free for this one
     return stream
 
 
