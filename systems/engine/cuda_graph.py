@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from systems.cuda_streams import current_priority
+from systems.cuda_streams import shared_stream
 from systems.host_sync import no_host_sync
 
 log = logging.getLogger("dhs.cuda_graph")
@@ -130,9 +130,7 @@ class GraphCache:
         self._pool = None if emulate else torch.cuda.graph_pool_handle()
         # captures run at the engine's stream priority (engine.decode_stream_priority): a
         # capturing step's eager run then stays ahead of the handoff copies as a replay does
-        self._stream = (
-            None if emulate else torch.cuda.Stream(device, priority=current_priority(device))
-        )
+        self._stream = None if emulate else shared_stream(device, "graph_capture")
         self.broken = False  # a capture failed: every later step runs eagerly
 
     def padded_key(self, key: tuple, at: int = 0) -> tuple | None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from systems.cuda_streams import shared_stream
 from systems.host_sync import to_device
 from systems.kernels.backup import copy_rows
 from systems.kernels.index_scores import index_scores
@@ -446,7 +447,8 @@ class KVBackend(ABC):
         if not asynchronous or self.device.type != "cuda":
             return None
         if self._handoff_stream is None:
-            self._handoff_stream = torch.cuda.Stream(self.device)
+            # at the default priority whatever the decode stream's: the copies yield to steps
+            self._handoff_stream = shared_stream(self.device, "handoff", priority=0)
         return self._handoff_stream
 
     def import_done(self, slot: int, wait: bool = False) -> bool:
