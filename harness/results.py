@@ -633,7 +633,8 @@ REPRODUCE_UNHASHED = ("speculation", "kv", "repeats", "system_overrides", "warm_
 # on both sides of a default that moves the numbers.
 # system.kv: defaults the backends applied without the configs naming them; lending free slots'
 # index history to optional history (how much is fetched from host); the copy grid scaling with
-# the batch; the reserve's reclaims off the decode stream; the handoff stream's copy grid
+# the batch; the reserve's reclaims off the decode stream; the handoff stream's copy grid;
+# population off the decode stream
 KV_IMPLICIT_BEFORE = {
     "cap_slots_to_pool": True,
     "tail_rows": 0,
@@ -643,6 +644,7 @@ KV_IMPLICIT_BEFORE = {
     "copy_programs_per_request": 0,
     "async_reclaim": True,
     "handoff_copy_programs": 0,
+    "async_populate": True,
 }
 # engine: overlap scheduling and asynchronous handoffs (when tokens are read and a request joins
 # the batch), the CUDA graphs' padding ladder and their capture at start-up, the handoffs in

@@ -111,6 +111,10 @@ class AdaptiveOptions(HiSparseOptions):
     # are done (false: backed up on the decode stream and retired at once, a stall of the
     # backup's PCIe time). Only where handoffs are asynchronous (engine.async_handoffs, a GPU)
     async_reclaim: bool = True
+    # population's host->device copies on the handoff stream, beside the next decode steps
+    # (false: on the decode stream between steps, where a step waits for them: four
+    # glm53_h200 pages are ~140 MB, ~3 ms of host reads)
+    async_populate: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -134,6 +138,7 @@ class AdaptiveBackend(HiSparseBackend):
         self.populate_pages_per_step = int(opt.populate_pages_per_step)
         self.reclaim_order = opt.reclaim_order
         self.async_reclaim = bool(opt.async_reclaim)
+        self.async_populate = bool(opt.async_populate)
         # slot -> (the event after its backup's copies, the prompt pages they back up): requests
         # whose reclaim runs off the decode stream; their pages stay published until it is done
         self.reclaiming: dict[int, tuple[object, list[int]]] = {}
@@ -490,6 +495,7 @@ class AdaptiveBackend(HiSparseBackend):
         if not owned:
             return
         self.direct_table[:, slot] = -1  # every published page of the slot retires
+        self._after_population(r)
         self._free_optional([r.page[j] for j in owned])
         for j in owned:
             r.pending.pop(j, None)  # a page still being populated already has a host copy
@@ -545,6 +551,7 @@ class AdaptiveBackend(HiSparseBackend):
             self._order_after(self.reclaiming.pop(slot)[0])
         r = self.res.pop(slot, None)
         if r is not None:
+            self._after_population(r)
             self._free_optional([p for p in r.page if p >= 0])
             self.direct_table[:, slot] = -1
         super().release(slot)
@@ -614,21 +621,42 @@ class AdaptiveBackend(HiSparseBackend):
             self._rr = (self._rr + 1) % max(1, n)
             if not taken:
                 return
-            dev_rows, host_rows = self._page_rows(pages)
-            kv, host = self._flat_pools()
-            restore_rows(host, kv, host_rows, dev_rows, self.copy_impl)
+            stream = self._populate_stream()
+            self._on_stream(stream, lambda: self._restore_pages(pages))
         except BaseException:  # nothing was queued: the pages go back as they were
             self._free_optional([r.page[j] for r, j in taken])
             for r, j in taken:
                 r.page[j] = -1
             raise
-        ev = None
-        if self.device.type == "cuda":
+        if stream is not None:
+            ev = self._copies_done(stream)
+        elif self.device.type == "cuda":
             ev = torch.cuda.Event()
             ev.record()
+        else:
+            ev = None
         for r, j in taken:
             r.pending[j] = ev
         self.stats_adaptive["populated_pages_total"] += len(taken)
+
+    def _populate_stream(self):
+        """Where population copies run: the handoff stream (``async_populate``, on a GPU), else
+        None, in order on the decode stream."""
+        return self._handoff(self.async_populate)
+
+    def _restore_pages(self, pages: list[tuple[int, int, int]]) -> None:
+        """One launch that copies prompt pages (slot, device page, prompt page j) from their
+        host copies into their device pages, on the current stream."""
+        dev_rows, host_rows = self._page_rows(pages)
+        kv, host = self._flat_pools()
+        restore_rows(host, kv, host_rows, dev_rows, self.copy_impl)
+
+    def _after_population(self, r: _Residency) -> None:
+        """Before the request's pages go back to the pools: the decode stream's later work is
+        ordered after the population copies still writing any of them (on the handoff stream,
+        ``async_populate``), since a page's next user may be a hot cache a step writes."""
+        for ev in {id(ev): ev for ev in r.pending.values() if ev is not None}.values():
+            self._order_after(ev)
 
     def _publish(self) -> None:
         """Pages whose population copy has completed become ready: all of a step's go into the

@@ -274,6 +274,52 @@ def test_population_refills_after_load_falls():
     assert be.is_empty
 
 
+def test_population_off_the_decode_stream_publishes_when_done_and_frees_after_it():
+    """system.kv.async_populate: a page being populated (its copy on the handoff stream,
+    here a stand-in event pending for a few polls) is published only once the copy is done,
+    and a request released meanwhile orders the decode stream after the copy before its pages
+    go back to the pools (their next user may be a hot cache a step writes)."""
+    eng = _engine(
+        "system.kv.admission_reserve_pages=0",
+        "system.kv.populate_pages_per_step=1",
+        "hardware.max_running_requests=8",
+        pool=_tight_pool("tiny"),
+    )
+    be = eng.backend
+    assert be.async_populate
+    side, made = object(), []
+    be._populate_stream = lambda: side
+    be._on_stream = lambda stream, copies: copies()
+    be._copies_done = lambda stream: made.append(SlowCopy(3)) or made[-1]
+    long = GOLDEN["prompts"][4]  # 130 tokens: 5 complete pages of G = 24
+    a = Request(eng.new_rid(), long, SamplingParams(max_new_tokens=200))
+    eng.submit(a)
+    eng.step()
+    fillers = [Request(eng.new_rid(), long, SamplingParams(max_new_tokens=4)) for _ in range(4)]
+    for r in fillers:
+        eng.submit(r)
+    pending_steps, copy = 0, None
+    for _ in range(60):  # fillers finish; population refills a page per step, off the stream
+        eng.step()
+        be.check_integrity()
+        r = be.res[a.slot]
+        for j in r.pending:
+            assert not r.ready[j]  # not published while its copy runs
+        pending_steps += bool(r.pending)
+        if be.coverage() > 0 and r.pending and all(f.finish_reason for f in fillers):
+            copy = next(iter(r.pending.values()))
+            break
+    # published only after the stand-in's polls: a page stays pending over several steps
+    assert copy is not None and pending_steps >= 3
+    assert be.stats_adaptive["populated_pages_total"] == len(made)
+    # a request released with a population in flight waits for it first
+    eng.abort(a)
+    eng.step()
+    be.check_integrity()
+    assert copy.waited
+    assert be.is_empty and be.payload_pages.num_used == 0
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     st.lists(
