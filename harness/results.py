@@ -1119,6 +1119,16 @@ MEASUREMENT_CHANGES = (
         "adaptive residency backs up the reserve's reclaim victims on the handoff stream, "
         "system.kv.async_reclaim; before it, on the decode stream, a stall of their PCIe time",
     ),
+    (
+        "6c3ab09",
+        "a HiSparse handoff backs its history up with one 2-D copy per run of host pages for "
+        "every source; before it, a copy per source, 26 calls of engine thread per request",
+    ),
+    (
+        "59afae2",
+        "adaptive residency populates pages on the handoff stream, system.kv.async_populate; "
+        "before it, on the decode stream between steps",
+    ),
 )
 
 
@@ -1154,6 +1164,8 @@ CHANGE_SCOPE = {
     "beb83e9": {"speculative": True},
     "02d92fa": {"kv_backend": ("adaptive_hisparse",)},
     "317bfd1": {"kv_backend": ("adaptive_hisparse",)},
+    "6c3ab09": {"kv_backend": ("hisparse", "adaptive_hisparse")},
+    "59afae2": {"kv_backend": ("adaptive_hisparse",)},
 }
 
 
