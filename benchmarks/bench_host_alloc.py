@@ -13,12 +13,12 @@ frees it. Exits 1 when a check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpu_timing import write_json  # noqa: E402  (benchmarks/, the script's folder)
 
 
 def main(argv=None) -> int:
@@ -124,10 +124,7 @@ def main(argv=None) -> int:
         note="torch's pinned allocator rounds each request up to a power of two",
         rows=rows,
     )
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.out, out)
     return 1 if bad else 0
 
 

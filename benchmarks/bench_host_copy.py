@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpu_timing import write_json  # noqa: E402  (benchmarks/, the script's folder)
 
 D2H = 2  # cudaMemcpyDeviceToHost
 
@@ -145,10 +145,7 @@ def main(argv=None) -> int:
         "row_bytes": rb,
         "rows": rows,
     }
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.out, out)
     return 1 if bad else 0
 
 

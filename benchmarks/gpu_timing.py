@@ -1,8 +1,20 @@
-"""GPU time of a call for the kernel benchmarks: warmed up, L2 flushed, median of repeats."""
+"""GPU time of a call for the kernel benchmarks: warmed up, L2 flushed, median of repeats; and
+the JSON file a benchmark writes."""
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+
+
+def write_json(path: str | None, out: dict) -> None:
+    """Write a benchmark's result to ``path`` (its folder made), if a path was given."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
 
 
 def median_us(torch, fn, flush, reps: int, guard_cycles: int = 2_000_000) -> float:

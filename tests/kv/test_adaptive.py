@@ -241,13 +241,18 @@ def test_uncoverable_deficit_waits_then_admits():
     eng.backend.check_integrity()
 
 
-def test_population_refills_after_load_falls():
-    eng = _engine(
+def _population_engine():
+    """A tight pool, no reserve, population one page a step."""
+    return _engine(
         "system.kv.admission_reserve_pages=0",
         "system.kv.populate_pages_per_step=1",
         "hardware.max_running_requests=8",
         pool=_tight_pool("tiny"),
     )
+
+
+def test_population_refills_after_load_falls():
+    eng = _population_engine()
     be = eng.backend
     long = GOLDEN["prompts"][4]  # 130 tokens: 5 complete pages of G = 24
     a = Request(eng.new_rid(), long, SamplingParams(max_new_tokens=200))
@@ -279,12 +284,7 @@ def test_population_off_the_decode_stream_publishes_when_done_and_frees_after_it
     here a stand-in event pending for a few polls) is published only once the copy is done,
     and a request released meanwhile orders the decode stream after the copy before its pages
     go back to the pools (their next user may be a hot cache a step writes)."""
-    eng = _engine(
-        "system.kv.admission_reserve_pages=0",
-        "system.kv.populate_pages_per_step=1",
-        "hardware.max_running_requests=8",
-        pool=_tight_pool("tiny"),
-    )
+    eng = _population_engine()
     be = eng.backend
     assert be.async_populate
     side, made = object(), []
