@@ -1,5 +1,6 @@
 """What a handoff's history backup costs the engine thread: one device-to-host copy per KV
-source (HiSparse's ``_backup`` today) against one strided 2-D copy for all sources.
+source (HiSparse's ``_backup`` before 6c3ab09) against the engine's one strided 2-D copy for all
+sources (``systems/host_copy.copy_blocks_to_host``, which says in its ``calls`` if it fell back).
 
     python benchmarks/bench_host_copy.py --out results/host_copy/h100.json
 
@@ -20,7 +21,6 @@ beside the PCIe ceiling (the H200 measured 55.2 GB/s device-to-host from pinned 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import sys
@@ -28,24 +28,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gpu_timing import write_json  # noqa: E402  (benchmarks/, the script's folder)
-
-D2H = 2  # cudaMemcpyDeviceToHost
-
-
-def loaded_cudart():
-    """The CUDA runtime this process already uses (PyTorch's), or None: the same library
-    handle, so the copies run in PyTorch's context and on its streams."""
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 6 and "libcudart.so" in os.path.basename(parts[-1]):
-                lib = ctypes.CDLL(parts[-1])
-                fn = lib.cudaMemcpy2DAsync
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-                fn.argtypes += [ctypes.c_size_t] * 3 + [ctypes.c_int, ctypes.c_void_p]
-                fn.restype = ctypes.c_int
-                return fn
-    return None
 
 
 def main(argv=None) -> int:
@@ -62,6 +44,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
+    from systems.host_copy import copy_blocks_to_host
     from systems.kv.host_memory import pinned_empty
 
     if not torch.cuda.is_available():
@@ -71,34 +54,20 @@ def main(argv=None) -> int:
     S, T, rb, N = args.sources, args.tokens, args.row_bytes, args.pool_rows
     if T > N:
         ap.error(f"--tokens {T} exceeds --pool-rows {N}")
-    memcpy2d = loaded_cudart()
     src = torch.randint(0, 256, (S, T, rb), dtype=torch.uint8, device="cuda")
     pool = pinned_empty((S, N, rb), torch.uint8)
     h = N - T  # the run's first host row: the last T rows of each source's slice
-    stream = torch.cuda.current_stream()
+    calls = {}
 
     def per_source():
         for s in range(S):
             pool[s, h : h + T].copy_(src[s, 0:T], non_blocking=True)
+        calls["per_source_copy_"] = S
 
-    def one_2d():
-        d = pool[0, h]
-        rc = memcpy2d(
-            d.data_ptr(),
-            pool.stride(0),
-            src.data_ptr(),
-            src.stride(0),
-            T * rb,
-            S,
-            D2H,
-            stream.cuda_stream,
-        )
-        if rc:
-            raise RuntimeError(f"cudaMemcpy2DAsync returned {rc}")
+    def engine_path():  # what HiSparse's _backup calls
+        calls["copy_blocks_to_host"] = copy_blocks_to_host(pool[:, h : h + T], src)
 
-    ways = {"per_source_copy_": per_source}
-    if memcpy2d is not None:
-        ways["cudaMemcpy2DAsync"] = one_2d
+    ways = {"per_source_copy_": per_source, "copy_blocks_to_host": engine_path}
     rows, bad = [], 0
     expect = src.cpu()
     for name, fn in ways.items():
@@ -122,7 +91,7 @@ def main(argv=None) -> int:
         row = {
             "way": name,
             "bytes_equal": same,
-            "calls": S if name == "per_source_copy_" else 1,
+            "calls": calls[name],
             "host_ms": statistics.median(host),
             "host_ms_max": max(host),
             "copy_ms": ms,
@@ -131,12 +100,10 @@ def main(argv=None) -> int:
         }
         rows.append(row)
         print(
-            f"{name:>18}: host {row['host_ms']:.3f} ms (max {row['host_ms_max']:.3f}), "
+            f"{name:>19} ({calls[name]} calls): host {row['host_ms']:.3f} ms (max {row['host_ms_max']:.3f}), "
             f"copies {ms:.2f} ms = {row['copy_gbs']:.1f} GB/s (floor {row['floor_ms']:.2f} ms "
             f"at {args.pcie_gbs} GB/s), bytes equal: {same}"
         )
-    if memcpy2d is None:
-        print("bench_host_copy: no libcudart.so among the loaded libraries; 2-D copy not timed")
     out = {
         "gpu": torch.cuda.get_device_name(),
         "commit": os.environ.get("DHS_GIT_COMMIT", ""),

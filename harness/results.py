@@ -1117,17 +1117,17 @@ MEASUREMENT_CHANGES = (
     (
         "317bfd1",
         "adaptive residency backs up the reserve's reclaim victims on the handoff stream, "
-        "system.kv.async_reclaim; before it, on the decode stream, a stall of their PCIe time",
+        "system.kv.async_reclaim (before it, on the decode stream, a stall of their PCIe time)",
     ),
     (
         "6c3ab09",
         "a HiSparse handoff backs its history up with one 2-D copy per run of host pages for "
-        "every source; before it, a copy per source, 26 calls of engine thread per request",
+        "every source (before it, a copy per source, 26 calls of engine thread per request)",
     ),
     (
         "59afae2",
-        "adaptive residency populates pages on the handoff stream, system.kv.async_populate; "
-        "before it, on the decode stream between steps",
+        "adaptive residency populates pages on a side stream, system.kv.async_populate "
+        "(before it, on the decode stream between steps)",
     ),
 )
 

@@ -1,6 +1,6 @@
 """systems/host_copy.py: the 2-D copy's geometry, and the copy itself where both sides are on
-the CPU (the GPU path is checked by benchmarks/bench_host_copy.py and by every backend's golden
-tokens in check_cuda_graph)."""
+the CPU. The GPU path runs in benchmarks/bench_host_copy.py (bytes checked against the source)
+and under every HiSparse-family backend in check_cuda_graph (golden tokens)."""
 
 import pytest
 import torch
@@ -25,6 +25,8 @@ def test_pitches_of_a_run_of_every_source():
         (torch.zeros(3, 8, 4), torch.zeros(3, 8, 4, dtype=torch.float64)),  # dtypes differ
         (torch.zeros(3, 8, 4), torch.zeros(3, 7, 4)),  # shapes differ
         (torch.zeros(8, 4), torch.zeros(8, 4)),  # not (S, n, row)
+        (torch.zeros(3, 4, 5), torch.zeros(30).as_strided((3, 4, 5), (5, 5, 1))),  # overlap
+        (torch.zeros(3, 4, 5), torch.zeros(4, 5).expand(3, 4, 5)),  # one block, read thrice
     ],
 )
 def test_no_pitches_where_one_call_cannot_copy(dst, src):

@@ -147,6 +147,8 @@ def backup_rows(
     copy_rows(kv_pool, host_pool, dev_rows, host_rows, impl, programs)
 
 
-def restore_rows(host_pool, kv_pool, host_rows, dev_rows, impl: str = "reference") -> None:
+def restore_rows(
+    host_pool, kv_pool, host_rows, dev_rows, impl: str = "reference", programs: int | None = None
+) -> None:
     """Host store rows into device pool rows."""
-    copy_rows(host_pool, kv_pool, host_rows, dev_rows, impl)
+    copy_rows(host_pool, kv_pool, host_rows, dev_rows, impl, programs)

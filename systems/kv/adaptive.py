@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, POPULATE, nvtx_range
+from systems.cuda_streams import shared_stream
 from systems.host_sync import to_device
 from systems.kernels.backup import backup_rows, copy_rows, restore_rows
 from systems.kv.base import MemoryReport, PrefixKV
@@ -111,8 +112,8 @@ class AdaptiveOptions(HiSparseOptions):
     # are done (false: backed up on the decode stream and retired at once, a stall of the
     # backup's PCIe time). Only where handoffs are asynchronous (engine.async_handoffs, a GPU)
     async_reclaim: bool = True
-    # population's host->device copies on the handoff stream, beside the next decode steps
-    # (false: on the decode stream between steps, where a step waits for them: four
+    # population's host->device copies on a side stream of their own, beside the next decode
+    # steps (false: on the decode stream between steps, where a step waits for them: four
     # glm53_h200 pages are ~140 MB, ~3 ms of host reads)
     async_populate: bool = True
 
@@ -597,6 +598,7 @@ class AdaptiveBackend(HiSparseBackend):
         n = len(slots)
         taken: list[tuple[_Residency, int]] = []  # (request, prompt page) restored this step
         pages: list[tuple[int, int, int]] = []  # (slot, device page, prompt page)
+        stream = None
         try:
             for i in range(n):
                 if budget <= 0:
@@ -623,7 +625,9 @@ class AdaptiveBackend(HiSparseBackend):
                 return
             stream = self._populate_stream()
             self._on_stream(stream, lambda: self._restore_pages(pages))
-        except BaseException:  # nothing was queued: the pages go back as they were
+        except BaseException:  # the pages go back as they were
+            if stream is not None:
+                stream.synchronize()  # whatever was queued has written them
             self._free_optional([r.page[j] for r, j in taken])
             for r, j in taken:
                 r.page[j] = -1
@@ -640,16 +644,20 @@ class AdaptiveBackend(HiSparseBackend):
         self.stats_adaptive["populated_pages_total"] += len(taken)
 
     def _populate_stream(self):
-        """Where population copies run: the handoff stream (``async_populate``, on a GPU), else
-        None, in order on the decode stream."""
-        return self._handoff(self.async_populate)
+        """Where population copies run: a stream of their own (``async_populate``, on a GPU),
+        else None, in order on the decode stream. Not the handoff stream: a population event
+        there would also cover the imports queued before it, and a release that orders the
+        decode stream after its pages' population would wait for those imports too."""
+        if not self.async_populate or self.device.type != "cuda":
+            return None
+        return shared_stream(self.device, "populate", priority=0)
 
     def _restore_pages(self, pages: list[tuple[int, int, int]]) -> None:
         """One launch that copies prompt pages (slot, device page, prompt page j) from their
         host copies into their device pages, on the current stream."""
         dev_rows, host_rows = self._page_rows(pages)
         kv, host = self._flat_pools()
-        restore_rows(host, kv, host_rows, dev_rows, self.copy_impl)
+        restore_rows(host, kv, host_rows, dev_rows, self.copy_impl, self._copy_programs())
 
     def _after_population(self, r: _Residency) -> None:
         """Before the request's pages go back to the pools: the decode stream's later work is

@@ -279,18 +279,17 @@ def test_population_refills_after_load_falls():
     assert be.is_empty
 
 
-def test_population_off_the_decode_stream_publishes_when_done_and_frees_after_it():
-    """system.kv.async_populate: a page being populated (its copy on the handoff stream,
-    here a stand-in event pending for a few polls) is published only once the copy is done,
-    and a request released meanwhile orders the decode stream after the copy before its pages
-    go back to the pools (their next user may be a hot cache a step writes)."""
+def _populating(polls: int = 3):
+    """A population engine whose copies run "off the stream": each populate call's copies are
+    done at once (CPU) but its stand-in event says so only after ``polls`` queries. Returns
+    (engine, the long request, the stand-ins made)."""
     eng = _population_engine()
     be = eng.backend
     assert be.async_populate
     side, made = object(), []
     be._populate_stream = lambda: side
     be._on_stream = lambda stream, copies: copies()
-    be._copies_done = lambda stream: made.append(SlowCopy(3)) or made[-1]
+    be._copies_done = lambda stream: made.append(SlowCopy(polls)) or made[-1]
     long = GOLDEN["prompts"][4]  # 130 tokens: 5 complete pages of G = 24
     a = Request(eng.new_rid(), long, SamplingParams(max_new_tokens=200))
     eng.submit(a)
@@ -298,25 +297,58 @@ def test_population_off_the_decode_stream_publishes_when_done_and_frees_after_it
     fillers = [Request(eng.new_rid(), long, SamplingParams(max_new_tokens=4)) for _ in range(4)]
     for r in fillers:
         eng.submit(r)
-    pending_steps, copy = 0, None
+    return eng, a, fillers, made
+
+
+def _step_until_populating(eng, a, fillers, published=True) -> tuple[object, dict[int, int]]:
+    """Steps until the fillers have finished, a page of ``a`` is being populated and (with
+    ``published``) another has been published: (that page's stand-in, steps each stand-in's
+    pages stayed pending)."""
+    be = eng.backend
+    pending_steps: dict[int, int] = {}
     for _ in range(60):  # fillers finish; population refills a page per step, off the stream
         eng.step()
         be.check_integrity()
+        for ev in {id(e): e for q in be.res.values() for e in q.pending.values()}.values():
+            pending_steps[id(ev)] = pending_steps.get(id(ev), 0) + 1
         r = be.res[a.slot]
-        for j in r.pending:
-            assert not r.ready[j]  # not published while its copy runs
-        pending_steps += bool(r.pending)
-        if be.coverage() > 0 and r.pending and all(f.finish_reason for f in fillers):
-            copy = next(iter(r.pending.values()))
-            break
-    # published only after the stand-in's polls: a page stays pending over several steps
-    assert copy is not None and pending_steps >= 3
+        ready = be.coverage() > 0 or not published
+        if ready and r.pending and all(f.finish_reason for f in fillers):
+            return next(iter(r.pending.values())), pending_steps
+    raise AssertionError("no page of the long request was being populated")
+
+
+def test_population_off_the_decode_stream_publishes_when_done_and_frees_after_it():
+    """system.kv.async_populate: a page being populated (its copy on a side stream, here a
+    stand-in event pending for three polls, one a step) is published only once the copy is
+    done, and a request released meanwhile orders the decode stream after the copy before its
+    pages go back to the pools (their next user may be a hot cache a step writes)."""
+    eng, a, fillers, made = _populating(polls=3)
+    be = eng.backend
+    copy, pending_steps = _step_until_populating(eng, a, fillers)
+    done = [id(c) for c in made if c.left < 0 and not c.waited]
+    # every published page stayed unpublished for its stand-in's three polls
+    assert done and min(pending_steps[i] for i in done) >= 3
     assert be.stats_adaptive["populated_pages_total"] == len(made)
-    # a request released with a population in flight waits for it first
     eng.abort(a)
     eng.step()
     be.check_integrity()
     assert copy.waited
+    assert be.is_empty and be.payload_pages.num_used == 0
+
+
+def test_a_reclaim_of_pages_being_populated_waits_for_their_copy():
+    """A request whose page is still being populated is reclaimed (its optional pages retire):
+    the decode stream is ordered after the copy before the pages go back to the pools."""
+    eng, a, fillers, made = _populating(polls=10**6)  # never done by itself
+    be = eng.backend
+    copy, _ = _step_until_populating(eng, a, fillers, published=False)
+    be._reclaim(a.slot)
+    assert copy.waited and not be.res[a.slot].pending
+    assert all(pg < 0 for pg in be.res[a.slot].page)
+    be.check_integrity()
+    eng.abort(a)
+    eng.step()
     assert be.is_empty and be.payload_pages.num_used == 0
 
 
