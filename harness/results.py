@@ -1129,6 +1129,11 @@ MEASUREMENT_CHANGES = (
         "adaptive residency populates pages on a side stream, system.kv.async_populate "
         "(before it, on the decode stream between steps)",
     ),
+    (
+        "bc5bdce",
+        "adaptive residency's population has a stream of its own (before it, the handoff "
+        "stream, where a release could wait for the imports queued before its population)",
+    ),
 )
 
 
@@ -1166,6 +1171,7 @@ CHANGE_SCOPE = {
     "317bfd1": {"kv_backend": ("adaptive_hisparse",)},
     "6c3ab09": {"kv_backend": ("hisparse", "adaptive_hisparse")},
     "59afae2": {"kv_backend": ("adaptive_hisparse",)},
+    "bc5bdce": {"kv_backend": ("adaptive_hisparse",)},
 }
 
 
