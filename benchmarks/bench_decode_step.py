@@ -44,9 +44,11 @@ Per (model, system, batch) row:
   requests' optional pages, which the next steps fetch from host).
   With ``--handoff-trace``, ``handoff_wave_trace`` is one more wave under torch.profiler, from
   its admitting step to the step it lands in: each step's wall time, and per CUDA stream its
-  kernel, copy and memset time and its top kernels (``wave_activity``), to tell a step slowed by
-  the copies' blocks (kernels on the handoff stream beside the decode stream's) from one that
-  waits for them or fetches more from host.
+  kernel, copy and memset time, its top kernels and its time by the engine ranges that queued
+  the work (``range_ms``: an admission's ``dhs::handoff``, a reclaim's backup inside it,
+  population; ``wave_activity``), to tell a step slowed by the copies' blocks (kernels on the
+  handoff stream beside the decode stream's) from one that waits for them, runs copies itself
+  or fetches more from host.
   With ``--handoff-pipelined``, ``handoff_pipelined_step_ms`` is one more wave's mean step run
   back to back as served (admission's host work beside the step in flight), against
   ``handoff_pipelined_plain_step_ms``, the plain steps just before it: issue 22's bound on the
@@ -98,6 +100,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from figures.presets import HBM_BPS  # noqa: E402  (the H200's measured copy rate)
+from profiling.ranges import PREFIX as RANGE_PREFIX  # noqa: E402  (the engine's ranges)
 
 PCIE_BPS = 55.4e9  # bulk host-to-device copy from pinned memory (docs/design.md)
 PAPER_ROUND_OVER_STEP = 2.2  # a block-4 round against a plain step (paper sec. 4.2.1)
@@ -174,12 +177,20 @@ def trace_activity(trace: dict) -> dict:
 def wave_activity(trace: dict, top: int = 8) -> dict:
     """Per CUDA stream of a chrome trace (torch.profiler): kernel milliseconds, copy
     milliseconds and gigabytes, memset milliseconds, ``busy_ms`` (the union of its intervals:
-    against the steps' wall time, the gaps where the stream waited or had nothing queued), and
-    the ``top`` kernels by time (microseconds); streams keyed by their id as a string, busiest
-    first."""
+    against the steps' wall time, the gaps where the stream waited or had nothing queued), the
+    ``top`` kernels by time (microseconds), and ``range_ms``: its kernel and copy milliseconds
+    by the engine ranges (``dhs::...``, outermost first) open where the host launched them
+    (what a stream's copies are: a handoff's import, a reclaim's backup inside it, population);
+    streams keyed by their id as a string, busiest first."""
+    events = trace.get("traceEvents", [])
+    path_of = {
+        c: " > ".join(names)
+        for c, names in launch_ranges(events, lambda n: n.startswith(RANGE_PREFIX)).items()
+    }
     per: dict[str, dict] = {}
     spans: dict[str, list] = collections.defaultdict(list)
-    for e in trace.get("traceEvents", []):
+    by_range: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for e in events:
         cat = e.get("cat")
         if cat not in GPU_CATS or e.get("ph") != "X":
             continue
@@ -198,6 +209,9 @@ def wave_activity(trace: dict, top: int = 8) -> dict:
         spans[str(a.get("stream", "?"))].append(
             (float(e.get("ts", 0)), float(e.get("ts", 0)) + dur)
         )
+        if cat != "gpu_memset":
+            where = path_of.get(a.get("correlation"), "(no range)")
+            by_range[str(a.get("stream", "?"))][where] += dur / 1e3
         if cat == "kernel":
             st["kernel_ms"] += dur / 1e3
             st["kernels"][str(e.get("name", ""))[:80]] += dur
@@ -217,11 +231,40 @@ def wave_activity(trace: dict, top: int = 8) -> dict:
             **st,
             "busy_ms": union_ms(spans[sid]),
             "top_kernel_us": dict(kernels.most_common(top)),
+            "range_ms": dict(by_range[sid].most_common()),
         }
     return out
 
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # kernel and graph launches (Triton: the driver)
+
+
+def launch_ranges(ev: list, wanted) -> dict:
+    """The host ranges (``X`` events whose name ``wanted`` accepts) open around each launch
+    call of a chrome trace, on the launching thread: correlation id -> their names, outermost
+    first. A kernel or copy carries its launch's correlation id (a CUDA graph's kernels that of
+    its cudaGraphLaunch), so this says which range queued it."""
+    ranges = sorted(
+        (e for e in ev if e.get("ph") == "X" and wanted(str(e.get("name", "")))),
+        key=lambda r: (r["ts"], -r.get("dur", 0)),
+    )
+    if not ranges:
+        return {}
+    out: dict = {}
+    for e in ev:
+        if e.get("cat") not in LAUNCH_CATS or e.get("ph") != "X":
+            continue
+        c = (e.get("args") or {}).get("correlation")
+        if c is None:
+            continue
+        names = [
+            r["name"]
+            for r in ranges
+            if r.get("tid") == e.get("tid") and r["ts"] <= e["ts"] <= r["ts"] + r.get("dur", 0)
+        ]
+        if names:
+            out[c] = names
+    return out
 
 
 def phase_kernels(ev: list, kern: list, steps: int) -> dict:
@@ -231,19 +274,10 @@ def phase_kernels(ev: list, kern: list, steps: int) -> dict:
     which a CUDA graph's kernels share with its cudaGraphLaunch). Empty without such ranges."""
     from systems.spec.decoder import PHASE_RANGE
 
-    ranges = [
-        e for e in ev if e.get("ph") == "X" and str(e.get("name", "")).startswith(PHASE_RANGE)
-    ]
-    if not ranges:
+    paths = launch_ranges(ev, lambda n: n.startswith(PHASE_RANGE))
+    if not paths:
         return {}
-    launches = [e for e in ev if e.get("cat") in LAUNCH_CATS and e.get("ph") == "X"]
-    phase_of = {}
-    for r in ranges:
-        a, b = r["ts"], r["ts"] + r.get("dur", 0)
-        for e in launches:
-            c = (e.get("args") or {}).get("correlation")
-            if c is not None and e.get("tid") == r.get("tid") and a <= e["ts"] <= b:
-                phase_of[c] = r["name"][len(PHASE_RANGE) :]
+    phase_of = {c: names[-1][len(PHASE_RANGE) :] for c, names in paths.items()}
     per = collections.defaultdict(collections.Counter)
     for e in kern:
         phase = phase_of.get((e.get("args") or {}).get("correlation"))
@@ -539,20 +573,26 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
     at its start and end (``steps_per_row`` counts its steps in the output caps)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from profiling.ranges import enable_ranges
+
     clean = _land_earlier_waves(eng)
     before = _submit_wave(eng, prompt)
     torch.cuda.synchronize()
     running = [len(eng.scheduler.running)]
     steps_ms = []
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(EXTRA_WAVE_STEPS):
-            t0 = time.perf_counter()
-            eng.step()
-            sync()
-            steps_ms.append((time.perf_counter() - t0) * 1e3)
-            if _wave_landed(eng, before):
-                break
-        torch.cuda.synchronize()
+    ranges_were = enable_ranges(True)  # the engine's ranges say what each stream's work is
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(EXTRA_WAVE_STEPS):
+                t0 = time.perf_counter()
+                eng.step()
+                sync()
+                steps_ms.append((time.perf_counter() - t0) * 1e3)
+                if _wave_landed(eng, before):
+                    break
+            torch.cuda.synchronize()
+    finally:
+        enable_ranges(ranges_were)
     running.append(len(eng.scheduler.running))
     streams = wave_activity(chrome_trace(prof))
     return {

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from profiling.ranges import HANDOFF, nvtx_range
 from systems.cuda_streams import shared_stream
 from systems.host_sync import to_device
 from systems.kernels.backup import copy_rows
@@ -391,6 +392,10 @@ class KVBackend(ABC):
         the slot must not join a step before ``import_done(slot)`` says so (releasing it
         earlier, an abort, waits for its copies). As a disaggregated decode node receives a
         prefill node's KV while it keeps decoding."""
+        with nvtx_range(HANDOFF):  # what admission queues, on every stream (docs/profiling.md)
+            return self._admit(prefix, max_new_tokens, asynchronous)
+
+    def _admit(self, prefix: PrefixKV, max_new_tokens: int, asynchronous: bool) -> int:
         t0 = time.perf_counter()
         slot = self.reserve(prefix, max_new_tokens, asynchronous)
         t1 = time.perf_counter()

@@ -215,6 +215,7 @@ def test_wave_activity_splits_the_gpu_work_by_stream():
     assert list(got) == ["13", "7"]  # the handoff stream did more
     top = got["13"].pop("top_kernel_us")
     assert top == {"_copy_rows_kernel": 900.0}
+    assert got["13"].pop("range_ms") == pytest.approx({"(no range)": 2.9})
     assert got["13"] == pytest.approx(
         {"kernel_ms": 0.9, "memcpy_ms": 2.0, "memcpy_gb": 4.0, "memset_ms": 0.0, "busy_ms": 2.0}
     )  # its kernel and its copy overlap from t = 0
@@ -223,7 +224,58 @@ def test_wave_activity_splits_the_gpu_work_by_stream():
     assert got["7"]["kernel_ms"] == pytest.approx(0.45) and got["7"]["memcpy_gb"] == 0
     assert got["7"]["memset_ms"] == pytest.approx(0.01)
     assert got["7"]["top_kernel_us"] == {"gemm": 350.0}  # one entry per name, summed
+    assert got["7"]["range_ms"] == pytest.approx({"(no range)": 0.45})  # memsets left out
     assert B.wave_activity({}) == {}
+
+
+def test_wave_activity_splits_each_stream_by_the_ranges_that_queued_its_work():
+    """A reclaim's backup kernel launched inside an admission, the admission's own copy, a
+    population kernel and a graph replay: each stream's time goes to the engine ranges open
+    around its launch, outermost first."""
+
+    def rng(name, ts, dur, tid=1):
+        return {"name": name, "cat": "user_annotation", "ph": "X", "ts": ts, "dur": dur,
+                "tid": tid}  # fmt: skip
+
+    def launch(ts, corr, name="cudaLaunchKernel", tid=1):
+        return {"name": name, "cat": "cuda_runtime", "ph": "X", "ts": ts, "dur": 1, "tid": tid,
+                "args": {"correlation": corr}}  # fmt: skip
+
+    def gpu(cat, stream, corr, dur, name="k"):
+        return {"cat": cat, "ph": "X", "ts": 100.0, "dur": dur, "name": name,
+                "args": {"stream": stream, "correlation": corr}}  # fmt: skip
+
+    trace = {
+        "traceEvents": [
+            rng("dhs::step", 0, 10),
+            rng("dhs::handoff", 20, 20),
+            rng("dhs::backup", 22, 5),  # a reclaim's backup inside the admission
+            rng("dhs::populate", 50, 5),
+            rng("bench_decode_step", 0, 60),  # not an engine range
+            rng("dhs::backup", 0, 100, tid=2),  # another thread's range: not around tid 1
+            launch(5, 1, "cudaGraphLaunch"),
+            launch(23, 2),
+            launch(30, 3, "cudaMemcpy2DAsync"),
+            launch(52, 4, "cuLaunchKernel"),
+            launch(70, 5),  # outside every range
+            gpu("kernel", 7, 1, 4000.0, "gemm"),
+            gpu("kernel", 7, 2, 3000.0, "_copy_rows_kernel"),
+            gpu("gpu_memcpy", 13, 3, 2000.0, "Memcpy DtoH"),
+            gpu("kernel", 7, 4, 1000.0, "_copy_rows_kernel"),
+            gpu("kernel", 7, 5, 500.0, "argmax"),
+        ]
+    }
+    got = B.wave_activity(trace)
+    assert got["7"]["range_ms"] == pytest.approx(
+        {
+            "dhs::step": 4.0,
+            "dhs::handoff > dhs::backup": 3.0,
+            "dhs::populate": 1.0,
+            "(no range)": 0.5,
+        }  # fmt: skip
+    )
+    assert list(got["7"]["range_ms"])[0] == "dhs::step"  # largest first
+    assert got["13"]["range_ms"] == pytest.approx({"dhs::handoff": 2.0})
 
 
 def test_phase_kernels_attribute_kernels_to_the_range_that_launched_them():

@@ -202,3 +202,24 @@ def test_step_from_another_thread_warns():
         t.start()
         t.join()
     assert caught
+
+
+def test_admission_opens_the_handoff_range(monkeypatch):
+    """KVBackend.admit runs inside ``dhs::handoff`` (docs/profiling.md's table): a copy a
+    handoff queues, a reclaim's backup included, is admission's work in a profile."""
+    from systems.kv import base
+    from tests.helpers import make_engine
+
+    opened = []
+    real = base.nvtx_range
+
+    def spy(name):
+        opened.append(name)
+        return real(name)
+
+    monkeypatch.setattr(base, "nvtx_range", spy)
+    eng = make_engine("system=hisparse", "system.kv.hot_cache_rows=8")
+    entry = eng.prefixes.get(list(range(2, 40)))[0]
+    slot = eng.backend.admit(entry.prefix, 4)
+    assert opened == [R.HANDOFF]
+    eng.backend.release(slot)
