@@ -661,8 +661,9 @@ class AdaptiveBackend(HiSparseBackend):
 
     def _after_population(self, r: _Residency) -> None:
         """Before the request's pages go back to the pools: the decode stream's later work is
-        ordered after the population copies still writing any of them (on the handoff stream,
-        ``async_populate``), since a page's next user may be a hot cache a step writes."""
+        ordered after the population copies still writing any of them (on the population's
+        stream, ``async_populate``), since a page's next user may be a hot cache a step
+        writes."""
         for ev in {id(ev): ev for ev in r.pending.values() if ev is not None}.values():
             self._order_after(ev)
 
