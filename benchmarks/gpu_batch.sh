@@ -58,7 +58,10 @@
 # DHS_BENCH_CLIENT=1 also runs the client-overhead benchmark on two spare cores.
 #
 # Runs go to the repository's results/ (finished runs are skipped, so an item cut by its time box
-# resumes in the next batch: unpack a batch's results.tgz into the tree before sending the next,
+# resumes in the next batch. On a machine still held, a batch first unpacks the archives of the
+# batches before it there (kept in DHS_KEEP_BATCHES, default /tmp/dhs-batches; DHS_RESTORE=0
+# skips it); a fresh machine knows only the tree, so unpack a batch's results.tgz into the tree
+# before sending the next,
 # since the copy of the tree the GPU machine receives is what says which runs are finished; run
 # `make compact` and commit them first: the device tool copies at most 64 MiB of tracked and
 # untracked files, and uncompressed request records can pass it). What
@@ -98,6 +101,18 @@ export DHS_WARM_DIR="${DHS_WARM_DIR:-/tmp/dhs-warm}"
 export DHS_RUN_GROUP="${DHS_RUN_GROUP:-$(date -u +%Y%m%dT%H%M%SZ)-$(hostname)}"
 export TRITON_CACHE_DIR=$PWD/.triton_cache; mkdir -p "$TRITON_CACHE_DIR" "$OUT"
 echo "[gpu_batch] run group $DHS_RUN_GROUP; Triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) compiled kernels carried in"
+# What earlier batches finished on this machine, while the device tool held it between calls:
+# the tree each call copies in lacks their runs until they are unpacked here and committed, so
+# a later item would measure them again (--rerun-before: every one). Their archives are kept in
+# DHS_KEEP_BATCHES and unpacked first (harness.unpack; DHS_RESTORE=0: not).
+export DHS_KEEP_BATCHES="${DHS_KEEP_BATCHES:-/tmp/dhs-batches}"; mkdir -p "$DHS_KEEP_BATCHES"
+if [ "${DHS_RESTORE:-1}" != 0 ]; then
+  while read -r kept; do
+    [ -n "$kept" ] || continue
+    python3 -m harness.unpack "$kept" 2>&1 | tail -1 | sed 's/^/[gpu_batch] an earlier batch here: /'
+  done < <(ls -tr "$DHS_KEEP_BATCHES"/*.tgz 2>/dev/null)
+fi
+KEEP="$DHS_KEEP_BATCHES/$(date +%s)-$$.tgz"  # this batch's archive, for the next call here
 MARK=$(mktemp)  # run directories newer than this come back (not whole experiment folders)
 
 START=$(date +%s)
@@ -141,7 +156,10 @@ pack() {  # what this batch wrote so far into $OUT/results.tgz (replaced whole, 
   fi
   # exit status 1: a file (a live server's log) changed while read; the archive is still whole
   tar czf "$part" "${new[@]}" 2>/dev/null; rc=$?
-  if [ $rc -le 1 ]; then mv "$part" "$OUT/results.tgz" && echo "${new[*]}" > "$MARK.packed"; fi
+  if [ $rc -le 1 ]; then
+    mv "$part" "$OUT/results.tgz" && echo "${new[*]}" > "$MARK.packed"
+    cp "$OUT/results.tgz" "$KEEP.part" && mv "$KEEP.part" "$KEEP"
+  fi
   rm -f "$part"
 }
 

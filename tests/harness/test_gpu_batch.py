@@ -23,6 +23,8 @@ if [ "$1" = "-m" ] && [ "$2" = "harness.reproduce" ]; then
   mkdir -p "$d" && echo '{}' > "$d/summary.json"
   echo "appended" >> "results/$exp/.server-stub/server.log"
   echo "reproduced $exp"
+elif [ "$1" = "-m" ] && [ "$2" = "harness.unpack" ]; then
+  tar xzf "$3" && echo "unpacked $3"
 elif [ "${1##*/}" = "bench_resolver.py" ]; then
   echo '{}' > "$3"
 fi
@@ -72,6 +74,7 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
         os.environ,
         PATH=f"{bin_dir}:{os.environ['PATH']}",
         OUT=str(out),
+        DHS_KEEP_BATCHES=str(tmp_path / "kept"),  # this machine's earlier batches
         STUB_LOG=str(stub_log),
         DHS_ARGS_bench_resolver="--skip a,c",
         DHS_ARGS_bench_resolver_2="--skip b",
@@ -169,6 +172,7 @@ def test_a_batch_cut_off_still_returns_its_finished_runs(tmp_path):
         os.environ,
         PATH=f"{bin_dir}:{os.environ['PATH']}",
         OUT=str(out),
+        DHS_KEEP_BATCHES=str(tmp_path / "kept"),  # this machine's earlier batches
         STUB_LOG=str(tmp_path / "calls.log"),
         DHS_PREWARM="0",
         DHS_PACK_EVERY="1",
@@ -199,3 +203,45 @@ def test_a_batch_cut_off_still_returns_its_finished_runs(tmp_path):
     # 70 s less 30 for the last pack: the first item's box is 40 s, not 500
     log = (out / "lane0.log").read_text()  # 39 where a second ticks between start and item
     assert "[lane 0] fig7_h200 (time box 40 s)" in log or "(time box 39 s)" in log
+
+
+@pytest.mark.skipif(
+    shutil.which("timeout") is None or shutil.which("tar") is None,
+    reason="needs coreutils timeout and tar",
+)
+def test_a_later_batch_on_the_same_machine_starts_from_the_earlier_ones_runs(tmp_path):
+    """Two calls on one held machine, each with a fresh copy of the tree (the device tool's):
+    the second unpacks what the first finished before its items run, and sends back only its
+    own runs."""
+    bin_dir = _stub_bin(tmp_path, STUB_PY)
+    kept = tmp_path / "kept"
+    seen = {}
+    for call in (1, 2):
+        work = tmp_path / f"repo{call}"
+        (work / "benchmarks").mkdir(parents=True)
+        shutil.copy(REPO / "benchmarks" / "gpu_batch.sh", work / "benchmarks")
+        out = tmp_path / f"out{call}"
+        env = dict(
+            os.environ,
+            PATH=f"{bin_dir}:{os.environ['PATH']}",
+            OUT=str(out),
+            STUB_LOG=str(tmp_path / "calls.log"),
+            DHS_KEEP_BATCHES=str(kept),
+            DHS_PREWARM="0",
+            DHS_PACK_EVERY="1",
+        )
+        proc = subprocess.run(
+            ["bash", "benchmarks/gpu_batch.sh", "fig6:20"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[call] = sorted(p.name for p in (work / "results" / "fig6").glob("stub-*"))
+        with tarfile.open(out / "results.tgz") as tar:
+            sent = {n.split("/")[2] for n in tar.getnames() if "/stub-" in n}
+        assert len(sent) == 1  # its own run only
+    assert len(seen[1]) == 1 and len(seen[2]) == 2 and seen[1][0] in seen[2]
+    assert "an earlier batch here: unpacked" in proc.stdout
