@@ -44,14 +44,49 @@ def _stub_bin(tmp_path, python_stub: str):
     return bin_dir
 
 
+def _work_tree(path: Path) -> Path:
+    """A repository copy holding gpu_batch.sh, as the device tool's copy of the tree."""
+    (path / "benchmarks").mkdir(parents=True)
+    shutil.copy(REPO / "benchmarks" / "gpu_batch.sh", path / "benchmarks")
+    return path
+
+
+def _run_batch(work: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    """gpu_batch.sh with ``args`` in ``work``, to its end; its exit status checked."""
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu_batch.sh", *args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def _batch_env(tmp_path, bin_dir, out, **extra) -> dict:
+    """The environment of a stubbed batch: stub commands first on PATH, its own $OUT, this test's
+    kept-archives folder (a machine's earlier batches) and a quick packer."""
+    return dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        OUT=str(out),
+        STUB_LOG=str(tmp_path / "calls.log"),
+        DHS_KEEP_BATCHES=str(tmp_path / "kept"),
+        # the packer's pending `sleep` outlives the batch holding the captured stdout open, so
+        # subprocess.run waits that long for EOF: 1 s here, not the default 30 s
+        DHS_PACK_EVERY="1",
+        **extra,
+    )
+
+
 @pytest.mark.skipif(
     shutil.which("timeout") is None or shutil.which("tar") is None,
     reason="needs coreutils timeout and tar",
 )
 def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
-    work = tmp_path / "repo"
-    (work / "benchmarks").mkdir(parents=True)
-    shutil.copy(REPO / "benchmarks" / "gpu_batch.sh", work / "benchmarks")
+    work = _work_tree(tmp_path / "repo")
     shutil.copytree(REPO / "conf" / "experiment", work / "conf" / "experiment")
     (work / ".whl").mkdir()
     old = work / "results" / "fig9" / "old-run"
@@ -70,36 +105,23 @@ def test_lane_items_become_commands_and_only_new_runs_come_back(tmp_path):
     bin_dir = _stub_bin(tmp_path, STUB_PY)
     out = tmp_path / "out"
     stub_log = tmp_path / "calls.log"
-    env = dict(
-        os.environ,
-        PATH=f"{bin_dir}:{os.environ['PATH']}",
-        OUT=str(out),
-        DHS_KEEP_BATCHES=str(tmp_path / "kept"),  # this machine's earlier batches
-        STUB_LOG=str(stub_log),
+    env = _batch_env(
+        tmp_path,
+        bin_dir,
+        out,
         DHS_ARGS_bench_resolver="--skip a,c",
         DHS_ARGS_bench_resolver_2="--skip b",
-        # the packer's pending `sleep` outlives the batch holding the captured stdout open, so
-        # subprocess.run waits that long for EOF: 1 s here, not the default 30 s
-        DHS_PACK_EVERY="1",
         DHS_PREDRAW="dsv41_h200 glm53_h200",
     )
-    proc = subprocess.run(
-        [
-            "bash",
-            "benchmarks/gpu_batch.sh",
-            "fig4_more+system=hisparse+point=c256+ov=^rerun=2:20 @bench_resolver:20 "
-            "@bench_resolver#2:20",
-            "fig9+where=b_over_k=4,8+system=hisparse fig5+rerun-before=20261203T103000Z:20",
-            "--",
-            "engine.disable_cuda_graph=true",
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = _run_batch(
+        work,
+        env,
+        "fig4_more+system=hisparse+point=c256+ov=^rerun=2:20 @bench_resolver:20 "
+        "@bench_resolver#2:20",
+        "fig9+where=b_over_k=4,8+system=hisparse fig5+rerun-before=20261203T103000Z:20",
+        "--",
+        "engine.disable_cuda_graph=true",
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
     calls = stub_log.read_text().splitlines()
     assert (
         "GPU=0 -m harness.reproduce --only fig4_more --results results --system hisparse "
@@ -163,21 +185,10 @@ def test_a_batch_cut_off_still_returns_its_finished_runs(tmp_path):
     finished (or failed) by then still come back (re-packed every DHS_PACK_EVERY seconds), a run
     cut in the middle does not, and DHS_BATCH_SECONDS caps the items' time boxes (an item with no time
     left is skipped rather than started)."""
-    work = tmp_path / "repo"
-    (work / "benchmarks").mkdir(parents=True)
-    shutil.copy(REPO / "benchmarks" / "gpu_batch.sh", work / "benchmarks")
+    work = _work_tree(tmp_path / "repo")
     bin_dir = _stub_bin(tmp_path, STUB_SLOW_PY)
     out = tmp_path / "out"
-    env = dict(
-        os.environ,
-        PATH=f"{bin_dir}:{os.environ['PATH']}",
-        OUT=str(out),
-        DHS_KEEP_BATCHES=str(tmp_path / "kept"),  # this machine's earlier batches
-        STUB_LOG=str(tmp_path / "calls.log"),
-        DHS_PREWARM="0",
-        DHS_PACK_EVERY="1",
-        DHS_BATCH_SECONDS="70",
-    )
+    env = _batch_env(tmp_path, bin_dir, out, DHS_PREWARM="0", DHS_BATCH_SECONDS="70")
     proc = subprocess.Popen(
         ["bash", "benchmarks/gpu_batch.sh", "fig7_h200:500 fig5:500"],
         cwd=work,
@@ -214,31 +225,12 @@ def test_a_later_batch_on_the_same_machine_starts_from_the_earlier_ones_runs(tmp
     the second unpacks what the first finished before its items run, and sends back only its
     own runs."""
     bin_dir = _stub_bin(tmp_path, STUB_PY)
-    kept = tmp_path / "kept"
     seen = {}
     for call in (1, 2):
-        work = tmp_path / f"repo{call}"
-        (work / "benchmarks").mkdir(parents=True)
-        shutil.copy(REPO / "benchmarks" / "gpu_batch.sh", work / "benchmarks")
+        work = _work_tree(tmp_path / f"repo{call}")
         out = tmp_path / f"out{call}"
-        env = dict(
-            os.environ,
-            PATH=f"{bin_dir}:{os.environ['PATH']}",
-            OUT=str(out),
-            STUB_LOG=str(tmp_path / "calls.log"),
-            DHS_KEEP_BATCHES=str(kept),
-            DHS_PREWARM="0",
-            DHS_PACK_EVERY="1",
-        )
-        proc = subprocess.run(
-            ["bash", "benchmarks/gpu_batch.sh", "fig6:20"],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        env = _batch_env(tmp_path, bin_dir, out, DHS_PREWARM="0")
+        proc = _run_batch(work, env, "fig6:20")
         seen[call] = sorted(p.name for p in (work / "results" / "fig6").glob("stub-*"))
         with tarfile.open(out / "results.tgz") as tar:
             sent = {n.split("/")[2] for n in tar.getnames() if "/stub-" in n}
