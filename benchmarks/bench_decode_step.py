@@ -240,30 +240,37 @@ LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # kernel and graph launches (Trit
 
 
 def launch_ranges(ev: list, wanted) -> dict:
-    """The host ranges (``X`` events whose name ``wanted`` accepts) open around each launch
-    call of a chrome trace, on the launching thread: correlation id -> their names, outermost
-    first. A kernel or copy carries its launch's correlation id (a CUDA graph's kernels that of
-    its cudaGraphLaunch), so this says which range queued it."""
-    ranges = sorted(
-        (e for e in ev if e.get("ph") == "X" and wanted(str(e.get("name", "")))),
-        key=lambda r: (r["ts"], -r.get("dur", 0)),
-    )
-    if not ranges:
-        return {}
-    out: dict = {}
+    """The host ranges (``user_annotation`` events whose name ``wanted`` accepts) open around
+    each launch call of a chrome trace, on the launching thread: correlation id -> their names,
+    outermost first. A kernel or copy carries its launch's correlation id (a CUDA graph's
+    kernels that of its cudaGraphLaunch), so this says which range queued it. One sweep per
+    thread over its ranges and launches in time order (a thread's ranges nest), ranges
+    half-open as profiling/kernel_timeline.py takes them."""
+    per_thread: dict = collections.defaultdict(list)
     for e in ev:
-        if e.get("cat") not in LAUNCH_CATS or e.get("ph") != "X":
+        if e.get("ph") != "X":
             continue
-        c = (e.get("args") or {}).get("correlation")
-        if c is None:
+        key = (e.get("pid"), e.get("tid"))
+        if e.get("cat") == "user_annotation" and wanted(str(e.get("name", ""))):
+            # (time, 0: a range opens before a launch at its start, longer ranges first)
+            per_thread[key].append((e["ts"], 0, -e.get("dur", 0), e["name"]))
+        elif e.get("cat") in LAUNCH_CATS:
+            c = (e.get("args") or {}).get("correlation")
+            if c is not None:
+                per_thread[key].append((e["ts"], 1, 0, c))
+    out: dict = {}
+    for items in per_thread.values():
+        if not any(kind == 0 for _, kind, _, _ in items):
             continue
-        names = [
-            r["name"]
-            for r in ranges
-            if r.get("tid") == e.get("tid") and r["ts"] <= e["ts"] <= r["ts"] + r.get("dur", 0)
-        ]
-        if names:
-            out[c] = names
+        items.sort(key=lambda x: x[:3])
+        stack: list = []  # (end, name) of the ranges open, outermost first
+        for ts, kind, neg_dur, what in items:
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            if kind == 0:
+                stack.append((ts - neg_dur, what))
+            elif stack:
+                out[what] = [name for _, name in stack]
     return out
 
 

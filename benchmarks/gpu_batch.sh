@@ -101,21 +101,22 @@ export DHS_WARM_DIR="${DHS_WARM_DIR:-/tmp/dhs-warm}"
 export DHS_RUN_GROUP="${DHS_RUN_GROUP:-$(date -u +%Y%m%dT%H%M%SZ)-$(hostname)}"
 export TRITON_CACHE_DIR=$PWD/.triton_cache; mkdir -p "$TRITON_CACHE_DIR" "$OUT"
 echo "[gpu_batch] run group $DHS_RUN_GROUP; Triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) compiled kernels carried in"
+START=$(date +%s)
 # What earlier batches finished on this machine, while the device tool held it between calls:
 # the tree each call copies in lacks their runs until they are unpacked here and committed, so
 # a later item would measure them again (--rerun-before: every one). Their archives are kept in
-# DHS_KEEP_BATCHES and unpacked first (harness.unpack; DHS_RESTORE=0: not).
+# DHS_KEEP_BATCHES and their finished runs unpacked first, each named in the log (harness.unpack
+# --runs-only). DHS_RESTORE=0 skips it: for a call that must measure again what an earlier one
+# here finished (its archive lost, or its runs thrown away).
 export DHS_KEEP_BATCHES="${DHS_KEEP_BATCHES:-/tmp/dhs-batches}"; mkdir -p "$DHS_KEEP_BATCHES"
 if [ "${DHS_RESTORE:-1}" != 0 ]; then
   while read -r kept; do
     [ -n "$kept" ] || continue
-    python3 -m harness.unpack "$kept" 2>&1 | tail -1 | sed 's/^/[gpu_batch] an earlier batch here: /'
+    python3 -m harness.unpack --runs-only "$kept" 2>&1 | sed 's/^/[gpu_batch] an earlier batch here: /'
   done < <(ls -tr "$DHS_KEEP_BATCHES"/*.tgz 2>/dev/null)
 fi
 KEEP="$DHS_KEEP_BATCHES/$(date +%s)-$$.tgz"  # this batch's archive, for the next call here
 MARK=$(mktemp)  # run directories newer than this come back (not whole experiment folders)
-
-START=$(date +%s)
 if [ -n "${DHS_PREDRAW:-}" ]; then
   # at low priority and on four threads: the batch's servers keep the host's other cores
   # shellcheck disable=SC2086  # a list of presets

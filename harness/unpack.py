@@ -1,6 +1,6 @@
 """Unpack a GPU batch's results.tgz (benchmarks/gpu_batch.sh) over the repository.
 
-    python -m harness.unpack /path/to/results.tgz [--root .] [--force]
+    python -m harness.unpack /path/to/results.tgz [--root .] [--force] [--runs-only]
 
 A finished run in the archive (its directory holds summary.json) replaces the local directory of
 the same run id whole: a run re-measured under ``harness.reproduce --rerun-before`` must not keep
@@ -61,12 +61,14 @@ def _move_file(src: Path, dst: Path) -> None:
 
 
 def unpack(
-    archive: str | Path, root: str | Path = ".", force: bool = False
+    archive: str | Path, root: str | Path = ".", force: bool = False, runs_only: bool = False
 ) -> tuple[list[str], list[str]]:
     """Extract ``archive`` under ``root``; returns the finished run directories it unpacked and
     those of them that replaced a local one. A ValueError for a file that is no whole tar
     archive, a member that would land outside ``root`` or is no regular file or folder, or a
-    finished run missing one of RUN_FILES; nothing local has changed then."""
+    finished run missing one of RUN_FILES; nothing local has changed then. ``runs_only``: the
+    finished runs alone (no logs, summaries or failed attempts), and a local run of the same
+    measurement stays as it is (gpu_batch.sh restoring a machine's earlier batches)."""
     root = Path(root).resolve()
     try:
         tar = tarfile.open(archive)
@@ -100,14 +102,17 @@ def unpack(
                 raise ValueError(
                     f"{d}: a finished run without {', '.join(missing)}; nothing unpacked"
                 )
-        return _swap_in(stage, root, runs, force)
+        return _swap_in(stage, root, runs, force, runs_only)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _swap_in(stage: Path, root: Path, runs: list, force: bool) -> tuple[list[str], list[str]]:
+def _swap_in(
+    stage: Path, root: Path, runs: list, force: bool, runs_only: bool = False
+) -> tuple[list[str], list[str]]:
     """Move what ``stage`` holds into ``root``: finished runs whole (two renames), the rest file
-    by file, a failed attempt beside a finished local run rather than into it."""
+    by file (``runs_only``: not), a failed attempt beside a finished local run rather than into
+    it."""
     unpacked, replaced = [], []
     whole = set(runs)
     stamp = int(time.time())
@@ -115,6 +120,8 @@ def _swap_in(stage: Path, root: Path, runs: list, force: bool) -> tuple[list[str
         local, new = root / d, stage / d
         if local.exists():
             if not force and (local / "summary.json").exists():
+                if runs_only and _measured_at(new) == _measured_at(local):
+                    continue  # the same measurement: nothing to do
                 if _measured_at(new) < _measured_at(local):
                     print(
                         f"[unpack] kept {d}: the local run was measured later "
@@ -132,6 +139,8 @@ def _swap_in(stage: Path, root: Path, runs: list, force: bool) -> tuple[list[str
             local.parent.mkdir(parents=True, exist_ok=True)
             new.rename(local)
         unpacked.append(str(d))
+    if runs_only:
+        return unpacked, replaced
     for f in sorted(p for p in stage.rglob("*") if p.is_file()):
         rel = f.relative_to(stage)
         parts = PurePosixPath(rel.as_posix()).parts
@@ -160,15 +169,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also replace a local finished run measured after the archived one",
     )
+    ap.add_argument(
+        "--runs-only",
+        action="store_true",
+        help="only the finished runs (no server logs, summaries or failed attempts), each named; "
+        "a local run of the same measurement stays",
+    )
     args = ap.parse_args(argv)
     if not Path(args.archive).is_file():
         ap.error(f"no such archive: {args.archive}")
     try:
-        runs, replaced = unpack(args.archive, args.root, args.force)
+        runs, replaced = unpack(args.archive, args.root, args.force, args.runs_only)
     except ValueError as e:
         ap.error(str(e))
-    for d in replaced:
-        print(f"[unpack] replaced {d}")
+    for d in replaced if not args.runs_only else runs:
+        print(f"[unpack] {'replaced' if d in replaced else 'restored'} {d}")
     print(
         f"[unpack] {len(runs)} finished run(s) from {args.archive} "
         f"({len(runs) - len(replaced)} new, {len(replaced)} replaced) under {args.root}"

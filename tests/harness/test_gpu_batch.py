@@ -7,6 +7,7 @@ have, and its runs were lost.)"""
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -20,11 +21,14 @@ STUB_PY = r"""#!/usr/bin/env bash
 echo "GPU=${CUDA_VISIBLE_DEVICES:-none} $*" >> "$STUB_LOG"
 if [ "$1" = "-m" ] && [ "$2" = "harness.reproduce" ]; then
   exp="$4"; d="results/$exp/stub-$exp-$RANDOM$RANDOM"
-  mkdir -p "$d" && echo '{}' > "$d/summary.json"
+  mkdir -p "$d" "results/$exp/.server-stub" && echo '{}' > "$d/config.yaml"
+  echo "{\"time_utc\": \"$(date -u +%Y-%m-%dT%H:%M:%S.%NZ)\"}" > "$d/env.json"
+  echo '{}' > "$d/summary.json"
   echo "appended" >> "results/$exp/.server-stub/server.log"
+  echo "a server" > "results/$exp/.server-stub/server-$RANDOM$RANDOM.log"
   echo "reproduced $exp"
 elif [ "$1" = "-m" ] && [ "$2" = "harness.unpack" ]; then
-  tar xzf "$3" && echo "unpacked $3"
+  exec "$REAL_PY" "$@"  # the real one
 elif [ "${1##*/}" = "bench_resolver.py" ]; then
   echo '{}' > "$3"
 fi
@@ -73,6 +77,8 @@ def _batch_env(tmp_path, bin_dir, out, **extra) -> dict:
         PATH=f"{bin_dir}:{os.environ['PATH']}",
         OUT=str(out),
         STUB_LOG=str(tmp_path / "calls.log"),
+        REAL_PY=sys.executable,
+        PYTHONPATH=str(REPO),
         DHS_KEEP_BATCHES=str(tmp_path / "kept"),
         # the packer's pending `sleep` outlives the batch holding the captured stdout open, so
         # subprocess.run waits that long for EOF: 1 s here, not the default 30 s
@@ -221,19 +227,20 @@ def test_a_batch_cut_off_still_returns_its_finished_runs(tmp_path):
     reason="needs coreutils timeout and tar",
 )
 def test_a_later_batch_on_the_same_machine_starts_from_the_earlier_ones_runs(tmp_path):
-    """Two calls on one held machine, each with a fresh copy of the tree (the device tool's):
-    the second unpacks what the first finished before its items run, and sends back only its
-    own runs."""
+    """Three calls on one held machine, each with a fresh copy of the tree (the device tool's):
+    each unpacks the runs the calls before it finished (harness.unpack --runs-only) before its
+    items run, and sends back only its own runs and server logs."""
     bin_dir = _stub_bin(tmp_path, STUB_PY)
     seen = {}
-    for call in (1, 2):
+    for call in (1, 2, 3):
         work = _work_tree(tmp_path / f"repo{call}")
         out = tmp_path / f"out{call}"
-        env = _batch_env(tmp_path, bin_dir, out, DHS_PREWARM="0")
-        proc = _run_batch(work, env, "fig6:20")
+        proc = _run_batch(work, _batch_env(tmp_path, bin_dir, out, DHS_PREWARM="0"), "fig6:20")
         seen[call] = sorted(p.name for p in (work / "results" / "fig6").glob("stub-*"))
         with tarfile.open(out / "results.tgz") as tar:
-            sent = {n.split("/")[2] for n in tar.getnames() if "/stub-" in n}
-        assert len(sent) == 1  # its own run only
-    assert len(seen[1]) == 1 and len(seen[2]) == 2 and seen[1][0] in seen[2]
-    assert "an earlier batch here: unpacked" in proc.stdout
+            names = tar.getnames()
+        assert len({n.split("/")[2] for n in names if "/stub-" in n}) == 1  # its own run
+        assert sum("/server-" in n for n in names) == 1  # its own server's log
+    assert [len(seen[c]) for c in (1, 2, 3)] == [1, 2, 3]
+    assert set(seen[1]) < set(seen[2]) < set(seen[3])
+    assert proc.stdout.count("an earlier batch here: [unpack] restored") == 2

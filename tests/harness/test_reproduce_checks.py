@@ -312,6 +312,39 @@ def test_unpack_changes_nothing_local_unless_the_archive_is_whole(tmp_path):
     assert json.loads((repo / run / "summary.json").read_text()) == {"stale": 1}
 
 
+def test_unpack_runs_only_restores_finished_runs_and_leaves_the_same_measurement(tmp_path, capsys):
+    """--runs-only (gpu_batch.sh restoring a machine's earlier batches): the finished runs
+    alone, each named; no server log, experiment summary or failed attempt, and a local run of
+    the same measurement left as it is (its local files kept)."""
+    from harness.unpack import main as unpack_main
+
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    same, new = "results/fig4_h200/a-rep1-abc", "results/fig4_h200/b-rep1-def"
+    _finished(src / same, {"archived": 1}, "2026-12-02T00:00:00Z")
+    _finished(src / new, {}, "2026-12-02T00:00:00Z")
+    (src / "results/fig4_h200/.server-a").mkdir(parents=True)
+    (src / "results/fig4_h200/.server-a/server-1.log").write_text("log")
+    (src / "results/fig4_h200/summary.json").write_text("{}")
+    (src / "results/fig4_h200/c-rep1-ghi").mkdir()
+    (src / "results/fig4_h200/c-rep1-ghi/error.txt").write_text("failed")
+    _finished(repo / same, {"local": 1}, "2026-12-02T00:00:00Z")
+    (repo / same / "records.jsonl.xz").write_text("compacted here")
+    archive = _tar(tmp_path / "kept.tgz", src)
+    assert unpack_main([str(archive), "--root", str(repo), "--runs-only"]) == 0
+    assert f"[unpack] restored {new}" in capsys.readouterr().out
+    assert sorted(p.name for p in (repo / "results/fig4_h200").iterdir()) == [
+        "a-rep1-abc",
+        "b-rep1-def",
+    ]
+    assert json.loads((repo / same / "summary.json").read_text()) == {"local": 1}
+    assert (repo / same / "records.jsonl.xz").exists()
+    # a later measurement of a run still replaces the local one
+    _finished(tmp_path / "later" / same, {"later": 1}, "2026-12-03T00:00:00Z")
+    later = _tar(tmp_path / "later.tgz", tmp_path / "later")
+    assert urp.unpack(later, repo, runs_only=True) == ([same], [same])
+    assert json.loads((repo / same / "summary.json").read_text()) == {"later": 1}
+
+
 def test_unpack_says_what_it_did_and_refuses_what_is_no_archive(tmp_path, capsys):
     import tarfile
 

@@ -258,6 +258,17 @@ def test_wave_activity_splits_each_stream_by_the_ranges_that_queued_its_work():
             launch(30, 3, "cudaMemcpy2DAsync"),
             launch(52, 4, "cuLaunchKernel"),
             launch(70, 5),  # outside every range
+            launch(55, 6),  # at the populate range's end: half-open, outside it
+            # the profiler's device-side shadow of a range: not a host range
+            {
+                "name": "dhs::backup",
+                "cat": "gpu_user_annotation",
+                "ph": "X",
+                "ts": 0,
+                "dur": 100,
+                "tid": 1,
+            },  # fmt: skip
+            gpu("kernel", 7, 6, 250.0, "argmax"),
             gpu("kernel", 7, 1, 4000.0, "gemm"),
             gpu("kernel", 7, 2, 3000.0, "_copy_rows_kernel"),
             gpu("gpu_memcpy", 13, 3, 2000.0, "Memcpy DtoH"),
@@ -271,7 +282,7 @@ def test_wave_activity_splits_each_stream_by_the_ranges_that_queued_its_work():
             "dhs::step": 4.0,
             "dhs::handoff > dhs::backup": 3.0,
             "dhs::populate": 1.0,
-            "(no range)": 0.5,
+            "(no range)": 0.75,
         }  # fmt: skip
     )
     assert list(got["7"]["range_ms"])[0] == "dhs::step"  # largest first
