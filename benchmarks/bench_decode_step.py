@@ -46,7 +46,7 @@ Per (model, system, batch) row:
   its admitting step to the step it lands in: each step's wall time, and per CUDA stream its
   kernel, copy and memset time, its top kernels and its time by the engine ranges that queued
   the work (``range_ms``: an admission's ``dhs::handoff``, a reclaim's backup inside it,
-  population; ``wave_activity``), to tell a step slowed by the copies' blocks (kernels on the
+  population; ``wave_activity``), with the backend's counters over that wave (``counters``), to tell a step slowed by the copies' blocks (kernels on the
   handoff stream beside the decode stream's) from one that waits for them, runs copies itself
   or fetches more from host.
   With ``--handoff-pipelined``, ``handoff_pipelined_step_ms`` is one more wave's mean step run
@@ -466,18 +466,12 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
     wave's copies often complete within a step or two of its admitting step, so waves are
     repeated until ``HANDOFF_SAMPLES`` steps ran with copies in flight; the first admitting
     step is profiled on the host. The backend's counters over the waves say what the steps
-    did besides (``handoff_counters``: populated pages, host backups, host-fetched rows)."""
+    did besides (``handoff_counters``, HANDOFF_COUNTERS: populated pages, host backups,
+    host-fetched rows, the adaptive backend's reclaims and where their backups ran)."""
     # the decode stream only: torch.cuda.synchronize() would also wait for the handoff stream,
     # timing the copies instead of the steps beside them
     sync = torch.cuda.current_stream().synchronize
     inflight, landed, admits, waves, admit_profile = [], [], [], [], None
-    keys = (
-        "dhs_populated_pages_total",
-        "dhs_host_backup_rows_total",
-        "dhs_selected_rows_from_host_total",
-        "dhs_host_rows_copied_total",
-        "dhs_selected_rows_total",
-    )
     c0 = eng.backend.metrics()
     steps = 0
     while len(inflight) < HANDOFF_SAMPLES and steps < HANDOFF_STEPS:
@@ -538,7 +532,7 @@ def handoff_steps(eng, prompt, args, torch) -> dict:
         # from a wave's admitting step to the end of the step its last request landed in: the
         # handoff's own time (TTFT's part), which a copy slowed to spare the steps lengthens
         "handoff_wave_ms": med_ms(waves),
-        "handoff_counters": {k: c1[k] - c0[k] for k in keys if k in c0 and k in c1},
+        "handoff_counters": counter_changes(c0, c1),
         # per step of the waves, beside the row's own host_rows_per_step: the adaptive
         # backend's admissions reclaim running requests' optional pages, whose selections then
         # come from host (their slowdown is the policy's, not the copies')
@@ -587,6 +581,7 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
     torch.cuda.synchronize()
     running = [len(eng.scheduler.running)]
     steps_ms = []
+    c0 = eng.backend.metrics()
     ranges_were = enable_ranges(True)  # the engine's ranges say what each stream's work is
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -601,14 +596,37 @@ def _wave_trace(eng, prompt, sync, torch) -> dict:
     finally:
         enable_ranges(ranges_were)
     running.append(len(eng.scheduler.running))
+    counters = counter_changes(c0, eng.backend.metrics())
     streams = wave_activity(chrome_trace(prof))
     return {
         "steps_ms": steps_ms,
+        "counters": counters,
         "landed": _wave_landed(eng, before),
         "clean_start": clean,
         "batch": running,
         "streams": streams,
     }
+
+
+# the backend's counters a handoff row reports the change of, over its waves and over a traced
+# wave: population, host backups and fetches, and the adaptive backend's reclaims (pages backed
+# up on the decode stream or beside it, requests reclaimed for a lent slot region)
+HANDOFF_COUNTERS = (
+    "dhs_populated_pages_total",
+    "dhs_host_backup_rows_total",
+    "dhs_selected_rows_from_host_total",
+    "dhs_host_rows_copied_total",
+    "dhs_selected_rows_total",
+    "dhs_reclaim_events_total",
+    "dhs_reclaim_backup_pages_sync_total",
+    "dhs_reclaim_backup_pages_async_total",
+    "dhs_region_reclaims_total",
+)
+
+
+def counter_changes(before: dict, after: dict) -> dict:
+    """HANDOFF_COUNTERS' change between two ``backend.metrics()`` (those both have)."""
+    return {k: after[k] - before[k] for k in HANDOFF_COUNTERS if k in before and k in after}
 
 
 PIPELINED_PLAIN_STEPS = 10  # plain steps timed beside --handoff-pipelined's wave

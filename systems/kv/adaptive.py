@@ -182,6 +182,12 @@ class AdaptiveBackend(HiSparseBackend):
             "populated_pages_total": 0,
             "deferred_backup_pages_total": 0,
             "resident_first_pages_total": 0,
+            # reclaims' backups: on the decode stream (a step waits for their PCIe time) or
+            # beside it (async_reclaim), in pages; and the requests reclaimed because they held
+            # lent pages in the slot region an admission takes
+            "reclaim_backup_pages_sync_total": 0,
+            "reclaim_backup_pages_async_total": 0,
+            "region_reclaims_total": 0,
         }
 
     def _lends_index_store(self) -> bool:
@@ -365,6 +371,7 @@ class AdaptiveBackend(HiSparseBackend):
             picked = self._pick_slot()
             assert picked is not None, "admit called without can_admit"
             want, holders = picked
+            self.stats_adaptive["region_reclaims_total"] += len(holders)
             for s in sorted(holders):
                 self._reclaim(s)
             self.free_slots.remove(want)
@@ -466,6 +473,7 @@ class AdaptiveBackend(HiSparseBackend):
             return
         unbacked = self._unbacked(slot)
         self._backup_pages(slot, unbacked)
+        self.stats_adaptive["reclaim_backup_pages_sync_total"] += len(unbacked)
         self._retire(slot, unbacked)
 
     def _unbacked(self, slot: int) -> list[int]:
@@ -515,6 +523,7 @@ class AdaptiveBackend(HiSparseBackend):
         stream = self._handoff(True)
         self._on_stream(stream, lambda: self._backup_pages(slot, unbacked))
         self.reclaiming[slot] = (self._copies_done(stream), unbacked)
+        self.stats_adaptive["reclaim_backup_pages_async_total"] += len(unbacked)
 
     def _order_after(self, ev) -> None:
         """Everything queued on the decode stream from now on runs after ``ev``'s copies: a

@@ -109,6 +109,7 @@ def test_reclaims_off_the_decode_stream_give_the_golden_tokens(model):
     assert [r.output_ids for r in reqs] == GOLDEN["outputs"][model]
     # retired only once its stand-in said done (3 polls, one a step), not at the next step
     assert copies and max(steps_in_flight.values()) >= 3 and not be.reclaiming
+    assert be.stats_adaptive["reclaim_backup_pages_async_total"] > 0
     assert be.is_empty and be.payload_pages.num_used == 0
 
 
@@ -471,7 +472,11 @@ def test_admission_reclaims_the_lent_pages_of_its_slot_region():
         if len(eng.scheduler.running) == 5:
             all_running = True
             assert not be._lent_holder  # every region is some active slot's
-    assert all_running and be.stats_adaptive["reclaim_events_total"] > 0
+    st_ = be.stats_adaptive
+    assert all_running and st_["reclaim_events_total"] > 0
+    # the holders went for their regions, and their kept pages were backed up on the decode
+    # stream (a region's next user, the import, may not overwrite them before)
+    assert st_["region_reclaims_total"] > 0 and st_["reclaim_backup_pages_sync_total"] > 0
     assert [r.output_ids for r in reqs] == GOLDEN["outputs"]["tiny"]
 
 
