@@ -46,9 +46,9 @@ Per (model, system, batch) row:
   its admitting step to the step it lands in: each step's wall time, and per CUDA stream its
   kernel, copy and memset time, its top kernels and its time by the engine ranges that queued
   the work (``range_ms``: an admission's ``dhs::handoff``, a reclaim's backup inside it,
-  population; ``wave_activity``), with the backend's counters over that wave (``counters``), to tell a step slowed by the copies' blocks (kernels on the
-  handoff stream beside the decode stream's) from one that waits for them, runs copies itself
-  or fetches more from host.
+  population; ``wave_activity``), with the backend's counters over that wave (``counters``),
+  to tell a step slowed by the copies' blocks (kernels on the handoff stream beside the decode
+  stream's) from one that waits for them, runs copies itself or fetches more from host.
   With ``--handoff-pipelined``, ``handoff_pipelined_step_ms`` is one more wave's mean step run
   back to back as served (admission's host work beside the step in flight), against
   ``handoff_pipelined_plain_step_ms``, the plain steps just before it: issue 22's bound on the

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 import torch
 
 from profiling.ranges import BACKUP, BOOKKEEPING, POPULATE, nvtx_range
-from systems.cuda_streams import shared_stream
 from systems.host_sync import to_device
 from systems.kernels.backup import backup_rows, copy_rows, restore_rows
 from systems.kv.base import MemoryReport, PrefixKV
@@ -657,9 +656,7 @@ class AdaptiveBackend(HiSparseBackend):
         else None, in order on the decode stream. Not the handoff stream: a population event
         there would also cover the imports queued before it, and a release that orders the
         decode stream after its pages' population would wait for those imports too."""
-        if not self.async_populate or self.device.type != "cuda":
-            return None
-        return shared_stream(self.device, "populate", priority=0)
+        return self._side_stream("populate", self.async_populate)
 
     def _restore_pages(self, pages: list[tuple[int, int, int]]) -> None:
         """One launch that copies prompt pages (slot, device page, prompt page j) from their

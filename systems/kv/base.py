@@ -233,7 +233,6 @@ class KVBackend(ABC):
         self._step: dict[str, Any] | None = None
         # asynchronous handoffs: slot -> the event after its history's copies (handoff stream)
         self.importing: dict[int, Any] = {}
-        self._handoff_stream = None
         # host seconds of admit()'s two halves (/metrics: dhs_handoff_phase_seconds_total), the
         # split of the scheduler's "handoff" admission phase: which half holds the engine thread
         self.handoff_seconds = {"reserve": 0.0, "import": 0.0}
@@ -449,12 +448,15 @@ class KVBackend(ABC):
         return self.side_copy_programs if self._side_copies else None
 
     def _handoff(self, asynchronous: bool):
-        if not asynchronous or self.device.type != "cuda":
+        return self._side_stream("handoff", asynchronous)
+
+    def _side_stream(self, role: str, wanted: bool):
+        """The process's ``role`` stream for copies beside the decode steps, where ``wanted``
+        and on a GPU, else None (they run in order on the current stream). At the default
+        priority whatever the decode stream's: the copies yield to steps."""
+        if not wanted or self.device.type != "cuda":
             return None
-        if self._handoff_stream is None:
-            # at the default priority whatever the decode stream's: the copies yield to steps
-            self._handoff_stream = shared_stream(self.device, "handoff", priority=0)
-        return self._handoff_stream
+        return shared_stream(self.device, role, priority=0)
 
     def import_done(self, slot: int, wait: bool = False) -> bool:
         """Whether the slot's history has arrived (``wait``: block until it has). Once it
